@@ -1,0 +1,80 @@
+# Squelch build entry points. `make run` and `make test` are all a new machine needs.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+SWIFT        ?= swift
+CONFIG       ?= debug
+BUILD_FLAGS  ?=
+DATA_DIR     ?= data
+CERTS_DIR    ?= certs
+FUZZ_SECONDS ?= 60
+FUZZ_DIR     := fuzz
+FUZZ_BIN     := $(FUZZ_DIR)/bin
+
+# Debian packages the build, the tests and the tools need.
+DEB_PACKAGES := libopus-dev libasound2-dev pkg-config openssl libsqlite3-dev alsa-utils
+
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: help deps build test run bench certs fuzz fuzz-build clean
+
+help:
+	@echo "make run    install what is missing, make dev certificates, start squelchd"
+	@echo "make test   install what is missing, build, run every test"
+	@echo "make deps | build | bench | certs | fuzz | clean"
+
+# Installs only the packages that are missing, and says which.
+deps:
+	@missing=""; \
+	for p in $(DEB_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "deps: installing$$missing"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing; \
+	else \
+	  echo "deps: all present ($(DEB_PACKAGES))"; \
+	fi
+	@command -v $(SWIFT) >/dev/null || { echo "deps: swift not found on PATH; install the Swift 6.x toolchain from swift.org"; exit 1; }
+
+# Always build with --build-tests: switching product sets between `swift build` and `swift test`
+# recompiles Hummingbird every time (docs/architecture.md, build notes).
+build: deps
+	$(SWIFT) build --build-tests -c $(CONFIG) $(BUILD_FLAGS)
+
+test: build
+	$(SWIFT) test --skip-build -c $(CONFIG) $(BUILD_FLAGS)
+
+certs:
+	@./certs/make-dev-certs.sh $(CERTS_DIR)
+
+run: deps certs
+	$(SWIFT) build -c $(CONFIG) --product squelchd $(BUILD_FLAGS)
+	$$($(SWIFT) build -c $(CONFIG) --show-bin-path)/squelchd serve --data-dir $(DATA_DIR) \
+	  --cert $(CERTS_DIR)/server-chain.pem --key $(CERTS_DIR)/server.key
+
+bench: deps
+	$(SWIFT) build -c release --product squelch-bench
+	$$($(SWIFT) build -c release --show-bin-path)/squelch-bench all
+
+# libFuzzer targets are compiled straight with swiftc from the parser sources they cover, so that a
+# fuzz build doesn't rebuild the whole package with sanitizers (see fuzz/README.md).
+fuzz-build: deps
+	@mkdir -p $(FUZZ_BIN)
+	$(SWIFT)c -sanitize=fuzzer,address -parse-as-library -g -O -use-ld=lld -module-name AudioFuzz \
+	  $(FUZZ_DIR)/WAVParserFuzz.swift Sources/Audio/WAV.swift Sources/Audio/AudioError.swift \
+	  -o $(FUZZ_BIN)/wav-parser
+
+fuzz: fuzz-build
+	@for t in $(FUZZ_BIN)/*; do \
+	  name=$$(basename $$t); mkdir -p $(FUZZ_DIR)/corpus-$$name; \
+	  cp -n $(FUZZ_DIR)/seeds/$$name/* $(FUZZ_DIR)/corpus-$$name/ 2>/dev/null || true; \
+	  echo "fuzz: $$name for $(FUZZ_SECONDS)s"; \
+	  $$t -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 $(FUZZ_DIR)/corpus-$$name >$(FUZZ_DIR)/bin/$$name.log 2>&1 \
+	    || { tail -40 $(FUZZ_DIR)/bin/$$name.log; echo "fuzz: $$name FAILED (log: $(FUZZ_DIR)/bin/$$name.log)"; exit 1; }; \
+	  grep -E "stat::number_of_executed_units|cov:" $(FUZZ_DIR)/bin/$$name.log | tail -2; \
+	done
+
+clean:
+	$(SWIFT) package clean
+	rm -rf .build-* $(FUZZ_BIN) $(FUZZ_DIR)/corpus-*

@@ -1,0 +1,77 @@
+// swift-tools-version:6.1
+import PackageDescription
+
+// Module layout: see docs/architecture.md. Each folder under Sources/ is named for its one job.
+let swift6: [SwiftSetting] = [.swiftLanguageMode(.v6)]
+
+let package = Package(
+    name: "Squelch",
+    platforms: [.macOS(.v14)],
+    products: [
+        .executable(name: "squelchd", targets: ["squelchd"]),
+        .executable(name: "walkie", targets: ["walkie"]),
+        .executable(name: "squelch-bench", targets: ["squelch-bench"]),
+        .library(name: "PTTClient", targets: ["PTTClient"]),
+    ],
+    dependencies: [
+        .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.8.2"),
+        .package(url: "https://github.com/apple/swift-log.git", from: "1.16.2"),
+        .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.2"),
+        .package(url: "https://github.com/apple/swift-crypto.git", "3.12.3"..<"5.0.0"),
+        .package(url: "https://github.com/apple/swift-certificates.git", from: "1.21.1"),
+        .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.13.0"),
+        .package(url: "https://github.com/hummingbird-project/hummingbird.git", from: "2.28.1"),
+    ],
+    targets: [
+        // C libraries from Debian, and the small C shims Swift needs for their variadic calls.
+        .systemLibrary(name: "COpus", pkgConfig: "opus", providers: [.apt(["libopus-dev"])]),
+        .systemLibrary(name: "CALSA", pkgConfig: "alsa", providers: [.apt(["libasound2-dev"])]),
+        .target(name: "COpusShim", dependencies: ["COpus"]),
+        .target(name: "CALSAShim", dependencies: ["CALSA"]),
+
+        .target(name: "SquelchInfo", swiftSettings: swift6),
+        .target(name: "Opus", dependencies: ["COpus", "COpusShim"], swiftSettings: swift6),
+        .target(name: "Audio", dependencies: ["CALSA", "CALSAShim"], swiftSettings: swift6),
+        .target(name: "Wire", dependencies: [
+            .product(name: "Crypto", package: "swift-crypto"),
+            .product(name: "X509", package: "swift-certificates"),
+        ], swiftSettings: swift6),
+        .target(name: "WireNIO", dependencies: [
+            "Wire",
+            .product(name: "NIOCore", package: "swift-nio"),
+            .product(name: "NIOPosix", package: "swift-nio"),
+        ], swiftSettings: swift6),
+        .target(name: "APNs", swiftSettings: swift6),
+        .target(name: "APNsSimulator", swiftSettings: swift6),
+        .target(name: "PTTClient", dependencies: ["Wire", "WireNIO", "Audio", "Opus"], swiftSettings: swift6),
+        .target(name: "PTTServer", dependencies: [
+            "Wire", "WireNIO", "APNs", "SquelchInfo",
+            .product(name: "Logging", package: "swift-log"),
+            .product(name: "Hummingbird", package: "hummingbird"),
+            .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+        ], swiftSettings: swift6),
+
+        .executableTarget(name: "squelchd", dependencies: [
+            "PTTServer", "APNsSimulator", "SquelchInfo",
+            .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            .product(name: "Logging", package: "swift-log"),
+        ], swiftSettings: swift6),
+        .executableTarget(name: "walkie", dependencies: [
+            "PTTClient", "Audio", "Opus", "SquelchInfo",
+            .product(name: "ArgumentParser", package: "swift-argument-parser"),
+        ], swiftSettings: swift6),
+        .executableTarget(name: "squelch-bench", dependencies: [
+            "Opus", "Audio", "SquelchInfo",
+            .product(name: "ArgumentParser", package: "swift-argument-parser"),
+        ], swiftSettings: swift6),
+
+        .testTarget(name: "OpusTests", dependencies: ["Opus"], swiftSettings: swift6),
+        .testTarget(name: "AudioTests", dependencies: ["Audio"], swiftSettings: swift6),
+        .testTarget(name: "PTTServerTests", dependencies: [
+            "PTTServer",
+            .product(name: "Hummingbird", package: "hummingbird"),
+            .product(name: "HummingbirdTesting", package: "hummingbird"),
+        ], swiftSettings: swift6),
+        .testTarget(name: "CLITests", dependencies: ["SquelchInfo"], swiftSettings: swift6),
+    ]
+)

@@ -1,0 +1,35 @@
+import Foundation
+
+extension WAVAudio {
+    /// Reads and parses a WAV file. Files over the data limit are refused before they are read.
+    public static func read(path: String) throws(AudioError) -> WAVAudio {
+        let url = URL(fileURLWithPath: path)
+        let size: Int
+        do {
+            let attributes = try FileManager.default.attributesOfItem(atPath: path)
+            size = (attributes[.size] as? NSNumber)?.intValue ?? 0
+        } catch {
+            throw .file(path: path, reason: "cannot open it (\(FileManager.default.fileExists(atPath: path) ? "permission denied" : "no such file")); check the path")
+        }
+        guard size <= maximumDataBytes + 1 << 20 else {
+            throw .file(path: path, reason: "the file is \(size) bytes, larger than the \(maximumDataBytes)-byte limit; split it")
+        }
+        let data: Data
+        do { data = try Data(contentsOf: url) } catch {
+            throw .file(path: path, reason: "cannot read it: \(error.localizedDescription)")
+        }
+        let parsed = data.withUnsafeBytes { raw in Result { () throws(AudioError) in try parse(raw) } }
+        switch parsed {
+        case .success(let audio): return audio
+        // Name the file in parser errors, so the user knows which input was bad.
+        case .failure(let error): throw .file(path: path, reason: error.description)
+        }
+    }
+
+    /// Writes the audio as a canonical WAV file, atomically (a crash never leaves half a file).
+    public func write(path: String) throws(AudioError) {
+        do { try Data(serialized()).write(to: URL(fileURLWithPath: path), options: .atomic) } catch {
+            throw .file(path: path, reason: "cannot write it: \(error.localizedDescription)")
+        }
+    }
+}

@@ -1,0 +1,107 @@
+import Foundation
+
+/// Plays a WAV file as if it were a microphone: converted to 48 kHz mono, delivered in 10 ms periods
+/// on the pacer's clock. The last period is padded with silence.
+public final class WAVFileSource: AudioSource {
+    private let samples: [Int16]
+    private let pacer: any AudioPacer
+    private var period = 0
+
+    /// The file's own format, before conversion.
+    public let fileFormat: WAVFormat
+
+    public init(path: String, pacer: any AudioPacer, resampler: Resampler = Resampler()) throws(AudioError) {
+        let audio = try WAVAudio.read(path: path)
+        self.fileFormat = audio.format
+        self.samples = audio.pipelineSamples(resampler: resampler)
+        self.pacer = pacer
+    }
+
+    /// A source over samples already in pipeline format (48 kHz mono).
+    public init(pipelineSamples: [Int16], pacer: any AudioPacer) {
+        self.samples = pipelineSamples
+        self.pacer = pacer
+        self.fileFormat = .pipeline
+    }
+
+    /// Number of periods the source will deliver.
+    public var periodCount: Int { (samples.count + PipelineAudio.periodFrames - 1) / PipelineAudio.periodFrames }
+
+    public func read(into buffer: UnsafeMutableBufferPointer<Int16>) throws(AudioError) -> UInt64? {
+        let n = PipelineAudio.periodFrames
+        guard buffer.count == n else { throw .wrongBufferSize(got: buffer.count, expected: n) }
+        let start = period * n
+        guard start < samples.count else { return nil }
+        let end = min(start + n, samples.count)
+        samples.withUnsafeBufferPointer { s in
+            for i in 0..<(end - start) { buffer[i] = s[start + i] }
+        }
+        for i in (end - start)..<n { buffer[i] = 0 }
+        let timestamp = pacer.waitForPeriod(period)
+        period += 1
+        return timestamp
+    }
+
+    public func close() {}
+}
+
+/// Records 48 kHz mono audio to a WAV file as if it were a speaker: each period is written when its
+/// slot on the pacer's clock comes, so the file's timeline is the playback timeline. Samples stream to
+/// disk; the header's sizes are filled in by `finish()`.
+public final class WAVFileSink: AudioSink {
+    private let handle: FileHandle
+    private let path: String
+    private let pacer: any AudioPacer
+    private var period = 0
+    private var dataBytes = 0
+    private var scratch = [UInt8](repeating: 0, count: PipelineAudio.periodFrames * 2)
+    private var finished = false
+
+    /// When the first sample was due, on the monotonic clock: pairs this file with a capture timeline.
+    public var origin: UInt64 { pacer.origin }
+
+    public init(path: String, pacer: any AudioPacer) throws(AudioError) {
+        guard FileManager.default.createFile(atPath: path, contents: Data(WAVAudio.header(format: .pipeline, dataBytes: 0))),
+              let handle = FileHandle(forUpdatingAtPath: path) else {
+            throw .file(path: path, reason: "cannot create it; check that the directory exists and is writable")
+        }
+        handle.seekToEndOfFile()
+        self.handle = handle
+        self.path = path
+        self.pacer = pacer
+    }
+
+    @discardableResult
+    public func write(_ samples: UnsafeBufferPointer<Int16>) throws(AudioError) -> UInt64 {
+        guard samples.count == PipelineAudio.periodFrames else {
+            throw .wrongBufferSize(got: samples.count, expected: PipelineAudio.periodFrames)
+        }
+        let timestamp = pacer.waitForPeriod(period)
+        period += 1
+        for (i, v) in samples.enumerated() {
+            let u = UInt16(bitPattern: v)
+            scratch[2 * i] = UInt8(u & 0xFF)
+            scratch[2 * i + 1] = UInt8(u >> 8)
+        }
+        do { try handle.write(contentsOf: scratch) } catch {
+            throw .file(path: path, reason: "write failed: \(error.localizedDescription)")
+        }
+        dataBytes += scratch.count
+        return timestamp
+    }
+
+    public func finish() throws(AudioError) {
+        guard !finished else { return }
+        finished = true
+        do {
+            try handle.seek(toOffset: 0)
+            try handle.write(contentsOf: WAVAudio.header(format: .pipeline, dataBytes: dataBytes))
+            try handle.synchronize()
+            try handle.close()
+        } catch {
+            throw .file(path: path, reason: "cannot complete the header: \(error.localizedDescription)")
+        }
+    }
+
+    deinit { try? finish() }
+}

@@ -1,0 +1,1 @@
+@main struct Squelchd { static func main() {} }

@@ -1,0 +1,1 @@
+@main struct Walkie { static func main() {} }
