@@ -1,0 +1,62 @@
+import Foundation
+import Testing
+@testable import Audio
+
+@Suite struct PacingTests {
+    @Test func realTimePacingKeepsOrderAndTotalDuration() throws {
+        let samples = [Int16](repeating: 100, count: 48_000)  // 1 s
+        let source = WAVFileSource(pipelineSamples: samples, pacer: RealTimePacer())
+        var buffer = [Int16](repeating: 0, count: PipelineAudio.periodFrames)
+        var stamps: [UInt64] = []
+        let start = monotonicNanoseconds()
+        while let t = try buffer.withUnsafeMutableBufferPointer({ try source.read(into: $0) }) { stamps.append(t) }
+        let elapsed = Double(monotonicNanoseconds() - start) / 1e9
+        #expect(stamps.count == 100)
+        #expect(zip(stamps, stamps.dropFirst()).allSatisfy { $0 < $1 })
+        #expect(zip(stamps, stamps.dropFirst()).allSatisfy { $1 - $0 == 10_000_000 })
+        // Generous: the machine may be busy, but the last period is due at 0.99 s.
+        #expect(elapsed >= 0.98 && elapsed < 2.0, "took \(elapsed) s")
+    }
+
+    @Test func virtualPacingDoesNotWait() throws {
+        let source = WAVFileSource(pipelineSamples: [Int16](repeating: 1, count: 48_000 * 60), pacer: VirtualPacer(origin: 5))
+        var buffer = [Int16](repeating: 0, count: PipelineAudio.periodFrames)
+        var last: UInt64 = 0, count = 0
+        let start = monotonicNanoseconds()
+        while let t = try buffer.withUnsafeMutableBufferPointer({ try source.read(into: $0) }) { last = t; count += 1 }
+        #expect(count == 6_000)
+        #expect(last == 5 + 5_999 * 10_000_000)
+        // A minute of audio is not paced in real time (anything under 30 s proves it).
+        #expect(monotonicNanoseconds() - start < 30_000_000_000)
+    }
+
+    @Test func wavSinkRecordsWhatItPlays() throws {
+        let path = temporaryPath("sink.wav")
+        let sink = try WAVFileSink(path: path, pacer: VirtualPacer())
+        let expected: [Int16] = (0..<4_800).map { Int16(truncatingIfNeeded: $0 * 13) }
+        for p in 0..<10 {
+            _ = try expected[p * 480..<(p + 1) * 480].withUnsafeBufferPointer { try sink.write($0) }
+        }
+        try sink.finish()
+        let audio = try WAVAudio.read(path: path)
+        #expect(audio.format == .pipeline)
+        #expect(audio.samples == .pcm16(expected))
+    }
+
+    @Test func lastPeriodIsPaddedWithSilence() throws {
+        let source = WAVFileSource(pipelineSamples: [Int16](repeating: 7, count: 500), pacer: VirtualPacer())
+        var buffer = [Int16](repeating: -1, count: 480)
+        _ = try buffer.withUnsafeMutableBufferPointer { try source.read(into: $0) }
+        #expect(try buffer.withUnsafeMutableBufferPointer { try source.read(into: $0) } != nil)
+        #expect(buffer.prefix(20).allSatisfy { $0 == 7 } && buffer.dropFirst(20).allSatisfy { $0 == 0 })
+        #expect(try buffer.withUnsafeMutableBufferPointer { try source.read(into: $0) } == nil)
+    }
+
+    @Test func wrongBufferSizeIsRejected() {
+        let source = WAVFileSource(pipelineSamples: [1, 2, 3], pacer: VirtualPacer())
+        var buffer = [Int16](repeating: 0, count: 100)
+        #expect(throws: AudioError.wrongBufferSize(got: 100, expected: 480)) {
+            try buffer.withUnsafeMutableBufferPointer { try source.read(into: $0) }
+        }
+    }
+}
