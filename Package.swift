@@ -19,6 +19,7 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.2"),
         .package(url: "https://github.com/apple/swift-crypto.git", "3.12.3"..<"5.0.0"),
         .package(url: "https://github.com/apple/swift-certificates.git", from: "1.21.1"),
+        .package(url: "https://github.com/apple/swift-asn1.git", from: "1.7.4"),
         .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.13.0"),
         .package(url: "https://github.com/hummingbird-project/hummingbird.git", from: "2.28.1"),
     ],
@@ -35,6 +36,7 @@ let package = Package(
         .target(name: "Wire", dependencies: [
             .product(name: "Crypto", package: "swift-crypto"),
             .product(name: "X509", package: "swift-certificates"),
+            .product(name: "SwiftASN1", package: "swift-asn1"),
         ], swiftSettings: swift6),
         .target(name: "WireNIO", dependencies: [
             "Wire",
@@ -72,6 +74,7 @@ let package = Package(
             .product(name: "Hummingbird", package: "hummingbird"),
             .product(name: "HummingbirdTesting", package: "hummingbird"),
         ], swiftSettings: swift6),
+        .testTarget(name: "WireTests", dependencies: ["Wire"], swiftSettings: swift6),
         .testTarget(name: "CLITests", dependencies: ["SquelchInfo"], swiftSettings: swift6),
     ]
 )

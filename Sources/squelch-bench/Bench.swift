@@ -1,1 +1,113 @@
-@main struct Bench { static func main() {} }
+import ArgumentParser
+import Audio
+import Foundation
+import Opus
+import SquelchInfo
+
+@main
+struct Bench: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "squelch-bench",
+        abstract: "Squelch benchmarks. Build in release mode (make bench) before trusting a figure.",
+        version: SquelchInfo.version,
+        subcommands: [All.self, Codec.self])
+}
+
+struct All: ParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Run every benchmark.")
+    func run() throws { try Codec().run() }
+}
+
+/// Per-frame cost of the codec and of file conversion: what one talker costs the client's CPU.
+struct Codec: ParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Opus encode/decode/FEC cost per 20 ms frame, resampling and WAV parsing speed.")
+
+    @Option(help: "Seconds of synthetic speech per measurement.")
+    var seconds = 10.0
+
+    func run() throws {
+        let input = synthetic(seconds: seconds)
+        let frameCount = input.count / 960
+        print("codec: \(frameCount) frames of 20 ms, 48 kHz mono, 32 kbps VBR, FEC on, 5 % expected loss")
+        print("| measurement | µs per 20 ms frame | % of one core |")
+        print("|---|---|---|")
+        var packets: [[UInt8]] = []
+        for complexity in [5, 6, 8, 10] {
+            var c = OpusConfiguration()
+            c.complexity = complexity
+            let encoder = try OpusEncoder(configuration: c)
+            var out = [UInt8](repeating: 0, count: OpusEncoder.maximumPacketSize)
+            var sizes: [[UInt8]] = []
+            let t = try time {
+                for f in 0..<frameCount {
+                    let n = try input[f * 960..<(f + 1) * 960].withUnsafeBufferPointer { pcm in
+                        try out.withUnsafeMutableBytes { try encoder.encode(pcm, into: $0) }
+                    }
+                    if complexity == 6 { sizes.append(Array(out[0..<n])) }
+                }
+            }
+            if complexity == 6 { packets = sizes }
+            report("encode, complexity \(complexity)", t, frameCount)
+        }
+        let decoder = try OpusDecoder()
+        var pcm = [Int16](repeating: 0, count: 5_760)
+        let tDecode = try time {
+            for p in packets {
+                _ = try p.withUnsafeBytes { b in try pcm.withUnsafeMutableBufferPointer { try decoder.decode(b, into: $0) } }
+            }
+        }
+        report("decode", tDecode, packets.count)
+        let tFEC = try time {
+            for p in packets {
+                _ = try p.withUnsafeBytes { b in try pcm.withUnsafeMutableBufferPointer { try decoder.decodeFEC(from: b, frameSamples: 960, into: $0) } }
+            }
+        }
+        report("FEC recovery", tFEC, packets.count)
+        let tPLC = try time {
+            for _ in packets { _ = try pcm.withUnsafeMutableBufferPointer { try decoder.decodeMissing(frameSamples: 960, into: $0) } }
+        }
+        report("PLC concealment", tPLC, packets.count)
+        let bytes = packets.reduce(0) { $0 + $1.count }
+        print(String(format: "mean packet %.1f bytes (%.1f kbit/s)", Double(bytes) / Double(packets.count),
+                     Double(bytes * 8) / seconds / 1000))
+
+        let floats = input.map { Float($0) / 32_768 }
+        let source44 = Resampler().resample(floats, from: 48_000, to: 44_100)
+        let tResample = time { _ = Resampler().resample(source44, from: 44_100, to: 48_000) }
+        print(String(format: "resample 44.1 → 48 kHz: %.0f× real time", seconds / tResample))
+        let wav = WAVAudio(format: .pipeline, samples: .pcm16(input)).serialized()
+        let tParse = try time { _ = try wav.withUnsafeBytes { try WAVAudio.parse($0) } }
+        print(String(format: "WAV parse: %.0f MB/s", Double(wav.count) / tParse / 1e6))
+    }
+
+    private func report(_ name: String, _ seconds: Double, _ frames: Int) {
+        let us = seconds / Double(frames) * 1e6
+        print(String(format: "| %@ | %.1f | %.2f |", name, us, us / 20_000 * 100))
+    }
+}
+
+func time(_ body: () throws -> Void) rethrows -> Double {
+    let start = monotonicNanoseconds()
+    try body()
+    return Double(monotonicNanoseconds() - start) / 1e9
+}
+
+/// Harmonic speech-like signal (glottal series, two moving formants, 4 Hz syllables).
+func synthetic(seconds: Double) -> [Int16] {
+    let n = Int(seconds * 48_000)
+    var out = [Int16](repeating: 0, count: n)
+    var phase = 0.0
+    for i in 0..<n {
+        let t = Double(i) / 48_000
+        let f0 = 165 + 55 * sin(2 * .pi * 0.7 * t)
+        phase += 2 * .pi * f0 / 48_000
+        let f1 = 500 + 300 * sin(2 * .pi * 0.9 * t), f2 = 1500 + 600 * sin(2 * .pi * 0.5 * t)
+        var s = 0.0
+        for h in 1...20 {
+            let fh = f0 * Double(h)
+            s += (exp(-pow((fh - f1) / 250, 2)) + 0.6 * exp(-pow((fh - f2) / 400, 2)) + 0.05 / Double(h)) * sin(Double(h) * phase)
+        }
+        out[i] = Int16(clamping: Int(s * max(0, sin(2 * .pi * 4 * t)) * 6_000))
+    }
+    return out
+}

@@ -1,0 +1,87 @@
+import Crypto
+import Foundation
+import SwiftASN1
+import X509
+
+/// The server's certificate chain and the private key that matches its leaf. The handshake signs with
+/// the key and sends the chain; clients check the chain against their pinned CA.
+///
+/// Loading checks everything an operator can get wrong before any client sees it: a file that holds
+/// no certificate, a key for another certificate, an expired certificate.
+public struct ServerIdentity: Sendable {
+    /// Leaf first, then intermediates.
+    public let chain: [Certificate]
+    public let privateKey: Certificate.PrivateKey
+
+    public var leaf: Certificate { chain[0] }
+
+    public enum LoadError: Error, Sendable, Hashable, CustomStringConvertible {
+        case noCertificate(source: String)
+        case unreadableCertificate(source: String, reason: String)
+        case unreadableKey(source: String, reason: String)
+        case keyDoesNotMatch(certificateSource: String, keySource: String)
+        case expired(source: String, notValidAfter: Date)
+        case notYetValid(source: String, notValidBefore: Date)
+
+        public var description: String {
+            switch self {
+            case .noCertificate(let source):
+                return "\(source) holds no PEM certificate; pass the server's certificate chain (make certs writes certs/server-chain.pem)"
+            case .unreadableCertificate(let source, let reason):
+                return "\(source) is not a readable certificate: \(reason)"
+            case .unreadableKey(let source, let reason):
+                return "\(source) is not a readable private key (PEM, PKCS#8 or SEC1, P-256): \(reason)"
+            case .keyDoesNotMatch(let cert, let key):
+                return "the private key in \(key) does not belong to the certificate in \(cert); pass the key that was made with it"
+            case .expired(let source, let date):
+                return "the certificate in \(source) expired on \(date); renew it (for development: ./certs/make-dev-certs.sh --force)"
+            case .notYetValid(let source, let date):
+                return "the certificate in \(source) is not valid until \(date); check the machine's clock"
+            }
+        }
+    }
+
+    /// Parses a PEM chain and key. `now` is a parameter so that tests can move through time.
+    public init(chainPEM: String, keyPEM: String, chainSource: String = "certificate", keySource: String = "key",
+                now: Date = Date()) throws(LoadError) {
+        let documents: [PEMDocument]
+        do { documents = try PEMDocument.parseMultiple(pemString: chainPEM) } catch {
+            throw .unreadableCertificate(source: chainSource, reason: "\(error)")
+        }
+        var chain: [Certificate] = []
+        for document in documents where document.discriminator == "CERTIFICATE" {
+            do { chain.append(try Certificate(pemDocument: document)) } catch {
+                throw .unreadableCertificate(source: chainSource, reason: "\(error)")
+            }
+        }
+        guard let leaf = chain.first else { throw .noCertificate(source: chainSource) }
+        let key: Certificate.PrivateKey
+        do { key = try Certificate.PrivateKey(pemEncoded: keyPEM) } catch {
+            throw .unreadableKey(source: keySource, reason: "\(error)")
+        }
+        guard key.publicKey == leaf.publicKey else { throw .keyDoesNotMatch(certificateSource: chainSource, keySource: keySource) }
+        guard now <= leaf.notValidAfter else { throw .expired(source: chainSource, notValidAfter: leaf.notValidAfter) }
+        guard now >= leaf.notValidBefore else { throw .notYetValid(source: chainSource, notValidBefore: leaf.notValidBefore) }
+        self.chain = chain
+        self.privateKey = key
+    }
+
+    /// Reads the chain and key from files.
+    public static func load(chainPath: String, keyPath: String, now: Date = Date()) throws(LoadError) -> ServerIdentity {
+        func read(_ path: String, _ what: String) throws(LoadError) -> String {
+            guard let text = try? String(contentsOfFile: path, encoding: .utf8) else {
+                let reason = FileManager.default.fileExists(atPath: path) ? "it cannot be read (check its permissions)"
+                    : "no such file; run 'make certs' for development certificates, or pass --\(what) PATH"
+                throw what == "cert" ? .unreadableCertificate(source: path, reason: reason) : .unreadableKey(source: path, reason: reason)
+            }
+            return text
+        }
+        return try ServerIdentity(chainPEM: try read(chainPath, "cert"), keyPEM: try read(keyPath, "key"),
+                                  chainSource: chainPath, keySource: keyPath, now: now)
+    }
+
+    /// Names the leaf for logs: subject and expiry.
+    public var summary: String {
+        "\(leaf.subject) (expires \(leaf.notValidAfter.formatted(.iso8601)))"
+    }
+}

@@ -1,0 +1,111 @@
+import Foundation
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
+import SquelchInfo
+import Testing
+
+/// Runs the built executables as a user would. They sit next to the test bundle in the build folder.
+enum Executables {
+    static let binDirectory = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent()
+    static let repository = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+
+    static func url(_ name: String) -> URL {
+        var dir = binDirectory
+        // `swift test` may run the bundle from inside an .xctest directory.
+        while !FileManager.default.fileExists(atPath: dir.appendingPathComponent(name).path), dir.path != "/" {
+            dir.deleteLastPathComponent()
+        }
+        return dir.appendingPathComponent(name)
+    }
+
+    /// Runs to completion; returns exit status, stdout and stderr.
+    static func run(_ name: String, _ arguments: [String]) throws -> (status: Int32, out: String, err: String) {
+        let process = Process()
+        process.executableURL = url(name)
+        process.arguments = arguments
+        let out = Pipe(), err = Pipe()
+        process.standardOutput = out
+        process.standardError = err
+        try process.run()
+        let outData = out.fileHandleForReading.readDataToEndOfFile()
+        let errData = err.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        return (process.terminationStatus, String(decoding: outData, as: UTF8.self), String(decoding: errData, as: UTF8.self))
+    }
+}
+
+@Suite struct ExecutableTests {
+    @Test(arguments: ["squelchd", "walkie", "squelch-bench"])
+    func everyExecutableAnswersHelpAndVersion(name: String) throws {
+        let version = try Executables.run(name, ["--version"])
+        #expect(version.status == 0)
+        #expect(version.out.trimmingCharacters(in: .whitespacesAndNewlines) == SquelchInfo.version)
+        let help = try Executables.run(name, ["--help"])
+        #expect(help.status == 0)
+        #expect(help.out.contains("USAGE: \(name)"))
+    }
+
+    @Test func walkieListsTheNullDevice() throws {
+        // No sound card here, but ALSA's configuration always defines the null device.
+        let result = try Executables.run("walkie", ["devices"])
+        #expect(result.status == 0)
+        #expect(result.out.contains("null"))
+    }
+
+    @Test func squelchdRefusesAMissingCertificateInOneLine() throws {
+        let result = try Executables.run("squelchd", ["serve", "--cert", "/nonexistent/chain.pem", "--data-dir",
+                                                      FileManager.default.temporaryDirectory.appendingPathComponent("sq-\(UUID())").path])
+        #expect(result.status == 78)
+        let lines = result.err.split(separator: "\n")
+        #expect(lines.count == 1)
+        #expect(result.err.contains("/nonexistent/chain.pem") && result.err.contains("make certs"))
+    }
+
+    /// Starts the real server on a free port with certificates from the real script, asks /healthz,
+    /// then stops it with SIGTERM and expects a clean exit.
+    @Test func squelchdServesHealthAndStopsOnSIGTERM() async throws {
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("squelchd-e2e-\(UUID())")
+        let certs = dir.appendingPathComponent("certs").path
+        let script = Process()
+        script.executableURL = Executables.repository.appendingPathComponent("certs/make-dev-certs.sh")
+        script.arguments = [certs]
+        script.standardOutput = FileHandle.nullDevice
+        try script.run()
+        script.waitUntilExit()
+        try #require(script.terminationStatus == 0)
+
+        let process = Process()
+        process.executableURL = Executables.url("squelchd")
+        process.arguments = ["serve", "--admin-port", "0", "--data-dir", dir.appendingPathComponent("data").path,
+                             "--cert", certs + "/server-chain.pem", "--key", certs + "/server.key"]
+        let err = Pipe()
+        process.standardError = err
+        try process.run()
+        defer { if process.isRunning { process.terminate() } }
+
+        // Read the log until the server names its port.
+        var log = ""
+        var port: Int?
+        let deadline = Date().addingTimeInterval(20)
+        while port == nil, Date() < deadline {
+            let chunk = err.fileHandleForReading.availableData
+            if chunk.isEmpty { break }
+            log += String(decoding: chunk, as: UTF8.self)
+            if let range = log.range(of: #"listening on http://127\.0\.0\.1:(\d+)"#, options: .regularExpression) {
+                port = Int(log[range].split(separator: ":").last!)
+            }
+        }
+        let bound = try #require(port, "no port in log: \(log)")
+        let (body, response) = try await URLSession.shared.data(from: URL(string: "http://127.0.0.1:\(bound)/healthz")!)
+        #expect((response as? HTTPURLResponse)?.statusCode == 200)
+        let health = try JSONSerialization.jsonObject(with: body) as? [String: Any]
+        #expect(health?["status"] as? String == "ok")
+        #expect((health?["certificate"] as? String)?.contains("squelchd (dev)") == true)
+
+        process.terminate()  // SIGTERM
+        process.waitUntilExit()
+        #expect(process.terminationReason == .exit)
+        #expect(process.terminationStatus == 0)
+    }
+}

@@ -1,0 +1,60 @@
+import Crypto
+import Foundation
+import SwiftASN1
+import Testing
+import X509
+@testable import Wire
+
+/// Makes a CA-signed P-256 leaf in memory, so each test controls validity dates and keys.
+func makeLeaf(notBefore: Date = Date().addingTimeInterval(-3_600), notAfter: Date = Date().addingTimeInterval(86_400))
+    throws -> (chainPEM: String, keyPEM: String) {
+    let caKey = P256.Signing.PrivateKey()
+    let leafKey = P256.Signing.PrivateKey()
+    let caName = try DistinguishedName { CommonName("Test CA") }
+    let leaf = try Certificate(
+        version: .v3, serialNumber: .init(), publicKey: .init(leafKey.publicKey),
+        notValidBefore: notBefore, notValidAfter: notAfter,
+        issuer: caName, subject: try DistinguishedName { CommonName("squelchd test") },
+        signatureAlgorithm: .ecdsaWithSHA256,
+        extensions: try Certificate.Extensions { SubjectAlternativeNames([.dnsName("localhost")]) },
+        issuerPrivateKey: .init(caKey))
+    return (try leaf.serializeAsPEM().pemString, leafKey.pemRepresentation)
+}
+
+@Suite struct ServerIdentityTests {
+    @Test func loadsAMatchingChainAndKey() throws {
+        let (chain, key) = try makeLeaf()
+        let identity = try ServerIdentity(chainPEM: chain, keyPEM: key)
+        #expect(identity.chain.count == 1)
+        #expect(identity.summary.contains("squelchd test"))
+    }
+
+    @Test func aKeyForAnotherCertificateIsRefused() throws {
+        let (chain, _) = try makeLeaf()
+        let otherKey = P256.Signing.PrivateKey().pemRepresentation
+        #expect(throws: ServerIdentity.LoadError.keyDoesNotMatch(certificateSource: "certificate", keySource: "key")) {
+            try ServerIdentity(chainPEM: chain, keyPEM: otherKey)
+        }
+    }
+
+    @Test func anExpiredCertificateIsRefusedWithItsDate() throws {
+        let (chain, key) = try makeLeaf(notBefore: Date().addingTimeInterval(-7_200), notAfter: Date().addingTimeInterval(-3_600))
+        let error = #expect(throws: ServerIdentity.LoadError.self) { try ServerIdentity(chainPEM: chain, keyPEM: key) }
+        #expect(String(describing: error!).contains("expired"))
+    }
+
+    @Test func textWithoutACertificateIsRefused() throws {
+        let (_, key) = try makeLeaf()
+        #expect(throws: ServerIdentity.LoadError.noCertificate(source: "certificate")) {
+            try ServerIdentity(chainPEM: key, keyPEM: key)  // a key, not a certificate
+        }
+        #expect(throws: ServerIdentity.LoadError.self) { try ServerIdentity(chainPEM: "garbage", keyPEM: key) }
+    }
+
+    @Test func missingFilesSayHowToMakeThem() {
+        let error = #expect(throws: ServerIdentity.LoadError.self) {
+            try ServerIdentity.load(chainPath: "/nonexistent/server-chain.pem", keyPath: "/nonexistent/server.key")
+        }
+        #expect(String(describing: error!).contains("make certs"))
+    }
+}
