@@ -10,6 +10,7 @@ CERTS_DIR    ?= certs
 FUZZ_SECONDS ?= 60
 FUZZ_DIR     := fuzz
 FUZZ_BIN     := $(FUZZ_DIR)/bin
+FUZZ_LOGS    := $(FUZZ_DIR)/logs
 
 # Debian packages the build, the tests and the tools need.
 DEB_PACKAGES := libopus-dev libasound2-dev pkg-config openssl libsqlite3-dev alsa-utils
@@ -66,15 +67,15 @@ fuzz-build: deps
 	  -o $(FUZZ_BIN)/wav-parser
 
 fuzz: fuzz-build
-	@for t in $(FUZZ_BIN)/*; do \
+	@mkdir -p $(FUZZ_LOGS); for t in $(FUZZ_BIN)/*; do \
 	  name=$$(basename $$t); mkdir -p $(FUZZ_DIR)/corpus-$$name; \
 	  cp -n $(FUZZ_DIR)/seeds/$$name/* $(FUZZ_DIR)/corpus-$$name/ 2>/dev/null || true; \
 	  echo "fuzz: $$name for $(FUZZ_SECONDS)s"; \
-	  $$t -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 $(FUZZ_DIR)/corpus-$$name >$(FUZZ_DIR)/bin/$$name.log 2>&1 \
-	    || { tail -40 $(FUZZ_DIR)/bin/$$name.log; echo "fuzz: $$name FAILED (log: $(FUZZ_DIR)/bin/$$name.log)"; exit 1; }; \
-	  grep -E "stat::number_of_executed_units|cov:" $(FUZZ_DIR)/bin/$$name.log | tail -2; \
+	  $$t -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 $(FUZZ_DIR)/corpus-$$name >$(FUZZ_LOGS)/$$name.log 2>&1 \
+	    || { tail -40 $(FUZZ_LOGS)/$$name.log; echo "fuzz: $$name FAILED (log: $(FUZZ_LOGS)/$$name.log)"; exit 1; }; \
+	  grep -E "stat::number_of_executed_units|cov:" $(FUZZ_LOGS)/$$name.log | tail -2; \
 	done
 
 clean:
 	$(SWIFT) package clean
-	rm -rf .build-* $(FUZZ_BIN) $(FUZZ_DIR)/corpus-*
+	rm -rf .build-* $(FUZZ_BIN) $(FUZZ_LOGS) $(FUZZ_DIR)/corpus-*
