@@ -13,7 +13,8 @@ FUZZ_BIN     := $(FUZZ_DIR)/bin
 FUZZ_LOGS    := $(FUZZ_DIR)/logs
 
 # Debian packages the build, the tests and the tools need.
-DEB_PACKAGES := libopus-dev libasound2-dev pkg-config openssl libsqlite3-dev alsa-utils
+# libcurl4 is what FoundationNetworking (URLSession, used by the tests) loads at run time.
+DEB_PACKAGES := libopus-dev libasound2-dev pkg-config openssl libsqlite3-dev alsa-utils libcurl4
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
@@ -32,7 +33,9 @@ deps:
 	done; \
 	if [ -n "$$missing" ]; then \
 	  echo "deps: installing$$missing"; \
-	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing; \
+	  if [ -n "$(SUDO)" ] && ! command -v sudo >/dev/null; then \
+	    echo "deps: not root and sudo is missing; run as root: apt-get install -y$$missing"; exit 1; fi; \
+	  $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	else \
 	  echo "deps: all present ($(DEB_PACKAGES))"; \
 	fi
@@ -49,8 +52,7 @@ test: build
 certs:
 	@./certs/make-dev-certs.sh $(CERTS_DIR)
 
-run: deps certs
-	$(SWIFT) build -c $(CONFIG) --product squelchd $(BUILD_FLAGS)
+run: build certs
 	$$($(SWIFT) build -c $(CONFIG) --show-bin-path)/squelchd serve --data-dir $(DATA_DIR) \
 	  --cert $(CERTS_DIR)/server-chain.pem --key $(CERTS_DIR)/server.key
 
@@ -59,19 +61,23 @@ bench: deps
 	$$($(SWIFT) build -c release --show-bin-path)/squelch-bench all
 
 # libFuzzer targets are compiled straight with swiftc from the parser sources they cover, so that a
-# fuzz build doesn't rebuild the whole package with sanitizers (see fuzz/README.md).
+# fuzz build doesn't rebuild the whole package with sanitizers (see fuzz/README.md). Crashing inputs
+# are written to fuzz/logs/; a single input running over 10 s counts as a hang.
 fuzz-build: deps
 	@mkdir -p $(FUZZ_BIN)
 	$(SWIFT)c -sanitize=fuzzer,address -parse-as-library -g -O -use-ld=lld -module-name AudioFuzz \
 	  $(FUZZ_DIR)/WAVParserFuzz.swift Sources/Audio/WAV.swift Sources/Audio/AudioError.swift \
 	  -o $(FUZZ_BIN)/wav-parser
+	$(SWIFT)c -sanitize=fuzzer,address -parse-as-library -g -O -use-ld=lld -module-name WireFrameFuzz \
+	  $(FUZZ_DIR)/FrameParserFuzz.swift Sources/Wire/WireBytes.swift Sources/Wire/Frames.swift \
+	  -o $(FUZZ_BIN)/frame-parser
 
 fuzz: fuzz-build
 	@mkdir -p $(FUZZ_LOGS); for t in $(FUZZ_BIN)/*; do \
 	  name=$$(basename $$t); mkdir -p $(FUZZ_DIR)/corpus-$$name; \
 	  cp -n $(FUZZ_DIR)/seeds/$$name/* $(FUZZ_DIR)/corpus-$$name/ 2>/dev/null || true; \
 	  echo "fuzz: $$name for $(FUZZ_SECONDS)s"; \
-	  $$t -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 $(FUZZ_DIR)/corpus-$$name >$(FUZZ_LOGS)/$$name.log 2>&1 \
+	  $$t -max_total_time=$(FUZZ_SECONDS) -timeout=10 -artifact_prefix=$(FUZZ_LOGS)/$$name- -print_final_stats=1 $(FUZZ_DIR)/corpus-$$name >$(FUZZ_LOGS)/$$name.log 2>&1 \
 	    || { tail -40 $(FUZZ_LOGS)/$$name.log; echo "fuzz: $$name FAILED (log: $(FUZZ_LOGS)/$$name.log)"; exit 1; }; \
 	  grep -E "stat::number_of_executed_units|cov:" $(FUZZ_LOGS)/$$name.log | tail -2; \
 	done

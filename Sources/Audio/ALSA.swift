@@ -115,13 +115,18 @@ final class ALSAStream {
         guard Int(rate) == PipelineAudio.sampleRate else {
             throw .device(name: name, reason: "it offers \(rate) Hz instead of 48000 Hz; choose the 'plug' or 'default' device, which converts")
         }
+        // Period and buffer sizes are requests: sound servers' ALSA plugins (PulseAudio, PipeWire) pick
+        // their own quantum. Reads and writes loop until a whole 10 ms period has moved, so any
+        // negotiated size works; `negotiated` reports what we got.
         var period = snd_pcm_uframes_t(periodFrames)
+        dir = 0
         try check(snd_pcm_hw_params_set_period_size_near(pcm, hw, &period, &dir), "10 ms period")
         var count = UInt32(periods)
+        dir = 0
         try check(snd_pcm_hw_params_set_periods_near(pcm, hw, &count, &dir), "\(periods) periods")
         try check(snd_pcm_hw_params(pcm, hw), "applying the hardware parameters")
         var buffer: snd_pcm_uframes_t = 0
-        snd_pcm_hw_params_get_buffer_size(hw, &buffer)
+        try check(snd_pcm_hw_params_get_buffer_size(hw, &buffer), "reading the buffer size")
 
         var sw: OpaquePointer?
         try check(snd_pcm_sw_params_malloc(&sw), "allocating software parameters")
@@ -143,7 +148,8 @@ final class ALSAStream {
         if code == -Int(EPIPE) { xruns += 1 }
     }
 
-    /// Output latency: frames queued ahead of the speaker (0 for capture or when unknown).
+    /// Playback: frames queued ahead of the speaker. Capture: frames captured but not yet read.
+    /// 0 when ALSA can't tell.
     var delayFrames: Int {
         var frames: snd_pcm_sframes_t = 0
         return snd_pcm_delay(pcm, &frames) == 0 ? Int(frames) : 0
@@ -172,8 +178,10 @@ public final class ALSACapture: AudioSource {
             if n < 0 { try stream.recover(n); continue }
             filled += n
         }
-        // The first sample was captured one period before the read returned.
-        return monotonicNanoseconds() - UInt64(buffer.count) * 1_000_000_000 / UInt64(PipelineAudio.sampleRate)
+        // The first sample we just read was captured this many frames ago: ours, plus whatever is
+        // still waiting in the buffer behind them (non-zero when the reader falls behind).
+        let age = UInt64(buffer.count + stream.delayFrames) * 1_000_000_000 / UInt64(PipelineAudio.sampleRate)
+        return monotonicNanoseconds() - age
     }
 
     public func close() { snd_pcm_drop(stream.pcm) }

@@ -32,6 +32,7 @@ public struct RealTimePacer: AudioPacer {
     }
 
     public func waitForPeriod(_ index: Int) -> UInt64 {
+        precondition(index >= 0, "period indices start at 0")
         let deadline = origin + UInt64(index) * periodNanoseconds
         var ts = timespec(tv_sec: Int(deadline / 1_000_000_000), tv_nsec: Int(deadline % 1_000_000_000))
         while clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, nil) == EINTR {}

@@ -14,6 +14,7 @@ public struct Resampler: Sendable {
     private static let tableResolution = 256
 
     public init(zeroCrossings: Int = 16, rolloff: Double = 0.92, kaiserBeta: Double = 8.0) {
+        precondition(zeroCrossings > 0 && rolloff > 0 && rolloff <= 1, "zeroCrossings > 0 and 0 < rolloff <= 1")
         self.zeroCrossings = zeroCrossings
         self.rolloff = rolloff
         let n = zeroCrossings * Self.tableResolution
@@ -31,6 +32,8 @@ public struct Resampler: Sendable {
 
     /// Converts `input` (mono) from `sourceRate` to `targetRate`. Identity when the rates match.
     public func resample(_ input: [Float], from sourceRate: Int, to targetRate: Int) -> [Float] {
+        // Rates come from validated WAV headers (1 kHz to 768 kHz) or constants.
+        precondition(sourceRate > 0 && targetRate > 0, "sample rates must be positive")
         guard sourceRate != targetRate, !input.isEmpty else { return input }
         let ratio = Double(targetRate) / Double(sourceRate)
         // Cutoff relative to the input rate's Nyquist: below both Nyquist frequencies.

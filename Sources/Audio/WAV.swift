@@ -83,7 +83,7 @@ public struct WAVAudio: Sendable, Hashable {
                 ? "\(riff) files (big-endian or 64-bit RIFF) are not supported"
                 : "it does not start with 'RIFF'")
         }
-        guard wave == "WAVE" else { throw .malformedWAV(reason: "the RIFF form type is '\(wave)', not 'WAVE'") }
+        guard wave == "WAVE" else { throw .malformedWAV(reason: "the RIFF form type is '\(printable(wave))', not 'WAVE'") }
         // Some writers put a wrong RIFF size when they stream; the chunks themselves are authoritative,
         // but a RIFF size larger than the file means it was cut short.
         guard Int(riffSize) + 8 <= bytes.count || riffSize == 0xFFFF_FFFF else {
@@ -175,6 +175,9 @@ public struct WAVAudio: Sendable, Hashable {
 
     // MARK: Writing
 
+    /// The most audio bytes a canonical header can describe (its RIFF size is 32 bits).
+    public static let maximumWritableDataBytes = Int(UInt32.max) - 36
+
     /// The canonical 44-byte-header file for this audio.
     public func serialized() -> [UInt8] {
         let dataBytes = samples.count * format.encoding.bytesPerSample
@@ -192,6 +195,8 @@ public struct WAVAudio: Sendable, Hashable {
     /// A canonical header (RIFF, 16-byte fmt, data) for `dataBytes` of audio. Streaming writers emit it
     /// with a size of 0 first and rewrite it when they finish.
     public static func header(format: WAVFormat, dataBytes: Int) -> [UInt8] {
+        precondition((1...65_535).contains(format.channels), "a WAV file holds 1 to 65535 channels")
+        precondition(dataBytes >= 0 && dataBytes <= maximumWritableDataBytes, "a WAV data chunk holds at most 4 GiB")
         var h: [UInt8] = []
         h.reserveCapacity(44)
         func u32(_ v: Int) { for shift in [0, 8, 16, 24] { h.append(UInt8((UInt32(truncatingIfNeeded: v) >> UInt32(shift)) & 0xFF)) } }

@@ -3,20 +3,18 @@ import Foundation
 extension WAVAudio {
     /// Reads and parses a WAV file. Files over the data limit are refused before they are read.
     public static func read(path: String) throws(AudioError) -> WAVAudio {
-        let url = URL(fileURLWithPath: path)
-        let size: Int
-        do {
-            let attributes = try FileManager.default.attributesOfItem(atPath: path)
-            size = (attributes[.size] as? NSNumber)?.intValue ?? 0
-        } catch {
+        guard let handle = FileHandle(forReadingAtPath: path) else {
             throw .file(path: path, reason: "cannot open it (\(FileManager.default.fileExists(atPath: path) ? "permission denied" : "no such file")); check the path")
         }
-        guard size <= maximumDataBytes + 1 << 20 else {
-            throw .file(path: path, reason: "the file is \(size) bytes, larger than the \(maximumDataBytes)-byte limit; split it")
-        }
+        defer { try? handle.close() }
+        // Read at most one byte past the limit: a FIFO or /dev/zero must not fill memory.
+        let limit = maximumDataBytes + 1 << 20
         let data: Data
-        do { data = try Data(contentsOf: url) } catch {
+        do { data = try handle.read(upToCount: limit + 1) ?? Data() } catch {
             throw .file(path: path, reason: "cannot read it: \(error.localizedDescription)")
+        }
+        guard data.count <= limit else {
+            throw .file(path: path, reason: "the file is larger than the \(limit)-byte limit; split it")
         }
         let parsed = data.withUnsafeBytes { raw in Result { () throws(AudioError) in try parse(raw) } }
         switch parsed {

@@ -76,6 +76,9 @@ public final class WAVFileSink: AudioSink {
         guard samples.count == PipelineAudio.periodFrames else {
             throw .wrongBufferSize(got: samples.count, expected: PipelineAudio.periodFrames)
         }
+        guard dataBytes + scratch.count <= WAVAudio.maximumWritableDataBytes else {
+            throw .file(path: path, reason: "the recording reached the 4 GiB limit of a WAV file; start a new file")
+        }
         let timestamp = pacer.waitForPeriod(period)
         period += 1
         for (i, v) in samples.enumerated() {

@@ -25,6 +25,10 @@ struct Codec: ParsableCommand {
     @Option(help: "Seconds of synthetic speech per measurement.")
     var seconds = 10.0
 
+    func validate() throws {
+        guard seconds >= 1, seconds <= 3_600 else { throw ValidationError("--seconds must be between 1 and 3600") }
+    }
+
     func run() throws {
         let input = synthetic(seconds: seconds)
         let frameCount = input.count / 960

@@ -5,9 +5,9 @@ import Testing
 /// `null` plugin, which accepts any configuration but is not paced, and nonexistent device names.
 /// Real capture and playback timing can't be exercised here.
 @Suite struct ALSATests {
-    @Test func openingAMissingDeviceGivesAClearError() {
+    @Test func openingAMissingDeviceGivesAClearError() throws {
         let error = #expect(throws: AudioError.self) { try ALSAPlayback(device: "hw:CARD=NoSuchCard,DEV=0") }
-        let message = String(describing: error!)
+        let message = String(describing: try #require(error))
         #expect(message.contains("hw:CARD=NoSuchCard,DEV=0"))
         #expect(message.contains("walkie devices"))
         #expect(throws: AudioError.self) { try ALSACapture(device: "nonexistent_pcm_name") }

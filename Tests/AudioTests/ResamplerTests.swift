@@ -17,7 +17,36 @@ func toneAmplitude(_ x: [Float], frequency: Double, rate: Int) -> Double {
     return 2 * (re * re + im * im).squareRoot() / Double(slice.count)
 }
 
+/// Level in dB (relative to the tone) of what remains of the middle half of `x` once the least-squares
+/// fit of a sinusoid at `frequency` is subtracted.
+func residualAfterRemovingTone(_ x: [Float], frequency: Double, rate: Int) -> Double {
+    let range = x.count / 4..<x.count * 3 / 4
+    var ss = 0.0, cc = 0.0, sc = 0.0, xs = 0.0, xc = 0.0
+    for i in range {
+        let w = 2 * .pi * frequency * Double(i) / Double(rate)
+        let s = sin(w), c = cos(w), v = Double(x[i])
+        ss += s * s; cc += c * c; sc += s * c; xs += v * s; xc += v * c
+    }
+    let det = ss * cc - sc * sc
+    let a = (xs * cc - xc * sc) / det, b = (xc * ss - xs * sc) / det
+    var signal = 0.0, noise = 0.0
+    for i in range {
+        let w = 2 * .pi * frequency * Double(i) / Double(rate)
+        let fit = a * sin(w) + b * cos(w)
+        signal += fit * fit
+        noise += (Double(x[i]) - fit) * (Double(x[i]) - fit)
+    }
+    return 10 * log10(noise / signal)
+}
+
 @Suite struct ResamplerTests {
+    /// The residual check must catch the cheap way out: repeating samples to go 44.1 → 48 kHz.
+    @Test func residualCheckCatchesSampleDuplication() {
+        let input = sine(1_000, rate: 44_100, seconds: 0.5)
+        let nearest = (0..<24_000).map { input[min(input.count - 1, $0 * 44_100 / 48_000)] }
+        #expect(residualAfterRemovingTone(nearest, frequency: 1_000, rate: 48_000) > -40)
+    }
+
     @Test(arguments: [8_000, 16_000, 22_050, 44_100, 96_000])
     func aToneKeepsItsFrequencyAndLevel(sourceRate: Int) {
         let input = sine(1_000, rate: sourceRate, seconds: 0.5)
@@ -25,9 +54,10 @@ func toneAmplitude(_ x: [Float], frequency: Double, rate: Int) -> Double {
         #expect(abs(output.count - 24_000) <= 1)
         let level = toneAmplitude(output, frequency: 1_000, rate: 48_000)
         #expect(abs(level - 0.5) < 0.01, "1 kHz level \(level)")
-        // Little energy anywhere else: the residual after removing the tone is small.
-        let off = toneAmplitude(output, frequency: 1_370, rate: 48_000)
-        #expect(off < 0.005, "leakage \(off)")
+        // Nothing but the tone: after subtracting the best-fitting 1 kHz sinusoid, what is left
+        // (imaging, aliasing, duplicated or dropped samples) must be far below it.
+        let residual = residualAfterRemovingTone(output, frequency: 1_000, rate: 48_000)
+        #expect(residual < -60, "residual \(residual) dB")
     }
 
     /// Dropping samples would fold an 18 kHz tone to 2 kHz at 16 kHz; a real filter removes it.

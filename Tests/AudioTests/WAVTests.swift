@@ -86,27 +86,28 @@ struct WAVBuilder {
         #expect(try parse(bytes).format == WAVFormat(encoding: .pcm16, sampleRate: 48_000, channels: 1))
     }
 
-    @Test func truncatedHeaderIsRejected() {
+    @Test func truncatedHeaderIsRejected() throws {
         let error = #expect(throws: AudioError.self) { try parse(Array(WAVBuilder().bytes().prefix(10))) }
-        #expect(String(describing: error!).contains("truncated header"))
-        // Cut in the middle of the fmt chunk.
-        let cut = #expect(throws: AudioError.self) { try parse(Array(WAVBuilder().bytes().prefix(30))) }
-        #expect(String(describing: cut!).contains("truncated"))
+        #expect(String(describing: try #require(error)).contains("truncated header"))
+        // Cut in the middle of the fmt chunk, with a streaming-style RIFF size so the fmt check is reached.
+        var streaming = WAVBuilder(); streaming.riffSize = 0xFFFF_FFFF
+        let cut = #expect(throws: AudioError.self) { try parse(Array(streaming.bytes().prefix(30))) }
+        #expect(try #require(cut) == .malformedWAV(reason: "the fmt chunk declares 16 bytes but only 10 remain"))
     }
 
-    @Test func wrongChunkSizesAreRejected() {
+    @Test func wrongChunkSizesAreRejected() throws {
         var fmt = WAVBuilder(); fmt.fmtSize = 12
-        #expect(String(describing: #expect(throws: AudioError.self) { try parse(fmt.bytes()) }!).contains("at least 16"))
+        #expect(String(describing: try #require(#expect(throws: AudioError.self) { try parse(fmt.bytes()) })).contains("at least 16"))
 
         var data = WAVBuilder(); data.dataSize = 4_000
         let error = #expect(throws: AudioError.self) { try parse(data.bytes()) }
-        #expect(String(describing: error!).contains("declares 4000 bytes but only 8 remain"))
+        #expect(String(describing: try #require(error)).contains("declares 4000 bytes but only 8 remain"))
 
         var riff = WAVBuilder(); riff.riffSize = 1_000_000
-        #expect(String(describing: #expect(throws: AudioError.self) { try parse(riff.bytes()) }!).contains("truncated"))
+        #expect(String(describing: try #require(#expect(throws: AudioError.self) { try parse(riff.bytes()) })).contains("truncated"))
 
         var align = WAVBuilder(); align.blockAlign = 3
-        #expect(String(describing: #expect(throws: AudioError.self) { try parse(align.bytes()) }!).contains("inconsistent"))
+        #expect(String(describing: try #require(#expect(throws: AudioError.self) { try parse(align.bytes()) })).contains("inconsistent"))
     }
 
     @Test func zeroChannelsIsRejected() {
@@ -115,36 +116,36 @@ struct WAVBuilder {
         #expect(error == .malformedWAV(reason: "the fmt chunk declares zero channels"))
     }
 
-    @Test func hugeDeclaredSizeIsRejectedWithoutAllocating() {
+    @Test func hugeDeclaredSizeIsRejectedWithoutAllocating() throws {
         var b = WAVBuilder(); b.dataSize = 0xFFFF_FFF0; b.riffSize = 36 + 8
         let error = #expect(throws: AudioError.self) { try parse(b.bytes()) }
-        #expect(String(describing: error!).contains("limit"))
+        #expect(String(describing: try #require(error)).contains("limit"))
     }
 
-    @Test func unsupportedFormatsAreNamed() {
+    @Test func unsupportedFormatsAreNamed() throws {
         var adpcm = WAVBuilder(); adpcm.formatTag = 2; adpcm.bits = 4; adpcm.blockAlign = 1
         let e1 = #expect(throws: AudioError.self) { try parse(adpcm.bytes()) }
         #expect(e1 == .unsupportedWAV(reason: "Microsoft ADPCM with 4 bits per sample; only 16-bit PCM and 32-bit float are read"))
 
         var pcm24 = WAVBuilder(); pcm24.bits = 24
         let e2 = #expect(throws: AudioError.self) { try parse(pcm24.bytes()) }
-        #expect(String(describing: e2!).contains("integer PCM with 24 bits"))
-        #expect(String(describing: e2!).contains("sox"))
+        #expect(String(describing: try #require(e2)).contains("integer PCM with 24 bits"))
+        #expect(String(describing: try #require(e2)).contains("sox"))
 
         var notWave = WAVBuilder(); notWave.wave = "AVI "
         #expect(throws: AudioError.self) { try parse(notWave.bytes()) }
     }
 
-    @Test func missingFileErrorNamesThePath() {
+    @Test func missingFileErrorNamesThePath() throws {
         let error = #expect(throws: AudioError.self) { try WAVAudio.read(path: "/nonexistent/speech.wav") }
-        #expect(String(describing: error!).contains("/nonexistent/speech.wav"))
-        #expect(String(describing: error!).contains("no such file"))
+        #expect(String(describing: try #require(error)).contains("/nonexistent/speech.wav"))
+        #expect(String(describing: try #require(error)).contains("no such file"))
     }
 
     @Test func parserErrorsFromFilesNameTheFile() throws {
         let path = temporaryPath("broken.wav")
         try Data(Array(WAVBuilder().bytes().prefix(20))).write(to: URL(fileURLWithPath: path))
         let error = #expect(throws: AudioError.self) { try WAVAudio.read(path: path) }
-        #expect(String(describing: error!).hasPrefix(path))
+        #expect(String(describing: try #require(error)).hasPrefix(path))
     }
 }

@@ -3,7 +3,48 @@ import Foundation
 import FoundationNetworking
 #endif
 import SquelchInfo
+import Synchronization
 import Testing
+
+/// Collects a pipe's output on a background reader, so a test can wait for a line with a deadline
+/// instead of blocking in a read that may never return.
+final class PipeCollector: Sendable {
+    private let text = Mutex("")
+
+    init(_ pipe: Pipe) {
+        pipe.fileHandleForReading.readabilityHandler = { [weak self] handle in
+            let chunk = handle.availableData
+            if chunk.isEmpty { handle.readabilityHandler = nil; return }
+            self?.append(chunk)
+        }
+    }
+
+    private func append(_ chunk: Data) { text.withLock { $0 += String(decoding: chunk, as: UTF8.self) } }
+
+    var contents: String { text.withLock { $0 } }
+
+    /// Polls until `pattern` matches or `seconds` pass; returns the match.
+    func wait(for pattern: String, seconds: Double) async -> String? {
+        let deadline = Date().addingTimeInterval(seconds)
+        while Date() < deadline {
+            let now = contents
+            if let range = now.range(of: pattern, options: .regularExpression) { return String(now[range]) }
+            try? await Task.sleep(for: .milliseconds(50))
+        }
+        return nil
+    }
+}
+
+extension Process {
+    /// Waits for exit up to `seconds`; kills the process and returns false if it doesn't exit.
+    func waitForExit(seconds: Double) async -> Bool {
+        let deadline = Date().addingTimeInterval(seconds)
+        while isRunning, Date() < deadline { try? await Task.sleep(for: .milliseconds(50)) }
+        if isRunning { kill(processIdentifier, SIGKILL); waitUntilExit(); return false }
+        waitUntilExit()
+        return true
+    }
+}
 
 /// Runs the built executables as a user would. They sit next to the test bundle in the build folder.
 enum Executables {
@@ -81,30 +122,24 @@ enum Executables {
                              "--cert", certs + "/server-chain.pem", "--key", certs + "/server.key"]
         let err = Pipe()
         process.standardError = err
+        let log = PipeCollector(err)
         try process.run()
-        defer { if process.isRunning { process.terminate() } }
+        defer { if process.isRunning { kill(process.processIdentifier, SIGKILL) } }
 
-        // Read the log until the server names its port.
-        var log = ""
-        var port: Int?
-        let deadline = Date().addingTimeInterval(20)
-        while port == nil, Date() < deadline {
-            let chunk = err.fileHandleForReading.availableData
-            if chunk.isEmpty { break }
-            log += String(decoding: chunk, as: UTF8.self)
-            if let range = log.range(of: #"listening on http://127\.0\.0\.1:(\d+)"#, options: .regularExpression) {
-                port = Int(log[range].split(separator: ":").last!)
-            }
-        }
-        let bound = try #require(port, "no port in log: \(log)")
-        let (body, response) = try await URLSession.shared.data(from: URL(string: "http://127.0.0.1:\(bound)/healthz")!)
+        // Wait for the server to name its port.
+        let line = await log.wait(for: #"listening on http://127\.0\.0\.1:\d+"#, seconds: 20)
+        let portText = try #require(line?.split(separator: ":").last, "no port in log: \(log.contents)")
+        let bound = try #require(Int(portText))
+        let url = try #require(URL(string: "http://127.0.0.1:\(bound)/healthz"))
+        let (body, response) = try await URLSession.shared.data(from: url)
         #expect((response as? HTTPURLResponse)?.statusCode == 200)
         let health = try JSONSerialization.jsonObject(with: body) as? [String: Any]
         #expect(health?["status"] as? String == "ok")
         #expect((health?["certificate"] as? String)?.contains("squelchd (dev)") == true)
 
         process.terminate()  // SIGTERM
-        process.waitUntilExit()
+        let exited = await process.waitForExit(seconds: 15)
+        #expect(exited, "squelchd did not stop within 15 s of SIGTERM")
         #expect(process.terminationReason == .exit)
         #expect(process.terminationStatus == 0)
     }

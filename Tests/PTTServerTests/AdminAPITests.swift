@@ -33,7 +33,7 @@ import Testing
         config = ServerConfiguration()
         config.dataDirectory = file
         let error = #expect(throws: ServerConfiguration.ConfigurationError.self) { try config.prepare() }
-        #expect(String(describing: error!).contains("--data-dir"))
+        #expect(String(describing: try #require(error)).contains("--data-dir"))
     }
 
     @Test func dataDirectoryIsCreatedPrivate() throws {

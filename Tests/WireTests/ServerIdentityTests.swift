@@ -40,7 +40,7 @@ func makeLeaf(notBefore: Date = Date().addingTimeInterval(-3_600), notAfter: Dat
     @Test func anExpiredCertificateIsRefusedWithItsDate() throws {
         let (chain, key) = try makeLeaf(notBefore: Date().addingTimeInterval(-7_200), notAfter: Date().addingTimeInterval(-3_600))
         let error = #expect(throws: ServerIdentity.LoadError.self) { try ServerIdentity(chainPEM: chain, keyPEM: key) }
-        #expect(String(describing: error!).contains("expired"))
+        #expect(String(describing: try #require(error)).contains("expired"))
     }
 
     @Test func textWithoutACertificateIsRefused() throws {
@@ -51,10 +51,10 @@ func makeLeaf(notBefore: Date = Date().addingTimeInterval(-3_600), notAfter: Dat
         #expect(throws: ServerIdentity.LoadError.self) { try ServerIdentity(chainPEM: "garbage", keyPEM: key) }
     }
 
-    @Test func missingFilesSayHowToMakeThem() {
+    @Test func missingFilesSayHowToMakeThem() throws {
         let error = #expect(throws: ServerIdentity.LoadError.self) {
             try ServerIdentity.load(chainPath: "/nonexistent/server-chain.pem", keyPath: "/nonexistent/server.key")
         }
-        #expect(String(describing: error!).contains("make certs"))
+        #expect(String(describing: try #require(error)).contains("make certs"))
     }
 }
