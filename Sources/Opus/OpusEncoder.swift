@@ -87,20 +87,22 @@ public final class OpusEncoder {
 
     /// Encodes one frame of interleaved 16-bit PCM into `packet` and returns the packet length.
     public func encode(_ pcm: UnsafeBufferPointer<Int16>, into packet: UnsafeMutableRawBufferPointer) throws(OpusError) -> Int {
-        try checkFrame(pcm.count)
-        guard let input = pcm.baseAddress, let output = packet.baseAddress else { throw .bufferTooSmall(needed: 1, available: 0) }
-        let n = opus_encode(state, input, Int32(configuration.frameSamples),
-                            output.assumingMemoryBound(to: UInt8.self), Int32(packet.count))
-        guard n >= 0 else { throw .library(code: n, operation: "encode") }
-        return Int(n)
+        try encodeFrame(pcm, into: packet) { opus_encode(state, $0, $1, $2, $3) }
     }
 
     /// Encodes one frame of interleaved float PCM (nominal range -1...1).
     public func encode(_ pcm: UnsafeBufferPointer<Float>, into packet: UnsafeMutableRawBufferPointer) throws(OpusError) -> Int {
+        try encodeFrame(pcm, into: packet) { opus_encode_float(state, $0, $1, $2, $3) }
+    }
+
+    /// The checks and result handling both sample types share; `call` is the libopus entry point.
+    private func encodeFrame<Sample>(
+        _ pcm: UnsafeBufferPointer<Sample>, into packet: UnsafeMutableRawBufferPointer,
+        _ call: (UnsafePointer<Sample>, Int32, UnsafeMutablePointer<UInt8>, Int32) -> Int32
+    ) throws(OpusError) -> Int {
         try checkFrame(pcm.count)
         guard let input = pcm.baseAddress, let output = packet.baseAddress else { throw .bufferTooSmall(needed: 1, available: 0) }
-        let n = opus_encode_float(state, input, Int32(configuration.frameSamples),
-                                  output.assumingMemoryBound(to: UInt8.self), Int32(packet.count))
+        let n = call(input, Int32(configuration.frameSamples), output.assumingMemoryBound(to: UInt8.self), Int32(packet.count))
         guard n >= 0 else { throw .library(code: n, operation: "encode") }
         return Int(n)
     }
