@@ -67,7 +67,7 @@ let package = Package(
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
         ], swiftSettings: swift6),
 
-        .testTarget(name: "OpusTests", dependencies: ["Opus"], swiftSettings: swift6),
+        .testTarget(name: "OpusTests", dependencies: ["Opus", "Audio"], swiftSettings: swift6),
         .testTarget(name: "AudioTests", dependencies: ["Audio"], swiftSettings: swift6),
         .testTarget(name: "PTTServerTests", dependencies: [
             "PTTServer",

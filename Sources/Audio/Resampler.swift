@@ -82,6 +82,9 @@ extension WAVAudio {
     /// Converts to the pipeline's format (48 kHz mono 16-bit): channels are averaged, the rate is
     /// converted with `Resampler`, and floats are rounded and clipped to 16 bits.
     public func pipelineSamples(resampler: Resampler = Resampler()) -> [Int16] {
+        if format == .pipeline, case .pcm16(let s) = samples {
+            return s  // already in pipeline format: keep it bit-exact, convert nothing
+        }
         let channels = format.channels
         var mono: [Float]
         let floats = samples.floats
@@ -94,9 +97,6 @@ extension WAVAudio {
                 for c in 0..<channels { sum += floats[f * channels + c] }
                 mono[f] = sum / Float(channels)
             }
-        }
-        if format.sampleRate == 48_000, format.encoding == .pcm16, channels == 1, case .pcm16(let s) = samples {
-            return s  // already in pipeline format: keep it bit-exact
         }
         mono = resampler.resample(mono, from: format.sampleRate, to: 48_000)
         return mono.map { Int16(clamping: Int(($0 * 32_768).rounded())) }

@@ -68,15 +68,16 @@ public struct ServerIdentity: Sendable {
 
     /// Reads the chain and key from files.
     public static func load(chainPath: String, keyPath: String, now: Date = Date()) throws(LoadError) -> ServerIdentity {
-        func read(_ path: String, _ what: String) throws(LoadError) -> String {
+        func read(_ path: String, flag: String, _ failure: (String, String) -> LoadError) throws(LoadError) -> String {
             guard let text = try? String(contentsOfFile: path, encoding: .utf8) else {
                 let reason = FileManager.default.fileExists(atPath: path) ? "it cannot be read (check its permissions)"
-                    : "no such file; run 'make certs' for development certificates, or pass --\(what) PATH"
-                throw what == "cert" ? .unreadableCertificate(source: path, reason: reason) : .unreadableKey(source: path, reason: reason)
+                    : "no such file; run 'make certs' for development certificates, or pass --\(flag) PATH"
+                throw failure(path, reason)
             }
             return text
         }
-        return try ServerIdentity(chainPEM: try read(chainPath, "cert"), keyPEM: try read(keyPath, "key"),
+        return try ServerIdentity(chainPEM: try read(chainPath, flag: "cert", LoadError.unreadableCertificate),
+                                  keyPEM: try read(keyPath, flag: "key", LoadError.unreadableKey),
                                   chainSource: chainPath, keySource: keyPath, now: now)
     }
 

@@ -30,7 +30,7 @@ struct Codec: ParsableCommand {
     }
 
     func run() throws {
-        let input = synthetic(seconds: seconds)
+        let input = TestSignal.speechLike(seconds: seconds)
         let frameCount = input.count / 960
         print("codec: \(frameCount) frames of 20 ms, 48 kHz mono, 32 kbps VBR, FEC on, 5 % expected loss")
         print("| measurement | µs per 20 ms frame | % of one core |")
@@ -94,24 +94,4 @@ func time(_ body: () throws -> Void) rethrows -> Double {
     let start = monotonicNanoseconds()
     try body()
     return Double(monotonicNanoseconds() - start) / 1e9
-}
-
-/// Harmonic speech-like signal (glottal series, two moving formants, 4 Hz syllables).
-func synthetic(seconds: Double) -> [Int16] {
-    let n = Int(seconds * 48_000)
-    var out = [Int16](repeating: 0, count: n)
-    var phase = 0.0
-    for i in 0..<n {
-        let t = Double(i) / 48_000
-        let f0 = 165 + 55 * sin(2 * .pi * 0.7 * t)
-        phase += 2 * .pi * f0 / 48_000
-        let f1 = 500 + 300 * sin(2 * .pi * 0.9 * t), f2 = 1500 + 600 * sin(2 * .pi * 0.5 * t)
-        var s = 0.0
-        for h in 1...20 {
-            let fh = f0 * Double(h)
-            s += (exp(-pow((fh - f1) / 250, 2)) + 0.6 * exp(-pow((fh - f2) / 400, 2)) + 0.05 / Double(h)) * sin(Double(h) * phase)
-        }
-        out[i] = Int16(clamping: Int(s * max(0, sin(2 * .pi * 4 * t)) * 6_000))
-    }
-    return out
 }

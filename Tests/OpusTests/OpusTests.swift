@@ -1,30 +1,10 @@
+import Audio
 import COpus
 import Foundation
 import Testing
 @testable import Opus
 
-/// A deterministic speech-like signal: a glottal-pulse-like harmonic series whose pitch glides between
-/// 110 and 220 Hz, shaped by two moving formants and a 4 Hz syllable envelope with pauses.
-func speechLike(seconds: Double, rate: Int = 48_000) -> [Int16] {
-    let n = Int(seconds * Double(rate))
-    var out = [Int16](repeating: 0, count: n)
-    var phase = 0.0
-    for i in 0..<n {
-        let t = Double(i) / Double(rate)
-        let f0 = 165 + 55 * sin(2 * .pi * 0.7 * t)
-        phase += 2 * .pi * f0 / Double(rate)
-        let formant1 = 500 + 300 * sin(2 * .pi * 0.9 * t), formant2 = 1500 + 600 * sin(2 * .pi * 0.5 * t)
-        var s = 0.0
-        for h in 1...20 {
-            let fh = f0 * Double(h)
-            let gain = exp(-pow((fh - formant1) / 250, 2)) + 0.6 * exp(-pow((fh - formant2) / 400, 2)) + 0.05 / Double(h)
-            s += gain * sin(Double(h) * phase)
-        }
-        let syllable = max(0, sin(2 * .pi * 4 * t))  // half the time silent: pauses between syllables
-        out[i] = Int16(clamping: Int(s * syllable * 6_000))
-    }
-    return out
-}
+func speechLike(seconds: Double) -> [Int16] { TestSignal.speechLike(seconds: seconds) }
 
 func frames(_ pcm: [Int16], size: Int) -> [[Int16]] {
     stride(from: 0, to: pcm.count - size + 1, by: size).map { Array(pcm[$0..<$0 + size]) }
