@@ -29,11 +29,15 @@ let package = Package(
         .systemLibrary(name: "CALSA", pkgConfig: "alsa", providers: [.apt(["libasound2-dev"])]),
         .target(name: "COpusShim", dependencies: ["COpus"]),
         .target(name: "CALSAShim", dependencies: ["CALSA"]),
+        // libcrypto's EVP AEADs seal and open in place with a reusable context (docs/architecture.md).
+        .systemLibrary(name: "CLibCrypto", pkgConfig: "libcrypto", providers: [.apt(["libssl-dev"])]),
+        .target(name: "CPacketCrypto", dependencies: ["CLibCrypto"]),
 
         .target(name: "SquelchInfo", swiftSettings: swift6),
         .target(name: "Opus", dependencies: ["COpus", "COpusShim"], swiftSettings: swift6),
         .target(name: "Audio", dependencies: ["CALSA", "CALSAShim"], swiftSettings: swift6),
         .target(name: "Wire", dependencies: [
+            "CPacketCrypto",
             .product(name: "Crypto", package: "swift-crypto"),
             .product(name: "X509", package: "swift-certificates"),
             .product(name: "SwiftASN1", package: "swift-asn1"),

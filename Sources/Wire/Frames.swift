@@ -29,6 +29,7 @@ public enum FrameType: UInt64, Sendable {
     case pathChallenge = 0x1A
     case pathResponse = 0x1B
     case connectionClose = 0x1C
+    case applicationClose = 0x1D
     case handshakeDone = 0x1E
     case datagram = 0x30
     case datagramWithLength = 0x31
@@ -95,8 +96,10 @@ public enum Frame: Hashable, Sendable {
     case retireConnectionID(sequence: UInt64)
     case pathChallenge(UInt64)
     case pathResponse(UInt64)
-    /// Closes the connection with an error code and a UTF-8 reason.
+    /// Closes the connection with a transport error code and a UTF-8 reason.
     case connectionClose(code: UInt64, reason: Range<Int>)
+    /// Closes the connection with an application error code and a UTF-8 reason.
+    case applicationClose(code: UInt64, reason: Range<Int>)
     case handshakeDone
     /// An unreliable datagram (audio).
     case datagram(Range<Int>)
@@ -104,7 +107,7 @@ public enum Frame: Hashable, Sendable {
     /// Whether receiving this frame obliges the receiver to send an ACK (RFC 9002 §2).
     public var isAckEliciting: Bool {
         switch self {
-        case .padding, .ack, .connectionClose: return false
+        case .padding, .ack, .connectionClose, .applicationClose: return false
         default: return true
         }
     }
@@ -160,10 +163,11 @@ public struct FrameParser {
             return .pathChallenge(try reader.uint(8, "path challenge data"))
         case .pathResponse:
             return .pathResponse(try reader.uint(8, "path response data"))
-        case .connectionClose:
+        case .connectionClose, .applicationClose:
             let code = try reader.varint("error code")
             let length = try reader.varint("reason length")
-            return .connectionClose(code: code, reason: try reader.range(length, "reason"))
+            let reason = try reader.range(length, "reason")
+            return type == .connectionClose ? .connectionClose(code: code, reason: reason) : .applicationClose(code: code, reason: reason)
         case .handshakeDone:
             return .handshakeDone
         case .datagram:
@@ -247,8 +251,8 @@ extension WireWriter {
 
     public mutating func writePathResponse(_ data: UInt64) { varint(FrameType.pathResponse.rawValue); uint(data, 8) }
 
-    public mutating func writeConnectionClose(code: UInt64, reason: String) {
-        varint(FrameType.connectionClose.rawValue); varint(code)
+    public mutating func writeConnectionClose(code: UInt64, reason: String, application: Bool = false) {
+        varint(application ? FrameType.applicationClose.rawValue : FrameType.connectionClose.rawValue); varint(code)
         var reason = reason
         reason.withUTF8 { utf8 in varint(UInt64(utf8.count)); bytes(UnsafeRawBufferPointer(utf8)) }
     }

@@ -12,6 +12,10 @@ public struct ServerIdentity: Sendable {
     /// Leaf first, then intermediates.
     public let chain: [Certificate]
     public let privateKey: Certificate.PrivateKey
+    /// The same key, as the P-256 signing key the handshake's CertificateVerify uses.
+    public let signingKey: P256.Signing.PrivateKey
+    /// The chain as DER, leaf first, as the Certificate handshake message carries it.
+    public let derChain: [[UInt8]]
 
     public var leaf: Certificate { chain[0] }
 
@@ -59,11 +63,25 @@ public struct ServerIdentity: Sendable {
         do { key = try Certificate.PrivateKey(pemEncoded: keyPEM) } catch {
             throw .unreadableKey(source: keySource, reason: "\(error)")
         }
+        let signingKey: P256.Signing.PrivateKey
+        do { signingKey = try P256.Signing.PrivateKey(pemRepresentation: keyPEM) } catch {
+            throw .unreadableKey(source: keySource, reason: "the handshake needs an ECDSA P-256 key (\(error))")
+        }
         guard key.publicKey == leaf.publicKey else { throw .keyDoesNotMatch(certificateSource: chainSource, keySource: keySource) }
         guard now <= leaf.notValidAfter else { throw .expired(source: chainSource, notValidAfter: leaf.notValidAfter) }
         guard now >= leaf.notValidBefore else { throw .notYetValid(source: chainSource, notValidBefore: leaf.notValidBefore) }
+        var derChain: [[UInt8]] = []
+        for certificate in chain {
+            var serializer = DER.Serializer()
+            do { try serializer.serialize(certificate) } catch {
+                throw .unreadableCertificate(source: chainSource, reason: "\(error)")
+            }
+            derChain.append(serializer.serializedBytes)
+        }
         self.chain = chain
         self.privateKey = key
+        self.signingKey = signingKey
+        self.derChain = derChain
     }
 
     /// Reads the chain and key from files.

@@ -1,0 +1,74 @@
+import Crypto
+
+/// Address-validation tokens (docs/protocol.md §8): AES-256-GCM under the server's token key, so
+/// the server keeps no state for them. A Retry token binds the client's exact address and original
+/// destination ID and lives 10 s; a NEW_TOKEN token binds only the host (a mobile client's port
+/// changes) and lives an hour.
+enum AddressToken {
+    static let retryLifetime: UInt64 = seconds(10)
+    static let newTokenLifetime: UInt64 = seconds(3600)
+
+    struct Contents {
+        var isRetry: Bool
+        var issued: WireInstant
+        var address: PathAddress
+        var original: ConnectionID?
+        var retrySource: ConnectionID?
+    }
+
+    static func seal(address: PathAddress, original: ConnectionID?, retrySource: ConnectionID? = nil,
+                     secrets: ServerSecrets, now: WireInstant) -> [UInt8] {
+        var plain: [UInt8] = [original == nil ? 1 : 0]
+        func put(_ v: UInt64, _ n: Int) { for i in (0..<n).reversed() { plain.append(UInt8(truncatingIfNeeded: v >> UInt64(8 * i))) } }
+        put(now.nanoseconds, 8)
+        put(address.high, 8); put(address.low, 8); put(UInt64(address.port), 2); plain.append(address.isIPv6 ? 1 : 0)
+        put(original?.value ?? 0, 8)
+        put(retrySource?.value ?? 0, 8)
+        guard let box = try? AES.GCM.seal(plain, using: secrets.tokenKey), let combined = box.combined else { return [] }
+        return Array(combined)
+    }
+
+    static func open(_ token: [UInt8], secrets: ServerSecrets) -> Contents? {
+        guard token.count == 12 + 44 + 16, let box = try? AES.GCM.SealedBox(combined: token),
+              let plain = try? AES.GCM.open(box, using: secrets.tokenKey) else { return nil }
+        let p = Array(plain)
+        guard p.count == 44 else { return nil }
+        func get(_ at: Int, _ n: Int) -> UInt64 { p[at..<(at + n)].reduce(0) { $0 << 8 | UInt64($1) } }
+        let isRetry = p[0] == 0
+        var address = PathAddress(ipv4: 0, port: UInt16(get(25, 2)))
+        address.high = get(9, 8); address.low = get(17, 8); address.isIPv6 = p[27] == 1
+        return Contents(isRetry: isRetry, issued: WireInstant(nanoseconds: get(1, 8)), address: address,
+                        original: isRetry ? ConnectionID(get(28, 8)) : nil,
+                        retrySource: isRetry ? ConnectionID(get(36, 8)) : nil)
+    }
+
+    /// Whether `token` is valid for a client at `address` now. Retry tokens also give back the
+    /// original destination ID and the Retry's source ID.
+    static func validate(_ token: [UInt8], address: PathAddress, secrets: ServerSecrets, now: WireInstant) -> Contents? {
+        guard let contents = open(token, secrets: secrets), contents.issued <= now else { return nil }
+        let age = now.since(contents.issued)
+        if contents.isRetry {
+            guard age <= retryLifetime, contents.address == address else { return nil }
+        } else {
+            guard age <= newTokenLifetime, contents.address.sameHost(as: address) else { return nil }
+        }
+        return contents
+    }
+}
+
+/// The Retry integrity tag (RFC 9001 §5.8 shape, our own fixed key): AES-128-GCM with a public key
+/// over the original destination ID and the Retry packet. It only stops off-path tampering; the
+/// handshake's transport parameters authenticate the Retry for real.
+enum RetryIntegrity {
+    /// First 16 bytes of SHA-256("squelch-wire v1 retry integrity"), and the next 12 as the nonce.
+    static let key = SymmetricKey(data: [0xad, 0xc5, 0xcc, 0x9e, 0x68, 0x94, 0x20, 0x47, 0x7c, 0xc8, 0xde, 0xaf, 0xbf, 0xc0, 0x41, 0x61] as [UInt8])
+    static let nonce: [UInt8] = [0xd9, 0x18, 0x19, 0xe1, 0xa8, 0xb1, 0x16, 0xd4, 0x7d, 0x52, 0x08, 0xff]
+
+    static func tag(original: ConnectionID, retryPacketWithoutTag: some Collection<UInt8>) -> [UInt8] {
+        var pseudo: [UInt8] = [UInt8(ConnectionID.length)] + original.bytes
+        pseudo += retryPacketWithoutTag
+        guard let nonce = try? AES.GCM.Nonce(data: Self.nonce),
+              let box = try? AES.GCM.seal([UInt8](), using: key, nonce: nonce, authenticating: pseudo) else { return [] }
+        return Array(box.tag)
+    }
+}

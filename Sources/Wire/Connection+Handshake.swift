@@ -1,0 +1,242 @@
+import Crypto
+import Foundation
+import X509
+
+// The handshake (docs/protocol.md §5–6): one round trip in the style of TLS 1.3.
+extension Connection {
+    func randomBytes(_ count: Int) -> [UInt8] {
+        var bytes: [UInt8] = []
+        bytes.reserveCapacity(count + 8)
+        while bytes.count < count {
+            var word = random.next()
+            for _ in 0..<8 { bytes.append(UInt8(truncatingIfNeeded: word)); word >>= 8 }
+        }
+        return Array(bytes.prefix(count))
+    }
+
+    func localParameters() -> TransportParameters {
+        var params = TransportParameters()
+        params.maxIdleTimeout = config.idleTimeout / 1_000_000
+        params.maxAckDelay = config.maxAckDelay / 1_000_000
+        params.maxUDPPayloadSize = UInt64(max(config.maxDatagramSize, 1200))
+        params.maxDatagramFrameSize = UInt64(config.maxDatagramSize)
+        params.activeConnectionIDLimit = config.activeConnectionIDLimit
+        params.initialSourceConnectionID = localID
+        return params
+    }
+
+    func startClientHello() {
+        guard let configuration = clientConfiguration else { return }
+        // Ephemeral key from the injected generator, so test vectors are reproducible.
+        let key = (try? Curve25519.KeyAgreement.PrivateKey(rawRepresentation: randomBytes(32))) ?? Curve25519.KeyAgreement.PrivateKey()
+        ephemeral = key
+        let hello = HandshakeMessage.clientHello(.init(
+            version: WireVersion.v1, offeredVersions: configuration.versions, random: randomBytes(32),
+            suites: config.suites.map(\.rawValue), keyShare: Array(key.publicKey.rawRepresentation),
+            serverName: configuration.serverName, parameters: localParameters()))
+        clientHello = hello.encoded()
+        transcript.add(clientHello)
+        initialSpace.flight = clientHello
+    }
+
+    /// Parses every complete message in a space's inbox.
+    func processHandshakeInbox(_ space: LongPacketType, now: WireInstant) {
+        while state == .handshaking || (role == .client && state == .established && space == .handshake) {
+            let inbox = space == .initial ? initialSpace.inbox : handshakeSpace.inbox
+            guard inbox.count >= 4 else { return }
+            let length = Int(inbox[1]) << 16 | Int(inbox[2]) << 8 | Int(inbox[3])
+            guard length <= HandshakeMessage.maximumLength else {
+                failHandshake(.malformed("message of \(length) bytes"), now: now); return
+            }
+            guard inbox.count >= 4 + length else { return }
+            let bytes = Array(inbox[0..<(4 + length)])
+            if space == .initial { initialSpace.inbox.removeFirst(4 + length) } else { handshakeSpace.inbox.removeFirst(4 + length) }
+            let message: HandshakeMessage
+            do {
+                message = try bytes.withUnsafeBytes { raw throws(WireParseError) in
+                    var reader = WireReader(raw)
+                    return try HandshakeMessage.decode(&reader)
+                }
+            } catch {
+                failHandshake(.malformed("\(error)"), now: now); return
+            }
+            do {
+                if role == .client { try clientHandle(message, bytes: bytes, space: space, now: now) } else {
+                    try serverHandle(message, bytes: bytes, space: space, now: now)
+                }
+            } catch {
+                failHandshake(error, now: now); return
+            }
+        }
+    }
+
+    // MARK: Client
+
+    func clientHandle(_ message: HandshakeMessage, bytes: [UInt8], space: LongPacketType, now: WireInstant) throws(HandshakeFailure) {
+        switch (message, space) {
+        case (.serverHello(let hello), .initial):
+            guard secrets == nil else { throw .unexpectedMessage("second ServerHello") }
+            guard hello.version == WireVersion.v1 else { throw .versionMismatch(offered: clientConfiguration?.versions ?? [], chosen: hello.version) }
+            guard let chosen = CipherSuite(rawValue: hello.suite), config.suites.contains(chosen) else { throw .noCommonSuite }
+            guard let ephemeral else { throw .unexpectedMessage("ServerHello before ClientHello") }
+            let shared = try HandshakeCrypto.sharedSecret(ephemeral, peerShare: hello.keyShare)
+            transcript.add(bytes)
+            suite = chosen
+            let derived = HandshakeCrypto.handshakeSecrets(shared: shared, helloHash: transcript.current)
+            secrets = derived
+            do {
+                handshakeSpace.seal = try PacketKey(secret: derived.clientHandshake, suite: chosen, sealing: true)
+                handshakeSpace.open = try PacketKey(secret: derived.serverHandshake, suite: chosen, sealing: false)
+            } catch {
+                throw .malformed("key setup failed")
+            }
+        case (.encryptedExtensions(let params), .handshake):
+            guard secrets != nil, peerParameters == nil else { throw .unexpectedMessage("EncryptedExtensions") }
+            // The server proves it saw our original destination ID and, after a Retry, which Retry.
+            guard params.originalDestinationConnectionID == originalDestination else {
+                throw .transportParameters("original_destination_connection_id does not match")
+            }
+            guard params.retrySourceConnectionID == retrySource else { throw .transportParameters("retry_source_connection_id does not match") }
+            guard params.initialSourceConnectionID == peerID else { throw .transportParameters("initial_source_connection_id does not match") }
+            guard params.statelessResetToken != nil else { throw .transportParameters("missing stateless_reset_token") }
+            peerParameters = params
+            peerIDs = [PeerID(sequence: 0, id: peerID, resetToken: params.statelessResetToken, retired: false)]
+            transcript.add(bytes)
+        case (.certificate(let chain), .handshake):
+            guard peerParameters != nil, serverChain.isEmpty else { throw .unexpectedMessage("Certificate") }
+            serverChain = chain
+            transcript.add(bytes)
+        case (.certificateVerify(let scheme, let signature), .handshake):
+            guard let leafDER = serverChain.first, serverFinishedHash.isEmpty else { throw .unexpectedMessage("CertificateVerify") }
+            guard scheme == HandshakeMessage.ecdsaP256SHA256 else { throw .badSignature }
+            let leaf: Certificate
+            do { leaf = try Certificate(derEncoded: leafDER) } catch { throw .unreadableCertificate(reason: "\(error)") }
+            let content = HandshakeCrypto.certificateVerifyContent(transcriptHash: transcript.current)
+            guard let key = P256.Signing.PublicKey(leaf.publicKey),
+                  let parsed = try? P256.Signing.ECDSASignature(derRepresentation: signature),
+                  key.isValidSignature(parsed, for: content) else { throw .badSignature }
+            transcript.add(bytes)
+            serverFinishedHash = [0]  // marks "signature checked"
+        case (.finished(let mac), .handshake):
+            guard let secrets, serverFinishedHash == [0] else { throw .unexpectedMessage("Finished") }
+            guard HandshakeCrypto.finishedIsValid(mac, baseSecret: secrets.serverHandshake, transcriptHash: transcript.current) else {
+                throw .badFinished
+            }
+            transcript.add(bytes)
+            serverFinishedHash = transcript.current
+            let application = HandshakeCrypto.applicationSecrets(handshake: secrets.handshake, serverFinishedHash: serverFinishedHash)
+            clientApplicationSecret = application.client
+            serverApplicationSecret = application.server
+            pendingCertificateCheck = CertificateCheck(chain: serverChain, serverName: clientConfiguration?.serverName ?? "")
+            handshakeRetransmitAt = nil
+        default:
+            throw .unexpectedMessage("\(message.type) in the \(space) space")
+        }
+    }
+
+    func installApplicationKeys() {
+        let (sealSecret, openSecret) = role == .client ? (clientApplicationSecret, serverApplicationSecret)
+            : (serverApplicationSecret, clientApplicationSecret)
+        appSeal = try? PacketKey(secret: sealSecret, suite: suite, sealing: true)
+        appOpen = try? PacketKey(secret: openSecret, suite: suite, sealing: false)
+        appOpenNext = try? appOpen?.nextGeneration()
+    }
+
+    // MARK: Server
+
+    func serverHandle(_ message: HandshakeMessage, bytes: [UInt8], space: LongPacketType, now: WireInstant) throws(HandshakeFailure) {
+        switch (message, space) {
+        case (.clientHello(let hello), .initial):
+            guard !clientHelloProcessed, let serverSecrets else { throw .unexpectedMessage("second ClientHello") }
+            // The version the client used must be one it offered and one we speak: a forged Version
+            // Negotiation would show up here, inside the signed transcript.
+            guard hello.version == WireVersion.v1, hello.offeredVersions.contains(hello.version) else {
+                throw .versionMismatch(offered: hello.offeredVersions, chosen: hello.version)
+            }
+            guard let chosen = hello.suites.lazy.compactMap(CipherSuite.init(rawValue:)).first(where: config.suites.contains) else {
+                throw .noCommonSuite
+            }
+            guard hello.parameters.initialSourceConnectionID == peerID else {
+                throw .transportParameters("initial_source_connection_id does not match")
+            }
+            clientHelloProcessed = true
+            suite = chosen
+            peerParameters = hello.parameters
+            transcript.add(bytes)
+            let key = (try? Curve25519.KeyAgreement.PrivateKey(rawRepresentation: randomBytes(32))) ?? Curve25519.KeyAgreement.PrivateKey()
+            let shared = try HandshakeCrypto.sharedSecret(key, peerShare: hello.keyShare)
+            let serverHello = HandshakeMessage.serverHello(.init(version: hello.version, random: randomBytes(32), suite: chosen.rawValue,
+                                                                 keyShare: Array(key.publicKey.rawRepresentation))).encoded()
+            transcript.add(serverHello)
+            let derived = HandshakeCrypto.handshakeSecrets(shared: shared, helloHash: transcript.current)
+            secrets = derived
+
+            var params = localParameters()
+            params.originalDestinationConnectionID = originalDestination
+            params.retrySourceConnectionID = retrySource
+            params.statelessResetToken = serverSecrets.resetToken(for: localID)
+            let extensions = HandshakeMessage.encryptedExtensions(params).encoded()
+            transcript.add(extensions)
+            let certificate = HandshakeMessage.certificate(serverSecrets.identity.derChain).encoded()
+            transcript.add(certificate)
+            let content = HandshakeCrypto.certificateVerifyContent(transcriptHash: transcript.current)
+            guard let signature = try? serverSecrets.identity.signingKey.signature(for: content) else { throw .badSignature }
+            let verify = HandshakeMessage.certificateVerify(scheme: HandshakeMessage.ecdsaP256SHA256,
+                                                            signature: Array(signature.derRepresentation)).encoded()
+            transcript.add(verify)
+            let finished = HandshakeMessage.finished(HandshakeCrypto.finished(baseSecret: derived.serverHandshake,
+                                                                           transcriptHash: transcript.current)).encoded()
+            transcript.add(finished)
+            serverFinishedHash = transcript.current
+            let application = HandshakeCrypto.applicationSecrets(handshake: derived.handshake, serverFinishedHash: serverFinishedHash)
+            clientApplicationSecret = application.client
+            serverApplicationSecret = application.server
+            do {
+                handshakeSpace.seal = try PacketKey(secret: derived.serverHandshake, suite: chosen, sealing: true)
+                handshakeSpace.open = try PacketKey(secret: derived.clientHandshake, suite: chosen, sealing: false)
+            } catch {
+                throw .malformed("key setup failed")
+            }
+            installApplicationKeys()
+            initialSpace.flight = serverHello
+            handshakeSpace.flight = extensions + certificate + verify + finished
+            handshakeRetransmitAt = now + rtt.probeTimeout(maxAckDelay: 0)
+        case (.finished(let mac), .handshake):
+            guard let secrets, !peerFinished else { throw .unexpectedMessage("Finished") }
+            guard HandshakeCrypto.finishedIsValid(mac, baseSecret: secrets.clientHandshake, transcriptHash: transcript.current) else {
+                throw .badFinished
+            }
+            transcript.add(bytes)
+            peerFinished = true
+            handshakeConfirmed = true
+            state = .established
+            path.validated = true
+            handshakeDeadline = nil
+            handshakeRetransmitAt = nil
+            // Handshake done: the Initial and Handshake keys are no longer needed.
+            initialSpace = HandshakeSpace()
+            handshakeSpace = HandshakeSpace()
+            pendingHandshakeDone = true
+            issueConnectionIDs()
+            if let token = serverSecrets.map({ AddressToken.seal(address: path.address, original: nil, secrets: $0, now: now) }) {
+                pendingNewToken = token
+            }
+            resetIdleTimer(now: now)
+            emit(.connected)
+        default:
+            throw .unexpectedMessage("\(message.type) in the \(space) space")
+        }
+    }
+
+    /// Server: keeps the client stocked with spare connection IDs for migration.
+    func issueConnectionIDs() {
+        let limit = Int(min(peerParameters?.activeConnectionIDLimit ?? 2, 8))
+        while issuedIDs.filter({ !$0.retired }).count < limit {
+            let sequence = (issuedIDs.last?.sequence ?? 0) + 1
+            let id = ConnectionID(random.next())
+            issuedIDs.append(IssuedID(sequence: sequence, id: id, retired: false))
+            routingChanges.append((id, true))
+            pendingNewIDs |= 1 << (sequence % 64)
+        }
+    }
+}

@@ -1,0 +1,486 @@
+// Receiving: header protection off, AEAD open in place, replay check, then frames.
+extension Connection {
+    /// Processes one received datagram, decrypting in place. Audio datagram frames are handed to
+    /// `datagrams` as slices of `datagram`, valid only during the call.
+    public func receive(_ datagram: UnsafeMutableRawBufferPointer, from address: PathAddress, now: WireInstant,
+                        datagrams: (UnsafeRawBufferPointer) -> Void = { _ in }) {
+        guard state != .closed, state != .draining else { return }
+        stats.datagramsReceived += 1
+        stats.bytesReceived += datagram.count
+        if address == path.address { path.bytesReceived += datagram.count }
+        var offset = 0
+        var authenticated = false
+        while offset < datagram.count, state != .closed, state != .draining {
+            let header: PacketHeader
+            do { header = try PacketHeader.parse(UnsafeRawBufferPointer(datagram), at: offset) } catch {
+                stats.droppedMalformed += 1
+                break
+            }
+            switch header {
+            case .long(let type, _, let destination, let source, let token, let pnOffset, let end):
+                if receiveLong(datagram, type: type, start: offset, destination: destination, source: source, token: token,
+                               pnOffset: pnOffset, end: end, now: now) { authenticated = true }
+                offset = end
+            case .short(_, let pnOffset):
+                if receiveShort(datagram, start: offset, pnOffset: pnOffset, from: address, size: datagram.count, now: now,
+                                datagrams: datagrams) { authenticated = true }
+                offset = datagram.count
+            case .retry(_, _, let source, let token, let tag):
+                receiveRetry(datagram, start: offset, source: source, token: token, tag: tag, now: now)
+                offset = datagram.count
+            case .versionNegotiation(_, _, let versions):
+                receiveVersionNegotiation(UnsafeRawBufferPointer(datagram), versions: versions, now: now)
+                offset = datagram.count
+            case .unsupportedVersion:
+                stats.droppedMalformed += 1
+                offset = datagram.count
+            }
+        }
+        if authenticated {
+            lastReceiveTime = now
+            ackElicitingSentSinceReceive = false
+            if state == .handshaking || state == .established { resetIdleTimer(now: now) }
+            if state == .closing, closeResends < 8 {
+                // Answer the peer's packets with the close again, so it learns even if one was lost.
+                closeResends += 1
+                pendingCloseResend = true
+            }
+        } else if role == .client, isStatelessReset(UnsafeRawBufferPointer(datagram)) {
+            state = .closed
+            finish(.statelessReset)
+        }
+    }
+
+    /// Client: is this unauthenticated datagram a stateless reset for one of the server's IDs?
+    func isStatelessReset(_ datagram: UnsafeRawBufferPointer) -> Bool {
+        guard datagram.count >= PacketHeader.minimumShortPacket, datagram[0] & PacketHeader.longFormBit == 0 else { return false }
+        let tail = datagram.count - 16
+        var matched = false
+        for peer in peerIDs {
+            guard let token = peer.resetToken else { continue }
+            var difference: UInt8 = 0
+            for i in 0..<16 { difference |= token[i] ^ datagram[tail + i] }  // constant time per token
+            matched = matched || difference == 0
+        }
+        return matched
+    }
+
+    // MARK: Header protection
+
+    /// Removes header protection in place. Returns the full packet number and the offset where the
+    /// payload starts, or nil if the sample doesn't fit.
+    func unprotectHeader(_ packet: UnsafeMutableRawBufferPointer, start: Int, pnOffset: Int, key: PacketKey,
+                         long: Bool, largest: UInt64?) -> (pn: UInt64, payloadStart: Int, first: UInt8)? {
+        guard let mask = key.headerMask(UnsafeRawBufferPointer(packet), sampleOffset: pnOffset + 4) else { return nil }
+        let first = packet[start] ^ (UInt8(truncatingIfNeeded: mask >> 56) & (long ? 0x0F : 0x1F))
+        packet[start] = first
+        let pnLength = Int(first & 0x03) + 1
+        var truncated: UInt64 = 0
+        for i in 0..<pnLength {
+            let byte = packet[pnOffset + i] ^ UInt8(truncatingIfNeeded: mask >> UInt64(48 - 8 * i))
+            packet[pnOffset + i] = byte
+            truncated = truncated << 8 | UInt64(byte)
+        }
+        return (PacketNumber.decode(truncated: truncated, length: pnLength, largest: largest), pnOffset + pnLength, first)
+    }
+
+    // MARK: Long headers
+
+    func receiveLong(_ datagram: UnsafeMutableRawBufferPointer, type: LongPacketType, start: Int, destination: ConnectionID,
+                     source: ConnectionID, token: Range<Int>, pnOffset: Int, end: Int, now: WireInstant) -> Bool {
+        let packet = UnsafeMutableRawBufferPointer(rebasing: datagram[..<end])
+        let spaceKey = type == .initial ? initialSpace.open : handshakeSpace.open
+        guard let key = spaceKey else { stats.droppedNoKeys += 1; return false }
+        let largest = type == .initial ? initialSpace.largestReceived : handshakeSpace.largestReceived
+        guard let (pn, payloadStart, first) = unprotectHeader(packet, start: start, pnOffset: pnOffset, key: key, long: true, largest: largest),
+              first & 0x0C == 0 else {
+            stats.droppedMalformed += 1
+            return false
+        }
+        let aad = UnsafeMutableRawBufferPointer(rebasing: packet[start...])
+        guard key.open(aad, payloadStart: payloadStart - start, tagStart: end - 16 - start, packetNumber: pn) else {
+            stats.droppedUndecryptable += 1
+            return false
+        }
+        stats.packetsReceived += 1
+        if type == .initial { initialSpace.largestReceived = max(pn, initialSpace.largestReceived ?? 0) } else {
+            handshakeSpace.largestReceived = max(pn, handshakeSpace.largestReceived ?? 0)
+        }
+        if role == .client, !receivedServerPacket {
+            // The server chose its own ID: address it from now on.
+            receivedServerPacket = true
+            peerID = source
+        }
+        if role == .server, type == .handshake { path.validated = true }
+        var parser = FrameParser(payload: UnsafeRawBufferPointer(rebasing: datagram[..<(end - 16)]), offset: payloadStart)
+        do {
+            while let frame = try parser.next() {
+                switch frame {
+                case .padding, .ping, .ack:
+                    break
+                case .crypto(let offset, let data):
+                    try receiveCrypto(type, offset: offset, data: UnsafeRawBufferPointer(rebasing: datagram[data]), now: now)
+                case .connectionClose(let code, let reason):
+                    peerClosed(code: code, reason: String(decoding: UnsafeRawBufferPointer(rebasing: datagram[reason]), as: UTF8.self),
+                               application: false, now: now)
+                default:
+                    protocolViolation("\(frame) is not allowed in a \(type) packet", now: now)
+                }
+            }
+        } catch {
+            protocolViolation("malformed \(type) packet: \(error)", now: now, code: .frameEncodingError)
+        }
+        return true
+    }
+
+    func receiveCrypto(_ type: LongPacketType, offset: UInt64, data: UnsafeRawBufferPointer, now: WireInstant) throws(WireParseError) {
+        // A retransmitted ClientHello means the server's flight was lost: send it again.
+        if role == .server, type == .initial, clientHelloProcessed, offset == 0 {
+            initialSpace.flightSent = 0
+            handshakeSpace.flightSent = 0
+            return
+        }
+        do {
+            // Work on a copy: the reassembly buffer and the inbox are both parts of one stored property.
+            var space = type == .initial ? initialSpace : handshakeSpace
+            try space.receive.receive(offset: offset, data: data, into: &space.inbox)
+            if type == .initial { initialSpace = space } else { handshakeSpace = space }
+        } catch {
+            failHandshake(.malformed("handshake data beyond the buffer limit"), now: now)
+            return
+        }
+        processHandshakeInbox(type, now: now)
+    }
+
+    func peerClosed(code: UInt64, reason: String, application: Bool, now: WireInstant) {
+        if state == .handshaking, role == .client, code >= 0x100, code < 0x200 {
+            finish(.handshake(.unexpectedMessage("the server rejected the handshake: \(reason)")))
+        } else {
+            finish(.peer(code: code, reason: reason, application: application))
+        }
+        state = .draining
+        closeDeadline = now + 3 * currentPTO
+    }
+
+    // MARK: Retry and version negotiation
+
+    func receiveRetry(_ datagram: UnsafeMutableRawBufferPointer, start: Int, source: ConnectionID, token: Range<Int>,
+                      tag: Range<Int>, now: WireInstant) {
+        // Only one Retry, only before any other server packet, and never for our own ID.
+        guard role == .client, state == .handshaking, retrySource == nil, !receivedServerPacket, source != originalDestination,
+              !token.isEmpty else { return }
+        let expected = RetryIntegrity.tag(original: originalDestination, retryPacketWithoutTag: datagram[start..<tag.lowerBound])
+        var difference: UInt8 = expected.count == 16 ? 0 : 1
+        for (i, b) in expected.enumerated() { difference |= b ^ datagram[tag.lowerBound + i] }
+        guard difference == 0 else { stats.droppedUndecryptable += 1; return }
+        retrySource = source
+        retryToken = Array(datagram[token])
+        peerID = source
+        setInitialKeys(destination: source)
+        initialSpace.flightSent = 0
+        handshakeRetransmitAt = now + rtt.probeTimeout(maxAckDelay: 0)
+    }
+
+    func receiveVersionNegotiation(_ datagram: UnsafeRawBufferPointer, versions: Range<Int>, now: WireInstant) {
+        guard role == .client, state == .handshaking, !receivedServerPacket else { return }
+        var list: [UInt32] = []
+        var index = versions.lowerBound
+        while index + 4 <= versions.upperBound {
+            list.append(UInt32(datagram[index]) << 24 | UInt32(datagram[index + 1]) << 16 | UInt32(datagram[index + 2]) << 8 | UInt32(datagram[index + 3]))
+            index += 4
+        }
+        // A Version Negotiation that lists our version is forged or stale (RFC 9000 §6.2): ignore it.
+        guard !list.contains(WireVersion.v1) else { return }
+        state = .closed
+        finish(.versionNegotiation(serverVersions: list))
+    }
+
+    // MARK: Short headers
+
+    func receiveShort(_ datagram: UnsafeMutableRawBufferPointer, start: Int, pnOffset: Int, from address: PathAddress, size: Int,
+                      now: WireInstant, datagrams: (UnsafeRawBufferPointer) -> Void) -> Bool {
+        guard let current = appOpen, role == .client || peerFinished else { stats.droppedNoKeys += 1; return false }
+        let packet = UnsafeMutableRawBufferPointer(rebasing: datagram[start...])
+        guard let (pn, payloadStart, first) = unprotectHeader(packet, start: 0, pnOffset: pnOffset - start, key: current, long: false,
+                                                              largest: replay.largest),
+              first & 0x18 == 0 else {
+            stats.droppedMalformed += 1
+            return false
+        }
+        let phase = first & PacketHeader.keyPhaseBit != 0
+        var key = current
+        var isNextPhase = false
+        if phase != readKeyPhase {
+            if pn >= firstPNInReadPhase, let next = appOpenNext {
+                key = next
+                isNextPhase = true
+            } else if let previous = appOpenPrevious {
+                key = previous
+            } else {
+                stats.droppedNoKeys += 1
+                return false
+            }
+        }
+        guard key.open(packet, payloadStart: payloadStart, tagStart: packet.count - 16, packetNumber: pn) else {
+            stats.droppedUndecryptable += 1
+            if key.uses >= suite.integrityLimit {
+                protocolViolation("too many forged packets", now: now, code: .aeadLimitReached)
+            }
+            return false
+        }
+        guard replay.isFresh(pn) else { stats.droppedReplayed += 1; return false }
+        replay.record(pn)
+        stats.packetsReceived += 1
+        if isNextPhase { rotateReadKeys(firstPN: pn, now: now) }
+
+        // Migration: an authenticated packet that is the newest so far, from a new address.
+        if role == .server, address != path.address, pn == replay.largest, state == .established {
+            migratePath(to: address, size: size, now: now)
+        }
+
+        var ackEliciting = false
+        var parser = FrameParser(payload: UnsafeRawBufferPointer(rebasing: packet[..<(packet.count - 16)]), offset: payloadStart)
+        do {
+            while let frame = try parser.next() {
+                if frame.isAckEliciting { ackEliciting = true }
+                try handleApplicationFrame(frame, packet: UnsafeRawBufferPointer(packet), from: address, now: now, datagrams: datagrams)
+                if state != .established && state != .handshaking { break }
+            }
+        } catch {
+            protocolViolation("malformed packet: \(error)", now: now, code: .frameEncodingError)
+            return true
+        }
+        received.insert(pn)
+        if pn == received.largest { largestReceivedTime = now }
+        if ackEliciting {
+            ackElicitingSinceAck += 1
+            if ackElicitingSinceAck >= 2 { ackNow = true } else if ackDeadline == nil { ackDeadline = now + config.maxAckDelay }
+        }
+        return true
+    }
+
+    func rotateReadKeys(firstPN: UInt64, now: WireInstant) {
+        appOpenPrevious = appOpen
+        appOpen = appOpenNext
+        appOpenNext = try? appOpen?.nextGeneration()
+        readKeyPhase.toggle()
+        firstPNInReadPhase = firstPN
+        previousReadKeyDiscardAt = now + 3 * currentPTO
+        keyGeneration += 1
+        stats.keyUpdates += 1
+        // The peer updated first: follow, so both directions use the same generation.
+        if sendKeyPhase != readKeyPhase, let next = try? appSeal?.nextGeneration() {
+            appSeal = next
+            sendKeyPhase = readKeyPhase
+            firstPNInSendPhase = appNextPN
+            sentInSendPhase = 0
+            sendPhaseAcknowledged = false
+        }
+        emit(.keyUpdated(generation: keyGeneration))
+    }
+
+    func migratePath(to address: PathAddress, size: Int, now: WireInstant) {
+        if previousPath == nil || path.validated { previousPath = path }
+        let sameHost = address.sameHost(as: path.address)
+        path = Path(address: address, validated: false, bytesReceived: size)
+        // A new host is a new network path: its RTT is unknown. A new port on the same host is NAT
+        // rebinding, which keeps the estimate (RFC 9000 §9.4).
+        if !sameHost { rtt.reset() }
+        path.challenge = random.next()
+        path.challengePending = true
+        path.challengeResendAt = now + currentPTO
+        path.challengeAbandonAt = now + 3 * max(currentPTO, RTTEstimator().probeTimeout(maxAckDelay: config.maxAckDelay))
+        emit(.peerMigrated(address))
+    }
+
+    func handleApplicationFrame(_ frame: Frame, packet: UnsafeRawBufferPointer, from address: PathAddress, now: WireInstant,
+                                datagrams: (UnsafeRawBufferPointer) -> Void) throws(WireParseError) {
+        switch frame {
+        case .padding, .ping:
+            break
+        case .ack(let ack):
+            processAck(ack, packet: packet, now: now)
+        case .crypto:
+            break  // no post-handshake messages in this version
+        case .newToken(let range):
+            if role == .client { emit(.newToken(Array(packet[range]))) } else {
+                protocolViolation("NEW_TOKEN from a client", now: now)
+            }
+        case .control(let offset, let data):
+            do {
+                try controlReceive.receive(offset: offset, data: UnsafeRawBufferPointer(rebasing: packet[data]), into: &controlInbox)
+            } catch {
+                protocolViolation("control stream beyond the buffer limit", now: now)
+                return
+            }
+            deliverControlMessages(now: now)
+        case .newConnectionID(let sequence, let retirePriorTo, let id, let token):
+            guard role == .client else { protocolViolation("NEW_CONNECTION_ID from a client", now: now); return }
+            if !peerIDs.contains(where: { $0.sequence == sequence }) {
+                peerIDs.append(PeerID(sequence: sequence, id: id, resetToken: Array(packet[token]), retired: false))
+            }
+            for index in peerIDs.indices where peerIDs[index].sequence < retirePriorTo && !peerIDs[index].retired {
+                peerIDs[index].retired = true
+                pendingRetireIDs |= 1 << (peerIDs[index].sequence % 64)
+                if peerIDs[index].sequence == currentPeerSequence, let next = peerIDs.first(where: { !$0.retired }) {
+                    currentPeerSequence = next.sequence
+                    peerID = next.id
+                }
+            }
+            if peerIDs.filter({ !$0.retired }).count > Int(config.activeConnectionIDLimit) {
+                protocolViolation("more connection IDs than active_connection_id_limit", now: now)
+            }
+            peerIDs.removeAll { $0.retired && $0.sequence + 16 < sequence }
+        case .retireConnectionID(let sequence):
+            guard role == .server else { return }
+            if let index = issuedIDs.firstIndex(where: { $0.sequence == sequence && !$0.retired }) {
+                issuedIDs[index].retired = true
+                routingChanges.append((issuedIDs[index].id, false))
+                issueConnectionIDs()
+            }
+        case .pathChallenge(let data):
+            pendingPathResponse = data
+        case .pathResponse(let data):
+            if path.challenge == data {
+                path.validated = true
+                path.challenge = nil
+                path.challengePending = false
+                path.challengeResendAt = nil
+                path.challengeAbandonAt = nil
+                previousPath = nil
+                emit(.pathValidated(path.address))
+            }
+        case .connectionClose(let code, let reason):
+            peerClosed(code: code, reason: String(decoding: UnsafeRawBufferPointer(rebasing: packet[reason]), as: UTF8.self),
+                       application: false, now: now)
+        case .applicationClose(let code, let reason):
+            peerClosed(code: code, reason: String(decoding: UnsafeRawBufferPointer(rebasing: packet[reason]), as: UTF8.self),
+                       application: true, now: now)
+        case .handshakeDone:
+            guard role == .client else { protocolViolation("HANDSHAKE_DONE from a client", now: now); return }
+            if !handshakeConfirmed {
+                handshakeConfirmed = true
+                handshakeSpace = HandshakeSpace()
+                handshakeRetransmitAt = nil
+            }
+        case .datagram(let range):
+            stats.datagramsDelivered += 1
+            datagrams(UnsafeRawBufferPointer(rebasing: packet[range]))
+        }
+    }
+
+    func deliverControlMessages(now: WireInstant) {
+        var consumed = 0
+        while true {
+            let message: Range<Int>?
+            do {
+                message = try controlInbox.withUnsafeBytes { raw throws(WireParseError) -> Range<Int>? in
+                    var reader = WireReader(raw, offset: consumed)
+                    guard !reader.isAtEnd, let length = try? reader.varint("control message length") else { return nil }
+                    guard length <= UInt64(config.maxControlMessage) else { throw .invalid(field: "control message length", value: length) }
+                    guard UInt64(reader.remaining) >= length else { return nil }
+                    return try reader.range(length, "control message")
+                }
+            } catch {
+                protocolViolation("control message too long", now: now)
+                return
+            }
+            guard let message else { break }
+            emit(.control(Array(controlInbox[message])))
+            stats.controlMessagesDelivered += 1
+            consumed = message.upperBound
+        }
+        if consumed > 0 { controlInbox.removeFirst(consumed) }
+    }
+
+    // MARK: Acknowledgements and loss
+
+    func processAck(_ ack: AckFrame, packet: UnsafeRawBufferPointer, now: WireInstant) {
+        guard ack.largest < appNextPN else {
+            protocolViolation("ACK of packet \(ack.largest), never sent", now: now)
+            return
+        }
+        let floor = appNextPN > UInt64(SentPackets.capacity) ? appNextPN - UInt64(SentPackets.capacity) : 0
+        var newest: SentPacket?
+        var anyNew = false
+        for range in ack.ranges(in: packet) {
+            guard range.upperBound >= floor else { break }
+            for pn in max(range.lowerBound, floor)...range.upperBound {
+                guard let acked = sent.take(pn) else { continue }
+                anyNew = true
+                onAcknowledged(acked)
+                if pn == ack.largest { newest = acked }
+            }
+        }
+        if ack.largest > largestAckedByPeer ?? 0 || largestAckedByPeer == nil { largestAckedByPeer = ack.largest }
+        if let newest, newest.ackEliciting {
+            let delay = min(ack.delay << 3 * 1000, peerMaxAckDelay)
+            rtt.update(sample: now.since(newest.time), ackDelay: handshakeConfirmed ? delay : 0)
+        }
+        if anyNew { ptoCount = 0 }
+        detectLosses(now: now)
+    }
+
+    func onAcknowledged(_ packet: SentPacket) {
+        if packet.retransmittable { retransmittableInFlight -= 1 }
+        if packet.controlEnd > packet.controlStart { controlSend.markAcknowledged(packet.controlStart..<packet.controlEnd) }
+        if packet.number >= firstPNInSendPhase { sendPhaseAcknowledged = true }
+    }
+
+    func onLost(_ packet: SentPacket) {
+        stats.packetsLost += 1
+        if packet.retransmittable { retransmittableInFlight -= 1 }
+        if packet.controlEnd > packet.controlStart { controlSend.markLost(packet.controlStart..<packet.controlEnd) }
+        if packet.handshakeDone { pendingHandshakeDone = true }
+        if packet.newToken, role == .server, let secrets = serverSecrets {
+            pendingNewToken = AddressToken.seal(address: path.address, original: nil, secrets: secrets, now: lastReceiveTime)
+        }
+        pendingNewIDs |= packet.newConnectionIDs
+        pendingRetireIDs |= packet.retireConnectionIDs
+    }
+
+    /// RFC 9002 §6.1: lost if three newer packets were acknowledged, or sent more than 9/8 RTT before
+    /// the newest acknowledged one.
+    func detectLosses(now: WireInstant) {
+        lossTime = nil
+        guard let largest = largestAckedByPeer else { return }
+        let floor = appNextPN > UInt64(SentPackets.capacity) ? appNextPN - UInt64(SentPackets.capacity) : 0
+        guard largest >= floor else { return }
+        let delay = rtt.lossDelay
+        var pn = floor
+        while pn < largest {
+            if let packet = sent.peek(pn) {
+                if largest - pn >= 3 || packet.time + delay <= now {
+                    _ = sent.take(pn)
+                    onLost(packet)
+                } else {
+                    let at = packet.time + delay
+                    if lossTime.map({ at < $0 }) ?? true { lossTime = at }
+                }
+            }
+            pn += 1
+        }
+    }
+
+    /// No acknowledgement in time: everything retransmittable in flight is sent again (RFC 9002 §6.2,
+    /// simplified: the control stream is small, so resending all of it is cheaper than guessing).
+    func probeTimeout(now: WireInstant) {
+        stats.probeTimeouts += 1
+        ptoCount += 1
+        let floor = appNextPN > UInt64(SentPackets.capacity) ? appNextPN - UInt64(SentPackets.capacity) : 0
+        var pn = floor
+        var resent = false
+        while pn < appNextPN {
+            if let packet = sent.peek(pn), packet.retransmittable {
+                _ = sent.take(pn)
+                onLost(packet)
+                stats.packetsLost -= 1  // a probe, not a loss
+                resent = true
+            }
+            pn += 1
+        }
+        if !resent { pendingPing = true }
+        // Keep the timer running from now, so a lost probe is probed again (with backoff).
+        lastRetransmittableSent = now
+    }
+}

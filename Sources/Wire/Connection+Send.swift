@@ -1,0 +1,298 @@
+// Sending: build packets into the caller's buffer, seal in place, apply header protection.
+extension Connection {
+    /// Builds the next datagram to send into `buffer` (at least `maxDatagramSize` bytes), or returns nil
+    /// when there is nothing to send now. Call it until it returns nil after every receive, timeout
+    /// and command.
+    public func poll(into buffer: UnsafeMutableRawBufferPointer, now: WireInstant) -> Transmit? {
+        lastPollTime = now
+        switch state {
+        case .closed, .draining: return nil
+        case .closing:
+            guard pendingClose != nil, !closeSent || pendingCloseResend else { return nil }
+            pendingCloseResend = false
+            closeSent = true
+            return finishDatagram(writeClosePacket(buffer, now: now), now: now)
+        default: break
+        }
+        let budget = amplificationBudget
+        guard budget >= 64 else {
+            if hasPendingOutput { stats.amplificationBlocked += 1 }
+            return nil
+        }
+        let limit = min(buffer.count, config.maxDatagramSize, budget)
+        let datagram = UnsafeMutableRawBufferPointer(rebasing: buffer[..<limit])
+        var offset = 0
+        var containsInitial = false
+        if initialSpace.hasSomethingToSend {
+            offset = writeHandshakePacket(.initial, into: datagram, at: offset, padTo: role == .client ? PacketHeader.minimumInitialDatagram : 0)
+            containsInitial = offset > 0
+        }
+        if handshakeSpace.hasSomethingToSend, datagram.count - offset > 64 {
+            offset = writeHandshakePacket(.handshake, into: datagram, at: offset, padTo: 0)
+        }
+        if appSeal != nil, state == .established, datagram.count - offset > 64, !containsInitial || role == .server {
+            offset = writeApplicationPacket(into: datagram, at: offset, now: now)
+        }
+        guard offset > 0 else { return nil }
+        return finishDatagram(offset, now: now)
+    }
+
+    /// Whether anything is waiting to be sent (ignoring the amplification budget).
+    public var hasPendingOutput: Bool {
+        if state == .closing { return pendingClose != nil && (!closeSent || pendingCloseResend) }
+        guard state == .handshaking || state == .established else { return false }
+        if initialSpace.hasSomethingToSend || handshakeSpace.hasSomethingToSend { return true }
+        guard appSeal != nil, state == .established else { return false }
+        return ackNow || pendingPathResponse != nil || path.challengePending
+            || pendingHandshakeDone || pendingNewToken != nil || pendingNewIDs != 0 || pendingRetireIDs != 0 || pendingPing
+            || controlSend.hasDataToSend
+    }
+
+    func finishDatagram(_ length: Int, now: WireInstant) -> Transmit? {
+        guard length > 0 else { return nil }
+        path.bytesSent += length
+        stats.datagramsSent += 1
+        stats.bytesSent += length
+        return Transmit(count: length, address: path.address)
+    }
+
+    // MARK: Handshake packets
+
+    func writeHandshakePacket(_ type: LongPacketType, into datagram: UnsafeMutableRawBufferPointer, at start: Int, padTo: Int) -> Int {
+        var space = type == .initial ? initialSpace : handshakeSpace
+        guard let key = space.seal else { return start }
+        let pn = space.nextPN
+        var w = WireWriter(datagram, offset: start)
+        let token = type == .initial && role == .client ? retryToken : []
+        let (lengthOffset, pnOffset) = w.writeLongHeader(type: type, version: WireVersion.v1, destination: peerID, source: localID,
+                                                         token: token, packetNumber: pn, pnLength: 4)
+        let payloadStart = w.offset
+        let room = w.remaining - 16 - 16
+        if room > 0, space.flightSent < space.flight.count {
+            let chunk = min(room, space.flight.count - space.flightSent)
+            space.flight.withUnsafeBytes { all in
+                w.writeCrypto(offset: UInt64(space.flightSent), data: UnsafeRawBufferPointer(rebasing: all[space.flightSent..<(space.flightSent + chunk)]))
+            }
+            space.flightSent += chunk
+        }
+        // Pad: to the Initial minimum for clients, and always enough for the header-protection sample.
+        let wanted = padTo - 16 - w.offset
+        if wanted > 0 { w.writePadding(min(wanted, w.remaining - 16)) }
+        guard !w.overflowed else { return start }
+        let payloadEnd = w.offset
+        let length = payloadEnd + 16 - pnOffset
+        datagram[lengthOffset] = 0x40 | UInt8(length >> 8)
+        datagram[lengthOffset + 1] = UInt8(length & 0xFF)
+        let packet = UnsafeMutableRawBufferPointer(rebasing: datagram[start...])
+        guard (try? key.seal(packet, payloadStart: payloadStart - start, payloadEnd: payloadEnd - start, packetNumber: pn)) != nil else { return start }
+        protectHeader(packet, pnOffset: pnOffset - start, pnLength: 4, key: key, long: true)
+        space.nextPN += 1
+        if type == .initial { initialSpace = space } else { handshakeSpace = space }
+        stats.packetsSent += 1
+        if handshakeRetransmitAt == nil, !(role == .client && handshakeConfirmed) {
+            handshakeRetransmitAt = lastPollTime + (rtt.probeTimeout(maxAckDelay: 0) << UInt64(min(handshakePTOCount, 8)))
+        }
+        return payloadEnd + 16
+    }
+
+    func protectHeader(_ packet: UnsafeMutableRawBufferPointer, pnOffset: Int, pnLength: Int, key: PacketKey, long: Bool) {
+        guard let mask = key.headerMask(UnsafeRawBufferPointer(packet), sampleOffset: pnOffset + 4) else { return }
+        packet[0] ^= UInt8(truncatingIfNeeded: mask >> 56) & (long ? 0x0F : 0x1F)
+        for i in 0..<pnLength { packet[pnOffset + i] ^= UInt8(truncatingIfNeeded: mask >> UInt64(48 - 8 * i)) }
+    }
+
+    // MARK: Application packets
+
+    /// Writes one 1-RTT packet with whatever is pending. Returns the new datagram length (unchanged
+    /// when there was nothing worth a packet).
+    func writeApplicationPacket(into datagram: UnsafeMutableRawBufferPointer, at start: Int, now: WireInstant) -> Int {
+        maybeUpdateKeys()
+        guard let key = appSeal else { return start }
+        let pn = appNextPN
+        let pnLength = PacketNumber.encodedLength(pn, largestAcked: largestAckedByPeer)
+        var w = WireWriter(UnsafeMutableRawBufferPointer(rebasing: datagram[..<(datagram.count - 16)]), offset: start)
+        let pnOffset = w.writeShortHeader(destination: peerID, keyPhase: sendKeyPhase, packetNumber: pn, pnLength: pnLength)
+        let payloadStart = w.offset
+        var record = SentPacket.empty
+        record.number = pn
+        record.time = now
+        var ackEliciting = false
+        var includesChallenge = false
+
+        let ackDue = ackNow || ackDeadline.map { $0 <= now } ?? false
+        var willSendOther = pendingPathResponse != nil || path.challengePending || pendingHandshakeDone || pendingNewToken != nil
+            || pendingNewIDs != 0 || pendingRetireIDs != 0 || pendingPing || controlSend.hasDataToSend
+        if ackDue || (willSendOther && !received.ranges.isEmpty && ackElicitingSinceAck > 0) { writeAck(&w, now: now) }
+        if let response = pendingPathResponse, w.remaining > 9 {
+            w.writePathResponse(response); pendingPathResponse = nil; ackEliciting = true
+        }
+        if path.challengePending, let challenge = path.challenge, w.remaining > 9 {
+            w.writePathChallenge(challenge); path.challengePending = false; ackEliciting = true; includesChallenge = true
+        }
+        if pendingHandshakeDone, w.remaining > 1 {
+            w.writeHandshakeDone(); pendingHandshakeDone = false; record.handshakeDone = true; ackEliciting = true; record.retransmittable = true
+        }
+        if pendingNewIDs != 0, let secrets = serverSecrets {
+            for issued in issuedIDs where !issued.retired && pendingNewIDs & (1 << (issued.sequence % 64)) != 0 && w.remaining > 40 {
+                let retirePriorTo = issuedIDs.first(where: { !$0.retired })?.sequence ?? 0
+                secrets.resetToken(for: issued.id).withUnsafeBytes {
+                    w.writeNewConnectionID(sequence: issued.sequence, retirePriorTo: min(retirePriorTo, issued.sequence), id: issued.id, resetToken: $0)
+                }
+                pendingNewIDs &= ~(1 << (issued.sequence % 64))
+                record.newConnectionIDs |= 1 << (issued.sequence % 64)
+                ackEliciting = true; record.retransmittable = true
+            }
+            pendingNewIDs &= issuedIDs.filter { !$0.retired }.reduce(0) { $0 | 1 << ($1.sequence % 64) }
+        }
+        if pendingRetireIDs != 0 {
+            for bit in 0..<64 where pendingRetireIDs & (1 << UInt64(bit)) != 0 && w.remaining > 10 {
+                guard let peer = peerIDs.first(where: { $0.sequence % 64 == UInt64(bit) }) else { pendingRetireIDs &= ~(1 << UInt64(bit)); continue }
+                w.writeRetireConnectionID(sequence: peer.sequence)
+                pendingRetireIDs &= ~(1 << UInt64(bit))
+                record.retireConnectionIDs |= 1 << UInt64(bit)
+                ackEliciting = true; record.retransmittable = true
+            }
+        }
+        if let token = pendingNewToken, w.remaining > token.count + 4 {
+            token.withUnsafeBytes { w.writeNewToken($0) }
+            pendingNewToken = nil; record.newToken = true; ackEliciting = true; record.retransmittable = true
+        }
+        if pendingPing { w.writePing(); pendingPing = false; ackEliciting = true }
+        if controlSend.hasDataToSend, w.remaining > 24, let chunk = controlSend.nextChunk(maximum: w.remaining - 20) {
+            controlSend.withBytes(chunk) { w.writeControl(offset: chunk.lowerBound, data: $0) }
+            record.controlStart = chunk.lowerBound
+            record.controlEnd = chunk.upperBound
+            ackEliciting = true; record.retransmittable = true
+        }
+        willSendOther = ackEliciting
+        guard w.offset > payloadStart, !w.overflowed else { return start }
+        // Probes on a new path are padded to 1200 bytes (RFC 9000 §8.2.1), budget permitting.
+        if includesChallenge { w.writePadding(max(0, min(w.remaining, config.maxDatagramSize - 16 - w.offset))) }
+        let needed = pnOffset + 4 - w.offset  // sample: pn + payload ≥ 4 bytes
+        if needed > 0 { w.writePadding(needed) }
+        guard !w.overflowed else { return start }
+        return sealApplicationPacket(datagram, start: start, pnOffset: pnOffset, pnLength: pnLength, payloadStart: payloadStart,
+                                     payloadEnd: w.offset, key: key, record: record, ackEliciting: willSendOther, now: now)
+    }
+
+    func writeAck(_ w: inout WireWriter, now: WireInstant) {
+        guard !received.ranges.isEmpty, w.remaining > 40 else { return }
+        let delay = (largestReceivedTime.map { now.since($0) } ?? 0) / 1000 >> 3
+        // Fit the ranges to the room left: drop the oldest.
+        var ranges = received.ranges[...]
+        while ranges.count > 1, ranges.count * 16 + 20 > w.remaining { ranges = ranges.dropLast() }
+        w.writeAck(ranges: ranges, delay: delay)
+        ackElicitingSinceAck = 0
+        ackDeadline = nil
+        ackNow = false
+    }
+
+    func sealApplicationPacket(_ datagram: UnsafeMutableRawBufferPointer, start: Int, pnOffset: Int, pnLength: Int, payloadStart: Int,
+                               payloadEnd: Int, key: PacketKey, record: SentPacket, ackEliciting: Bool, now: WireInstant) -> Int {
+        let packet = UnsafeMutableRawBufferPointer(rebasing: datagram[start...])
+        guard (try? key.seal(packet, payloadStart: payloadStart - start, payloadEnd: payloadEnd - start, packetNumber: record.number)) != nil
+        else { return start }
+        protectHeader(packet, pnOffset: pnOffset - start, pnLength: pnLength, key: key, long: false)
+        appNextPN += 1
+        sentInSendPhase += 1
+        stats.packetsSent += 1
+        if ackEliciting {
+            var record = record
+            record.ackEliciting = true
+            record.size = UInt32(payloadEnd + 16 - start)
+            record.live = true
+            if let displaced = sent.record(record) { onLost(displaced) }
+            if record.retransmittable {
+                retransmittableInFlight += 1
+                lastRetransmittableSent = now
+            }
+            if !ackElicitingSentSinceReceive {
+                ackElicitingSentSinceReceive = true
+                resetIdleTimer(now: now)
+            }
+        }
+        return payloadEnd + 16
+    }
+
+    func maybeUpdateKeys() {
+        let limit = min(config.keyUpdateInterval, suite.confidentialityLimit / 2)
+        if sentInSendPhase >= limit { _ = initiateKeyUpdate() }
+    }
+
+    /// Seals one audio datagram into `buffer` and returns it to send now, bypassing the queue: the
+    /// relay's hot path. Pending ACKs ride along. Nil when the connection can't send (not established,
+    /// payload too large, or the new path's 3× budget is spent); the audio is then dropped, never queued.
+    public func sendDatagram(_ payload: UnsafeRawBufferPointer, into buffer: UnsafeMutableRawBufferPointer, now: WireInstant) -> Transmit? {
+        guard state == .established, appSeal != nil else { return nil }
+        let limit = min(buffer.count, config.maxDatagramSize)
+        guard payload.count + 1 + ConnectionID.length + 4 + 16 + 1 <= limit else { return nil }
+        maybeUpdateKeys()
+        guard let key = appSeal else { return nil }
+        let pn = appNextPN
+        let pnLength = PacketNumber.encodedLength(pn, largestAcked: largestAckedByPeer)
+        var w = WireWriter(UnsafeMutableRawBufferPointer(rebasing: buffer[..<(limit - 16)]))
+        let pnOffset = w.writeShortHeader(destination: peerID, keyPhase: sendKeyPhase, packetNumber: pn, pnLength: pnLength)
+        let payloadStart = w.offset
+        if ackElicitingSinceAck > 0, w.remaining > payload.count + 48 { writeAck(&w, now: now) }
+        let needed = pnOffset + 4 - (w.offset + 1 + payload.count)
+        if needed > 0 { w.writePadding(needed) }
+        w.writeDatagram(payload, last: true)
+        guard !w.overflowed else { return nil }
+        let length = w.offset + 16
+        guard length <= amplificationBudget else { stats.amplificationBlocked += 1; return nil }
+        var record = SentPacket.empty
+        record.number = pn
+        record.time = now
+        let end = sealApplicationPacket(buffer, start: 0, pnOffset: pnOffset, pnLength: pnLength, payloadStart: payloadStart,
+                                        payloadEnd: w.offset, key: key, record: record, ackEliciting: true, now: now)
+        return finishDatagram(end, now: now)
+    }
+
+    // MARK: Closing
+
+    func writeClosePacket(_ buffer: UnsafeMutableRawBufferPointer, now: WireInstant) -> Int {
+        guard let close = pendingClose else { return 0 }
+        let datagram = UnsafeMutableRawBufferPointer(rebasing: buffer[..<min(buffer.count, config.maxDatagramSize)])
+        let reason = String(close.reason.utf8.prefix(256)) ?? ""
+        if !closeInHandshakeSpace, let key = appSeal {
+            let pn = appNextPN
+            let pnLength = PacketNumber.encodedLength(pn, largestAcked: largestAckedByPeer)
+            var w = WireWriter(UnsafeMutableRawBufferPointer(rebasing: datagram[..<(datagram.count - 16)]))
+            let pnOffset = w.writeShortHeader(destination: peerID, keyPhase: sendKeyPhase, packetNumber: pn, pnLength: pnLength)
+            let payloadStart = w.offset
+            w.writeConnectionClose(code: close.code, reason: reason, application: close.application)
+            if pnOffset + 4 > w.offset { w.writePadding(pnOffset + 4 - w.offset) }
+            var record = SentPacket.empty
+            record.number = pn
+            return sealApplicationPacket(datagram, start: 0, pnOffset: pnOffset, pnLength: pnLength, payloadStart: payloadStart,
+                                         payloadEnd: w.offset, key: key, record: record, ackEliciting: false, now: now)
+        }
+        // During the handshake the peer may have only Initial keys: close there (and in Handshake).
+        var offset = 0
+        for type in [LongPacketType.initial, .handshake] {
+            var space = type == .initial ? initialSpace : handshakeSpace
+            guard let key = space.seal, datagram.count - offset > 100 else { continue }
+            var w = WireWriter(datagram, offset: offset)
+            let (lengthOffset, pnOffset) = w.writeLongHeader(type: type, version: WireVersion.v1, destination: peerID, source: localID,
+                                                             token: type == .initial && role == .client ? retryToken : [],
+                                                             packetNumber: space.nextPN, pnLength: 4)
+            let payloadStart = w.offset
+            // A transport close only: an application's reason must not leak before authentication.
+            w.writeConnectionClose(code: close.application ? TransportErrorCode.noError.rawValue : close.code,
+                                   reason: close.application ? "" : reason, application: false)
+            if role == .client, type == .initial { w.writePadding(max(0, PacketHeader.minimumInitialDatagram - 16 - w.offset)) }
+            guard !w.overflowed, w.remaining >= 16 else { continue }
+            let length = w.offset + 16 - pnOffset
+            datagram[lengthOffset] = 0x40 | UInt8(length >> 8)
+            datagram[lengthOffset + 1] = UInt8(length & 0xFF)
+            let packet = UnsafeMutableRawBufferPointer(rebasing: datagram[offset...])
+            guard (try? key.seal(packet, payloadStart: payloadStart - offset, payloadEnd: w.offset - offset, packetNumber: space.nextPN)) != nil
+            else { continue }
+            protectHeader(packet, pnOffset: pnOffset - offset, pnLength: 4, key: key, long: true)
+            space.nextPN += 1
+            if type == .initial { initialSpace.nextPN = space.nextPN } else { handshakeSpace.nextPN = space.nextPN }
+            offset = w.offset + 16
+        }
+        return offset
+    }
+}

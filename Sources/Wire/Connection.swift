@@ -1,0 +1,485 @@
+import Crypto
+import Foundation
+import X509
+
+/// One end of a connection, as a sans-I/O state machine (docs/protocol.md §10).
+///
+/// Datagrams, time and commands go in (`receive`, `handleTimeout`, `sendControl`, `close`, …);
+/// datagrams (`poll`, `sendDatagram`), events (`nextEvent`) and the next deadline (`nextDeadline`) come
+/// out. It never touches a socket or a clock, so tests drive it through loss, reordering and time jumps.
+///
+/// Not Sendable: a connection belongs to one event loop (or one test), which owns every call.
+public final class Connection {
+    public enum Role: Sendable { case client, server }
+    public enum State: Sendable, Equatable { case handshaking, established, closing, draining, closed }
+
+    public let role: Role
+    public internal(set) var state: State = .handshaking
+    public internal(set) var stats = ConnectionStats()
+    /// Why it ended, once it has.
+    public internal(set) var error: ConnectionError?
+
+    let config: ConnectionConfiguration
+    var random: any RandomNumberGenerator
+
+    // MARK: Connection IDs
+
+    /// The ID the peer puts in packets to us: for a client, its only one; for a server, the first.
+    public let localID: ConnectionID
+    /// The client's first destination ID (Initial keys and the transcript bind it).
+    public let originalDestination: ConnectionID
+    /// The ID we address the peer by.
+    public internal(set) var peerID: ConnectionID
+    struct PeerID { var sequence: UInt64; var id: ConnectionID; var resetToken: [UInt8]?; var retired: Bool }
+    /// Client: the server's IDs (sequence 0 from the handshake, more from NEW_CONNECTION_ID).
+    var peerIDs: [PeerID] = []
+    var currentPeerSequence: UInt64 = 0
+    struct IssuedID { var sequence: UInt64; var id: ConnectionID; var retired: Bool }
+    /// Server: the IDs issued to the client.
+    var issuedIDs: [IssuedID] = []
+    /// Routing changes the endpoint must apply: (id, true) to add, (id, false) to remove.
+    var routingChanges: [(ConnectionID, Bool)] = []
+    var retryToken: [UInt8] = []
+    var retrySource: ConnectionID?
+    let serverSecrets: ServerSecrets?
+
+    // MARK: Paths
+
+    struct Path {
+        var address: PathAddress
+        var validated: Bool
+        var bytesReceived = 0
+        var bytesSent = 0
+        var challenge: UInt64?
+        var challengePending = false
+        var challengeResendAt: WireInstant?
+        var challengeAbandonAt: WireInstant?
+    }
+    var path: Path
+    var previousPath: Path?
+    var pendingPathResponse: UInt64?
+
+    // MARK: Packet spaces
+
+    struct HandshakeSpace {
+        var seal: PacketKey?
+        var open: PacketKey?
+        var nextPN: UInt64 = 0
+        var largestReceived: UInt64?
+        /// Every CRYPTO byte this side sends in the space; a retransmission resends all of it.
+        var flight: [UInt8] = []
+        var flightSent = 0
+        var receive = ReassemblyBuffer(limit: 64 * 1024)
+        var inbox: [UInt8] = []
+        var hasSomethingToSend: Bool { seal != nil && flightSent < flight.count }
+    }
+    var initialSpace = HandshakeSpace()
+    var handshakeSpace = HandshakeSpace()
+    var closeInHandshakeSpace = false
+
+    var appSeal: PacketKey?
+    var appOpen: PacketKey?
+    var appOpenPrevious: PacketKey?
+    var appOpenNext: PacketKey?
+    var sendKeyPhase = false
+    var readKeyPhase = false
+    var firstPNInReadPhase: UInt64 = 0
+    var previousReadKeyDiscardAt: WireInstant?
+    var firstPNInSendPhase: UInt64 = 0
+    var sentInSendPhase: UInt64 = 0
+    var sendPhaseAcknowledged = false
+    public internal(set) var keyGeneration = 0
+    /// Server: 1-RTT packets are not processed until the client's Finished verifies.
+    var peerFinished = false
+    var handshakeConfirmed = false
+
+    var appNextPN: UInt64 = 0
+    var largestAckedByPeer: UInt64?
+    var replay = ReplayWindow()
+    var received = ReceivedRanges()
+    var ackElicitingSinceAck = 0
+    var ackDeadline: WireInstant?
+    /// An ACK is due at the next poll.
+    var ackNow = false
+    var largestReceivedTime: WireInstant?
+    var sent = SentPackets()
+    public internal(set) var rtt = RTTEstimator()
+    var ptoCount = 0
+    var retransmittableInFlight = 0
+    var lastRetransmittableSent: WireInstant?
+    var lossTime: WireInstant?
+    var handshakeRetransmitAt: WireInstant?
+    var handshakePTOCount = 0
+
+    // MARK: Streams and pending frames
+
+    var controlSend: SendStream
+    var controlReceive: ReassemblyBuffer
+    var controlInbox: [UInt8] = []
+    var pendingHandshakeDone = false
+    var pendingNewToken: [UInt8]?
+    var pendingNewIDs: UInt64 = 0
+    var pendingRetireIDs: UInt64 = 0
+    var pendingPing = false
+    var pendingClose: (code: UInt64, reason: String, application: Bool)?
+    var closeResends = 0
+    var closeSent = false
+    var pendingCloseResend = false
+    /// The time of the latest poll or timeout, for timers armed while building packets.
+    var lastPollTime: WireInstant
+
+    // MARK: Handshake state
+
+    var transcript = Transcript()
+    var ephemeral: Curve25519.KeyAgreement.PrivateKey?
+    var clientHello: [UInt8] = []
+    var secrets: HandshakeCrypto.Secrets?
+    var suite: CipherSuite = .aes128GCMSHA256
+    var peerParameters: TransportParameters?
+    var serverChain: [[UInt8]] = []
+    var serverFinishedHash: [UInt8] = []
+    var clientApplicationSecret: [UInt8] = []
+    var serverApplicationSecret: [UInt8] = []
+    let clientConfiguration: ClientConfiguration?
+    /// Set when the client needs the server's chain validated before it can finish.
+    public internal(set) var pendingCertificateCheck: CertificateCheck?
+    var receivedServerPacket = false
+    var clientHelloProcessed = false
+
+    // MARK: Timers
+
+    var idleDeadline: WireInstant?
+    var keepAliveDeadline: WireInstant?
+    var handshakeDeadline: WireInstant?
+    var closeDeadline: WireInstant?
+    var lastReceiveTime: WireInstant
+    var ackElicitingSentSinceReceive = false
+    /// Whether to send keepalive PINGs (turn off while an app is in the background).
+    public var keepAlive: Bool
+
+    var events: [ConnectionEvent] = []
+    var eventHead = 0
+
+    // MARK: Creation
+
+    /// A client connection to `remote`. `token` is one a server gave earlier (NEW_TOKEN), which lets
+    /// it skip the Retry round trip. `random` is injectable for tests and test vectors.
+    public init(client configuration: ClientConfiguration, remote: PathAddress, now: WireInstant, token: [UInt8] = [],
+                random: any RandomNumberGenerator = SystemRandomNumberGenerator()) {
+        role = .client
+        config = configuration.connection
+        clientConfiguration = configuration
+        serverSecrets = nil
+        self.random = random
+        localID = ConnectionID(self.random.next())
+        originalDestination = ConnectionID(self.random.next())
+        peerID = originalDestination
+        retryToken = token
+        path = Path(address: remote, validated: true)
+        controlSend = SendStream(limit: configuration.connection.controlStreamLimit)
+        controlReceive = ReassemblyBuffer(limit: configuration.connection.controlStreamLimit)
+        lastReceiveTime = now
+        lastPollTime = now
+        keepAlive = configuration.connection.keepAliveInterval > 0
+        handshakeDeadline = now + config.handshakeTimeout
+        setInitialKeys(destination: originalDestination)
+        startClientHello()
+        handshakeRetransmitAt = now + rtt.probeTimeout(maxAckDelay: 0)
+    }
+
+    /// A server connection, created by the endpoint for a client Initial that passed its checks.
+    init(server secrets: ServerSecrets, configuration: ConnectionConfiguration, remote: PathAddress, now: WireInstant,
+         initialDestination: ConnectionID, clientSource: ConnectionID, originalDestination: ConnectionID,
+         retrySource: ConnectionID?, addressValidated: Bool, localID: ConnectionID, random: any RandomNumberGenerator) {
+        role = .server
+        config = configuration
+        clientConfiguration = nil
+        serverSecrets = secrets
+        self.random = random
+        self.localID = localID
+        self.originalDestination = originalDestination
+        self.retrySource = retrySource
+        peerID = clientSource
+        path = Path(address: remote, validated: addressValidated)
+        controlSend = SendStream(limit: configuration.controlStreamLimit)
+        controlReceive = ReassemblyBuffer(limit: configuration.controlStreamLimit)
+        lastReceiveTime = now
+        lastPollTime = now
+        keepAlive = configuration.keepAliveInterval > 0
+        handshakeDeadline = now + configuration.handshakeTimeout
+        issuedIDs = [IssuedID(sequence: 0, id: localID, retired: false)]
+        setInitialKeys(destination: initialDestination)
+    }
+
+    func setInitialKeys(destination: ConnectionID) {
+        let (client, server) = KeySchedule.initialSecrets(clientDestination: destination)
+        // Key setup fails only if libcrypto cannot allocate; the connection then never gets keys and
+        // times out, which is the honest outcome.
+        initialSpace.seal = try? PacketKey(secret: role == .client ? client : server, suite: .aes128GCMSHA256, sealing: true)
+        initialSpace.open = try? PacketKey(secret: role == .client ? server : client, suite: .aes128GCMSHA256, sealing: false)
+    }
+
+    // MARK: Commands
+
+    /// The next event, if any.
+    public func nextEvent() -> ConnectionEvent? {
+        guard eventHead < events.count else {
+            if eventHead > 0 { events.removeAll(keepingCapacity: true); eventHead = 0 }
+            return nil
+        }
+        defer { eventHead += 1 }
+        return events[eventHead]
+    }
+
+    func emit(_ event: ConnectionEvent) { events.append(event) }
+
+    /// Queues a control message: delivered reliably, in order, exactly once.
+    public func sendControl(_ message: [UInt8]) throws(ConnectionError) {
+        guard state == .established || state == .handshaking else { throw error ?? .local(code: 0, reason: "closed") }
+        guard message.count <= config.maxControlMessage else {
+            throw .local(code: TransportErrorCode.internalError.rawValue, reason: "control message of \(message.count) bytes exceeds \(config.maxControlMessage)")
+        }
+        var framed: [UInt8] = []
+        framed.reserveCapacity(message.count + 4)
+        let length = UInt64(message.count)
+        let size = WireWriter.varintLength(length)
+        var tagged = length | UInt64(size == 1 ? 0 : size == 2 ? 1 : 2) << UInt64(8 * size - 2)
+        var prefix = [UInt8](repeating: 0, count: size)
+        for i in (0..<size).reversed() { prefix[i] = UInt8(truncatingIfNeeded: tagged); tagged >>= 8 }
+        framed += prefix
+        framed += message
+        do { try controlSend.append(framed) } catch {
+            throw .local(code: TransportErrorCode.internalError.rawValue, reason: "control stream buffer full: the peer is not acknowledging")
+        }
+    }
+
+    /// Closes the connection with a CONNECTION_CLOSE carrying `code` and `reason`.
+    public func close(code: UInt64 = 0, reason: String = "", application: Bool = true, now: WireInstant) {
+        guard state == .handshaking || state == .established else { return }
+        enterClosing(code: code, reason: reason, application: application, now: now,
+                     error: .local(code: code, reason: reason))
+    }
+
+    func enterClosing(code: UInt64, reason: String, application: Bool, now: WireInstant, error: ConnectionError) {
+        pendingClose = (code, reason, application && (appSeal != nil && state == .established))
+        closeInHandshakeSpace = state == .handshaking
+        state = .closing
+        closeDeadline = now + 3 * currentPTO
+        finish(error)
+    }
+
+    func finish(_ error: ConnectionError) {
+        guard self.error == nil else { return }
+        self.error = error
+        emit(.closed(error))
+    }
+
+    /// Client: continue after a long silence, from whatever address the socket now has. Switches to
+    /// a fresh server connection ID (so the two paths can't be linked), retires the old one, and
+    /// probes with PATH_CHALLENGE. The next packet can carry audio or a floor request at once.
+    public func migrate(now: WireInstant) {
+        guard role == .client, state == .established else { return }
+        if let next = peerIDs.first(where: { !$0.retired && $0.sequence != currentPeerSequence }) {
+            if let index = peerIDs.firstIndex(where: { $0.sequence == currentPeerSequence }) {
+                peerIDs[index].retired = true
+                pendingRetireIDs |= 1 << (currentPeerSequence % 64)
+            }
+            currentPeerSequence = next.sequence
+            peerID = next.id
+        }
+        path.challenge = random.next()
+        path.challengePending = true
+        path.challengeResendAt = now + currentPTO
+        path.challengeAbandonAt = now + 3 * max(currentPTO, RTTEstimator().probeTimeout(maxAckDelay: config.maxAckDelay))
+        lastReceiveTime = now
+        resetIdleTimer(now: now)
+    }
+
+    /// Client: the certificate check came back. On success the client sends its Finished and the
+    /// connection is established.
+    public func completeCertificateCheck(_ result: Result<Void, HandshakeFailure>, now: WireInstant) {
+        guard role == .client, pendingCertificateCheck != nil, state == .handshaking else { return }
+        pendingCertificateCheck = nil
+        switch result {
+        case .failure(let failure):
+            failHandshake(failure, now: now)
+        case .success:
+            guard let secrets else { return }
+            let finished = HandshakeMessage.finished(HandshakeCrypto.finished(baseSecret: secrets.clientHandshake,
+                                                                           transcriptHash: serverFinishedHash)).encoded()
+            transcript.add(finished)
+            handshakeSpace.flight += finished
+            installApplicationKeys()
+            state = .established
+            // The client sends no more Initial packets once it has Handshake keys in use.
+            initialSpace = HandshakeSpace()
+            handshakeRetransmitAt = now + currentPTO
+            handshakePTOCount = 0
+            handshakeDeadline = nil
+            resetIdleTimer(now: now)
+            emit(.connected)
+        }
+    }
+
+    /// Starts a key update now (normally automatic after `keyUpdateInterval` packets).
+    public func initiateKeyUpdate() -> Bool {
+        guard handshakeConfirmed, sendPhaseAcknowledged || sentInSendPhase == 0, let seal = appSeal,
+              let next = try? seal.nextGeneration() else { return false }
+        appSeal = next
+        sendKeyPhase.toggle()
+        firstPNInSendPhase = appNextPN
+        sentInSendPhase = 0
+        sendPhaseAcknowledged = false
+        return true
+    }
+
+    // MARK: Derived values
+
+    var peerMaxAckDelay: UInt64 { ms(peerParameters?.maxAckDelay ?? 25) }
+    var currentPTO: UInt64 { rtt.probeTimeout(maxAckDelay: state == .established ? peerMaxAckDelay : 0) }
+
+    var idleTimeout: UInt64 {
+        let peer = ms(peerParameters?.maxIdleTimeout ?? 0)
+        let local = config.idleTimeout
+        let chosen = peer == 0 ? local : local == 0 ? peer : min(peer, local)
+        return chosen == 0 ? 0 : max(chosen, 3 * currentPTO)
+    }
+
+    func resetIdleTimer(now: WireInstant) {
+        idleDeadline = idleTimeout == 0 ? nil : now + idleTimeout
+        keepAliveDeadline = config.keepAliveInterval == 0 ? nil : now + config.keepAliveInterval
+    }
+
+    /// How many bytes may go to the current path before its address is validated (RFC 9000 §8).
+    var amplificationBudget: Int {
+        guard role == .server, !path.validated else { return .max }
+        return max(0, 3 * path.bytesReceived - path.bytesSent)
+    }
+
+    /// The earliest time `handleTimeout` has work to do.
+    public var nextDeadline: WireInstant? {
+        var earliest: WireInstant?
+        func consider(_ t: WireInstant?) { if let t, earliest.map({ t < $0 }) ?? true { earliest = t } }
+        switch state {
+        case .closed: return nil
+        case .closing, .draining: return closeDeadline
+        default: break
+        }
+        consider(idleDeadline)
+        consider(handshakeDeadline)
+        consider(handshakeRetransmitAt)
+        consider(ackDeadline)
+        consider(lossTime)
+        if retransmittableInFlight > 0, let last = lastRetransmittableSent { consider(last + (currentPTO << UInt64(min(ptoCount, 16)))) }
+        if keepAlive, state == .established { consider(keepAliveDeadline) }
+        consider(path.challengeResendAt)
+        consider(path.challengeAbandonAt)
+        consider(previousReadKeyDiscardAt)
+        return earliest
+    }
+
+    /// Runs every timer that is due at `now`.
+    public func handleTimeout(now: WireInstant) {
+        lastPollTime = now
+        switch state {
+        case .closed: return
+        case .closing, .draining:
+            if let deadline = closeDeadline, deadline <= now { state = .closed }
+            return
+        default: break
+        }
+        if let deadline = idleDeadline, deadline <= now {
+            state = .closed
+            finish(.idleTimeout)
+            return
+        }
+        if let deadline = handshakeDeadline, deadline <= now, state == .handshaking {
+            state = .closed
+            finish(.handshakeTimeout)
+            return
+        }
+        if let at = handshakeRetransmitAt, at <= now { retransmitHandshake(now: now) }
+        if let at = ackDeadline, at <= now {
+            // The next poll sends the ACK; the deadline is spent, so it must not fire again.
+            ackDeadline = nil
+            ackNow = true
+        }
+        if let at = lossTime, at <= now { detectLosses(now: now) }
+        if retransmittableInFlight > 0, let last = lastRetransmittableSent,
+           last + (currentPTO << UInt64(min(ptoCount, 16))) <= now {
+            probeTimeout(now: now)
+        }
+        if keepAlive, state == .established, let at = keepAliveDeadline, at <= now {
+            pendingPing = true
+            keepAliveDeadline = now + config.keepAliveInterval
+        }
+        if let at = path.challengeAbandonAt, at <= now {
+            abandonPathValidation()
+        } else if let at = path.challengeResendAt, at <= now {
+            path.challengePending = true
+            path.challengeResendAt = now + 2 * currentPTO
+        }
+        if let at = previousReadKeyDiscardAt, at <= now {
+            appOpenPrevious = nil
+            previousReadKeyDiscardAt = nil
+        }
+    }
+
+    func retransmitHandshake(now: WireInstant) {
+        handshakePTOCount += 1
+        handshakeRetransmitAt = nil
+        switch (role, state) {
+        case (.client, .handshaking):
+            guard pendingCertificateCheck == nil else { return }
+            if !receivedServerPacket || handshakeSpace.open == nil { initialSpace.flightSent = 0 }
+        case (.client, .established):
+            guard !handshakeConfirmed else { return }
+            handshakeSpace.flightSent = 0
+        case (.server, .handshaking):
+            initialSpace.flightSent = 0
+            handshakeSpace.flightSent = 0
+        default:
+            return
+        }
+        stats.probeTimeouts += 1
+        handshakeRetransmitAt = now + (rtt.probeTimeout(maxAckDelay: 0) << UInt64(min(handshakePTOCount, 8)))
+    }
+
+    func abandonPathValidation() {
+        let failed = path.address
+        path.challenge = nil
+        path.challengePending = false
+        path.challengeResendAt = nil
+        path.challengeAbandonAt = nil
+        if role == .server, let previous = previousPath, previous.validated {
+            path = previous
+            previousPath = nil
+        }
+        emit(.pathValidationFailed(failed))
+    }
+
+    func failHandshake(_ failure: HandshakeFailure, now: WireInstant) {
+        let code: TransportErrorCode = switch failure {
+        case .certificateExpired, .certificateNotYetValid: .certificateExpired
+        case .untrustedCertificate, .wrongServerName, .unreadableCertificate: .badCertificate
+        case .badSignature, .badFinished: .decryptError
+        case .transportParameters: .transportParameterError
+        default: .handshakeFailure
+        }
+        enterClosing(code: code.rawValue, reason: "\(failure)", application: false, now: now, error: .handshake(failure))
+    }
+
+    func protocolViolation(_ reason: String, now: WireInstant, code: TransportErrorCode = .protocolViolation) {
+        enterClosing(code: code.rawValue, reason: reason, application: false, now: now,
+                     error: .local(code: code.rawValue, reason: reason))
+    }
+
+    /// Routing changes for the endpoint (server only).
+    func takeRoutingChanges() -> [(ConnectionID, Bool)] {
+        defer { routingChanges.removeAll() }
+        return routingChanges
+    }
+
+    /// Every connection ID that currently routes to this connection (server only).
+    var activeLocalIDs: [ConnectionID] { issuedIDs.filter { !$0.retired }.map(\.id) }
+}

@@ -1,0 +1,166 @@
+import Crypto
+import Foundation
+
+/// Transport error codes carried in CONNECTION_CLOSE (docs/protocol.md §9). QUIC's values.
+public enum TransportErrorCode: UInt64, Sendable {
+    case noError = 0x00
+    case internalError = 0x01
+    /// The server refuses new connections (connection limit or shutting down).
+    case connectionRefused = 0x02
+    case frameEncodingError = 0x07
+    case transportParameterError = 0x08
+    case protocolViolation = 0x0a
+    case keyUpdateError = 0x0e
+    case aeadLimitReached = 0x0f
+    /// Handshake failures: 0x100 plus a TLS alert number.
+    case handshakeFailure = 0x128
+    case badCertificate = 0x12a
+    case certificateExpired = 0x12d
+    case decryptError = 0x133
+}
+
+/// Why a connection ended.
+public enum ConnectionError: Error, Sendable, Equatable, CustomStringConvertible {
+    /// This side closed it (the application, or a protocol error this side detected).
+    case local(code: UInt64, reason: String)
+    /// The peer sent CONNECTION_CLOSE.
+    case peer(code: UInt64, reason: String, application: Bool)
+    case handshake(HandshakeFailure)
+    case handshakeTimeout
+    case idleTimeout
+    /// The server no longer knows this connection (it restarted); a new handshake is needed.
+    case statelessReset
+    /// The server speaks none of the versions this client offered.
+    case versionNegotiation(serverVersions: [UInt32])
+
+    public var description: String {
+        switch self {
+        case .local(let code, let reason): return "closed locally (code \(code)): \(reason)"
+        case .peer(let code, let reason, let app):
+            return "closed by the peer (\(app ? "application" : "transport") code \(code))\(reason.isEmpty ? "" : ": \(reason)")"
+        case .handshake(let failure): return "handshake failed: \(failure)"
+        case .handshakeTimeout: return "no handshake response in time; check the server address and that squelchd is running"
+        case .idleTimeout: return "the connection was idle too long"
+        case .statelessReset: return "the server no longer knows this connection (it restarted)"
+        case .versionNegotiation(let versions):
+            return "the server speaks only protocol versions \(versions.map { "0x" + String($0, radix: 16) }); upgrade this client"
+        }
+    }
+}
+
+/// What a connection reports to its owner. Audio datagrams do not come through here: they are handed
+/// to a closure during `receive`, so that a received packet allocates nothing.
+public enum ConnectionEvent: Sendable, Equatable {
+    /// The handshake finished; control messages and datagrams can flow.
+    case connected
+    /// One control message, whole, in order, exactly once.
+    case control([UInt8])
+    /// The server saw the client arrive from a new address (resume or NAT rebinding).
+    case peerMigrated(PathAddress)
+    /// The current path answered PATH_CHALLENGE.
+    case pathValidated(PathAddress)
+    case pathValidationFailed(PathAddress)
+    /// A token the client can present on its next connection to skip a Retry.
+    case newToken([UInt8])
+    case keyUpdated(generation: Int)
+    case closed(ConnectionError)
+}
+
+/// Counters for operators and tests. Everything dropped is counted by cause, never acted on.
+public struct ConnectionStats: Sendable, Equatable {
+    public var datagramsReceived = 0
+    public var datagramsSent = 0
+    public var bytesReceived = 0
+    public var bytesSent = 0
+    public var packetsReceived = 0
+    public var packetsSent = 0
+    /// Failed AEAD: forged, tampered or damaged.
+    public var droppedUndecryptable = 0
+    /// Authentic but already received (or older than the replay window).
+    public var droppedReplayed = 0
+    /// Could not be parsed.
+    public var droppedMalformed = 0
+    /// Arrived before the keys to read them, or after they were discarded.
+    public var droppedNoKeys = 0
+    /// Sent packets declared lost.
+    public var packetsLost = 0
+    public var probeTimeouts = 0
+    public var datagramsDelivered = 0
+    public var controlMessagesDelivered = 0
+    /// Datagrams not sent because the unvalidated path's 3× budget was spent.
+    public var amplificationBlocked = 0
+    public var keyUpdates = 0
+    public init() {}
+}
+
+/// Settings both roles share.
+public struct ConnectionConfiguration: Sendable {
+    /// Idle timeout this side advertises. The server keeps a silent session this long, which is what
+    /// makes fast resume work after minutes in the background.
+    public var idleTimeout: UInt64 = seconds(300)
+    /// Send a PING after this much silence (0: never). Clients use it in the foreground to keep NAT
+    /// mappings alive; a backgrounded client turns it off (`Connection.keepAlive`).
+    public var keepAliveInterval: UInt64 = 0
+    public var handshakeTimeout: UInt64 = seconds(10)
+    /// Suites in order of preference.
+    public var suites: [CipherSuite] = [.aes128GCMSHA256, .chacha20Poly1305SHA256]
+    /// Packets sealed under one key before a key update; never more than the suite's limit allows.
+    public var keyUpdateInterval: UInt64 = 1 << 22
+    public var maxAckDelay: UInt64 = ms(25)
+    /// Largest datagram this side sends; every path must carry it (IPv6 minimum MTU less headers).
+    public var maxDatagramSize = 1200
+    /// Bytes buffered on the control stream, each way.
+    public var controlStreamLimit = 1 << 20
+    /// Largest control message.
+    public var maxControlMessage = 64 * 1024
+    public var activeConnectionIDLimit: UInt64 = 4
+    public init() {}
+
+    public static var client: ConnectionConfiguration {
+        var c = ConnectionConfiguration()
+        c.keepAliveInterval = seconds(15)
+        return c
+    }
+}
+
+/// Client settings: which server to trust and what name to check.
+public struct ClientConfiguration: Sendable {
+    public var serverName: String
+    public var validator: CertificateValidator
+    public var connection: ConnectionConfiguration
+    public var versions: [UInt32]
+
+    public init(serverName: String, validator: CertificateValidator, connection: ConnectionConfiguration = .client,
+                versions: [UInt32] = WireVersion.supported) {
+        self.serverName = serverName
+        self.validator = validator
+        self.connection = connection
+        self.versions = versions
+    }
+}
+
+/// Server-wide secrets: the identity, and the keys for stateless reset and address tokens. The reset
+/// key must survive a restart (docs/protocol.md §8), so that a restarted server can still reset
+/// connections it has forgotten.
+public struct ServerSecrets: Sendable {
+    public let identity: ServerIdentity
+    public let resetKey: SymmetricKey
+    public let tokenKey: SymmetricKey
+
+    public init(identity: ServerIdentity, resetKey: SymmetricKey, tokenKey: SymmetricKey = SymmetricKey(size: .bits256)) {
+        self.identity = identity
+        self.resetKey = resetKey
+        self.tokenKey = tokenKey
+    }
+
+    /// HMAC-SHA256(reset key, connection ID), first 16 bytes.
+    public func resetToken(for id: ConnectionID) -> [UInt8] {
+        Array(HMAC<SHA256>.authenticationCode(for: id.bytes, using: resetKey)).prefix(16).map { $0 }
+    }
+}
+
+/// A datagram to send: `count` bytes at the start of the caller's buffer, to `address`.
+public struct Transmit: Sendable, Equatable {
+    public var count: Int
+    public var address: PathAddress
+}

@@ -1,0 +1,394 @@
+/// Server settings: limits that defend against handshake floods (docs/protocol.md §8).
+public struct EndpointConfiguration: Sendable {
+    public var connection = ConnectionConfiguration()
+    /// New connections are refused (CONNECTION_CLOSE connection refused) beyond this many.
+    public var maxConnections = 10_000
+    /// With this many handshakes in progress, clients without a valid token get a Retry first, which
+    /// costs them a round trip and costs the server no state. 0: always.
+    public var retryThreshold = 64
+    /// New handshakes accepted per second from one IP address; the rest are dropped.
+    public var handshakesPerSecondPerAddress = 20
+    public init() {}
+}
+
+/// Counters for what the endpoint handled without a connection.
+public struct EndpointStats: Sendable, Equatable {
+    public var retriesSent = 0
+    public var statelessResetsSent = 0
+    public var versionNegotiationsSent = 0
+    public var refused = 0
+    public var rateLimited = 0
+    /// Datagrams for no connection that could not start one (too short, malformed, bad token).
+    public var dropped = 0
+    public var accepted = 0
+    public init() {}
+}
+
+/// The server side: routes datagrams to connections by connection ID, and answers what belongs to no
+/// connection (Version Negotiation, Retry, stateless reset, refusal) without keeping state for it.
+///
+/// Sans-I/O like `Connection`; not Sendable: it lives on one event loop.
+public final class Endpoint {
+    /// Refers to one connection; the generation keeps a reused slot from answering for an old one.
+    public struct Handle: Hashable, Sendable, CustomStringConvertible {
+        public let index: UInt32
+        public let generation: UInt32
+        public var description: String { "#\(index).\(generation)" }
+    }
+
+    struct Slot {
+        var connection: Connection
+        var generation: UInt32
+        var deadline: WireInstant?
+        var dirty: Bool
+        var initialDestination: ConnectionID
+    }
+
+    public let secrets: ServerSecrets
+    public let configuration: EndpointConfiguration
+    public private(set) var stats = EndpointStats()
+    var random: any RandomNumberGenerator
+    /// Makes each connection's generator. Production draws from the system generator everywhere;
+    /// simulations derive a seeded one per connection so every run of a seed is identical.
+    let forkRandom: (inout any RandomNumberGenerator) -> any RandomNumberGenerator
+    var slots: [Slot?] = []
+    var generations: [UInt32] = []
+    var free: [UInt32] = []
+    var routes: [ConnectionID: Handle] = [:]
+    var dirty: [Handle] = []
+    var timers = DeadlineHeap()
+    var outbox: [([UInt8], PathAddress)] = []
+    var events: [(Handle, ConnectionEvent)] = []
+    var eventHead = 0
+    var rate: [PathAddress: (window: UInt64, count: Int)] = [:]
+    var rateWindow: UInt64 = 0
+    public private(set) var connectionCount = 0
+    var handshaking = 0
+
+    public init(secrets: ServerSecrets, configuration: EndpointConfiguration = EndpointConfiguration(),
+                random: any RandomNumberGenerator = SystemRandomNumberGenerator(),
+                forkRandom: @escaping (inout any RandomNumberGenerator) -> any RandomNumberGenerator = { _ in SystemRandomNumberGenerator() }) {
+        self.secrets = secrets
+        self.configuration = configuration
+        self.random = random
+        self.forkRandom = forkRandom
+    }
+
+    public func connection(_ handle: Handle) -> Connection? {
+        guard Int(handle.index) < slots.count, let slot = slots[Int(handle.index)], slot.generation == handle.generation else { return nil }
+        return slot.connection
+    }
+
+    /// Every live connection.
+    public var handles: [Handle] {
+        slots.enumerated().compactMap { index, slot in slot.map { Handle(index: UInt32(index), generation: $0.generation) } }
+    }
+
+    public func nextEvent() -> (Handle, ConnectionEvent)? {
+        guard eventHead < events.count else {
+            if eventHead > 0 { events.removeAll(keepingCapacity: true); eventHead = 0 }
+            return nil
+        }
+        defer { eventHead += 1 }
+        return events[eventHead]
+    }
+
+    // MARK: Receive
+
+    /// Handles one datagram. Audio datagrams are handed to `datagrams` with their connection.
+    public func receive(_ datagram: UnsafeMutableRawBufferPointer, from address: PathAddress, now: WireInstant,
+                        datagrams: (Handle, UnsafeRawBufferPointer) -> Void = { _, _ in }) {
+        guard let destination = PacketHeader.destination(of: UnsafeRawBufferPointer(datagram)) else {
+            stats.dropped += 1
+            return
+        }
+        if let handle = routes[destination], let connection = connection(handle) {
+            connection.receive(datagram, from: address, now: now) { datagrams(handle, $0) }
+            touched(handle, now: now)
+            return
+        }
+        let header: PacketHeader
+        do { header = try PacketHeader.parse(UnsafeRawBufferPointer(datagram)) } catch {
+            stats.dropped += 1
+            return
+        }
+        switch header {
+        case .unsupportedVersion(_, let destination, let source):
+            // Only for datagrams as large as an Initial, so it can't amplify.
+            guard datagram.count >= PacketHeader.minimumInitialDatagram else { stats.dropped += 1; return }
+            sendVersionNegotiation(to: address, destination: source, source: destination)
+        case .long(.initial, _, let destination, let source, let token, _, _):
+            accept(datagram, from: address, destination: destination, source: source, token: Array(datagram[token]), now: now,
+                   datagrams: datagrams)
+        case .short(let destination, _):
+            sendStatelessReset(to: address, for: destination, triggerSize: datagram.count)
+        default:
+            stats.dropped += 1
+        }
+    }
+
+    func accept(_ datagram: UnsafeMutableRawBufferPointer, from address: PathAddress, destination: ConnectionID, source: ConnectionID,
+                token: [UInt8], now: WireInstant, datagrams: (Handle, UnsafeRawBufferPointer) -> Void) {
+        guard datagram.count >= PacketHeader.minimumInitialDatagram else { stats.dropped += 1; return }
+        guard allowHandshake(from: address, now: now) else { stats.rateLimited += 1; return }
+        var original = destination
+        var retrySource: ConnectionID?
+        var validated = false
+        if !token.isEmpty, let contents = AddressToken.validate(token, address: address, secrets: secrets, now: now) {
+            if contents.isRetry {
+                guard contents.retrySource == destination, let tokenOriginal = contents.original else { stats.dropped += 1; return }
+                original = tokenOriginal
+                retrySource = destination
+            }
+            validated = true
+        }
+        if connectionCount >= configuration.maxConnections {
+            refuse(datagram, from: address, destination: destination, source: source, now: now)
+            return
+        }
+        if !validated, handshaking >= configuration.retryThreshold {
+            sendRetry(to: address, destination: source, original: destination, now: now)
+            return
+        }
+        var localID = ConnectionID(random.next())
+        while routes[localID] != nil { localID = ConnectionID(random.next()) }
+        let connection = Connection(server: secrets, configuration: configuration.connection, remote: address, now: now,
+                                    initialDestination: destination, clientSource: source, originalDestination: original,
+                                    retrySource: retrySource, addressValidated: validated, localID: localID, random: forkRandom(&random))
+        let handle = insert(connection, initialDestination: destination)
+        routes[localID] = handle
+        routes[destination] = handle
+        stats.accepted += 1
+        connection.receive(datagram, from: address, now: now) { datagrams(handle, $0) }
+        touched(handle, now: now)
+    }
+
+    /// A simple per-address counter per one-second window.
+    func allowHandshake(from address: PathAddress, now: WireInstant) -> Bool {
+        let window = now.nanoseconds / seconds(1)
+        if window != rateWindow {
+            rate.removeAll(keepingCapacity: true)
+            rateWindow = window
+        }
+        var host = address
+        host.port = 0
+        let count = (rate[host]?.count ?? 0) + 1
+        rate[host] = (window, count)
+        return count <= configuration.handshakesPerSecondPerAddress
+    }
+
+    func insert(_ connection: Connection, initialDestination: ConnectionID) -> Handle {
+        let index: UInt32
+        if let reused = free.popLast() { index = reused } else {
+            index = UInt32(slots.count)
+            slots.append(nil)
+            generations.append(0)
+        }
+        generations[Int(index)] &+= 1
+        let handle = Handle(index: index, generation: generations[Int(index)])
+        slots[Int(index)] = Slot(connection: connection, generation: handle.generation, deadline: nil, dirty: false,
+                                 initialDestination: initialDestination)
+        connectionCount += 1
+        handshaking += 1
+        return handle
+    }
+
+    /// After anything happened to a connection: collect its events and routing changes, re-arm its
+    /// timer, mark it for polling, and free it once closed.
+    func touched(_ handle: Handle, now: WireInstant, markDirty: Bool = true) {
+        guard let connection = connection(handle) else { return }
+        let index = Int(handle.index)
+        for (id, add) in connection.takeRoutingChanges() {
+            if add { routes[id] = handle } else if routes[id] == handle { routes[id] = nil }
+        }
+        while let event = connection.nextEvent() {
+            if case .connected = event { handshaking -= 1 }
+            events.append((handle, event))
+        }
+        if markDirty, !(slots[index]!.dirty) {
+            slots[index]!.dirty = true
+            dirty.append(handle)
+        }
+        let deadline = connection.nextDeadline
+        if deadline != slots[index]!.deadline {
+            slots[index]!.deadline = deadline
+            if let deadline { timers.push(deadline, handle) }
+        }
+        if connection.state == .closed { remove(handle) }
+    }
+
+    func remove(_ handle: Handle) {
+        guard let slot = slots[Int(handle.index)], slot.generation == handle.generation else { return }
+        for id in slot.connection.activeLocalIDs + [slot.initialDestination] where routes[id] == handle { routes[id] = nil }
+        if slot.connection.peerFinished == false { handshaking -= 1 }
+        slots[Int(handle.index)] = nil
+        free.append(handle.index)
+        connectionCount -= 1
+    }
+
+    // MARK: Commands
+
+    public func sendControl(_ message: [UInt8], to handle: Handle, now: WireInstant) throws(ConnectionError) {
+        guard let connection = connection(handle) else { throw .local(code: 0, reason: "no such connection") }
+        try connection.sendControl(message)
+        touched(handle, now: now)
+    }
+
+    /// Seals one audio datagram for `handle` straight into `buffer` (the fan-out hot path).
+    public func sendDatagram(_ payload: UnsafeRawBufferPointer, to handle: Handle, into buffer: UnsafeMutableRawBufferPointer,
+                             now: WireInstant) -> Transmit? {
+        connection(handle)?.sendDatagram(payload, into: buffer, now: now)
+    }
+
+    public func close(_ handle: Handle, code: UInt64 = 0, reason: String = "", now: WireInstant) {
+        connection(handle)?.close(code: code, reason: reason, now: now)
+        touched(handle, now: now)
+    }
+
+    // MARK: Output
+
+    /// The next datagram to send, or nil when everything is flushed.
+    public func poll(into buffer: UnsafeMutableRawBufferPointer, now: WireInstant) -> Transmit? {
+        if let (bytes, address) = outbox.popLast() {
+            guard bytes.count <= buffer.count else { return nil }
+            bytes.withUnsafeBytes { buffer.copyMemory(from: $0) }
+            return Transmit(count: bytes.count, address: address)
+        }
+        while let handle = dirty.last {
+            guard let connection = connection(handle) else { dirty.removeLast(); continue }
+            if let transmit = connection.poll(into: buffer, now: now) {
+                touched(handle, now: now)
+                return transmit
+            }
+            dirty.removeLast()
+            slots[Int(handle.index)]?.dirty = false
+            touched(handle, now: now, markDirty: false)
+        }
+        return nil
+    }
+
+    public var nextDeadline: WireInstant? {
+        while let (deadline, handle) = timers.peek() {
+            if let slot = slots.indices.contains(Int(handle.index)) ? slots[Int(handle.index)] : nil,
+               slot.generation == handle.generation, slot.deadline == deadline { return deadline }
+            timers.pop()
+        }
+        return nil
+    }
+
+    public func handleTimeout(now: WireInstant) {
+        while let (deadline, handle) = timers.peek(), deadline <= now {
+            timers.pop()
+            guard let slot = slots.indices.contains(Int(handle.index)) ? slots[Int(handle.index)] : nil,
+                  slot.generation == handle.generation, slot.deadline == deadline else { continue }
+            slots[Int(handle.index)]!.deadline = nil
+            slot.connection.handleTimeout(now: now)
+            touched(handle, now: now)
+        }
+    }
+
+    // MARK: Stateless answers
+
+    func sendVersionNegotiation(to address: PathAddress, destination: ConnectionID, source: ConnectionID) {
+        var bytes = [UInt8](repeating: 0, count: 64)
+        let count = bytes.withUnsafeMutableBytes { buffer in
+            var w = WireWriter(buffer)
+            w.u8(PacketHeader.longFormBit | UInt8(truncatingIfNeeded: random.next() & 0x7F))
+            w.u32(WireVersion.negotiation)
+            w.u8(8); w.uint(destination.value, 8)
+            w.u8(8); w.uint(source.value, 8)
+            for version in WireVersion.supported { w.u32(version) }
+            return w.offset
+        }
+        outbox.append((Array(bytes[..<count]), address))
+        stats.versionNegotiationsSent += 1
+    }
+
+    func sendRetry(to address: PathAddress, destination: ConnectionID, original: ConnectionID, now: WireInstant) {
+        let retrySource = ConnectionID(random.next())
+        let token = AddressToken.seal(address: address, original: original, retrySource: retrySource, secrets: secrets, now: now)
+        var bytes = [UInt8](repeating: 0, count: 256)
+        let count = bytes.withUnsafeMutableBytes { buffer in
+            var w = WireWriter(buffer)
+            w.u8(PacketHeader.longFormBit | PacketHeader.fixedBit | LongPacketType.retry.rawValue << 4)
+            w.u32(WireVersion.v1)
+            w.u8(8); w.uint(destination.value, 8)
+            w.u8(8); w.uint(retrySource.value, 8)
+            w.bytes(token)
+            return w.offset
+        }
+        var packet = Array(bytes[..<count])
+        packet += RetryIntegrity.tag(original: original, retryPacketWithoutTag: packet)
+        outbox.append((packet, address))
+        stats.retriesSent += 1
+    }
+
+    /// Tells a client that this server has no state for its connection ID. Always shorter than the
+    /// packet that triggered it, so two endpoints can't loop, and never below 21 bytes.
+    func sendStatelessReset(to address: PathAddress, for id: ConnectionID, triggerSize: Int) {
+        let size = min(triggerSize - 1, 42)
+        guard size >= PacketHeader.minimumShortPacket else { stats.dropped += 1; return }
+        var bytes: [UInt8] = []
+        bytes.reserveCapacity(size)
+        while bytes.count < size - 16 {
+            var word = random.next()
+            for _ in 0..<8 where bytes.count < size - 16 { bytes.append(UInt8(truncatingIfNeeded: word)); word >>= 8 }
+        }
+        bytes[0] = (bytes[0] & 0x3F) | PacketHeader.fixedBit
+        bytes += secrets.resetToken(for: id)
+        outbox.append((bytes, address))
+        stats.statelessResetsSent += 1
+    }
+
+    /// Refuses a new connection with CONNECTION_CLOSE (connection refused) in an Initial packet, so
+    /// the client learns why at once instead of timing out.
+    func refuse(_ datagram: UnsafeMutableRawBufferPointer, from address: PathAddress, destination: ConnectionID, source: ConnectionID,
+                now: WireInstant) {
+        let connection = Connection(server: secrets, configuration: configuration.connection, remote: address, now: now,
+                                    initialDestination: destination, clientSource: source, originalDestination: destination,
+                                    retrySource: nil, addressValidated: false, localID: ConnectionID(random.next()), random: forkRandom(&random))
+        connection.path.bytesReceived = datagram.count
+        connection.close(code: TransportErrorCode.connectionRefused.rawValue, reason: "server at its connection limit; try again later",
+                         application: false, now: now)
+        var bytes = [UInt8](repeating: 0, count: 1200)
+        if let transmit = bytes.withUnsafeMutableBytes({ connection.poll(into: $0, now: now) }) {
+            outbox.append((Array(bytes[..<transmit.count]), address))
+        }
+        stats.refused += 1
+    }
+}
+
+/// A binary min-heap of connection deadlines. Entries go stale when a connection's deadline moves;
+/// the endpoint skips those when it pops them, so re-arming a timer is O(log n) with no search.
+struct DeadlineHeap {
+    private var items: [(WireInstant, Endpoint.Handle)] = []
+
+    func peek() -> (WireInstant, Endpoint.Handle)? { items.first }
+
+    mutating func push(_ deadline: WireInstant, _ handle: Endpoint.Handle) {
+        items.append((deadline, handle))
+        var child = items.count - 1
+        while child > 0 {
+            let parent = (child - 1) / 2
+            guard items[child].0 < items[parent].0 else { break }
+            items.swapAt(child, parent)
+            child = parent
+        }
+    }
+
+    mutating func pop() {
+        guard !items.isEmpty else { return }
+        items.swapAt(0, items.count - 1)
+        items.removeLast()
+        var parent = 0
+        while true {
+            let left = 2 * parent + 1, right = left + 1
+            var smallest = parent
+            if left < items.count, items[left].0 < items[smallest].0 { smallest = left }
+            if right < items.count, items[right].0 < items[smallest].0 { smallest = right }
+            guard smallest != parent else { return }
+            items.swapAt(parent, smallest)
+            parent = smallest
+        }
+    }
+}

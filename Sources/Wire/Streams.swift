@@ -1,0 +1,137 @@
+// The two byte streams: CRYPTO (handshake messages, one per packet space) and CONTROL (the reliable,
+// ordered control stream). Both may arrive out of order and duplicated; both are bounded.
+
+/// Reorders stream fragments into a contiguous byte sequence.
+struct ReassemblyBuffer {
+    /// Bytes delivered so far (everything before this offset).
+    private(set) var delivered: UInt64 = 0
+    /// Fragments beyond `delivered`, by offset.
+    private var pending: [UInt64: [UInt8]] = [:]
+    private var pendingBytes = 0
+    let limit: Int
+
+    init(limit: Int) { self.limit = limit }
+
+    enum Failure: Error { case overflow }
+
+    /// Accepts a fragment; appends whatever becomes contiguous to `output`.
+    mutating func receive(offset: UInt64, data: UnsafeRawBufferPointer, into output: inout [UInt8]) throws(Failure) {
+        let end = offset + UInt64(data.count)
+        guard end > delivered else { return }  // a duplicate
+        guard end - delivered <= UInt64(limit) else { throw .overflow }
+        if offset <= delivered {
+            output.append(contentsOf: data[Int(delivered - offset)...])
+            delivered = end
+            drain(into: &output)
+        } else if (pending[offset]?.count ?? -1) < data.count {
+            pendingBytes += data.count - (pending[offset]?.count ?? 0)
+            pending[offset] = Array(data)
+        }
+    }
+
+    private mutating func drain(into output: inout [UInt8]) {
+        var progressed = true
+        while progressed, !pending.isEmpty {
+            progressed = false
+            for (offset, bytes) in pending where offset <= delivered {
+                pending[offset] = nil
+                pendingBytes -= bytes.count
+                let end = offset + UInt64(bytes.count)
+                if end > delivered {
+                    output.append(contentsOf: bytes[Int(delivered - offset)...])
+                    delivered = end
+                }
+                progressed = true
+            }
+        }
+    }
+}
+
+/// The sending side of the control stream: bytes queued, sent, lost and acknowledged.
+struct SendStream {
+    /// Offset of `buffer[0]`; everything before is acknowledged and freed.
+    private(set) var base: UInt64 = 0
+    private var buffer: [UInt8] = []
+    /// Offset of the first byte never sent.
+    private(set) var nextUnsent: UInt64 = 0
+    /// Ranges to send again, in order.
+    private var lost: [Range<UInt64>] = []
+    /// Acknowledged ranges above `base`, sorted and disjoint.
+    private var acked: [Range<UInt64>] = []
+    let limit: Int
+
+    init(limit: Int) { self.limit = limit }
+
+    var end: UInt64 { base + UInt64(buffer.count) }
+    var hasDataToSend: Bool { !lost.isEmpty || nextUnsent < end }
+    var unacknowledged: Int { buffer.count }
+
+    enum Failure: Error { case full }
+
+    mutating func append(_ bytes: [UInt8]) throws(Failure) {
+        guard buffer.count + bytes.count <= limit else { throw .full }
+        buffer.append(contentsOf: bytes)
+    }
+
+    /// The next range to send, at most `maximum` bytes: retransmissions first.
+    mutating func nextChunk(maximum: Int) -> Range<UInt64>? {
+        while let first = lost.first {
+            let start = max(first.lowerBound, base)
+            var range = start..<min(first.upperBound, start + UInt64(maximum))
+            // Skip a prefix that has since been acknowledged.
+            if let covering = acked.first(where: { $0.contains(range.lowerBound) }) {
+                let skipTo = min(covering.upperBound, first.upperBound)
+                lost[0] = skipTo..<first.upperBound
+                if lost[0].isEmpty { lost.removeFirst() }
+                continue
+            }
+            if let next = acked.first(where: { $0.lowerBound > range.lowerBound && $0.lowerBound < range.upperBound }) {
+                range = range.lowerBound..<next.lowerBound
+            }
+            if range.isEmpty { lost.removeFirst(); continue }
+            if range.upperBound >= first.upperBound { lost.removeFirst() } else { lost[0] = range.upperBound..<first.upperBound }
+            return range
+        }
+        guard nextUnsent < end else { return nil }
+        let range = nextUnsent..<min(end, nextUnsent + UInt64(maximum))
+        nextUnsent = range.upperBound
+        return range
+    }
+
+    func withBytes<R>(_ range: Range<UInt64>, _ body: (UnsafeRawBufferPointer) -> R) -> R {
+        buffer.withUnsafeBytes { all in
+            body(UnsafeRawBufferPointer(rebasing: all[Int(range.lowerBound - base)..<Int(range.upperBound - base)]))
+        }
+    }
+
+    mutating func markLost(_ range: Range<UInt64>) {
+        let clipped = max(range.lowerBound, base)..<range.upperBound
+        guard !clipped.isEmpty else { return }
+        lost.append(clipped)
+        lost.sort { $0.lowerBound < $1.lowerBound }
+    }
+
+    mutating func markAcknowledged(_ range: Range<UInt64>) {
+        guard range.upperBound > base else { return }
+        var merged = max(range.lowerBound, base)..<range.upperBound
+        var kept: [Range<UInt64>] = []
+        for existing in acked {
+            if existing.upperBound < merged.lowerBound || existing.lowerBound > merged.upperBound {
+                kept.append(existing)
+            } else {
+                merged = min(existing.lowerBound, merged.lowerBound)..<max(existing.upperBound, merged.upperBound)
+            }
+        }
+        kept.append(merged)
+        kept.sort { $0.lowerBound < $1.lowerBound }
+        acked = kept
+        // Free the acknowledged prefix.
+        if let first = acked.first, first.lowerBound <= base {
+            let freed = Int(first.upperBound - base)
+            buffer.removeFirst(freed)
+            base = first.upperBound
+            acked.removeFirst()
+            lost = lost.compactMap { $0.upperBound <= base ? nil : max($0.lowerBound, base)..<$0.upperBound }
+        }
+    }
+}

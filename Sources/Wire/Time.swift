@@ -1,0 +1,47 @@
+/// A point on a monotonic clock, in nanoseconds from an arbitrary origin. The sans-I/O core never
+/// reads a clock: every call that depends on time takes one of these, so tests can drive time.
+public struct WireInstant: Comparable, Hashable, Sendable, CustomStringConvertible {
+    public var nanoseconds: UInt64
+    public init(nanoseconds: UInt64) { self.nanoseconds = nanoseconds }
+    public static func < (a: Self, b: Self) -> Bool { a.nanoseconds < b.nanoseconds }
+    public static func + (a: Self, ns: UInt64) -> Self { Self(nanoseconds: a.nanoseconds &+ ns) }
+    /// Nanoseconds from `earlier` to self, or 0 if `earlier` is later.
+    public func since(_ earlier: Self) -> UInt64 { nanoseconds > earlier.nanoseconds ? nanoseconds - earlier.nanoseconds : 0 }
+    public var description: String { "\(Double(nanoseconds) / 1e6) ms" }
+}
+
+/// Nanosecond helpers, so durations read as what they are.
+@inline(__always) func ms(_ value: UInt64) -> UInt64 { value * 1_000_000 }
+@inline(__always) func seconds(_ value: UInt64) -> UInt64 { value * 1_000_000_000 }
+
+/// A UDP peer address, independent of any socket library: the adapter converts to and from its own.
+public struct PathAddress: Hashable, Sendable, CustomStringConvertible {
+    /// IPv4 addresses use the low 32 bits of `low`.
+    public var high: UInt64
+    public var low: UInt64
+    public var port: UInt16
+    public var isIPv6: Bool
+
+    public init(ipv4: UInt32, port: UInt16) {
+        high = 0; low = UInt64(ipv4); self.port = port; isIPv6 = false
+    }
+
+    public init(ipv6High: UInt64, low: UInt64, port: UInt16) {
+        high = ipv6High; self.low = low; self.port = port; isIPv6 = true
+    }
+
+    /// Same host, maybe another port: NAT rebinding, which keeps RTT state (RFC 9000 §9.4).
+    public func sameHost(as other: Self) -> Bool { high == other.high && low == other.low && isIPv6 == other.isIPv6 }
+
+    public var description: String {
+        if !isIPv6 {
+            let a = UInt32(truncatingIfNeeded: low)
+            return "\(a >> 24).\(a >> 16 & 0xFF).\(a >> 8 & 0xFF).\(a & 0xFF):\(port)"
+        }
+        let words = (0..<8).map { i -> String in
+            let source = i < 4 ? high : low
+            return String(UInt16(truncatingIfNeeded: source >> UInt64(48 - 16 * (i % 4))), radix: 16)
+        }
+        return "[\(words.joined(separator: ":"))]:\(port)"
+    }
+}

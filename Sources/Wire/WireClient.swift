@@ -1,0 +1,94 @@
+/// What a `WireClient` reports: its connection's events, and when it starts over by itself.
+public enum ClientEvent: Sendable, Equatable {
+    case connection(ConnectionEvent)
+    /// The connection ended in a way a new handshake fixes (the server restarted, or the session
+    /// idled out); a new connection is already handshaking. The application re-joins on `.connected`.
+    case reconnecting(ConnectionError)
+}
+
+/// A client that keeps itself connected: on a stateless reset (the server restarted and forgot the
+/// session) or an idle timeout it starts a new handshake at once, within the same round trip, with no
+/// help from the application. Sans-I/O like `Connection`.
+public final class WireClient {
+    public private(set) var connection: Connection
+    public let configuration: ClientConfiguration
+    public private(set) var remote: PathAddress
+    /// A server token from NEW_TOKEN, presented on the next handshake to skip a Retry.
+    public private(set) var token: [UInt8] = []
+    public private(set) var reconnects = 0
+    var random: any RandomNumberGenerator
+    var events: [ClientEvent] = []
+    var eventHead = 0
+
+    public init(configuration: ClientConfiguration, remote: PathAddress, now: WireInstant,
+                random: any RandomNumberGenerator = SystemRandomNumberGenerator()) {
+        self.configuration = configuration
+        self.remote = remote
+        self.random = random
+        connection = Connection(client: configuration, remote: remote, now: now, random: random)
+    }
+
+    public func nextEvent() -> ClientEvent? {
+        guard eventHead < events.count else {
+            if eventHead > 0 { events.removeAll(keepingCapacity: true); eventHead = 0 }
+            return nil
+        }
+        defer { eventHead += 1 }
+        return events[eventHead]
+    }
+
+    public func receive(_ datagram: UnsafeMutableRawBufferPointer, from address: PathAddress, now: WireInstant,
+                        datagrams: (UnsafeRawBufferPointer) -> Void = { _ in }) {
+        connection.receive(datagram, from: address, now: now, datagrams: datagrams)
+        drain(now: now)
+    }
+
+    public func handleTimeout(now: WireInstant) {
+        connection.handleTimeout(now: now)
+        drain(now: now)
+    }
+
+    public func poll(into buffer: UnsafeMutableRawBufferPointer, now: WireInstant) -> Transmit? {
+        connection.poll(into: buffer, now: now)
+    }
+
+    public var nextDeadline: WireInstant? { connection.nextDeadline }
+
+    public func completeCertificateCheck(_ result: Result<Void, HandshakeFailure>, now: WireInstant) {
+        connection.completeCertificateCheck(result, now: now)
+        drain(now: now)
+    }
+
+    public func sendControl(_ message: [UInt8]) throws(ConnectionError) { try connection.sendControl(message) }
+
+    public func sendDatagram(_ payload: UnsafeRawBufferPointer, into buffer: UnsafeMutableRawBufferPointer, now: WireInstant) -> Transmit? {
+        connection.sendDatagram(payload, into: buffer, now: now)
+    }
+
+    /// After the app wakes with a new local address or port: carry on the same session from there.
+    public func migrate(now: WireInstant) {
+        connection.migrate(now: now)
+    }
+
+    public func close(code: UInt64 = 0, reason: String = "", now: WireInstant) {
+        connection.close(code: code, reason: reason, now: now)
+        drain(now: now)
+    }
+
+    func drain(now: WireInstant) {
+        while let event = connection.nextEvent() {
+            switch event {
+            case .newToken(let fresh):
+                token = fresh
+                events.append(.connection(event))
+            case .closed(let error) where error == .statelessReset || error == .idleTimeout:
+                events.append(.connection(event))
+                reconnects += 1
+                connection = Connection(client: configuration, remote: remote, now: now, token: token, random: random)
+                events.append(.reconnecting(error))
+            default:
+                events.append(.connection(event))
+            }
+        }
+    }
+}
