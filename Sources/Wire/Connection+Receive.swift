@@ -53,7 +53,7 @@ extension Connection {
 
     /// Client: is this unauthenticated datagram a stateless reset for one of the server's IDs?
     func isStatelessReset(_ datagram: UnsafeRawBufferPointer) -> Bool {
-        guard datagram.count >= PacketHeader.minimumShortPacket, datagram[0] & PacketHeader.longFormBit == 0 else { return false }
+        guard datagram.count >= PacketHeader.minimumStatelessReset, datagram[0] & PacketHeader.longFormBit == 0 else { return false }
         let tail = datagram.count - 16
         var matched = false
         for peer in peerIDs {
@@ -271,6 +271,7 @@ extension Connection {
         // The peer updated first: follow, so both directions use the same generation.
         if sendKeyPhase != readKeyPhase, let next = try? appSeal?.nextGeneration() {
             appSeal = next
+            sendGeneration += 1
             sendKeyPhase = readKeyPhase
             firstPNInSendPhase = appNextPN
             sentInSendPhase = 0

@@ -90,7 +90,7 @@ extension Connection {
         if type == .initial { initialSpace = space } else { handshakeSpace = space }
         stats.packetsSent += 1
         if handshakeRetransmitAt == nil, !(role == .client && handshakeConfirmed) {
-            handshakeRetransmitAt = lastPollTime + (rtt.probeTimeout(maxAckDelay: 0) << UInt64(min(handshakePTOCount, 8)))
+            handshakeRetransmitAt = lastPollTime + handshakeRetransmitInterval
         }
         return payloadEnd + 16
     }

@@ -88,10 +88,12 @@ public final class Connection {
     var firstPNInSendPhase: UInt64 = 0
     var sentInSendPhase: UInt64 = 0
     var sendPhaseAcknowledged = false
+    /// Key generation of received packets, and of sent ones.
     public internal(set) var keyGeneration = 0
+    public internal(set) var sendGeneration = 0
     /// Server: 1-RTT packets are not processed until the client's Finished verifies.
     var peerFinished = false
-    var handshakeConfirmed = false
+    public internal(set) var handshakeConfirmed = false
 
     var appNextPN: UInt64 = 0
     var largestAckedByPeer: UInt64?
@@ -323,9 +325,12 @@ public final class Connection {
 
     /// Starts a key update now (normally automatic after `keyUpdateInterval` packets).
     public func initiateKeyUpdate() -> Bool {
-        guard handshakeConfirmed, sendPhaseAcknowledged || sentInSendPhase == 0, let seal = appSeal,
+        // RFC 9001 §6: not before the handshake is confirmed, and not again until the peer has
+        // acknowledged a packet under the current keys (so it has them too).
+        guard handshakeConfirmed, sendGeneration == 0 || sendPhaseAcknowledged, let seal = appSeal,
               let next = try? seal.nextGeneration() else { return false }
         appSeal = next
+        sendGeneration += 1
         sendKeyPhase.toggle()
         firstPNInSendPhase = appNextPN
         sentInSendPhase = 0
@@ -337,6 +342,13 @@ public final class Connection {
 
     var peerMaxAckDelay: UInt64 { ms(peerParameters?.maxAckDelay ?? 25) }
     var currentPTO: UInt64 { rtt.probeTimeout(maxAckDelay: state == .established ? peerMaxAckDelay : 0) }
+
+    /// Time before a handshake flight is sent again: the PTO, doubled on each repeat but capped at
+    /// one second. A person is waiting to talk, and a lossy network needs more tries inside the
+    /// handshake timeout than an uncapped backoff allows (30 % loss costs a third of the flights).
+    var handshakeRetransmitInterval: UInt64 {
+        min(rtt.probeTimeout(maxAckDelay: 0) << UInt64(min(handshakePTOCount, 8)), max(seconds(1), rtt.probeTimeout(maxAckDelay: 0)))
+    }
 
     var idleTimeout: UInt64 {
         let peer = ms(peerParameters?.maxIdleTimeout ?? 0)
@@ -442,7 +454,7 @@ public final class Connection {
             return
         }
         stats.probeTimeouts += 1
-        handshakeRetransmitAt = now + (rtt.probeTimeout(maxAckDelay: 0) << UInt64(min(handshakePTOCount, 8)))
+        handshakeRetransmitAt = now + handshakeRetransmitInterval
     }
 
     func abandonPathValidation() {

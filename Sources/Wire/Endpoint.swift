@@ -327,7 +327,7 @@ public final class Endpoint {
     /// packet that triggered it, so two endpoints can't loop, and never below 21 bytes.
     func sendStatelessReset(to address: PathAddress, for id: ConnectionID, triggerSize: Int) {
         let size = min(triggerSize - 1, 42)
-        guard size >= PacketHeader.minimumShortPacket else { stats.dropped += 1; return }
+        guard size >= PacketHeader.minimumStatelessReset else { stats.dropped += 1; return }
         var bytes: [UInt8] = []
         bytes.reserveCapacity(size)
         while bytes.count < size - 16 {

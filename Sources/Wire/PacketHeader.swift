@@ -36,8 +36,10 @@ public enum PacketHeader: Equatable, Sendable {
     public static let fixedBit: UInt8 = 0x40
     public static let keyPhaseBit: UInt8 = 0x04
     /// Smallest datagram that can hold a protected short-header packet: header, 4 bytes for the sample
-    /// offset, 16 bytes of sample. A stateless reset is never shorter.
+    /// offset, 16 bytes of sample. Shorter ones are never answered.
     public static let minimumShortPacket = 1 + ConnectionID.length + 4 + 16
+    /// A stateless reset: at least 5 unpredictable bytes and the 16-byte token (RFC 9000 §10.3).
+    public static let minimumStatelessReset = 21
     /// Client Initial datagrams are padded to at least this size (anti-amplification, RFC 9000 §14.1).
     public static let minimumInitialDatagram = 1200
 

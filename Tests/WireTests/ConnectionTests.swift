@@ -23,3 +23,186 @@ import Testing
         #expect(sim.clientEvents[0].first == .connection(.connected))
     }
 }
+
+extension Simulation {
+    func clientError(_ index: Int) -> ConnectionError? {
+        clientEvents[index].lazy.compactMap { if case .connection(.closed(let e)) = $0 { return e } else { return nil } }.first
+    }
+    /// Connects client `index` and returns the server's handle for it.
+    func connect(_ index: Int) async throws -> Endpoint.Handle {
+        let ok = await run(for: seconds(10)) {
+            connected(index) && clients[index].connection.handshakeConfirmed
+                && serverHandle(of: index).flatMap { endpoint.connection($0)?.state } == .established
+        }
+        try #require(ok, "client \(index) did not connect: \(String(describing: clientError(index)))")
+        return try #require(serverHandle(of: index))
+    }
+}
+
+@Suite struct HandshakeFailureTests {
+    func failure(pki: TestPKI, clientPKI: TestPKI? = nil, identity: ServerIdentity, serverName: String = "localhost") async throws -> ConnectionError? {
+        let sim = Simulation(seed: 2, pki: clientPKI ?? pki, secrets: try pki.secrets(identity: identity))
+        sim.addClient(serverName: serverName)
+        await sim.run(for: seconds(5)) { sim.clientError(0) != nil }
+        #expect(!sim.connected(0))
+        // The server never reports a connection for a client that refused it.
+        #expect(!sim.serverEvents.contains { $0.1 == .connected })
+        return sim.clientError(0)
+    }
+
+    @Test func aServerFromAnotherCAIsUntrusted() async throws {
+        let pki = try TestPKI(), other = try TestPKI(name: "Some Other CA")
+        let error = try await failure(pki: pki, clientPKI: other, identity: try pki.identity())
+        guard case .handshake(.untrustedCertificate) = error else { Issue.record("got \(String(describing: error))"); return }
+        #expect("\(error!)".contains("pinned CA"))
+    }
+
+    @Test func anExpiredCertificateSaysExpired() async throws {
+        let pki = try TestPKI()
+        let identity = try pki.identity(notBefore: Date().addingTimeInterval(-86_400 * 2), notAfter: Date().addingTimeInterval(-86_400))
+        let error = try await failure(pki: pki, identity: identity)
+        guard case .handshake(.certificateExpired) = error else { Issue.record("got \(String(describing: error))"); return }
+    }
+
+    @Test func theWrongNameSaysWhichNameWasExpected() async throws {
+        let pki = try TestPKI()
+        let error = try await failure(pki: pki, identity: try pki.identity(names: ["relay.example.org"]), serverName: "localhost")
+        #expect(error == .handshake(.wrongServerName(expected: "localhost")))
+    }
+
+    @Test func anIPAddressIsCheckedAgainstIPSubjectAltNames() async throws {
+        let pki = try TestPKI()
+        let sim = Simulation(seed: 3, pki: pki, secrets: try pki.secrets(identity: try pki.identity(names: ["127.0.0.1"])))
+        sim.addClient(serverName: "127.0.0.1")
+        _ = try await sim.connect(0)
+        let wrong = try await failure(pki: pki, identity: try pki.identity(names: ["127.0.0.1"]), serverName: "127.0.0.2")
+        #expect(wrong == .handshake(.wrongServerName(expected: "127.0.0.2")))
+    }
+
+    @Test func anAllZeroSharedSecretIsRejected() throws {
+        // u = 0 is a low-order point: X25519 with it yields all zeros whatever the private key.
+        let key = Curve25519.KeyAgreement.PrivateKey()
+        #expect(throws: HandshakeFailure.zeroSharedSecret) {
+            try HandshakeCrypto.sharedSecret(key, peerShare: [UInt8](repeating: 0, count: 32))
+        }
+        let good = Curve25519.KeyAgreement.PrivateKey().publicKey.rawRepresentation
+        #expect(try HandshakeCrypto.sharedSecret(key, peerShare: Array(good)).count == 32)
+    }
+
+    @Test func theServerLearnsWhyTheClientRefused() async throws {
+        let pki = try TestPKI(), other = try TestPKI(name: "Other")
+        let sim = Simulation(seed: 4, pki: other, secrets: try pki.secrets())
+        sim.addClient()
+        await sim.run(for: seconds(5)) { sim.serverEvents.contains { if case .closed = $0.1 { return true }; return false } }
+        let closed = sim.serverEvents.compactMap { if case .closed(let e) = $0.1 { return e } else { return nil } }.first
+        guard case .peer(let code, let reason, false) = closed else { Issue.record("got \(String(describing: closed))"); return }
+        #expect(code == TransportErrorCode.badCertificate.rawValue)
+        #expect(reason.contains("pinned CA"))
+    }
+}
+
+@Suite struct PacketProtectionTests {
+    /// Connects one client and returns the simulation with the server handle.
+    func connected(seed: UInt64 = 10) async throws -> (Simulation, Endpoint.Handle) {
+        let pki = try TestPKI()
+        let sim = Simulation(seed: seed, pki: pki, secrets: try pki.secrets())
+        sim.addClient()
+        return (sim, try await sim.connect(0))
+    }
+
+    /// Seals one datagram from the client without sending it.
+    func sealed(_ sim: Simulation, _ payload: [UInt8]) -> [UInt8] {
+        var buffer = [UInt8](repeating: 0, count: 1500)
+        let count = payload.withUnsafeBytes { p in buffer.withUnsafeMutableBytes { sim.clients[0].sendDatagram(p, into: $0, now: sim.network.now)!.count } }
+        return Array(buffer[..<count])
+    }
+
+    func deliver(_ sim: Simulation, _ bytes: [UInt8]) {
+        var copy = bytes
+        copy.withUnsafeMutableBytes { raw in
+            sim.endpoint.receive(raw, from: sim.clientAddresses[0], now: sim.network.now) { handle, payload in
+                sim.serverDatagrams.append((handle, Array(payload)))
+            }
+        }
+    }
+
+    @Test func tamperedReplayedAndForgedPacketsAreDroppedAndCounted() async throws {
+        let (sim, handle) = try await connected()
+        let server = try #require(sim.endpoint.connection(handle))
+        let packet = sealed(sim, Array("audio".utf8))
+        // Every single-byte change anywhere in the packet is caught (header protection and AEAD).
+        for index in packet.indices.dropFirst(9) {
+            var tampered = packet
+            tampered[index] ^= 0x01
+            deliver(sim, tampered)
+        }
+        #expect(sim.serverDatagrams.isEmpty)
+        #expect(server.stats.droppedUndecryptable + server.stats.droppedMalformed == packet.count - 9)
+        deliver(sim, packet)
+        #expect(sim.serverDatagrams.count == 1)
+        deliver(sim, packet)  // a replay
+        #expect(sim.serverDatagrams.count == 1)
+        #expect(server.stats.droppedReplayed == 1)
+        // A forgery with the right connection ID but random contents.
+        var rng = SeededRandom(seed: 99)
+        var forged = Array(packet.prefix(9)) + (0..<40).map { _ in UInt8(truncatingIfNeeded: rng.next()) }
+        forged[0] = 0x40 | (forged[0] & 0x03)
+        deliver(sim, forged)
+        #expect(sim.serverDatagrams.count == 1)
+        #expect(server.state == .established)
+    }
+
+    @Test func oldPacketsOutsideTheReplayWindowAreDropped() async throws {
+        let (sim, handle) = try await connected()
+        let server = try #require(sim.endpoint.connection(handle))
+        let old = sealed(sim, [1])
+        for _ in 0..<Int(ReplayWindow.size) + 10 { _ = sealed(sim, [2]) }
+        deliver(sim, sealed(sim, [3]))
+        let before = server.stats.droppedReplayed + server.stats.droppedUndecryptable
+        deliver(sim, old)
+        #expect(sim.serverDatagrams.map(\.1) == [[3]])
+        // Its truncated packet number now decodes near the newest packet, so it fails the AEAD or
+        // the window; either way it is dropped and counted.
+        #expect(server.stats.droppedReplayed + server.stats.droppedUndecryptable == before + 1)
+    }
+
+    @Test func keyUpdateKeepsTrafficFlowingBothWays() async throws {
+        let (sim, handle) = try await connected()
+        let server = try #require(sim.endpoint.connection(handle))
+        let client = sim.clients[0].connection
+        #expect(client.initiateKeyUpdate())
+        for i in 0..<5 { sim.sendDatagram(client: 0, [UInt8(i)]) }
+        await sim.run(for: ms(200))
+        #expect(server.keyGeneration == 1)
+        #expect(sim.serverDatagrams.count == 5)
+        // The server followed, so its packets now use the new keys too.
+        #expect(sim.sendDatagram(server: handle, [42]))
+        await sim.run(for: ms(200))
+        #expect(sim.clientDatagrams[0] == [[42]])
+        #expect(client.keyGeneration == 1)
+        // A second update after the first was acknowledged.
+        try sim.clients[0].sendControl([1])
+        await sim.run(for: ms(200))
+        #expect(client.initiateKeyUpdate())
+        sim.sendDatagram(client: 0, [7])
+        await sim.run(for: ms(200))
+        #expect(server.keyGeneration == 2)
+        #expect(sim.serverDatagrams.last?.1 == [7])
+    }
+
+    @Test func keysUpdateByThemselvesAfterTheConfiguredPacketCount() async throws {
+        let pki = try TestPKI()
+        var config = ConnectionConfiguration.client
+        config.keyUpdateInterval = 50
+        let sim = Simulation(seed: 11, pki: pki, secrets: try pki.secrets())
+        sim.addClient(connection: config)
+        let handle = try await sim.connect(0)
+        for round in 0..<10 {
+            for i in 0..<20 { sim.sendDatagram(client: 0, [UInt8(round), UInt8(i)]) }
+            await sim.run(for: ms(100))
+        }
+        #expect(sim.serverDatagrams.count == 200)
+        #expect(sim.clients[0].connection.keyGeneration >= 2)
+        #expect(sim.endpoint.connection(handle)?.keyGeneration == sim.clients[0].connection.keyGeneration)
+    }
+}

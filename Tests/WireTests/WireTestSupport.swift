@@ -200,7 +200,9 @@ final class Simulation {
         for (index, client) in clients.enumerated() {
             while let event = client.nextEvent() {
                 clientEvents[index].append(event)
-                trace.append("\(network.now.nanoseconds) C\(index) \(event)")
+                // Tokens are AES-GCM with a random nonce: record only that one arrived.
+                let described = if case .connection(.newToken(let t)) = event { "newToken(\(t.count) bytes)" } else { "\(event)" }
+                trace.append("\(network.now.nanoseconds) C\(index) \(described)")
             }
         }
     }

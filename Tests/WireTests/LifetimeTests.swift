@@ -1,0 +1,281 @@
+import Crypto
+import Foundation
+import Testing
+@testable import Wire
+
+@Suite struct MigrationTests {
+    @Test func natRebindingIsValidatedAndTheSessionCarriesOn() async throws {
+        let pki = try TestPKI()
+        let sim = Simulation(seed: 20, pki: pki, secrets: try pki.secrets())
+        sim.addClient()
+        let handle = try await sim.connect(0)
+        await sim.run(for: seconds(1))
+        let rtt = try #require(sim.endpoint.connection(handle)?.rtt)
+        #expect(rtt.hasSample)
+        // The NAT gives the client a new port; the client doesn't even know.
+        sim.clientAddresses[0].port = 61_000
+        try sim.clients[0].sendControl(Array("still here".utf8))
+        await sim.run(for: seconds(1)) { sim.serverEvents.contains { $0.1 == .peerMigrated(sim.clientAddresses[0]) } }
+        // Only the port changed: the RTT estimate is kept (RFC 9000 §9.4); a new host would reset it.
+        #expect(sim.endpoint.connection(handle)?.rtt.hasSample == true)
+        #expect(sim.endpoint.connection(handle)?.rtt.smoothed == rtt.smoothed)
+        await sim.run(for: seconds(1))
+        #expect(sim.serverControlMessages(handle) == [Array("still here".utf8)])
+        #expect(sim.serverEvents.contains { $0.1 == .peerMigrated(sim.clientAddresses[0]) })
+        #expect(sim.serverEvents.contains { $0.1 == .pathValidated(sim.clientAddresses[0]) })
+        #expect(sim.endpoint.connectionCount == 1)
+        #expect(sim.sendDatagram(server: handle, [5]))
+        await sim.run(for: ms(200))
+        #expect(sim.clientDatagrams[0] == [[5]])
+    }
+
+    @Test func anUnvalidatedPathGetsAtMostThreeTimesWhatItSent() async throws {
+        let pki = try TestPKI()
+        let sim = Simulation(seed: 21, pki: pki, secrets: try pki.secrets())
+        sim.addClient()
+        let handle = try await sim.connect(0)
+        let newAddress = PathAddress.v4(172, 16, 0, 9, port: 40_000)
+        sim.clientAddresses[0] = newAddress
+        // One small packet arrives from the new address, then the client goes silent (its answers are
+        // lost), so the path never validates.
+        sim.sendDatagram(client: 0, [1])
+        sim.network.blackhole.insert(newAddress)
+        await sim.run(for: ms(50))
+        let received = try #require(sim.endpoint.connection(handle)?.path.bytesReceived)
+        // The relay tries to fan out plenty of audio to it.
+        var sentAudio = 0
+        for _ in 0..<50 where sim.sendDatagram(server: handle, [UInt8](repeating: 7, count: 80)) { sentAudio += 1 }
+        await sim.run(for: seconds(5))
+        let total = sim.serverBytesTo[newAddress] ?? 0
+        #expect(total > 0)
+        #expect(total <= 3 * received, "sent \(total) bytes to an unvalidated address that sent \(received)")
+        #expect(sentAudio < 50)
+        #expect(sim.endpoint.connection(handle)?.stats.amplificationBlocked ?? 0 > 0)
+        #expect(sim.serverEvents.contains { $0.1 == .pathValidationFailed(newAddress) })
+    }
+
+    @Test func fastResumeAfterMinutesOfSilenceNeedsNoHandshake() async throws {
+        let pki = try TestPKI()
+        let sim = Simulation(seed: 22, pki: pki, secrets: try pki.secrets())
+        sim.addClient()
+        let handle = try await sim.connect(0)
+        await sim.run(for: seconds(1))  // the spare connection IDs arrive
+        // The app goes to the background: no keepalives, and the NAT mapping expires.
+        sim.clients[0].connection.keepAlive = false
+        let sentBefore = sim.network.sent
+        await sim.run(for: seconds(240))
+        #expect(sim.network.sent == sentBefore, "a backgrounded client stays silent")
+        #expect(sim.endpoint.connection(handle)?.state == .established, "the server keeps the session")
+        // Wake: new port, and the floor request goes out in the very first packet.
+        sim.clientAddresses[0].port = 62_000
+        let oldID = sim.clients[0].connection.peerID
+        sim.clients[0].migrate(now: sim.network.now)
+        try sim.clients[0].sendControl(Array("floor request".utf8))
+        #expect(sim.clients[0].connection.peerID != oldID, "a fresh connection ID, so the paths can't be linked")
+        let start = sim.network.now
+        await sim.run(for: seconds(1)) { sim.serverControlMessages(handle) == [Array("floor request".utf8)] }
+        #expect(sim.serverControlMessages(handle) == [Array("floor request".utf8)])
+        // Delivered one way after one network delay (20 ms), with no handshake in between.
+        #expect(sim.network.now.since(start) <= ms(25))
+        #expect(sim.endpoint.stats.accepted == 1)
+        #expect(sim.clients[0].reconnects == 0)
+        await sim.run(for: seconds(1))
+        #expect(sim.serverEvents.contains { $0.1 == .pathValidated(sim.clientAddresses[0]) })
+    }
+}
+
+@Suite struct StatelessResetTests {
+    @Test func aRestartedServerResetsTheClientWhichReconnectsByItself() async throws {
+        let pki = try TestPKI()
+        let resetKey = SymmetricKey(size: .bits256)
+        let secrets = try pki.secrets(resetKey: resetKey)
+        let sim = Simulation(seed: 30, pki: pki, secrets: secrets)
+        sim.addClient()
+        _ = try await sim.connect(0)
+        // Restart: a new endpoint with no sessions, but the same reset key (it is persisted).
+        sim.endpoint = Endpoint(secrets: secrets, random: SeededRandom(seed: 5), forkRandom: { SeededRandom(seed: $0.next()) })
+        try sim.clients[0].sendControl(Array("anyone there?".utf8))
+        let start = sim.network.now
+        let ok = await sim.run(for: seconds(5)) { sim.connected(0) && sim.clients[0].reconnects == 1 }
+        #expect(ok)
+        #expect(sim.endpoint.stats.statelessResetsSent == 1)
+        #expect(sim.clientEvents[0].contains(.reconnecting(.statelessReset)))
+        // Reset after one round trip (40 ms), new handshake after one more: about 2 RTT in all.
+        #expect(sim.network.now.since(start) <= ms(100), "took \(sim.network.now.since(start) / 1_000_000) ms")
+    }
+
+    @Test func aResetIsSmallerThanItsTriggerAndTinyPacketsGetNone() throws {
+        let pki = try TestPKI()
+        let endpoint = Endpoint(secrets: try pki.secrets())
+        var buffer = [UInt8](repeating: 0, count: 1500)
+        for size in [PacketHeader.minimumShortPacket, 30, 43, 44, 100, 1200] {
+            var packet = [UInt8](repeating: 0x41, count: size)
+            packet.withUnsafeMutableBytes { endpoint.receive($0, from: .v4(1, 2, 3, 4, port: 5), now: WireInstant(nanoseconds: 1)) }
+            let reset = try #require(buffer.withUnsafeMutableBytes { endpoint.poll(into: $0, now: WireInstant(nanoseconds: 1)) })
+            #expect(reset.count < size && reset.count >= 21)
+            #expect(buffer[0] & 0xC0 == 0x40, "looks like a short header")
+            #expect(Array(buffer[(reset.count - 16)..<reset.count]) == endpoint.secrets.resetToken(for: ConnectionID(0x4141_4141_4141_4141)))
+        }
+        // Shorter than any valid packet: not answered.
+        var tiny = [UInt8](repeating: 0x41, count: PacketHeader.minimumShortPacket - 1)
+        tiny.withUnsafeMutableBytes { endpoint.receive($0, from: .v4(1, 2, 3, 4, port: 5), now: WireInstant(nanoseconds: 1)) }
+        #expect(buffer.withUnsafeMutableBytes { endpoint.poll(into: $0, now: WireInstant(nanoseconds: 1)) } == nil)
+    }
+}
+
+@Suite struct DefenceTests {
+    @Test func underLoadClientsGoThroughRetryAndStillConnect() async throws {
+        let pki = try TestPKI()
+        var configuration = EndpointConfiguration()
+        configuration.retryThreshold = 0
+        let sim = Simulation(seed: 40, pki: pki, secrets: try pki.secrets(), configuration: configuration)
+        sim.addClient()
+        _ = try await sim.connect(0)
+        #expect(sim.endpoint.stats.retriesSent == 1)
+        #expect(sim.clients[0].connection.retrySource != nil)
+    }
+
+    @Test func aTokenFromAnEarlierConnectionSkipsTheRetry() async throws {
+        let pki = try TestPKI()
+        var configuration = EndpointConfiguration()
+        configuration.retryThreshold = 0
+        let sim = Simulation(seed: 41, pki: pki, secrets: try pki.secrets(), configuration: configuration)
+        sim.addClient()
+        _ = try await sim.connect(0)
+        await sim.run(for: seconds(1))
+        let token = sim.clients[0].token
+        #expect(!token.isEmpty)
+        let client = Connection(client: sim.clients[0].configuration, remote: sim.serverAddress, now: sim.network.now, token: token,
+                                random: SeededRandom(seed: 8))
+        var buffer = [UInt8](repeating: 0, count: 1500)
+        let transmit = try #require(buffer.withUnsafeMutableBytes { client.poll(into: $0, now: sim.network.now) })
+        buffer.withUnsafeMutableBytes { sim.endpoint.receive(UnsafeMutableRawBufferPointer(rebasing: $0[..<transmit.count]),
+                                                             from: sim.clientAddresses[0], now: sim.network.now) }
+        #expect(sim.endpoint.stats.retriesSent == 1, "no second Retry")
+        #expect(sim.endpoint.stats.accepted == 2)
+    }
+
+    @Test func handshakesPerSecondFromOneAddressAreLimited() async throws {
+        let pki = try TestPKI()
+        var configuration = EndpointConfiguration()
+        configuration.handshakesPerSecondPerAddress = 3
+        let endpoint = Endpoint(secrets: try pki.secrets(), configuration: configuration)
+        let now = WireInstant(nanoseconds: seconds(10))
+        let validator = pki.validator
+        for i in 0..<10 {
+            let client = Connection(client: ClientConfiguration(serverName: "localhost", validator: validator), remote: .v4(10, 0, 0, 1, port: 1),
+                                    now: now, random: SeededRandom(seed: UInt64(i)))
+            var buffer = [UInt8](repeating: 0, count: 1500)
+            let transmit = try #require(buffer.withUnsafeMutableBytes { client.poll(into: $0, now: now) })
+            // Different ports, same host: the limit is per host.
+            buffer.withUnsafeMutableBytes { endpoint.receive(UnsafeMutableRawBufferPointer(rebasing: $0[..<transmit.count]),
+                                                             from: .v4(203, 0, 113, 5, port: UInt16(1000 + i)), now: now) }
+        }
+        #expect(endpoint.stats.accepted == 3)
+        #expect(endpoint.stats.rateLimited == 7)
+    }
+
+    @Test func beyondTheConnectionLimitClientsAreRefusedWithAReason() async throws {
+        let pki = try TestPKI()
+        var configuration = EndpointConfiguration()
+        configuration.maxConnections = 1
+        let sim = Simulation(seed: 42, pki: pki, secrets: try pki.secrets(), configuration: configuration)
+        sim.addClient()
+        _ = try await sim.connect(0)
+        sim.addClient()
+        await sim.run(for: seconds(2)) { sim.clientError(1) != nil }
+        guard case .peer(let code, let reason, _) = sim.clientError(1) else { Issue.record("\(String(describing: sim.clientError(1)))"); return }
+        #expect(code == TransportErrorCode.connectionRefused.rawValue)
+        #expect(reason.contains("connection limit"))
+        #expect(sim.endpoint.stats.refused >= 1)
+    }
+
+    @Test func shortInitialsAreDroppedSoTheyCannotAmplify() throws {
+        let pki = try TestPKI()
+        let endpoint = Endpoint(secrets: try pki.secrets())
+        let client = Connection(client: ClientConfiguration(serverName: "localhost", validator: pki.validator), remote: .v4(10, 0, 0, 1, port: 1),
+                                now: WireInstant(nanoseconds: 1), random: SeededRandom(seed: 1))
+        var buffer = [UInt8](repeating: 0, count: 1500)
+        let transmit = try #require(buffer.withUnsafeMutableBytes { client.poll(into: $0, now: WireInstant(nanoseconds: 1)) })
+        #expect(transmit.count >= 1200)
+        buffer.withUnsafeMutableBytes { endpoint.receive(UnsafeMutableRawBufferPointer(rebasing: $0[..<600]), from: .v4(1, 1, 1, 1, port: 1),
+                                                         now: WireInstant(nanoseconds: 1)) }
+        #expect(endpoint.connectionCount == 0)
+        #expect(buffer.withUnsafeMutableBytes { endpoint.poll(into: $0, now: WireInstant(nanoseconds: 1)) } == nil)
+    }
+}
+
+@Suite struct VersionAndCloseTests {
+    @Test func anUnknownVersionGetsVersionNegotiationAndTheClientSaysWhatToDo() throws {
+        let pki = try TestPKI()
+        let endpoint = Endpoint(secrets: try pki.secrets())
+        var initial = [UInt8](repeating: 0, count: 1200)
+        initial.withUnsafeMutableBytes { raw in
+            var w = WireWriter(raw)
+            w.u8(0xC0); w.u32(0x0A0A_0A0A); w.u8(8); w.uint(0x1111, 8); w.u8(8); w.uint(0x2222, 8)
+        }
+        initial.withUnsafeMutableBytes { endpoint.receive($0, from: .v4(1, 1, 1, 1, port: 9), now: WireInstant(nanoseconds: 1)) }
+        var buffer = [UInt8](repeating: 0, count: 1500)
+        let vn = try #require(buffer.withUnsafeMutableBytes { endpoint.poll(into: $0, now: WireInstant(nanoseconds: 1)) })
+        let header = try buffer.withUnsafeBytes { try PacketHeader.parse(UnsafeRawBufferPointer(rebasing: $0[..<vn.count])) }
+        guard case .versionNegotiation(let destination, let source, _) = header else { Issue.record("\(header)"); return }
+        #expect(destination == ConnectionID(0x2222) && source == ConnectionID(0x1111))
+
+        // A client whose version the server doesn't list gives up with an actionable error...
+        let client = Connection(client: ClientConfiguration(serverName: "localhost", validator: pki.validator), remote: .v4(1, 1, 1, 1, port: 9),
+                                now: WireInstant(nanoseconds: 1), random: SeededRandom(seed: 3))
+        var other = [UInt8]()
+        other.append(0x80); other += [0, 0, 0, 0]; other.append(8); other += client.localID.bytes; other.append(8); other += [0, 0, 0, 0, 0, 0, 0, 1]
+        other += [0x0B, 0x0B, 0x0B, 0x0B]
+        var listingOurs = other
+        listingOurs += [0x53, 0x51, 0x00, 0x01]
+        // ...but one that lists our version is forged or stale, and ignored.
+        listingOurs.withUnsafeMutableBytes { client.receive($0, from: .v4(1, 1, 1, 1, port: 9), now: WireInstant(nanoseconds: 2)) }
+        #expect(client.state == .handshaking)
+        other.withUnsafeMutableBytes { client.receive($0, from: .v4(1, 1, 1, 1, port: 9), now: WireInstant(nanoseconds: 2)) }
+        #expect(client.error == .versionNegotiation(serverVersions: [0x0B0B_0B0B]))
+        #expect("\(client.error!)".contains("upgrade"))
+    }
+
+    @Test func closeCarriesTheCodeAndReason() async throws {
+        let pki = try TestPKI()
+        let sim = Simulation(seed: 50, pki: pki, secrets: try pki.secrets())
+        sim.addClient()
+        let handle = try await sim.connect(0)
+        sim.endpoint.close(handle, code: 7, reason: "removed from channel", now: sim.network.now)
+        await sim.run(for: seconds(1)) { sim.clientError(0) != nil }
+        #expect(sim.clientError(0) == .peer(code: 7, reason: "removed from channel", application: true))
+        await sim.run(for: seconds(5))
+        #expect(sim.endpoint.connectionCount == 0, "the server frees the session after the closing period")
+    }
+
+    @Test func idleConnectionsTimeOutAndKeepalivesPreventIt() async throws {
+        let pki = try TestPKI()
+        var server = EndpointConfiguration()
+        server.connection.idleTimeout = seconds(30)
+        let sim = Simulation(seed: 51, pki: pki, secrets: try pki.secrets(), configuration: server)
+        var quiet = ConnectionConfiguration.client
+        quiet.keepAliveInterval = 0
+        sim.addClient(connection: quiet)
+        sim.addClient()  // keepalive every 15 s
+        _ = try await sim.connect(0)
+        _ = try await sim.connect(1)
+        await sim.run(for: seconds(29))
+        #expect(sim.clients[0].reconnects == 0)
+        await sim.run(for: seconds(2))
+        #expect(sim.clientEvents[0].contains(.connection(.closed(.idleTimeout))))
+        #expect(sim.clients[1].reconnects == 0 && sim.connected(1))
+        await sim.run(for: seconds(120))
+        #expect(sim.clients[1].reconnects == 0 && sim.connected(1), "keepalives hold the connection open")
+    }
+
+    @Test func aHandshakeWithNoAnswerTimesOutWithAHint() async throws {
+        let pki = try TestPKI()
+        let sim = Simulation(seed: 52, pki: pki, secrets: try pki.secrets())
+        sim.addClient()
+        sim.network.blackhole.insert(sim.serverAddress)
+        await sim.run(for: seconds(15))
+        #expect(sim.clientError(0) == .handshakeTimeout)
+        #expect("\(ConnectionError.handshakeTimeout)".contains("squelchd is running"))
+    }
+}
