@@ -71,6 +71,12 @@ fuzz-build: deps
 	$(SWIFT)c -sanitize=fuzzer,address -parse-as-library -g -O -use-ld=lld -module-name WireFrameFuzz \
 	  $(FUZZ_DIR)/FrameParserFuzz.swift Sources/Wire/WireBytes.swift Sources/Wire/Frames.swift \
 	  -o $(FUZZ_BIN)/frame-parser
+	$(SWIFT)c -sanitize=fuzzer,address -parse-as-library -g -O -use-ld=lld -module-name WirePacketFuzz \
+	  $(FUZZ_DIR)/PacketParserFuzz.swift Sources/Wire/WireBytes.swift Sources/Wire/Frames.swift Sources/Wire/PacketHeader.swift \
+	  -o $(FUZZ_BIN)/packet-parser
+	$(SWIFT)c -sanitize=fuzzer,address -parse-as-library -g -O -use-ld=lld -module-name WireHandshakeFuzz \
+	  $(FUZZ_DIR)/HandshakeParserFuzz.swift Sources/Wire/WireBytes.swift Sources/Wire/Frames.swift Sources/Wire/HandshakeMessages.swift \
+	  -o $(FUZZ_BIN)/handshake-parser
 
 fuzz: fuzz-build
 	@mkdir -p $(FUZZ_LOGS); for t in $(FUZZ_BIN)/*; do \

@@ -67,7 +67,10 @@ let package = Package(
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
         ], swiftSettings: swift6),
         .executableTarget(name: "squelch-bench", dependencies: [
-            "Opus", "Audio", "SquelchInfo",
+            "Opus", "Audio", "SquelchInfo", "Wire", "WireNIO",
+            .product(name: "Crypto", package: "swift-crypto"),
+            .product(name: "X509", package: "swift-certificates"),
+            .product(name: "SwiftASN1", package: "swift-asn1"),
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
         ], swiftSettings: swift6),
 
@@ -78,7 +81,21 @@ let package = Package(
             .product(name: "Hummingbird", package: "hummingbird"),
             .product(name: "HummingbirdTesting", package: "hummingbird"),
         ], swiftSettings: swift6),
-        .testTarget(name: "WireTests", dependencies: ["Wire"], swiftSettings: swift6),
+        .testTarget(name: "WireTests", dependencies: [
+            "Wire",
+            .product(name: "Crypto", package: "swift-crypto"),
+            .product(name: "_CryptoExtras", package: "swift-crypto"),
+            .product(name: "X509", package: "swift-certificates"),
+            .product(name: "SwiftASN1", package: "swift-asn1"),
+        ], swiftSettings: swift6),
+        .testTarget(name: "WireNIOTests", dependencies: [
+            "WireNIO", "Wire",
+            .product(name: "NIOCore", package: "swift-nio"),
+            .product(name: "NIOPosix", package: "swift-nio"),
+            .product(name: "Crypto", package: "swift-crypto"),
+            .product(name: "X509", package: "swift-certificates"),
+            .product(name: "SwiftASN1", package: "swift-asn1"),
+        ], swiftSettings: swift6),
         .testTarget(name: "CLITests", dependencies: ["SquelchInfo"], swiftSettings: swift6),
     ]
 )

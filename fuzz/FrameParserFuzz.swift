@@ -11,7 +11,7 @@ public func fuzzFrameParser(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
             frames += 1
             // Every range a frame hands out must lie inside the payload.
             switch frame {
-            case .crypto(_, let r), .control(_, let r), .newToken(let r), .datagram(let r), .connectionClose(_, let r),
+            case .crypto(_, let r), .control(_, let r), .newToken(let r), .datagram(let r), .connectionClose(_, let r), .applicationClose(_, let r),
                  .newConnectionID(_, _, _, let r):
                 precondition(r.lowerBound >= 0 && r.upperBound <= size)
             case .ack(let ack):

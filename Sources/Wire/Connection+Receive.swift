@@ -415,7 +415,10 @@ extension Connection {
         }
         if ack.largest > largestAckedByPeer ?? 0 || largestAckedByPeer == nil { largestAckedByPeer = ack.largest }
         if let newest, newest.ackEliciting {
-            let delay = min(ack.delay << 3 * 1000, peerMaxAckDelay)
+            // ACK Delay is µs >> 3 on the wire; a hostile peer can send up to 2⁶² − 1, so saturate.
+            let micros = ack.delay.multipliedReportingOverflow(by: 8)
+            let nanos = micros.partialValue.multipliedReportingOverflow(by: 1000)
+            let delay = micros.overflow || nanos.overflow ? peerMaxAckDelay : min(nanos.partialValue, peerMaxAckDelay)
             rtt.update(sample: now.since(newest.time), ackDelay: handshakeConfirmed ? delay : 0)
         }
         if anyNew { ptoCount = 0 }

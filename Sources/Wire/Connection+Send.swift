@@ -177,7 +177,7 @@ extension Connection {
 
     func writeAck(_ w: inout WireWriter, now: WireInstant) {
         guard !received.ranges.isEmpty, w.remaining > 40 else { return }
-        let delay = (largestReceivedTime.map { now.since($0) } ?? 0) / 1000 >> 3
+        let delay = ((largestReceivedTime.map { now.since($0) } ?? 0) / 1000) >> 3  // µs >> ack_delay_exponent 3
         // Fit the ranges to the room left: drop the oldest.
         var ranges = received.ranges[...]
         while ranges.count > 1, ranges.count * 16 + 20 > w.remaining { ranges = ranges.dropLast() }
@@ -253,7 +253,7 @@ extension Connection {
     func writeClosePacket(_ buffer: UnsafeMutableRawBufferPointer, now: WireInstant) -> Int {
         guard let close = pendingClose else { return 0 }
         let datagram = UnsafeMutableRawBufferPointer(rebasing: buffer[..<min(buffer.count, config.maxDatagramSize)])
-        let reason = String(close.reason.utf8.prefix(256)) ?? ""
+        let reason = String(decoding: close.reason.utf8.prefix(256), as: UTF8.self)
         if !closeInHandshakeSpace, let key = appSeal {
             let pn = appNextPN
             let pnLength = PacketNumber.encodedLength(pn, largestAcked: largestAckedByPeer)
@@ -277,8 +277,9 @@ extension Connection {
                                                              token: type == .initial && role == .client ? retryToken : [],
                                                              packetNumber: space.nextPN, pnLength: 4)
             let payloadStart = w.offset
-            // A transport close only: an application's reason must not leak before authentication.
-            w.writeConnectionClose(code: close.application ? TransportErrorCode.noError.rawValue : close.code,
+            // A transport close only: an application's code and reason must not leak before the peer
+            // is authenticated (RFC 9000 §10.2.3), so they become APPLICATION_ERROR with no reason.
+            w.writeConnectionClose(code: close.application ? TransportErrorCode.applicationError.rawValue : close.code,
                                    reason: close.application ? "" : reason, application: false)
             if role == .client, type == .initial { w.writePadding(max(0, PacketHeader.minimumInitialDatagram - 16 - w.offset)) }
             guard !w.overflowed, w.remaining >= 16 else { continue }

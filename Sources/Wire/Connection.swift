@@ -2,7 +2,7 @@ import Crypto
 import Foundation
 import X509
 
-/// One end of a connection, as a sans-I/O state machine (docs/protocol.md §10).
+/// One end of a connection, as a sans-I/O state machine (docs/protocol.md §13).
 ///
 /// Datagrams, time and commands go in (`receive`, `handleTimeout`, `sendControl`, `close`, …);
 /// datagrams (`poll`, `sendDatagram`), events (`nextEvent`) and the next deadline (`nextDeadline`) come
@@ -14,6 +14,8 @@ public final class Connection {
     public enum State: Sendable, Equatable { case handshaking, established, closing, draining, closed }
 
     public let role: Role
+    /// Where the peer is now (it changes when a client migrates).
+    public var remoteAddress: PathAddress { path.address }
     public internal(set) var state: State = .handshaking
     public internal(set) var stats = ConnectionStats()
     /// Why it ended, once it has.
@@ -263,7 +265,7 @@ public final class Connection {
     }
 
     func enterClosing(code: UInt64, reason: String, application: Bool, now: WireInstant, error: ConnectionError) {
-        pendingClose = (code, reason, application && (appSeal != nil && state == .established))
+        pendingClose = (code, reason, application)
         closeInHandshakeSpace = state == .handshaking
         state = .closing
         closeDeadline = now + 3 * currentPTO
@@ -443,7 +445,11 @@ public final class Connection {
         switch (role, state) {
         case (.client, .handshaking):
             guard pendingCertificateCheck == nil else { return }
-            if !receivedServerPacket || handshakeSpace.open == nil { initialSpace.flightSent = 0 }
+            // Resend the ClientHello until the server's whole flight is in, even after the
+            // ServerHello: a repeated ClientHello makes the server resend its flight at once, and
+            // its 1,200 bytes raise the server's 3× budget, which a large certificate chain may
+            // have used up.
+            initialSpace.flightSent = 0
         case (.client, .established):
             guard !handshakeConfirmed else { return }
             handshakeSpace.flightSent = 0

@@ -1,7 +1,7 @@
 import Crypto
 import Foundation
 
-/// Transport error codes carried in CONNECTION_CLOSE (docs/protocol.md §9). QUIC's values.
+/// Transport error codes carried in CONNECTION_CLOSE (docs/protocol.md §10). QUIC's values.
 public enum TransportErrorCode: UInt64, Sendable {
     case noError = 0x00
     case internalError = 0x01
@@ -10,6 +10,10 @@ public enum TransportErrorCode: UInt64, Sendable {
     case frameEncodingError = 0x07
     case transportParameterError = 0x08
     case protocolViolation = 0x0a
+    /// The server could not validate the token in a client's Initial (an expired or foreign Retry token).
+    case invalidToken = 0x0b
+    /// An application closed before the handshake finished; its own code stays private.
+    case applicationError = 0x0c
     case keyUpdateError = 0x0e
     case aeadLimitReached = 0x0f
     /// Handshake failures: 0x100 plus a TLS alert number.
@@ -32,6 +36,12 @@ public enum ConnectionError: Error, Sendable, Equatable, CustomStringConvertible
     case statelessReset
     /// The server speaks none of the versions this client offered.
     case versionNegotiation(serverVersions: [UInt32])
+
+    /// The server refused a stale token; a fresh handshake without it works.
+    public var isInvalidToken: Bool {
+        if case .peer(TransportErrorCode.invalidToken.rawValue, _, false) = self { return true }
+        return false
+    }
 
     public var description: String {
         switch self {
@@ -140,7 +150,7 @@ public struct ClientConfiguration: Sendable {
 }
 
 /// Server-wide secrets: the identity, and the keys for stateless reset and address tokens. The reset
-/// key must survive a restart (docs/protocol.md §8), so that a restarted server can still reset
+/// key must survive a restart (docs/protocol.md §3.5), so that a restarted server can still reset
 /// connections it has forgotten.
 public struct ServerSecrets: Sendable {
     public let identity: ServerIdentity

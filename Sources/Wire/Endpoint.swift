@@ -95,7 +95,9 @@ public final class Endpoint {
 
     // MARK: Receive
 
-    /// Handles one datagram. Audio datagrams are handed to `datagrams` with their connection.
+    /// Handles one datagram. Audio datagrams are handed to `datagrams` with their connection, in the
+    /// middle of that connection's packet processing: the closure must not call back into the
+    /// endpoint (record the slice and act after `receive` returns, as WireNIO does).
     public func receive(_ datagram: UnsafeMutableRawBufferPointer, from address: PathAddress, now: WireInstant,
                         datagrams: (Handle, UnsafeRawBufferPointer) -> Void = { _, _ in }) {
         guard let destination = PacketHeader.destination(of: UnsafeRawBufferPointer(datagram)) else {
@@ -141,9 +143,16 @@ public final class Endpoint {
                 retrySource = destination
             }
             validated = true
+        } else if !token.isEmpty, AddressToken.open(token, secrets: secrets)?.isRetry == true {
+            // Our own Retry token, but stale or from another address. A second Retry would be ignored
+            // (one per connection), so say so; WireClient starts afresh without the token.
+            refuse(datagram, from: address, destination: destination, source: source, now: now,
+                   code: .invalidToken, reason: "Retry token expired or issued to another address")
+            return
         }
         if connectionCount >= configuration.maxConnections {
-            refuse(datagram, from: address, destination: destination, source: source, now: now)
+            refuse(datagram, from: address, destination: destination, source: source, now: now,
+                   code: .connectionRefused, reason: "server at its connection limit; try again later")
             return
         }
         if !validated, handshaking >= configuration.retryThreshold {
@@ -213,8 +222,19 @@ public final class Endpoint {
         if deadline != slots[index]!.deadline {
             slots[index]!.deadline = deadline
             if let deadline { timers.push(deadline, handle) }
+            // Superseded entries stay in the heap until they surface; an idle deadline pushed on every
+            // packet would pile up for minutes. Rebuild from the live deadlines when they dominate.
+            if timers.count > 4 * connectionCount + 64 { rebuildTimers() }
         }
         if connection.state == .closed { remove(handle) }
+    }
+
+    func rebuildTimers() {
+        timers.removeAll()
+        for (index, slot) in slots.enumerated() {
+            guard let slot, let deadline = slot.deadline else { continue }
+            timers.push(deadline, Handle(index: UInt32(index), generation: slot.generation))
+        }
     }
 
     func remove(_ handle: Handle) {
@@ -237,7 +257,15 @@ public final class Endpoint {
     /// Seals one audio datagram for `handle` straight into `buffer` (the fan-out hot path).
     public func sendDatagram(_ payload: UnsafeRawBufferPointer, to handle: Handle, into buffer: UnsafeMutableRawBufferPointer,
                              now: WireInstant) -> Transmit? {
-        connection(handle)?.sendDatagram(payload, into: buffer, now: now)
+        guard let connection = connection(handle) else { return nil }
+        let transmit = connection.sendDatagram(payload, into: buffer, now: now)
+        // Rarely, sealing displaces an unacknowledged control packet from the sent ring, which queues
+        // a retransmission: make sure the next poll visits the connection. Cheap checks only.
+        if !slots[Int(handle.index)]!.dirty, connection.hasPendingOutput {
+            slots[Int(handle.index)]!.dirty = true
+            dirty.append(handle)
+        }
+        return transmit
     }
 
     public func close(_ handle: Handle, code: UInt64 = 0, reason: String = "", now: WireInstant) {
@@ -249,8 +277,8 @@ public final class Endpoint {
 
     /// The next datagram to send, or nil when everything is flushed.
     public func poll(into buffer: UnsafeMutableRawBufferPointer, now: WireInstant) -> Transmit? {
-        if let (bytes, address) = outbox.popLast() {
-            guard bytes.count <= buffer.count else { return nil }
+        if let (bytes, address) = outbox.last, bytes.count <= buffer.count {
+            outbox.removeLast()
             bytes.withUnsafeBytes { buffer.copyMemory(from: $0) }
             return Transmit(count: bytes.count, address: address)
         }
@@ -340,16 +368,15 @@ public final class Endpoint {
         stats.statelessResetsSent += 1
     }
 
-    /// Refuses a new connection with CONNECTION_CLOSE (connection refused) in an Initial packet, so
-    /// the client learns why at once instead of timing out.
+    /// Refuses a new connection with CONNECTION_CLOSE in an Initial packet, so the client learns why
+    /// at once instead of timing out.
     func refuse(_ datagram: UnsafeMutableRawBufferPointer, from address: PathAddress, destination: ConnectionID, source: ConnectionID,
-                now: WireInstant) {
+                now: WireInstant, code: TransportErrorCode, reason: String) {
         let connection = Connection(server: secrets, configuration: configuration.connection, remote: address, now: now,
                                     initialDestination: destination, clientSource: source, originalDestination: destination,
                                     retrySource: nil, addressValidated: false, localID: ConnectionID(random.next()), random: forkRandom(&random))
         connection.path.bytesReceived = datagram.count
-        connection.close(code: TransportErrorCode.connectionRefused.rawValue, reason: "server at its connection limit; try again later",
-                         application: false, now: now)
+        connection.close(code: code.rawValue, reason: reason, application: false, now: now)
         var bytes = [UInt8](repeating: 0, count: 1200)
         if let transmit = bytes.withUnsafeMutableBytes({ connection.poll(into: $0, now: now) }) {
             outbox.append((Array(bytes[..<transmit.count]), address))
@@ -362,6 +389,11 @@ public final class Endpoint {
 /// the endpoint skips those when it pops them, so re-arming a timer is O(log n) with no search.
 struct DeadlineHeap {
     private var items: [(WireInstant, Endpoint.Handle)] = []
+
+    var count: Int { items.count }
+
+    /// Empties the heap but keeps its storage, so rebuilding allocates nothing.
+    mutating func removeAll() { items.removeAll(keepingCapacity: true) }
 
     func peek() -> (WireInstant, Endpoint.Handle)? { items.first }
 

@@ -168,11 +168,14 @@ public enum HandshakeMessage: Equatable, Sendable {
         switch self {
         case .clientHello(let ch):
             w.u32(ch.version)
-            w.u8(UInt8(ch.offeredVersions.count)); for v in ch.offeredVersions { w.u32(v) }
+            // Counts are one byte: longer lists and names (never legitimate; DNS names stop at 253)
+            // are cut rather than trapping, and the server's name check then fails cleanly.
+            let versions = ch.offeredVersions.prefix(255), suites = ch.suites.prefix(255)
+            w.u8(UInt8(versions.count)); for v in versions { w.u32(v) }
             w.bytes(ch.random)
-            w.u8(UInt8(ch.suites.count)); for s in ch.suites { w.uint(UInt64(s), 2) }
+            w.u8(UInt8(suites.count)); for s in suites { w.uint(UInt64(s), 2) }
             w.bytes(ch.keyShare)
-            let name = Array(ch.serverName.utf8)
+            let name = Array(ch.serverName.utf8.prefix(255))
             w.u8(UInt8(name.count)); w.bytes(name)
             writeParameters(ch.parameters, &w)
         case .serverHello(let sh):
@@ -180,7 +183,8 @@ public enum HandshakeMessage: Equatable, Sendable {
         case .encryptedExtensions(let params):
             writeParameters(params, &w)
         case .certificate(let chain):
-            w.u8(UInt8(chain.count))
+            w.u8(UInt8(min(chain.count, HandshakeMessage.maximumCertificateChain)))
+            let chain = chain.prefix(HandshakeMessage.maximumCertificateChain)
             for der in chain { w.uint(UInt64(der.count), 3); w.bytes(der) }
         case .certificateVerify(let scheme, let signature):
             w.uint(UInt64(scheme), 2); w.uint(UInt64(signature.count), 2); w.bytes(signature)

@@ -17,15 +17,20 @@ public final class WireClient {
     public private(set) var token: [UInt8] = []
     public private(set) var reconnects = 0
     var random: any RandomNumberGenerator
+    /// Makes each connection's generator (see `Endpoint.forkRandom`): a reconnection must not repeat
+    /// the first connection's IDs and keys.
+    let forkRandom: (inout any RandomNumberGenerator) -> any RandomNumberGenerator
     var events: [ClientEvent] = []
     var eventHead = 0
 
     public init(configuration: ClientConfiguration, remote: PathAddress, now: WireInstant,
-                random: any RandomNumberGenerator = SystemRandomNumberGenerator()) {
+                random: any RandomNumberGenerator = SystemRandomNumberGenerator(),
+                forkRandom: @escaping (inout any RandomNumberGenerator) -> any RandomNumberGenerator = { _ in SystemRandomNumberGenerator() }) {
         self.configuration = configuration
         self.remote = remote
         self.random = random
-        connection = Connection(client: configuration, remote: remote, now: now, random: random)
+        self.forkRandom = forkRandom
+        connection = Connection(client: configuration, remote: remote, now: now, random: forkRandom(&self.random))
     }
 
     public func nextEvent() -> ClientEvent? {
@@ -81,10 +86,11 @@ public final class WireClient {
             case .newToken(let fresh):
                 token = fresh
                 events.append(.connection(event))
-            case .closed(let error) where error == .statelessReset || error == .idleTimeout:
+            case .closed(let error) where error == .statelessReset || error == .idleTimeout || error.isInvalidToken:
+                if error.isInvalidToken { token = [] }
                 events.append(.connection(event))
                 reconnects += 1
-                connection = Connection(client: configuration, remote: remote, now: now, token: token, random: random)
+                connection = Connection(client: configuration, remote: remote, now: now, token: token, random: forkRandom(&random))
                 events.append(.reconnecting(error))
             default:
                 events.append(.connection(event))

@@ -5,17 +5,20 @@ import Opus
 import SquelchInfo
 
 @main
-struct Bench: ParsableCommand {
+struct Bench: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "squelch-bench",
         abstract: "Squelch benchmarks. Build in release mode (make bench) before trusting a figure.",
         version: SquelchInfo.version,
-        subcommands: [All.self, Codec.self])
+        subcommands: [All.self, Codec.self, Transport.self])
 }
 
-struct All: ParsableCommand {
+struct All: AsyncParsableCommand {
     static let configuration = CommandConfiguration(abstract: "Run every benchmark.")
-    func run() throws { try Codec().run() }
+    func run() async throws {
+        try Codec().run()
+        try await Transport().run()
+    }
 }
 
 /// Per-frame cost of the codec and of file conversion: what one talker costs the client's CPU.

@@ -1,0 +1,215 @@
+import Crypto
+import Foundation
+import NIOCore
+import NIOPosix
+import SwiftASN1
+import Wire
+import WireNIO
+import X509
+
+/// An in-memory CA and a server certificate signed by it (the pattern of WireTests' `TestPKI`).
+struct TestPKI {
+    let caKey = P256.Signing.PrivateKey()
+    let ca: Certificate
+    let caName: DistinguishedName
+
+    init(name: String = "Squelch Test CA") throws {
+        caName = try DistinguishedName { CommonName(name) }
+        ca = try Certificate(
+            version: .v3, serialNumber: .init(), publicKey: .init(caKey.publicKey),
+            notValidBefore: Date().addingTimeInterval(-86_400), notValidAfter: Date().addingTimeInterval(86_400 * 365),
+            issuer: caName, subject: caName, signatureAlgorithm: .ecdsaWithSHA256,
+            extensions: try Certificate.Extensions {
+                Critical(BasicConstraints.isCertificateAuthority(maxPathLength: nil))
+                KeyUsage(keyCertSign: true)
+            },
+            issuerPrivateKey: .init(caKey))
+    }
+
+    var validator: CertificateValidator { CertificateValidator(roots: [ca]) }
+
+    /// A server identity for "localhost" and 127.0.0.1.
+    func identity() throws -> ServerIdentity {
+        let key = P256.Signing.PrivateKey()
+        let notBefore = Date().addingTimeInterval(-3_600)
+        let leaf = try Certificate(
+            version: .v3, serialNumber: .init(), publicKey: .init(key.publicKey),
+            notValidBefore: notBefore, notValidAfter: Date().addingTimeInterval(86_400),
+            issuer: caName, subject: try DistinguishedName { CommonName("squelchd test") },
+            signatureAlgorithm: .ecdsaWithSHA256,
+            extensions: try Certificate.Extensions {
+                SubjectAlternativeNames([.dnsName("localhost"), .ipAddress(ASN1OctetString(contentBytes: [127, 0, 0, 1]))])
+            },
+            issuerPrivateKey: .init(caKey))
+        return try ServerIdentity(chainPEM: try leaf.serializeAsPEM().pemString, keyPEM: key.pemRepresentation,
+                                  now: notBefore.addingTimeInterval(1))
+    }
+
+    func secrets(identity: ServerIdentity? = nil, resetKey: SymmetricKey = SymmetricKey(size: .bits256)) throws -> ServerSecrets {
+        ServerSecrets(identity: try identity ?? self.identity(), resetKey: resetKey)
+    }
+
+    /// A client configuration for this CA, with a short handshake timeout so a failure can't stall a test.
+    func client(serverName: String = "localhost") -> ClientConfiguration {
+        var connection = ConnectionConfiguration.client
+        connection.handshakeTimeout = 5_000_000_000
+        return ClientConfiguration(serverName: serverName, validator: validator, connection: connection)
+    }
+}
+
+struct TimedOut: Error, CustomStringConvertible {
+    var description: String
+}
+
+/// Fails if `body` takes longer than `seconds`. Everything the tests await is cancellable or
+/// completes on its own, so cancelling `body` ends it.
+func withTimeout(_ seconds: Double, _ body: @escaping @Sendable () async throws -> Void) async throws {
+    try await withThrowingTaskGroup(of: Void.self) { tasks in
+        tasks.addTask { try await body() }
+        tasks.addTask {
+            try await Task.sleep(for: .seconds(seconds))
+            throw TimedOut(description: "test still running after \(seconds) s")
+        }
+        try await tasks.next()
+        tasks.cancelAll()
+    }
+}
+
+/// Runs `body` with a fresh two-thread event loop group under `withTimeout`, and always shuts the
+/// group down.
+func withEventLoopGroup(timeout seconds: Double = 30, _ body: @escaping @Sendable (MultiThreadedEventLoopGroup) async throws -> Void) async throws {
+    let group = MultiThreadedEventLoopGroup(numberOfThreads: 2)
+    let outcome: Result<Void, any Error>
+    do {
+        try await withTimeout(seconds) { try await body(group) }
+        outcome = .success(())
+    } catch {
+        outcome = .failure(error)
+    }
+    try await group.shutdownGracefully()
+    try outcome.get()
+}
+
+/// Collects everything an async sequence yields, so a test can wait (with a timeout) for what it
+/// expects without owning the iterator.
+final class Recorder<Element: Sendable>: Sendable {
+    actor Storage {
+        var items: [Element] = []
+        var finished = false
+        func append(_ item: Element) { items.append(item) }
+        func finish() { finished = true }
+    }
+
+    let storage = Storage()
+    let task: Task<Void, Never>
+
+    init<S: AsyncSequence & Sendable>(_ sequence: S) where S.Element == Element {
+        let storage = storage
+        task = Task {
+            do {
+                for try await item in sequence { await storage.append(item) }
+            } catch {}
+            await storage.finish()
+        }
+    }
+
+    deinit { task.cancel() }
+
+    var items: [Element] { get async { await storage.items } }
+    var finished: Bool { get async { await storage.finished } }
+
+    /// Polls until the sequence has ended.
+    func waitUntilFinished(_ what: String, timeout seconds: Double = 10) async throws {
+        let deadline = ContinuousClock.now + .seconds(seconds)
+        while await !storage.finished {
+            guard ContinuousClock.now < deadline else { throw TimedOut(description: "timed out waiting for \(what) to end") }
+            try await Task.sleep(for: .milliseconds(5))
+        }
+    }
+
+    /// Polls until `done` holds for the items so far; throws after `seconds` with what was seen.
+    @discardableResult
+    func wait(_ what: String, timeout seconds: Double = 10, until done: @Sendable ([Element]) -> Bool) async throws -> [Element] {
+        let deadline = ContinuousClock.now + .seconds(seconds)
+        while true {
+            let items = await storage.items
+            if done(items) { return items }
+            guard ContinuousClock.now < deadline else {
+                throw TimedOut(description: "timed out waiting for \(what); saw \(items)")
+            }
+            try await Task.sleep(for: .milliseconds(5))
+        }
+    }
+}
+
+/// What the test server's delegate reports.
+enum ServerRecord: Sendable, Equatable {
+    case event(Endpoint.Handle, ConnectionEvent)
+    case datagram(Endpoint.Handle, [UInt8])
+    case rebound
+}
+
+/// Records everything into a stream; optionally echoes each datagram back from the event loop, as the
+/// relay's fan-out would (the reply leaves in the same flush as the read cycle).
+final class RecordingDelegate: WireServerDelegate {
+    let sink: AsyncStream<ServerRecord>.Continuation
+    let echoPrefix: [UInt8]?
+
+    init(sink: AsyncStream<ServerRecord>.Continuation, echoPrefix: [UInt8]? = nil) {
+        self.sink = sink
+        self.echoPrefix = echoPrefix
+    }
+
+    func wireServer(_ server: WireServer, handle: Endpoint.Handle, event: ConnectionEvent) {
+        sink.yield(.event(handle, event))
+    }
+
+    func wireServer(_ server: WireServer, handle: Endpoint.Handle, datagram payload: UnsafeRawBufferPointer) {
+        sink.yield(.datagram(handle, Array(payload)))
+        if let echoPrefix {
+            (echoPrefix + Array(payload)).withUnsafeBytes { _ = server.sendDatagram($0, to: handle) }
+        }
+    }
+
+    func wireServer(_ server: WireServer, didRebindAfter error: (any Error)?) {
+        sink.yield(.rebound)
+    }
+}
+
+/// A server on 127.0.0.1 with a recording delegate.
+func startServer(secrets: ServerSecrets, port: Int = 0, echoPrefix: [UInt8]? = nil,
+                 group: any EventLoopGroup) async throws -> (WireServer, Recorder<ServerRecord>) {
+    let (stream, sink) = AsyncStream.makeStream(of: ServerRecord.self)
+    let server = try await WireServer.start(host: "127.0.0.1", port: port, secrets: secrets,
+                                            delegate: RecordingDelegate(sink: sink, echoPrefix: echoPrefix), group: group)
+    return (server, Recorder(stream))
+}
+
+extension Recorder<ServerRecord> {
+    /// The handle of the first connection the server reports connected.
+    func connectedHandle(_ what: String) async throws -> Endpoint.Handle {
+        try await wait(what) { !$0.connectedHandles.isEmpty }.connectedHandles[0]
+    }
+}
+
+extension [ServerRecord] {
+    var connectedHandles: [Endpoint.Handle] {
+        compactMap { if case .event(let handle, .connected) = $0 { return handle } else { return nil } }
+    }
+
+    func controls(_ handle: Endpoint.Handle) -> [[UInt8]] {
+        compactMap { if case .event(handle, .control(let message)) = $0 { return message } else { return nil } }
+    }
+
+    func datagrams(_ handle: Endpoint.Handle) -> [[UInt8]] {
+        compactMap { if case .datagram(handle, let payload) = $0 { return payload } else { return nil } }
+    }
+}
+
+extension [ClientEvent] {
+    var controls: [[UInt8]] {
+        compactMap { if case .connection(.control(let message)) = $0 { return message } else { return nil } }
+    }
+}
+
+func bytes(_ text: String) -> [UInt8] { Array(text.utf8) }

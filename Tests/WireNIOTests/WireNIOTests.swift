@@ -1,0 +1,310 @@
+import Crypto
+import NIOCore
+import NIOPosix
+import Testing
+import Wire
+@testable import WireNIO
+
+/// Real UDP sockets on 127.0.0.1. Every test runs under `withEventLoopGroup`, which times out and
+/// always shuts its event loops down.
+@Suite(.timeLimit(.minutes(1)))
+struct WireNIOTests {
+    @Test func handshakeThenControlAndDatagramsBothWays() async throws {
+        let pki = try TestPKI()
+        let secrets = try pki.secrets()
+        try await withEventLoopGroup { group in
+            let (server, records) = try await startServer(secrets: secrets, echoPrefix: [0xEC], group: group)
+            let client = try WireClientChannel(configuration: pki.client(), server: server.localAddress, group: group)
+            let events = Recorder(client.events)
+            let datagrams = Recorder(client.datagrams)
+            try await client.connect()
+            let handle = try await records.connectedHandle("server connected")
+
+            try await client.send(control: bytes("hello server"))
+            try await records.wait("control at the server") { $0.controls(handle) == [bytes("hello server")] }
+            try await server.send(control: bytes("hello client"), to: handle)
+            try await events.wait("control at the client") { $0.controls == [bytes("hello client")] }
+
+            // Client → server, echoed by the delegate from inside the read cycle.
+            for i in 0..<5 { #expect(await client.send(datagram: [UInt8(i), 1, 2, 3])) }
+            let received = try await records.wait("datagrams at the server") { $0.datagrams(handle).count == 5 }
+            #expect(Set(received.datagrams(handle)) == Set((0..<5).map { [UInt8($0), 1, 2, 3] }))
+            let echoed = try await datagrams.wait("echoes at the client") { $0.count == 5 }
+            #expect(Set(echoed) == Set((0..<5).map { [0xEC, UInt8($0), 1, 2, 3] }))
+
+            // Server → client from off the event loop.
+            #expect(await server.send(datagram: bytes("downlink"), to: handle))
+            try await datagrams.wait("server datagram at the client") { $0.contains(bytes("downlink")) }
+
+            // Full-size datagrams arrive whole through vector reads (each has its own 2 KiB slot).
+            let large = [UInt8](repeating: 0x42, count: 1_100)
+            #expect(await client.send(datagram: large))
+            try await records.wait("a large datagram at the server") { $0.datagrams(handle).contains(large) }
+            try await datagrams.wait("its echo at the client") { $0.contains([0xEC] + large) }
+
+            await client.close(code: 7, reason: "bye")
+            try await records.wait("the client's close at the server") {
+                $0.contains(.event(handle, .closed(.peer(code: 7, reason: "bye", application: true))))
+            }
+            try await events.waitUntilFinished("the client's events")
+            #expect(await events.items.contains(.connection(.closed(.local(code: 7, reason: "bye")))))
+            let stats = try await server.submit { $0.stats }
+            #expect(stats.droppedSources == 0 && stats.refusedDestinations == 0 && stats.rebinds == 0)
+            await server.stop()
+        }
+    }
+
+    @Test func worksOverIPv6() async throws {
+        let pki = try TestPKI()
+        let secrets = try pki.secrets()
+        try await withEventLoopGroup { group in
+            let (stream, sink) = AsyncStream.makeStream(of: ServerRecord.self)
+            let server: WireServer
+            do {
+                server = try await WireServer.start(host: "::1", port: 0, secrets: secrets, delegate: RecordingDelegate(sink: sink), group: group)
+            } catch {
+                // No IPv6 loopback on this machine: nothing to test.
+                return
+            }
+            let records = Recorder(stream)
+            let client = try WireClientChannel(configuration: pki.client(), server: server.localAddress, group: group)
+            let datagrams = Recorder(client.datagrams)
+            try await client.connect()
+            let handle = try await records.connectedHandle("server connected")
+            #expect(await client.send(datagram: [6, 6]))
+            try await records.wait("datagram over IPv6") { $0.datagrams(handle) == [[6, 6]] }
+            #expect(await server.send(datagram: [7, 7], to: handle))
+            try await datagrams.wait("datagram back over IPv6") { $0 == [[7, 7]] }
+            #expect(server.localAddress.protocol == .inet6)
+            #expect(await client.localAddress()?.protocol == .inet6)
+            await client.close()
+            await server.stop()
+        }
+    }
+
+    @Test func connectCanBeCancelledWhileNoServerAnswers() async throws {
+        let pki = try TestPKI()
+        try await withEventLoopGroup { group in
+            // A port that was just free: nothing answers there.
+            let probe = try await DatagramBootstrap(group: group).bind(host: "127.0.0.1", port: 0).get()
+            let address = try #require(probe.localAddress)
+            try await probe.close()
+            let client = try WireClientChannel(configuration: pki.client(), server: address, group: group)
+            let attempt = Task { try await client.connect() }
+            try await Task.sleep(for: .milliseconds(50))
+            attempt.cancel()
+            await #expect(throws: CancellationError.self) { try await attempt.value }
+            await client.close()
+        }
+    }
+
+    @Test func aClientThatDistrustsTheServerFailsToConnect() async throws {
+        let pki = try TestPKI()
+        let stranger = try TestPKI(name: "Another CA")
+        let secrets = try pki.secrets()
+        try await withEventLoopGroup { group in
+            let (server, _) = try await startServer(secrets: secrets, group: group)
+            let client = try WireClientChannel(configuration: stranger.client(), server: server.localAddress, group: group)
+            await #expect(throws: ConnectionError.self) { try await client.connect() }
+            do {
+                try await client.connect()
+                Issue.record("a second connect should fail as well")
+            } catch let error as ConnectionError {
+                guard case .handshake(.untrustedCertificate) = error else {
+                    Issue.record("expected an untrusted certificate, got \(error)")
+                    return
+                }
+            }
+            await client.close()
+            await server.stop()
+        }
+    }
+
+    @Test func clientRebindKeepsTheSessionWithoutANewHandshake() async throws {
+        let pki = try TestPKI()
+        let secrets = try pki.secrets()
+        try await withEventLoopGroup { group in
+            let (server, records) = try await startServer(secrets: secrets, group: group)
+            let client = try WireClientChannel(configuration: pki.client(), server: server.localAddress, group: group)
+            let events = Recorder(client.events)
+            let datagrams = Recorder(client.datagrams)
+            try await client.connect()
+            let handle = try await records.connectedHandle("server connected")
+            // Let the server's NEW_CONNECTION_ID arrive, so the client has a fresh ID to move to.
+            try await client.send(control: bytes("before"))
+            try await records.wait("first control") { $0.controls(handle) == [bytes("before")] }
+            try await server.send(control: bytes("ack"), to: handle)
+            try await events.wait("server reply") { $0.controls == [bytes("ack")] }
+
+            let oldPort = try #require(await client.localAddress()?.port)
+            try await client.rebind()
+            let newPort = try #require(await client.localAddress()?.port)
+            #expect(newPort != oldPort)
+
+            try await client.send(control: bytes("after"))
+            let seen = try await records.wait("control from the new port") { $0.controls(handle) == [bytes("before"), bytes("after")] }
+            #expect(seen.contains { record in
+                if case .event(handle, .peerMigrated(let address)) = record { return address.port == UInt16(newPort) }
+                return false
+            })
+            try await server.send(control: bytes("still here"), to: handle)
+            try await events.wait("reply on the new path") { $0.controls == [bytes("ack"), bytes("still here")] }
+            #expect(await client.send(datagram: [9, 9]))
+            try await records.wait("datagram from the new port") { $0.datagrams(handle) == [[9, 9]] }
+            #expect(await server.send(datagram: [8, 8], to: handle))
+            try await datagrams.wait("datagram to the new port") { $0 == [[8, 8]] }
+
+            // One session throughout: one connection on the server, one handshake on each side.
+            let (connections, accepted) = try await server.submit { ($0.endpoint.connectionCount, $0.endpoint.stats.accepted) }
+            #expect(connections == 1 && accepted == 1)
+            #expect(try await client.withClient { $0?.reconnects } == 0)
+            #expect(await events.items.filter { $0 == .connection(.connected) }.count == 1)
+            #expect(await records.items.connectedHandles == [handle])
+            await client.close()
+            await server.stop()
+        }
+    }
+
+    @Test func aRestartedServerResetsTheSessionAndTheClientReconnects() async throws {
+        let pki = try TestPKI()
+        let identity = try pki.identity()
+        let resetKey = SymmetricKey(size: .bits256)
+        try await withEventLoopGroup { group in
+            let (first, firstRecords) = try await startServer(secrets: ServerSecrets(identity: identity, resetKey: resetKey), group: group)
+            let port = try #require(first.localAddress.port)
+            let client = try WireClientChannel(configuration: pki.client(), server: first.localAddress, group: group)
+            let events = Recorder(client.events)
+            try await client.connect()
+            try await firstRecords.wait("first server connected") { !$0.connectedHandles.isEmpty }
+
+            // A crash: no CONNECTION_CLOSE. A new endpoint with new token keys, but the same reset key.
+            await first.stop(closingConnections: false)
+            let (second, records) = try await startServer(secrets: ServerSecrets(identity: identity, resetKey: resetKey),
+                                                          port: port, group: group)
+
+            // The next packet reaches a server that doesn't know it, which answers with a reset.
+            try await client.send(control: bytes("anyone there?"))
+            let seen = try await events.wait("reset and reconnect") { events in
+                guard let reset = events.firstIndex(of: .reconnecting(.statelessReset)) else { return false }
+                return events[(reset + 1)...].contains(.connection(.connected))
+            }
+            #expect(seen.contains(.connection(.closed(.statelessReset))))
+            let handle = try await records.connectedHandle("second server connected")
+
+            try await client.send(control: bytes("rejoin"))
+            try await records.wait("control on the new session") { $0.controls(handle) == [bytes("rejoin")] }
+            let resets = try await second.submit { $0.endpoint.stats.statelessResetsSent }
+            #expect(resets >= 1)
+            #expect(try await client.withClient { $0?.reconnects } == 1)
+            await client.close()
+            await second.stop()
+        }
+    }
+
+    @Test func theServerRebindsWhenItsSocketClosesAndSessionsSurvive() async throws {
+        let pki = try TestPKI()
+        let secrets = try pki.secrets()
+        try await withEventLoopGroup { group in
+            let (server, records) = try await startServer(secrets: secrets, group: group)
+            let client = try WireClientChannel(configuration: pki.client(), server: server.localAddress, group: group)
+            let events = Recorder(client.events)
+            try await client.connect()
+            let handle = try await records.connectedHandle("server connected")
+
+            // What NIO does after a fatal send errno.
+            try await server.submit { $0.core.value.channel?.close(promise: nil) }
+            try await records.wait("the rebind") { $0.contains(.rebound) }
+            let stats = try await server.submit { $0.stats }
+            #expect(stats.rebinds == 1)
+
+            try await client.send(control: bytes("still connected?"))
+            try await records.wait("control after the rebind") { $0.controls(handle) == [bytes("still connected?")] }
+            try await server.send(control: bytes("yes"), to: handle)
+            try await events.wait("reply after the rebind") { $0.controls == [bytes("yes")] }
+            #expect(try await server.submit { $0.endpoint.connectionCount } == 1)
+            await client.close()
+            await server.stop()
+        }
+    }
+
+    @Test func stoppingTheServerClosesItsSessions() async throws {
+        let pki = try TestPKI()
+        let secrets = try pki.secrets()
+        try await withEventLoopGroup { group in
+            let (server, records) = try await startServer(secrets: secrets, group: group)
+            let client = try WireClientChannel(configuration: pki.client(), server: server.localAddress, group: group)
+            let events = Recorder(client.events)
+            try await client.connect()
+            try await records.wait("server connected") { !$0.connectedHandles.isEmpty }
+            await server.stop(code: 3, reason: "maintenance")
+            try await events.wait("the server's close") {
+                $0.contains(.connection(.closed(.peer(code: 3, reason: "maintenance", application: true))))
+            }
+            // A peer's close is final: no reconnect, and the stream ends.
+            try await events.waitUntilFinished("the client's events")
+            #expect(await !(events.items.contains { if case .reconnecting = $0 { true } else { false } }))
+            await client.close()
+            await server.stop()
+        }
+    }
+
+    @Test func benchmarkEntryPointMeasuresBothDirections() async throws {
+        let pki = try TestPKI()
+        let secrets = try pki.secrets()
+        try await withTimeout(30) {
+            // `loopback` makes and shuts down its own event loops.
+            let result = try await WireBenchmark.loopback(secrets: secrets, client: pki.client(), count: 2_000)
+            #expect(result.uplink.sent == 2_000 && result.downlink.sent == 2_000)
+            #expect(result.uplink.delivered > 0 && result.downlink.delivered > 0)
+            #expect(result.uplink.delivered <= 2_000 && result.downlink.delivered <= 2_000)
+            #expect(result.uplink.seconds > 0 && result.downlink.seconds > 0)
+        }
+    }
+}
+
+@Suite struct AddressTests {
+    @Test func ipv4RoundTrips() throws {
+        let address = try SocketAddress(ipAddress: "192.0.2.33", port: 4433)
+        let path = try #require(PathAddress(address))
+        #expect(path == PathAddress(ipv4: 0xC000_0221, port: 4433))
+        #expect(path.description == "192.0.2.33:4433")
+        #expect(PathAddress(SocketAddress(path)) == path)
+        #expect(SocketAddress(path).ipAddress == "192.0.2.33")
+    }
+
+    @Test func ipv6RoundTrips() throws {
+        let address = try SocketAddress(ipAddress: "2001:db8::1:2", port: 443)
+        let path = try #require(PathAddress(address))
+        #expect(path == PathAddress(ipv6High: 0x2001_0DB8_0000_0000, low: 0x0000_0000_0001_0002, port: 443))
+        #expect(PathAddress(SocketAddress(path)) == path)
+        #expect(SocketAddress(path).ipAddress == "2001:db8::1:2")
+    }
+
+    @Test func unixSocketsHaveNoPathAddress() throws {
+        #expect(PathAddress(try SocketAddress(unixDomainSocketPath: "/tmp/squelch.sock")) == nil)
+    }
+
+    @Test func addressesThatWouldCloseTheSocketAreRefused() throws {
+        #expect(!PathAddress(ipv4: 0x7F00_0001, port: 0).isUnicastSendable)
+        #expect(!PathAddress(ipv4: 0xFFFF_FFFF, port: 9).isUnicastSendable)
+        #expect(!PathAddress(ipv4: 0xE000_00FB, port: 5353).isUnicastSendable)
+        #expect(!PathAddress(ipv6High: 0xFF02_0000_0000_0000, low: 1, port: 9).isUnicastSendable)
+        #expect(PathAddress(ipv4: 0x7F00_0001, port: 9).isUnicastSendable)
+
+        var cache = AddressCache()
+        cache.socketIsIPv6 = false
+        #expect(cache.socketAddress(for: PathAddress(ipv6High: 0x2001_0DB8_0000_0000, low: 1, port: 9)) == nil)
+        #expect(cache.socketAddress(for: PathAddress(ipv4: 0xFFFF_FFFF, port: 9)) == nil)
+        #expect(cache.refused == 2)
+        let source = try SocketAddress(ipAddress: "10.1.2.3", port: 5000)
+        let path = try #require(PathAddress(source))
+        let learned = cache.learn(path, source)
+        #expect(learned)
+        #expect(cache.socketAddress(for: path) == source)
+
+        // A link-local IPv6 peer is answerable only through the address it came from (its scope).
+        cache.socketIsIPv6 = true
+        let linkLocal = PathAddress(ipv6High: 0xFE80_0000_0000_0000, low: 1, port: 9)
+        #expect(cache.socketAddress(for: linkLocal) == nil)
+    }
+}
