@@ -68,6 +68,7 @@ let package = Package(
         ], swiftSettings: swift6),
         .executableTarget(name: "squelch-bench", dependencies: [
             "Opus", "Audio", "SquelchInfo", "Wire", "WireNIO",
+            .product(name: "NIOCore", package: "swift-nio"),
             .product(name: "Crypto", package: "swift-crypto"),
             .product(name: "X509", package: "swift-certificates"),
             .product(name: "SwiftASN1", package: "swift-asn1"),
@@ -96,6 +97,9 @@ let package = Package(
             .product(name: "X509", package: "swift-certificates"),
             .product(name: "SwiftASN1", package: "swift-asn1"),
         ], swiftSettings: swift6),
-        .testTarget(name: "CLITests", dependencies: ["SquelchInfo"], swiftSettings: swift6),
+        .testTarget(name: "CLITests", dependencies: [
+            "SquelchInfo", "Wire", "WireNIO",
+            .product(name: "NIOCore", package: "swift-nio"),
+        ], swiftSettings: swift6),
     ]
 )

@@ -10,7 +10,7 @@ struct Bench: AsyncParsableCommand {
         commandName: "squelch-bench",
         abstract: "Squelch benchmarks. Build in release mode (make bench) before trusting a figure.",
         version: SquelchInfo.version,
-        subcommands: [All.self, Codec.self, Transport.self])
+        subcommands: [All.self, Codec.self, Transport.self, WireEcho.self])
 }
 
 struct All: AsyncParsableCommand {
