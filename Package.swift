@@ -42,6 +42,12 @@ let package = Package(
             .product(name: "X509", package: "swift-certificates"),
             .product(name: "SwiftASN1", package: "swift-asn1"),
         ], swiftSettings: swift6),
+        .target(name: "WireTesting", dependencies: [
+            "Wire",
+            .product(name: "Crypto", package: "swift-crypto"),
+            .product(name: "X509", package: "swift-certificates"),
+            .product(name: "SwiftASN1", package: "swift-asn1"),
+        ], swiftSettings: swift6),
         .target(name: "WireNIO", dependencies: [
             "Wire",
             .product(name: "NIOCore", package: "swift-nio"),
@@ -67,11 +73,9 @@ let package = Package(
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
         ], swiftSettings: swift6),
         .executableTarget(name: "squelch-bench", dependencies: [
-            "Opus", "Audio", "SquelchInfo", "Wire", "WireNIO",
+            "Opus", "Audio", "SquelchInfo", "Wire", "WireNIO", "WireTesting",
             .product(name: "NIOCore", package: "swift-nio"),
             .product(name: "Crypto", package: "swift-crypto"),
-            .product(name: "X509", package: "swift-certificates"),
-            .product(name: "SwiftASN1", package: "swift-asn1"),
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
         ], swiftSettings: swift6),
 
@@ -83,14 +87,14 @@ let package = Package(
             .product(name: "HummingbirdTesting", package: "hummingbird"),
         ], swiftSettings: swift6),
         .testTarget(name: "WireTests", dependencies: [
-            "Wire",
+            "Wire", "WireTesting",
             .product(name: "Crypto", package: "swift-crypto"),
             .product(name: "_CryptoExtras", package: "swift-crypto"),
             .product(name: "X509", package: "swift-certificates"),
             .product(name: "SwiftASN1", package: "swift-asn1"),
         ], swiftSettings: swift6),
         .testTarget(name: "WireNIOTests", dependencies: [
-            "WireNIO", "Wire",
+            "WireNIO", "Wire", "WireTesting",
             .product(name: "NIOCore", package: "swift-nio"),
             .product(name: "NIOPosix", package: "swift-nio"),
             .product(name: "Crypto", package: "swift-crypto"),

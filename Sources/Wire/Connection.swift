@@ -161,8 +161,7 @@ public final class Connection {
     /// Whether to send keepalive PINGs (turn off while an app is in the background).
     public var keepAlive: Bool
 
-    var events: [ConnectionEvent] = []
-    var eventHead = 0
+    var events = EventQueue<ConnectionEvent>()
 
     // MARK: Creation
 
@@ -226,14 +225,7 @@ public final class Connection {
     // MARK: Commands
 
     /// The next event, if any.
-    public func nextEvent() -> ConnectionEvent? {
-        guard eventHead < events.count else {
-            if eventHead > 0 { events.removeAll(keepingCapacity: true); eventHead = 0 }
-            return nil
-        }
-        defer { eventHead += 1 }
-        return events[eventHead]
-    }
+    public func nextEvent() -> ConnectionEvent? { events.next() }
 
     func emit(_ event: ConnectionEvent) { events.append(event) }
 

@@ -58,8 +58,7 @@ public final class Endpoint {
     var dirty: [Handle] = []
     var timers = DeadlineHeap()
     var outbox: [([UInt8], PathAddress)] = []
-    var events: [(Handle, ConnectionEvent)] = []
-    var eventHead = 0
+    var events = EventQueue<(Handle, ConnectionEvent)>()
     var rate: [PathAddress: (window: UInt64, count: Int)] = [:]
     var rateWindow: UInt64 = 0
     public private(set) var connectionCount = 0
@@ -84,14 +83,7 @@ public final class Endpoint {
         slots.enumerated().compactMap { index, slot in slot.map { Handle(index: UInt32(index), generation: $0.generation) } }
     }
 
-    public func nextEvent() -> (Handle, ConnectionEvent)? {
-        guard eventHead < events.count else {
-            if eventHead > 0 { events.removeAll(keepingCapacity: true); eventHead = 0 }
-            return nil
-        }
-        defer { eventHead += 1 }
-        return events[eventHead]
-    }
+    public func nextEvent() -> (Handle, ConnectionEvent)? { events.next() }
 
     // MARK: Receive
 

@@ -20,8 +20,7 @@ public final class WireClient {
     /// Makes each connection's generator (see `Endpoint.forkRandom`): a reconnection must not repeat
     /// the first connection's IDs and keys.
     let forkRandom: (inout any RandomNumberGenerator) -> any RandomNumberGenerator
-    var events: [ClientEvent] = []
-    var eventHead = 0
+    var events = EventQueue<ClientEvent>()
 
     public init(configuration: ClientConfiguration, remote: PathAddress, now: WireInstant,
                 random: any RandomNumberGenerator = SystemRandomNumberGenerator(),
@@ -33,14 +32,7 @@ public final class WireClient {
         connection = Connection(client: configuration, remote: remote, now: now, random: forkRandom(&self.random))
     }
 
-    public func nextEvent() -> ClientEvent? {
-        guard eventHead < events.count else {
-            if eventHead > 0 { events.removeAll(keepingCapacity: true); eventHead = 0 }
-            return nil
-        }
-        defer { eventHead += 1 }
-        return events[eventHead]
-    }
+    public func nextEvent() -> ClientEvent? { events.next() }
 
     public func receive(_ datagram: UnsafeMutableRawBufferPointer, from address: PathAddress, now: WireInstant,
                         datagrams: (UnsafeRawBufferPointer) -> Void = { _ in }) {

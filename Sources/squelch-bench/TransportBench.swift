@@ -2,10 +2,9 @@ import ArgumentParser
 import Audio
 import Crypto
 import Foundation
-import SwiftASN1
 import Wire
 import WireNIO
-import X509
+import WireTesting
 
 /// The transport's costs on one core: handshakes per second, sealing and opening a 100-byte
 /// packet, and the whole send and receive paths of a connection.
@@ -225,29 +224,14 @@ struct Transport: AsyncParsableCommand {
     }
 }
 
-/// A CA and server identity made in memory, so the benchmark needs no files.
+/// A CA and server identity made in memory (WireTesting's), so the benchmark needs no files.
 struct BenchPKI {
     let identity: ServerIdentity
     let validator: CertificateValidator
 
     init() throws {
-        let caKey = P256.Signing.PrivateKey(), leafKey = P256.Signing.PrivateKey()
-        let caName = try DistinguishedName { CommonName("squelch-bench CA") }
-        let ca = try Certificate(
-            version: .v3, serialNumber: .init(), publicKey: .init(caKey.publicKey),
-            notValidBefore: Date().addingTimeInterval(-3600), notValidAfter: Date().addingTimeInterval(86_400),
-            issuer: caName, subject: caName, signatureAlgorithm: .ecdsaWithSHA256,
-            extensions: try Certificate.Extensions {
-                Critical(BasicConstraints.isCertificateAuthority(maxPathLength: nil))
-                KeyUsage(keyCertSign: true)
-            }, issuerPrivateKey: .init(caKey))
-        let leaf = try Certificate(
-            version: .v3, serialNumber: .init(), publicKey: .init(leafKey.publicKey),
-            notValidBefore: Date().addingTimeInterval(-3600), notValidAfter: Date().addingTimeInterval(86_400),
-            issuer: caName, subject: try DistinguishedName { CommonName("squelchd") }, signatureAlgorithm: .ecdsaWithSHA256,
-            extensions: try Certificate.Extensions { SubjectAlternativeNames([.dnsName("localhost")]) },
-            issuerPrivateKey: .init(caKey))
-        identity = try ServerIdentity(chainPEM: try leaf.serializeAsPEM().pemString, keyPEM: leafKey.pemRepresentation)
-        validator = CertificateValidator(roots: [ca])
+        let pki = try TestPKI(name: "squelch-bench CA")
+        identity = try pki.identity(names: ["localhost"])
+        validator = pki.validator
     }
 }

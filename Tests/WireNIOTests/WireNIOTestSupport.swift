@@ -5,57 +5,8 @@ import NIOPosix
 import SwiftASN1
 import Wire
 import WireNIO
+@_exported import WireTesting
 import X509
-
-/// An in-memory CA and a server certificate signed by it (the pattern of WireTests' `TestPKI`).
-struct TestPKI {
-    let caKey = P256.Signing.PrivateKey()
-    let ca: Certificate
-    let caName: DistinguishedName
-
-    init(name: String = "Squelch Test CA") throws {
-        caName = try DistinguishedName { CommonName(name) }
-        ca = try Certificate(
-            version: .v3, serialNumber: .init(), publicKey: .init(caKey.publicKey),
-            notValidBefore: Date().addingTimeInterval(-86_400), notValidAfter: Date().addingTimeInterval(86_400 * 365),
-            issuer: caName, subject: caName, signatureAlgorithm: .ecdsaWithSHA256,
-            extensions: try Certificate.Extensions {
-                Critical(BasicConstraints.isCertificateAuthority(maxPathLength: nil))
-                KeyUsage(keyCertSign: true)
-            },
-            issuerPrivateKey: .init(caKey))
-    }
-
-    var validator: CertificateValidator { CertificateValidator(roots: [ca]) }
-
-    /// A server identity for "localhost" and 127.0.0.1.
-    func identity() throws -> ServerIdentity {
-        let key = P256.Signing.PrivateKey()
-        let notBefore = Date().addingTimeInterval(-3_600)
-        let leaf = try Certificate(
-            version: .v3, serialNumber: .init(), publicKey: .init(key.publicKey),
-            notValidBefore: notBefore, notValidAfter: Date().addingTimeInterval(86_400),
-            issuer: caName, subject: try DistinguishedName { CommonName("squelchd test") },
-            signatureAlgorithm: .ecdsaWithSHA256,
-            extensions: try Certificate.Extensions {
-                SubjectAlternativeNames([.dnsName("localhost"), .ipAddress(ASN1OctetString(contentBytes: [127, 0, 0, 1]))])
-            },
-            issuerPrivateKey: .init(caKey))
-        return try ServerIdentity(chainPEM: try leaf.serializeAsPEM().pemString, keyPEM: key.pemRepresentation,
-                                  now: notBefore.addingTimeInterval(1))
-    }
-
-    func secrets(identity: ServerIdentity? = nil, resetKey: SymmetricKey = SymmetricKey(size: .bits256)) throws -> ServerSecrets {
-        ServerSecrets(identity: try identity ?? self.identity(), resetKey: resetKey)
-    }
-
-    /// A client configuration for this CA, with a short handshake timeout so a failure can't stall a test.
-    func client(serverName: String = "localhost") -> ClientConfiguration {
-        var connection = ConnectionConfiguration.client
-        connection.handshakeTimeout = 5_000_000_000
-        return ClientConfiguration(serverName: serverName, validator: validator, connection: connection)
-    }
-}
 
 struct TimedOut: Error, CustomStringConvertible {
     var description: String
