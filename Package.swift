@@ -53,11 +53,12 @@ let package = Package(
             .product(name: "NIOCore", package: "swift-nio"),
             .product(name: "NIOPosix", package: "swift-nio"),
         ], swiftSettings: swift6),
+        .target(name: "FloorControl", swiftSettings: swift6),
         .target(name: "APNs", swiftSettings: swift6),
         .target(name: "APNsSimulator", swiftSettings: swift6),
         .target(name: "PTTClient", dependencies: ["Wire", "WireNIO", "Audio", "Opus"], swiftSettings: swift6),
         .target(name: "PTTServer", dependencies: [
-            "Wire", "WireNIO", "APNs", "SquelchInfo",
+            "Wire", "WireNIO", "APNs", "SquelchInfo", "FloorControl",
             .product(name: "Logging", package: "swift-log"),
             .product(name: "Hummingbird", package: "hummingbird"),
             .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -79,6 +80,7 @@ let package = Package(
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
         ], swiftSettings: swift6),
 
+        .testTarget(name: "FloorControlTests", dependencies: ["FloorControl"], swiftSettings: swift6),
         .testTarget(name: "OpusTests", dependencies: ["Opus", "Audio"], swiftSettings: swift6),
         .testTarget(name: "AudioTests", dependencies: ["Audio"], swiftSettings: swift6),
         .testTarget(name: "PTTServerTests", dependencies: [

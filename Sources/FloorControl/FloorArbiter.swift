@@ -1,0 +1,242 @@
+/// Floor control for one channel, as a sans-I/O state machine after 3GPP MCPTT (TS 24.380): requests,
+/// releases, disconnects and time go in; grants, denials, queue positions, revocations and "floor
+/// idle" come out as events, and `nextDeadline` says when to call `handleTimeout`.
+///
+/// Half duplex is one talker at a time; full duplex allows up to `maxTalkers`. A higher priority
+/// pre-empts the lowest-priority talker; equal priorities wait in a queue ordered by priority, then
+/// arrival. A talk burst has a maximum length, and a talker that disconnects keeps the floor for a
+/// short grace period so that a quick reconnect (a phone changing networks) doesn't cut the burst.
+///
+/// Times are nanoseconds on any monotonic clock the caller chooses. Not Sendable by design: one
+/// channel's floor belongs to one event loop or actor.
+public struct FloorArbiter<Member: Hashable & Sendable> {
+    public struct Configuration: Sendable, Equatable {
+        /// 1 for half duplex; full-duplex channels allow more (default 4).
+        public var maxTalkers: Int
+        /// A burst is revoked after this long (default 60 s).
+        public var maxBurst: UInt64
+        /// How long a disconnected talker keeps the floor (default 2 s).
+        public var disconnectGrace: UInt64
+        /// Requests that find the floor busy wait in a queue of at most this many (0: deny at once).
+        public var maxQueue: Int
+        /// Whether a higher priority takes the floor from a lower one.
+        public var preemption: Bool
+
+        public init(maxTalkers: Int = 1, maxBurst: UInt64 = 60_000_000_000, disconnectGrace: UInt64 = 2_000_000_000,
+                    maxQueue: Int = 16, preemption: Bool = true) {
+            self.maxTalkers = max(1, maxTalkers)
+            self.maxBurst = maxBurst
+            self.disconnectGrace = disconnectGrace
+            self.maxQueue = max(0, maxQueue)
+            self.preemption = preemption
+        }
+
+        public static var halfDuplex: Configuration { Configuration() }
+        public static func fullDuplex(maxTalkers: Int = 4) -> Configuration { Configuration(maxTalkers: maxTalkers) }
+    }
+
+    /// Why a request was denied. Raw values are TS 24.380's Floor Deny reject causes.
+    public enum DenyReason: UInt8, Sendable, Equatable {
+        /// Another member has the floor and the queue is off (cause 1).
+        case busy = 1
+        /// The member may listen but not talk (cause 5, receive only).
+        case listenOnly = 5
+        /// The queue is full (cause 7).
+        case queueFull = 7
+    }
+
+    /// Why the floor was taken away from a talker.
+    public enum RevokeReason: Sendable, Equatable {
+        /// A member with a higher priority asked for it.
+        case preempted(by: Member, priority: UInt8)
+        /// The burst reached the channel's maximum length.
+        case maxBurstReached
+        /// The talker stayed disconnected past the grace period.
+        case disconnected
+    }
+
+    public enum Event: Sendable, Equatable {
+        /// `member` may talk now; `burst` numbers the talk burst (for the catch-up buffer and the log),
+        /// and `until` is when it will be revoked for length.
+        case granted(Member, burst: UInt64, until: UInt64)
+        /// Tell everyone else who is talking.
+        case taken(by: Member, burst: UInt64, priority: UInt8)
+        case denied(Member, DenyReason)
+        /// Waiting, at `position` (1 is next). Sent for every waiting member whenever the queue changes.
+        case queued(Member, position: Int)
+        case revoked(Member, RevokeReason)
+        /// The talker finished (released, revoked or gone); `duration` is how long it held the floor.
+        case ended(Member, burst: UInt64, duration: UInt64)
+        /// Nobody is talking.
+        case idle
+    }
+
+    struct Talker: Equatable {
+        var member: Member
+        var priority: UInt8
+        var burst: UInt64
+        var since: UInt64
+        var disconnectedAt: UInt64?
+    }
+
+    struct Waiting: Equatable {
+        var member: Member
+        var priority: UInt8
+        var order: UInt64
+    }
+
+    public let configuration: Configuration
+    var talkers: [Talker] = []
+    var queue: [Waiting] = []
+    var nextBurst: UInt64 = 1
+    var arrivals: UInt64 = 0
+    var pending: [Event] = []
+
+    public init(configuration: Configuration = .halfDuplex) {
+        self.configuration = configuration
+    }
+
+    /// Members holding the floor, oldest grant first.
+    public var currentTalkers: [Member] { talkers.map(\.member) }
+    /// Members waiting, next first.
+    public var queuedMembers: [Member] { queue.map(\.member) }
+
+    /// Whether audio from `member` is relayed. Audio from anyone else is dropped.
+    public func mayTalk(_ member: Member) -> Bool { talkers.contains { $0.member == member } }
+
+    /// The burst `member` is talking in, if any.
+    public func burst(of member: Member) -> UInt64? { talkers.first { $0.member == member }?.burst }
+
+    /// Events produced by the last commands, in order; the caller sends them on.
+    public mutating func takeEvents() -> [Event] {
+        defer { pending.removeAll(keepingCapacity: true) }
+        return pending
+    }
+
+    // MARK: Commands
+
+    /// A floor request (the user pressed the talk button). `canTalk` is the member's `talk`
+    /// capability from its token; `priority` 0–255 comes from the token too.
+    public mutating func request(_ member: Member, priority: UInt8, canTalk: Bool, now: UInt64) {
+        guard canTalk else { pending.append(.denied(member, .listenOnly)); return }
+        if let index = talkers.firstIndex(where: { $0.member == member }) {
+            // A repeated request (the grant was lost): confirm, and a reconnect ends the grace.
+            talkers[index].disconnectedAt = nil
+            let talker = talkers[index]
+            pending.append(.granted(member, burst: talker.burst, until: talker.since + configuration.maxBurst))
+            return
+        }
+        if let position = queue.firstIndex(where: { $0.member == member }) {
+            queue[position].priority = max(queue[position].priority, priority)
+            reorderQueue()
+            return
+        }
+        if talkers.count < configuration.maxTalkers {
+            grant(member, priority: priority, now: now)
+            return
+        }
+        if configuration.preemption, let weakest = talkers.indices.min(by: { talkers[$0].priority < talkers[$1].priority }),
+           talkers[weakest].priority < priority {
+            let loser = talkers.remove(at: weakest)
+            pending.append(.revoked(loser.member, .preempted(by: member, priority: priority)))
+            pending.append(.ended(loser.member, burst: loser.burst, duration: now - loser.since))
+            grant(member, priority: priority, now: now)
+            return
+        }
+        guard configuration.maxQueue > 0 else { pending.append(.denied(member, .busy)); return }
+        guard queue.count < configuration.maxQueue else { pending.append(.denied(member, .queueFull)); return }
+        arrivals += 1
+        queue.append(Waiting(member: member, priority: priority, order: arrivals))
+        reorderQueue()
+    }
+
+    /// The talker let go of the button, or a queued member gave up.
+    public mutating func release(_ member: Member, now: UInt64) {
+        if let index = talkers.firstIndex(where: { $0.member == member }) {
+            let talker = talkers.remove(at: index)
+            pending.append(.ended(member, burst: talker.burst, duration: now - talker.since))
+            refill(now: now)
+        } else if let index = queue.firstIndex(where: { $0.member == member }) {
+            queue.remove(at: index)
+            reorderQueue()
+        }
+    }
+
+    /// The member's connection went away. A talker keeps the floor for the grace period; a queued
+    /// member leaves the queue.
+    public mutating func disconnected(_ member: Member, now: UInt64) {
+        if let index = talkers.firstIndex(where: { $0.member == member }) {
+            talkers[index].disconnectedAt = now
+        } else if let index = queue.firstIndex(where: { $0.member == member }) {
+            queue.remove(at: index)
+            reorderQueue()
+        }
+    }
+
+    /// The member is back (fast resume): a talker in its grace period carries on.
+    public mutating func reconnected(_ member: Member) {
+        if let index = talkers.firstIndex(where: { $0.member == member }) { talkers[index].disconnectedAt = nil }
+    }
+
+    // MARK: Time
+
+    public var nextDeadline: UInt64? {
+        talkers.map { talker in
+            let end = talker.since + configuration.maxBurst
+            return talker.disconnectedAt.map { min(end, $0 + configuration.disconnectGrace) } ?? end
+        }.min()
+    }
+
+    public mutating func handleTimeout(now: UInt64) {
+        var changed = false
+        var index = 0
+        while index < talkers.count {
+            let talker = talkers[index]
+            let reason: RevokeReason?
+            if now >= talker.since + configuration.maxBurst {
+                reason = .maxBurstReached
+            } else if let gone = talker.disconnectedAt, now >= gone + configuration.disconnectGrace {
+                reason = .disconnected
+            } else {
+                reason = nil
+            }
+            if let reason {
+                talkers.remove(at: index)
+                pending.append(.revoked(talker.member, reason))
+                pending.append(.ended(talker.member, burst: talker.burst, duration: now - talker.since))
+                changed = true
+            } else {
+                index += 1
+            }
+        }
+        if changed { refill(now: now) }
+    }
+
+    // MARK: Internals
+
+    mutating func grant(_ member: Member, priority: UInt8, now: UInt64) {
+        let burst = nextBurst
+        nextBurst += 1
+        talkers.append(Talker(member: member, priority: priority, burst: burst, since: now))
+        pending.append(.granted(member, burst: burst, until: now + configuration.maxBurst))
+        pending.append(.taken(by: member, burst: burst, priority: priority))
+    }
+
+    /// After a talker left: grant the queue's head while there is room, else report idle.
+    mutating func refill(now: UInt64) {
+        var granted = false
+        while talkers.count < configuration.maxTalkers, !queue.isEmpty {
+            let next = queue.removeFirst()
+            grant(next.member, priority: next.priority, now: now)
+            granted = true
+        }
+        if granted { reorderQueue() }
+        if talkers.isEmpty { pending.append(.idle) }
+    }
+
+    /// Keeps the queue ordered (priority, then arrival) and reports every position.
+    mutating func reorderQueue() {
+        queue.sort { ($0.priority, $1.order) > ($1.priority, $0.order) }
+        for (index, waiting) in queue.enumerated() { pending.append(.queued(waiting.member, position: index + 1)) }
+    }
+}

@@ -1,0 +1,141 @@
+import Testing
+@testable import FloorControl
+
+typealias Arbiter = FloorArbiter<String>
+let second: UInt64 = 1_000_000_000
+
+@Suite struct FloorArbiterTests {
+    @Test func halfDuplexGrantsOneTalkerAndQueuesTheNext() {
+        var floor = Arbiter()
+        floor.request("ann", priority: 10, canTalk: true, now: 0)
+        #expect(floor.takeEvents() == [.granted("ann", burst: 1, until: 60 * second), .taken(by: "ann", burst: 1, priority: 10)])
+        floor.request("bob", priority: 10, canTalk: true, now: 1)
+        #expect(floor.takeEvents() == [.queued("bob", position: 1)])
+        #expect(floor.mayTalk("ann") && !floor.mayTalk("bob"))
+        floor.release("ann", now: 5 * second)
+        #expect(floor.takeEvents() == [.ended("ann", burst: 1, duration: 5 * second),
+                                       .granted("bob", burst: 2, until: 65 * second), .taken(by: "bob", burst: 2, priority: 10)])
+        floor.release("bob", now: 6 * second)
+        #expect(floor.takeEvents() == [.ended("bob", burst: 2, duration: second), .idle])
+        #expect(floor.currentTalkers.isEmpty)
+    }
+
+    @Test func listenOnlyMembersAreDeniedWithAReason() {
+        var floor = Arbiter()
+        floor.request("eve", priority: 255, canTalk: false, now: 0)
+        #expect(floor.takeEvents() == [.denied("eve", .listenOnly)])
+        #expect(!floor.mayTalk("eve"))
+    }
+
+    @Test func aHigherPriorityPreemptsWithAReason() {
+        var floor = Arbiter()
+        floor.request("crew", priority: 10, canTalk: true, now: 0)
+        _ = floor.takeEvents()
+        floor.request("dispatch", priority: 200, canTalk: true, now: 3 * second)
+        #expect(floor.takeEvents() == [
+            .revoked("crew", .preempted(by: "dispatch", priority: 200)),
+            .ended("crew", burst: 1, duration: 3 * second),
+            .granted("dispatch", burst: 2, until: 63 * second), .taken(by: "dispatch", burst: 2, priority: 200),
+        ])
+        // Equal priority doesn't pre-empt.
+        floor.request("supervisor", priority: 200, canTalk: true, now: 4 * second)
+        #expect(floor.takeEvents() == [.queued("supervisor", position: 1)])
+    }
+
+    @Test func withoutPreemptionOrQueueingABusyFloorIsDenied() {
+        var floor = Arbiter(configuration: .init(maxQueue: 0, preemption: false))
+        floor.request("a", priority: 1, canTalk: true, now: 0)
+        floor.request("b", priority: 255, canTalk: true, now: 0)
+        #expect(floor.takeEvents().last == .denied("b", .busy))
+        var small = Arbiter(configuration: .init(maxQueue: 1))
+        small.request("a", priority: 1, canTalk: true, now: 0)
+        small.request("b", priority: 1, canTalk: true, now: 0)
+        small.request("c", priority: 1, canTalk: true, now: 0)
+        #expect(small.takeEvents().last == .denied("c", .queueFull))
+    }
+
+    @Test func theQueueIsOrderedByPriorityThenArrival() {
+        var floor = Arbiter()
+        floor.request("talker", priority: 255, canTalk: true, now: 0)
+        floor.request("low", priority: 1, canTalk: true, now: 1)
+        floor.request("mid1", priority: 50, canTalk: true, now: 2)
+        floor.request("mid2", priority: 50, canTalk: true, now: 3)
+        _ = floor.takeEvents()
+        #expect(floor.queuedMembers == ["mid1", "mid2", "low"])
+        floor.release("mid1", now: 4)  // gives up waiting
+        #expect(floor.takeEvents() == [.queued("mid2", position: 1), .queued("low", position: 2)])
+        floor.release("talker", now: 5)
+        #expect(floor.currentTalkers == ["mid2"])
+    }
+
+    @Test func aBurstIsRevokedAtTheMaximumLength() {
+        var floor = Arbiter(configuration: .init(maxBurst: 30 * second))
+        floor.request("a", priority: 1, canTalk: true, now: 0)
+        floor.request("b", priority: 1, canTalk: true, now: 1)
+        _ = floor.takeEvents()
+        #expect(floor.nextDeadline == 30 * second)
+        floor.handleTimeout(now: 29 * second)
+        #expect(floor.takeEvents().isEmpty)
+        floor.handleTimeout(now: 30 * second)
+        #expect(floor.takeEvents() == [.revoked("a", .maxBurstReached), .ended("a", burst: 1, duration: 30 * second),
+                                       .granted("b", burst: 2, until: 60 * second), .taken(by: "b", burst: 2, priority: 1)])
+    }
+
+    @Test func aDisconnectedTalkerKeepsTheFloorForTheGracePeriod() {
+        var floor = Arbiter()
+        floor.request("a", priority: 1, canTalk: true, now: 0)
+        _ = floor.takeEvents()
+        floor.disconnected("a", now: 10 * second)
+        #expect(floor.nextDeadline == 12 * second)
+        floor.reconnected("a")  // a quick network change: the burst carries on
+        floor.handleTimeout(now: 13 * second)
+        #expect(floor.mayTalk("a"))
+        floor.disconnected("a", now: 20 * second)
+        floor.handleTimeout(now: 22 * second)
+        #expect(floor.takeEvents() == [.revoked("a", .disconnected), .ended("a", burst: 1, duration: 22 * second), .idle])
+    }
+
+    @Test func fullDuplexAllowsSeveralTalkers() {
+        var floor = Arbiter(configuration: .fullDuplex(maxTalkers: 3))
+        for (i, name) in ["a", "b", "c", "d"].enumerated() { floor.request(name, priority: 1, canTalk: true, now: UInt64(i)) }
+        #expect(floor.currentTalkers == ["a", "b", "c"])
+        #expect(floor.queuedMembers == ["d"])
+        floor.release("b", now: 10)
+        #expect(floor.currentTalkers == ["a", "c", "d"])
+    }
+
+    @Test func aRepeatedRequestConfirmsTheGrantWithoutANewBurst() {
+        var floor = Arbiter()
+        floor.request("a", priority: 1, canTalk: true, now: 0)
+        _ = floor.takeEvents()
+        floor.request("a", priority: 1, canTalk: true, now: 100)
+        #expect(floor.takeEvents() == [.granted("a", burst: 1, until: 60 * second)])
+    }
+
+    /// Random command sequences: the invariants hold whatever the order.
+    @Test func invariantsHoldUnderRandomCommands() {
+        var rng = SystemRandomNumberGenerator()
+        for trial in 0..<200 {
+            let maxTalkers = trial % 3 + 1
+            var floor = Arbiter(configuration: .init(maxTalkers: maxTalkers, maxBurst: 5 * second, maxQueue: 3))
+            var now: UInt64 = 0
+            for _ in 0..<200 {
+                now += UInt64.random(in: 0...second, using: &rng)
+                let member = "m\(Int.random(in: 0..<6, using: &rng))"
+                switch Int.random(in: 0..<5, using: &rng) {
+                case 0, 1: floor.request(member, priority: UInt8.random(in: 0...3, using: &rng), canTalk: true, now: now)
+                case 2: floor.release(member, now: now)
+                case 3: floor.disconnected(member, now: now)
+                default: floor.handleTimeout(now: now)
+                }
+                _ = floor.takeEvents()
+                #expect(floor.currentTalkers.count <= maxTalkers)
+                #expect(Set(floor.currentTalkers).isDisjoint(with: floor.queuedMembers))
+                #expect(Set(floor.queuedMembers).count == floor.queuedMembers.count)
+                #expect(floor.queuedMembers.count <= 3)
+                // Nobody waits while there is room.
+                #expect(floor.queuedMembers.isEmpty || floor.currentTalkers.count == maxTalkers)
+            }
+        }
+    }
+}
