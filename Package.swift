@@ -22,6 +22,7 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-asn1.git", from: "1.7.4"),
         .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.13.0"),
         .package(url: "https://github.com/hummingbird-project/hummingbird.git", from: "2.28.1"),
+        .package(url: "https://github.com/vapor/jwt-kit.git", from: "5.7.1"),
     ],
     targets: [
         // C libraries from Debian, and the small C shims Swift needs for their variadic calls.
@@ -54,18 +55,22 @@ let package = Package(
             .product(name: "NIOPosix", package: "swift-nio"),
         ], swiftSettings: swift6),
         .target(name: "FloorControl", swiftSettings: swift6),
+        .target(name: "ParticipantTokens", dependencies: [
+            .product(name: "JWTKit", package: "jwt-kit"),
+            .product(name: "Crypto", package: "swift-crypto"),
+        ], swiftSettings: swift6),
         .target(name: "APNs", swiftSettings: swift6),
         .target(name: "APNsSimulator", swiftSettings: swift6),
         .target(name: "PTTClient", dependencies: ["Wire", "WireNIO", "Audio", "Opus"], swiftSettings: swift6),
         .target(name: "PTTServer", dependencies: [
-            "Wire", "WireNIO", "APNs", "SquelchInfo", "FloorControl",
+            "Wire", "WireNIO", "APNs", "SquelchInfo", "FloorControl", "ParticipantTokens",
             .product(name: "Logging", package: "swift-log"),
             .product(name: "Hummingbird", package: "hummingbird"),
             .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
         ], swiftSettings: swift6),
 
         .executableTarget(name: "squelchd", dependencies: [
-            "PTTServer", "APNsSimulator", "SquelchInfo",
+            "PTTServer", "APNsSimulator", "SquelchInfo", "ParticipantTokens",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
             .product(name: "Logging", package: "swift-log"),
         ], swiftSettings: swift6),
@@ -81,6 +86,10 @@ let package = Package(
         ], swiftSettings: swift6),
 
         .testTarget(name: "FloorControlTests", dependencies: ["FloorControl"], swiftSettings: swift6),
+        .testTarget(name: "ParticipantTokensTests", dependencies: [
+            "ParticipantTokens",
+            .product(name: "Crypto", package: "swift-crypto"),
+        ], swiftSettings: swift6),
         .testTarget(name: "OpusTests", dependencies: ["Opus", "Audio"], swiftSettings: swift6),
         .testTarget(name: "AudioTests", dependencies: ["Audio"], swiftSettings: swift6),
         .testTarget(name: "PTTServerTests", dependencies: [
@@ -104,7 +113,7 @@ let package = Package(
             .product(name: "SwiftASN1", package: "swift-asn1"),
         ], swiftSettings: swift6),
         .testTarget(name: "CLITests", dependencies: [
-            "SquelchInfo", "Wire", "WireNIO",
+            "SquelchInfo", "Wire", "WireNIO", "ParticipantTokens",
             .product(name: "NIOCore", package: "swift-nio"),
         ], swiftSettings: swift6),
     ]

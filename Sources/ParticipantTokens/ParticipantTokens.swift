@@ -1,0 +1,174 @@
+import Crypto
+import Foundation
+import JWTKit
+
+/// What a participant may do in its channel.
+public enum Capability: String, Codable, Sendable, CaseIterable, Comparable {
+    case talk, listen
+    public static func < (a: Self, b: Self) -> Bool { a.rawValue < b.rawValue }
+}
+
+/// The claims of a participant token (in the manner of Amazon IVS participant tokens): who, in which
+/// channel, with which capabilities and attributes, until when.
+public struct ParticipantClaims: Sendable, Equatable {
+    public var userID: String
+    public var name: String
+    public var channel: UUID
+    public var capabilities: Set<Capability>
+    public var role: String?
+    /// Floor priority, 0–255: a higher one pre-empts a lower one.
+    public var priority: UInt8
+    public var issuedAt: Date
+    public var expiresAt: Date
+    /// Unique per token (`jti`), for logs and revocation.
+    public var tokenID: String
+
+    public init(userID: String, name: String, channel: UUID, capabilities: Set<Capability>, role: String? = nil,
+                priority: UInt8 = 0, issuedAt: Date = Date(), expiresAt: Date, tokenID: String = UUID().uuidString) {
+        self.userID = userID
+        self.name = name
+        self.channel = channel
+        self.capabilities = capabilities
+        self.role = role
+        self.priority = priority
+        self.issuedAt = issuedAt
+        self.expiresAt = expiresAt
+        self.tokenID = tokenID
+    }
+}
+
+/// Why a token was refused. Each has its own code, which the server sends back to the client so
+/// that the app can say what to do.
+public enum TokenError: Error, Sendable, Equatable, CustomStringConvertible {
+    case expired(at: Date)
+    /// The signature is not the server's: altered, or signed by another key.
+    case forged
+    case malformed(String)
+    case wrongChannel(tokenChannel: UUID, requested: UUID)
+    /// Issued in the future by more than the allowed clock skew.
+    case notYetValid(issuedAt: Date)
+
+    /// Stable numeric code for the wire.
+    public var code: UInt16 {
+        switch self {
+        case .expired: return 1
+        case .forged: return 2
+        case .malformed: return 3
+        case .wrongChannel: return 4
+        case .notYetValid: return 5
+        }
+    }
+
+    public var description: String {
+        switch self {
+        case .expired(let date): return "the participant token expired at \(date.formatted(.iso8601)); ask for a new one"
+        case .forged: return "the participant token was not signed by this server; ask this server's operator for a token"
+        case .malformed(let why): return "the participant token is not a valid token (\(why)); copy it again in full"
+        case .wrongChannel(let token, let requested):
+            return "the participant token is for channel \(token), not \(requested); use a token issued for this channel"
+        case .notYetValid(let date): return "the participant token is not valid before \(date.formatted(.iso8601)); check the clocks"
+        }
+    }
+}
+
+/// The JSON payload of the JWT. Claim names follow RFC 7519 where one exists.
+struct TokenPayload: JWTPayload {
+    struct Attributes: Codable {
+        var role: String?
+        var priority: Int
+    }
+    var sub: SubjectClaim
+    var name: String
+    var channel: String
+    var capabilities: [String]
+    var attributes: Attributes
+    var exp: ExpirationClaim
+    var iat: IssuedAtClaim
+    var jti: IDClaim
+
+    /// Time checks happen in `TokenAuthority.verify` against the caller's clock, so that each failure
+    /// gets its own error and tests can move time.
+    func verify(using algorithm: some JWTAlgorithm) throws {}
+}
+
+/// Issues and verifies participant tokens: ES256 JWTs signed by the server's token key.
+public struct TokenAuthority: Sendable {
+    let keys: JWTKeyCollection
+    /// The public half, for operators who verify tokens elsewhere.
+    public let publicKeyPEM: String
+    /// Accepted clock difference between issuer and verifier.
+    public var clockSkew: TimeInterval = 60
+
+    public init(privateKeyPEM: String) async throws {
+        let key = try ES256PrivateKey(pem: privateKeyPEM)
+        keys = JWTKeyCollection()
+        await keys.add(ecdsa: key)
+        publicKeyPEM = try P256.Signing.PrivateKey(pemRepresentation: privateKeyPEM).publicKey.pemRepresentation
+    }
+
+    /// The token key in `directory` (token-key.pem), made on first run and readable only by this user.
+    public static func loadOrCreate(in directory: String) async throws -> TokenAuthority {
+        let path = (directory as NSString).appendingPathComponent("token-key.pem")
+        if let pem = try? String(contentsOfFile: path, encoding: .utf8) {
+            do { return try await TokenAuthority(privateKeyPEM: pem) } catch {
+                throw TokenKeyError(message: "\(path) is not a P-256 private key in PEM (\(error)); restore it, or delete it to make a new key (every issued token then stops working)")
+            }
+        }
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        let pem = P256.Signing.PrivateKey().pemRepresentation
+        guard FileManager.default.createFile(atPath: path, contents: Data(pem.utf8), attributes: [.posixPermissions: 0o600]) else {
+            throw TokenKeyError(message: "cannot write \(path); check that the data directory is writable")
+        }
+        return try await TokenAuthority(privateKeyPEM: pem)
+    }
+
+    public func issue(_ claims: ParticipantClaims) async throws -> String {
+        let payload = TokenPayload(
+            sub: .init(value: claims.userID), name: claims.name, channel: claims.channel.uuidString.lowercased(),
+            capabilities: claims.capabilities.sorted().map(\.rawValue),
+            attributes: .init(role: claims.role, priority: Int(claims.priority)),
+            exp: .init(value: claims.expiresAt), iat: .init(value: claims.issuedAt), jti: .init(value: claims.tokenID))
+        return try await keys.sign(payload)
+    }
+
+    /// Verifies `token` for `channel` at `now`.
+    public func verify(_ token: String, channel: UUID, now: Date = Date()) async throws(TokenError) -> ParticipantClaims {
+        let payload: TokenPayload
+        do { payload = try await keys.verify(token, as: TokenPayload.self) } catch let error as JWTError {
+            if error.errorType == .signatureVerificationFailed || error.errorType == .unknownKID { throw .forged }
+            throw .malformed(error.reason ?? "\(error.errorType)")
+        } catch {
+            throw .malformed("\(error)")
+        }
+        guard let tokenChannel = UUID(uuidString: payload.channel) else { throw .malformed("channel is not a UUID") }
+        guard (0...255).contains(payload.attributes.priority) else { throw .malformed("priority must be 0–255") }
+        var capabilities = Set<Capability>()
+        for name in payload.capabilities {
+            guard let capability = Capability(rawValue: name) else { throw .malformed("unknown capability '\(name)'") }
+            capabilities.insert(capability)
+        }
+        guard payload.exp.value > now else { throw .expired(at: payload.exp.value) }
+        guard payload.iat.value <= now.addingTimeInterval(clockSkew) else { throw .notYetValid(issuedAt: payload.iat.value) }
+        guard tokenChannel == channel else { throw .wrongChannel(tokenChannel: tokenChannel, requested: channel) }
+        return ParticipantClaims(userID: payload.sub.value, name: payload.name, channel: tokenChannel, capabilities: capabilities,
+                                 role: payload.attributes.role, priority: UInt8(payload.attributes.priority),
+                                 issuedAt: payload.iat.value, expiresAt: payload.exp.value, tokenID: payload.jti.value)
+    }
+}
+
+public struct TokenKeyError: Error, CustomStringConvertible {
+    public let message: String
+    public var description: String { message }
+}
+
+/// Parses a lifetime such as "90s", "30m", "12h" or "7d".
+public func parseLifetime(_ text: String) -> TimeInterval? {
+    guard let unit = text.last, let value = Double(text.dropLast()), value > 0, value.isFinite else { return nil }
+    switch unit {
+    case "s": return value
+    case "m": return value * 60
+    case "h": return value * 3_600
+    case "d": return value * 86_400
+    default: return nil
+    }
+}

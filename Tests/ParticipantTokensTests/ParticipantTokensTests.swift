@@ -1,0 +1,80 @@
+import Crypto
+import Foundation
+import Testing
+@testable import ParticipantTokens
+
+@Suite struct ParticipantTokenTests {
+    let channel = UUID()
+    let now = Date(timeIntervalSince1970: 1_800_000_000)
+
+    func authority() async throws -> TokenAuthority {
+        try await TokenAuthority(privateKeyPEM: P256.Signing.PrivateKey().pemRepresentation)
+    }
+
+    func claims(expiresIn: TimeInterval = 3_600, capabilities: Set<Capability> = [.talk, .listen]) -> ParticipantClaims {
+        ParticipantClaims(userID: "u-17", name: "Dispatch 1", channel: channel, capabilities: capabilities, role: "dispatcher",
+                          priority: 200, issuedAt: now, expiresAt: now.addingTimeInterval(expiresIn), tokenID: "t-1")
+    }
+
+    @Test func aTokenRoundTripsEveryClaim() async throws {
+        let authority = try await authority()
+        let token = try await authority.issue(claims())
+        #expect(token.split(separator: ".").count == 3)
+        let verified = try await authority.verify(token, channel: channel, now: now.addingTimeInterval(10))
+        #expect(verified.userID == "u-17" && verified.name == "Dispatch 1" && verified.channel == channel)
+        #expect(verified.capabilities == [.talk, .listen] && verified.role == "dispatcher" && verified.priority == 200)
+        #expect(verified.tokenID == "t-1")
+        #expect(abs(verified.expiresAt.timeIntervalSince(now.addingTimeInterval(3_600))) < 1)
+        // The header says ES256.
+        let header = try #require(Data(base64Encoded: String(token.split(separator: ".")[0]) + "=="))
+        #expect(String(decoding: header, as: UTF8.self).contains("ES256"))
+    }
+
+    @Test func eachRefusalHasItsOwnErrorAndCode() async throws {
+        let authority = try await authority()
+        let token = try await authority.issue(claims(expiresIn: 60))
+        await #expect(throws: TokenError.expired(at: now.addingTimeInterval(60))) {
+            try await authority.verify(token, channel: channel, now: now.addingTimeInterval(61))
+        }
+        let other = UUID()
+        await #expect(throws: TokenError.wrongChannel(tokenChannel: channel, requested: other)) {
+            try await authority.verify(token, channel: other, now: now)
+        }
+        let stranger = try await self.authority()
+        await #expect(throws: TokenError.forged) { try await stranger.verify(token, channel: channel, now: now) }
+        // A changed payload with the old signature.
+        var parts = token.split(separator: ".").map(String.init)
+        parts[1] = Data(#"{"sub":"admin"}"#.utf8).base64EncodedString().replacingOccurrences(of: "=", with: "")
+        await #expect(throws: TokenError.forged) { try await authority.verify(parts.joined(separator: "."), channel: channel, now: now) }
+        for garbage in ["", "abc", "a.b.c", String(repeating: "x", count: 5000)] {
+            let error = await #expect(throws: TokenError.self) { try await authority.verify(garbage, channel: channel, now: now) }
+            if case .malformed = error {} else { Issue.record("\(garbage.prefix(10)): \(String(describing: error))") }
+        }
+        await #expect(throws: TokenError.notYetValid(issuedAt: now)) {
+            try await authority.verify(token, channel: channel, now: now.addingTimeInterval(-3_600))
+        }
+        let codes = [TokenError.expired(at: now), .forged, .malformed(""), .wrongChannel(tokenChannel: channel, requested: channel), .notYetValid(issuedAt: now)].map(\.code)
+        #expect(Set(codes).count == codes.count)
+    }
+
+    @Test func theKeyIsMadeOnceAndKeptPrivate() async throws {
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("tokens-\(UUID())").path
+        let first = try await TokenAuthority.loadOrCreate(in: dir)
+        let token = try await first.issue(claims())
+        let second = try await TokenAuthority.loadOrCreate(in: dir)
+        #expect(try await second.verify(token, channel: channel, now: now).userID == "u-17", "tokens survive a restart")
+        let attributes = try FileManager.default.attributesOfItem(atPath: dir + "/token-key.pem")
+        #expect((attributes[.posixPermissions] as? Int) == 0o600)
+        try "not a key".write(toFile: dir + "/token-key.pem", atomically: true, encoding: .utf8)
+        let error = await #expect(throws: TokenKeyError.self) { try await TokenAuthority.loadOrCreate(in: dir) }
+        #expect("\(error!)".contains("delete it to make a new key"))
+    }
+
+    @Test func lifetimesParse() {
+        #expect(parseLifetime("12h") == 43_200)
+        #expect(parseLifetime("30m") == 1_800)
+        #expect(parseLifetime("7d") == 604_800)
+        #expect(parseLifetime("90s") == 90)
+        for bad in ["", "h", "12", "-1h", "12y", "nanh", "infh"] { #expect(parseLifetime(bad) == nil, "\(bad)") }
+    }
+}
