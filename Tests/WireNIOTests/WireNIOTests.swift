@@ -192,7 +192,11 @@ struct WireNIOTests {
             let handle = try await records.connectedHandle("second server connected")
 
             try await client.send(control: bytes("rejoin"))
-            try await records.wait("control on the new session") { $0.controls(handle) == [bytes("rejoin")] }
+            // If the client drew its reset with an earlier packet (an ACK) and had already reconnected,
+            // "anyone there?" went out on the new session, which is right too.
+            try await records.wait("control on the new session") {
+                [[bytes("rejoin")], [bytes("anyone there?"), bytes("rejoin")]].contains($0.controls(handle))
+            }
             let resets = try await second.submit { $0.endpoint.stats.statelessResetsSent }
             #expect(resets >= 1)
             #expect(try await client.withClient { $0?.reconnects } == 1)
