@@ -107,7 +107,7 @@ extension Connection {
             serverChain = chain
             transcript.add(bytes)
         case (.certificateVerify(let scheme, let signature), .handshake):
-            guard let leafDER = serverChain.first, serverFinishedHash.isEmpty else { throw .unexpectedMessage("CertificateVerify") }
+            guard let leafDER = serverChain.first, !certificateVerified else { throw .unexpectedMessage("CertificateVerify") }
             guard scheme == HandshakeMessage.ecdsaP256SHA256 else { throw .badSignature }
             let leaf: Certificate
             do { leaf = try Certificate(derEncoded: leafDER) } catch { throw .unreadableCertificate(reason: "\(error)") }
@@ -116,9 +116,9 @@ extension Connection {
                   let parsed = try? P256.Signing.ECDSASignature(derRepresentation: signature),
                   key.isValidSignature(parsed, for: content) else { throw .badSignature }
             transcript.add(bytes)
-            serverFinishedHash = [0]  // marks "signature checked"
+            certificateVerified = true
         case (.finished(let mac), .handshake):
-            guard let secrets, serverFinishedHash == [0] else { throw .unexpectedMessage("Finished") }
+            guard let secrets, certificateVerified, serverFinishedHash.isEmpty else { throw .unexpectedMessage("Finished") }
             guard HandshakeCrypto.finishedIsValid(mac, baseSecret: secrets.serverHandshake, transcriptHash: transcript.current) else {
                 throw .badFinished
             }

@@ -287,10 +287,7 @@ extension Connection {
         // A new host is a new network path: its RTT is unknown. A new port on the same host is NAT
         // rebinding, which keeps the estimate (RFC 9000 §9.4).
         if !sameHost { rtt.reset() }
-        path.challenge = random.next()
-        path.challengePending = true
-        path.challengeResendAt = now + currentPTO
-        path.challengeAbandonAt = now + 3 * max(currentPTO, RTTEstimator().probeTimeout(maxAckDelay: config.maxAckDelay))
+        startPathChallenge(now: now)
         emit(.peerMigrated(address))
     }
 
@@ -344,10 +341,7 @@ extension Connection {
         case .pathResponse(let data):
             if path.challenge == data {
                 path.validated = true
-                path.challenge = nil
-                path.challengePending = false
-                path.challengeResendAt = nil
-                path.challengeAbandonAt = nil
+                path.endChallenge()
                 previousPath = nil
                 emit(.pathValidated(path.address))
             }
@@ -431,8 +425,10 @@ extension Connection {
         if packet.number >= firstPNInSendPhase { sendPhaseAcknowledged = true }
     }
 
-    func onLost(_ packet: SentPacket) {
-        stats.packetsLost += 1
+    /// Requeues what `packet` carried. `probe`: resent because the probe timer fired, not because it
+    /// was declared lost, so it doesn't count as a loss.
+    func onLost(_ packet: SentPacket, probe: Bool = false) {
+        if !probe { stats.packetsLost += 1 }
         if packet.retransmittable { retransmittableInFlight -= 1 }
         if packet.controlEnd > packet.controlStart { controlSend.markLost(packet.controlStart..<packet.controlEnd) }
         if packet.handshakeDone { pendingHandshakeDone = true }
@@ -477,8 +473,7 @@ extension Connection {
         while pn < appNextPN {
             if let packet = sent.peek(pn), packet.retransmittable {
                 _ = sent.take(pn)
-                onLost(packet)
-                stats.packetsLost -= 1  // a probe, not a loss
+                onLost(packet, probe: true)
                 resent = true
             }
             pn += 1

@@ -43,9 +43,13 @@ extension Connection {
         guard state == .handshaking || state == .established else { return false }
         if initialSpace.hasSomethingToSend || handshakeSpace.hasSomethingToSend { return true }
         guard appSeal != nil, state == .established else { return false }
-        return ackNow || pendingPathResponse != nil || path.challengePending
-            || pendingHandshakeDone || pendingNewToken != nil || pendingNewIDs != 0 || pendingRetireIDs != 0 || pendingPing
-            || controlSend.hasDataToSend
+        return ackNow || hasAckElicitingFramesPending
+    }
+
+    /// Frames waiting to go in the next 1-RTT packet that oblige the peer to acknowledge it.
+    var hasAckElicitingFramesPending: Bool {
+        pendingPathResponse != nil || path.challengePending || pendingHandshakeDone || pendingNewToken != nil
+            || pendingNewIDs != 0 || pendingRetireIDs != 0 || pendingPing || controlSend.hasDataToSend
     }
 
     func finishDatagram(_ length: Int, now: WireInstant) -> Transmit? {
@@ -120,9 +124,8 @@ extension Connection {
         var includesChallenge = false
 
         let ackDue = ackNow || ackDeadline.map { $0 <= now } ?? false
-        var willSendOther = pendingPathResponse != nil || path.challengePending || pendingHandshakeDone || pendingNewToken != nil
-            || pendingNewIDs != 0 || pendingRetireIDs != 0 || pendingPing || controlSend.hasDataToSend
-        if ackDue || (willSendOther && !received.ranges.isEmpty && ackElicitingSinceAck > 0) { writeAck(&w, now: now) }
+        // An ACK goes out when due, and rides along whenever anything else is sent.
+        if ackDue || (hasAckElicitingFramesPending && ackElicitingSinceAck > 0) { writeAck(&w, now: now) }
         if let response = pendingPathResponse, w.remaining > 9 {
             w.writePathResponse(response); pendingPathResponse = nil; ackEliciting = true
         }
@@ -164,7 +167,6 @@ extension Connection {
             record.controlEnd = chunk.upperBound
             ackEliciting = true; record.retransmittable = true
         }
-        willSendOther = ackEliciting
         guard w.offset > payloadStart, !w.overflowed else { return start }
         // Probes on a new path are padded to 1200 bytes (RFC 9000 §8.2.1), budget permitting.
         if includesChallenge { w.writePadding(max(0, min(w.remaining, config.maxDatagramSize - 16 - w.offset))) }
@@ -172,7 +174,7 @@ extension Connection {
         if needed > 0 { w.writePadding(needed) }
         guard !w.overflowed else { return start }
         return sealApplicationPacket(datagram, start: start, pnOffset: pnOffset, pnLength: pnLength, payloadStart: payloadStart,
-                                     payloadEnd: w.offset, key: key, record: record, ackEliciting: willSendOther, now: now)
+                                     payloadEnd: w.offset, key: key, record: record, ackEliciting: ackEliciting, now: now)
     }
 
     func writeAck(_ w: inout WireWriter, now: WireInstant) {
@@ -199,7 +201,6 @@ extension Connection {
         if ackEliciting {
             var record = record
             record.ackEliciting = true
-            record.size = UInt32(payloadEnd + 16 - start)
             record.live = true
             if let displaced = sent.record(record) { onLost(displaced) }
             if record.retransmittable {

@@ -56,6 +56,22 @@ public final class Connection {
         var challengePending = false
         var challengeResendAt: WireInstant?
         var challengeAbandonAt: WireInstant?
+
+        mutating func endChallenge() {
+            challenge = nil
+            challengePending = false
+            challengeResendAt = nil
+            challengeAbandonAt = nil
+        }
+    }
+
+    /// Probes the current path: PATH_CHALLENGE in the next packet, resent every PTO, abandoned after
+    /// 3 × max(PTO, the initial PTO) (RFC 9000 §8.2.4).
+    func startPathChallenge(now: WireInstant) {
+        path.challenge = random.next()
+        path.challengePending = true
+        path.challengeResendAt = now + currentPTO
+        path.challengeAbandonAt = now + 3 * max(currentPTO, RTTEstimator().probeTimeout(maxAckDelay: config.maxAckDelay))
     }
     var path: Path
     var previousPath: Path?
@@ -142,6 +158,8 @@ public final class Connection {
     var peerParameters: TransportParameters?
     var serverChain: [[UInt8]] = []
     var serverFinishedHash: [UInt8] = []
+    /// Client: the CertificateVerify signature checked out (the server's Finished may follow).
+    var certificateVerified = false
     var clientApplicationSecret: [UInt8] = []
     var serverApplicationSecret: [UInt8] = []
     let clientConfiguration: ClientConfiguration?
@@ -235,15 +253,12 @@ public final class Connection {
         guard message.count <= config.maxControlMessage else {
             throw .local(code: TransportErrorCode.internalError.rawValue, reason: "control message of \(message.count) bytes exceeds \(config.maxControlMessage)")
         }
-        var framed: [UInt8] = []
-        framed.reserveCapacity(message.count + 4)
-        let length = UInt64(message.count)
-        let size = WireWriter.varintLength(length)
-        var tagged = length | UInt64(size == 1 ? 0 : size == 2 ? 1 : 2) << UInt64(8 * size - 2)
-        var prefix = [UInt8](repeating: 0, count: size)
-        for i in (0..<size).reversed() { prefix[i] = UInt8(truncatingIfNeeded: tagged); tagged >>= 8 }
-        framed += prefix
-        framed += message
+        var framed = [UInt8](repeating: 0, count: WireWriter.varintLength(UInt64(message.count)) + message.count)
+        framed.withUnsafeMutableBytes { buffer in
+            var writer = WireWriter(buffer)
+            writer.varint(UInt64(message.count))
+            writer.bytes(message)
+        }
         do { try controlSend.append(framed) } catch {
             throw .local(code: TransportErrorCode.internalError.rawValue, reason: "control stream buffer full: the peer is not acknowledging")
         }
@@ -283,10 +298,7 @@ public final class Connection {
             currentPeerSequence = next.sequence
             peerID = next.id
         }
-        path.challenge = random.next()
-        path.challengePending = true
-        path.challengeResendAt = now + currentPTO
-        path.challengeAbandonAt = now + 3 * max(currentPTO, RTTEstimator().probeTimeout(maxAckDelay: config.maxAckDelay))
+        startPathChallenge(now: now)
         lastReceiveTime = now
         resetIdleTimer(now: now)
     }
@@ -457,10 +469,7 @@ public final class Connection {
 
     func abandonPathValidation() {
         let failed = path.address
-        path.challenge = nil
-        path.challengePending = false
-        path.challengeResendAt = nil
-        path.challengeAbandonAt = nil
+        path.endChallenge()
         if role == .server, let previous = previousPath, previous.validated {
             path = previous
             previousPath = nil

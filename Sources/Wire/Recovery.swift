@@ -80,7 +80,6 @@ struct ReceivedRanges {
 struct SentPacket {
     var number: UInt64
     var time: WireInstant
-    var size: UInt32
     var ackEliciting: Bool
     /// Holds something that must be retransmitted if lost (so it arms the probe timer).
     var retransmittable: Bool
@@ -93,7 +92,7 @@ struct SentPacket {
     var retireConnectionIDs: UInt64
     var live: Bool
 
-    static let empty = SentPacket(number: 0, time: WireInstant(nanoseconds: 0), size: 0, ackEliciting: false, retransmittable: false,
+    static let empty = SentPacket(number: 0, time: WireInstant(nanoseconds: 0), ackEliciting: false, retransmittable: false,
                                   controlStart: 0, controlEnd: 0, handshakeDone: false, newToken: false,
                                   newConnectionIDs: 0, retireConnectionIDs: 0, live: false)
 }

@@ -19,8 +19,11 @@ import Testing
         #expect(sim.controlMessages(client: 0) == [Array("welcome".utf8)])
         #expect(sim.serverDatagrams.map(\.1) == [[1, 2, 3]])
         #expect(sim.clientDatagrams[0] == [[9, 8, 7, 6]])
-        // One round trip: the client was connected one RTT (2 × 20 ms) after it started.
+        // One round trip: the client is connected one RTT (2 × 20 ms) after it starts, at simulated
+        // time 1000 s + 40 ms.
         #expect(sim.clientEvents[0].first == .connection(.connected))
+        #expect(sim.trace.first { $0.contains("C0 connection(Wire.ConnectionEvent.connected)") }?.hasPrefix("\(seconds(1000) + ms(40)) ") == true,
+                "\(sim.trace.prefix(3))")
     }
 }
 
