@@ -23,6 +23,9 @@ let package = Package(
         .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.13.0"),
         .package(url: "https://github.com/hummingbird-project/hummingbird.git", from: "2.28.1"),
         .package(url: "https://github.com/vapor/jwt-kit.git", from: "5.7.1"),
+        .package(url: "https://github.com/groue/GRDB.swift.git", from: "7.10.0"),
+        .package(url: "https://github.com/apple/swift-metrics.git", from: "2.13.0"),
+        .package(url: "https://github.com/swift-server/swift-prometheus.git", from: "2.4.1"),
     ],
     targets: [
         // C libraries from Debian, and the small C shims Swift needs for their variadic calls.
@@ -59,18 +62,26 @@ let package = Package(
             .product(name: "JWTKit", package: "jwt-kit"),
             .product(name: "Crypto", package: "swift-crypto"),
         ], swiftSettings: swift6),
+        .target(name: "ChannelStore", dependencies: [
+            "ChannelProtocol",
+            .product(name: "GRDB", package: "GRDB.swift"),
+        ], swiftSettings: swift6),
+        .target(name: "ChannelProtocol", swiftSettings: swift6),
         .target(name: "APNs", swiftSettings: swift6),
         .target(name: "APNsSimulator", swiftSettings: swift6),
-        .target(name: "PTTClient", dependencies: ["Wire", "WireNIO", "Audio", "Opus"], swiftSettings: swift6),
+        .target(name: "PTTClient", dependencies: ["Wire", "WireNIO", "Audio", "Opus", "ChannelProtocol"], swiftSettings: swift6),
         .target(name: "PTTServer", dependencies: [
-            "Wire", "WireNIO", "APNs", "SquelchInfo", "FloorControl", "ParticipantTokens",
+            "Wire", "WireNIO", "APNs", "SquelchInfo", "FloorControl", "ParticipantTokens", "ChannelStore", "ChannelProtocol",
             .product(name: "Logging", package: "swift-log"),
+            .product(name: "Metrics", package: "swift-metrics"),
+            .product(name: "Prometheus", package: "swift-prometheus"),
+            .product(name: "NIOCore", package: "swift-nio"),
             .product(name: "Hummingbird", package: "hummingbird"),
             .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
         ], swiftSettings: swift6),
 
         .executableTarget(name: "squelchd", dependencies: [
-            "PTTServer", "APNsSimulator", "SquelchInfo", "ParticipantTokens",
+            "PTTServer", "APNsSimulator", "SquelchInfo", "ParticipantTokens", "ChannelStore",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
             .product(name: "Logging", package: "swift-log"),
         ], swiftSettings: swift6),
@@ -90,10 +101,16 @@ let package = Package(
             "ParticipantTokens",
             .product(name: "Crypto", package: "swift-crypto"),
         ], swiftSettings: swift6),
+        .testTarget(name: "ChannelStoreTests", dependencies: [
+            "ChannelStore", "ChannelProtocol",
+            .product(name: "GRDB", package: "GRDB.swift"),
+        ], swiftSettings: swift6),
+        .testTarget(name: "ChannelProtocolTests", dependencies: ["ChannelProtocol"], swiftSettings: swift6),
         .testTarget(name: "OpusTests", dependencies: ["Opus", "Audio"], swiftSettings: swift6),
         .testTarget(name: "AudioTests", dependencies: ["Audio"], swiftSettings: swift6),
         .testTarget(name: "PTTServerTests", dependencies: [
-            "PTTServer",
+            "PTTServer", "ChannelStore", "ChannelProtocol", "ParticipantTokens", "Wire", "WireNIO", "WireTesting",
+            .product(name: "NIOCore", package: "swift-nio"),
             .product(name: "Hummingbird", package: "hummingbird"),
             .product(name: "HummingbirdTesting", package: "hummingbird"),
         ], swiftSettings: swift6),

@@ -1,0 +1,171 @@
+import Foundation
+
+// JSON coding of the control messages: {"type": "<case>", <fields>…}. Written out by hand (rather than
+// Swift's synthesized enum coding, which nests every case in its own object) so that the wire format
+// reads like the table in docs/protocol.md §16 and stays stable if a Swift case is renamed.
+
+private enum Keys: String, CodingKey {
+    case type, token, channel, reason, muted, environment, you, roster, talkers, code, participant, slot,
+         userID, event, descriptor, status
+}
+
+extension ClientMessage: Codable {
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: Keys.self)
+        switch try c.decode(String.self, forKey: .type) {
+        case "join":
+            self = .join(token: try c.decode(String.self, forKey: .token), channel: try c.decode(UUID.self, forKey: .channel),
+                         reason: try c.decodeIfPresent(JoinReason.self, forKey: .reason) ?? .developerRequest)
+        case "leave": self = .leave
+        case "floorRequest": self = .floorRequest
+        case "floorRelease": self = .floorRelease
+        case "setMuted": self = .setMuted(try c.decode(Bool.self, forKey: .muted))
+        case "registerPushToken":
+            self = .registerPushToken(token: try c.decode(String.self, forKey: .token),
+                                      environment: try c.decode(PushEnvironment.self, forKey: .environment))
+        case let other:
+            throw DecodingError.dataCorruptedError(forKey: .type, in: c, debugDescription: "unknown client message type '\(other)'")
+        }
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var c = encoder.container(keyedBy: Keys.self)
+        switch self {
+        case .join(let token, let channel, let reason):
+            try c.encode("join", forKey: .type)
+            try c.encode(token, forKey: .token)
+            try c.encode(channel, forKey: .channel)
+            try c.encode(reason, forKey: .reason)
+        case .leave: try c.encode("leave", forKey: .type)
+        case .floorRequest: try c.encode("floorRequest", forKey: .type)
+        case .floorRelease: try c.encode("floorRelease", forKey: .type)
+        case .setMuted(let muted):
+            try c.encode("setMuted", forKey: .type)
+            try c.encode(muted, forKey: .muted)
+        case .registerPushToken(let token, let environment):
+            try c.encode("registerPushToken", forKey: .type)
+            try c.encode(token, forKey: .token)
+            try c.encode(environment, forKey: .environment)
+        }
+    }
+}
+
+extension ServerMessage: Codable {
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: Keys.self)
+        switch try c.decode(String.self, forKey: .type) {
+        case "joined":
+            self = .joined(channel: try c.decode(ChannelInfo.self, forKey: .channel), you: try c.decode(UInt16.self, forKey: .you),
+                           roster: try c.decode([Participant].self, forKey: .roster),
+                           talkers: try c.decode([Talker].self, forKey: .talkers))
+        case "refused":
+            self = .refused(code: try c.decode(RefusalCode.self, forKey: .code), reason: try c.decode(String.self, forKey: .reason))
+        case "participant": self = .participant(try c.decode(Participant.self, forKey: .participant))
+        case "participantLeft":
+            self = .participantLeft(slot: try c.decode(UInt16.self, forKey: .slot), userID: try c.decode(String.self, forKey: .userID))
+        case "floor": self = .floor(try c.decode(FloorEvent.self, forKey: .event))
+        case "descriptor": self = .descriptor(try c.decode(ChannelInfo.self, forKey: .descriptor))
+        case "serviceStatus":
+            self = .serviceStatus(try c.decode(ServiceStatus.self, forKey: .status),
+                                  reason: try c.decodeIfPresent(String.self, forKey: .reason))
+        case "pushTokenRegistered": self = .pushTokenRegistered
+        case "error":
+            self = .error(code: try c.decode(RefusalCode.self, forKey: .code), reason: try c.decode(String.self, forKey: .reason))
+        case let other:
+            throw DecodingError.dataCorruptedError(forKey: .type, in: c, debugDescription: "unknown server message type '\(other)'")
+        }
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var c = encoder.container(keyedBy: Keys.self)
+        switch self {
+        case .joined(let channel, let you, let roster, let talkers):
+            try c.encode("joined", forKey: .type)
+            try c.encode(channel, forKey: .channel)
+            try c.encode(you, forKey: .you)
+            try c.encode(roster, forKey: .roster)
+            try c.encode(talkers, forKey: .talkers)
+        case .refused(let code, let reason):
+            try c.encode("refused", forKey: .type)
+            try c.encode(code, forKey: .code)
+            try c.encode(reason, forKey: .reason)
+        case .participant(let participant):
+            try c.encode("participant", forKey: .type)
+            try c.encode(participant, forKey: .participant)
+        case .participantLeft(let slot, let userID):
+            try c.encode("participantLeft", forKey: .type)
+            try c.encode(slot, forKey: .slot)
+            try c.encode(userID, forKey: .userID)
+        case .floor(let event):
+            try c.encode("floor", forKey: .type)
+            try c.encode(event, forKey: .event)
+        case .descriptor(let info):
+            try c.encode("descriptor", forKey: .type)
+            try c.encode(info, forKey: .descriptor)
+        case .serviceStatus(let status, let reason):
+            try c.encode("serviceStatus", forKey: .type)
+            try c.encode(status, forKey: .status)
+            try c.encodeIfPresent(reason, forKey: .reason)
+        case .pushTokenRegistered: try c.encode("pushTokenRegistered", forKey: .type)
+        case .error(let code, let reason):
+            try c.encode("error", forKey: .type)
+            try c.encode(code, forKey: .code)
+            try c.encode(reason, forKey: .reason)
+        }
+    }
+}
+
+/// Encodes and decodes control messages. Decoding checks the size first, and turns every failure
+/// into a `MessageError` that names the problem, never a crash.
+public struct MessageCodec: Sendable {
+    public init() {}
+
+    public func encode(_ message: ServerMessage) -> [UInt8] { Self.encodeValue(message) }
+    public func encode(_ message: ClientMessage) -> [UInt8] { Self.encodeValue(message) }
+
+    public func decodeClientMessage(_ bytes: [UInt8]) throws(MessageError) -> ClientMessage {
+        let message: ClientMessage = try Self.decodeValue(bytes)
+        switch message {
+        case .join(let token, _, _) where token.utf8.count > ControlLimits.maxTokenBytes:
+            throw MessageError("join token is \(token.utf8.count) bytes; at most \(ControlLimits.maxTokenBytes)")
+        case .registerPushToken(let token, _):
+            guard (2...ControlLimits.maxPushTokenHexLength).contains(token.utf8.count), token.utf8.count % 2 == 0,
+                  token.utf8.allSatisfy({ (0x30...0x39).contains($0) || (0x61...0x66).contains($0) || (0x41...0x46).contains($0) })
+            else { throw MessageError("push token must be an even number (2-\(ControlLimits.maxPushTokenHexLength)) of hex digits") }
+        default: break
+        }
+        return message
+    }
+
+    public func decodeServerMessage(_ bytes: [UInt8]) throws(MessageError) -> ServerMessage { try Self.decodeValue(bytes) }
+
+    private static func encodeValue<T: Encodable>(_ value: T) -> [UInt8] {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+        // Every field is a plain string, number, bool, UUID or array of them: encoding cannot fail.
+        return (try? Array(encoder.encode(value))) ?? []
+    }
+
+    private static func decodeValue<T: Decodable>(_ bytes: [UInt8]) throws(MessageError) -> T {
+        guard bytes.count <= ControlLimits.maxMessageBytes else {
+            throw MessageError("control message is \(bytes.count) bytes; at most \(ControlLimits.maxMessageBytes)")
+        }
+        do {
+            return try JSONDecoder().decode(T.self, from: Data(bytes))
+        } catch let error as DecodingError {
+            throw MessageError("bad control message: \(Self.describe(error))")
+        } catch {
+            throw MessageError("bad control message: \(error)")
+        }
+    }
+
+    private static func describe(_ error: DecodingError) -> String {
+        switch error {
+        case .dataCorrupted(let context): return context.debugDescription
+        case .keyNotFound(let key, _): return "missing field '\(key.stringValue)'"
+        case .typeMismatch(_, let context), .valueNotFound(_, let context):
+            return "wrong type at '\(context.codingPath.map(\.stringValue).joined(separator: "."))'"
+        @unknown default: return "\(error)"
+        }
+    }
+}

@@ -1,0 +1,215 @@
+import Foundation
+
+// The messages client and server exchange on the Wire control stream (docs/protocol.md §16).
+// Each control message is one UTF-8 JSON object with a "type" member naming the message; the other
+// members are the message's fields. JSON because the control stream carries a handful of messages
+// per talk burst, and a readable format is worth more here than bytes; audio has its own binary
+// header (`AudioHeader`).
+
+/// How a channel carries speech.
+public enum TransmissionMode: String, Codable, Sendable, CaseIterable {
+    /// One talker at a time (the walkie-talkie default).
+    case halfDuplex
+    /// Up to the server's configured number of simultaneous talkers.
+    case fullDuplex
+}
+
+/// Which APNs environment a push token belongs to.
+public enum PushEnvironment: String, Codable, Sendable, CaseIterable {
+    case production, sandbox
+}
+
+/// Why a client joins: Apple's `PTChannelJoinReason`.
+public enum JoinReason: String, Codable, Sendable {
+    case developerRequest
+    case channelRestoration
+}
+
+/// A channel as members see it: Apple's channel descriptor plus what the server enforces.
+public struct ChannelInfo: Codable, Sendable, Equatable {
+    public var id: UUID
+    public var name: String
+    /// An http(s) URL or a `data:image/png;base64,…` URL.
+    public var image: String?
+    public var mode: TransmissionMode
+    public var maxBurstSeconds: Int
+
+    public init(id: UUID, name: String, image: String?, mode: TransmissionMode, maxBurstSeconds: Int) {
+        self.id = id
+        self.name = name
+        self.image = image
+        self.mode = mode
+        self.maxBurstSeconds = maxBurstSeconds
+    }
+}
+
+/// A member's connection as the roster shows it (after the IVS stage renderer's connection state).
+public enum ConnectionState: String, Codable, Sendable {
+    /// Connected now.
+    case connected
+    /// The connection dropped moments ago; the server holds the member's place for the grace period.
+    case reconnecting
+    /// A member who is not connected (reachable by push if it registered a token).
+    case offline
+}
+
+/// One entry of a channel's roster.
+public struct Participant: Codable, Sendable, Equatable {
+    /// The member's number in this channel, stable while the server runs; audio headers carry it.
+    public var slot: UInt16
+    public var userID: String
+    public var name: String
+    public var role: String?
+    public var priority: UInt8
+    public var canTalk: Bool
+    public var canListen: Bool
+    public var connection: ConnectionState
+    public var talking: Bool
+    public var muted: Bool
+
+    public init(slot: UInt16, userID: String, name: String, role: String? = nil, priority: UInt8 = 0,
+                canTalk: Bool = true, canListen: Bool = true, connection: ConnectionState = .connected,
+                talking: Bool = false, muted: Bool = false) {
+        self.slot = slot
+        self.userID = userID
+        self.name = name
+        self.role = role
+        self.priority = priority
+        self.canTalk = canTalk
+        self.canListen = canListen
+        self.connection = connection
+        self.talking = talking
+        self.muted = muted
+    }
+}
+
+/// Why the server refused a join, or removed a member. Codes 1-5 are the participant token's own
+/// (`TokenError.code`), so a client can tell "expired" from "forged".
+public enum RefusalCode: UInt16, Codable, Sendable {
+    case tokenExpired = 1
+    case tokenForged = 2
+    case tokenMalformed = 3
+    case tokenWrongChannel = 4
+    case tokenNotYetValid = 5
+    case channelNotFound = 6
+    case notJoined = 7
+    case serverBusy = 8
+    case removedByAdmin = 9
+    case channelDeleted = 10
+    case replaced = 11
+    case internalError = 12
+    case protocolError = 13
+}
+
+/// A floor-control outcome or announcement (after MCPTT TS 24.380).
+public enum FloorEventKind: String, Codable, Sendable {
+    /// To the requester: you may talk; send audio stamped with `burst`.
+    case granted
+    /// To the requester: refused; `cause` says why.
+    case denied
+    /// To the requester: waiting, at `position` (1 is next).
+    case queued
+    /// To everyone else: `slot` holds the floor for `burst`.
+    case taken
+    /// To the talker: the floor was taken away; `cause` says why. Everyone else sees `ended`.
+    case revoked
+    /// To everyone: `slot`'s burst ended.
+    case ended
+    /// To everyone: nobody holds the floor.
+    case idle
+}
+
+/// Denial and revocation causes. Raw values follow TS 24.380's Reject Cause numbering where one exists.
+public enum FloorCause: UInt16, Codable, Sendable {
+    case busy = 1
+    case notAllowed = 5
+    case queueFull = 7
+    case preempted = 100
+    case maxBurstReached = 101
+    case disconnected = 102
+    case notJoined = 103
+    case serviceUnavailable = 104
+}
+
+/// A floor event. Which optional fields are set depends on `kind` (docs/protocol.md §16.3).
+public struct FloorEvent: Codable, Sendable, Equatable {
+    public var kind: FloorEventKind
+    public var slot: UInt16?
+    public var burst: UInt16?
+    public var cause: FloorCause?
+    public var position: Int?
+    public var maxBurstSeconds: Int?
+    public var reason: String?
+
+    public init(kind: FloorEventKind, slot: UInt16? = nil, burst: UInt16? = nil, cause: FloorCause? = nil,
+                position: Int? = nil, maxBurstSeconds: Int? = nil, reason: String? = nil) {
+        self.kind = kind
+        self.slot = slot
+        self.burst = burst
+        self.cause = cause
+        self.position = position
+        self.maxBurstSeconds = maxBurstSeconds
+        self.reason = reason
+    }
+}
+
+/// Who holds the floor right now.
+public struct Talker: Codable, Sendable, Equatable {
+    public var slot: UInt16
+    public var burst: UInt16
+    public init(slot: UInt16, burst: UInt16) {
+        self.slot = slot
+        self.burst = burst
+    }
+}
+
+/// The server's ability to serve this channel (Apple's `PTServiceStatus`, as the server sees it).
+public enum ServiceStatus: String, Codable, Sendable {
+    case ready, connecting, unavailable
+}
+
+/// Client → server.
+public enum ClientMessage: Sendable, Equatable {
+    /// Join `channel` with a participant token. The reply is `joined` or `refused`.
+    case join(token: String, channel: UUID, reason: JoinReason)
+    /// Leave the channel for good: the membership and its push token are removed.
+    case leave
+    case floorRequest
+    case floorRelease
+    case setMuted(Bool)
+    /// The ephemeral push token (hex) the device got on join, and its APNs environment.
+    case registerPushToken(token: String, environment: PushEnvironment)
+}
+
+/// Server → client.
+public enum ServerMessage: Sendable, Equatable {
+    case joined(channel: ChannelInfo, you: UInt16, roster: [Participant], talkers: [Talker])
+    /// The join (or the membership) is refused or ended; the server closes the connection after it.
+    case refused(code: RefusalCode, reason: String)
+    /// A roster entry appeared or changed.
+    case participant(Participant)
+    /// A member left the channel (not just disconnected: that is a `participant` with `.offline`).
+    case participantLeft(slot: UInt16, userID: String)
+    case floor(FloorEvent)
+    case descriptor(ChannelInfo)
+    case serviceStatus(ServiceStatus, reason: String?)
+    /// The push token was stored.
+    case pushTokenRegistered
+    /// A request that made no sense in the current state; the connection stays.
+    case error(code: RefusalCode, reason: String)
+}
+
+/// A control message that could not be read.
+public struct MessageError: Error, Sendable, Equatable, CustomStringConvertible {
+    public var description: String
+    public init(_ description: String) { self.description = description }
+}
+
+/// Limits both sides enforce before parsing.
+public enum ControlLimits {
+    /// The largest control message either side accepts (an inline channel image is at most 16 KB).
+    public static let maxMessageBytes = 64 * 1024
+    /// Longest token or string field we accept.
+    public static let maxTokenBytes = 8 * 1024
+    public static let maxPushTokenHexLength = 200
+}

@@ -1,0 +1,162 @@
+import ChannelProtocol
+import Foundation
+
+/// A channel as stored and as the admin API shows it.
+public struct ChannelRecord: Codable, Sendable, Equatable, Identifiable {
+    public var id: UUID
+    public var name: String
+    /// An http(s) URL, or a small inline image as a `data:image/png;base64,…` URL (at most
+    /// `ChannelRecord.maxImageBytes`).
+    public var image: String?
+    public var mode: TransmissionMode
+    /// A talk burst longer than this is revoked.
+    public var maxBurstSeconds: Int
+    public var createdAt: Date
+    public var updatedAt: Date
+
+    public static let maxNameLength = 64
+    public static let maxImageBytes = 16 * 1024
+    public static let maxBurstRange = 1...600
+
+    public init(id: UUID = UUID(), name: String, image: String? = nil, mode: TransmissionMode = .halfDuplex,
+                maxBurstSeconds: Int = 60, createdAt: Date = Date(), updatedAt: Date = Date()) {
+        self.id = id
+        self.name = name
+        self.image = image
+        self.mode = mode
+        self.maxBurstSeconds = maxBurstSeconds
+        self.createdAt = createdAt
+        self.updatedAt = updatedAt
+    }
+
+    /// Checks the fields a user typed; the message says what to change.
+    public func validate() throws(StoreError) {
+        let trimmed = name.trimmingCharacters(in: .whitespacesAndNewlines)
+        guard !trimmed.isEmpty, trimmed.count <= Self.maxNameLength else {
+            throw .invalid("channel name must be 1-\(Self.maxNameLength) characters")
+        }
+        guard Self.maxBurstRange.contains(maxBurstSeconds) else {
+            throw .invalid("maximum burst must be \(Self.maxBurstRange.lowerBound)-\(Self.maxBurstRange.upperBound) seconds, not \(maxBurstSeconds)")
+        }
+        if let image {
+            guard image.utf8.count <= Self.maxImageBytes else {
+                throw .invalid("channel image is \(image.utf8.count) bytes; inline images must be at most \(Self.maxImageBytes) bytes, or use an https URL")
+            }
+            let lower = image.lowercased()
+            guard lower.hasPrefix("https://") || lower.hasPrefix("http://") || lower.hasPrefix("data:image/png;base64,") else {
+                throw .invalid("channel image must be an http(s) URL or a data:image/png;base64, URL")
+            }
+        }
+    }
+}
+
+/// A member of a channel: someone who joined it with a token and has not left. Members persist, so
+/// a member with a push token can be woken while disconnected.
+public struct MemberRecord: Codable, Sendable, Equatable {
+    public var channelID: UUID
+    public var userID: String
+    public var displayName: String
+    public var joinedAt: Date
+    public var lastSeen: Date
+    /// The ephemeral push token as lowercase hex, if the member registered one.
+    public var pushToken: String?
+    public var pushEnvironment: PushEnvironment?
+    public var pushRegisteredAt: Date?
+
+    public init(channelID: UUID, userID: String, displayName: String, joinedAt: Date = Date(), lastSeen: Date = Date(),
+                pushToken: String? = nil, pushEnvironment: PushEnvironment? = nil, pushRegisteredAt: Date? = nil) {
+        self.channelID = channelID
+        self.userID = userID
+        self.displayName = displayName
+        self.joinedAt = joinedAt
+        self.lastSeen = lastSeen
+        self.pushToken = pushToken
+        self.pushEnvironment = pushEnvironment
+        self.pushRegisteredAt = pushRegisteredAt
+    }
+}
+
+/// One talk burst, for the transmission log.
+public struct TransmissionRecord: Codable, Sendable, Equatable {
+    public var channelID: UUID
+    public var userID: String
+    public var startedAt: Date
+    public var durationMilliseconds: Int
+    /// Why it ended: "released", "preempted", "maxBurst", "disconnected", "channelDeleted", …
+    public var endReason: String
+
+    public init(channelID: UUID, userID: String, startedAt: Date, durationMilliseconds: Int, endReason: String) {
+        self.channelID = channelID
+        self.userID = userID
+        self.startedAt = startedAt
+        self.durationMilliseconds = durationMilliseconds
+        self.endReason = endReason
+    }
+}
+
+/// A storage failure, worded for whoever has to fix it.
+public enum StoreError: Error, Sendable, Equatable, CustomStringConvertible {
+    /// A value the caller supplied is not acceptable.
+    case invalid(String)
+    case channelNotFound(UUID)
+    case memberNotFound(channel: UUID, user: String)
+    /// The database could not be opened or migrated, or a statement failed.
+    case database(String)
+
+    public var description: String {
+        switch self {
+        case .invalid(let why): return why
+        case .channelNotFound(let id): return "no channel \(id); 'squelchd channel list' shows the channels"
+        case .memberNotFound(let channel, let user): return "user '\(user)' is not a member of channel \(channel)"
+        case .database(let why): return "database error: \(why)"
+        }
+    }
+}
+
+/// Where squelchd keeps what must survive a restart. SQLite (`SQLiteChannelStore`) is the embedded
+/// default; the protocol leaves room for PostgreSQL in a multi-node deployment.
+///
+/// Every write is durable when the call returns. Implementations are safe to use from several
+/// processes at once (the `squelchd channel` CLI edits the same database a running server uses), and
+/// `revision()` lets a server notice channel edits made elsewhere.
+public protocol ChannelStore: Sendable {
+    // Channels
+    func createChannel(_ channel: ChannelRecord) async throws(StoreError)
+    func channel(_ id: UUID) async throws(StoreError) -> ChannelRecord?
+    func channels() async throws(StoreError) -> [ChannelRecord]
+    /// Replaces the stored channel with the same id (bumping `updatedAt`); `channelNotFound` if absent.
+    func updateChannel(_ channel: ChannelRecord) async throws(StoreError) -> ChannelRecord
+    /// Deletes the channel and its members; keeps its transmission log. `channelNotFound` if absent.
+    func deleteChannel(_ id: UUID) async throws(StoreError)
+    /// A number that changes whenever any process creates, updates or deletes a channel, or removes a
+    /// member: cheap enough to poll every second.
+    func revision() async throws(StoreError) -> Int64
+
+    // Members
+    /// Inserts or updates the member (matching channel and user). Push fields are kept unless set.
+    func upsertMember(_ member: MemberRecord) async throws(StoreError)
+    func members(of channel: UUID) async throws(StoreError) -> [MemberRecord]
+    func member(channel: UUID, user: String) async throws(StoreError) -> MemberRecord?
+    /// Removes the member and its push token; `memberNotFound` if absent.
+    func removeMember(channel: UUID, user: String) async throws(StoreError)
+    func touchMember(channel: UUID, user: String, lastSeen: Date) async throws(StoreError)
+    /// Stores an ephemeral push token on the membership (replacing any earlier one).
+    func setPushToken(channel: UUID, user: String, token: String, environment: PushEnvironment,
+                      registeredAt: Date) async throws(StoreError)
+    func clearPushToken(channel: UUID, user: String) async throws(StoreError)
+
+    // Server keys (transport reset key, address-token key, …), created once and kept.
+    func serverKey(named name: String) async throws(StoreError) -> [UInt8]?
+    /// Stores `value` under `name` unless a key of that name exists; returns the stored key either way,
+    /// so two processes starting at once agree.
+    func storeServerKeyIfAbsent(named name: String, value: [UInt8]) async throws(StoreError) -> [UInt8]
+
+    // Transmission log
+    func logTransmission(_ record: TransmissionRecord) async throws(StoreError)
+    /// Newest first.
+    func transmissions(of channel: UUID, limit: Int) async throws(StoreError) -> [TransmissionRecord]
+
+    /// Makes every committed write durable in the main database file (a WAL checkpoint) and releases
+    /// the database. Called on graceful shutdown.
+    func close() async throws(StoreError)
+}

@@ -1,0 +1,17 @@
+import ChannelProtocol
+import Foundation
+
+/// What the admin API asks of the live part of the server (the channel hub), so that an edit made
+/// over HTTP takes effect on connected members at once rather than at the next store poll.
+public protocol AdminHubHooks: Sendable {
+    /// A channel was created or updated: members get a descriptor update.
+    func channelChanged(_ id: UUID) async
+    /// A channel was deleted: its members are told and disconnected.
+    func channelDeleted(_ id: UUID) async
+    /// An admin removed a member: it is told and disconnected, and its push token is gone.
+    func memberRemoved(channel: UUID, user: String) async
+    /// The live roster of a channel (connected and recently disconnected members), empty if unknown.
+    func roster(of channel: UUID) async -> [Participant]
+    /// Number of live connections, for /healthz.
+    func connectionCount() async -> Int
+}
