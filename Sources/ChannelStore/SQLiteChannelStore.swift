@@ -1,0 +1,519 @@
+import ChannelProtocol
+import Foundation
+import GRDB
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// The embedded `ChannelStore`: one SQLite file (WAL mode) in the data directory.
+///
+/// Several processes may open the same file at once: a running `squelchd serve` and the
+/// `squelchd channel` CLI. Writers wait up to `busyTimeoutSeconds` for each other, and triggers in the
+/// schema bump the revision counter, so `revision()` sees edits made by any process.
+public final class SQLiteChannelStore: ChannelStore {
+    /// The database's file name inside a data directory.
+    public static let defaultFileName = "squelch.sqlite"
+    /// How long a statement waits for another connection's lock before failing.
+    public static let busyTimeoutSeconds: TimeInterval = 5
+
+    /// The database file.
+    public let path: String
+    let pool: DatabasePool
+
+    /// Opens (or creates) `directory/squelch.sqlite`, creating the directory (mode 0700) if missing.
+    public convenience init(directory: String) throws(StoreError) {
+        if !FileManager.default.fileExists(atPath: directory) {
+            do {
+                try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true,
+                                                        attributes: [.posixPermissions: 0o700])
+            } catch {
+                throw .database("cannot create the data directory \(directory) (\(error.localizedDescription)); create it or pass another --data-dir")
+            }
+        }
+        try self.init(path: URL(fileURLWithPath: directory).appendingPathComponent(Self.defaultFileName).path)
+    }
+
+    /// Opens (or creates) the database at `path` and brings its schema up to date.
+    ///
+    /// Refuses a file that is not a SQLite database, and one whose schema was written by a newer
+    /// squelchd (it has migrations this build does not know).
+    public init(path: String) throws(StoreError) {
+        self.path = path
+        createPrivateFileIfAbsent(path)
+
+        var config = Configuration()
+        config.label = "squelch"
+        config.foreignKeysEnabled = true
+        config.busyMode = .timeout(Self.busyTimeoutSeconds)
+        do {
+            pool = try DatabasePool(path: path, configuration: config)
+            // FULL, not GRDB's WAL default NORMAL: NORMAL already survives `kill -9` (the WAL is in the
+            // OS page cache), but a power cut can lose the last commits, and the protocol promises a
+            // write is durable when the call returns. FULL fsyncs the WAL on every commit; our writes
+            // are a few per join or talk burst, so the cost is invisible. Set after opening because
+            // GRDB's WAL setup switches the writer to NORMAL; only the writer connection commits.
+            try pool.writeWithoutTransaction { try $0.execute(sql: "PRAGMA synchronous = FULL") }
+        } catch {
+            throw Self.storeError("cannot open the database \(path)", error)
+        }
+
+        let migrator = Self.migrator
+        do {
+            let unknown = try pool.read { db in try migrator.appliedIdentifiers(db).subtracting(migrator.migrations) }
+            if !unknown.isEmpty {
+                throw StoreError.database("\(path) has schema version(s) \(unknown.sorted().joined(separator: ", ")) from a newer squelchd; run that version, or restore a backup made before the upgrade")
+            }
+            do {
+                try migrator.migrate(pool)
+            } catch {
+                // GRDB checks which migrations are applied before taking the write lock, so a second
+                // process opening a new file at the same moment can lose the race and fail on
+                // "table exists". The other process's migration is just as good.
+                guard try pool.read(migrator.hasCompletedMigrations) else { throw error }
+            }
+        } catch {
+            throw Self.storeError("cannot prepare the schema of \(path)", error)
+        }
+    }
+
+    // MARK: Schema
+
+    static var migrator: DatabaseMigrator {
+        var migrator = DatabaseMigrator()
+        migrator.registerMigration("v1") { db in
+            try db.create(table: "channel") { t in
+                t.primaryKey("id", .text)  // UUID string, readable in the sqlite3 shell
+                t.column("name", .text).notNull()
+                t.column("image", .text)
+                t.column("mode", .text).notNull()
+                t.column("max_burst_seconds", .integer).notNull()
+                t.column("created_at", .integer).notNull()  // unix milliseconds
+                t.column("updated_at", .integer).notNull()
+            }
+            try db.create(table: "member") { t in
+                t.column("channel_id", .text).notNull().references("channel", onDelete: .cascade)
+                t.column("user_id", .text).notNull()
+                t.primaryKey(["channel_id", "user_id"])
+                t.column("display_name", .text).notNull()
+                t.column("joined_at", .integer).notNull()
+                t.column("last_seen", .integer).notNull()
+                t.column("push_token", .text)
+                t.column("push_environment", .text)
+                t.column("push_registered_at", .integer)
+            }
+            try db.create(table: "server_key") { t in
+                t.primaryKey("name", .text)
+                t.column("value", .blob).notNull()
+                t.column("created_at", .integer).notNull()
+            }
+            // No foreign key: the log outlives the channel it was spoken on.
+            try db.create(table: "transmission") { t in
+                t.autoIncrementedPrimaryKey("id")
+                t.column("channel_id", .text).notNull()
+                t.column("user_id", .text).notNull()
+                t.column("started_at", .integer).notNull()
+                t.column("duration_ms", .integer).notNull()
+                t.column("end_reason", .text).notNull()
+            }
+            try db.create(index: "transmission_by_channel", on: "transmission", columns: ["channel_id", "started_at"])
+            try db.create(table: "meta") { t in
+                t.primaryKey("key", .text)
+                t.column("value", .integer).notNull()
+            }
+            try db.execute(sql: "INSERT INTO meta (key, value) VALUES ('revision', 0)")
+            // Triggers rather than Swift code, so edits by any process (or the sqlite3 shell) move the
+            // revision a polling server watches.
+            let bump = "UPDATE meta SET value = value + 1 WHERE key = 'revision';"
+            try db.execute(sql: """
+                CREATE TRIGGER channel_inserted AFTER INSERT ON channel BEGIN \(bump) END;
+                CREATE TRIGGER channel_updated AFTER UPDATE ON channel BEGIN \(bump) END;
+                CREATE TRIGGER channel_deleted AFTER DELETE ON channel BEGIN \(bump) END;
+                CREATE TRIGGER member_deleted AFTER DELETE ON member BEGIN \(bump) END;
+                """)
+        }
+        return migrator
+    }
+
+    // MARK: Channels
+
+    public func createChannel(_ channel: ChannelRecord) async throws(StoreError) {
+        try channel.validate()
+        let row = ChannelRow(channel)
+        try await write("create channel \(channel.id)") { db in
+            if try ChannelRow.exists(db, key: row.id) {
+                throw StoreError.invalid("a channel with id \(channel.id) exists")
+            }
+            try row.insert(db)
+        }
+    }
+
+    public func channel(_ id: UUID) async throws(StoreError) -> ChannelRecord? {
+        try await read("read channel \(id)") { db in try ChannelRow.fetchOne(db, key: id.uuidString)?.record() }
+    }
+
+    public func channels() async throws(StoreError) -> [ChannelRecord] {
+        try await read("list channels") { db in
+            try ChannelRow.order(ChannelRow.Columns.name.collating(.nocase), ChannelRow.Columns.createdAt)
+                .fetchAll(db).map { row throws(StoreError) in try row.record() }
+        }
+    }
+
+    public func updateChannel(_ channel: ChannelRecord) async throws(StoreError) -> ChannelRecord {
+        try channel.validate()
+        let now = Date().unixMilliseconds
+        return try await write("update channel \(channel.id)") { db in
+            guard let existing = try ChannelRow.fetchOne(db, key: channel.id.uuidString) else {
+                throw StoreError.channelNotFound(channel.id)
+            }
+            var row = ChannelRow(channel)
+            // Creation time is the store's fact, not something an edit can move.
+            row.createdAt = existing.createdAt
+            row.updatedAt = now
+            try row.update(db)
+            return try row.record()
+        }
+    }
+
+    public func deleteChannel(_ id: UUID) async throws(StoreError) {
+        try await write("delete channel \(id)") { db in
+            guard try ChannelRow.deleteOne(db, key: id.uuidString) else { throw StoreError.channelNotFound(id) }
+        }
+    }
+
+    public func revision() async throws(StoreError) -> Int64 {
+        try await read("read the revision") { db in
+            try Int64.fetchOne(db, sql: "SELECT value FROM meta WHERE key = ?", arguments: ["revision"]) ?? 0
+        }
+    }
+
+    // MARK: Members
+
+    public func upsertMember(_ member: MemberRecord) async throws(StoreError) {
+        let newRow = MemberRow(member)
+        try await write("store member '\(member.userID)' of channel \(member.channelID)") { db in
+            var row = newRow
+            guard try ChannelRow.exists(db, key: row.channelID) else { throw StoreError.channelNotFound(member.channelID) }
+            if row.pushToken == nil, let existing = try MemberRow.fetchOne(db, key: row.key) {
+                row.pushToken = existing.pushToken
+                row.pushEnvironment = existing.pushEnvironment
+                row.pushRegisteredAt = existing.pushRegisteredAt
+            }
+            try row.save(db)
+        }
+    }
+
+    public func members(of channel: UUID) async throws(StoreError) -> [MemberRecord] {
+        try await read("list members of channel \(channel)") { db in
+            try MemberRow.filter(MemberRow.Columns.channelID == channel.uuidString)
+                .order(MemberRow.Columns.joinedAt, MemberRow.Columns.userID)
+                .fetchAll(db).map { row throws(StoreError) in try row.record() }
+        }
+    }
+
+    public func member(channel: UUID, user: String) async throws(StoreError) -> MemberRecord? {
+        try await read("read member '\(user)' of channel \(channel)") { db in
+            try MemberRow.fetchOne(db, key: MemberRow.key(channel, user))?.record()
+        }
+    }
+
+    public func removeMember(channel: UUID, user: String) async throws(StoreError) {
+        try await write("remove member '\(user)' of channel \(channel)") { db in
+            guard try MemberRow.deleteOne(db, key: MemberRow.key(channel, user)) else {
+                throw StoreError.memberNotFound(channel: channel, user: user)
+            }
+        }
+    }
+
+    public func touchMember(channel: UUID, user: String, lastSeen: Date) async throws(StoreError) {
+        try await updateMember(channel, user, "update last seen of") { [MemberRow.Columns.lastSeen.set(to: lastSeen.unixMilliseconds)] }
+    }
+
+    public func setPushToken(channel: UUID, user: String, token: String, environment: PushEnvironment,
+                             registeredAt: Date) async throws(StoreError) {
+        try await updateMember(channel, user, "store the push token of") {
+            [MemberRow.Columns.pushToken.set(to: token),
+             MemberRow.Columns.pushEnvironment.set(to: environment.rawValue),
+             MemberRow.Columns.pushRegisteredAt.set(to: registeredAt.unixMilliseconds)]
+        }
+    }
+
+    public func clearPushToken(channel: UUID, user: String) async throws(StoreError) {
+        try await updateMember(channel, user, "clear the push token of") {
+            [MemberRow.Columns.pushToken.set(to: nil),
+             MemberRow.Columns.pushEnvironment.set(to: nil),
+             MemberRow.Columns.pushRegisteredAt.set(to: nil)]
+        }
+    }
+
+    /// `assignments` is a builder because GRDB's `ColumnAssignment` is not Sendable and the update
+    /// runs on GRDB's writer queue.
+    private func updateMember(_ channel: UUID, _ user: String, _ action: String,
+                              _ assignments: @Sendable () -> [ColumnAssignment]) async throws(StoreError) {
+        try await write("\(action) member '\(user)' of channel \(channel)") { db in
+            let changed = try MemberRow.filter(key: MemberRow.key(channel, user)).updateAll(db, assignments())
+            guard changed > 0 else { throw StoreError.memberNotFound(channel: channel, user: user) }
+        }
+    }
+
+    // MARK: Server keys
+
+    public func serverKey(named name: String) async throws(StoreError) -> [UInt8]? {
+        try await read("read server key '\(name)'") { db in
+            try ServerKeyRow.fetchOne(db, key: name).map { [UInt8]($0.value) }
+        }
+    }
+
+    public func storeServerKeyIfAbsent(named name: String, value: [UInt8]) async throws(StoreError) -> [UInt8] {
+        guard !name.isEmpty, !value.isEmpty else { throw .invalid("a server key needs a name and a non-empty value") }
+        let row = ServerKeyRow(name: name, value: Data(value), createdAt: Date().unixMilliseconds)
+        return try await write("store server key '\(name)'") { db in
+            // One transaction: whichever process commits first wins, and both return its key.
+            try row.insert(db, onConflict: .ignore)
+            guard let stored = try ServerKeyRow.fetchOne(db, key: name) else {
+                throw StoreError.database("server key '\(name)' vanished right after it was stored")
+            }
+            return [UInt8](stored.value)
+        }
+    }
+
+    // MARK: Transmission log
+
+    public func logTransmission(_ record: TransmissionRecord) async throws(StoreError) {
+        let row = TransmissionRow(record)
+        try await write("log a transmission on channel \(record.channelID)") { db in try row.insert(db) }
+    }
+
+    public func transmissions(of channel: UUID, limit: Int) async throws(StoreError) -> [TransmissionRecord] {
+        try await read("read transmissions of channel \(channel)") { db in
+            try TransmissionRow.filter(TransmissionRow.Columns.channelID == channel.uuidString)
+                .order(TransmissionRow.Columns.startedAt.desc, TransmissionRow.Columns.id.desc)
+                .limit(max(0, limit))
+                .fetchAll(db).map { row throws(StoreError) in try row.record() }
+        }
+    }
+
+    // MARK: Closing
+
+    public func close() async throws(StoreError) {
+        do {
+            // TRUNCATE leaves an empty WAL, so a copy of the main file alone is a complete backup.
+            try await pool.writeWithoutTransaction { db in try db.execute(sql: "PRAGMA wal_checkpoint(TRUNCATE)") }
+            try pool.close()
+        } catch {
+            throw Self.storeError("cannot close \(path)", error)
+        }
+    }
+
+    // MARK: Access and errors
+
+    private func read<T: Sendable>(_ action: String, _ body: @Sendable (Database) throws -> T) async throws(StoreError) -> T {
+        do { return try await pool.read(body) } catch { throw Self.storeError("cannot \(action)", error) }
+    }
+
+    private func write<T: Sendable>(_ action: String, _ body: @Sendable (Database) throws -> T) async throws(StoreError) -> T {
+        do { return try await pool.write(body) } catch { throw Self.storeError("cannot \(action)", error) }
+    }
+
+    /// Passes `StoreError`s thrown inside a transaction through; words everything else as a database
+    /// error with a hint for the result codes an operator can do something about.
+    static func storeError(_ context: String, _ error: any Error) -> StoreError {
+        if let error = error as? StoreError { return error }
+        guard let error = error as? DatabaseError else {
+            if error is CancellationError { return .database("\(context): the task was cancelled") }
+            return .database("\(context): \(error)")
+        }
+        let what = error.message ?? "SQLite error \(error.extendedResultCode.rawValue)"
+        let hint: String
+        switch error.resultCode {
+        case .SQLITE_NOTADB, .SQLITE_CORRUPT:
+            hint = "; the file is damaged or not a Squelch database: restore a backup, or move it aside to start empty"
+        case .SQLITE_BUSY, .SQLITE_LOCKED:
+            hint = "; another process held the database locked for over \(Int(busyTimeoutSeconds)) s: try again"
+        case .SQLITE_CANTOPEN:
+            hint = "; check that the directory exists and is writable"
+        case .SQLITE_READONLY, .SQLITE_PERM, .SQLITE_AUTH:
+            hint = "; check the permissions of the file and its directory"
+        case .SQLITE_FULL, .SQLITE_IOERR:
+            hint = "; check the disk (space, health)"
+        default:
+            hint = ""
+        }
+        return .database("\(context): \(what) (SQLite code \(error.extendedResultCode.rawValue))\(hint)")
+    }
+}
+
+/// Creates an empty file with mode 0600 unless one exists. SQLite gives the -wal and -shm files the
+/// main file's permissions, so this keeps all three private; an empty file is a valid empty database.
+private func createPrivateFileIfAbsent(_ path: String) {
+    // O_EXCL: never truncates a file another process just created. Failures are left for SQLite to
+    // report with its own message when it opens the path.
+    let fd = open(path, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0o600)
+    if fd >= 0 { close(fd) }
+}
+
+// MARK: - Rows
+
+// Private row types keep GRDB out of the public records and fix the storage format: UUIDs as
+// uppercase strings and dates as unix milliseconds, so what the sqlite3 shell shows is readable.
+
+extension Date {
+    /// Whole milliseconds since 1970, as stored.
+    fileprivate var unixMilliseconds: Int64 { Int64((timeIntervalSince1970 * 1000).rounded()) }
+
+    fileprivate init(unixMilliseconds: Int64) { self.init(timeIntervalSince1970: Double(unixMilliseconds) / 1000) }
+}
+
+private func uuid(_ text: String, in table: String) throws(StoreError) -> UUID {
+    guard let id = UUID(uuidString: text) else { throw .database("\(table) row has a malformed channel id '\(text)'") }
+    return id
+}
+
+private struct ChannelRow: Codable, FetchableRecord, PersistableRecord {
+    static let databaseTableName = "channel"
+    var id: String
+    var name: String
+    var image: String?
+    var mode: String
+    var maxBurstSeconds: Int
+    var createdAt: Int64
+    var updatedAt: Int64
+
+    enum CodingKeys: String, CodingKey {
+        case id, name, image, mode
+        case maxBurstSeconds = "max_burst_seconds", createdAt = "created_at", updatedAt = "updated_at"
+    }
+
+    enum Columns {
+        static let name = Column(CodingKeys.name)
+        static let createdAt = Column(CodingKeys.createdAt)
+    }
+
+    init(_ record: ChannelRecord) {
+        id = record.id.uuidString
+        name = record.name
+        image = record.image
+        mode = record.mode.rawValue
+        maxBurstSeconds = record.maxBurstSeconds
+        createdAt = record.createdAt.unixMilliseconds
+        updatedAt = record.updatedAt.unixMilliseconds
+    }
+
+    func record() throws(StoreError) -> ChannelRecord {
+        guard let mode = TransmissionMode(rawValue: mode) else {
+            throw .database("channel \(id) has an unknown mode '\(mode)'; was it written by a newer squelchd?")
+        }
+        return ChannelRecord(id: try uuid(id, in: "channel"), name: name, image: image, mode: mode, maxBurstSeconds: maxBurstSeconds,
+                             createdAt: Date(unixMilliseconds: createdAt), updatedAt: Date(unixMilliseconds: updatedAt))
+    }
+}
+
+private struct MemberRow: Codable, FetchableRecord, PersistableRecord {
+    static let databaseTableName = "member"
+    var channelID: String
+    var userID: String
+    var displayName: String
+    var joinedAt: Int64
+    var lastSeen: Int64
+    var pushToken: String?
+    var pushEnvironment: String?
+    var pushRegisteredAt: Int64?
+
+    enum CodingKeys: String, CodingKey {
+        case channelID = "channel_id", userID = "user_id", displayName = "display_name", joinedAt = "joined_at"
+        case lastSeen = "last_seen", pushToken = "push_token", pushEnvironment = "push_environment"
+        case pushRegisteredAt = "push_registered_at"
+    }
+
+    enum Columns {
+        static let channelID = Column(CodingKeys.channelID)
+        static let userID = Column(CodingKeys.userID)
+        static let joinedAt = Column(CodingKeys.joinedAt)
+        static let lastSeen = Column(CodingKeys.lastSeen)
+        static let pushToken = Column(CodingKeys.pushToken)
+        static let pushEnvironment = Column(CodingKeys.pushEnvironment)
+        static let pushRegisteredAt = Column(CodingKeys.pushRegisteredAt)
+    }
+
+    static func key(_ channel: UUID, _ user: String) -> [String: (any DatabaseValueConvertible)?] {
+        [CodingKeys.channelID.rawValue: channel.uuidString, CodingKeys.userID.rawValue: user]
+    }
+
+    var key: [String: (any DatabaseValueConvertible)?] {
+        [CodingKeys.channelID.rawValue: channelID, CodingKeys.userID.rawValue: userID]
+    }
+
+    init(_ record: MemberRecord) {
+        channelID = record.channelID.uuidString
+        userID = record.userID
+        displayName = record.displayName
+        joinedAt = record.joinedAt.unixMilliseconds
+        lastSeen = record.lastSeen.unixMilliseconds
+        pushToken = record.pushToken
+        pushEnvironment = record.pushEnvironment?.rawValue
+        pushRegisteredAt = record.pushRegisteredAt?.unixMilliseconds
+    }
+
+    func record() throws(StoreError) -> MemberRecord {
+        var environment: PushEnvironment?
+        if let pushEnvironment {
+            guard let parsed = PushEnvironment(rawValue: pushEnvironment) else {
+                throw .database("member '\(userID)' of channel \(channelID) has an unknown push environment '\(pushEnvironment)'")
+            }
+            environment = parsed
+        }
+        return MemberRecord(channelID: try uuid(channelID, in: "member"), userID: userID, displayName: displayName,
+                            joinedAt: Date(unixMilliseconds: joinedAt), lastSeen: Date(unixMilliseconds: lastSeen),
+                            pushToken: pushToken, pushEnvironment: environment,
+                            pushRegisteredAt: pushRegisteredAt.map(Date.init(unixMilliseconds:)))
+    }
+}
+
+private struct ServerKeyRow: Codable, FetchableRecord, PersistableRecord {
+    static let databaseTableName = "server_key"
+    var name: String
+    var value: Data
+    var createdAt: Int64
+
+    enum CodingKeys: String, CodingKey {
+        case name, value, createdAt = "created_at"
+    }
+}
+
+private struct TransmissionRow: Codable, FetchableRecord, PersistableRecord {
+    static let databaseTableName = "transmission"
+    /// Nil on insert: SQLite assigns it, and it orders bursts that started in the same millisecond.
+    var id: Int64?
+    var channelID: String
+    var userID: String
+    var startedAt: Int64
+    var durationMilliseconds: Int
+    var endReason: String
+
+    enum CodingKeys: String, CodingKey {
+        case id, channelID = "channel_id", userID = "user_id", startedAt = "started_at"
+        case durationMilliseconds = "duration_ms", endReason = "end_reason"
+    }
+
+    enum Columns {
+        static let id = Column(CodingKeys.id)
+        static let channelID = Column(CodingKeys.channelID)
+        static let startedAt = Column(CodingKeys.startedAt)
+    }
+
+    init(_ record: TransmissionRecord) {
+        id = nil
+        channelID = record.channelID.uuidString
+        userID = record.userID
+        startedAt = record.startedAt.unixMilliseconds
+        durationMilliseconds = record.durationMilliseconds
+        endReason = record.endReason
+    }
+
+    func record() throws(StoreError) -> TransmissionRecord {
+        TransmissionRecord(channelID: try uuid(channelID, in: "transmission"), userID: userID,
+                           startedAt: Date(unixMilliseconds: startedAt), durationMilliseconds: durationMilliseconds,
+                           endReason: endReason)
+    }
+}

@@ -1,0 +1,283 @@
+import ArgumentParser
+import ChannelProtocol
+import ChannelStore
+import Foundation
+import PTTServer
+
+/// `squelchd channel …`: edits the channel database directly. A running server shares the file and
+/// notices the change through `ChannelStore.revision()`, so no admin API round trip is needed.
+struct Channel: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Create, list, show, update and delete channels.",
+        discussion: "Edits <data-dir>/\(SQLiteChannelStore.defaultFileName); a running server picks changes up by itself.",
+        subcommands: [Create.self, List.self, Show.self, Update.self, Delete.self])
+
+    struct Create: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Create a channel and print its id.",
+            discussion: "Only the id goes to stdout, so 'id=$(squelchd channel create --name Ops)' works; the next step goes to stderr.")
+
+        @Option(help: "Channel name (1-\(ChannelRecord.maxNameLength) characters).") var name: String
+        @Option(help: "Channel image: an http(s) URL or a data:image/png;base64, URL.") var image: String?
+        @Option(help: "half: one talker at a time; full: several at once.") var mode: ModeOption = .half
+        @Option(help: "Longest talk burst in seconds (\(ChannelRecord.maxBurstRange.lowerBound)-\(ChannelRecord.maxBurstRange.upperBound)).")
+        var maxBurst = 60
+        @OptionGroup var store: StoreOptions
+
+        func run() async throws {
+            let channel = ChannelRecord(name: name, image: image, mode: mode.mode, maxBurstSeconds: maxBurst)
+            try await store.withStore(creating: true) { db throws(StoreError) in try await db.createChannel(channel) }
+            print(channel.id.uuidString)
+            standardError("next: squelchd token issue --channel \(channel.id.uuidString) --user <user-id> --name <display-name>\(store.dataDirFlag)")
+        }
+    }
+
+    struct List: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "List the channels.")
+
+        @Flag(help: "Print JSON instead of a table.") var json = false
+        @OptionGroup var store: StoreOptions
+
+        func run() async throws {
+            let entries = try await store.withStore { db throws(StoreError) in
+                var entries: [ChannelJSON] = []
+                for channel in try await db.channels() {
+                    entries.append(ChannelJSON(channel, memberCount: try await db.members(of: channel.id).count))
+                }
+                return entries
+            }
+            if json { return try printJSON(entries) }
+            guard !entries.isEmpty else {
+                print("no channels; create one with 'squelchd channel create --name <name>\(store.dataDirFlag)'")
+                return
+            }
+            print(table(["ID", "NAME", "MODE", "MAX BURST", "MEMBERS"], entries.map {
+                [$0.id.uuidString, $0.name, ModeOption($0.mode).rawValue, "\($0.maxBurstSeconds) s", "\($0.memberCount)"]
+            }))
+        }
+    }
+
+    struct Show: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Show a channel and its members.")
+
+        @Argument(help: "Channel id.") var id: String
+        @Flag(help: "Print JSON instead of text.") var json = false
+        @OptionGroup var store: StoreOptions
+
+        func run() async throws {
+            let channelID = try parseChannelID(id)
+            let (channel, members) = try await store.withStore { db throws(StoreError) in
+                guard let channel = try await db.channel(channelID) else { throw StoreError.channelNotFound(channelID) }
+                return (channel, try await db.members(of: channelID))
+            }
+            if json {
+                var entry = ChannelJSON(channel, memberCount: members.count)
+                entry.members = members.map(MemberJSON.init)
+                return try printJSON(entry)
+            }
+            let dates = ISO8601DateFormatter()
+            let rows: [(String, String)] = [
+                ("id", channel.id.uuidString),
+                ("name", channel.name),
+                ("image", describeImage(channel.image)),
+                ("mode", ModeOption(channel.mode).rawValue + " duplex"),
+                ("max burst", "\(channel.maxBurstSeconds) s"),
+                ("created", dates.string(from: channel.createdAt)),
+                ("updated", dates.string(from: channel.updatedAt)),
+                ("members", "\(members.count)"),
+            ]
+            for (label, value) in rows { print((label + ":").padding(toLength: 11, withPad: " ", startingAt: 0) + value) }
+            guard !members.isEmpty else { return }
+            print("")
+            print(table(["USER", "NAME", "LAST SEEN", "PUSH TOKEN"], members.map {
+                [$0.userID, $0.displayName, dates.string(from: $0.lastSeen),
+                 $0.pushToken == nil ? "no" : "yes (\($0.pushEnvironment?.rawValue ?? "unknown environment"))"]
+            }))
+        }
+    }
+
+    struct Update: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Change a channel's name, image, mode or maximum burst.")
+
+        @Argument(help: "Channel id.") var id: String
+        @Option(help: "New name.") var name: String?
+        @Option(help: "New image: an http(s) URL or a data:image/png;base64, URL.") var image: String?
+        @Flag(help: "Remove the image.") var clearImage = false
+        @Option(help: "half or full.") var mode: ModeOption?
+        @Option(help: "Longest talk burst in seconds.") var maxBurst: Int?
+        @OptionGroup var store: StoreOptions
+
+        func run() async throws {
+            let channelID = try parseChannelID(id)
+            guard name != nil || image != nil || clearImage || mode != nil || maxBurst != nil else {
+                throw fail(.invalid("nothing to change; pass --name, --image, --clear-image, --mode or --max-burst"))
+            }
+            guard !(clearImage && image != nil) else { throw fail(.invalid("--image and --clear-image contradict each other; pass one")) }
+            let updated = try await store.withStore { db throws(StoreError) in
+                guard var channel = try await db.channel(channelID) else { throw StoreError.channelNotFound(channelID) }
+                if let name { channel.name = name }
+                if let image { channel.image = image }
+                if clearImage { channel.image = nil }
+                if let mode { channel.mode = mode.mode }
+                if let maxBurst { channel.maxBurstSeconds = maxBurst }
+                return try await db.updateChannel(channel)
+            }
+            print("updated channel \(updated.id.uuidString) (\(updated.name))")
+        }
+    }
+
+    struct Delete: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Delete a channel and its members (the transmission log is kept).",
+            discussion: "Connected members are disconnected. Asks for --yes because it cannot be undone.")
+
+        @Argument(help: "Channel id.") var id: String
+        @Flag(help: "Really delete.") var yes = false
+        @OptionGroup var store: StoreOptions
+
+        func run() async throws {
+            let channelID = try parseChannelID(id)
+            let confirmed = yes
+            let outcome = try await store.withStore { db throws(StoreError) -> (ChannelRecord, members: Int) in
+                guard let channel = try await db.channel(channelID) else { throw StoreError.channelNotFound(channelID) }
+                let members = try await db.members(of: channelID).count
+                if confirmed { try await db.deleteChannel(channelID) }
+                return (channel, members)
+            }
+            guard confirmed else {
+                throw fail(.invalid("deleting channel \(channelID.uuidString) (\(outcome.0.name)) also removes its \(outcome.members) member(s) and cannot be undone; add --yes to delete it"))
+            }
+            print("deleted channel \(channelID.uuidString) (\(outcome.0.name))")
+        }
+    }
+}
+
+extension Channel {
+    /// `--mode` as typed on the command line.
+    enum ModeOption: String, ExpressibleByArgument, CaseIterable {
+        case half, full
+
+        init(_ mode: TransmissionMode) { self = mode == .halfDuplex ? .half : .full }
+
+        var mode: TransmissionMode { self == .half ? .halfDuplex : .fullDuplex }
+    }
+
+    /// The data directory, and opening the store in it.
+    struct StoreOptions: ParsableArguments {
+        @Option(help: "Data directory holding the database (the server's --data-dir).")
+        var dataDir = ServerConfiguration().dataDirectory
+
+        /// Repeats a non-default --data-dir in hints, so a copied command acts on the same database.
+        var dataDirFlag: String { dataDir == ServerConfiguration().dataDirectory ? "" : " --data-dir \(dataDir)" }
+
+        /// Opens the store, runs `body`, closes the store. Failures print one line and become the exit code.
+        ///
+        /// Only `creating` commands may make a new database: the default data directory is relative, and
+        /// a `list` run from the wrong directory should say so rather than leave an empty database there.
+        func withStore<T: Sendable>(creating: Bool = false,
+                                    _ body: (SQLiteChannelStore) async throws(StoreError) -> T) async throws -> T {
+            let file = URL(fileURLWithPath: dataDir).appendingPathComponent(SQLiteChannelStore.defaultFileName).path
+            guard creating || FileManager.default.fileExists(atPath: file) else {
+                throw fail(.database("no database at \(file); pass the server's --data-dir, or create a channel first"))
+            }
+            let store: SQLiteChannelStore
+            do { store = try SQLiteChannelStore(directory: dataDir) } catch { throw fail(error) }
+            do {
+                let result = try await body(store)
+                // The writes are already durable; closing only folds the WAL into the main file.
+                try? await store.close()
+                return result
+            } catch {
+                try? await store.close()
+                throw fail(error)
+            }
+        }
+    }
+
+    /// A channel as `--json` prints it. Push tokens are reduced to whether one is registered.
+    struct ChannelJSON: Encodable {
+        var id: UUID
+        var name: String
+        var image: String?
+        var mode: TransmissionMode
+        var maxBurstSeconds: Int
+        var createdAt: Date
+        var updatedAt: Date
+        var memberCount: Int
+        var members: [MemberJSON]?
+
+        init(_ channel: ChannelRecord, memberCount: Int) {
+            id = channel.id
+            name = channel.name
+            image = channel.image
+            mode = channel.mode
+            maxBurstSeconds = channel.maxBurstSeconds
+            createdAt = channel.createdAt
+            updatedAt = channel.updatedAt
+            self.memberCount = memberCount
+        }
+    }
+
+    struct MemberJSON: Encodable {
+        var userID: String
+        var displayName: String
+        var joinedAt: Date
+        var lastSeen: Date
+        var hasPushToken: Bool
+        var pushEnvironment: PushEnvironment?
+
+        init(_ member: MemberRecord) {
+            userID = member.userID
+            displayName = member.displayName
+            joinedAt = member.joinedAt
+            lastSeen = member.lastSeen
+            hasPushToken = member.pushToken != nil
+            pushEnvironment = member.pushEnvironment
+        }
+    }
+
+}
+
+/// Prints `squelchd: <error>` on stderr and returns the exit code: 78 (EX_CONFIG) when the database
+/// itself is the problem, 1 for a missing channel or a refused value.
+private func fail(_ error: StoreError) -> ExitCode {
+    standardError("squelchd: \(error)")
+    if case .database = error { return ExitCode(78) }
+    return ExitCode(1)
+}
+
+private func standardError(_ line: String) {
+    FileHandle.standardError.write(Data((line + "\n").utf8))
+}
+
+private func parseChannelID(_ text: String) throws -> UUID {
+    guard let id = UUID(uuidString: text) else {
+        throw fail(.invalid("'\(text)' is not a channel id (a UUID); 'squelchd channel list' shows them"))
+    }
+    return id
+}
+
+private func printJSON(_ value: some Encodable) throws {
+    let encoder = JSONEncoder()
+    encoder.outputFormatting = [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes]
+    encoder.dateEncodingStrategy = .iso8601
+    print(String(decoding: try encoder.encode(value), as: UTF8.self))
+}
+
+/// An inline image is kilobytes of base64: say what it is instead of printing it.
+private func describeImage(_ image: String?) -> String {
+    guard let image else { return "(none)" }
+    if image.lowercased().hasPrefix("data:") { return "inline PNG, \(image.utf8.count) bytes" }
+    return image
+}
+
+/// Left-aligned columns two spaces apart.
+private func table(_ header: [String], _ rows: [[String]]) -> String {
+    let all = [header] + rows
+    let widths = header.indices.map { column in all.map { $0[column].count }.max() ?? 0 }
+    return all.map { row in
+        row.enumerated().map { column, cell in
+            column == row.count - 1 ? cell : cell.padding(toLength: widths[column], withPad: " ", startingAt: 0)
+        }.joined(separator: "  ")
+    }.joined(separator: "\n")
+}

@@ -1,0 +1,342 @@
+import ChannelProtocol
+@testable import ChannelStore
+import Foundation
+import GRDB
+import Testing
+
+/// A date the store keeps exactly: it stores whole milliseconds.
+private func ms(_ date: Date = Date()) -> Date {
+    Date(timeIntervalSince1970: (date.timeIntervalSince1970 * 1000).rounded() / 1000)
+}
+
+/// Runs `body` and returns the `StoreError` it threw, or nil; any other error fails the test.
+private func storeError(_ body: () async throws -> Void) async -> StoreError? {
+    do { try await body(); return nil } catch let error as StoreError { return error } catch {
+        Issue.record("expected a StoreError, got \(error)")
+        return nil
+    }
+}
+
+private func message(_ error: StoreError?) -> String {
+    switch error {
+    case .invalid(let text)?, .database(let text)?: return text
+    default: return ""
+    }
+}
+
+/// Each test gets its own empty directory and its own SQLite file.
+@Suite final class SQLiteChannelStoreTests: Sendable {
+    let directory: String
+    var path: String { directory + "/" + SQLiteChannelStore.defaultFileName }
+
+    init() throws {
+        directory = FileManager.default.temporaryDirectory.appendingPathComponent("channel-store-\(UUID())").path
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+    }
+
+    deinit { try? FileManager.default.removeItem(atPath: directory) }
+
+    func open() throws -> SQLiteChannelStore { try SQLiteChannelStore(directory: directory) }
+
+    func makeChannel(_ name: String = "Ops", mode: TransmissionMode = .halfDuplex) -> ChannelRecord {
+        let now = ms()
+        return ChannelRecord(name: name, image: "https://example.com/ops.png", mode: mode, maxBurstSeconds: 45,
+                             createdAt: now, updatedAt: now)
+    }
+
+    // MARK: Channels
+
+    @Test func channelCreateReadUpdateDelete() async throws {
+        let store = try open()
+        let channel = makeChannel()
+        try await store.createChannel(channel)
+        #expect(try await store.channel(channel.id) == channel)
+        #expect(try await store.channels() == [channel])
+
+        var edited = channel
+        edited.name = "Ops 2"
+        edited.image = nil
+        edited.mode = .fullDuplex
+        edited.maxBurstSeconds = 600
+        edited.createdAt = ms(Date(timeIntervalSince1970: 0))  // an edit cannot move the creation time
+        try await Task.sleep(for: .milliseconds(5))
+        let updated = try await store.updateChannel(edited)
+        #expect(updated.name == "Ops 2" && updated.image == nil && updated.mode == .fullDuplex && updated.maxBurstSeconds == 600)
+        #expect(updated.createdAt == channel.createdAt)
+        #expect(updated.updatedAt > channel.updatedAt)
+        #expect(try await store.channel(channel.id) == updated)
+
+        try await store.deleteChannel(channel.id)
+        #expect(try await store.channel(channel.id) == nil)
+        #expect(try await store.channels().isEmpty)
+        #expect(await storeError { try await store.deleteChannel(channel.id) } == .channelNotFound(channel.id))
+        #expect(await storeError { _ = try await store.updateChannel(channel) } == .channelNotFound(channel.id))
+    }
+
+    @Test func channelsAreListedByName() async throws {
+        let store = try open()
+        for name in ["bravo", "Alpha", "charlie"] { try await store.createChannel(makeChannel(name)) }
+        #expect(try await store.channels().map(\.name) == ["Alpha", "bravo", "charlie"])
+    }
+
+    @Test(arguments: [
+        (ChannelRecord(name: "  "), "channel name"),
+        (ChannelRecord(name: "Ops", maxBurstSeconds: 0), "maximum burst"),
+        (ChannelRecord(name: "Ops", image: "ftp://example.com/a.png"), "http(s) URL"),
+        (ChannelRecord(name: "Ops", image: "data:image/png;base64," + String(repeating: "A", count: ChannelRecord.maxImageBytes)),
+         "at most"),
+    ])
+    func invalidChannelsAreRefused(channel: ChannelRecord, expected: String) async throws {
+        let store = try open()
+        let created = await storeError { try await store.createChannel(channel) }
+        #expect(message(created).contains(expected), "\(String(describing: created))")
+        #expect(try await store.channels().isEmpty)
+
+        var valid = channel
+        valid.name = "Ops"
+        valid.image = nil
+        valid.maxBurstSeconds = 60
+        try await store.createChannel(valid)
+        let updated = await storeError { _ = try await store.updateChannel(channel) }
+        #expect(message(updated).contains(expected), "\(String(describing: updated))")
+        #expect(try await store.channel(channel.id)?.name == "Ops")
+    }
+
+    @Test func aDuplicateIDIsRefused() async throws {
+        let store = try open()
+        let channel = makeChannel()
+        try await store.createChannel(channel)
+        var twin = makeChannel("Twin")
+        twin.id = channel.id
+        let error = await storeError { try await store.createChannel(twin) }
+        #expect(error == .invalid("a channel with id \(channel.id) exists"))
+        #expect(try await store.channel(channel.id)?.name == "Ops")
+    }
+
+    // MARK: Members
+
+    @Test func membersUpsertKeepPushTokensAndRemove() async throws {
+        let store = try open()
+        let channel = makeChannel()
+        try await store.createChannel(channel)
+        let joined = ms()
+        let ann = MemberRecord(channelID: channel.id, userID: "u1", displayName: "Ann", joinedAt: joined, lastSeen: joined,
+                               pushToken: "abcd", pushEnvironment: .sandbox, pushRegisteredAt: joined)
+        try await store.upsertMember(ann)
+        #expect(try await store.member(channel: channel.id, user: "u1") == ann)
+
+        // A rejoin without a token renames but keeps the token.
+        var renamed = MemberRecord(channelID: channel.id, userID: "u1", displayName: "Ann B", joinedAt: joined, lastSeen: ms())
+        try await store.upsertMember(renamed)
+        renamed.pushToken = "abcd"
+        renamed.pushEnvironment = .sandbox
+        renamed.pushRegisteredAt = joined
+        #expect(try await store.member(channel: channel.id, user: "u1") == renamed)
+
+        // A new token replaces the old one.
+        var retokened = renamed
+        retokened.pushToken = "ef01"
+        retokened.pushEnvironment = .production
+        try await store.upsertMember(retokened)
+        #expect(try await store.member(channel: channel.id, user: "u1") == retokened)
+
+        let bob = MemberRecord(channelID: channel.id, userID: "u2", displayName: "Bob", joinedAt: ms().addingTimeInterval(1))
+        try await store.upsertMember(bob)
+        #expect(try await store.members(of: channel.id).map(\.userID) == ["u1", "u2"])
+
+        try await store.removeMember(channel: channel.id, user: "u1")
+        #expect(try await store.member(channel: channel.id, user: "u1") == nil)
+        #expect(try await store.members(of: channel.id).map(\.userID) == ["u2"])
+        #expect(await storeError { try await store.removeMember(channel: channel.id, user: "u1") }
+                == .memberNotFound(channel: channel.id, user: "u1"))
+
+        let stranger = MemberRecord(channelID: UUID(), userID: "u3", displayName: "Cy")
+        #expect(await storeError { try await store.upsertMember(stranger) } == .channelNotFound(stranger.channelID))
+    }
+
+    @Test func deletingAChannelDeletesItsMembers() async throws {
+        let store = try open()
+        let channel = makeChannel(), other = makeChannel("Other")
+        try await store.createChannel(channel)
+        try await store.createChannel(other)
+        try await store.upsertMember(MemberRecord(channelID: channel.id, userID: "u1", displayName: "Ann", pushToken: "aa", pushEnvironment: .sandbox))
+        try await store.upsertMember(MemberRecord(channelID: other.id, userID: "u1", displayName: "Ann"))
+        try await store.deleteChannel(channel.id)
+        #expect(try await store.members(of: channel.id).isEmpty)
+        #expect(try await store.members(of: other.id).count == 1)
+        let rows = try await store.pool.read { db in
+            try Int.fetchOne(db, sql: "SELECT count(*) FROM member WHERE channel_id = ?", arguments: [channel.id.uuidString])
+        }
+        #expect(rows == 0)
+    }
+
+    @Test func pushTokensAndLastSeen() async throws {
+        let store = try open()
+        let channel = makeChannel()
+        try await store.createChannel(channel)
+        try await store.upsertMember(MemberRecord(channelID: channel.id, userID: "u1", displayName: "Ann"))
+
+        let registered = ms()
+        try await store.setPushToken(channel: channel.id, user: "u1", token: "00ff", environment: .production, registeredAt: registered)
+        var member = try #require(try await store.member(channel: channel.id, user: "u1"))
+        #expect(member.pushToken == "00ff" && member.pushEnvironment == .production && member.pushRegisteredAt == registered)
+
+        let seen = ms().addingTimeInterval(60)
+        try await store.touchMember(channel: channel.id, user: "u1", lastSeen: seen)
+        member = try #require(try await store.member(channel: channel.id, user: "u1"))
+        #expect(member.lastSeen == seen && member.pushToken == "00ff")
+
+        try await store.clearPushToken(channel: channel.id, user: "u1")
+        member = try #require(try await store.member(channel: channel.id, user: "u1"))
+        #expect(member.pushToken == nil && member.pushEnvironment == nil && member.pushRegisteredAt == nil)
+
+        let missing = StoreError.memberNotFound(channel: channel.id, user: "nobody")
+        #expect(await storeError { try await store.setPushToken(channel: channel.id, user: "nobody", token: "aa", environment: .sandbox, registeredAt: Date()) } == missing)
+        #expect(await storeError { try await store.clearPushToken(channel: channel.id, user: "nobody") } == missing)
+        #expect(await storeError { try await store.touchMember(channel: channel.id, user: "nobody", lastSeen: Date()) } == missing)
+    }
+
+    // MARK: Server keys, transmissions
+
+    @Test func theFirstServerKeyWins() async throws {
+        let first = try open(), second = try open()
+        #expect(try await first.serverKey(named: "reset") == nil)
+        #expect(try await first.storeServerKeyIfAbsent(named: "reset", value: [1, 2, 3]) == [1, 2, 3])
+        #expect(try await second.storeServerKeyIfAbsent(named: "reset", value: [9, 9]) == [1, 2, 3])
+        #expect(try await second.serverKey(named: "reset") == [1, 2, 3])
+        #expect(try await second.storeServerKeyIfAbsent(named: "token", value: [7]) == [7])
+        #expect(await storeError { _ = try await first.storeServerKeyIfAbsent(named: "empty", value: []) } != nil)
+    }
+
+    @Test func transmissionsNewestFirstAndKeptAfterDeletion() async throws {
+        let store = try open()
+        let channel = makeChannel(), other = makeChannel("Other")
+        try await store.createChannel(channel)
+        let start = ms()
+        for i in 0..<5 {
+            try await store.logTransmission(TransmissionRecord(channelID: channel.id, userID: "u\(i)", startedAt: start.addingTimeInterval(Double(i)),
+                                                               durationMilliseconds: 1000 + i, endReason: "released"))
+        }
+        try await store.logTransmission(TransmissionRecord(channelID: other.id, userID: "x", startedAt: start, durationMilliseconds: 1, endReason: "maxBurst"))
+
+        let latest = try await store.transmissions(of: channel.id, limit: 3)
+        #expect(latest.map(\.userID) == ["u4", "u3", "u2"])
+        #expect(latest.first == TransmissionRecord(channelID: channel.id, userID: "u4", startedAt: start.addingTimeInterval(4),
+                                                   durationMilliseconds: 1004, endReason: "released"))
+        #expect(try await store.transmissions(of: channel.id, limit: 0).isEmpty)
+
+        try await store.deleteChannel(channel.id)
+        #expect(try await store.transmissions(of: channel.id, limit: 100).count == 5)
+    }
+
+    // MARK: Several processes, reopening, schema
+
+    @Test func revisionSeesEditsFromAnotherConnection() async throws {
+        let server = try open(), cli = try open()
+        var seen = try await server.revision()
+
+        func expectBumped(_ what: Comment) async throws {
+            let now = try await server.revision()
+            #expect(now > seen, what)
+            seen = now
+        }
+        let channel = makeChannel()
+        try await cli.createChannel(channel)
+        try await expectBumped("create")
+        var edited = channel
+        edited.name = "Renamed"
+        _ = try await cli.updateChannel(edited)
+        try await expectBumped("update")
+        try await cli.upsertMember(MemberRecord(channelID: channel.id, userID: "u1", displayName: "Ann"))
+        try await cli.touchMember(channel: channel.id, user: "u1", lastSeen: Date())
+        #expect(try await server.revision() == seen, "joins and presence must not make the server reload channels")
+        try await cli.removeMember(channel: channel.id, user: "u1")
+        try await expectBumped("remove member")
+        try await cli.deleteChannel(channel.id)
+        try await expectBumped("delete")
+        #expect(try await server.channel(channel.id) == nil)
+    }
+
+    @Test func dataIsBackAfterCloseAndReopen() async throws {
+        let channel = makeChannel()
+        let member = MemberRecord(channelID: channel.id, userID: "u1", displayName: "Ann", joinedAt: ms(), lastSeen: ms(),
+                                  pushToken: "beef", pushEnvironment: .sandbox, pushRegisteredAt: ms())
+        do {
+            let store = try open()
+            try await store.createChannel(channel)
+            try await store.upsertMember(member)
+            _ = try await store.storeServerKeyIfAbsent(named: "reset", value: [4, 2])
+            try await store.close()
+        }
+        // The TRUNCATE checkpoint leaves the main file complete on its own.
+        let wal = (try? FileManager.default.attributesOfItem(atPath: path + "-wal")[.size] as? Int) ?? 0
+        #expect(wal == 0)
+
+        let reopened = try open()
+        #expect(try await reopened.channel(channel.id) == channel)
+        #expect(try await reopened.member(channel: channel.id, user: "u1") == member)
+        #expect(try await reopened.serverKey(named: "reset") == [4, 2])
+    }
+
+    @Test func aClosedStoreReportsADatabaseError() async throws {
+        let store = try open()
+        try await store.close()
+        let error = await storeError { _ = try await store.channels() }
+        guard case .database? = error else { Issue.record("expected a database error, got \(String(describing: error))"); return }
+    }
+
+    @Test func schemaVersionIsRecorded() async throws {
+        try await open().close()
+        let applied = try await DatabaseQueue(path: path).read { db in
+            try String.fetchAll(db, sql: "SELECT identifier FROM grdb_migrations ORDER BY identifier")
+        }
+        #expect(applied == ["v1"])
+    }
+
+    @Test func filesArePrivateAndCommitsAreFullySynced() async throws {
+        let store = try open()
+        try await store.createChannel(makeChannel())
+        for file in [path, path + "-wal", path + "-shm"] {
+            let mode = try #require(try FileManager.default.attributesOfItem(atPath: file)[.posixPermissions] as? Int)
+            #expect(mode & 0o077 == 0, "\(file) has mode \(String(mode, radix: 8))")
+        }
+        let synchronous = try await store.pool.write { db in try Int.fetchOne(db, sql: "PRAGMA synchronous") }
+        #expect(synchronous == 2)  // FULL
+        let journal = try await store.pool.read { db in try String.fetchOne(db, sql: "PRAGMA journal_mode") }
+        #expect(journal == "wal")
+    }
+
+    @Test func processesOpeningANewFileAtOnceAgree() async throws {
+        let directory = self.directory
+        let results = await withTaskGroup(of: StoreError?.self) { group in
+            for _ in 0..<4 {
+                group.addTask {
+                    do throws(StoreError) { _ = try SQLiteChannelStore(directory: directory); return nil } catch { return error }
+                }
+            }
+            return await group.reduce(into: [StoreError?]()) { $0.append($1) }
+        }
+        #expect(results.compactMap { $0 }.isEmpty, "\(results)")
+        #expect(try await open().revision() == 0)
+    }
+
+    @Test func aCorruptFileIsRefusedClearly() throws {
+        var bytes = [UInt8](repeating: 0, count: 8192)
+        for i in bytes.indices { bytes[i] = .random(in: 0...255) }
+        #expect(FileManager.default.createFile(atPath: path, contents: Data(bytes)))
+        var thrown: StoreError?
+        do { _ = try open() } catch let error as StoreError { thrown = error }
+        guard case .database(let text)? = thrown else { Issue.record("expected a database error, got \(String(describing: thrown))"); return }
+        #expect(text.contains(path) && text.contains("not a database"), "\(text)")
+        #expect(text.contains("restore a backup"), "\(text)")
+    }
+
+    @Test func aNewerSchemaIsRefused() async throws {
+        try await open().close()
+        try await DatabaseQueue(path: path).write { db in try db.execute(sql: "INSERT INTO grdb_migrations (identifier) VALUES ('v2')") }
+        var thrown: StoreError?
+        do { _ = try open() } catch let error as StoreError { thrown = error }
+        guard case .database(let text)? = thrown else { Issue.record("expected a database error, got \(String(describing: thrown))"); return }
+        #expect(text.contains("newer squelchd") && text.contains("v2"), "\(text)")
+    }
+}
