@@ -1,25 +1,520 @@
+import ChannelProtocol
+import ChannelStore
 import Foundation
 import Hummingbird
+import NIOCore
+import ParticipantTokens
+import Prometheus
 import SquelchInfo
 
-/// The admin HTTP API. For now: health and version; channels, tokens and metrics join it in issue 4.
+/// What the admin API works on. The server builds one at start; tests build one around a temporary
+/// store, a fake hub and a test registry.
+public struct AdminContext: Sendable {
+    /// Channels, members and the transmission log.
+    public var store: any ChannelStore
+    /// Signs the participant tokens `POST /v1/channels/:id/tokens` hands out.
+    public var tokens: TokenAuthority
+    /// The bearer key every `/v1` request must present (`ServerConfiguration.resolveAdminKey()`).
+    public var adminKey: String
+    /// The live channel hub, told about edits so that connected members see them at once. `nil` when
+    /// the API runs without a hub (the roster is then empty and edits take effect at the next poll).
+    public var hub: (any AdminHubHooks)?
+    /// What `GET /metrics` emits.
+    public var registry: PrometheusCollectorRegistry
+    /// The certificate the transport presents, as `/healthz` shows it.
+    public var identitySummary: String
+    /// When the server started, for uptime.
+    public var started: Date
+    /// Whether the server can serve right now; `/healthz` answers 503 with the reason when it can't.
+    /// The store is checked as well (a cheap `revision()`), so a broken database shows up here too.
+    public var readiness: @Sendable () async -> Readiness
+
+    public enum Readiness: Sendable, Equatable {
+        case ready
+        case unavailable(reason: String)
+    }
+
+    public init(store: any ChannelStore, tokens: TokenAuthority, adminKey: String, hub: (any AdminHubHooks)? = nil,
+                registry: PrometheusCollectorRegistry = PrometheusCollectorRegistry(), identitySummary: String,
+                started: Date = Date(), readiness: @escaping @Sendable () async -> Readiness = { .ready }) {
+        self.store = store
+        self.tokens = tokens
+        self.adminKey = adminKey
+        self.hub = hub
+        self.registry = registry
+        self.identitySummary = identitySummary
+        self.started = started
+        self.readiness = readiness
+    }
+}
+
+/// The admin HTTP API (docs/architecture.md, "Admin API").
+///
+/// Unauthenticated: `GET /healthz`, `GET /version`, `GET /metrics`. Everything under `/v1` needs
+/// `Authorization: Bearer <admin key>` and speaks JSON; every error is `{"error": "..."}` saying what
+/// went wrong and what to do. Dates are ISO 8601.
 public enum AdminAPI {
-    /// `GET /healthz` body. `status` is "ok" while the server can serve.
-    public struct Health: ResponseCodable, Sendable, Equatable {
+    /// Request bodies larger than this are refused with 413.
+    public static let maxBodyBytes = 64 * 1024
+    /// Longest participant token lifetime `POST /v1/channels/:id/tokens` issues.
+    public static let maxTokenLifetimeSeconds = 30 * 86_400
+    public static let defaultTokenLifetimeSeconds = 12 * 3_600
+    /// Longest user id and display name in an issued token.
+    public static let maxUserFieldLength = 128
+    public static let defaultTransmissionLimit = 50
+    public static let maxTransmissionLimit = 1_000
+    public static let metricsContentType = "text/plain; version=0.0.4"
+
+    /// `GET /healthz` body. `status` is "ok" while the server can serve, else "unavailable" with `reason`.
+    public struct Health: Codable, Sendable, Equatable {
         public var status: String
+        public var reason: String?
         public var version: String
         public var uptimeSeconds: Double
         public var certificate: String
+        /// Live connections, when a hub is attached.
+        public var connections: Int?
     }
 
-    /// Builds the router. `started` is the server's start time, for uptime.
-    public static func router(identitySummary: String, started: Date = Date()) -> Router<BasicRequestContext> {
-        let router = Router()
-        router.get("/healthz") { _, _ in
-            Health(status: "ok", version: SquelchInfo.version, uptimeSeconds: Date().timeIntervalSince(started),
-                   certificate: identitySummary)
+    /// A channel member as `GET /v1/channels/:id/members` shows it: the push token itself never leaves
+    /// the server, only whether there is one and for which APNs environment.
+    public struct MemberView: Codable, Sendable, Equatable {
+        public var userID: String
+        public var displayName: String
+        public var joinedAt: Date
+        public var lastSeen: Date
+        public var hasPushToken: Bool
+        public var pushEnvironment: PushEnvironment?
+        public var pushRegisteredAt: Date?
+
+        init(_ member: MemberRecord) {
+            userID = member.userID
+            displayName = member.displayName
+            joinedAt = member.joinedAt
+            lastSeen = member.lastSeen
+            hasPushToken = member.pushToken != nil
+            pushEnvironment = member.pushToken != nil ? member.pushEnvironment : nil
+            pushRegisteredAt = member.pushToken != nil ? member.pushRegisteredAt : nil
         }
+
+        public func encode(to encoder: any Encoder) throws {
+            var container = encoder.container(keyedBy: CodingKeys.self)
+            try container.encode(userID, forKey: .userID)
+            try container.encode(displayName, forKey: .displayName)
+            try container.encode(joinedAt, forKey: .joinedAt)
+            try container.encode(lastSeen, forKey: .lastSeen)
+            try container.encode(hasPushToken, forKey: .hasPushToken)
+            try container.encode(pushEnvironment, forKey: .pushEnvironment)
+            try container.encode(pushRegisteredAt, forKey: .pushRegisteredAt)
+        }
+    }
+
+    /// `POST /v1/channels/:id/tokens` answer.
+    public struct IssuedToken: Codable, Sendable, Equatable {
+        public var token: String
+        public var tokenID: String
+        public var channel: UUID
+        public var user: String
+        public var expiresAt: Date
+    }
+
+    /// Builds the router.
+    public static func router(context admin: AdminContext) -> Router<BasicRequestContext> {
+        let router = Router()
+        router.get("/healthz") { _, _ in try await health(admin) }
         router.get("/version") { _, _ in SquelchInfo.version + "\n" }
+        router.get("/metrics") { _, _ in
+            Response(status: .ok, headers: [.contentType: metricsContentType],
+                     body: .init(byteBuffer: ByteBuffer(bytes: admin.registry.emitToBuffer())))
+        }
+
+        let v1 = router.group("v1")
+            .add(middleware: JSONErrorMiddleware())
+            .add(middleware: BearerAuthMiddleware(key: admin.adminKey))
+        let store = admin.store
+
+        v1.get("channels") { _, _ in
+            try json(try await store.channels().map(ChannelView.init))
+        }
+        v1.post("channels") { request, _ in
+            let body = try await decode(NewChannel.self, from: request)
+            var channel = ChannelRecord(name: body.name.trimmingCharacters(in: .whitespacesAndNewlines), image: body.image,
+                                        maxBurstSeconds: body.maxBurstSeconds ?? 60)
+            if let mode = body.mode { channel.mode = try transmissionMode(mode) }
+            try channel.validate()
+            try await store.createChannel(channel)
+            await admin.hub?.channelChanged(channel.id)
+            return try json(ChannelView(try await store.channel(channel.id) ?? channel), status: .created)
+        }
+        v1.get("channels/:id") { _, context in
+            try json(ChannelView(try await existingChannel(try channelID(context), in: store)))
+        }
+        v1.patch("channels/:id") { request, context in
+            let id = try channelID(context)
+            let patch = try await decode(ChannelPatch.self, from: request)
+            var channel = try await existingChannel(id, in: store)
+            if let name = patch.name { channel.name = name.trimmingCharacters(in: .whitespacesAndNewlines) }
+            if patch.imageSent { channel.image = patch.image }
+            if let mode = patch.mode { channel.mode = try transmissionMode(mode) }
+            if let burst = patch.maxBurstSeconds { channel.maxBurstSeconds = burst }
+            try channel.validate()
+            let updated = try await store.updateChannel(channel)
+            await admin.hub?.channelChanged(id)
+            return try json(ChannelView(updated))
+        }
+        v1.delete("channels/:id") { _, context in
+            let id = try channelID(context)
+            try await store.deleteChannel(id)
+            await admin.hub?.channelDeleted(id)
+            return Response(status: .noContent)
+        }
+
+        v1.get("channels/:id/members") { _, context in
+            let id = try channelID(context)
+            _ = try await existingChannel(id, in: store)
+            return try json(try await store.members(of: id).map(MemberView.init))
+        }
+        v1.delete("channels/:id/members/:user") { _, context in
+            let id = try channelID(context)
+            // Path parameters arrive percent-encoded (a user id may hold any character).
+            let raw = try context.parameters.require("user")
+            let user = raw.removingPercentEncoding ?? raw
+            _ = try await existingChannel(id, in: store)
+            try await store.removeMember(channel: id, user: user)
+            await admin.hub?.memberRemoved(channel: id, user: user)
+            return Response(status: .noContent)
+        }
+        v1.get("channels/:id/roster") { _, context in
+            let id = try channelID(context)
+            _ = try await existingChannel(id, in: store)
+            return try json(await admin.hub?.roster(of: id) ?? [])
+        }
+
+        v1.post("channels/:id/tokens") { request, context in
+            let id = try channelID(context)
+            _ = try await existingChannel(id, in: store)
+            let body = try await decode(TokenRequest.self, from: request)
+            let claims = try body.claims(channel: id, now: Date())
+            let token: String
+            do { token = try await admin.tokens.issue(claims) } catch {
+                throw AdminError(.internalServerError, "could not sign the token (\(error)); check the token key in the data directory")
+            }
+            return try json(IssuedToken(token: token, tokenID: claims.tokenID, channel: id, user: claims.userID,
+                                        expiresAt: claims.expiresAt), status: .created)
+        }
+
+        v1.get("channels/:id/transmissions") { request, context in
+            let id = try channelID(context)
+            var limit = defaultTransmissionLimit
+            if let text = request.uri.queryParameters.get("limit") {
+                guard let value = Int(text), (1...maxTransmissionLimit).contains(value) else {
+                    throw AdminError(.badRequest, "limit must be a whole number from 1 to \(maxTransmissionLimit), not '\(text)'")
+                }
+                limit = value
+            }
+            // The log outlives a deleted channel, so a deleted channel's bursts can still be read; a
+            // channel that never had any and doesn't exist is a 404.
+            let log = try await store.transmissions(of: id, limit: limit)
+            if log.isEmpty { _ = try await existingChannel(id, in: store) }
+            return try json(log)
+        }
         return router
+    }
+
+    // MARK: - Health
+
+    static func health(_ admin: AdminContext) async throws -> Response {
+        var reason: String?
+        if case .unavailable(let why) = await admin.readiness() { reason = why }
+        if reason == nil {
+            do { _ = try await admin.store.revision() } catch { reason = "the channel store is failing: \(error)" }
+        }
+        let health = Health(status: reason == nil ? "ok" : "unavailable", reason: reason, version: SquelchInfo.version,
+                            uptimeSeconds: Date().timeIntervalSince(admin.started), certificate: admin.identitySummary,
+                            connections: await admin.hub?.connectionCount())
+        return try json(health, status: reason == nil ? .ok : .serviceUnavailable)
+    }
+
+    // MARK: - Request bodies
+
+    struct NewChannel: Decodable {
+        static let fields = ["name", "image", "mode", "maxBurstSeconds"]
+        var name: String
+        var image: String?
+        var mode: String?
+        var maxBurstSeconds: Int?
+    }
+
+    /// A partial update: absent fields stay; `"image": null` clears the image.
+    struct ChannelPatch: Decodable {
+        static let fields = NewChannel.fields
+        var name: String?
+        var image: String?
+        var imageSent = false
+        var mode: String?
+        var maxBurstSeconds: Int?
+
+        enum CodingKeys: String, CodingKey { case name, image, mode, maxBurstSeconds }
+
+        init(from decoder: any Decoder) throws {
+            let container = try decoder.container(keyedBy: CodingKeys.self)
+            name = try container.decodeIfPresent(String.self, forKey: .name)
+            mode = try container.decodeIfPresent(String.self, forKey: .mode)
+            maxBurstSeconds = try container.decodeIfPresent(Int.self, forKey: .maxBurstSeconds)
+            if container.contains(.image) {
+                imageSent = true
+                image = try container.decodeNil(forKey: .image) ? nil : try container.decode(String.self, forKey: .image)
+            }
+            if name == nil, !imageSent, mode == nil, maxBurstSeconds == nil {
+                throw AdminError(.badRequest, "nothing to change; send one or more of \(Self.fields.joined(separator: ", "))")
+            }
+        }
+    }
+
+    struct TokenRequest: Decodable {
+        static let fields = ["user", "name", "capabilities", "priority", "role", "ttlSeconds"]
+        var user: String
+        var name: String
+        var capabilities: [String]?
+        var priority: Int?
+        var role: String?
+        var ttlSeconds: Int?
+
+        func claims(channel: UUID, now: Date) throws(AdminError) -> ParticipantClaims {
+            let user = self.user.trimmingCharacters(in: .whitespacesAndNewlines)
+            let name = self.name.trimmingCharacters(in: .whitespacesAndNewlines)
+            guard (1...maxUserFieldLength).contains(user.count) else {
+                throw AdminError(.badRequest, "user must be 1-\(maxUserFieldLength) characters")
+            }
+            guard (1...maxUserFieldLength).contains(name.count) else {
+                throw AdminError(.badRequest, "name must be 1-\(maxUserFieldLength) characters")
+            }
+            var capabilities = Set<Capability>()
+            for text in self.capabilities ?? ["talk", "listen"] {
+                guard let capability = Capability(rawValue: text) else {
+                    throw AdminError(.badRequest, "unknown capability '\(text)'; use \"talk\", \"listen\" or both")
+                }
+                capabilities.insert(capability)
+            }
+            guard !capabilities.isEmpty else {
+                throw AdminError(.badRequest, "capabilities is empty; give \"talk\", \"listen\" or both")
+            }
+            let priority = self.priority ?? 0
+            guard (0...255).contains(priority) else {
+                throw AdminError(.badRequest, "priority must be 0-255, not \(priority)")
+            }
+            let ttl = ttlSeconds ?? defaultTokenLifetimeSeconds
+            guard (1...maxTokenLifetimeSeconds).contains(ttl) else {
+                throw AdminError(.badRequest, "ttlSeconds must be 1-\(maxTokenLifetimeSeconds) (30 days), not \(ttl)")
+            }
+            let role = role?.trimmingCharacters(in: .whitespacesAndNewlines)
+            return ParticipantClaims(userID: user, name: name, channel: channel, capabilities: capabilities,
+                                     role: role?.isEmpty == true ? nil : role, priority: UInt8(priority),
+                                     issuedAt: now, expiresAt: now.addingTimeInterval(TimeInterval(ttl)))
+        }
+    }
+
+    /// A channel as the API shows it: `ChannelRecord`'s fields, with `image` always present (null when
+    /// there is none).
+    struct ChannelView: Encodable {
+        var channel: ChannelRecord
+        init(_ channel: ChannelRecord) { self.channel = channel }
+
+        enum CodingKeys: String, CodingKey { case id, name, image, mode, maxBurstSeconds, createdAt, updatedAt }
+
+        func encode(to encoder: any Encoder) throws {
+            var container = encoder.container(keyedBy: CodingKeys.self)
+            try container.encode(channel.id, forKey: .id)
+            try container.encode(channel.name, forKey: .name)
+            try container.encode(channel.image, forKey: .image)
+            try container.encode(channel.mode, forKey: .mode)
+            try container.encode(channel.maxBurstSeconds, forKey: .maxBurstSeconds)
+            try container.encode(channel.createdAt, forKey: .createdAt)
+            try container.encode(channel.updatedAt, forKey: .updatedAt)
+        }
+    }
+
+    // MARK: - Helpers
+
+    static func transmissionMode(_ text: String) throws(AdminError) -> TransmissionMode {
+        guard let mode = TransmissionMode(rawValue: text) else {
+            let valid = TransmissionMode.allCases.map { "\"\($0.rawValue)\"" }.joined(separator: " or ")
+            throw AdminError(.badRequest, "mode must be \(valid), not \"\(text)\"")
+        }
+        return mode
+    }
+
+    static func channelID(_ context: BasicRequestContext) throws(AdminError) -> UUID {
+        let text = context.parameters.get("id") ?? ""
+        guard let id = UUID(uuidString: text) else {
+            throw AdminError(.badRequest, "'\(text)' is not a channel id (a UUID); GET /v1/channels lists them")
+        }
+        return id
+    }
+
+    static func existingChannel(_ id: UUID, in store: any ChannelStore) async throws -> ChannelRecord {
+        guard let channel = try await store.channel(id) else { throw StoreError.channelNotFound(id) }
+        return channel
+    }
+
+    static let encoder: JSONEncoder = {
+        let encoder = JSONEncoder()
+        encoder.dateEncodingStrategy = .iso8601
+        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+        return encoder
+    }()
+
+    static func json(_ value: some Encodable, status: HTTPResponse.Status = .ok) throws -> Response {
+        let data = try encoder.encode(value)
+        return Response(status: status, headers: [.contentType: "application/json; charset=utf-8"],
+                        body: .init(byteBuffer: ByteBuffer(bytes: data)))
+    }
+
+    /// Reads a JSON object body of at most `maxBodyBytes`, refusing unknown fields, and decodes it;
+    /// every failure is a 400 or 413 saying what to fix.
+    static func decode<Body: Decodable>(_ type: Body.Type, from request: Request) async throws -> Body {
+        let fields: [String]
+        switch type {
+        case is NewChannel.Type: fields = NewChannel.fields
+        case is ChannelPatch.Type: fields = ChannelPatch.fields
+        case is TokenRequest.Type: fields = TokenRequest.fields
+        default: fields = []
+        }
+        var request = request
+        let buffer: ByteBuffer
+        do { buffer = try await request.collectBody(upTo: maxBodyBytes) } catch is NIOTooManyBytesError {
+            throw AdminError(.contentTooLarge, "the request body is over \(maxBodyBytes / 1024) KB; send a smaller one (inline images must be at most \(ChannelRecord.maxImageBytes / 1024) KB)")
+        }
+        let data = Data(buffer: buffer)
+        let expected = "send a JSON object with \(fields.joined(separator: ", "))"
+        guard !data.isEmpty else { throw AdminError(.badRequest, "the request body is empty; \(expected)") }
+        let object: Any
+        do { object = try JSONSerialization.jsonObject(with: data) } catch {
+            throw AdminError(.badRequest, "the request body is not valid JSON (\(error.localizedDescription)); \(expected)")
+        }
+        guard let dictionary = object as? [String: Any] else {
+            throw AdminError(.badRequest, "the request body must be a JSON object; \(expected)")
+        }
+        if let unknown = dictionary.keys.sorted().first(where: { !fields.contains($0) }) {
+            throw AdminError(.badRequest, "unknown field \"\(unknown)\"; valid fields are \(fields.joined(separator: ", "))")
+        }
+        do { return try JSONDecoder().decode(Body.self, from: data) } catch let error as AdminError {
+            throw error
+        } catch let error as DecodingError {
+            throw AdminError(.badRequest, describe(error))
+        }
+    }
+
+    static func describe(_ error: DecodingError) -> String {
+        func field(_ path: [any CodingKey]) -> String {
+            path.map { $0.intValue.map { "[\($0)]" } ?? $0.stringValue }.joined(separator: ".")
+        }
+        switch error {
+        case .keyNotFound(let key, _):
+            return "field \"\(key.stringValue)\" is required"
+        case .valueNotFound(_, let context):
+            return "field \"\(field(context.codingPath))\" must not be null"
+        case .typeMismatch(let type, let context):
+            return "field \"\(field(context.codingPath))\" must be \(describe(type))"
+        case .dataCorrupted(let context):
+            if context.codingPath.isEmpty { return "the request body is not valid JSON (\(context.debugDescription))" }
+            return "field \"\(field(context.codingPath))\" is not valid (\(context.debugDescription))"
+        @unknown default:
+            return "the request body could not be read (\(error))"
+        }
+    }
+
+    static func describe(_ type: Any.Type) -> String {
+        switch type {
+        case is String.Type: return "a string"
+        case is Int.Type: return "a whole number"
+        case is Double.Type: return "a number"
+        case is Bool.Type: return "true or false"
+        case is [String].Type, is [Any].Type: return "an array of strings"
+        default: return "a \(type)"
+        }
+    }
+}
+
+/// An API error: its status and a message that says what to do, sent as `{"error": "..."}`.
+struct AdminError: HTTPResponseError, CustomStringConvertible {
+    var status: HTTPResponse.Status
+    var message: String
+    var headers: HTTPFields
+
+    init(_ status: HTTPResponse.Status, _ message: String, headers: HTTPFields = [:]) {
+        self.status = status
+        self.message = message
+        self.headers = headers
+    }
+
+    var description: String { "\(status.code) \(message)" }
+
+    func response(from request: Request, context: some RequestContext) throws -> Response {
+        var response = try AdminAPI.json(["error": message], status: status)
+        response.headers.append(contentsOf: headers)
+        return response
+    }
+
+    init(_ error: StoreError) {
+        switch error {
+        case .invalid: self.init(.badRequest, error.description)
+        case .channelNotFound(let id): self.init(.notFound, "no channel \(id); GET /v1/channels lists the channels")
+        case .memberNotFound: self.init(.notFound, error.description + "; GET /v1/channels/<id>/members lists the members")
+        case .database: self.init(.internalServerError, error.description + "; check the server log and the data directory")
+        }
+    }
+}
+
+/// Turns every error under `/v1` into a JSON error body: store errors get their status, anything
+/// unexpected is a logged 500.
+struct JSONErrorMiddleware<Context: RequestContext>: RouterMiddleware {
+    func handle(_ request: Request, context: Context,
+                next: (Request, Context) async throws -> Response) async throws -> Response {
+        do { return try await next(request, context) } catch let error as AdminError {
+            throw error
+        } catch let error as StoreError {
+            if case .database = error { context.logger.error("admin API: \(error)") }
+            throw AdminError(error)
+        } catch let error as any HTTPResponseError {
+            // Hummingbird's own (for example a missing route parameter): keep the status, say it in JSON.
+            throw AdminError(error.status, "\(error)")
+        } catch {
+            context.logger.error("admin API: \(request.method) \(request.uri.path) failed: \(error)")
+            throw AdminError(.internalServerError, "internal error (\(error)); check the server log")
+        }
+    }
+}
+
+/// Checks `Authorization: Bearer <key>` in constant time.
+struct BearerAuthMiddleware<Context: RequestContext>: RouterMiddleware {
+    let key: [UInt8]
+
+    init(key: String) { self.key = Array(key.utf8) }
+
+    func handle(_ request: Request, context: Context,
+                next: (Request, Context) async throws -> Response) async throws -> Response {
+        let challenge: HTTPFields = [.wwwAuthenticate: "Bearer"]
+        guard let header = request.headers[.authorization] else {
+            throw AdminError(.unauthorized, "missing Authorization header; send 'Authorization: Bearer <admin key>' (the key is in <data-dir>/admin-key unless set with SQUELCH_ADMIN_KEY)", headers: challenge)
+        }
+        let parts = header.split(separator: " ", maxSplits: 1, omittingEmptySubsequences: true)
+        guard parts.count == 2, parts[0].lowercased() == "bearer" else {
+            throw AdminError(.unauthorized, "the Authorization header must be 'Bearer <admin key>'", headers: challenge)
+        }
+        guard Self.constantTimeEqual(Array(parts[1].trimmingCharacters(in: .whitespaces).utf8), key) else {
+            throw AdminError(.unauthorized, "wrong admin key; use the key in <data-dir>/admin-key or the one set with SQUELCH_ADMIN_KEY", headers: challenge)
+        }
+        return try await next(request, context)
+    }
+
+    /// Compares every byte of `expected` whatever the input, so the time taken says nothing about how
+    /// much of a guess was right.
+    static func constantTimeEqual(_ given: [UInt8], _ expected: [UInt8]) -> Bool {
+        var difference: UInt8 = given.count == expected.count ? 0 : 1
+        for index in expected.indices {
+            difference |= (index < given.count ? given[index] : 0) ^ expected[index]
+        }
+        return difference == 0
     }
 }

@@ -1,37 +1,336 @@
 import Foundation
+import Logging
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
 
 /// Everything `squelchd serve` needs to start. Defaults are safe: everything binds to 127.0.0.1.
-public struct ServerConfiguration: Sendable {
+///
+/// Each setting can come from four places; a later one wins: the defaults below, a JSON config file
+/// (`--config`, or `SQUELCH_CONFIG`; keys are the property names), the environment (`SQUELCH_…`), and
+/// command-line flags. `ServerConfiguration.settings` lists every setting with its key, variable, flag and
+/// default; `load(file:environment:overrides:)` does the merge. Relative paths are relative to the
+/// working directory, wherever they come from.
+public struct ServerConfiguration: Sendable, Equatable {
     /// Where the database and generated keys live. Created (mode 0700) if missing.
     public var dataDirectory: String = "data"
+    /// UDP address the push-to-talk transport binds.
+    public var host: String = "127.0.0.1"
+    /// UDP port of the transport; 0 picks a free port (tests).
+    public var port: Int = 7700
     /// Admin HTTP API address. Keep it on loopback unless it sits behind an authenticating proxy.
     public var adminHost: String = "127.0.0.1"
     /// Admin HTTP API port; 0 picks a free port (tests).
     public var adminPort: Int = 7780
+    /// The admin API's bearer key. When neither this nor `adminKeyFile` is set, `resolveAdminKey()`
+    /// generates one into `<dataDirectory>/admin-key` (mode 0600) and reuses it afterwards.
+    public var adminKey: String?
+    /// A file holding the admin key (its whitespace trimmed), for keys kept out of the environment.
+    public var adminKeyFile: String?
     /// PEM chain the transport presents (leaf first).
     public var certificateChainPath: String = "certs/server-chain.pem"
     /// PEM private key of the leaf certificate.
     public var privateKeyPath: String = "certs/server.key"
+    /// Live connections beyond this are refused (server busy).
+    public var maxConnections: Int = 10_000
+    /// Simultaneous talkers in a full-duplex channel.
+    public var fullDuplexMaxTalkers: Int = 4
+    /// How long a dropped member keeps its place (and the floor) before it counts as gone.
+    public var disconnectGraceSeconds: Double = 2
+    /// Floor requests a channel queues while the floor is taken.
+    public var maxQueue: Int = 16
+    public var logLevel: Logger.Level = .info
+
+    public static let portRange = 0...65_535
+    public static let maxConnectionsRange = 1...1_000_000
+    public static let fullDuplexMaxTalkersRange = 1...16
+    public static let disconnectGraceRange: ClosedRange<Double> = 0...60
+    public static let maxQueueRange = 0...256
+    public static let minimumAdminKeyLength = 16
+    /// File name of the generated admin key inside the data directory.
+    public static let adminKeyFileName = "admin-key"
 
     public init() {}
 
-    public enum ConfigurationError: Error, CustomStringConvertible {
-        case badPort(Int)
+    public enum ConfigurationError: Error, CustomStringConvertible, Equatable {
+        /// A value out of range or of the wrong kind; the message names the setting and how to set it.
+        case invalidValue(String)
         case dataDirectory(path: String, reason: String)
+        /// The config file is missing, unreadable or not a JSON object.
+        case configFile(path: String, problem: String)
+        case unknownSetting(key: String, file: String, valid: [String])
+        case adminKey(path: String, reason: String)
 
         public var description: String {
             switch self {
-            case .badPort(let port):
-                return "admin port \(port) is out of range; use 1-65535, or 0 for any free port"
+            case .invalidValue(let message):
+                return message
             case .dataDirectory(let path, let reason):
-                return "data directory \(path): \(reason); pass a writable directory with --data-dir"
+                return "data directory \(path): \(reason); pass a writable directory with --data-dir (or SQUELCH_DATA_DIR)"
+            case .configFile(let path, let problem):
+                return "config file \(path): \(problem)"
+            case .unknownSetting(let key, let file, let valid):
+                return "config file \(file): unknown setting \"\(key)\"; valid settings are \(valid.joined(separator: ", "))"
+            case .adminKey(let path, let reason):
+                return "admin key file \(path): \(reason)"
             }
         }
     }
 
+    // MARK: - Settings table
+
+    /// One setting: its key in the config file (the property name), its environment variable, its
+    /// flag (nil when there is none: the admin key is kept off the command line, where `ps` shows it)
+    /// and its default as help text shows it.
+    public struct Setting {
+        public let key: String
+        public let environment: String
+        public let flag: String?
+        public let defaultDescription: String
+        let kind: Kind
+
+        enum Kind {
+            case string(WritableKeyPath<ConfigurationOverrides, String?>)
+            case int(WritableKeyPath<ConfigurationOverrides, Int?>)
+            case double(WritableKeyPath<ConfigurationOverrides, Double?>)
+        }
+
+        /// "--port, SQUELCH_PORT or "port" in the config file": how to set it, for error messages.
+        public var howToSet: String {
+            (flag.map { "\($0), " } ?? "") + "\(environment) or \"\(key)\" in the config file"
+        }
+    }
+
+    /// Environment variable naming the config file when `--config` is not given.
+    public static let configFileEnvironment = "SQUELCH_CONFIG"
+
+    /// Every setting, in help order.
+    public static var settings: [Setting] {
+        let defaults = ServerConfiguration()
+        return [
+            Setting(key: "dataDirectory", environment: "SQUELCH_DATA_DIR", flag: "--data-dir",
+                    defaultDescription: defaults.dataDirectory, kind: .string(\.dataDirectory)),
+            Setting(key: "host", environment: "SQUELCH_HOST", flag: "--host",
+                    defaultDescription: defaults.host, kind: .string(\.host)),
+            Setting(key: "port", environment: "SQUELCH_PORT", flag: "--port",
+                    defaultDescription: "\(defaults.port)", kind: .int(\.port)),
+            Setting(key: "adminHost", environment: "SQUELCH_ADMIN_HOST", flag: "--admin-host",
+                    defaultDescription: defaults.adminHost, kind: .string(\.adminHost)),
+            Setting(key: "adminPort", environment: "SQUELCH_ADMIN_PORT", flag: "--admin-port",
+                    defaultDescription: "\(defaults.adminPort)", kind: .int(\.adminPort)),
+            Setting(key: "adminKey", environment: "SQUELCH_ADMIN_KEY", flag: nil,
+                    defaultDescription: "generated into <data-dir>/\(adminKeyFileName)", kind: .string(\.adminKey)),
+            Setting(key: "adminKeyFile", environment: "SQUELCH_ADMIN_KEY_FILE", flag: "--admin-key-file",
+                    defaultDescription: "none", kind: .string(\.adminKeyFile)),
+            Setting(key: "certificateChainPath", environment: "SQUELCH_CERT", flag: "--cert",
+                    defaultDescription: defaults.certificateChainPath, kind: .string(\.certificateChainPath)),
+            Setting(key: "privateKeyPath", environment: "SQUELCH_KEY", flag: "--key",
+                    defaultDescription: defaults.privateKeyPath, kind: .string(\.privateKeyPath)),
+            Setting(key: "maxConnections", environment: "SQUELCH_MAX_CONNECTIONS", flag: "--max-connections",
+                    defaultDescription: "\(defaults.maxConnections)", kind: .int(\.maxConnections)),
+            Setting(key: "fullDuplexMaxTalkers", environment: "SQUELCH_FULL_DUPLEX_MAX_TALKERS", flag: "--full-duplex-max-talkers",
+                    defaultDescription: "\(defaults.fullDuplexMaxTalkers)", kind: .int(\.fullDuplexMaxTalkers)),
+            Setting(key: "disconnectGraceSeconds", environment: "SQUELCH_DISCONNECT_GRACE_SECONDS", flag: "--disconnect-grace-seconds",
+                    defaultDescription: "\(defaults.disconnectGraceSeconds.formatted())", kind: .double(\.disconnectGraceSeconds)),
+            Setting(key: "maxQueue", environment: "SQUELCH_MAX_QUEUE", flag: "--max-queue",
+                    defaultDescription: "\(defaults.maxQueue)", kind: .int(\.maxQueue)),
+            Setting(key: "logLevel", environment: "SQUELCH_LOG_LEVEL", flag: "--log-level",
+                    defaultDescription: defaults.logLevel.rawValue, kind: .string(\.logLevel)),
+        ]
+    }
+
+    static func setting(_ key: String) -> Setting {
+        guard let setting = settings.first(where: { $0.key == key }) else { preconditionFailure("no setting \(key)") }
+        return setting
+    }
+
+    /// Help text for a flag: the abstract, then where else it can be set and its default.
+    public static func help(_ key: String, _ abstract: String) -> String {
+        let setting = setting(key)
+        return "\(abstract) (env: \(setting.environment); default: \(setting.defaultDescription))"
+    }
+
+    // MARK: - Loading
+
+    /// The configuration from, in rising precedence, the defaults, the JSON config file at `file` (or
+    /// at `$SQUELCH_CONFIG` when `file` is nil), `environment`'s `SQUELCH_…` variables and `overrides`
+    /// (the command-line flags). Empty variables count as unset. The result is validated.
+    public static func load(file: String?, environment: [String: String],
+                            overrides: ConfigurationOverrides = ConfigurationOverrides()) throws(ConfigurationError) -> ServerConfiguration {
+        var configuration = ServerConfiguration()
+        if let path = file ?? environment[configFileEnvironment].flatMap({ $0.isEmpty ? nil : $0 }) {
+            try configuration.apply(try fileOverrides(path: path))
+        }
+        try configuration.apply(try environmentOverrides(environment))
+        try configuration.apply(overrides)
+        try configuration.validate()
+        return configuration
+    }
+
+    /// Lays `layer`'s values over these. Within one layer, setting both the admin key and its file
+    /// is an error; across layers the later one replaces the other.
+    mutating func apply(_ layer: ConfigurationOverrides) throws(ConfigurationError) {
+        if let value = layer.dataDirectory { dataDirectory = value }
+        if let value = layer.host { host = value }
+        if let value = layer.port { port = value }
+        if let value = layer.adminHost { adminHost = value }
+        if let value = layer.adminPort { adminPort = value }
+        if layer.adminKey != nil, layer.adminKeyFile != nil {
+            throw .invalidValue("both adminKey and adminKeyFile are set; set one of them")
+        }
+        if let value = layer.adminKey { adminKey = value; adminKeyFile = nil }
+        if let value = layer.adminKeyFile { adminKeyFile = value; adminKey = nil }
+        if let value = layer.certificateChainPath { certificateChainPath = value }
+        if let value = layer.privateKeyPath { privateKeyPath = value }
+        if let value = layer.maxConnections { maxConnections = value }
+        if let value = layer.fullDuplexMaxTalkers { fullDuplexMaxTalkers = value }
+        if let value = layer.disconnectGraceSeconds { disconnectGraceSeconds = value }
+        if let value = layer.maxQueue { maxQueue = value }
+        if let value = layer.logLevel {
+            guard let level = Logger.Level(rawValue: value.lowercased()) else {
+                let levels = Logger.Level.allCases.map(\.rawValue).joined(separator: ", ")
+                throw .invalidValue("log level '\(value)' is not one of \(levels); set it with \(Self.setting("logLevel").howToSet)")
+            }
+            logLevel = level
+        }
+    }
+
+    /// A JSON value as the config file holds it.
+    enum JSONValue: Decodable {
+        case null, number(Double), bool(Bool), string(String), other
+
+        init(from decoder: any Decoder) throws {
+            let container = try decoder.singleValueContainer()
+            if container.decodeNil() { self = .null }
+            else if let number = try? container.decode(Double.self) { self = .number(number) }
+            else if let bool = try? container.decode(Bool.self) { self = .bool(bool) }
+            else if let string = try? container.decode(String.self) { self = .string(string) }
+            else { self = .other }
+        }
+
+        var kindDescription: String {
+            switch self {
+            case .null: return "null"
+            case .number(let number): return number.formatted()
+            case .bool(let bool): return "\(bool)"
+            case .string(let string): return "\"\(string)\""
+            case .other: return "an array or object"
+            }
+        }
+    }
+
+    static func fileOverrides(path: String) throws(ConfigurationError) -> ConfigurationOverrides {
+        let data: Data
+        do { data = try Data(contentsOf: URL(fileURLWithPath: path)) } catch {
+            let reason = FileManager.default.fileExists(atPath: path) ? "cannot read it (\(error.localizedDescription))" : "no such file"
+            throw .configFile(path: path, problem: "\(reason); check the path given with --config or \(configFileEnvironment)")
+        }
+        let object: [String: JSONValue]
+        do { object = try JSONDecoder().decode([String: JSONValue].self, from: data) } catch {
+            let why: String
+            if case DecodingError.dataCorrupted(let context) = error, let underlying = context.underlyingError {
+                why = "it is not valid JSON (\(underlying.localizedDescription))"
+            } else if case DecodingError.typeMismatch = error {
+                why = "it must hold one JSON object"
+            } else {
+                why = "it is not valid JSON"
+            }
+            throw .configFile(path: path, problem: "\(why); write one JSON object such as {\"port\": 7700, \"logLevel\": \"info\"}")
+        }
+        let settings = self.settings
+        var layer = ConfigurationOverrides()
+        for (key, value) in object.sorted(by: { $0.key < $1.key }) {
+            guard let setting = settings.first(where: { $0.key == key }) else {
+                throw .unknownSetting(key: key, file: path, valid: settings.map(\.key))
+            }
+            func wrongType(_ expected: String) -> ConfigurationError {
+                .configFile(path: path, problem: "\"\(key)\" must be \(expected), not \(value.kindDescription); for example \"\(key)\": \(example(setting))")
+            }
+            if case .null = value { continue }  // null: keep the default
+            switch setting.kind {
+            case .string(let path):
+                guard case .string(let string) = value else { throw wrongType("a string") }
+                layer[keyPath: path] = string
+            case .int(let path):
+                guard case .number(let number) = value, number.rounded() == number, abs(number) < 1e15 else {
+                    throw wrongType("a whole number")
+                }
+                layer[keyPath: path] = Int(number)
+            case .double(let path):
+                guard case .number(let number) = value else { throw wrongType("a number") }
+                layer[keyPath: path] = number
+            }
+        }
+        return layer
+    }
+
+    static func example(_ setting: Setting) -> String {
+        switch setting.kind {
+        case .string: return "\"\(setting.key == "adminKey" ? "<key>" : setting.defaultDescription)\""
+        case .int, .double: return setting.defaultDescription
+        }
+    }
+
+    static func environmentOverrides(_ environment: [String: String]) throws(ConfigurationError) -> ConfigurationOverrides {
+        var layer = ConfigurationOverrides()
+        for setting in settings {
+            guard let raw = environment[setting.environment], !raw.isEmpty else { continue }
+            let text = raw.trimmingCharacters(in: .whitespaces)
+            switch setting.kind {
+            case .string(let path):
+                layer[keyPath: path] = setting.key == "adminKey" ? raw : text
+            case .int(let path):
+                guard let value = Int(text) else {
+                    throw .invalidValue("\(setting.environment)='\(raw)' is not a whole number; set it to one such as \(setting.defaultDescription), or unset it")
+                }
+                layer[keyPath: path] = value
+            case .double(let path):
+                guard let value = Double(text), value.isFinite else {
+                    throw .invalidValue("\(setting.environment)='\(raw)' is not a number; set it to one such as \(setting.defaultDescription), or unset it")
+                }
+                layer[keyPath: path] = value
+            }
+        }
+        return layer
+    }
+
+    // MARK: - Checks
+
+    /// Checks every value; the error names the setting, what is wrong and how to set it.
+    public func validate() throws(ConfigurationError) {
+        func check(_ ok: Bool, _ key: String, _ problem: String) throws(ConfigurationError) {
+            guard !ok else { return }
+            throw .invalidValue("\(problem); set it with \(Self.setting(key).howToSet)")
+        }
+        try check(!dataDirectory.isEmpty, "dataDirectory", "the data directory is empty")
+        try check(!host.isEmpty, "host", "the UDP host is empty; use an address such as 127.0.0.1 or 0.0.0.0")
+        try check(Self.portRange.contains(port), "port", "UDP port \(port) is out of range; use 1-65535, or 0 for any free port")
+        try check(!adminHost.isEmpty, "adminHost", "the admin host is empty; use an address such as 127.0.0.1")
+        try check(Self.portRange.contains(adminPort), "adminPort", "admin port \(adminPort) is out of range; use 1-65535, or 0 for any free port")
+        if let adminKey {
+            try check(adminKey.count >= Self.minimumAdminKeyLength, "adminKey",
+                      "the admin key is \(adminKey.count) characters; use at least \(Self.minimumAdminKeyLength), or leave it unset to have one generated")
+            try check(adminKey.unicodeScalars.allSatisfy { $0.value > 0x20 && $0.value < 0x7F }, "adminKey",
+                      "the admin key must be printable ASCII without spaces (it travels in an HTTP header)")
+        }
+        if let adminKeyFile { try check(!adminKeyFile.isEmpty, "adminKeyFile", "the admin key file path is empty") }
+        try check(!certificateChainPath.isEmpty, "certificateChainPath", "the certificate chain path is empty")
+        try check(!privateKeyPath.isEmpty, "privateKeyPath", "the private key path is empty")
+        try check(Self.maxConnectionsRange.contains(maxConnections), "maxConnections",
+                  "maximum connections \(maxConnections) is out of range; use \(Self.maxConnectionsRange.lowerBound)-\(Self.maxConnectionsRange.upperBound)")
+        try check(Self.fullDuplexMaxTalkersRange.contains(fullDuplexMaxTalkers), "fullDuplexMaxTalkers",
+                  "full-duplex talkers \(fullDuplexMaxTalkers) is out of range; use \(Self.fullDuplexMaxTalkersRange.lowerBound)-\(Self.fullDuplexMaxTalkersRange.upperBound)")
+        try check(disconnectGraceSeconds.isFinite && Self.disconnectGraceRange.contains(disconnectGraceSeconds), "disconnectGraceSeconds",
+                  "disconnect grace \(disconnectGraceSeconds.formatted()) s is out of range; use 0-\(Self.disconnectGraceRange.upperBound.formatted()) seconds")
+        try check(Self.maxQueueRange.contains(maxQueue), "maxQueue",
+                  "floor queue length \(maxQueue) is out of range; use \(Self.maxQueueRange.lowerBound)-\(Self.maxQueueRange.upperBound)")
+    }
+
     /// Checks the values and creates the data directory.
     public func prepare() throws(ConfigurationError) {
-        guard (0...65_535).contains(adminPort) else { throw .badPort(adminPort) }
+        try validate()
         var isDirectory: ObjCBool = false
         if FileManager.default.fileExists(atPath: dataDirectory, isDirectory: &isDirectory) {
             guard isDirectory.boolValue else { throw .dataDirectory(path: dataDirectory, reason: "it exists but is not a directory") }
@@ -46,5 +345,103 @@ public struct ServerConfiguration: Sendable {
         guard FileManager.default.isWritableFile(atPath: dataDirectory) else {
             throw .dataDirectory(path: dataDirectory, reason: "it is not writable")
         }
+    }
+
+    // MARK: - Admin key
+
+    /// Path of the generated admin key.
+    public var generatedAdminKeyPath: String {
+        URL(fileURLWithPath: dataDirectory).appendingPathComponent(Self.adminKeyFileName).path
+    }
+
+    /// The admin API key: `adminKey` if set, else the contents of `adminKeyFile`, else the key in
+    /// `<dataDirectory>/admin-key`, generated there (mode 0600) on first use. Call after `prepare()`.
+    public func resolveAdminKey() throws(ConfigurationError) -> String {
+        if let adminKey { return adminKey }
+        if let adminKeyFile {
+            return try Self.readAdminKey(at: adminKeyFile,
+                                         advice: "point --admin-key-file (or SQUELCH_ADMIN_KEY_FILE) at a file holding a key of at least \(Self.minimumAdminKeyLength) characters")
+        }
+        let path = generatedAdminKeyPath
+        let advice = "delete it and restart to generate a new key (clients then need the new one)"
+        if FileManager.default.fileExists(atPath: path) { return try Self.readAdminKey(at: path, advice: advice) }
+        let key = Self.generateAdminKey()
+        // O_EXCL: if another process made the file first, use its key rather than overwrite it.
+        let descriptor = open(path, O_WRONLY | O_CREAT | O_EXCL, 0o600)
+        if descriptor < 0 {
+            let code = errno
+            if code == EEXIST { return try Self.readAdminKey(at: path, advice: advice) }
+            throw .adminKey(path: path, reason: "cannot create it (\(String(cString: strerror(code)))); check that the data directory is writable")
+        }
+        defer { close(descriptor) }
+        let bytes = Array((key + "\n").utf8)
+        let written = bytes.withUnsafeBytes { write(descriptor, $0.baseAddress, $0.count) }
+        guard written == bytes.count else {
+            unlink(path)
+            throw .adminKey(path: path, reason: "cannot write it; check that the data directory is writable and not full")
+        }
+        return key
+    }
+
+    /// 32 random bytes from the system generator, base64url without padding (43 characters).
+    public static func generateAdminKey() -> String {
+        var generator = SystemRandomNumberGenerator()
+        let bytes = (0..<32).map { _ in UInt8.random(in: .min ... .max, using: &generator) }
+        return Data(bytes).base64EncodedString()
+            .replacingOccurrences(of: "+", with: "-")
+            .replacingOccurrences(of: "/", with: "_")
+            .replacingOccurrences(of: "=", with: "")
+    }
+
+    static func readAdminKey(at path: String, advice: String) throws(ConfigurationError) -> String {
+        let text: String
+        do { text = try String(contentsOfFile: path, encoding: .utf8) } catch {
+            throw .adminKey(path: path, reason: "cannot read it (\(error.localizedDescription)); \(advice)")
+        }
+        let key = text.trimmingCharacters(in: .whitespacesAndNewlines)
+        guard key.count >= minimumAdminKeyLength, key.unicodeScalars.allSatisfy({ $0.value > 0x20 && $0.value < 0x7F }) else {
+            throw .adminKey(path: path, reason: "it does not hold a key of at least \(minimumAdminKeyLength) printable characters; \(advice)")
+        }
+        return key
+    }
+}
+
+/// One layer of settings (the config file, the environment or the command line): nil leaves the value
+/// from the layers below. Field names are `ServerConfiguration`'s; `logLevel` is checked when applied.
+public struct ConfigurationOverrides: Sendable, Equatable {
+    public var dataDirectory: String?
+    public var host: String?
+    public var port: Int?
+    public var adminHost: String?
+    public var adminPort: Int?
+    public var adminKey: String?
+    public var adminKeyFile: String?
+    public var certificateChainPath: String?
+    public var privateKeyPath: String?
+    public var maxConnections: Int?
+    public var fullDuplexMaxTalkers: Int?
+    public var disconnectGraceSeconds: Double?
+    public var maxQueue: Int?
+    public var logLevel: String?
+
+    public init(dataDirectory: String? = nil, host: String? = nil, port: Int? = nil, adminHost: String? = nil,
+                adminPort: Int? = nil, adminKey: String? = nil, adminKeyFile: String? = nil,
+                certificateChainPath: String? = nil, privateKeyPath: String? = nil, maxConnections: Int? = nil,
+                fullDuplexMaxTalkers: Int? = nil, disconnectGraceSeconds: Double? = nil, maxQueue: Int? = nil,
+                logLevel: String? = nil) {
+        self.dataDirectory = dataDirectory
+        self.host = host
+        self.port = port
+        self.adminHost = adminHost
+        self.adminPort = adminPort
+        self.adminKey = adminKey
+        self.adminKeyFile = adminKeyFile
+        self.certificateChainPath = certificateChainPath
+        self.privateKeyPath = privateKeyPath
+        self.maxConnections = maxConnections
+        self.fullDuplexMaxTalkers = fullDuplexMaxTalkers
+        self.disconnectGraceSeconds = disconnectGraceSeconds
+        self.maxQueue = maxQueue
+        self.logLevel = logLevel
     }
 }

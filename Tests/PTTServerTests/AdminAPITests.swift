@@ -1,20 +1,112 @@
+import ChannelProtocol
+import ChannelStore
 import Foundation
 import Hummingbird
 import HummingbirdTesting
+import ParticipantTokens
+import Prometheus
+import Synchronization
 import Testing
 @testable import PTTServer
 
+/// Stands in for the live channel hub (tested with the hub itself elsewhere): records what the admin
+/// API tells it and answers roster and connection queries with canned values.
+final class RecordingHub: AdminHubHooks {
+    enum Event: Equatable {
+        case changed(UUID)
+        case deleted(UUID)
+        case removed(UUID, String)
+    }
+
+    private let recorded = Mutex<[Event]>([])
+    let rosterEntries: [Participant]
+    let connections: Int
+
+    init(roster: [Participant] = [], connections: Int = 0) {
+        rosterEntries = roster
+        self.connections = connections
+    }
+
+    var events: [Event] { recorded.withLock { $0 } }
+
+    func channelChanged(_ id: UUID) async { recorded.withLock { $0.append(.changed(id)) } }
+    func channelDeleted(_ id: UUID) async { recorded.withLock { $0.append(.deleted(id)) } }
+    func memberRemoved(channel: UUID, user: String) async { recorded.withLock { $0.append(.removed(channel, user)) } }
+    func roster(of channel: UUID) async -> [Participant] { rosterEntries }
+    func connectionCount() async -> Int { connections }
+}
+
+/// A real SQLite store and token key in a fresh temporary directory, and the admin router around them.
+struct AdminFixture {
+    static let key = "test-admin-key-0123456789abcdef"
+
+    let directory: String
+    let store: SQLiteChannelStore
+    let tokens: TokenAuthority
+    let hub: RecordingHub?
+    let registry = PrometheusCollectorRegistry()
+    let context: AdminContext
+
+    init(hub: RecordingHub? = RecordingHub(),
+         readiness: @escaping @Sendable () async -> AdminContext.Readiness = { .ready }) async throws {
+        directory = FileManager.default.temporaryDirectory.appendingPathComponent("squelch-admin-\(UUID())").path
+        store = try SQLiteChannelStore(directory: directory)
+        tokens = try await TokenAuthority.loadOrCreate(in: directory)
+        self.hub = hub
+        context = AdminContext(store: store, tokens: tokens, adminKey: Self.key, hub: hub, registry: registry,
+                               identitySummary: "CN=test", readiness: readiness)
+    }
+
+    var application: some ApplicationProtocol { Application(router: AdminAPI.router(context: context)) }
+
+    func cleanUp() async {
+        try? await store.close()
+        try? FileManager.default.removeItem(atPath: directory)
+    }
+}
+
+extension TestClientProtocol {
+    /// An authenticated JSON request.
+    func send(_ method: HTTPRequest.Method, _ uri: String, json: String? = nil,
+              key: String? = AdminFixture.key) async throws -> TestResponse {
+        var headers: HTTPFields = [:]
+        if let key { headers[.authorization] = "Bearer \(key)" }
+        if json != nil { headers[.contentType] = "application/json" }
+        return try await execute(uri: uri, method: method, headers: headers, body: json.map { ByteBuffer(string: $0) })
+    }
+}
+
+extension TestResponse {
+    var text: String { String(buffer: body) }
+
+    /// The `error` member of a JSON error body ("" when there is none).
+    var errorMessage: String {
+        let object = try? JSONSerialization.jsonObject(with: Data(text.utf8)) as? [String: Any]
+        return object?["error"] as? String ?? ""
+    }
+
+    func decode<T: Decodable>(_ type: T.Type) throws -> T {
+        let decoder = JSONDecoder()
+        decoder.dateDecodingStrategy = .iso8601
+        return try decoder.decode(type, from: Data(text.utf8))
+    }
+}
+
 @Suite struct AdminAPITests {
     /// Over a real socket on 127.0.0.1 (`.live`), not the in-process router.
-    @Test func healthzAnswersWithVersionAndCertificate() async throws {
-        let app = Application(router: AdminAPI.router(identitySummary: "CN=test"),
+    @Test func healthzAnswersWithVersionAndCertificateOverASocket() async throws {
+        let fixture = try await AdminFixture(hub: RecordingHub(connections: 3))
+        defer { Task { await fixture.cleanUp() } }
+        let app = Application(router: AdminAPI.router(context: fixture.context),
                               configuration: .init(address: .hostname("127.0.0.1", port: 0)))
         try await app.test(.live) { client in
             try await client.execute(uri: "/healthz", method: .get) { response in
                 #expect(response.status == .ok)
-                let health = try JSONDecoder().decode(AdminAPI.Health.self, from: Data(buffer: response.body))
+                let health = try response.decode(AdminAPI.Health.self)
                 #expect(health.status == "ok")
+                #expect(health.reason == nil)
                 #expect(health.certificate == "CN=test")
+                #expect(health.connections == 3)
                 #expect(health.uptimeSeconds >= 0)
             }
             try await client.execute(uri: "/nope", method: .get) { response in
@@ -23,24 +115,330 @@ import Testing
         }
     }
 
-    @Test func configurationRefusesBadValuesWithAdvice() throws {
-        var config = ServerConfiguration()
-        config.adminPort = 70_000
-        #expect(throws: ServerConfiguration.ConfigurationError.self) { try config.prepare() }
-
-        let file = FileManager.default.temporaryDirectory.appendingPathComponent("squelch-notadir-\(UUID())").path
-        _ = FileManager.default.createFile(atPath: file, contents: Data())
-        config = ServerConfiguration()
-        config.dataDirectory = file
-        let error = #expect(throws: ServerConfiguration.ConfigurationError.self) { try config.prepare() }
-        #expect(String(describing: try #require(error)).contains("--data-dir"))
+    @Test func healthzIs503WithAReasonWhenUnhealthy() async throws {
+        let fixture = try await AdminFixture(readiness: { .unavailable(reason: "transport not bound") })
+        defer { Task { await fixture.cleanUp() } }
+        try await fixture.application.test(.router) { client in
+            let response = try await client.execute(uri: "/healthz", method: .get)
+            #expect(response.status == .serviceUnavailable)
+            let health = try response.decode(AdminAPI.Health.self)
+            #expect(health.status == "unavailable")
+            #expect(health.reason == "transport not bound")
+            #expect(!health.version.isEmpty)
+        }
     }
 
-    @Test func dataDirectoryIsCreatedPrivate() throws {
-        var config = ServerConfiguration()
-        config.dataDirectory = FileManager.default.temporaryDirectory.appendingPathComponent("squelch-data-\(UUID())/nested").path
-        try config.prepare()
-        let attributes = try FileManager.default.attributesOfItem(atPath: config.dataDirectory)
-        #expect((attributes[.posixPermissions] as? NSNumber)?.intValue == 0o700)
+    @Test func versionAndMetricsNeedNoKey() async throws {
+        let fixture = try await AdminFixture()
+        defer { Task { await fixture.cleanUp() } }
+        let counter = fixture.registry.makeCounter(descriptor: MetricNameDescriptor(
+            metricName: "squelch_test_joins", unitName: "total", helpText: "joins in the test"))
+        counter.increment(by: Int64(3))
+        try await fixture.application.test(.router) { client in
+            let version = try await client.execute(uri: "/version", method: .get)
+            #expect(version.status == .ok)
+            let health = try await client.execute(uri: "/healthz", method: .get).decode(AdminAPI.Health.self)
+            #expect(!health.version.isEmpty && version.text == health.version + "\n")
+
+            let metrics = try await client.execute(uri: "/metrics", method: .get)
+            #expect(metrics.status == .ok)
+            #expect(metrics.headers[.contentType] == "text/plain; version=0.0.4")
+            #expect(metrics.text.contains("squelch_test_joins_total 3"))
+            #expect(metrics.text.contains("# HELP squelch_test_joins_total joins in the test"))
+        }
+    }
+
+    @Test func v1RefusesMissingMalformedAndWrongKeys() async throws {
+        let fixture = try await AdminFixture()
+        defer { Task { await fixture.cleanUp() } }
+        try await fixture.application.test(.router) { client in
+            let missing = try await client.send(.get, "/v1/channels", key: nil)
+            #expect(missing.status == .unauthorized)
+            #expect(missing.headers[.wwwAuthenticate] == "Bearer")
+            #expect(missing.errorMessage.contains("Authorization: Bearer"))
+
+            let wrong = try await client.send(.get, "/v1/channels", key: AdminFixture.key + "x")
+            #expect(wrong.status == .unauthorized)
+            #expect(wrong.headers[.wwwAuthenticate] == "Bearer")
+            #expect(wrong.errorMessage.contains("wrong admin key"))
+
+            let prefix = try await client.send(.get, "/v1/channels", key: String(AdminFixture.key.dropLast()))
+            #expect(prefix.status == .unauthorized)
+
+            var basic: HTTPFields = [:]
+            basic[.authorization] = "Basic \(AdminFixture.key)"
+            let scheme = try await client.execute(uri: "/v1/channels", method: .get, headers: basic)
+            #expect(scheme.status == .unauthorized)
+
+            // Unauthenticated writes do nothing.
+            let create = try await client.send(.post, "/v1/channels", json: #"{"name":"Ops"}"#, key: "nope")
+            #expect(create.status == .unauthorized)
+            #expect(try await fixture.store.channels().isEmpty)
+
+            let right = try await client.send(.get, "/v1/channels")
+            #expect(right.status == .ok)
+            #expect(right.text == "[]")
+        }
+        #expect(fixture.hub?.events == [])
+    }
+
+    @Test func constantTimeComparisonMatchesEquality() {
+        let key = Array("abcdef".utf8)
+        #expect(BearerAuthMiddleware<BasicRequestContext>.constantTimeEqual(key, key))
+        #expect(!BearerAuthMiddleware<BasicRequestContext>.constantTimeEqual(Array("abcdeg".utf8), key))
+        #expect(!BearerAuthMiddleware<BasicRequestContext>.constantTimeEqual(Array("abcde".utf8), key))
+        #expect(!BearerAuthMiddleware<BasicRequestContext>.constantTimeEqual(Array("abcdef\0".utf8), key))
+        #expect(!BearerAuthMiddleware<BasicRequestContext>.constantTimeEqual([], key))
+    }
+
+    @Test func channelsCanBeCreatedListedReadPatchedAndDeleted() async throws {
+        let fixture = try await AdminFixture()
+        defer { Task { await fixture.cleanUp() } }
+        let hub = try #require(fixture.hub)
+        try await fixture.application.test(.router) { client in
+            let created = try await client.send(.post, "/v1/channels",
+                                                json: #"{"name":" Dispatch ","image":"https://example.com/d.png","mode":"fullDuplex","maxBurstSeconds":30}"#)
+            #expect(created.status == .created)
+            let channel = try created.decode(ChannelRecord.self)
+            #expect(channel.name == "Dispatch")
+            #expect(channel.image == "https://example.com/d.png")
+            #expect(channel.mode == .fullDuplex)
+            #expect(channel.maxBurstSeconds == 30)
+            #expect(created.text.contains(#""createdAt":"20"#), "dates are ISO 8601: \(created.text)")
+            #expect(try await fixture.store.channel(channel.id)?.name == "Dispatch")
+            #expect(hub.events == [.changed(channel.id)])
+
+            let defaults = try await client.send(.post, "/v1/channels", json: #"{"name":"Yard"}"#)
+            #expect(defaults.status == .created)
+            let yard = try defaults.decode(ChannelRecord.self)
+            #expect(yard.mode == .halfDuplex && yard.maxBurstSeconds == 60 && yard.image == nil)
+            #expect(defaults.text.contains(#""image":null"#))
+
+            let list = try await client.send(.get, "/v1/channels")
+            #expect(list.status == .ok)
+            #expect(Set(try list.decode([ChannelRecord].self).map(\.id)) == [channel.id, yard.id])
+
+            let read = try await client.send(.get, "/v1/channels/\(channel.id)")
+            #expect(read.status == .ok)
+            #expect(try read.decode(ChannelRecord.self).name == "Dispatch")
+
+            let patched = try await client.send(.patch, "/v1/channels/\(channel.id)", json: #"{"name":"Dispatch 2","image":null}"#)
+            #expect(patched.status == .ok)
+            let updated = try patched.decode(ChannelRecord.self)
+            #expect(updated.name == "Dispatch 2")
+            #expect(updated.image == nil)
+            #expect(updated.mode == .fullDuplex, "fields not sent stay")
+            #expect(updated.maxBurstSeconds == 30)
+            let stored = try #require(try await fixture.store.channel(channel.id))
+            #expect(stored.name == "Dispatch 2" && stored.image == nil)
+
+            let mode = try await client.send(.patch, "/v1/channels/\(channel.id)", json: #"{"mode":"halfDuplex"}"#)
+            #expect(try mode.decode(ChannelRecord.self).mode == .halfDuplex)
+            #expect(try await fixture.store.channel(channel.id)?.name == "Dispatch 2", "an absent name is not cleared")
+
+            let deleted = try await client.send(.delete, "/v1/channels/\(channel.id)")
+            #expect(deleted.status == .noContent)
+            #expect(try await fixture.store.channel(channel.id) == nil)
+            #expect(hub.events == [.changed(channel.id), .changed(yard.id), .changed(channel.id), .changed(channel.id),
+                                   .deleted(channel.id)])
+
+            let gone = try await client.send(.get, "/v1/channels/\(channel.id)")
+            #expect(gone.status == .notFound)
+            #expect(gone.errorMessage.contains(channel.id.uuidString))
+            let again = try await client.send(.delete, "/v1/channels/\(channel.id)")
+            #expect(again.status == .notFound)
+            #expect(hub.events.last == .deleted(channel.id), "a failed delete does not tell the hub")
+        }
+    }
+
+    @Test func badChannelBodiesAre400sThatSayWhatIsWrong() async throws {
+        let fixture = try await AdminFixture()
+        defer { Task { await fixture.cleanUp() } }
+        try await fixture.application.test(.router) { client in
+            let cases: [(body: String, expected: String)] = [
+                (#"{"image":"https://x"}"#, "\"name\" is required"),
+                (#"{"name":""}"#, "1-64 characters"),
+                (#"{"name":"A","mode":"simplex"}"#, "\"halfDuplex\" or \"fullDuplex\""),
+                (#"{"name":"A","maxBurstSeconds":0}"#, "1-600 seconds"),
+                (#"{"name":"A","maxBurstSeconds":"30"}"#, "\"maxBurstSeconds\" must be a whole number"),
+                (#"{"name":"A","image":"ftp://x"}"#, "http(s) URL"),
+                (#"{"name":"A","colour":"red"}"#, "unknown field \"colour\""),
+                (#"{"name":"A""#, "not valid JSON"),
+                (#"["name"]"#, "must be a JSON object"),
+                ("", "body is empty"),
+            ]
+            for (body, expected) in cases {
+                let response = try await client.send(.post, "/v1/channels", json: body)
+                #expect(response.status == .badRequest, "\(body)")
+                #expect(response.headers[.contentType]?.hasPrefix("application/json") == true)
+                #expect(response.errorMessage.contains(expected), "\(body) → \(response.text)")
+            }
+            #expect(try await fixture.store.channels().isEmpty)
+
+            let huge = #"{"name":"A","image":""# + String(repeating: "x", count: 70 * 1024) + #""}"#
+            let tooLarge = try await client.send(.post, "/v1/channels", json: huge)
+            #expect(tooLarge.status == .contentTooLarge)
+            #expect(tooLarge.errorMessage.contains("64 KB"))
+
+            let badID = try await client.send(.get, "/v1/channels/not-a-uuid")
+            #expect(badID.status == .badRequest)
+            #expect(badID.errorMessage.contains("not-a-uuid"))
+
+            let unknown = UUID()
+            let patchUnknown = try await client.send(.patch, "/v1/channels/\(unknown)", json: #"{"name":"B"}"#)
+            #expect(patchUnknown.status == .notFound)
+
+            let created = try await client.send(.post, "/v1/channels", json: #"{"name":"Ops"}"#)
+            let id = try created.decode(ChannelRecord.self).id
+            let empty = try await client.send(.patch, "/v1/channels/\(id)", json: "{}")
+            #expect(empty.status == .badRequest)
+            #expect(empty.errorMessage.contains("nothing to change"))
+            let tooLong = try await client.send(.patch, "/v1/channels/\(id)", json: #"{"maxBurstSeconds":9000}"#)
+            #expect(tooLong.status == .badRequest)
+            #expect(try await fixture.store.channel(id)?.maxBurstSeconds == 60, "a refused patch changes nothing")
+        }
+        #expect(fixture.hub?.events.count == 1, "only the one successful create reached the hub")
+    }
+
+    @Test func membersAreListedWithoutTheirPushTokensAndCanBeRemoved() async throws {
+        let fixture = try await AdminFixture()
+        defer { Task { await fixture.cleanUp() } }
+        let hub = try #require(fixture.hub)
+        let channel = ChannelRecord(name: "Ops")
+        try await fixture.store.createChannel(channel)
+        try await fixture.store.upsertMember(MemberRecord(channelID: channel.id, userID: "alice", displayName: "Alice"))
+        try await fixture.store.upsertMember(MemberRecord(channelID: channel.id, userID: "bob smith", displayName: "Bob"))
+        let secret = "a1b2c3d4e5f60718293a4b5c6d7e8f90"
+        try await fixture.store.setPushToken(channel: channel.id, user: "alice", token: secret, environment: .sandbox,
+                                             registeredAt: Date())
+        try await fixture.application.test(.router) { client in
+            let list = try await client.send(.get, "/v1/channels/\(channel.id)/members")
+            #expect(list.status == .ok)
+            #expect(!list.text.contains(secret), "the push token never leaves the server")
+            let members = try list.decode([AdminAPI.MemberView].self).sorted { $0.userID < $1.userID }
+            #expect(members.map(\.userID) == ["alice", "bob smith"])
+            #expect(members[0].hasPushToken && members[0].pushEnvironment == .sandbox && members[0].pushRegisteredAt != nil)
+            #expect(!members[1].hasPushToken && members[1].pushEnvironment == nil)
+
+            let removed = try await client.send(.delete, "/v1/channels/\(channel.id)/members/bob%20smith")
+            #expect(removed.status == .noContent)
+            #expect(try await fixture.store.member(channel: channel.id, user: "bob smith") == nil)
+            #expect(try await fixture.store.member(channel: channel.id, user: "alice") != nil)
+            #expect(hub.events == [.removed(channel.id, "bob smith")])
+
+            let again = try await client.send(.delete, "/v1/channels/\(channel.id)/members/bob%20smith")
+            #expect(again.status == .notFound)
+            #expect(again.errorMessage.contains("bob smith"))
+            #expect(hub.events.count == 1)
+
+            let unknownChannel = try await client.send(.get, "/v1/channels/\(UUID())/members")
+            #expect(unknownChannel.status == .notFound)
+        }
+    }
+
+    @Test func rosterComesFromTheHubAndIsEmptyWithoutOne() async throws {
+        let participant = Participant(slot: 7, userID: "alice", name: "Alice", role: "dispatcher", priority: 9, talking: true)
+        let fixture = try await AdminFixture(hub: RecordingHub(roster: [participant]))
+        defer { Task { await fixture.cleanUp() } }
+        let channel = ChannelRecord(name: "Ops")
+        try await fixture.store.createChannel(channel)
+        try await fixture.application.test(.router) { client in
+            let roster = try await client.send(.get, "/v1/channels/\(channel.id)/roster")
+            #expect(roster.status == .ok)
+            #expect(try roster.decode([Participant].self) == [participant])
+            let unknown = try await client.send(.get, "/v1/channels/\(UUID())/roster")
+            #expect(unknown.status == .notFound)
+        }
+
+        var hubless = fixture.context
+        hubless.hub = nil
+        try await Application(router: AdminAPI.router(context: hubless)).test(.router) { client in
+            let roster = try await client.send(.get, "/v1/channels/\(channel.id)/roster")
+            #expect(roster.status == .ok)
+            #expect(roster.text == "[]")
+            let health = try await client.execute(uri: "/healthz", method: .get)
+            #expect(try health.decode(AdminAPI.Health.self).connections == nil)
+        }
+    }
+
+    @Test func issuedTokensVerifyForTheirChannel() async throws {
+        let fixture = try await AdminFixture()
+        defer { Task { await fixture.cleanUp() } }
+        let channel = ChannelRecord(name: "Ops")
+        try await fixture.store.createChannel(channel)
+        try await fixture.application.test(.router) { client in
+            let before = Date()
+            let response = try await client.send(.post, "/v1/channels/\(channel.id)/tokens",
+                                                 json: #"{"user":"alice","name":"Alice","capabilities":["listen"],"priority":200,"role":"dispatcher","ttlSeconds":600}"#)
+            #expect(response.status == .created)
+            let issued = try response.decode(AdminAPI.IssuedToken.self)
+            #expect(issued.channel == channel.id && issued.user == "alice")
+            #expect(abs(issued.expiresAt.timeIntervalSince(before) - 600) < 5)
+
+            let claims = try await fixture.tokens.verify(issued.token, channel: channel.id)
+            #expect(claims.userID == "alice" && claims.name == "Alice")
+            #expect(claims.capabilities == [.listen])
+            #expect(claims.priority == 200 && claims.role == "dispatcher")
+            #expect(claims.tokenID == issued.tokenID)
+            let other = UUID()
+            await #expect(throws: TokenError.wrongChannel(tokenChannel: channel.id, requested: other)) {
+                _ = try await fixture.tokens.verify(issued.token, channel: other)
+            }
+
+            let defaults = try await client.send(.post, "/v1/channels/\(channel.id)/tokens", json: #"{"user":"bob","name":"Bob"}"#)
+            #expect(defaults.status == .created)
+            let bob = try await fixture.tokens.verify(try defaults.decode(AdminAPI.IssuedToken.self).token, channel: channel.id)
+            #expect(bob.capabilities == [.talk, .listen] && bob.priority == 0)
+            #expect(abs(bob.expiresAt.timeIntervalSince(bob.issuedAt) - 43_200) < 2, "12 hours by default")
+
+            let refusals: [(body: String, expected: String)] = [
+                (#"{"user":"a","name":"A","ttlSeconds":2592001}"#, "30 days"),
+                (#"{"user":"a","name":"A","ttlSeconds":0}"#, "ttlSeconds"),
+                (#"{"user":"a","name":"A","priority":256}"#, "0-255"),
+                (#"{"user":"a","name":"A","capabilities":["shout"]}"#, "unknown capability 'shout'"),
+                (#"{"user":"a","name":"A","capabilities":[]}"#, "capabilities is empty"),
+                (#"{"user":"","name":"A"}"#, "user must be"),
+                (#"{"name":"A"}"#, "\"user\" is required"),
+            ]
+            for (body, expected) in refusals {
+                let refused = try await client.send(.post, "/v1/channels/\(channel.id)/tokens", json: body)
+                #expect(refused.status == .badRequest, "\(body)")
+                #expect(refused.errorMessage.contains(expected), "\(body) → \(refused.text)")
+            }
+
+            let unknown = try await client.send(.post, "/v1/channels/\(UUID())/tokens", json: #"{"user":"a","name":"A"}"#)
+            #expect(unknown.status == .notFound)
+            #expect(unknown.errorMessage.contains("GET /v1/channels"))
+        }
+    }
+
+    @Test func transmissionsAreNewestFirstAndLimited() async throws {
+        let fixture = try await AdminFixture()
+        defer { Task { await fixture.cleanUp() } }
+        let channel = ChannelRecord(name: "Ops")
+        try await fixture.store.createChannel(channel)
+        let start = Date(timeIntervalSince1970: 1_700_000_000)
+        for index in 0..<3 {
+            try await fixture.store.logTransmission(TransmissionRecord(
+                channelID: channel.id, userID: "user\(index)", startedAt: start.addingTimeInterval(Double(index) * 10),
+                durationMilliseconds: 1_000 * (index + 1), endReason: "released"))
+        }
+        try await fixture.application.test(.router) { client in
+            let all = try await client.send(.get, "/v1/channels/\(channel.id)/transmissions")
+            #expect(all.status == .ok)
+            #expect(try all.decode([TransmissionRecord].self).map(\.userID) == ["user2", "user1", "user0"])
+            #expect(all.text.contains("2023-11-14T22:13:40Z"), "ISO 8601: \(all.text)")
+
+            let two = try await client.send(.get, "/v1/channels/\(channel.id)/transmissions?limit=2")
+            #expect(try two.decode([TransmissionRecord].self).map(\.userID) == ["user2", "user1"])
+
+            for bad in ["0", "1001", "ten"] {
+                let refused = try await client.send(.get, "/v1/channels/\(channel.id)/transmissions?limit=\(bad)")
+                #expect(refused.status == .badRequest)
+                #expect(refused.errorMessage.contains("limit"))
+            }
+            let unknown = try await client.send(.get, "/v1/channels/\(UUID())/transmissions")
+            #expect(unknown.status == .notFound)
+        }
     }
 }

@@ -1,0 +1,100 @@
+import ArgumentParser
+import Foundation
+import Logging
+import ParticipantTokens
+import PTTServer
+
+/// `squelchd serve`. Every option can also come from the environment or a JSON config file;
+/// `ServerConfiguration.load` merges them (flags > environment > file > defaults).
+struct Serve: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Run the server until SIGTERM or SIGINT.",
+        discussion: """
+            Settings come from, in rising precedence: defaults, a JSON config file (--config or \
+            \(ServerConfiguration.configFileEnvironment); keys: \(ServerConfiguration.settings.map(\.key).joined(separator: ", "))), \
+            SQUELCH_* environment variables, then these flags. The admin API key is set with \
+            SQUELCH_ADMIN_KEY, "adminKey" in the config file or --admin-key-file; without one, a key is \
+            generated into <data-dir>/admin-key (mode 0600) and reused. A bad setting exits with status 78.
+            """)
+
+    @Option(help: ArgumentHelp("JSON config file (env: \(ServerConfiguration.configFileEnvironment); default: none).", valueName: "path"))
+    var config: String?
+
+    @Option(help: ArgumentHelp(ServerConfiguration.help("dataDirectory", "Directory for the database and generated keys (created if missing)."), valueName: "path"))
+    var dataDir: String?
+
+    @Option(help: ArgumentHelp(ServerConfiguration.help("host", "UDP address the push-to-talk transport binds."), valueName: "address"))
+    var host: String?
+
+    @Option(help: ArgumentHelp(ServerConfiguration.help("port", "UDP port of the transport (0: any free port)."), valueName: "port"))
+    var port: Int?
+
+    @Option(help: ArgumentHelp(ServerConfiguration.help("adminHost", "Address of the admin HTTP API. Keep it on loopback unless a proxy authenticates."), valueName: "address"))
+    var adminHost: String?
+
+    @Option(help: ArgumentHelp(ServerConfiguration.help("adminPort", "Port of the admin HTTP API (0: any free port)."), valueName: "port"))
+    var adminPort: Int?
+
+    @Option(help: ArgumentHelp(ServerConfiguration.help("adminKeyFile", "File holding the admin API key (SQUELCH_ADMIN_KEY sets the key itself; without either, one is generated into <data-dir>/admin-key)."), valueName: "path"))
+    var adminKeyFile: String?
+
+    @Option(help: ArgumentHelp(ServerConfiguration.help("certificateChainPath", "PEM certificate chain the server presents, leaf first."), valueName: "path"))
+    var cert: String?
+
+    @Option(help: ArgumentHelp(ServerConfiguration.help("privateKeyPath", "PEM private key of the leaf certificate."), valueName: "path"))
+    var key: String?
+
+    @Option(help: ArgumentHelp(ServerConfiguration.help("maxConnections", "Live connections beyond this are refused."), valueName: "n"))
+    var maxConnections: Int?
+
+    @Option(help: ArgumentHelp(ServerConfiguration.help("fullDuplexMaxTalkers", "Simultaneous talkers in a full-duplex channel, 1-16."), valueName: "n"))
+    var fullDuplexMaxTalkers: Int?
+
+    @Option(help: ArgumentHelp(ServerConfiguration.help("disconnectGraceSeconds", "Seconds a dropped member keeps its place and the floor, 0-60."), valueName: "seconds"))
+    var disconnectGraceSeconds: Double?
+
+    @Option(help: ArgumentHelp(ServerConfiguration.help("maxQueue", "Floor requests a channel queues while the floor is taken, 0-256."), valueName: "n"))
+    var maxQueue: Int?
+
+    @Option(help: ArgumentHelp(ServerConfiguration.help("logLevel", "Log level: trace, debug, info, notice, warning, error, critical."), valueName: "level"))
+    var logLevel: String?
+
+    var overrides: ConfigurationOverrides {
+        ConfigurationOverrides(
+            dataDirectory: dataDir, host: host, port: port, adminHost: adminHost, adminPort: adminPort,
+            adminKeyFile: adminKeyFile, certificateChainPath: cert, privateKeyPath: key, maxConnections: maxConnections,
+            fullDuplexMaxTalkers: fullDuplexMaxTalkers, disconnectGraceSeconds: disconnectGraceSeconds, maxQueue: maxQueue,
+            logLevel: logLevel)
+    }
+
+    func run() async throws {
+        let configuration: ServerConfiguration
+        do {
+            configuration = try ServerConfiguration.load(file: config, environment: ProcessInfo.processInfo.environment,
+                                                         overrides: overrides)
+        } catch {
+            throw Self.configurationFailure(error)
+        }
+        let level = configuration.logLevel
+        LoggingSystem.bootstrap { label in
+            var handler = StreamLogHandler.standardError(label: label)
+            handler.logLevel = level
+            return handler
+        }
+        let server: SquelchServer
+        do { server = try SquelchServer(configuration: configuration) } catch {
+            throw Self.configurationFailure(error)
+        }
+        do { try await server.run() } catch let error as ServerConfiguration.ConfigurationError {
+            throw Self.configurationFailure(error)  // the admin key file, found only once the data directory exists
+        } catch let error as TokenKeyError {
+            throw Self.configurationFailure(error)
+        }
+    }
+
+    /// One line, what went wrong and what to do, and EX_CONFIG.
+    static func configurationFailure(_ error: any Error) -> ExitCode {
+        FileHandle.standardError.write(Data("squelchd: \(error)\n".utf8))
+        return ExitCode(78)  // EX_CONFIG
+    }
+}

@@ -1,0 +1,194 @@
+import Foundation
+import Testing
+@testable import PTTServer
+
+@Suite struct ServerConfigurationTests {
+    static func temporaryPath(_ name: String) -> String {
+        FileManager.default.temporaryDirectory.appendingPathComponent("squelch-config-\(UUID())-\(name)").path
+    }
+
+    static func writeFile(_ text: String) throws -> String {
+        let path = temporaryPath("config.json")
+        try text.write(toFile: path, atomically: true, encoding: .utf8)
+        return path
+    }
+
+    @Test func defaultsAreSafe() throws {
+        let config = try ServerConfiguration.load(file: nil, environment: [:])
+        #expect(config == ServerConfiguration())
+        #expect(config.host == "127.0.0.1" && config.port == 7700)
+        #expect(config.adminHost == "127.0.0.1" && config.adminPort == 7780)
+        #expect(config.adminKey == nil && config.adminKeyFile == nil)
+        #expect(config.maxConnections == 10_000 && config.fullDuplexMaxTalkers == 4)
+        #expect(config.disconnectGraceSeconds == 2 && config.maxQueue == 16 && config.logLevel == .info)
+    }
+
+    @Test func flagsBeatEnvironmentWhichBeatsTheFileWhichBeatsDefaults() throws {
+        let file = try Self.writeFile("""
+            {"port": 1000, "adminPort": 2000, "host": "10.0.0.1", "logLevel": "debug", "maxQueue": 3,
+             "disconnectGraceSeconds": 0.5, "adminKey": "from-the-file-0123456789"}
+            """)
+        let environment = ["SQUELCH_PORT": "3000", "SQUELCH_ADMIN_PORT": "4000", "SQUELCH_MAX_QUEUE": "",
+                           "SQUELCH_FULL_DUPLEX_MAX_TALKERS": "8", "SQUELCH_ADMIN_KEY": "from-the-environment-0123",
+                           "UNRELATED": "x"]
+        let config = try ServerConfiguration.load(file: file, environment: environment,
+                                                  overrides: ConfigurationOverrides(port: 5000, certificateChainPath: "flag.pem"))
+        #expect(config.port == 5000, "flag over environment over file")
+        #expect(config.adminPort == 4000, "environment over file")
+        #expect(config.host == "10.0.0.1", "file over default")
+        #expect(config.logLevel == .debug)
+        #expect(config.maxQueue == 3, "an empty variable counts as unset")
+        #expect(config.disconnectGraceSeconds == 0.5)
+        #expect(config.fullDuplexMaxTalkers == 8)
+        #expect(config.adminKey == "from-the-environment-0123")
+        #expect(config.certificateChainPath == "flag.pem")
+        #expect(config.privateKeyPath == ServerConfiguration().privateKeyPath)
+        #expect(config.adminHost == "127.0.0.1")
+
+        // Without --config, SQUELCH_CONFIG names the file.
+        let viaEnvironment = try ServerConfiguration.load(file: nil, environment: ["SQUELCH_CONFIG": file])
+        #expect(viaEnvironment.port == 1000 && viaEnvironment.adminPort == 2000)
+    }
+
+    @Test func aLaterAdminKeyFileReplacesAnEarlierKey() throws {
+        let file = try Self.writeFile(#"{"adminKey": "from-the-file-0123456789"}"#)
+        let config = try ServerConfiguration.load(file: file, environment: [:],
+                                                  overrides: ConfigurationOverrides(adminKeyFile: "/run/secrets/key"))
+        #expect(config.adminKey == nil && config.adminKeyFile == "/run/secrets/key")
+        let both = ConfigurationOverrides(adminKey: "x-0123456789abcdef", adminKeyFile: "/k")
+        #expect(throws: ServerConfiguration.ConfigurationError.self) {
+            try ServerConfiguration.load(file: nil, environment: [:], overrides: both)
+        }
+    }
+
+    @Test func anUnknownKeyIsNamedWithTheValidOnes() throws {
+        let file = try Self.writeFile(#"{"port": 7701, "adminport": 1}"#)
+        let error = #expect(throws: ServerConfiguration.ConfigurationError.self) {
+            try ServerConfiguration.load(file: file, environment: [:])
+        }
+        let message = String(describing: try #require(error))
+        #expect(message.contains("unknown setting \"adminport\""))
+        #expect(message.contains(file))
+        for setting in ServerConfiguration.settings { #expect(message.contains(setting.key)) }
+    }
+
+    @Test func badFilesGiveClearErrors() throws {
+        let missing = Self.temporaryPath("missing.json")
+        let notFound = #expect(throws: ServerConfiguration.ConfigurationError.self) {
+            try ServerConfiguration.load(file: missing, environment: [:])
+        }
+        #expect(String(describing: try #require(notFound)).contains("no such file; check the path given with --config"))
+
+        let cases: [(text: String, expected: String)] = [
+            (#"{"port": 77"#, "not valid JSON"),
+            (#"[1, 2]"#, "one JSON object"),
+            (#"{"port": "7700"}"#, "\"port\" must be a whole number, not \"7700\""),
+            (#"{"port": 7700.5}"#, "\"port\" must be a whole number"),
+            (#"{"host": 1}"#, "\"host\" must be a string"),
+            (#"{"logLevel": "loud"}"#, "log level 'loud'"),
+        ]
+        for (text, expected) in cases {
+            let file = try Self.writeFile(text)
+            let error = #expect(throws: ServerConfiguration.ConfigurationError.self, "\(text)") {
+                try ServerConfiguration.load(file: file, environment: [:])
+            }
+            let message = error.map { String(describing: $0) } ?? ""
+            #expect(message.contains(expected), "\(text) → \(message)")
+        }
+        // null keeps the default.
+        let nulls = try ServerConfiguration.load(file: try Self.writeFile(#"{"port": null}"#), environment: [:])
+        #expect(nulls.port == 7700)
+    }
+
+    @Test func outOfRangeValuesSayWhatToDo() throws {
+        let cases: [(overrides: ConfigurationOverrides, environment: [String: String], expected: [String])] = [
+            (ConfigurationOverrides(port: 70_000), [:], ["UDP port 70000", "1-65535", "--port", "SQUELCH_PORT"]),
+            (ConfigurationOverrides(adminPort: -1), [:], ["admin port -1", "--admin-port"]),
+            (ConfigurationOverrides(), ["SQUELCH_PORT": "seventy"], ["SQUELCH_PORT='seventy' is not a whole number"]),
+            (ConfigurationOverrides(fullDuplexMaxTalkers: 17), [:], ["1-16", "--full-duplex-max-talkers"]),
+            (ConfigurationOverrides(fullDuplexMaxTalkers: 0), [:], ["1-16"]),
+            (ConfigurationOverrides(maxConnections: 0), [:], ["maximum connections 0"]),
+            (ConfigurationOverrides(disconnectGraceSeconds: 61), [:], ["disconnect grace"]),
+            (ConfigurationOverrides(maxQueue: -1), [:], ["floor queue length -1"]),
+            (ConfigurationOverrides(logLevel: "chatty"), [:], ["log level 'chatty'", "--log-level"]),
+            (ConfigurationOverrides(), ["SQUELCH_ADMIN_KEY": "short"], ["at least 16", "SQUELCH_ADMIN_KEY"]),
+            (ConfigurationOverrides(), ["SQUELCH_DISCONNECT_GRACE_SECONDS": "soon"], ["SQUELCH_DISCONNECT_GRACE_SECONDS='soon' is not a number"]),
+        ]
+        for (overrides, environment, expected) in cases {
+            let error = #expect(throws: ServerConfiguration.ConfigurationError.self) {
+                try ServerConfiguration.load(file: nil, environment: environment, overrides: overrides)
+            }
+            let message = error.map { String(describing: $0) } ?? ""
+            for fragment in expected { #expect(message.contains(fragment), "\(message)") }
+        }
+    }
+
+    @Test func helpNamesTheVariableAndDefaultOfEverySetting() {
+        #expect(ServerConfiguration.help("port", "UDP port.") == "UDP port. (env: SQUELCH_PORT; default: 7700)")
+        let settings = ServerConfiguration.settings
+        #expect(Set(settings.map(\.key)).count == settings.count)
+        #expect(Set(settings.map(\.environment)).count == settings.count)
+        #expect(settings.allSatisfy { $0.environment.hasPrefix("SQUELCH_") && !$0.defaultDescription.isEmpty })
+        #expect(settings.count == 14, "a new ServerConfiguration field needs a row in settings and a flag in Serve")
+    }
+
+    @Test func configurationRefusesBadValuesWithAdvice() throws {
+        var config = ServerConfiguration()
+        config.adminPort = 70_000
+        #expect(throws: ServerConfiguration.ConfigurationError.self) { try config.prepare() }
+
+        let file = Self.temporaryPath("notadir")
+        _ = FileManager.default.createFile(atPath: file, contents: Data())
+        config = ServerConfiguration()
+        config.dataDirectory = file
+        let error = #expect(throws: ServerConfiguration.ConfigurationError.self) { try config.prepare() }
+        #expect(String(describing: try #require(error)).contains("--data-dir"))
+    }
+
+    @Test func dataDirectoryIsCreatedPrivate() throws {
+        var config = ServerConfiguration()
+        config.dataDirectory = Self.temporaryPath("data") + "/nested"
+        try config.prepare()
+        let attributes = try FileManager.default.attributesOfItem(atPath: config.dataDirectory)
+        #expect((attributes[.posixPermissions] as? NSNumber)?.intValue == 0o700)
+    }
+
+    @Test func theAdminKeyIsGeneratedOncePrivateAndReused() throws {
+        var config = ServerConfiguration()
+        config.dataDirectory = Self.temporaryPath("data")
+        try config.prepare()
+        let path = config.dataDirectory + "/admin-key"
+        #expect(!FileManager.default.fileExists(atPath: path))
+
+        let key = try config.resolveAdminKey()
+        #expect(key.count == 43, "32 bytes in base64url without padding")
+        #expect(key.allSatisfy { $0.isLetter || $0.isNumber || $0 == "-" || $0 == "_" })
+        let attributes = try FileManager.default.attributesOfItem(atPath: path)
+        #expect((attributes[.posixPermissions] as? NSNumber)?.intValue == 0o600)
+        #expect(try String(contentsOfFile: path, encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines) == key)
+
+        #expect(try config.resolveAdminKey() == key, "reused, not regenerated")
+        var restarted = ServerConfiguration()
+        restarted.dataDirectory = config.dataDirectory
+        #expect(try restarted.resolveAdminKey() == key)
+        #expect(ServerConfiguration.generateAdminKey() != key)
+
+        // An explicit key wins and writes nothing; a key file is read and trimmed.
+        var explicit = ServerConfiguration()
+        explicit.dataDirectory = Self.temporaryPath("data")
+        explicit.adminKey = "explicit-key-0123456789"
+        try explicit.prepare()
+        #expect(try explicit.resolveAdminKey() == "explicit-key-0123456789")
+        #expect(!FileManager.default.fileExists(atPath: explicit.generatedAdminKeyPath))
+
+        let keyFile = try Self.writeFile("  from-a-file-0123456789\n")
+        explicit.adminKey = nil
+        explicit.adminKeyFile = keyFile
+        #expect(try explicit.resolveAdminKey() == "from-a-file-0123456789")
+
+        // A damaged generated key is refused with advice rather than silently replaced.
+        try "\n".write(toFile: path, atomically: true, encoding: .utf8)
+        let error = #expect(throws: ServerConfiguration.ConfigurationError.self) { try config.resolveAdminKey() }
+        #expect(String(describing: try #require(error)).contains("delete it"))
+    }
+}
