@@ -213,3 +213,17 @@ public enum ControlLimits {
     public static let maxTokenBytes = 8 * 1024
     public static let maxPushTokenHexLength = 200
 }
+
+/// Application close codes the server puts in CONNECTION_CLOSE (docs/protocol.md §16.5).
+public enum CloseCode: UInt64, Sendable {
+    /// The member left, or the client closed normally.
+    case normal = 0
+    /// The server is shutting down or restarting: reconnect (with backoff) and rejoin.
+    case goingAway = 1
+    /// The join was refused; the `refused` message before the close says why. Don't retry blindly.
+    case refused = 2
+    /// An admin removed the member or deleted the channel.
+    case removed = 3
+    /// The same user joined from another connection.
+    case replaced = 4
+}

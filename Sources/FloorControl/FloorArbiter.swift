@@ -85,7 +85,9 @@ public struct FloorArbiter<Member: Hashable & Sendable> {
         var order: UInt64
     }
 
-    public let configuration: Configuration
+    /// May change while the floor is in use (an admin edits the channel's maximum burst): the new
+    /// values apply from the next command or timeout.
+    public var configuration: Configuration
     var talkers: [Talker] = []
     var queue: [Waiting] = []
     var nextBurst: UInt64 = 1

@@ -1,6 +1,8 @@
+import ChannelStore
 import Foundation
 import Hummingbird
 import Logging
+import ParticipantTokens
 import ServiceLifecycle
 import Wire
 
@@ -20,12 +22,29 @@ public struct SquelchServer: Sendable {
         self.logger = logger
     }
 
-    /// The admin application. `onListening` receives the bound port (useful with port 0).
-    public func adminApplication(onListening: @escaping @Sendable (Int) async -> Void = { _ in }) -> some ApplicationProtocol {
+    /// With an identity already loaded (tests make theirs in memory).
+    public init(configuration: ServerConfiguration, identity: ServerIdentity, logger: Logger = Logger(label: "squelchd")) throws {
+        try configuration.prepare()
+        self.identity = identity
+        self.configuration = configuration
+        self.logger = logger
+    }
+
+    /// Where a running server can be reached; ports are the bound ones (useful with port 0).
+    public struct Listening: Sendable {
+        public var voicePort: Int
+        public var adminPort: Int
+        /// Starts a graceful shutdown, as SIGTERM does.
+        public var shutdown: @Sendable () async -> Void
+    }
+
+    /// The admin application around `context`. `onListening` receives the bound port (useful with port 0).
+    public func adminApplication(context: AdminContext,
+                                 onListening: @escaping @Sendable (Int) async -> Void = { _ in }) -> some ApplicationProtocol {
         let logger = self.logger
         let host = configuration.adminHost
         return Application(
-            router: AdminAPI.router(identitySummary: identity.summary),
+            router: AdminAPI.router(context: context),
             configuration: .init(address: .hostname(host, port: configuration.adminPort), serverName: "squelchd"),
             onServerRunning: { channel in
                 let port = channel.localAddress?.port ?? 0
@@ -35,16 +54,67 @@ public struct SquelchServer: Sendable {
             logger: logger)
     }
 
-    /// Runs until a shutdown signal arrives.
-    public func run() async throws {
+    /// Runs until a shutdown signal arrives (or the task is cancelled), then stops gracefully: the
+    /// admin API first, then the voice transport (members are told the server is going away), and
+    /// the database last, once every pending write is in. `onReady` runs once both listeners are up.
+    public func run(onReady: @escaping @Sendable (Listening) async -> Void = { _ in }) async throws {
         logger.notice("squelchd starting", metadata: [
             "data": .string(configuration.dataDirectory), "certificate": .string(identity.summary),
         ])
+        let store = try SQLiteChannelStore(directory: configuration.dataDirectory)
+        let tokens = try await TokenAuthority.loadOrCreate(in: configuration.dataDirectory)
+        let metrics = ServerMetrics()
+        let writer = StoreWriter(store: store, metrics: metrics, logger: logger)
+        let latch = ReadyLatch(onReady: onReady)
+        let voice = VoiceService(configuration: configuration, identity: identity, store: store, tokens: tokens,
+                                 writer: writer, metrics: metrics, logger: logger,
+                                 onListening: { address in await latch.voice(address.port ?? 0) })
+        let admin = AdminContext(
+            store: store, tokens: tokens, adminKey: try configuration.resolveAdminKey(), hub: voice,
+            registry: metrics.registry, identitySummary: identity.summary,
+            readiness: { voice.isRunning ? .ready : .unavailable(reason: "the voice transport is not running") })
         let group = ServiceGroup(configuration: .init(
-            services: [.init(service: adminApplication())],
+            services: [
+                .init(service: StoreService(writer: writer, store: store, logger: logger)),
+                .init(service: voice),
+                .init(service: adminApplication(context: admin, onListening: { await latch.admin($0) })),
+            ],
             gracefulShutdownSignals: [.sigterm, .sigint],
             logger: logger))
+        await latch.setGroup(group)
         try await group.run()
         logger.notice("squelchd stopped")
+    }
+}
+
+/// Calls `onReady` once both the voice and the admin port are known.
+actor ReadyLatch {
+    let onReady: @Sendable (SquelchServer.Listening) async -> Void
+    var voicePort: Int?
+    var adminPort: Int?
+    var group: ServiceGroup?
+
+    init(onReady: @escaping @Sendable (SquelchServer.Listening) async -> Void) { self.onReady = onReady }
+
+    func setGroup(_ group: ServiceGroup) async {
+        self.group = group
+        await fire()
+    }
+
+    func voice(_ port: Int) async {
+        voicePort = port
+        await fire()
+    }
+
+    func admin(_ port: Int) async {
+        adminPort = port
+        await fire()
+    }
+
+    private func fire() async {
+        guard let voicePort, let adminPort, let group else { return }
+        self.group = nil  // fire once
+        await onReady(SquelchServer.Listening(voicePort: voicePort, adminPort: adminPort,
+                                              shutdown: { await group.triggerGracefulShutdown() }))
     }
 }

@@ -34,6 +34,12 @@ public final class Endpoint {
         public let index: UInt32
         public let generation: UInt32
         public var description: String { "#\(index).\(generation)" }
+        /// Endpoints make handles; this is for code that tests the layers above without one. A
+        /// handle the endpoint did not make refers to no connection.
+        public init(index: UInt32, generation: UInt32) {
+            self.index = index
+            self.generation = generation
+        }
     }
 
     struct Slot {

@@ -43,11 +43,12 @@ public struct UDPOptions: Sendable {
 /// One timer for a sans-I/O state machine's `nextDeadline`. It is moved only when the deadline comes
 /// earlier: most changes push a deadline later (every packet re-arms the idle timer), and a timer that
 /// fires early costs one no-op `handleTimeout`, which is cheaper than cancelling and rescheduling.
-struct LoopTimer {
+public struct LoopTimer {
+    public init() {}
     private var scheduled: Scheduled<Void>?
     private var at: UInt64?
 
-    mutating func arm(_ deadline: WireInstant?, minimum: UInt64 = 0, on eventLoop: any EventLoop, fire: @escaping () -> Void) {
+    public mutating func arm(_ deadline: WireInstant?, minimum: UInt64 = 0, on eventLoop: any EventLoop, fire: @escaping () -> Void) {
         guard let deadline else { return }
         let target = max(deadline.nanoseconds, minimum)
         if let at, at <= target { return }
@@ -57,12 +58,12 @@ struct LoopTimer {
     }
 
     /// Called first thing when the timer fires, so the next `arm` schedules a fresh one.
-    mutating func fired() {
+    public mutating func fired() {
         scheduled = nil
         at = nil
     }
 
-    mutating func cancel() {
+    public mutating func cancel() {
         scheduled?.cancel()
         fired()
     }

@@ -1,0 +1,526 @@
+import ChannelProtocol
+import ChannelStore
+import FloorControl
+import Foundation
+import ParticipantTokens
+import Wire
+
+/// The live state of every channel: who is connected, who holds the floor, and where each audio
+/// packet goes. A sans-I/O state machine in the manner of `Endpoint`: transport events, control
+/// messages, verified tokens, admin edits and time go in; control messages, closes, store writes
+/// and pushes come out of `takeOutputs()`, and audio goes out through the `send` closure the caller
+/// passes (so the relay hands each sealed datagram straight to the transport, allocating nothing).
+///
+/// Not Sendable: it lives on the server's event loop, next to the endpoint.
+public final class ChannelHub {
+    enum Session {
+        /// Transport connected; no join yet.
+        case connected
+        /// A join is being verified.
+        case verifying(channel: UUID)
+        case joined(ChannelState, slot: UInt16)
+    }
+
+    public let configuration: HubConfiguration
+    public private(set) var counters = HubCounters()
+    var channels: [UUID: ChannelState] = [:]
+    var sessions: [Link: Session] = [:]
+    var outputs: [HubOutput] = []
+    let codec = MessageCodec()
+    /// One datagram being forwarded: its header is rewritten here and the payload copied once.
+    let scratch: UnsafeMutableRawBufferPointer
+    /// Members waiting to go from reconnecting to offline, or being replayed a burst: the only
+    /// per-member timers, so `nextDeadline` needn't walk every member.
+    var reconnecting: [(channel: ChannelState, slot: UInt16)] = []
+    var catchingUp: [(channel: ChannelState, slot: UInt16)] = []
+    var nextCatchUpTick: WireInstant?
+
+    public init(configuration: HubConfiguration = HubConfiguration()) {
+        self.configuration = configuration
+        scratch = .allocate(byteCount: AudioHeader.size + AudioHeader.maxPayload, alignment: 8)
+    }
+
+    deinit { scratch.deallocate() }
+
+    /// Everything the hub wants done since the last call, in order.
+    public func takeOutputs() -> [HubOutput] {
+        defer { outputs.removeAll(keepingCapacity: true) }
+        return outputs
+    }
+
+    // MARK: Channels (startup and admin)
+
+    /// Adds a channel, or updates it: members connected to it get the new descriptor.
+    public func upsertChannel(_ record: ChannelRecord, members stored: [MemberRecord] = []) {
+        if let channel = channels[record.id] {
+            guard channel.record != record else { return }
+            let changed = channel.info != ChannelInfo(id: record.id, name: record.name, image: record.image,
+                                                      mode: record.mode, maxBurstSeconds: record.maxBurstSeconds)
+            channel.record = record
+            channel.floor.configuration = ChannelState.floorConfiguration(record, configuration)
+            if changed { outputs.append(.send(.descriptor(channel.info), to: channel.connectedLinks)) }
+            return
+        }
+        let channel = ChannelState(record: record, configuration: configuration)
+        for stored in stored {
+            let slot = channel.nextSlot
+            channel.nextSlot &+= 1
+            channel.slotsByUser[stored.userID] = slot
+            // Capabilities and priority come with the member's next token; until then it only listens.
+            channel.members[slot] = Member(
+                slot: slot, userID: stored.userID, name: stored.displayName, role: nil, priority: 0, canTalk: false,
+                canListen: true, joinedAt: stored.joinedAt, link: nil, connection: .offline, pushToken: stored.pushToken,
+                pushEnvironment: stored.pushEnvironment, pushRegisteredAt: stored.pushRegisteredAt)
+        }
+        channels[record.id] = channel
+    }
+
+    public func channel(_ id: UUID) -> ChannelInfo? { channels[id]?.info }
+    public var channelIDs: [UUID] { Array(channels.keys) }
+    public var channelCount: Int { channels.count }
+    public var connectionCount: Int { sessions.count }
+
+    /// The roster as members see it.
+    public func roster(of id: UUID) -> [Participant] { channels[id]?.roster ?? [] }
+
+    /// Removes a channel: its members are told and disconnected; a burst in progress is logged.
+    public func deleteChannel(_ id: UUID, at time: HubTime) {
+        guard let channel = channels.removeValue(forKey: id) else { return }
+        for slot in channel.floor.currentTalkers { logBurstEnd(channel, slot: slot, reason: "channelDeleted", at: time) }
+        for member in channel.members.values {
+            if let link = member.link {
+                sessions[link] = nil
+                outputs.append(.send(.refused(code: .channelDeleted, reason: "the channel was deleted by an administrator"), to: [link]))
+                outputs.append(.close(link, code: .removed, reason: "channel deleted"))
+            }
+            if member.pushToken != nil {
+                outputs.append(.memberGone(channel: id, member: member.record(channel: id, lastSeen: time.date)))
+            }
+        }
+        reconnecting.removeAll { $0.channel === channel }
+        catchingUp.removeAll { $0.channel === channel }
+    }
+
+    /// An administrator removed a member (the store already forgot it).
+    public func removeMember(channel id: UUID, user: String, at time: HubTime) {
+        guard let channel = channels[id], let slot = channel.slotsByUser[user], let member = channel.members[slot] else { return }
+        if let link = member.link {
+            sessions[link] = nil
+            outputs.append(.send(.refused(code: .removedByAdmin, reason: "an administrator removed you from the channel"), to: [link]))
+            outputs.append(.close(link, code: .removed, reason: "removed"))
+        }
+        forget(channel, slot: slot, at: time)
+        if member.pushToken != nil { outputs.append(.memberGone(channel: id, member: member.record(channel: id, lastSeen: time.date))) }
+    }
+
+    /// The server is going down: every member hears that service is unavailable, bursts in progress
+    /// are logged. The driver then closes connections with `CloseCode.goingAway`.
+    public func shutdown(reason: String, at time: HubTime) {
+        for channel in channels.values {
+            for slot in channel.floor.currentTalkers { logBurstEnd(channel, slot: slot, reason: "shutdown", at: time) }
+            let links = channel.connectedLinks
+            if !links.isEmpty { outputs.append(.send(.serviceStatus(.unavailable, reason: reason), to: links)) }
+            for member in channel.members.values where member.link != nil {
+                outputs.append(.store(.touchMember(channel: channel.record.id, user: member.userID, lastSeen: time.date)))
+            }
+        }
+    }
+
+    // MARK: Transport events
+
+    public func connected(_ link: Link) {
+        sessions[link] = .connected
+    }
+
+    /// The connection closed (or timed out). A joined member turns `reconnecting` and keeps its
+    /// place, and the floor if it held it, for the grace period.
+    public func closed(_ link: Link, at time: HubTime) {
+        guard let session = sessions.removeValue(forKey: link) else { return }
+        guard case .joined(let channel, let slot) = session, var member = channel.members[slot] else { return }
+        member.link = nil
+        member.connection = .reconnecting
+        member.reconnectingUntil = time.instant + configuration.disconnectGrace
+        stopCatchUp(&member)
+        channel.members[slot] = member
+        reconnecting.append((channel, slot))
+        channel.floor.disconnected(slot, now: time.instant.nanoseconds)
+        applyFloorEvents(channel, at: time)
+        channel.rebuildListeners()
+        outputs.append(.send(.participant(member.participant), to: channel.links(except: slot)))
+        outputs.append(.store(.touchMember(channel: channel.record.id, user: member.userID, lastSeen: time.date)))
+    }
+
+    /// A control message arrived on `link`.
+    public func control(_ link: Link, bytes: [UInt8], at time: HubTime) {
+        guard let session = sessions[link] else { return }
+        let message: ClientMessage
+        do {
+            message = try codec.decodeClientMessage(bytes)
+        } catch {
+            counters.controlErrors += 1
+            outputs.append(.send(.error(code: .protocolError, reason: error.description), to: [link]))
+            return
+        }
+        if case .join(let token, let channel, let reason) = message {
+            switch session {
+            case .connected:
+                sessions[link] = .verifying(channel: channel)
+                outputs.append(.verify(link, token: token, channel: channel, reason: reason))
+            case .verifying, .joined:
+                outputs.append(.send(.error(code: .protocolError, reason: "already joined or joining on this connection; open a new connection to join another channel"), to: [link]))
+            }
+            return
+        }
+        guard case .joined(let channel, let slot) = session, channel.members[slot] != nil else {
+            outputs.append(.send(.error(code: .notJoined, reason: "join a channel first"), to: [link]))
+            return
+        }
+        switch message {
+        case .join: break
+        case .leave:
+            sessions[link] = nil
+            let member = channel.members[slot]!
+            forget(channel, slot: slot, at: time)
+            outputs.append(.close(link, code: .normal, reason: "left the channel"))
+            if member.pushToken != nil {
+                outputs.append(.memberGone(channel: channel.record.id, member: member.record(channel: channel.record.id, lastSeen: time.date)))
+            }
+        case .floorRequest:
+            let member = channel.members[slot]!
+            channel.floor.request(slot, priority: member.priority, canTalk: member.canTalk, now: time.instant.nanoseconds)
+            applyFloorEvents(channel, at: time)
+        case .floorRelease:
+            channel.floor.release(slot, now: time.instant.nanoseconds)
+            applyFloorEvents(channel, at: time)
+        case .setMuted(let muted):
+            guard channel.members[slot]!.muted != muted else { return }
+            channel.members[slot]!.muted = muted
+            outputs.append(.send(.participant(channel.members[slot]!.participant), to: channel.connectedLinks))
+        case .registerPushToken(let token, let environment):
+            let lower = token.lowercased()
+            channel.members[slot]!.pushToken = lower
+            channel.members[slot]!.pushEnvironment = environment
+            channel.members[slot]!.pushRegisteredAt = time.date
+            outputs.append(.store(.setPushToken(channel: channel.record.id, user: channel.members[slot]!.userID, token: lower,
+                                                environment: environment, registeredAt: time.date)))
+            outputs.append(.send(.pushTokenRegistered, to: [link]))
+        }
+    }
+
+    // MARK: Join
+
+    /// The token on `link` checked out: the member joins (or rejoins) its channel.
+    public func admit(_ link: Link, claims: ParticipantClaims, reason: JoinReason, at time: HubTime) {
+        guard case .verifying(let requested)? = sessions[link] else { return }  // closed while verifying
+        guard requested == claims.channel else {
+            refuse(link, code: .tokenWrongChannel, reason: "the token is for another channel")
+            return
+        }
+        guard let channel = channels[claims.channel] else {
+            refuse(link, code: .channelNotFound, reason: "channel \(claims.channel) does not exist (deleted?); ask for a token to an existing channel")
+            return
+        }
+        let slot: UInt16
+        if let existing = channel.slotsByUser[claims.userID] {
+            slot = existing
+        } else {
+            slot = allocateSlot(in: channel)
+            channel.slotsByUser[claims.userID] = slot
+        }
+        var member = channel.members[slot] ?? Member(
+            slot: slot, userID: claims.userID, name: claims.name, role: claims.role, priority: claims.priority,
+            canTalk: claims.capabilities.contains(.talk), canListen: claims.capabilities.contains(.listen),
+            joinedAt: time.date, link: nil, connection: .connected)
+        if let old = member.link, old != link {
+            // The same user on a new connection (a phone that switched networks without resuming):
+            // the new one wins.
+            sessions[old] = nil
+            outputs.append(.send(.refused(code: .replaced, reason: "you joined this channel from another connection"), to: [old]))
+            outputs.append(.close(old, code: .replaced, reason: "replaced by a newer connection"))
+            stopCatchUp(&member)
+        }
+        member.name = claims.name
+        member.role = claims.role
+        member.priority = claims.priority
+        member.canTalk = claims.capabilities.contains(.talk)
+        member.canListen = claims.capabilities.contains(.listen)
+        member.link = link
+        member.connection = .connected
+        member.reconnectingUntil = nil
+        channel.members[slot] = member
+        reconnecting.removeAll { $0.channel === channel && $0.slot == slot }
+        sessions[link] = .joined(channel, slot: slot)
+        counters.joins += 1
+        channel.floor.reconnected(slot)
+
+        outputs.append(.store(.upsertMember(member.record(channel: channel.record.id, lastSeen: time.date))))
+        outputs.append(.send(.joined(channel: channel.info, you: slot, roster: channel.roster, talkers: channel.talkers), to: [link]))
+        outputs.append(.send(.participant(member.participant), to: channel.links(except: slot)))
+        if member.canListen { startCatchUp(channel, slot: slot, at: time) }
+        channel.rebuildListeners()
+    }
+
+    /// The token on `link` was refused (or the join failed): tell the client why and close.
+    public func refuse(_ link: Link, code: RefusalCode, reason: String) {
+        guard sessions[link] != nil else { return }
+        sessions[link] = .connected
+        counters.refusals += 1
+        outputs.append(.send(.refused(code: code, reason: reason), to: [link]))
+        outputs.append(.close(link, code: .refused, reason: reason))
+    }
+
+    func allocateSlot(in channel: ChannelState) -> UInt16 {
+        repeat {
+            channel.nextSlot &+= 1
+        } while channel.nextSlot == 0 || channel.members[channel.nextSlot &- 1] != nil
+        return channel.nextSlot &- 1
+    }
+
+    /// Removes a member from the channel for good: floor, roster, store.
+    func forget(_ channel: ChannelState, slot: UInt16, at time: HubTime) {
+        guard var member = channel.members[slot] else { return }
+        stopCatchUp(&member)
+        if channel.floor.mayTalk(slot) { channel.endReasons[slot] = "left" }
+        channel.floor.release(slot, now: time.instant.nanoseconds)
+        channel.members[slot] = nil
+        channel.slotsByUser[member.userID] = nil
+        reconnecting.removeAll { $0.channel === channel && $0.slot == slot }
+        applyFloorEvents(channel, at: time)
+        channel.rebuildListeners()
+        outputs.append(.send(.participantLeft(slot: slot, userID: member.userID), to: channel.connectedLinks))
+        outputs.append(.store(.removeMember(channel: channel.record.id, user: member.userID)))
+    }
+
+    // MARK: Floor
+
+    func applyFloorEvents(_ channel: ChannelState, at time: HubTime) {
+        for event in channel.floor.takeEvents() {
+            switch event {
+            case .granted(let slot, let burst, _):
+                let burst16 = UInt16(truncatingIfNeeded: burst)
+                counters.floorGrants += 1
+                counters.bursts += 1
+                channel.members[slot]?.talking = true
+                channel.members[slot]?.burstStartedAt = time.date
+                channel.startRecording(talker: slot, burst: burst16)
+                if let link = channel.members[slot]?.link {
+                    outputs.append(.send(.floor(FloorEvent(kind: .granted, slot: slot, burst: burst16,
+                                                           maxBurstSeconds: channel.record.maxBurstSeconds)), to: [link]))
+                }
+            case .taken(let slot, let burst, _):
+                guard let member = channel.members[slot] else { break }
+                outputs.append(.send(.floor(FloorEvent(kind: .taken, slot: slot, burst: UInt16(truncatingIfNeeded: burst))),
+                                     to: channel.links(except: slot)))
+                outputs.append(.send(.participant(member.participant), to: channel.connectedLinks))
+                let wake = channel.members.values.filter { $0.link == nil && $0.pushToken != nil && $0.canListen }
+                    .map { $0.record(channel: channel.record.id, lastSeen: time.date) }
+                if !wake.isEmpty {
+                    outputs.append(.burstStarted(channel: channel.record.id, talker: member.participant, wake: wake))
+                }
+            case .denied(let slot, let reason):
+                counters.floorDenials += 1
+                let cause: FloorCause
+                let text: String
+                switch reason {
+                case .busy: cause = .busy; text = "someone else is talking"
+                case .listenOnly: cause = .notAllowed; text = "your token allows listening only"
+                case .queueFull: cause = .queueFull; text = "too many members are waiting to talk"
+                }
+                if let link = channel.members[slot]?.link {
+                    outputs.append(.send(.floor(FloorEvent(kind: .denied, slot: slot, cause: cause, reason: text)), to: [link]))
+                }
+            case .queued(let slot, let position):
+                if let link = channel.members[slot]?.link {
+                    outputs.append(.send(.floor(FloorEvent(kind: .queued, slot: slot, position: position)), to: [link]))
+                }
+            case .revoked(let slot, let reason):
+                counters.floorRevocations += 1
+                let cause: FloorCause
+                let text: String
+                switch reason {
+                case .preempted(let by, _):
+                    cause = .preempted
+                    text = "\(channel.members[by]?.name ?? "someone") has priority"
+                    channel.endReasons[slot] = "preempted"
+                case .maxBurstReached:
+                    cause = .maxBurstReached
+                    text = "the maximum talk time of \(channel.record.maxBurstSeconds) s was reached"
+                    channel.endReasons[slot] = "maxBurst"
+                case .disconnected:
+                    cause = .disconnected
+                    text = "the connection was lost"
+                    channel.endReasons[slot] = "disconnected"
+                }
+                if let link = channel.members[slot]?.link {
+                    outputs.append(.send(.floor(FloorEvent(kind: .revoked, slot: slot, cause: cause, reason: text)), to: [link]))
+                }
+            case .ended(let slot, let burst, _):
+                let reason = channel.endReasons.removeValue(forKey: slot) ?? "released"
+                logBurstEnd(channel, slot: slot, reason: reason, at: time)
+                channel.endRecording(talker: slot)
+                outputs.append(.send(.floor(FloorEvent(kind: .ended, slot: slot, burst: UInt16(truncatingIfNeeded: burst))),
+                                     to: channel.connectedLinks))
+                if var member = channel.members[slot] {
+                    member.talking = false
+                    member.burstStartedAt = nil
+                    channel.members[slot] = member
+                    outputs.append(.send(.participant(member.participant), to: channel.connectedLinks))
+                }
+            case .idle:
+                outputs.append(.send(.floor(FloorEvent(kind: .idle)), to: channel.connectedLinks))
+            }
+        }
+    }
+
+    func logBurstEnd(_ channel: ChannelState, slot: UInt16, reason: String, at time: HubTime) {
+        guard let member = channel.members[slot], let started = member.burstStartedAt else { return }
+        channel.members[slot]?.burstStartedAt = nil
+        let milliseconds = max(0, Int(time.date.timeIntervalSince(started) * 1000))
+        outputs.append(.store(.logTransmission(TransmissionRecord(
+            channelID: channel.record.id, userID: member.userID, startedAt: started,
+            durationMilliseconds: milliseconds, endReason: reason))))
+    }
+
+    // MARK: Relay (the hot path)
+
+    /// One audio datagram from `link`. If its sender holds the floor, it is recorded for late joiners
+    /// and forwarded to every listening member but the sender, through `send` (which seals and queues
+    /// it for one listener, and returns false if it couldn't). Anything else is dropped and counted.
+    public func receiveAudio(from link: Link, datagram: UnsafeRawBufferPointer,
+                             send: (UnsafeRawBufferPointer, Link) -> Bool) {
+        counters.packetsIn &+= 1
+        counters.bytesIn &+= datagram.count
+        guard let header = AudioHeader(parsing: datagram) else { return drop(.malformed) }
+        guard case .joined(let channel, let slot)? = sessions[link] else { return drop(.notJoined) }
+        guard let burst = channel.floor.burst(of: slot) else { return drop(.notFloorHolder) }
+        guard UInt16(truncatingIfNeeded: burst) == header.burst else { return drop(.staleBurst) }
+
+        let payloadCount = datagram.count - AudioHeader.size
+        let payload = UnsafeRawBufferPointer(rebasing: datagram[AudioHeader.size...])
+        channel.recording(of: slot)?.append(header, payload: payload, limit: configuration.maxRecordedPackets)
+        AudioHeader(flags: header.flags.intersection(.endOfBurst), slot: slot, burst: header.burst, sequence: header.sequence)
+            .write(to: scratch)
+        UnsafeMutableRawBufferPointer(rebasing: scratch[AudioHeader.size ..< AudioHeader.size + payloadCount]).copyMemory(from: payload)
+        let packet = UnsafeRawBufferPointer(rebasing: scratch[..<(AudioHeader.size + payloadCount)])
+        for listener in channel.listeners where listener.slot != slot {
+            if send(packet, listener.link) {
+                counters.packetsOut &+= 1
+                counters.bytesOut &+= packet.count
+            } else {
+                drop(.sendFailed)
+            }
+        }
+    }
+
+    func drop(_ reason: DropReason) { counters.drops[reason.rawValue] &+= 1 }
+
+    // MARK: Late-join catch-up
+
+    func startCatchUp(_ channel: ChannelState, slot: UInt16, at time: HubTime) {
+        var cursors: [CatchUpCursor] = []
+        for recording in channel.recordings where !recording.ended && recording.talker != slot {
+            recording.readers += 1
+            cursors.append(CatchUpCursor(recording: recording, next: 0))
+        }
+        guard !cursors.isEmpty else { return }
+        channel.members[slot]?.catchUp = cursors
+        catchingUp.append((channel, slot))
+        // The first packets go out at once (the next timeout, which is now).
+        nextCatchUpTick = time.instant
+    }
+
+    func stopCatchUp(_ member: inout Member) {
+        for cursor in member.catchUp { cursor.recording.readers -= 1 }
+        member.catchUp.removeAll()
+    }
+
+    /// Sends each late joiner its next catch-up packets; a joiner that reached the live edge of every
+    /// recording goes back on the live fan-out list.
+    func serveCatchUp(at time: HubTime, send: (UnsafeRawBufferPointer, Link) -> Bool) {
+        var index = 0
+        while index < catchingUp.count {
+            let (channel, slot) = catchingUp[index]
+            guard var member = channel.members[slot], let link = member.link, !member.catchUp.isEmpty else {
+                catchingUp.remove(at: index)
+                continue
+            }
+            var budget = member.catchUp.allSatisfy({ $0.next == 0 }) ? configuration.catchUpInitialPackets
+                                                                      : configuration.catchUpPacketsPerTick
+            var cursorIndex = 0
+            while cursorIndex < member.catchUp.count {
+                let recording = member.catchUp[cursorIndex].recording
+                while budget > 0, member.catchUp[cursorIndex].next < recording.count {
+                    let length = recording.write(member.catchUp[cursorIndex].next, into: scratch)
+                    if send(UnsafeRawBufferPointer(rebasing: scratch[..<length]), link) {
+                        counters.catchUpPacketsOut &+= 1
+                        counters.bytesOut &+= length
+                    }
+                    member.catchUp[cursorIndex].next += 1
+                    budget -= 1
+                }
+                // Caught up with a recording: done if its burst ended; if it is still live, the live
+                // packets come through the fan-out from now on (its cursor is at the live edge).
+                if member.catchUp[cursorIndex].next >= recording.count {
+                    recording.readers -= 1
+                    member.catchUp.remove(at: cursorIndex)
+                } else {
+                    cursorIndex += 1
+                }
+            }
+            channel.members[slot] = member
+            if member.catchUp.isEmpty {
+                catchingUp.remove(at: index)
+                channel.rebuildListeners()
+                channel.recycleRecordings()
+            } else {
+                index += 1
+            }
+        }
+        nextCatchUpTick = catchingUp.isEmpty ? nil : time.instant + configuration.catchUpInterval
+    }
+
+    // MARK: Time
+
+    public var nextDeadline: WireInstant? {
+        var deadline = nextCatchUpTick
+        for channel in channels.values {
+            if let floorDeadline = channel.floor.nextDeadline {
+                let instant = WireInstant(nanoseconds: floorDeadline)
+                deadline = deadline.map { min($0, instant) } ?? instant
+            }
+        }
+        for (channel, slot) in reconnecting {
+            if let until = channel.members[slot]?.reconnectingUntil { deadline = deadline.map { min($0, until) } ?? until }
+        }
+        return deadline
+    }
+
+    /// Runs whatever is due: maximum-burst and disconnect revocations, reconnecting members going
+    /// offline, and catch-up packets (through `send`, like `receiveAudio`).
+    public func handleTimeout(at time: HubTime, send: (UnsafeRawBufferPointer, Link) -> Bool) {
+        for channel in channels.values {
+            if let due = channel.floor.nextDeadline, due <= time.instant.nanoseconds {
+                channel.floor.handleTimeout(now: time.instant.nanoseconds)
+                applyFloorEvents(channel, at: time)
+            }
+        }
+        var index = 0
+        while index < reconnecting.count {
+            let (channel, slot) = reconnecting[index]
+            guard let member = channel.members[slot], member.connection == .reconnecting,
+                  let until = member.reconnectingUntil else {
+                reconnecting.remove(at: index)
+                continue
+            }
+            if until <= time.instant {
+                channel.members[slot]!.connection = .offline
+                channel.members[slot]!.reconnectingUntil = nil
+                reconnecting.remove(at: index)
+                outputs.append(.send(.participant(channel.members[slot]!.participant), to: channel.connectedLinks))
+            } else {
+                index += 1
+            }
+        }
+        if let tick = nextCatchUpTick, tick <= time.instant { serveCatchUp(at: time, send: send) }
+    }
+}

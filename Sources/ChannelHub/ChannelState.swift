@@ -1,0 +1,122 @@
+import ChannelProtocol
+import ChannelStore
+import FloorControl
+import Foundation
+import Wire
+
+/// One member of a live channel: who it is (from its token), how it is connected, and what it is doing.
+struct Member {
+    var slot: UInt16
+    var userID: String
+    var name: String
+    var role: String?
+    var priority: UInt8
+    var canTalk: Bool
+    var canListen: Bool
+    var joinedAt: Date
+    var link: Link?
+    var connection: ConnectionState
+    /// While `.reconnecting`: when the member counts as offline.
+    var reconnectingUntil: WireInstant?
+    var talking = false
+    var muted = false
+    var pushToken: String?
+    var pushEnvironment: PushEnvironment?
+    var pushRegisteredAt: Date?
+    /// Bursts this member is being replayed; it gets no live audio until they are done.
+    var catchUp: [CatchUpCursor] = []
+    /// When the current burst started (wall clock), for the transmission log.
+    var burstStartedAt: Date?
+
+    var participant: Participant {
+        Participant(slot: slot, userID: userID, name: name, role: role, priority: priority, canTalk: canTalk,
+                    canListen: canListen, connection: connection, talking: talking, muted: muted)
+    }
+
+    func record(channel: UUID, lastSeen: Date) -> MemberRecord {
+        MemberRecord(channelID: channel, userID: userID, displayName: name, joinedAt: joinedAt, lastSeen: lastSeen,
+                     pushToken: pushToken, pushEnvironment: pushEnvironment, pushRegisteredAt: pushRegisteredAt)
+    }
+}
+
+/// The live state of one channel. A class, so that a session can point at its channel and the relay
+/// finds it without a lookup.
+final class ChannelState {
+    var record: ChannelRecord
+    var floor: FloorArbiter<UInt16>
+    var members: [UInt16: Member] = [:]
+    var slotsByUser: [String: UInt16] = [:]
+    var nextSlot: UInt16 = 1
+    /// Connected members who may listen and are not catching up: the relay's fan-out list, rebuilt
+    /// whenever membership changes (rare) so that forwarding a packet is one pass over an array.
+    var listeners: [(link: Link, slot: UInt16)] = []
+    /// Recordings of bursts in progress (and ended ones still being replayed), by talker.
+    var recordings: [BurstRecording] = []
+    /// Finished recordings, kept for their buffers' capacity.
+    var spareRecordings: [BurstRecording] = []
+    /// Why a talker's burst is ending, noted from `revoked` for the `ended` event that follows.
+    var endReasons: [UInt16: String] = [:]
+
+    init(record: ChannelRecord, configuration: HubConfiguration) {
+        self.record = record
+        floor = FloorArbiter(configuration: Self.floorConfiguration(record, configuration))
+    }
+
+    static func floorConfiguration(_ record: ChannelRecord, _ configuration: HubConfiguration) -> FloorArbiter<UInt16>.Configuration {
+        FloorArbiter<UInt16>.Configuration(
+            maxTalkers: record.mode == .halfDuplex ? 1 : configuration.fullDuplexMaxTalkers,
+            maxBurst: UInt64(record.maxBurstSeconds) * 1_000_000_000,
+            disconnectGrace: configuration.disconnectGrace,
+            maxQueue: configuration.maxQueue)
+    }
+
+    var info: ChannelInfo {
+        ChannelInfo(id: record.id, name: record.name, image: record.image, mode: record.mode,
+                    maxBurstSeconds: record.maxBurstSeconds)
+    }
+
+    var connectedLinks: [Link] { members.values.compactMap(\.link) }
+
+    func links(except slot: UInt16) -> [Link] { members.values.compactMap { $0.slot == slot ? nil : $0.link } }
+
+    var roster: [Participant] { members.values.map(\.participant).sorted { $0.slot < $1.slot } }
+
+    var talkers: [Talker] {
+        floor.currentTalkers.compactMap { slot in floor.burst(of: slot).map { Talker(slot: slot, burst: UInt16(truncatingIfNeeded: $0)) } }
+    }
+
+    func rebuildListeners() {
+        listeners.removeAll(keepingCapacity: true)
+        for member in members.values where member.canListen && member.catchUp.isEmpty {
+            if let link = member.link { listeners.append((link, member.slot)) }
+        }
+    }
+
+    func recording(of talker: UInt16) -> BurstRecording? {
+        for recording in recordings where recording.talker == talker && !recording.ended { return recording }
+        return nil
+    }
+
+    func startRecording(talker: UInt16, burst: UInt16) {
+        let recording = spareRecordings.popLast() ?? BurstRecording()
+        recording.start(talker: talker, burst: burst)
+        recordings.append(recording)
+    }
+
+    func endRecording(talker: UInt16) {
+        recording(of: talker)?.end()
+        recycleRecordings()
+    }
+
+    /// Returns ended recordings nobody reads any more to the spare list.
+    func recycleRecordings() {
+        var index = 0
+        while index < recordings.count {
+            if recordings[index].ended && recordings[index].readers == 0 {
+                spareRecordings.append(recordings.remove(at: index))
+            } else {
+                index += 1
+            }
+        }
+    }
+}

@@ -1,0 +1,109 @@
+import ChannelProtocol
+import ChannelStore
+import Foundation
+import Wire
+
+/// A member's transport connection, as the endpoint names it.
+public typealias Link = Endpoint.Handle
+
+/// The hub's two clocks: monotonic time for timers, and the wall clock for what is stored (last
+/// seen, the transmission log). The hub reads neither; callers pass both.
+public struct HubTime: Sendable {
+    public var instant: WireInstant
+    public var date: Date
+    public init(instant: WireInstant, date: Date) {
+        self.instant = instant
+        self.date = date
+    }
+}
+
+/// Tunables of the live channel state.
+public struct HubConfiguration: Sendable {
+    /// Simultaneous talkers on a full-duplex channel.
+    public var fullDuplexMaxTalkers = 4
+    /// How long a dropped member keeps its place (a talker keeps the floor) before it counts as gone.
+    public var disconnectGrace: UInt64 = 2_000_000_000
+    /// Floor requests that may wait in a channel's queue.
+    public var maxQueue = 16
+    /// Catch-up packets sent to a late joiner at once, before pacing starts.
+    public var catchUpInitialPackets = 25
+    /// Then this many per `catchUpInterval` (10 per 10 ms is 5× real time at 20 ms frames), so that
+    /// a long burst doesn't overflow the joiner's socket buffer.
+    public var catchUpPacketsPerTick = 10
+    public var catchUpInterval: UInt64 = 10_000_000
+    /// Packets kept per burst for catch-up: a 600 s burst at 50 packets/s.
+    public var maxRecordedPackets = 30_000
+
+    public init() {}
+}
+
+/// Effects the hub asks its driver to carry out, in order.
+public enum HubOutput: Sendable, Equatable {
+    /// Encode `message` once and send it on each link's control stream.
+    case send(ServerMessage, to: [Link])
+    /// Close the link with an application close code.
+    case close(Link, code: CloseCode, reason: String)
+    /// Check a join token (asynchronously), then call `admit` or `refuse`.
+    case verify(Link, token: String, channel: UUID, reason: JoinReason)
+    /// Write to the store (asynchronously, in order; the relay never waits for it).
+    case store(StoreOperation)
+    /// A talk burst started: members with a push token and no live connection should be woken.
+    case burstStarted(channel: UUID, talker: Participant, wake: [MemberRecord])
+    /// A member left or was removed: its device should be told to leave the channel by push.
+    case memberGone(channel: UUID, member: MemberRecord)
+}
+
+/// A write the hub wants persisted.
+public enum StoreOperation: Sendable, Equatable {
+    case upsertMember(MemberRecord)
+    case touchMember(channel: UUID, user: String, lastSeen: Date)
+    case setPushToken(channel: UUID, user: String, token: String, environment: PushEnvironment, registeredAt: Date)
+    case removeMember(channel: UUID, user: String)
+    case logTransmission(TransmissionRecord)
+}
+
+/// Why the relay dropped an incoming audio datagram.
+public enum DropReason: Int, CaseIterable, Sendable {
+    /// Not an audio datagram of this protocol.
+    case malformed
+    /// The connection has not joined a channel.
+    case notJoined
+    /// The sender doesn't hold the floor.
+    case notFloorHolder
+    /// The sender holds the floor, but the packet belongs to an earlier burst.
+    case staleBurst
+    /// The transport couldn't send to a listener right now (the listener's connection is closing).
+    case sendFailed
+
+    public var label: String {
+        switch self {
+        case .malformed: return "malformed"
+        case .notJoined: return "not_joined"
+        case .notFloorHolder: return "not_floor_holder"
+        case .staleBurst: return "stale_burst"
+        case .sendFailed: return "send_failed"
+        }
+    }
+}
+
+/// Plain counters the hub bumps on its event loop; the driver publishes them as metrics.
+public struct HubCounters: Sendable, Equatable {
+    public var packetsIn = 0
+    public var bytesIn = 0
+    public var packetsOut = 0
+    public var bytesOut = 0
+    public var catchUpPacketsOut = 0
+    /// Indexed by `DropReason.rawValue`.
+    public var drops = [Int](repeating: 0, count: DropReason.allCases.count)
+    public var bursts = 0
+    public var floorGrants = 0
+    public var floorDenials = 0
+    public var floorRevocations = 0
+    public var joins = 0
+    public var refusals = 0
+    public var controlErrors = 0
+
+    public init() {}
+
+    public func drops(_ reason: DropReason) -> Int { drops[reason.rawValue] }
+}

@@ -1,0 +1,141 @@
+import ChannelHub
+import ChannelProtocol
+import ChannelStore
+import Foundation
+import Logging
+import NIOCore
+import ParticipantTokens
+import Wire
+import WireNIO
+
+/// Connects the sans-I/O `ChannelHub` to a `WireServer`: transport events and audio in, control
+/// messages, closes and audio out, store writes to the `StoreWriter`, token checks on a task. All of
+/// it runs on the server's event loop, so the relay forwards a packet in the same read cycle that
+/// received it and its sends leave in the same `sendmmsg`.
+final class HubDriver: WireServerDelegate {
+    let hub: ChannelHub
+    let eventLoop: any EventLoop
+    let tokens: TokenAuthority
+    let writer: StoreWriter
+    let logger: Logger
+    let codec = MessageCodec()
+    /// Where burst-start and member-gone events go (the push dispatcher); nil: pushes are off.
+    var pushes: (@Sendable (HubOutput) -> Void)?
+    weak var server: WireServer?
+    var timer = LoopTimer()
+    var published = HubCounters()
+
+    init(hub: ChannelHub, eventLoop: any EventLoop, tokens: TokenAuthority, writer: StoreWriter, logger: Logger) {
+        self.hub = hub
+        self.eventLoop = eventLoop
+        self.tokens = tokens
+        self.writer = writer
+        self.logger = logger
+    }
+
+    static let closeDelay = TimeAmount.milliseconds(300)
+
+    static func now() -> HubTime { HubTime(instant: WireNIO.now(), date: Date()) }
+
+    // MARK: WireServerDelegate
+
+    func wireServer(_ server: WireServer, handle: Endpoint.Handle, event: ConnectionEvent) {
+        self.server = server
+        switch event {
+        case .connected: hub.connected(handle)
+        case .control(let bytes): hub.control(handle, bytes: bytes, at: Self.now())
+        case .closed(let error):
+            logger.debug("connection closed", metadata: ["link": "\(handle)", "why": "\(error)"])
+            hub.closed(handle, at: Self.now())
+        default: return
+        }
+        flush()
+    }
+
+    func wireServer(_ server: WireServer, handle: Endpoint.Handle, datagram payload: UnsafeRawBufferPointer) {
+        hub.receiveAudio(from: handle, datagram: payload) { packet, link in server.sendDatagram(packet, to: link) }
+    }
+
+    func wireServer(_ server: WireServer, didRebindAfter error: (any Error)?) {
+        logger.warning("UDP socket closed under the server and was bound again", metadata: ["error": "\(String(describing: error))"])
+    }
+
+    // MARK: Outputs
+
+    /// Carries out what the hub asked for, then re-arms the hub's timer. Event loop only.
+    func flush() {
+        for output in hub.takeOutputs() {
+            switch output {
+            case .send(let message, let links):
+                guard let server, !links.isEmpty else { continue }
+                let bytes = codec.encode(message)
+                for link in links {
+                    do { try server.sendControl(bytes, to: link) } catch {
+                        logger.debug("control message not sent", metadata: ["link": "\(link)", "error": "\(error)"])
+                    }
+                }
+            case .close(let link, let code, let reason):
+                // A CONNECTION_CLOSE abandons the control stream, so the message that explains the
+                // close (`refused`, …) would be lost if it went out in the same flight. The close
+                // waits a moment; the client usually closes first, having read why.
+                eventLoop.assumeIsolated().scheduleTask(in: Self.closeDelay) { [weak server] in
+                    server?.close(link, code: code.rawValue, reason: reason)
+                }
+            case .verify(let link, let token, let channel, let reason):
+                verify(link, token: token, channel: channel, reason: reason)
+            case .store(let operation):
+                writer.enqueue(operation)
+            case .burstStarted, .memberGone:
+                pushes?(output)
+            }
+        }
+        armTimer()
+    }
+
+    func armTimer() {
+        timer.arm(hub.nextDeadline, on: eventLoop) { [self] in
+            timer.fired()
+            if let server {
+                hub.handleTimeout(at: Self.now()) { packet, link in server.sendDatagram(packet, to: link) }
+            }
+            flush()
+        }
+    }
+
+    /// Checks a join token off the event loop (ECDSA verification takes ~100 µs), then admits or
+    /// refuses on it.
+    func verify(_ link: Link, token: String, channel: UUID, reason: JoinReason) {
+        let tokens = self.tokens
+        let this = NIOLoopBound(self, eventLoop: eventLoop)
+        let loop = eventLoop
+        Task {
+            let outcome = await HubDriver.check(token, channel: channel, with: tokens)
+            loop.execute {
+                let driver = this.value
+                switch outcome {
+                case .success(let claims): driver.hub.admit(link, claims: claims, reason: reason, at: HubDriver.now())
+                case .failure(let error):
+                    driver.hub.refuse(link, code: RefusalCode(rawValue: error.code) ?? .tokenMalformed, reason: error.description)
+                }
+                driver.flush()
+            }
+        }
+    }
+
+    static func check(_ token: String, channel: UUID, with tokens: TokenAuthority) async -> Result<ParticipantClaims, TokenError> {
+        do throws(TokenError) {
+            return .success(try await tokens.verify(token, channel: channel, now: Date()))
+        } catch {
+            return .failure(error)
+        }
+    }
+
+    // MARK: Periodic work (on the event loop)
+
+    /// Publishes the relay's counters to the metrics registry.
+    func publish(to metrics: ServerMetrics) {
+        let now = hub.counters
+        metrics.publish(from: published, to: now, connections: hub.connectionCount, channels: hub.channelCount)
+        published = now
+    }
+}

@@ -1,0 +1,79 @@
+import ChannelHub
+import Prometheus
+
+/// squelchd's Prometheus metrics (`/metrics`). The relay counts on its event loop in plain integers
+/// (`HubCounters`) and `publish` adds what changed once a second: an atomic increment per forwarded
+/// packet would cost more than the packet's own bookkeeping.
+public final class ServerMetrics: Sendable {
+    public let registry: PrometheusCollectorRegistry
+    let connections: Gauge
+    let channels: Gauge
+    let bursts: Counter
+    let floorGrants: Counter
+    let floorDenials: Counter
+    let floorRevocations: Counter
+    let joins: Counter
+    let refusals: Counter
+    let controlErrors: Counter
+    let packetsIn: Counter
+    let packetsOut: Counter
+    let catchUpPacketsOut: Counter
+    let bytesIn: Counter
+    let bytesOut: Counter
+    let drops: [Counter]
+    let storeFailures: Counter
+
+    public init(registry: PrometheusCollectorRegistry = PrometheusCollectorRegistry()) {
+        self.registry = registry
+        func counter(_ name: String, _ help: String, labels: [(String, String)] = []) -> Counter {
+            registry.makeCounter(descriptor: MetricNameDescriptor(namespace: "squelch", metricName: name, unitName: "total", helpText: help),
+                                 labels: labels)
+        }
+        func gauge(_ name: String, _ help: String) -> Gauge {
+            registry.makeGauge(descriptor: MetricNameDescriptor(namespace: "squelch", metricName: name, unitName: "", helpText: help))
+        }
+        connections = gauge("connections", "Transport connections open now.")
+        channels = gauge("channels", "Channels known to the server.")
+        bursts = counter("bursts", "Talk bursts started.")
+        floorGrants = counter("floor_grants", "Floor requests granted.")
+        floorDenials = counter("floor_denials", "Floor requests denied (busy, listen-only, queue full).")
+        floorRevocations = counter("floor_revocations", "Talk bursts revoked (pre-emption, maximum length, disconnect).")
+        joins = counter("joins", "Members admitted to a channel.")
+        refusals = counter("join_refusals", "Joins refused (bad token, unknown channel).")
+        controlErrors = counter("control_errors", "Control messages that could not be read.")
+        packetsIn = counter("packets_in", "Audio datagrams received.")
+        packetsOut = counter("packets_out", "Audio datagrams forwarded live to listeners.")
+        catchUpPacketsOut = counter("catchup_packets_out", "Audio datagrams replayed to late joiners.")
+        bytesIn = counter("bytes_in", "Audio datagram bytes received (header and payload).")
+        bytesOut = counter("bytes_out", "Audio datagram bytes forwarded (header and payload).")
+        drops = DropReason.allCases.map { counter("drops", "Audio datagrams dropped, by reason.", labels: [("reason", $0.label)]) }
+        storeFailures = counter("store_failures", "Database writes that failed.")
+    }
+
+    /// Adds the difference between two snapshots of the relay's counters.
+    func publish(from old: HubCounters, to new: HubCounters, connections: Int, channels: Int) {
+        func add(_ counter: Counter, _ a: Int, _ b: Int) { if b > a { counter.increment(by: Int64(b - a)) } }
+        add(bursts, old.bursts, new.bursts)
+        add(floorGrants, old.floorGrants, new.floorGrants)
+        add(floorDenials, old.floorDenials, new.floorDenials)
+        add(floorRevocations, old.floorRevocations, new.floorRevocations)
+        add(joins, old.joins, new.joins)
+        add(refusals, old.refusals, new.refusals)
+        add(controlErrors, old.controlErrors, new.controlErrors)
+        add(packetsIn, old.packetsIn, new.packetsIn)
+        add(packetsOut, old.packetsOut, new.packetsOut)
+        add(catchUpPacketsOut, old.catchUpPacketsOut, new.catchUpPacketsOut)
+        add(bytesIn, old.bytesIn, new.bytesIn)
+        add(bytesOut, old.bytesOut, new.bytesOut)
+        for reason in DropReason.allCases { add(drops[reason.rawValue], old.drops[reason.rawValue], new.drops[reason.rawValue]) }
+        self.connections.set(Int64(connections))
+        self.channels.set(Int64(channels))
+    }
+
+    /// The Prometheus text exposition.
+    public func emit() -> String {
+        var buffer: [UInt8] = []
+        registry.emit(into: &buffer)
+        return String(decoding: buffer, as: UTF8.self)
+    }
+}

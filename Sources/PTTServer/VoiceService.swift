@@ -1,0 +1,211 @@
+import ChannelHub
+import ChannelProtocol
+import ChannelStore
+import Crypto
+import Foundation
+import Logging
+import NIOConcurrencyHelpers
+import NIOCore
+import NIOPosix
+import ParticipantTokens
+import ServiceLifecycle
+import Wire
+import WireNIO
+
+/// The voice side of squelchd as a service: the UDP transport, the channel hub on its event loop,
+/// the once-a-second chores (store revision poll, metrics), and a graceful stop that tells every
+/// member the server is going away.
+public final class VoiceService: Service, AdminHubHooks, Sendable {
+    struct Running: Sendable {
+        let server: WireServer
+        let driver: NIOLoopBoundBox<HubDriver>
+    }
+
+    let configuration: ServerConfiguration
+    let identity: ServerIdentity
+    let store: any ChannelStore
+    let tokens: TokenAuthority
+    let writer: StoreWriter
+    let metrics: ServerMetrics
+    let logger: Logger
+    let onListening: @Sendable (SocketAddress) async -> Void
+    let running = NIOLockedValueBox<Running?>(nil)
+
+    /// Store names of the transport keys that must outlive a restart: the reset key (so a restarted
+    /// server resets its clients' old sessions at once) and the address-token key (so Retry tokens
+    /// issued before a restart still validate).
+    static let resetKeyName = "transport-reset-key"
+    static let addressTokenKeyName = "transport-address-token-key"
+
+    public init(configuration: ServerConfiguration, identity: ServerIdentity, store: any ChannelStore, tokens: TokenAuthority,
+                writer: StoreWriter, metrics: ServerMetrics, logger: Logger,
+                onListening: @escaping @Sendable (SocketAddress) async -> Void = { _ in }) {
+        self.configuration = configuration
+        self.identity = identity
+        self.store = store
+        self.tokens = tokens
+        self.writer = writer
+        self.metrics = metrics
+        self.logger = logger
+        self.onListening = onListening
+    }
+
+    public func run() async throws {
+        let secrets = ServerSecrets(
+            identity: identity,
+            resetKey: SymmetricKey(data: try await persistentKey(Self.resetKeyName)),
+            tokenKey: SymmetricKey(data: try await persistentKey(Self.addressTokenKeyName)))
+        var hubConfiguration = HubConfiguration()
+        hubConfiguration.fullDuplexMaxTalkers = configuration.fullDuplexMaxTalkers
+        hubConfiguration.disconnectGrace = UInt64(configuration.disconnectGraceSeconds * 1e9)
+        hubConfiguration.maxQueue = configuration.maxQueue
+        let hub = ChannelHub(configuration: hubConfiguration)
+        let initialRevision = try await store.revision()
+        for channel in try await store.channels() {
+            hub.upsertChannel(channel, members: try await store.members(of: channel.id))
+        }
+        let channelCount = hub.channelCount
+        let eventLoop = MultiThreadedEventLoopGroup.singleton.next()
+        let driver = HubDriver(hub: hub, eventLoop: eventLoop, tokens: tokens, writer: writer, logger: logger)
+        let box = NIOLoopBoundBox.makeBoxSendingValue(driver, as: HubDriver.self, eventLoop: eventLoop)
+        var endpointConfiguration = EndpointConfiguration()
+        endpointConfiguration.maxConnections = configuration.maxConnections
+        let server = try await WireServer.start(host: configuration.host, port: configuration.port,
+                                                endpoint: Endpoint(secrets: secrets, configuration: endpointConfiguration),
+                                                delegate: ForwardingDelegate(driver: box), on: eventLoop)
+        try await eventLoop.submit { box.value.server = server }.get()
+        running.withLockedValue { $0 = Running(server: server, driver: box) }
+        logger.notice("voice transport listening", metadata: ["address": "\(server.localAddress)", "channels": "\(channelCount)"])
+        await onListening(server.localAddress)
+
+        try? await cancelWhenGracefulShutdown {
+            var revision = initialRevision
+            while !Task.isCancelled {
+                try await Task.sleep(for: .seconds(1))
+                try? await eventLoop.submit { box.value.publish(to: self.metrics) }.get()
+                do {
+                    let latest = try await self.store.revision()
+                    if latest != revision {
+                        revision = latest
+                        try await self.reloadChannels()
+                    }
+                } catch {
+                    self.logger.error("could not read channels from the store", metadata: ["error": "\(error)"])
+                }
+            }
+        }
+
+        logger.notice("voice transport stopping: telling members the server is going away")
+        running.withLockedValue { $0 = nil }
+        try? await eventLoop.submit {
+            box.value.hub.shutdown(reason: "the server is shutting down", at: HubDriver.now())
+            box.value.flush()
+            box.value.publish(to: self.metrics)
+        }.get()
+        await server.stop(closingConnections: true, code: CloseCode.goingAway.rawValue, reason: "server shutting down")
+        writer.finish()
+    }
+
+    func persistentKey(_ name: String) async throws -> [UInt8] {
+        var fresh = [UInt8](repeating: 0, count: 32)
+        var generator = SystemRandomNumberGenerator()
+        for index in fresh.indices { fresh[index] = generator.next() }
+        return try await store.storeServerKeyIfAbsent(named: name, value: fresh)
+    }
+
+    /// Brings the hub in line with the store after another process (the `squelchd channel` CLI)
+    /// changed channels.
+    func reloadChannels() async throws {
+        let records = try await store.channels()
+        var members: [UUID: [MemberRecord]] = [:]
+        guard let running = running.withLockedValue({ $0 }) else { return }
+        let known = try await running.server.submit { _ in running.driver.value.hub.channelIDs }
+        for record in records where !known.contains(record.id) { members[record.id] = try await store.members(of: record.id) }
+        let fetched = members
+        try await running.server.submit { _ in
+            let driver = running.driver.value
+            let now = HubDriver.now()
+            let ids = Set(records.map(\.id))
+            for id in driver.hub.channelIDs where !ids.contains(id) { driver.hub.deleteChannel(id, at: now) }
+            for record in records { driver.hub.upsertChannel(record, members: fetched[record.id] ?? []) }
+            driver.flush()
+        }
+    }
+
+    // MARK: AdminHubHooks
+
+    func onLoop<T: Sendable>(_ body: @escaping @Sendable (HubDriver) -> T) async -> T? {
+        guard let running = running.withLockedValue({ $0 }) else { return nil }
+        return try? await running.server.submit { _ in
+            let result = body(running.driver.value)
+            running.driver.value.flush()
+            return result
+        }
+    }
+
+    public func channelChanged(_ id: UUID) async {
+        guard let record = try? await store.channel(id) else { return }
+        _ = await onLoop { $0.hub.upsertChannel(record) }
+    }
+
+    public func channelDeleted(_ id: UUID) async {
+        _ = await onLoop { $0.hub.deleteChannel(id, at: HubDriver.now()) }
+    }
+
+    public func memberRemoved(channel: UUID, user: String) async {
+        _ = await onLoop { $0.hub.removeMember(channel: channel, user: user, at: HubDriver.now()) }
+    }
+
+    public func roster(of channel: UUID) async -> [Participant] {
+        await onLoop { $0.hub.roster(of: channel) } ?? []
+    }
+
+    public func connectionCount() async -> Int {
+        await onLoop { $0.hub.connectionCount } ?? 0
+    }
+
+    /// Whether the transport is up.
+    public var isRunning: Bool { running.withLockedValue { $0 != nil } }
+}
+
+/// The `WireServer` takes its delegate by `sending`; the driver itself is also reached from the
+/// service's tasks through its loop-bound box, so the server gets this forwarder, which holds the
+/// same box. Every call comes on the event loop, where the box may be opened.
+final class ForwardingDelegate: WireServerDelegate {
+    let driver: NIOLoopBoundBox<HubDriver>
+    init(driver: NIOLoopBoundBox<HubDriver>) { self.driver = driver }
+
+    func wireServer(_ server: WireServer, handle: Endpoint.Handle, event: ConnectionEvent) {
+        driver.value.wireServer(server, handle: handle, event: event)
+    }
+
+    func wireServer(_ server: WireServer, handle: Endpoint.Handle, datagram payload: UnsafeRawBufferPointer) {
+        driver.value.wireServer(server, handle: handle, datagram: payload)
+    }
+
+    func wireServer(_ server: WireServer, didRebindAfter error: (any Error)?) {
+        driver.value.wireServer(server, didRebindAfter: error)
+    }
+}
+
+/// Runs the store writer until the voice service finishes it, then checkpoints and closes the
+/// database. First in the service group, so it stops last.
+public struct StoreService: Service {
+    let writer: StoreWriter
+    let store: any ChannelStore
+    let logger: Logger
+
+    public init(writer: StoreWriter, store: any ChannelStore, logger: Logger) {
+        self.writer = writer
+        self.store = store
+        self.logger = logger
+    }
+
+    public func run() async throws {
+        await writer.run()
+        do { try await store.close() } catch {
+            logger.error("database did not close cleanly; its WAL will be replayed on the next start", metadata: ["error": "\(error)"])
+        }
+        logger.notice("database flushed and closed")
+    }
+}

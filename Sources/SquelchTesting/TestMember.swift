@@ -1,0 +1,115 @@
+import ChannelProtocol
+import Foundation
+import NIOConcurrencyHelpers
+import NIOCore
+import Wire
+import WireNIO
+
+/// A scripted channel member for tests and benchmarks: a real `WireClientChannel` on a real UDP
+/// socket, speaking the control protocol with `MessageCodec`. Everything the server sends is kept,
+/// so a test can wait for a message or for audio without racing the stream.
+public final class TestMember: Sendable {
+    public let client: WireClientChannel
+    let state = NIOLockedValueBox(State())
+    let codec = MessageCodec()
+
+    struct State {
+        var messages: [ServerMessage] = []
+        var undecodable = 0
+        var audio: [[UInt8]] = []
+        var events: [ClientEvent] = []
+    }
+
+    public init(port: Int, configuration: ClientConfiguration, host: String = "127.0.0.1") throws {
+        client = try WireClientChannel(configuration: configuration, server: try SocketAddress(ipAddress: host, port: port))
+        let state = self.state
+        let codec = self.codec
+        let events = client.events
+        let datagrams = client.datagrams
+        Task {
+            for await event in events {
+                if case .connection(.control(let bytes)) = event {
+                    let decoded = try? codec.decodeServerMessage(bytes)
+                    state.withLockedValue { state in
+                        if let decoded { state.messages.append(decoded) } else { state.undecodable += 1 }
+                    }
+                } else {
+                    state.withLockedValue { $0.events.append(event) }
+                }
+            }
+        }
+        Task {
+            for await datagram in datagrams { state.withLockedValue { $0.audio.append(datagram) } }
+        }
+    }
+
+    public func connect() async throws { try await client.connect() }
+
+    public func send(_ message: ClientMessage) async throws { try await client.send(control: codec.encode(message)) }
+
+    /// Joins and waits for the answer: `joined` or `refused`.
+    @discardableResult
+    public func join(token: String, channel: UUID, reason: JoinReason = .developerRequest, seconds: Double = 10) async throws -> ServerMessage? {
+        let before = messages.count
+        try await send(.join(token: token, channel: channel, reason: reason))
+        return await waitFor(after: before, seconds: seconds) {
+            switch $0 {
+            case .joined, .refused: return true
+            default: return false
+            }
+        }
+    }
+
+    /// Sends one audio datagram.
+    @discardableResult
+    public func sendAudio(burst: UInt16, sequence: UInt16, payload: [UInt8], flags: AudioHeader.Flags = []) async -> Bool {
+        await client.send(datagram: AudioHeader(flags: flags, burst: burst, sequence: sequence).datagram(payload: payload))
+    }
+
+    public var messages: [ServerMessage] { state.withLockedValue { $0.messages } }
+    public var audio: [[UInt8]] { state.withLockedValue { $0.audio } }
+    public var events: [ClientEvent] { state.withLockedValue { $0.events } }
+
+    /// The first message from index `after` on that matches, waiting up to `seconds`.
+    public func waitFor(after: Int = 0, seconds: Double = 10, _ match: (ServerMessage) -> Bool) async -> ServerMessage? {
+        let deadline = Date().addingTimeInterval(seconds)
+        repeat {
+            let snapshot = messages
+            if after < snapshot.count, let found = snapshot[after...].first(where: match) { return found }
+            try? await Task.sleep(for: .milliseconds(5))
+        } while Date() < deadline
+        return nil
+    }
+
+    /// A floor event of `kind` (from index `after` on).
+    public func waitForFloor(_ kind: FloorEventKind, after: Int = 0, seconds: Double = 10) async -> FloorEvent? {
+        let message = await waitFor(after: after, seconds: seconds) {
+            if case .floor(let event) = $0, event.kind == kind { return true } else { return false }
+        }
+        if case .floor(let event)? = message { return event }
+        return nil
+    }
+
+    /// Waits until at least `count` audio datagrams arrived; returns them all.
+    public func waitForAudio(count: Int, seconds: Double = 10) async -> [[UInt8]] {
+        let deadline = Date().addingTimeInterval(seconds)
+        repeat {
+            let snapshot = audio
+            if snapshot.count >= count { return snapshot }
+            try? await Task.sleep(for: .milliseconds(5))
+        } while Date() < deadline
+        return audio
+    }
+
+    /// Waits for a transport event matching `match`.
+    public func waitForEvent(seconds: Double = 10, _ match: (ClientEvent) -> Bool) async -> ClientEvent? {
+        let deadline = Date().addingTimeInterval(seconds)
+        repeat {
+            if let found = events.first(where: match) { return found }
+            try? await Task.sleep(for: .milliseconds(5))
+        } while Date() < deadline
+        return nil
+    }
+
+    public func close() async { await client.close() }
+}

@@ -1,0 +1,340 @@
+import ChannelProtocol
+import ChannelStore
+import Foundation
+import ParticipantTokens
+import Testing
+import Wire
+@testable import ChannelHub
+
+// The hub is sans-I/O: these tests drive it with links, bytes and time, and read what it wants sent.
+// Token verification is the driver's job (tested in PTTServerTests); here `admit` stands for a token
+// that checked out.
+
+let ms: UInt64 = 1_000_000
+
+/// A hub with one channel, a clock, and a recorder for the audio it sends.
+final class Harness {
+    let hub: ChannelHub
+    let channel = ChannelRecord(id: UUID(), name: "Ops", maxBurstSeconds: 60)
+    var now = WireInstant(nanoseconds: 1_000 * ms)
+    let epoch = Date(timeIntervalSince1970: 1_800_000_000)
+    var sent: [(link: Link, bytes: [UInt8])] = []
+    var messages: [(link: Link, message: ServerMessage)] = []
+    var closes: [(Link, CloseCode)] = []
+    var stored: [StoreOperation] = []
+    var other: [HubOutput] = []
+    private var nextIndex: UInt32 = 0
+
+    init(mode: TransmissionMode = .halfDuplex, configuration: HubConfiguration = HubConfiguration()) {
+        hub = ChannelHub(configuration: configuration)
+        var record = channel
+        record.mode = mode
+        hub.upsertChannel(record)
+    }
+
+    var time: HubTime { HubTime(instant: now, date: epoch.addingTimeInterval(Double(now.nanoseconds) / 1e9)) }
+
+    func advance(_ nanoseconds: UInt64) {
+        now = now + nanoseconds
+        if let deadline = hub.nextDeadline, deadline <= now { hub.handleTimeout(at: time, send: record) }
+        drain()
+    }
+
+    func record(_ packet: UnsafeRawBufferPointer, _ link: Link) -> Bool {
+        sent.append((link, Array(packet)))
+        return true
+    }
+
+    func drain() {
+        for output in hub.takeOutputs() {
+            switch output {
+            case .send(let message, let links): for link in links { messages.append((link, message)) }
+            case .close(let link, let code, _): closes.append((link, code))
+            case .store(let operation): stored.append(operation)
+            default: other.append(output)
+            }
+        }
+    }
+
+    /// Connects and admits a member; returns its link and slot.
+    @discardableResult
+    func join(_ user: String, capabilities: Set<Capability> = [.talk, .listen], priority: UInt8 = 0,
+              channel: UUID? = nil) -> (link: Link, slot: UInt16) {
+        nextIndex += 1
+        let link = Link(index: nextIndex, generation: 1)
+        hub.connected(link)
+        let target = channel ?? self.channel.id
+        send(.join(token: "t", channel: target, reason: .developerRequest), from: link)
+        hub.admit(link, claims: ParticipantClaims(userID: user, name: user.capitalized, channel: target,
+                                                  capabilities: capabilities, priority: priority,
+                                                  expiresAt: epoch.addingTimeInterval(3600)), reason: .developerRequest, at: time)
+        drain()
+        guard case .joined(_, let you, _, _)? = lastMessage(to: link) else { return (link, 0) }
+        return (link, you)
+    }
+
+    func send(_ message: ClientMessage, from link: Link) {
+        hub.control(link, bytes: MessageCodec().encode(message), at: time)
+        drain()
+    }
+
+    func audio(from link: Link, burst: UInt16, sequence: UInt16, payload: [UInt8], flags: AudioHeader.Flags = []) {
+        let datagram = AudioHeader(flags: flags, burst: burst, sequence: sequence).datagram(payload: payload)
+        datagram.withUnsafeBytes { hub.receiveAudio(from: link, datagram: $0, send: record) }
+    }
+
+    func messages(to link: Link) -> [ServerMessage] { messages.filter { $0.link == link }.map(\.message) }
+    func lastMessage(to link: Link) -> ServerMessage? { messages(to: link).last }
+    func floorEvents(to link: Link) -> [FloorEvent] {
+        messages(to: link).compactMap { if case .floor(let event) = $0 { return event } else { return nil } }
+    }
+    func audio(to link: Link) -> [(header: AudioHeader, payload: [UInt8])] {
+        sent.filter { $0.link == link }.map { packet in
+            packet.bytes.withUnsafeBytes { (AudioHeader(parsing: $0)!, Array(packet.bytes[AudioHeader.size...])) }
+        }
+    }
+    func grantedBurst(_ link: Link) -> UInt16? { floorEvents(to: link).last { $0.kind == .granted }?.burst }
+}
+
+@Suite struct ChannelHubTests {
+    @Test func joinedMemberGetsChannelRosterAndOthersHearOfIt() {
+        let h = Harness()
+        let ann = h.join("ann")
+        guard case .joined(let info, let you, let roster, let talkers)? = h.lastMessage(to: ann.link) else {
+            Issue.record("no joined message"); return
+        }
+        #expect(info.name == "Ops" && info.id == h.channel.id && you == ann.slot)
+        #expect(roster.map(\.userID) == ["ann"] && talkers.isEmpty)
+        let bob = h.join("bob", capabilities: [.listen])
+        #expect(h.messages(to: ann.link).contains(.participant(Participant(
+            slot: bob.slot, userID: "bob", name: "Bob", canTalk: false, canListen: true))))
+        guard case .joined(_, _, let roster2, _)? = h.lastMessage(to: bob.link) else { Issue.record("no joined"); return }
+        #expect(roster2.map(\.userID) == ["ann", "bob"])
+        #expect(h.stored.contains { if case .upsertMember(let m) = $0 { return m.userID == "bob" } else { return false } })
+        #expect(h.hub.counters.joins == 2)
+    }
+
+    @Test func audioFromTheFloorHolderReachesEveryListenerButTheTalkerByteForByte() {
+        let h = Harness()
+        let ann = h.join("ann"), bob = h.join("bob"), cat = h.join("cat", capabilities: [.listen])
+        let deaf = h.join("dan", capabilities: [.talk])  // may talk, may not listen
+        h.send(.floorRequest, from: ann.link)
+        let burst = try! #require(h.grantedBurst(ann.link))
+        #expect(h.floorEvents(to: bob.link).last == FloorEvent(kind: .taken, slot: ann.slot, burst: burst))
+        let payload = (0..<80).map { UInt8($0) }
+        h.audio(from: ann.link, burst: burst, sequence: 0, payload: payload)
+        #expect(h.audio(to: ann.link).isEmpty)
+        #expect(h.audio(to: deaf.link).isEmpty)
+        for listener in [bob, cat] {
+            let got = h.audio(to: listener.link)
+            #expect(got.count == 1)
+            #expect(got.first?.payload == payload)
+            #expect(got.first?.header == AudioHeader(slot: ann.slot, burst: burst, sequence: 0))
+        }
+        #expect(h.hub.counters.packetsOut == 2)
+    }
+
+    @Test func audioFromAnyoneElseIsDroppedAndCounted() {
+        let h = Harness()
+        let ann = h.join("ann"), bob = h.join("bob")
+        h.send(.floorRequest, from: ann.link)
+        let burst = h.grantedBurst(ann.link)!
+        h.audio(from: bob.link, burst: burst, sequence: 0, payload: [1, 2, 3])
+        h.audio(from: ann.link, burst: burst &+ 1, sequence: 0, payload: [1])
+        h.audio(from: Link(index: 99, generation: 1), burst: burst, sequence: 0, payload: [1])
+        [0x00, 0x41].withUnsafeBytes { h.hub.receiveAudio(from: ann.link, datagram: $0, send: h.record) }
+        #expect(h.sent.isEmpty)
+        #expect(h.hub.counters.drops(.notFloorHolder) == 1)
+        #expect(h.hub.counters.drops(.staleBurst) == 1)
+        #expect(h.hub.counters.drops(.notJoined) == 1)
+        #expect(h.hub.counters.drops(.malformed) == 1)
+    }
+
+    @Test func contentionQueuesThenGrantsOnRelease() {
+        let h = Harness()
+        let ann = h.join("ann"), bob = h.join("bob")
+        h.send(.floorRequest, from: ann.link)
+        h.send(.floorRequest, from: bob.link)
+        #expect(h.floorEvents(to: bob.link).last == FloorEvent(kind: .queued, slot: bob.slot, position: 1))
+        h.send(.floorRelease, from: ann.link)
+        #expect(h.floorEvents(to: bob.link).last?.kind == .granted)
+        #expect(h.floorEvents(to: ann.link).suffix(2).map(\.kind) == [.ended, .taken])
+        #expect(h.stored.contains { if case .logTransmission(let t) = $0 { return t.userID == "ann" && t.endReason == "released" } else { return false } })
+    }
+
+    @Test func higherPriorityPreemptsWithAReason() {
+        let h = Harness()
+        let ann = h.join("ann", priority: 1), chief = h.join("chief", priority: 200)
+        h.send(.floorRequest, from: ann.link)
+        h.send(.floorRequest, from: chief.link)
+        let revoked = h.floorEvents(to: ann.link).first { $0.kind == .revoked }
+        #expect(revoked?.cause == .preempted)
+        #expect(revoked?.reason?.contains("Chief") == true)
+        #expect(h.floorEvents(to: chief.link).last?.kind == .granted)
+        #expect(h.stored.contains { if case .logTransmission(let t) = $0 { return t.endReason == "preempted" } else { return false } })
+    }
+
+    @Test func listenOnlyMemberIsDeniedWithNotAllowed() {
+        let h = Harness()
+        let cat = h.join("cat", capabilities: [.listen])
+        h.send(.floorRequest, from: cat.link)
+        #expect(h.floorEvents(to: cat.link).last == FloorEvent(kind: .denied, slot: cat.slot, cause: .notAllowed,
+                                                               reason: "your token allows listening only"))
+        #expect(h.hub.counters.floorDenials == 1)
+    }
+
+    @Test func maximumBurstRevokes() {
+        var configuration = HubConfiguration()
+        configuration.disconnectGrace = 2_000 * ms
+        let h = Harness(configuration: configuration)
+        var record = h.channel
+        record.maxBurstSeconds = 5
+        h.hub.upsertChannel(record)
+        let ann = h.join("ann")
+        h.send(.floorRequest, from: ann.link)
+        h.advance(4_999 * ms)
+        #expect(h.floorEvents(to: ann.link).last?.kind == .granted)
+        h.advance(1 * ms)
+        #expect(h.floorEvents(to: ann.link).contains { $0.kind == .revoked && $0.cause == .maxBurstReached })
+    }
+
+    @Test func lateJoinerGetsTheBurstFromItsFirstPacketThenLive() {
+        let h = Harness()
+        let ann = h.join("ann"), bob = h.join("bob")
+        h.send(.floorRequest, from: ann.link)
+        let burst = h.grantedBurst(ann.link)!
+        for sequence in 0..<40 { h.audio(from: ann.link, burst: burst, sequence: UInt16(sequence), payload: [UInt8(sequence)]) }
+        let late = h.join("late")
+        guard case .joined(_, _, _, let talkers)? = h.lastMessage(to: late.link) else { Issue.record("no joined"); return }
+        #expect(talkers == [Talker(slot: ann.slot, burst: burst)])
+        // Live packets while catching up go into the recording, not straight to the late joiner.
+        h.audio(from: ann.link, burst: burst, sequence: 40, payload: [40])
+        #expect(h.audio(to: late.link).isEmpty)
+        h.advance(0)  // the first catch-up batch is due at once
+        #expect(h.audio(to: late.link).count == 25)
+        for _ in 0..<3 { h.advance(10 * ms) }
+        h.audio(from: ann.link, burst: burst, sequence: 41, payload: [41])
+        let got = h.audio(to: late.link)
+        #expect(got.map(\.header.sequence) == (0...41).map { UInt16($0) })
+        #expect(got.prefix(41).allSatisfy { $0.header.flags.contains(.catchUp) })
+        #expect(!got.last!.header.flags.contains(.catchUp))
+        #expect(got.map(\.payload) == (0...41).map { [UInt8($0)] })
+        #expect(h.audio(to: bob.link).count == 42)
+    }
+
+    @Test func talkerWhoDropsKeepsTheFloorForTheGraceThenLosesIt() {
+        let h = Harness()
+        let ann = h.join("ann"), bob = h.join("bob")
+        h.send(.floorRequest, from: ann.link)
+        h.hub.closed(ann.link, at: h.time)
+        h.drain()
+        #expect(h.messages(to: bob.link).last == .participant(Participant(slot: ann.slot, userID: "ann", name: "Ann",
+                                                                           connection: .reconnecting, talking: true)))
+        h.advance(1_999 * ms)
+        #expect(!h.floorEvents(to: bob.link).contains { $0.kind == .ended })
+        h.advance(1 * ms)
+        #expect(h.floorEvents(to: bob.link).suffix(2).map(\.kind) == [.ended, .idle])
+        #expect(h.hub.roster(of: h.channel.id).first { $0.userID == "ann" }?.connection == .offline)
+    }
+
+    @Test func talkerWhoRejoinsWithinTheGraceKeepsTheFloor() {
+        let h = Harness()
+        let ann = h.join("ann")
+        h.send(.floorRequest, from: ann.link)
+        let burst = h.grantedBurst(ann.link)!
+        h.hub.closed(ann.link, at: h.time)
+        h.advance(500 * ms)
+        let again = h.join("ann")
+        #expect(again.slot == ann.slot)
+        guard case .joined(_, _, _, let talkers)? = h.lastMessage(to: again.link) else { Issue.record("no joined"); return }
+        #expect(talkers == [Talker(slot: ann.slot, burst: burst)])
+        h.advance(3_000 * ms)
+        #expect(!h.floorEvents(to: again.link).contains { $0.kind == .revoked })
+    }
+
+    @Test func sameUserOnANewConnectionReplacesTheOld() {
+        let h = Harness()
+        let first = h.join("ann")
+        let second = h.join("ann")
+        #expect(first.slot == second.slot)
+        #expect(h.messages(to: first.link).last == .refused(code: .replaced, reason: "you joined this channel from another connection"))
+        #expect(h.closes.contains { $0.0 == first.link && $0.1 == .replaced })
+        #expect(h.hub.roster(of: h.channel.id).count == 1)
+    }
+
+    @Test func fullDuplexAllowsSeveralTalkers() {
+        let h = Harness(mode: .fullDuplex)
+        let members = (0..<5).map { h.join("m\($0)") }
+        for member in members { h.send(.floorRequest, from: member.link) }
+        #expect(members.prefix(4).allSatisfy { h.grantedBurst($0.link) != nil })
+        #expect(h.floorEvents(to: members[4].link).last?.kind == .queued)
+    }
+
+    @Test func descriptorUpdateReachesConnectedMembers() {
+        let h = Harness()
+        let ann = h.join("ann")
+        var record = h.channel
+        record.name = "Ops North"
+        h.hub.upsertChannel(record)
+        h.drain()
+        #expect(h.lastMessage(to: ann.link) == .descriptor(ChannelInfo(id: record.id, name: "Ops North", image: nil,
+                                                                       mode: .halfDuplex, maxBurstSeconds: 60)))
+    }
+
+    @Test func deletingTheChannelRemovesEveryoneWithAReason() {
+        let h = Harness()
+        let ann = h.join("ann")
+        h.send(.registerPushToken(token: "ABCD", environment: .sandbox), from: ann.link)
+        #expect(h.lastMessage(to: ann.link) == .pushTokenRegistered)
+        h.hub.deleteChannel(h.channel.id, at: h.time)
+        h.drain()
+        #expect(h.lastMessage(to: ann.link) == .refused(code: .channelDeleted, reason: "the channel was deleted by an administrator"))
+        #expect(h.closes.contains { $0.0 == ann.link && $0.1 == .removed })
+        #expect(h.other.contains { if case .memberGone(_, let m) = $0 { return m.pushToken == "abcd" } else { return false } })
+    }
+
+    @Test func leaveForgetsTheMemberAndItsToken() {
+        let h = Harness()
+        let ann = h.join("ann"), bob = h.join("bob")
+        h.send(.leave, from: bob.link)
+        #expect(h.messages(to: ann.link).last == .participantLeft(slot: bob.slot, userID: "bob"))
+        #expect(h.stored.last == .removeMember(channel: h.channel.id, user: "bob"))
+        #expect(h.closes.contains { $0.0 == bob.link && $0.1 == .normal })
+    }
+
+    @Test func burstStartAsksToWakeOfflineMembersWithPushTokens() {
+        let h = Harness()
+        let ann = h.join("ann"), bob = h.join("bob")
+        h.send(.registerPushToken(token: "00ff", environment: .production), from: bob.link)
+        h.hub.closed(bob.link, at: h.time)
+        h.drain()
+        h.send(.floorRequest, from: ann.link)
+        let wake = h.other.compactMap { if case .burstStarted(_, let talker, let wake) = $0 { return (talker, wake) } else { return nil } }
+        #expect(wake.count == 1)
+        #expect(wake.first?.0.userID == "ann")
+        #expect(wake.first?.1.map(\.pushToken) == ["00ff"])
+    }
+
+    @Test func badControlMessagesGetAnErrorNotACrash() {
+        let h = Harness()
+        let ann = h.join("ann")
+        for junk: [UInt8] in [[], [0xff, 0xfe], Array("{\"type\":\"nope\"}".utf8), Array("[1,2]".utf8),
+                              Array("{\"type\":\"setMuted\"}".utf8), [UInt8](repeating: 0x20, count: 70_000)] {
+            h.hub.control(ann.link, bytes: junk, at: h.time)
+            h.drain()
+            guard case .error(.protocolError, _)? = h.lastMessage(to: ann.link) else { Issue.record("no error for \(junk.prefix(8))"); continue }
+        }
+        #expect(h.hub.counters.controlErrors == 6)
+        let stranger = Link(index: 500, generation: 1)
+        h.hub.connected(stranger)
+        h.send(.floorRequest, from: stranger)
+        #expect(h.lastMessage(to: stranger) == .error(code: .notJoined, reason: "join a channel first"))
+    }
+
+    @Test func joinToAMissingChannelIsRefused() {
+        let h = Harness()
+        let ghost = h.join("ann", channel: UUID())
+        guard case .refused(.channelNotFound, _)? = h.lastMessage(to: ghost.link) else { Issue.record("not refused"); return }
+        #expect(h.closes.contains { $0.0 == ghost.link && $0.1 == .refused })
+    }
+}

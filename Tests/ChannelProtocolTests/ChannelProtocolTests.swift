@@ -1,0 +1,61 @@
+import Foundation
+import Testing
+@testable import ChannelProtocol
+
+@Suite struct ChannelProtocolTests {
+    let codec = MessageCodec()
+
+    @Test func clientMessagesRoundTripWithATypeMember() throws {
+        let channel = UUID()
+        let messages: [ClientMessage] = [
+            .join(token: "abc.def.ghi", channel: channel, reason: .channelRestoration), .leave, .floorRequest, .floorRelease,
+            .setMuted(true), .registerPushToken(token: "00aaff", environment: .sandbox),
+        ]
+        for message in messages { #expect(try codec.decodeClientMessage(codec.encode(message)) == message) }
+        let json = String(decoding: codec.encode(ClientMessage.floorRequest), as: UTF8.self)
+        #expect(json == #"{"type":"floorRequest"}"#)
+    }
+
+    @Test func serverMessagesRoundTrip() throws {
+        let info = ChannelInfo(id: UUID(), name: "Ops", image: "https://example.com/ops.png", mode: .fullDuplex, maxBurstSeconds: 30)
+        let messages: [ServerMessage] = [
+            .joined(channel: info, you: 3, roster: [Participant(slot: 3, userID: "u", name: "U", role: "medic", priority: 9)],
+                    talkers: [Talker(slot: 1, burst: 7)]),
+            .refused(code: .tokenExpired, reason: "expired"), .participant(Participant(slot: 1, userID: "a", name: "A")),
+            .participantLeft(slot: 2, userID: "b"), .floor(FloorEvent(kind: .queued, slot: 2, position: 1)),
+            .descriptor(info), .serviceStatus(.unavailable, reason: "shutting down"), .serviceStatus(.ready, reason: nil),
+            .pushTokenRegistered, .error(code: .notJoined, reason: "join first"),
+        ]
+        for message in messages { #expect(try codec.decodeServerMessage(codec.encode(message)) == message) }
+    }
+
+    @Test func badMessagesAreRefusedWithAReason() {
+        let cases: [(String, String)] = [
+            ("", "bad control message"), ("{}", "missing field 'type'"), (#"{"type":"fly"}"#, "unknown client message type 'fly'"),
+            (#"{"type":"join","token":"x"}"#, "missing field 'channel'"),
+            (#"{"type":"registerPushToken","token":"xyz","environment":"sandbox"}"#, "hex digits"),
+            (#"{"type":"registerPushToken","token":"abc","environment":"sandbox"}"#, "hex digits"),
+            (#"{"type":"setMuted","muted":"yes"}"#, "wrong type at 'muted'"),
+        ]
+        for (text, expected) in cases {
+            #expect(throws: MessageError.self) { try codec.decodeClientMessage(Array(text.utf8)) }
+            do { _ = try codec.decodeClientMessage(Array(text.utf8)) } catch {
+                #expect(error.description.contains(expected), "\(text): \(error)")
+            }
+        }
+        let huge = [UInt8](repeating: 0x20, count: ControlLimits.maxMessageBytes + 1)
+        #expect(throws: MessageError("control message is \(huge.count) bytes; at most \(ControlLimits.maxMessageBytes)")) {
+            try codec.decodeClientMessage(huge)
+        }
+    }
+
+    @Test func audioHeaderRoundTripsAndRejectsWhatIsNotAudio() {
+        let header = AudioHeader(flags: [.endOfBurst, .catchUp], slot: 0x1234, burst: 0xBEEF, sequence: 0x0102)
+        let datagram = header.datagram(payload: [9, 9])
+        #expect(datagram == [0x41, 0x03, 0x12, 0x34, 0xBE, 0xEF, 0x01, 0x02, 9, 9])
+        #expect(datagram.withUnsafeBytes { AudioHeader(parsing: $0) } == header)
+        let bad: [[UInt8]] = [[], [0x41, 0, 0, 0, 0, 0, 0], [0x42, 0, 0, 0, 0, 0, 0, 0], [0x41, 0x80, 0, 0, 0, 0, 0, 0],
+                              [0x41, 0, 0, 0, 0, 0, 0, 0] + [UInt8](repeating: 0, count: AudioHeader.maxPayload + 1)]
+        for bytes in bad { #expect(bytes.withUnsafeBytes { AudioHeader(parsing: $0) } == nil) }
+    }
+}

@@ -1,0 +1,222 @@
+import ChannelProtocol
+import ChannelStore
+import Crypto
+import Foundation
+import ParticipantTokens
+import PTTServer
+import SquelchTesting
+import Testing
+import Wire
+import WireTesting
+
+/// squelchd end to end in this process: the real server (UDP transport on 127.0.0.1, SQLite in a
+/// temporary data directory, the admin API) and real clients on their own UDP sockets.
+final class ServerFixture: Sendable {
+    let pki: TestPKI
+    let identity: ServerIdentity
+    let dataDirectory: String
+    let channel: ChannelRecord
+
+    init(mode: TransmissionMode = .halfDuplex) async throws {
+        pki = try TestPKI()
+        identity = try pki.identity()
+        dataDirectory = FileManager.default.temporaryDirectory.appendingPathComponent("squelchd-test-\(UUID())").path
+        try FileManager.default.createDirectory(atPath: dataDirectory, withIntermediateDirectories: true)
+        channel = ChannelRecord(name: "Ops", mode: mode, maxBurstSeconds: 60)
+        let store = try SQLiteChannelStore(directory: dataDirectory)
+        try await store.createChannel(channel)
+        try await store.close()
+    }
+
+    deinit { try? FileManager.default.removeItem(atPath: dataDirectory) }
+
+    /// Starts squelchd on free ports; returns once both listeners are up.
+    func start() async throws -> (task: Task<Void, any Error>, listening: SquelchServer.Listening) {
+        var configuration = ServerConfiguration()
+        configuration.dataDirectory = dataDirectory
+        configuration.port = 0
+        configuration.adminPort = 0
+        configuration.adminKey = "test-admin-key-0123456789"
+        let server = try SquelchServer(configuration: configuration, identity: identity)
+        let (ready, continuation) = AsyncStream.makeStream(of: SquelchServer.Listening.self)
+        let task = Task { try await server.run(onReady: { continuation.yield($0) }) }
+        var iterator = ready.makeAsyncIterator()
+        let listening = try #require(await iterator.next(), "squelchd did not start")
+        return (task, listening)
+    }
+
+    func token(_ user: String, capabilities: Set<Capability> = [.talk, .listen], priority: UInt8 = 0,
+               channel: UUID? = nil, ttl: TimeInterval = 3600) async throws -> String {
+        let authority = try await TokenAuthority.loadOrCreate(in: dataDirectory)
+        return try await authority.issue(ParticipantClaims(
+            userID: user, name: user.capitalized, channel: channel ?? self.channel.id, capabilities: capabilities,
+            priority: priority, expiresAt: Date().addingTimeInterval(ttl)))
+    }
+
+    /// A connected member that has joined; fails the test if the join is refused.
+    func member(_ user: String, port: Int, capabilities: Set<Capability> = [.talk, .listen], priority: UInt8 = 0) async throws -> TestMember {
+        let member = try TestMember(port: port, configuration: pki.client())
+        try await member.connect()
+        let answer = try await member.join(token: try await token(user, capabilities: capabilities, priority: priority), channel: channel.id)
+        guard case .joined? = answer else { throw FixtureError.notJoined(user, answer) }
+        return member
+    }
+
+    enum FixtureError: Error { case notJoined(String, ServerMessage?) }
+}
+
+func slot(of member: TestMember) -> UInt16? {
+    for message in member.messages { if case .joined(_, let you, _, _) = message { return you } }
+    return nil
+}
+
+@Suite(.serialized, .timeLimit(.minutes(2))) struct VoiceServerTests {
+    @Test func membersJoinSeeTheRosterAndAudioReachesListenersByteForByte() async throws {
+        let fixture = try await ServerFixture()
+        let (task, listening) = try await fixture.start()
+        defer { task.cancel() }
+        let ann = try await fixture.member("ann", port: listening.voicePort)
+        let bob = try await fixture.member("bob", port: listening.voicePort)
+        let cat = try await fixture.member("cat", port: listening.voicePort, capabilities: [.listen])
+        guard case .joined(let info, _, let roster, _)? = cat.messages.first else { Issue.record("no joined"); return }
+        #expect(info.name == "Ops" && info.id == fixture.channel.id)
+        #expect(roster.map(\.userID) == ["ann", "bob", "cat"])
+        #expect(await ann.waitFor { if case .participant(let p) = $0 { return p.userID == "cat" } else { return false } } != nil)
+
+        try await ann.send(.floorRequest)
+        let granted = try #require(await ann.waitForFloor(.granted))
+        let burst = try #require(granted.burst)
+        #expect(await bob.waitForFloor(.taken)?.slot == slot(of: ann))
+
+        var generator = SeededRandom(seed: 7)
+        let payloads = (0..<20).map { _ in (0..<80).map { _ in UInt8.random(in: 0...255, using: &generator) } }
+        for (sequence, payload) in payloads.enumerated() {
+            #expect(await ann.sendAudio(burst: burst, sequence: UInt16(sequence), payload: payload))
+        }
+        for listener in [bob, cat] {
+            let received = await listener.waitForAudio(count: 20)
+            #expect(received.count == 20)
+            let headers = received.map { packet in packet.withUnsafeBytes { AudioHeader(parsing: $0) } }
+            #expect(headers.allSatisfy { $0?.slot == slot(of: ann) && $0?.burst == burst && $0?.flags == [] })
+            #expect(Set(received.map { Array($0[AudioHeader.size...]) }) == Set(payloads))
+        }
+        try await Task.sleep(for: .milliseconds(100))
+        #expect(ann.audio.isEmpty, "audio went back to the talker")
+
+        // A listen-only member cannot take the floor.
+        try await cat.send(.floorRequest)
+        let denied = try #require(await cat.waitForFloor(.denied))
+        #expect(denied.cause == .notAllowed)
+        try await ann.send(.floorRelease)
+        #expect(await bob.waitForFloor(.idle) != nil)
+        await listening.shutdown()
+        _ = await task.result
+    }
+
+    @Test func contentionQueuesAndPriorityPreempts() async throws {
+        let fixture = try await ServerFixture()
+        let (task, listening) = try await fixture.start()
+        defer { task.cancel() }
+        let ann = try await fixture.member("ann", port: listening.voicePort)
+        let bob = try await fixture.member("bob", port: listening.voicePort)
+        let chief = try await fixture.member("chief", port: listening.voicePort, priority: 200)
+        try await ann.send(.floorRequest)
+        #expect(await ann.waitForFloor(.granted) != nil)
+        try await bob.send(.floorRequest)
+        #expect(await bob.waitForFloor(.queued)?.position == 1)
+        try await ann.send(.floorRelease)
+        #expect(await bob.waitForFloor(.granted) != nil)
+        try await chief.send(.floorRequest)
+        let revoked = try #require(await bob.waitForFloor(.revoked))
+        #expect(revoked.cause == .preempted)
+        #expect(revoked.reason?.contains("Chief") == true)
+        #expect(await chief.waitForFloor(.granted) != nil)
+        await listening.shutdown()
+        _ = await task.result
+    }
+
+    @Test func badTokensAreRefusedWithTheirOwnCodes() async throws {
+        let fixture = try await ServerFixture()
+        let (task, listening) = try await fixture.start()
+        defer { task.cancel() }
+        let otherChannel = try await fixture.token("ann", channel: UUID())
+        let expired = try await fixture.token("ann", ttl: -60)
+        let stranger = try await TokenAuthority(privateKeyPEM: P256.Signing.PrivateKey().pemRepresentation).issue(ParticipantClaims(
+            userID: "ann", name: "Ann", channel: fixture.channel.id, capabilities: [.talk], expiresAt: Date().addingTimeInterval(600)))
+        for (token, code) in [(otherChannel, RefusalCode.tokenWrongChannel), (expired, .tokenExpired), (stranger, .tokenForged),
+                              ("not.a.token", .tokenMalformed)] {
+            let member = try TestMember(port: listening.voicePort, configuration: fixture.pki.client())
+            try await member.connect()
+            let answer = try await member.join(token: token, channel: fixture.channel.id)
+            guard case .refused(let got, let reason)? = answer else { Issue.record("not refused: \(String(describing: answer))"); continue }
+            #expect(got == code, "\(reason)")
+            #expect(await member.waitForEvent { if case .connection(.closed) = $0 { return true } else { return false } } != nil)
+        }
+        await listening.shutdown()
+        _ = await task.result
+    }
+
+    @Test func aLateJoinerHearsTheBurstFromItsFirstPacket() async throws {
+        let fixture = try await ServerFixture()
+        let (task, listening) = try await fixture.start()
+        defer { task.cancel() }
+        let ann = try await fixture.member("ann", port: listening.voicePort)
+        try await ann.send(.floorRequest)
+        let burst = try #require(await ann.waitForFloor(.granted)?.burst)
+        for sequence in 0..<30 { await ann.sendAudio(burst: burst, sequence: UInt16(sequence), payload: [UInt8(sequence), 0xAA]) }
+        try await Task.sleep(for: .milliseconds(50))
+        let late = try await fixture.member("late", port: listening.voicePort)
+        for sequence in 30..<40 {
+            await ann.sendAudio(burst: burst, sequence: UInt16(sequence), payload: [UInt8(sequence), 0xAA])
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        let received = await late.waitForAudio(count: 40)
+        let parsed = received.compactMap { packet in packet.withUnsafeBytes { AudioHeader(parsing: $0) } }
+        #expect(parsed.prefix(30).map(\.sequence) == (0..<30).map { UInt16($0) })
+        #expect(parsed.prefix(30).allSatisfy { $0.flags.contains(.catchUp) })
+        #expect(Set(parsed.map(\.sequence)) == Set((0..<40).map { UInt16($0) }))
+        #expect(received.first.map { Array($0[AudioHeader.size...]) } == [0, 0xAA])
+        await listening.shutdown()
+        _ = await task.result
+    }
+
+    @Test func aRestartKeepsChannelsMembersAndPushTokens() async throws {
+        let fixture = try await ServerFixture()
+        var (task, listening) = try await fixture.start()
+        let ann = try await fixture.member("ann", port: listening.voicePort)
+        try await ann.send(.registerPushToken(token: "0a1b2c3d", environment: .sandbox))
+        #expect(await ann.waitFor { $0 == .pushTokenRegistered } != nil)
+        let bob = try await fixture.member("bob", port: listening.voicePort)
+        try await ann.send(.floorRequest)
+        #expect(await ann.waitForFloor(.granted) != nil)
+        try await ann.send(.floorRelease)
+        #expect(await bob.waitForFloor(.idle) != nil)
+
+        await listening.shutdown()
+        try await task.value
+        let status = await bob.waitFor { if case .serviceStatus(.unavailable, _) = $0 { return true } else { return false } }
+        #expect(status != nil, "members were not told the server is going away")
+        let closed = await bob.waitForEvent {
+            if case .connection(.closed(.peer(let code, _, true))) = $0 { return code == CloseCode.goingAway.rawValue } else { return false }
+        }
+        #expect(closed != nil, "no going-away close")
+
+        (task, listening) = try await fixture.start()
+        defer { task.cancel() }
+        let again = try await fixture.member("bob", port: listening.voicePort)
+        guard case .joined(_, _, let roster, _)? = again.messages.first else { Issue.record("no joined"); return }
+        #expect(roster.first { $0.userID == "ann" }?.connection == .offline)
+        await listening.shutdown()
+        try await task.value
+
+        let store = try SQLiteChannelStore(directory: fixture.dataDirectory)
+        let members = try await store.members(of: fixture.channel.id)
+        #expect(Set(members.map(\.userID)) == ["ann", "bob"])
+        #expect(members.first { $0.userID == "ann" }?.pushToken == "0a1b2c3d")
+        #expect(members.first { $0.userID == "ann" }?.pushEnvironment == .sandbox)
+        let log = try await store.transmissions(of: fixture.channel.id, limit: 10)
+        #expect(log.first?.userID == "ann" && log.first?.endReason == "released")
+        try await store.close()
+    }
+}
+
