@@ -102,8 +102,10 @@ let package = Package(
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
         ], swiftSettings: swift6),
         .executableTarget(name: "squelch-bench", dependencies: [
-            "Opus", "Audio", "SquelchInfo", "Wire", "WireNIO", "WireTesting",
+            "Opus", "Audio", "SquelchInfo", "Wire", "WireNIO", "WireTesting", "SquelchTesting", "ChannelProtocol",
+            "ParticipantTokens",
             .product(name: "NIOCore", package: "swift-nio"),
+            .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
             .product(name: "Crypto", package: "swift-crypto"),
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
         ], swiftSettings: swift6),
@@ -148,7 +150,7 @@ let package = Package(
             .product(name: "SwiftASN1", package: "swift-asn1"),
         ], swiftSettings: swift6),
         .testTarget(name: "CLITests", dependencies: [
-            "SquelchInfo", "Wire", "WireNIO", "ParticipantTokens",
+            "SquelchInfo", "Wire", "WireNIO", "ParticipantTokens", "SquelchTesting", "ChannelProtocol",
             .product(name: "NIOCore", package: "swift-nio"),
         ], swiftSettings: swift6),
     ]

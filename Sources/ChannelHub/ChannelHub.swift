@@ -254,7 +254,13 @@ public final class ChannelHub {
         channel.floor.reconnected(slot)
 
         outputs.append(.store(.upsertMember(member.record(channel: channel.record.id, lastSeen: time.date))))
-        outputs.append(.send(.joined(channel: channel.info, you: slot, roster: channel.roster, talkers: channel.talkers), to: [link]))
+        // A big roster goes in chunks, so that no control message nears the size limit.
+        let roster = channel.roster
+        outputs.append(.send(.joined(channel: channel.info, you: slot, roster: Array(roster.prefix(ControlLimits.rosterChunk)),
+                                     talkers: channel.talkers), to: [link]))
+        for start in stride(from: ControlLimits.rosterChunk, to: roster.count, by: ControlLimits.rosterChunk) {
+            outputs.append(.send(.roster(Array(roster[start ..< min(roster.count, start + ControlLimits.rosterChunk)])), to: [link]))
+        }
         outputs.append(.send(.participant(member.participant), to: channel.links(except: slot)))
         if member.canListen { startCatchUp(channel, slot: slot, at: time) }
         channel.rebuildListeners()

@@ -6,7 +6,7 @@ import Foundation
 
 private enum Keys: String, CodingKey {
     case type, token, channel, reason, muted, environment, you, roster, talkers, code, participant, slot,
-         userID, event, descriptor, status
+         userID, event, descriptor, status, participants
 }
 
 extension ClientMessage: Codable {
@@ -61,6 +61,7 @@ extension ServerMessage: Codable {
         case "refused":
             self = .refused(code: try c.decode(RefusalCode.self, forKey: .code), reason: try c.decode(String.self, forKey: .reason))
         case "participant": self = .participant(try c.decode(Participant.self, forKey: .participant))
+        case "roster": self = .roster(try c.decode([Participant].self, forKey: .participants))
         case "participantLeft":
             self = .participantLeft(slot: try c.decode(UInt16.self, forKey: .slot), userID: try c.decode(String.self, forKey: .userID))
         case "floor": self = .floor(try c.decode(FloorEvent.self, forKey: .event))
@@ -92,6 +93,9 @@ extension ServerMessage: Codable {
         case .participant(let participant):
             try c.encode("participant", forKey: .type)
             try c.encode(participant, forKey: .participant)
+        case .roster(let participants):
+            try c.encode("roster", forKey: .type)
+            try c.encode(participants, forKey: .participants)
         case .participantLeft(let slot, let userID):
             try c.encode("participantLeft", forKey: .type)
             try c.encode(slot, forKey: .slot)

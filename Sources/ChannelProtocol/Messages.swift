@@ -183,7 +183,11 @@ public enum ClientMessage: Sendable, Equatable {
 
 /// Server → client.
 public enum ServerMessage: Sendable, Equatable {
+    /// `roster` holds at most `ControlLimits.rosterChunk` entries; a larger roster continues in
+    /// `roster` messages right after it.
     case joined(channel: ChannelInfo, you: UInt16, roster: [Participant], talkers: [Talker])
+    /// More roster entries, following `joined` (large channels).
+    case roster([Participant])
     /// The join (or the membership) is refused or ended; the server closes the connection after it.
     case refused(code: RefusalCode, reason: String)
     /// A roster entry appeared or changed.
@@ -212,6 +216,8 @@ public enum ControlLimits {
     /// Longest token or string field we accept.
     public static let maxTokenBytes = 8 * 1024
     public static let maxPushTokenHexLength = 200
+    /// Roster entries per message: about 150 bytes each, so a chunk stays far below `maxMessageBytes`.
+    public static let rosterChunk = 128
 }
 
 /// Application close codes the server puts in CONNECTION_CLOSE (docs/protocol.md §16.5).

@@ -18,6 +18,7 @@ final class HubDriver: WireServerDelegate {
     let tokens: TokenAuthority
     let writer: StoreWriter
     let logger: Logger
+    let metrics: ServerMetrics?
     let codec = MessageCodec()
     /// Where burst-start and member-gone events go (the push dispatcher); nil: pushes are off.
     var pushes: (@Sendable (HubOutput) -> Void)?
@@ -25,7 +26,9 @@ final class HubDriver: WireServerDelegate {
     var timer = LoopTimer()
     var published = HubCounters()
 
-    init(hub: ChannelHub, eventLoop: any EventLoop, tokens: TokenAuthority, writer: StoreWriter, logger: Logger) {
+    init(hub: ChannelHub, eventLoop: any EventLoop, tokens: TokenAuthority, writer: StoreWriter, metrics: ServerMetrics?,
+         logger: Logger) {
+        self.metrics = metrics
         self.hub = hub
         self.eventLoop = eventLoop
         self.tokens = tokens
@@ -53,7 +56,12 @@ final class HubDriver: WireServerDelegate {
     }
 
     func wireServer(_ server: WireServer, handle: Endpoint.Handle, datagram payload: UnsafeRawBufferPointer) {
+        let start = WireNIO.now()
+        let forwardedBefore = hub.counters.packetsOut
         hub.receiveAudio(from: handle, datagram: payload) { packet, link in server.sendDatagram(packet, to: link) }
+        if let metrics, hub.counters.packetsOut != forwardedBefore {
+            metrics.relayFanout.recordNanoseconds(Int64(WireNIO.now().since(start)))
+        }
     }
 
     func wireServer(_ server: WireServer, didRebindAfter error: (any Error)?) {

@@ -35,6 +35,9 @@ public struct ServerConfiguration: Sendable, Equatable {
     public var privateKeyPath: String = "certs/server.key"
     /// Live connections beyond this are refused (server busy).
     public var maxConnections: Int = 10_000
+    /// New handshakes accepted per second from one IP address. Raise it when many members share an
+    /// address (a dispatch centre behind one NAT, a load test).
+    public var handshakesPerSecondPerAddress: Int = 20
     /// Simultaneous talkers in a full-duplex channel.
     public var fullDuplexMaxTalkers: Int = 4
     /// How long a dropped member keeps its place (and the floor) before it counts as gone.
@@ -45,6 +48,7 @@ public struct ServerConfiguration: Sendable, Equatable {
 
     public static let portRange = 0...65_535
     public static let maxConnectionsRange = 1...1_000_000
+    public static let handshakeRateRange = 1...1_000_000
     public static let fullDuplexMaxTalkersRange = 1...16
     public static let disconnectGraceRange: ClosedRange<Double> = 0...60
     public static let maxQueueRange = 0...256
@@ -130,6 +134,9 @@ public struct ServerConfiguration: Sendable, Equatable {
                     defaultDescription: defaults.privateKeyPath, kind: .string(\.privateKeyPath)),
             Setting(key: "maxConnections", environment: "SQUELCH_MAX_CONNECTIONS", flag: "--max-connections",
                     defaultDescription: "\(defaults.maxConnections)", kind: .int(\.maxConnections)),
+            Setting(key: "handshakesPerSecondPerAddress", environment: "SQUELCH_HANDSHAKES_PER_SECOND_PER_ADDRESS",
+                    flag: "--handshakes-per-second-per-address",
+                    defaultDescription: "\(defaults.handshakesPerSecondPerAddress)", kind: .int(\.handshakesPerSecondPerAddress)),
             Setting(key: "fullDuplexMaxTalkers", environment: "SQUELCH_FULL_DUPLEX_MAX_TALKERS", flag: "--full-duplex-max-talkers",
                     defaultDescription: "\(defaults.fullDuplexMaxTalkers)", kind: .int(\.fullDuplexMaxTalkers)),
             Setting(key: "disconnectGraceSeconds", environment: "SQUELCH_DISCONNECT_GRACE_SECONDS", flag: "--disconnect-grace-seconds",
@@ -185,6 +192,7 @@ public struct ServerConfiguration: Sendable, Equatable {
         if let value = layer.certificateChainPath { certificateChainPath = value }
         if let value = layer.privateKeyPath { privateKeyPath = value }
         if let value = layer.maxConnections { maxConnections = value }
+        if let value = layer.handshakesPerSecondPerAddress { handshakesPerSecondPerAddress = value }
         if let value = layer.fullDuplexMaxTalkers { fullDuplexMaxTalkers = value }
         if let value = layer.disconnectGraceSeconds { disconnectGraceSeconds = value }
         if let value = layer.maxQueue { maxQueue = value }
@@ -318,6 +326,8 @@ public struct ServerConfiguration: Sendable, Equatable {
         if let adminKeyFile { try check(!adminKeyFile.isEmpty, "adminKeyFile", "the admin key file path is empty") }
         try check(!certificateChainPath.isEmpty, "certificateChainPath", "the certificate chain path is empty")
         try check(!privateKeyPath.isEmpty, "privateKeyPath", "the private key path is empty")
+        try check(Self.handshakeRateRange.contains(handshakesPerSecondPerAddress), "handshakesPerSecondPerAddress",
+                  "handshakes per second per address \(handshakesPerSecondPerAddress) is out of range; use \(Self.handshakeRateRange.lowerBound)-\(Self.handshakeRateRange.upperBound)")
         try check(Self.maxConnectionsRange.contains(maxConnections), "maxConnections",
                   "maximum connections \(maxConnections) is out of range; use \(Self.maxConnectionsRange.lowerBound)-\(Self.maxConnectionsRange.upperBound)")
         try check(Self.fullDuplexMaxTalkersRange.contains(fullDuplexMaxTalkers), "fullDuplexMaxTalkers",
@@ -419,6 +429,7 @@ public struct ConfigurationOverrides: Sendable, Equatable {
     public var certificateChainPath: String?
     public var privateKeyPath: String?
     public var maxConnections: Int?
+    public var handshakesPerSecondPerAddress: Int?
     public var fullDuplexMaxTalkers: Int?
     public var disconnectGraceSeconds: Double?
     public var maxQueue: Int?
@@ -426,7 +437,7 @@ public struct ConfigurationOverrides: Sendable, Equatable {
 
     public init(dataDirectory: String? = nil, host: String? = nil, port: Int? = nil, adminHost: String? = nil,
                 adminPort: Int? = nil, adminKey: String? = nil, adminKeyFile: String? = nil,
-                certificateChainPath: String? = nil, privateKeyPath: String? = nil, maxConnections: Int? = nil,
+                certificateChainPath: String? = nil, privateKeyPath: String? = nil, maxConnections: Int? = nil, handshakesPerSecondPerAddress: Int? = nil,
                 fullDuplexMaxTalkers: Int? = nil, disconnectGraceSeconds: Double? = nil, maxQueue: Int? = nil,
                 logLevel: String? = nil) {
         self.dataDirectory = dataDirectory
@@ -439,6 +450,7 @@ public struct ConfigurationOverrides: Sendable, Equatable {
         self.certificateChainPath = certificateChainPath
         self.privateKeyPath = privateKeyPath
         self.maxConnections = maxConnections
+        self.handshakesPerSecondPerAddress = handshakesPerSecondPerAddress
         self.fullDuplexMaxTalkers = fullDuplexMaxTalkers
         self.disconnectGraceSeconds = disconnectGraceSeconds
         self.maxQueue = maxQueue

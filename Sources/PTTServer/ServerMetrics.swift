@@ -22,6 +22,9 @@ public final class ServerMetrics: Sendable {
     let bytesOut: Counter
     let drops: [Counter]
     let storeFailures: Counter
+    /// Per forwarded talker packet: from its arrival at the relay to the last listener's copy sealed
+    /// and queued (the socket flush that follows, one `sendmmsg` per read cycle, is not in it).
+    let relayFanout: DurationHistogram
 
     public init(registry: PrometheusCollectorRegistry = PrometheusCollectorRegistry()) {
         self.registry = registry
@@ -48,6 +51,12 @@ public final class ServerMetrics: Sendable {
         bytesOut = counter("bytes_out", "Audio datagram bytes forwarded (header and payload).")
         drops = DropReason.allCases.map { counter("drops", "Audio datagrams dropped, by reason.", labels: [("reason", $0.label)]) }
         storeFailures = counter("store_failures", "Database writes that failed.")
+        relayFanout = registry.makeDurationHistogram(
+            descriptor: MetricNameDescriptor(namespace: "squelch", metricName: "relay_fanout", unitName: "seconds",
+                                             helpText: "Time from a talker packet's arrival to its last listener's copy sealed and queued."),
+            buckets: [.microseconds(10), .microseconds(25), .microseconds(50), .microseconds(100), .microseconds(200),
+                      .microseconds(300), .microseconds(500), .microseconds(750), .milliseconds(1), .milliseconds(2),
+                      .milliseconds(5), .milliseconds(10), .milliseconds(50)])
     }
 
     /// Adds the difference between two snapshots of the relay's counters.

@@ -66,10 +66,11 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
         }
         let channelCount = hub.channelCount
         let eventLoop = MultiThreadedEventLoopGroup.singleton.next()
-        let driver = HubDriver(hub: hub, eventLoop: eventLoop, tokens: tokens, writer: writer, logger: logger)
+        let driver = HubDriver(hub: hub, eventLoop: eventLoop, tokens: tokens, writer: writer, metrics: metrics, logger: logger)
         let box = NIOLoopBoundBox.makeBoxSendingValue(driver, as: HubDriver.self, eventLoop: eventLoop)
         var endpointConfiguration = EndpointConfiguration()
         endpointConfiguration.maxConnections = configuration.maxConnections
+        endpointConfiguration.handshakesPerSecondPerAddress = configuration.handshakesPerSecondPerAddress
         let server = try await WireServer.start(host: configuration.host, port: configuration.port,
                                                 endpoint: Endpoint(secrets: secrets, configuration: endpointConfiguration),
                                                 delegate: ForwardingDelegate(driver: box), on: eventLoop)

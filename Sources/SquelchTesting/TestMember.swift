@@ -15,8 +15,11 @@ public final class TestMember: Sendable {
 
     struct State {
         var messages: [ServerMessage] = []
+        /// When each message was taken off the stream (`WireNIO.now()` nanoseconds), same indices.
+        var messageArrivals: [UInt64] = []
         var undecodable = 0
         var audio: [[UInt8]] = []
+        var audioArrivals: [UInt64] = []
         var events: [ClientEvent] = []
     }
 
@@ -30,8 +33,14 @@ public final class TestMember: Sendable {
             for await event in events {
                 if case .connection(.control(let bytes)) = event {
                     let decoded = try? codec.decodeServerMessage(bytes)
+                    let now = WireNIO.now().nanoseconds
                     state.withLockedValue { state in
-                        if let decoded { state.messages.append(decoded) } else { state.undecodable += 1 }
+                        if let decoded {
+                            state.messages.append(decoded)
+                            state.messageArrivals.append(now)
+                        } else {
+                            state.undecodable += 1
+                        }
                     }
                 } else {
                     state.withLockedValue { $0.events.append(event) }
@@ -39,7 +48,13 @@ public final class TestMember: Sendable {
             }
         }
         Task {
-            for await datagram in datagrams { state.withLockedValue { $0.audio.append(datagram) } }
+            for await datagram in datagrams {
+                let now = WireNIO.now().nanoseconds
+                state.withLockedValue {
+                    $0.audio.append(datagram)
+                    $0.audioArrivals.append(now)
+                }
+            }
         }
     }
 
@@ -68,6 +83,14 @@ public final class TestMember: Sendable {
 
     public var messages: [ServerMessage] { state.withLockedValue { $0.messages } }
     public var audio: [[UInt8]] { state.withLockedValue { $0.audio } }
+    /// Messages with the time each arrived (`WireNIO.now()` nanoseconds), for latency measurements.
+    public var timedMessages: [(message: ServerMessage, at: UInt64)] {
+        state.withLockedValue { state in Array(zip(state.messages, state.messageArrivals)).map { ($0, $1) } }
+    }
+    /// Audio datagrams with the time each arrived.
+    public var timedAudio: [(datagram: [UInt8], at: UInt64)] {
+        state.withLockedValue { state in Array(zip(state.audio, state.audioArrivals)).map { ($0, $1) } }
+    }
     public var events: [ClientEvent] { state.withLockedValue { $0.events } }
 
     /// The first message from index `after` on that matches, waiting up to `seconds`.

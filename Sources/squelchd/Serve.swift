@@ -47,6 +47,9 @@ struct Serve: AsyncParsableCommand {
     @Option(help: ArgumentHelp(ServerConfiguration.help("maxConnections", "Live connections beyond this are refused."), valueName: "n"))
     var maxConnections: Int?
 
+    @Option(help: ArgumentHelp(ServerConfiguration.help("handshakesPerSecondPerAddress", "New connections accepted per second from one IP address."), valueName: "n"))
+    var handshakesPerSecondPerAddress: Int?
+
     @Option(help: ArgumentHelp(ServerConfiguration.help("fullDuplexMaxTalkers", "Simultaneous talkers in a full-duplex channel, 1-16."), valueName: "n"))
     var fullDuplexMaxTalkers: Int?
 
@@ -63,6 +66,7 @@ struct Serve: AsyncParsableCommand {
         ConfigurationOverrides(
             dataDirectory: dataDir, host: host, port: port, adminHost: adminHost, adminPort: adminPort,
             adminKeyFile: adminKeyFile, certificateChainPath: cert, privateKeyPath: key, maxConnections: maxConnections,
+            handshakesPerSecondPerAddress: handshakesPerSecondPerAddress,
             fullDuplexMaxTalkers: fullDuplexMaxTalkers, disconnectGraceSeconds: disconnectGraceSeconds, maxQueue: maxQueue,
             logLevel: logLevel)
     }

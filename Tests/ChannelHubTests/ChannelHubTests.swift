@@ -262,6 +262,27 @@ final class Harness {
         #expect(h.hub.roster(of: h.channel.id).count == 1)
     }
 
+    @Test func aLargeRosterArrivesInChunksThatFitAControlMessage() {
+        let h = Harness()
+        for index in 0..<300 { h.join("member-\(index)") }
+        let last = h.join("last")
+        let sent = h.messages(to: last.link).filter {
+            switch $0 { case .joined, .roster: return true; default: return false }
+        }
+        var entries: [Participant] = []
+        for message in sent {
+            switch message {
+            case .joined(_, _, let roster, _), .roster(let roster):
+                #expect(roster.count <= ControlLimits.rosterChunk)
+                #expect(MessageCodec().encode(message).count < ControlLimits.maxMessageBytes / 2)
+                entries += roster
+            default: break
+            }
+        }
+        #expect(sent.count == 3)
+        #expect(Set(entries.map(\.userID)).count == 301)
+    }
+
     @Test func fullDuplexAllowsSeveralTalkers() {
         let h = Harness(mode: .fullDuplex)
         let members = (0..<5).map { h.join("m\($0)") }

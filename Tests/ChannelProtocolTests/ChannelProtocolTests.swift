@@ -22,7 +22,7 @@ import Testing
             .joined(channel: info, you: 3, roster: [Participant(slot: 3, userID: "u", name: "U", role: "medic", priority: 9)],
                     talkers: [Talker(slot: 1, burst: 7)]),
             .refused(code: .tokenExpired, reason: "expired"), .participant(Participant(slot: 1, userID: "a", name: "A")),
-            .participantLeft(slot: 2, userID: "b"), .floor(FloorEvent(kind: .queued, slot: 2, position: 1)),
+            .participantLeft(slot: 2, userID: "b"), .roster([Participant(slot: 4, userID: "d", name: "D", connection: .offline)]), .floor(FloorEvent(kind: .queued, slot: 2, position: 1)),
             .descriptor(info), .serviceStatus(.unavailable, reason: "shutting down"), .serviceStatus(.ready, reason: nil),
             .pushTokenRegistered, .error(code: .notJoined, reason: "join first"),
         ]

@@ -1,0 +1,252 @@
+import ChannelProtocol
+import Foundation
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
+import SquelchTesting
+import Testing
+import Wire
+
+/// squelchd survives `kill -9`: everything a user set up before the crash (the channel, its members,
+/// a push token, the token key, the transmission log, the transport's reset key) is there after a
+/// restart on the same ports and data directory. Real processes, real UDP on 127.0.0.1, real certs.
+@Suite(.timeLimit(.minutes(2))) struct KillRestartTests {
+    /// A running `squelchd serve` and the ports it bound.
+    struct Server {
+        let process: Process
+        let log: PipeCollector
+        let voicePort: Int
+        let adminPort: Int
+    }
+
+    /// Kills every process it was given when the test ends, however it ends.
+    final class Reaper {
+        var processes: [Process] = []
+        func killAll() {
+            for process in processes where process.isRunning {
+                kill(process.processIdentifier, SIGKILL)
+                process.waitUntilExit()
+            }
+        }
+    }
+
+    /// Starts `squelchd serve` and waits until both listeners have logged their ports.
+    func startServer(data: String, certs: String, port: Int = 0, adminPort: Int = 0, reaper: Reaper) async throws -> Server {
+        let process = Process()
+        process.executableURL = Executables.url("squelchd")
+        process.arguments = ["serve", "--data-dir", data, "--port", "\(port)", "--admin-port", "\(adminPort)",
+                             "--cert", certs + "/server-chain.pem", "--key", certs + "/server.key"]
+        process.standardOutput = FileHandle.nullDevice
+        let err = Pipe()
+        process.standardError = err
+        let log = PipeCollector(err)
+        try process.run()
+        reaper.processes.append(process)
+        // "… address=[IPv4]127.0.0.1/127.0.0.1:PORT channels=1 [PTTServer] voice transport listening"
+        let voice = await log.wait(for: #"127\.0\.0\.1:\d+[^\n]*voice transport listening"#, seconds: 20)
+        let admin = await log.wait(for: #"admin API listening on http://127\.0\.0\.1:\d+"#, seconds: 20)
+        let voicePort = try #require(voice.flatMap { Self.firstPort(in: $0) }, "no voice port in the log: \(log.contents)")
+        let boundAdmin = try #require(admin.flatMap { Self.firstPort(in: $0) }, "no admin port in the log: \(log.contents)")
+        return Server(process: process, log: log, voicePort: voicePort, adminPort: boundAdmin)
+    }
+
+    /// The number after the first "127.0.0.1:" in `text`.
+    static func firstPort(in text: String) -> Int? {
+        guard let range = text.range(of: #"127\.0\.0\.1:\d+"#, options: .regularExpression) else { return nil }
+        return text[range].split(separator: ":").last.flatMap { Int($0) }
+    }
+
+    func squelchd(_ arguments: [String]) throws -> (status: Int32, out: String, err: String) {
+        try Executables.run("squelchd", arguments)
+    }
+
+    /// `squelchd channel show ID --json`'s members, keyed by user id.
+    func storedMembers(_ channel: UUID, data: String) throws -> [String: [String: Any]] {
+        let shown = try squelchd(["channel", "show", channel.uuidString, "--json", "--data-dir", data])
+        #expect(shown.status == 0, "\(shown.err)")
+        let object = try JSONSerialization.jsonObject(with: Data(shown.out.utf8)) as? [String: Any]
+        let members = object?["members"] as? [[String: Any]] ?? []
+        var byUser: [String: [String: Any]] = [:]
+        for member in members { if let user = member["userID"] as? String { byUser[user] = member } }
+        return byUser
+    }
+
+    /// `GET /v1/channels/ID/transmissions` from the admin API.
+    func transmissions(_ channel: UUID, adminPort: Int, key: String) async throws -> [[String: Any]] {
+        let url = try #require(URL(string: "http://127.0.0.1:\(adminPort)/v1/channels/\(channel.uuidString)/transmissions"))
+        var request = URLRequest(url: url)
+        request.setValue("Bearer \(key)", forHTTPHeaderField: "Authorization")
+        let (body, response) = try await URLSession.shared.data(for: request)
+        #expect((response as? HTTPURLResponse)?.statusCode == 200, "\(String(decoding: body, as: UTF8.self))")
+        return try JSONSerialization.jsonObject(with: body) as? [[String: Any]] ?? []
+    }
+
+    /// Polls `condition` every 50 ms for up to `seconds`.
+    func eventually(seconds: Double = 5, _ condition: () async throws -> Bool) async rethrows -> Bool {
+        let deadline = Date().addingTimeInterval(seconds)
+        repeat {
+            if try await condition() { return true }
+            try? await Task.sleep(for: .milliseconds(50))
+        } while Date() < deadline
+        return false
+    }
+
+    /// A connected member that sent `join`; returns its answer.
+    func join(_ token: String, channel: UUID, port: Int, configuration: ClientConfiguration) async throws -> (TestMember, ServerMessage?) {
+        let member = try TestMember(port: port, configuration: configuration)
+        try await member.connect()
+        return (member, try await member.join(token: token, channel: channel))
+    }
+
+    /// `talker` takes the floor, sends `count` distinct audio packets and releases; every packet must
+    /// reach `listener` byte for byte, stamped with the talker's slot and burst.
+    func talk(_ talker: TestMember, slot: UInt16, to listener: TestMember, count: Int, seed: UInt8) async throws {
+        let before = listener.messages.count
+        try await talker.send(.floorRequest)
+        let granted = try #require(await talker.waitForFloor(.granted), "\(talker.messages)")
+        let burst = try #require(granted.burst)
+        #expect(await listener.waitForFloor(.taken, after: before)?.slot == slot)
+        let payloads = (0..<count).map { index in (0..<120).map { UInt8(truncatingIfNeeded: $0 &* 7 &+ index &* 31 &+ Int(seed)) } }
+        let received0 = listener.audio.count
+        for (sequence, payload) in payloads.enumerated() {
+            #expect(await talker.sendAudio(burst: burst, sequence: UInt16(sequence), payload: payload))
+        }
+        let received = Array(await listener.waitForAudio(count: received0 + count).dropFirst(received0))
+        #expect(received.count == count, "\(received.count) of \(count) audio packets arrived")
+        var bySequence: [UInt16: [UInt8]] = [:]
+        for packet in received {
+            let header = try #require(packet.withUnsafeBytes { AudioHeader(parsing: $0) })
+            #expect(header.slot == slot && header.burst == burst && header.flags == [], "\(header)")
+            bySequence[header.sequence] = Array(packet[AudioHeader.size...])
+        }
+        for (sequence, payload) in payloads.enumerated() {
+            #expect(bySequence[UInt16(sequence)] == payload, "packet \(sequence) differs")
+        }
+        try await talker.send(.floorRelease)
+        #expect(await listener.waitForFloor(.idle, after: before) != nil)
+    }
+
+    @Test func squelchdKeepsChannelsMembersPushTokensAndTheLogThroughKill9() async throws {
+        let started = Date()
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("kill-restart-\(UUID())")
+        defer { try? FileManager.default.removeItem(at: dir) }
+        let certs = dir.appendingPathComponent("certs").path
+        let data = dir.appendingPathComponent("data").path
+        let reaper = Reaper()
+        defer { reaper.killAll() }
+
+        // 1. Certificates from the real script.
+        let script = Process()
+        script.executableURL = Executables.repository.appendingPathComponent("certs/make-dev-certs.sh")
+        script.arguments = [certs]
+        script.standardOutput = FileHandle.nullDevice
+        try script.run()
+        script.waitUntilExit()
+        try #require(script.terminationStatus == 0)
+        let ca = try String(contentsOfFile: certs + "/ca.pem", encoding: .utf8)
+        let configuration = ClientConfiguration(serverName: "127.0.0.1", validator: try CertificateValidator(caPEM: ca))
+
+        // 2. A channel and two tokens, with the CLI.
+        let created = try squelchd(["channel", "create", "--name", "Ops", "--data-dir", data])
+        #expect(created.status == 0, "\(created.err)")
+        let channel = try #require(UUID(uuidString: created.out.trimmingCharacters(in: .whitespacesAndNewlines)), "stdout: \(created.out)")
+        func issue(_ user: String, _ name: String) throws -> String {
+            let issued = try squelchd(["token", "issue", "--channel", channel.uuidString, "--user", user, "--name", name, "--data-dir", data])
+            #expect(issued.status == 0, "\(issued.err)")
+            return issued.out.trimmingCharacters(in: .whitespacesAndNewlines)
+        }
+        let annToken = try issue("ann", "Ann")
+        let bobToken = try issue("bob", "Bob")
+
+        // 3. The first server, on ports it picks.
+        let first = try await startServer(data: data, certs: certs, reaper: reaper)
+        let adminKey = try String(contentsOfFile: data + "/admin-key", encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)
+        #expect(!adminKey.isEmpty)
+
+        // 4. ann and bob join; ann registers a push token and talks; bob hears every packet.
+        let (ann, annJoined) = try await join(annToken, channel: channel, port: first.voicePort, configuration: configuration)
+        guard case .joined(_, let annSlot, _, _)? = annJoined else { Issue.record("ann was not admitted: \(String(describing: annJoined))"); return }
+        let (bob, bobJoined) = try await join(bobToken, channel: channel, port: first.voicePort, configuration: configuration)
+        guard case .joined? = bobJoined else { Issue.record("bob was not admitted: \(String(describing: bobJoined))"); return }
+        try await ann.send(.registerPushToken(token: "a1b2c3d4", environment: .sandbox))
+        #expect(await ann.waitFor { $0 == .pushTokenRegistered } != nil, "\(ann.messages)")
+        try await talk(ann, slot: annSlot, to: bob, count: 12, seed: 1)
+
+        // The store writes at once; wait (bounded) until both the push token and the burst are in the
+        // database, so the kill tests durability, not a race with the writer.
+        let stored = try await eventually {
+            let hasPushToken = try storedMembers(channel, data: data)["ann"]?["hasPushToken"] as? Bool == true
+            let bursts = try await transmissions(channel, adminPort: first.adminPort, key: adminKey).count
+            return hasPushToken && bursts == 1
+        }
+        #expect(stored, "the push token or the burst did not reach the database: \(first.log.contents)")
+
+        // 5. kill -9.
+        kill(first.process.processIdentifier, SIGKILL)
+        first.process.waitUntilExit()
+        #expect(first.process.terminationReason == .uncaughtSignal && first.process.terminationStatus == SIGKILL)
+        #expect(!first.log.contents.contains("database flushed and closed"), "a SIGKILL must not shut down gracefully")
+
+        // 6. The same data directory on the same ports.
+        let second = try await startServer(data: data, certs: certs, port: first.voicePort, adminPort: first.adminPort, reaper: reaper)
+        #expect(second.voicePort == first.voicePort && second.adminPort == first.adminPort)
+
+        // ann's old client learns at once that the server forgot its session: the reset key survived.
+        try? await ann.send(.floorRelease)
+        let reset = await ann.waitForEvent { $0 == .reconnecting(.statelessReset) }
+        #expect(reset != nil, "no stateless reset from the restarted server: \(ann.events)")
+        await ann.close()
+        await bob.close()
+
+        // What was stored before the kill, while nobody is connected: both members, ann's push token, the burst.
+        let members = try storedMembers(channel, data: data)
+        #expect(Set(members.keys) == ["ann", "bob"], "\(members)")
+        #expect(members["ann"]?["hasPushToken"] as? Bool == true && members["ann"]?["pushEnvironment"] as? String == "sandbox", "\(members)")
+        #expect(members["bob"]?["hasPushToken"] as? Bool == false, "\(members)")
+        let log = try await transmissions(channel, adminPort: second.adminPort, key: adminKey)
+        #expect(log.count == 1, "\(log)")
+        #expect(log.first?["userID"] as? String == "ann" && log.first?["endReason"] as? String == "released", "\(log)")
+
+        // The tokens issued before the kill still verify: the token key survived. bob sees ann as a
+        // stored, offline member.
+        let (bob2, bobAgain) = try await join(bobToken, channel: channel, port: second.voicePort, configuration: configuration)
+        guard case .joined(let info, let bobSlot, let roster, let talkers)? = bobAgain else {
+            Issue.record("bob was not admitted after the restart: \(String(describing: bobAgain))"); return
+        }
+        #expect(info.id == channel && info.name == "Ops")
+        #expect(Set(roster.map(\.userID)) == ["ann", "bob"] && roster.count == 2, "\(roster)")
+        #expect(roster.first { $0.userID == "ann" }?.connection == .offline, "\(roster)")
+        #expect(roster.first { $0.userID == "bob" }.map { $0.connection == .connected && $0.slot == bobSlot } == true, "\(roster)")
+        #expect(talkers.isEmpty, "\(talkers)")
+
+        let before = bob2.messages.count
+        let (ann2, annAgain) = try await join(annToken, channel: channel, port: second.voicePort, configuration: configuration)
+        guard case .joined(_, let annSlot2, let annRoster, _)? = annAgain else {
+            Issue.record("ann was not admitted after the restart: \(String(describing: annAgain))"); return
+        }
+        #expect(annRoster.first { $0.userID == "ann" }?.connection == .connected, "\(annRoster)")
+        let online = await bob2.waitFor(after: before) {
+            if case .participant(let p) = $0 { return p.userID == "ann" && p.connection == .connected } else { return false }
+        }
+        #expect(online != nil, "bob was not told ann is back: \(bob2.messages)")
+        try await talk(ann2, slot: annSlot2, to: bob2, count: 12, seed: 2)
+
+        // 7. The new burst joins the old one in the log; ann still has her push token.
+        let logged = try await eventually { try await transmissions(channel, adminPort: second.adminPort, key: adminKey).count == 2 }
+        #expect(logged, "the second burst was not logged")
+        let finalLog = try await transmissions(channel, adminPort: second.adminPort, key: adminKey)
+        #expect(finalLog.allSatisfy { $0["userID"] as? String == "ann" && $0["endReason"] as? String == "released" }, "\(finalLog)")
+        #expect(try storedMembers(channel, data: data)["ann"]?["hasPushToken"] as? Bool == true)
+
+        // 8. SIGTERM: a clean exit that flushes the database.
+        await ann2.close()
+        await bob2.close()
+        second.process.terminate()
+        let exited = await second.process.waitForExit(seconds: 10)
+        #expect(exited, "squelchd did not stop within 10 s of SIGTERM")
+        #expect(second.process.terminationReason == .exit && second.process.terminationStatus == 0,
+                "status \(second.process.terminationStatus): \(second.log.contents)")
+        #expect(await second.log.wait(for: "database flushed and closed", seconds: 2) != nil, "\(second.log.contents)")
+        print("KillRestartTests: \(String(format: "%.2f", Date().timeIntervalSince(started))) s")
+    }
+}
