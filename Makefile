@@ -56,8 +56,9 @@ run: build certs
 	$$($(SWIFT) build -c $(CONFIG) --show-bin-path)/squelchd serve --data-dir $(DATA_DIR) \
 	  --cert $(CERTS_DIR)/server-chain.pem --key $(CERTS_DIR)/server.key
 
-bench: deps
+bench: deps certs
 	$(SWIFT) build -c release --product squelch-bench
+	$(SWIFT) build -c release --product squelchd
 	$$($(SWIFT) build -c release --show-bin-path)/squelch-bench all
 
 # libFuzzer targets are compiled straight with swiftc from the parser sources they cover, so that a
@@ -77,6 +78,12 @@ fuzz-build: deps
 	$(SWIFT)c -sanitize=fuzzer,address -parse-as-library -g -O -use-ld=lld -module-name WireHandshakeFuzz \
 	  $(FUZZ_DIR)/HandshakeParserFuzz.swift Sources/Wire/WireBytes.swift Sources/Wire/Frames.swift Sources/Wire/HandshakeMessages.swift \
 	  -o $(FUZZ_BIN)/handshake-parser
+	$(SWIFT)c -sanitize=fuzzer,address -parse-as-library -g -O -use-ld=lld -module-name ControlMessageFuzz \
+	  $(FUZZ_DIR)/ControlMessageFuzz.swift Sources/ChannelProtocol/Messages.swift Sources/ChannelProtocol/MessageCoding.swift Sources/ChannelProtocol/AudioHeader.swift \
+	  -o $(FUZZ_BIN)/control-message
+	$(SWIFT)c -sanitize=fuzzer,address -parse-as-library -g -O -use-ld=lld -module-name AudioHeaderFuzz \
+	  $(FUZZ_DIR)/AudioHeaderFuzz.swift Sources/ChannelProtocol/AudioHeader.swift \
+	  -o $(FUZZ_BIN)/audio-header
 
 fuzz: fuzz-build
 	@mkdir -p $(FUZZ_LOGS); for t in $(FUZZ_BIN)/*; do \
