@@ -304,11 +304,15 @@ public final class ChannelHub {
             switch event {
             case .granted(let slot, let burst, _):
                 let burst16 = UInt16(truncatingIfNeeded: burst)
-                counters.floorGrants += 1
-                counters.bursts += 1
-                channel.members[slot]?.talking = true
-                channel.members[slot]?.burstStartedAt = time.date
-                channel.startRecording(talker: slot, burst: burst16)
+                // The arbiter repeats a grant when the talker asks again (a client that lost the
+                // answer, or rejoined within the grace period): answer again, but it is the same burst.
+                if channel.recording(of: slot)?.burst != burst16 {
+                    counters.floorGrants += 1
+                    counters.bursts += 1
+                    channel.members[slot]?.talking = true
+                    channel.members[slot]?.burstStartedAt = time.date
+                    channel.startRecording(talker: slot, burst: burst16)
+                }
                 if let link = channel.members[slot]?.link {
                     outputs.append(.send(.floor(FloorEvent(kind: .granted, slot: slot, burst: burst16,
                                                            maxBurstSeconds: channel.record.maxBurstSeconds)), to: [link]))

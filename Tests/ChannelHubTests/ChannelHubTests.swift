@@ -283,6 +283,21 @@ final class Harness {
         #expect(Set(entries.map(\.userID)).count == 301)
     }
 
+    @Test func aRepeatedRequestFromTheTalkerIsTheSameBurst() {
+        let h = Harness()
+        let ann = h.join("ann")
+        h.send(.floorRequest, from: ann.link)
+        h.advance(1_000 * ms)
+        h.send(.floorRequest, from: ann.link)
+        #expect(h.hub.counters.bursts == 1 && h.hub.counters.floorGrants == 1)
+        #expect(h.hub.channels[h.channel.id]!.recordings.count == 1)
+        h.advance(1_000 * ms)
+        h.send(.floorRelease, from: ann.link)
+        let logged = h.stored.compactMap { if case .logTransmission(let t) = $0 { return t } else { return nil } }
+        #expect(logged.map(\.durationMilliseconds) == [2_000])
+        #expect(h.hub.channels[h.channel.id]!.recordings.isEmpty)
+    }
+
     @Test func fullDuplexAllowsSeveralTalkers() {
         let h = Harness(mode: .fullDuplex)
         let members = (0..<5).map { h.join("m\($0)") }
