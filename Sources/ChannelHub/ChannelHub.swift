@@ -54,11 +54,11 @@ public final class ChannelHub {
     public func upsertChannel(_ record: ChannelRecord, members stored: [MemberRecord] = []) {
         if let channel = channels[record.id] {
             guard channel.record != record else { return }
-            let changed = channel.info != ChannelInfo(id: record.id, name: record.name, image: record.image,
-                                                      mode: record.mode, maxBurstSeconds: record.maxBurstSeconds)
+            let before = channel.info
             channel.record = record
             channel.floor.configuration = ChannelState.floorConfiguration(record, configuration)
-            if changed { outputs.append(.send(.descriptor(channel.info), to: channel.connectedLinks)) }
+            // Only what members see is announced (not, say, a new `updatedAt`).
+            if channel.info != before { outputs.append(.send(.descriptor(channel.info), to: channel.connectedLinks)) }
             return
         }
         let channel = ChannelState(record: record, configuration: configuration)
@@ -304,19 +304,14 @@ public final class ChannelHub {
             switch event {
             case .granted(let slot, let burst, _):
                 let burst16 = UInt16(truncatingIfNeeded: burst)
-                // The arbiter repeats a grant when the talker asks again (a client that lost the
-                // answer, or rejoined within the grace period): answer again, but it is the same burst.
-                if channel.recording(of: slot)?.burst != burst16 {
-                    counters.floorGrants += 1
-                    counters.bursts += 1
-                    channel.members[slot]?.talking = true
-                    channel.members[slot]?.burstStartedAt = time.date
-                    channel.startRecording(talker: slot, burst: burst16)
-                }
-                if let link = channel.members[slot]?.link {
-                    outputs.append(.send(.floor(FloorEvent(kind: .granted, slot: slot, burst: burst16,
-                                                           maxBurstSeconds: channel.record.maxBurstSeconds)), to: [link]))
-                }
+                counters.floorGrants += 1
+                counters.bursts += 1
+                channel.members[slot]?.talking = true
+                channel.members[slot]?.burstStartedAt = time.date
+                channel.startRecording(talker: slot, burst: burst16)
+                sendGrant(channel, slot: slot, burst: burst16)
+            case .confirmed(let slot, let burst, _):
+                sendGrant(channel, slot: slot, burst: UInt16(truncatingIfNeeded: burst))
             case .taken(let slot, let burst, _):
                 guard let member = channel.members[slot] else { break }
                 outputs.append(.send(.floor(FloorEvent(kind: .taken, slot: slot, burst: UInt16(truncatingIfNeeded: burst))),
@@ -382,6 +377,12 @@ public final class ChannelHub {
         }
     }
 
+    func sendGrant(_ channel: ChannelState, slot: UInt16, burst: UInt16) {
+        guard let link = channel.members[slot]?.link else { return }
+        outputs.append(.send(.floor(FloorEvent(kind: .granted, slot: slot, burst: burst,
+                                               maxBurstSeconds: channel.record.maxBurstSeconds)), to: [link]))
+    }
+
     func logBurstEnd(_ channel: ChannelState, slot: UInt16, reason: String, at time: HubTime) {
         guard let member = channel.members[slot], let started = member.burstStartedAt else { return }
         channel.members[slot]?.burstStartedAt = nil
@@ -396,14 +397,16 @@ public final class ChannelHub {
     /// One audio datagram from `link`. If its sender holds the floor, it is recorded for late joiners
     /// and forwarded to every listening member but the sender, through `send` (which seals and queues
     /// it for one listener, and returns false if it couldn't). Anything else is dropped and counted.
+    /// Returns how many listeners it went to.
+    @discardableResult
     public func receiveAudio(from link: Link, datagram: UnsafeRawBufferPointer,
-                             send: (UnsafeRawBufferPointer, Link) -> Bool) {
+                             send: (UnsafeRawBufferPointer, Link) -> Bool) -> Int {
         counters.packetsIn &+= 1
         counters.bytesIn &+= datagram.count
-        guard let header = AudioHeader(parsing: datagram) else { return drop(.malformed) }
-        guard case .joined(let channel, let slot)? = sessions[link] else { return drop(.notJoined) }
-        guard let burst = channel.floor.burst(of: slot) else { return drop(.notFloorHolder) }
-        guard UInt16(truncatingIfNeeded: burst) == header.burst else { return drop(.staleBurst) }
+        guard let header = AudioHeader(parsing: datagram) else { drop(.malformed); return 0 }
+        guard case .joined(let channel, let slot)? = sessions[link] else { drop(.notJoined); return 0 }
+        guard let burst = channel.floor.burst(of: slot) else { drop(.notFloorHolder); return 0 }
+        guard UInt16(truncatingIfNeeded: burst) == header.burst else { drop(.staleBurst); return 0 }
 
         let payloadCount = datagram.count - AudioHeader.size
         let payload = UnsafeRawBufferPointer(rebasing: datagram[AudioHeader.size...])
@@ -412,14 +415,17 @@ public final class ChannelHub {
             .write(to: scratch)
         UnsafeMutableRawBufferPointer(rebasing: scratch[AudioHeader.size ..< AudioHeader.size + payloadCount]).copyMemory(from: payload)
         let packet = UnsafeRawBufferPointer(rebasing: scratch[..<(AudioHeader.size + payloadCount)])
+        var forwarded = 0
         for listener in channel.listeners where listener.slot != slot {
             if send(packet, listener.link) {
-                counters.packetsOut &+= 1
-                counters.bytesOut &+= packet.count
+                forwarded &+= 1
             } else {
                 drop(.sendFailed)
             }
         }
+        counters.packetsOut &+= forwarded
+        counters.bytesOut &+= forwarded &* packet.count
+        return forwarded
     }
 
     func drop(_ reason: DropReason) { counters.drops[reason.rawValue] &+= 1 }

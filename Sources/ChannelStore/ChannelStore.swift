@@ -76,6 +76,40 @@ public struct MemberRecord: Codable, Sendable, Equatable {
     }
 }
 
+/// A member as operators see it (admin API, `squelchd channel show`): the push token itself never
+/// leaves the server, only whether there is one and for which APNs environment.
+public struct MemberSummary: Codable, Sendable, Equatable {
+    public var userID: String
+    public var displayName: String
+    public var joinedAt: Date
+    public var lastSeen: Date
+    public var hasPushToken: Bool
+    public var pushEnvironment: PushEnvironment?
+    public var pushRegisteredAt: Date?
+
+    public init(_ member: MemberRecord) {
+        userID = member.userID
+        displayName = member.displayName
+        joinedAt = member.joinedAt
+        lastSeen = member.lastSeen
+        hasPushToken = member.pushToken != nil
+        pushEnvironment = member.pushToken != nil ? member.pushEnvironment : nil
+        pushRegisteredAt = member.pushToken != nil ? member.pushRegisteredAt : nil
+    }
+
+    /// Absent push fields are written as `null`, so every member has the same JSON shape.
+    public func encode(to encoder: any Encoder) throws {
+        var container = encoder.container(keyedBy: CodingKeys.self)
+        try container.encode(userID, forKey: .userID)
+        try container.encode(displayName, forKey: .displayName)
+        try container.encode(joinedAt, forKey: .joinedAt)
+        try container.encode(lastSeen, forKey: .lastSeen)
+        try container.encode(hasPushToken, forKey: .hasPushToken)
+        try container.encode(pushEnvironment, forKey: .pushEnvironment)
+        try container.encode(pushRegisteredAt, forKey: .pushRegisteredAt)
+    }
+}
+
 /// One talk burst, for the transmission log.
 public struct TransmissionRecord: Codable, Sendable, Equatable {
     public var channelID: UUID

@@ -59,6 +59,9 @@ public struct FloorArbiter<Member: Hashable & Sendable> {
         /// `member` may talk now; `burst` numbers the talk burst (for the catch-up buffer and the log),
         /// and `until` is when it will be revoked for length.
         case granted(Member, burst: UInt64, until: UInt64)
+        /// The talker asked again (its grant was lost, or it rejoined within the grace period): the
+        /// same burst goes on; tell the talker again, nobody else.
+        case confirmed(Member, burst: UInt64, until: UInt64)
         /// Tell everyone else who is talking.
         case taken(by: Member, burst: UInt64, priority: UInt8)
         case denied(Member, DenyReason)
@@ -125,7 +128,7 @@ public struct FloorArbiter<Member: Hashable & Sendable> {
             // A repeated request (the grant was lost): confirm, and a reconnect ends the grace.
             talkers[index].disconnectedAt = nil
             let talker = talkers[index]
-            pending.append(.granted(member, burst: talker.burst, until: talker.since + configuration.maxBurst))
+            pending.append(.confirmed(member, burst: talker.burst, until: talker.since + configuration.maxBurst))
             return
         }
         if let position = queue.firstIndex(where: { $0.member == member }) {

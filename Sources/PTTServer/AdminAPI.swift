@@ -76,38 +76,8 @@ public enum AdminAPI {
         public var connections: Int?
     }
 
-    /// A channel member as `GET /v1/channels/:id/members` shows it: the push token itself never leaves
-    /// the server, only whether there is one and for which APNs environment.
-    public struct MemberView: Codable, Sendable, Equatable {
-        public var userID: String
-        public var displayName: String
-        public var joinedAt: Date
-        public var lastSeen: Date
-        public var hasPushToken: Bool
-        public var pushEnvironment: PushEnvironment?
-        public var pushRegisteredAt: Date?
-
-        init(_ member: MemberRecord) {
-            userID = member.userID
-            displayName = member.displayName
-            joinedAt = member.joinedAt
-            lastSeen = member.lastSeen
-            hasPushToken = member.pushToken != nil
-            pushEnvironment = member.pushToken != nil ? member.pushEnvironment : nil
-            pushRegisteredAt = member.pushToken != nil ? member.pushRegisteredAt : nil
-        }
-
-        public func encode(to encoder: any Encoder) throws {
-            var container = encoder.container(keyedBy: CodingKeys.self)
-            try container.encode(userID, forKey: .userID)
-            try container.encode(displayName, forKey: .displayName)
-            try container.encode(joinedAt, forKey: .joinedAt)
-            try container.encode(lastSeen, forKey: .lastSeen)
-            try container.encode(hasPushToken, forKey: .hasPushToken)
-            try container.encode(pushEnvironment, forKey: .pushEnvironment)
-            try container.encode(pushRegisteredAt, forKey: .pushRegisteredAt)
-        }
-    }
+    /// A channel member as `GET /v1/channels/:id/members` shows it.
+    public typealias MemberView = MemberSummary
 
     /// `POST /v1/channels/:id/tokens` answer.
     public struct IssuedToken: Codable, Sendable, Equatable {

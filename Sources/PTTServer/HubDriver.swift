@@ -57,9 +57,8 @@ final class HubDriver: WireServerDelegate {
 
     func wireServer(_ server: WireServer, handle: Endpoint.Handle, datagram payload: UnsafeRawBufferPointer) {
         let start = WireNIO.now()
-        let forwardedBefore = hub.counters.packetsOut
-        hub.receiveAudio(from: handle, datagram: payload) { packet, link in server.sendDatagram(packet, to: link) }
-        if let metrics, hub.counters.packetsOut != forwardedBefore {
+        let forwarded = hub.receiveAudio(from: handle, datagram: payload) { packet, link in server.sendDatagram(packet, to: link) }
+        if let metrics, forwarded > 0 {
             metrics.relayFanout.recordNanoseconds(Int64(WireNIO.now().since(start)))
         }
     }

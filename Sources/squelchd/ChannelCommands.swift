@@ -72,7 +72,7 @@ struct Channel: AsyncParsableCommand {
             }
             if json {
                 var entry = ChannelJSON(channel, memberCount: members.count)
-                entry.members = members.map(MemberJSON.init)
+                entry.members = members.map(MemberSummary.init)
                 return try printJSON(entry)
             }
             let dates = ISO8601DateFormatter()
@@ -204,7 +204,7 @@ extension Channel {
         var createdAt: Date
         var updatedAt: Date
         var memberCount: Int
-        var members: [MemberJSON]?
+        var members: [MemberSummary]?
 
         init(_ channel: ChannelRecord, memberCount: Int) {
             id = channel.id
@@ -217,25 +217,6 @@ extension Channel {
             self.memberCount = memberCount
         }
     }
-
-    struct MemberJSON: Encodable {
-        var userID: String
-        var displayName: String
-        var joinedAt: Date
-        var lastSeen: Date
-        var hasPushToken: Bool
-        var pushEnvironment: PushEnvironment?
-
-        init(_ member: MemberRecord) {
-            userID = member.userID
-            displayName = member.displayName
-            joinedAt = member.joinedAt
-            lastSeen = member.lastSeen
-            hasPushToken = member.pushToken != nil
-            pushEnvironment = member.pushEnvironment
-        }
-    }
-
 }
 
 /// Prints `squelchd: <error>` on stderr and returns the exit code: 78 (EX_CONFIG) when the database

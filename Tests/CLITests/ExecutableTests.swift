@@ -60,6 +60,17 @@ enum Executables {
         return dir.appendingPathComponent(name)
     }
 
+    /// Development certificates from the real script (`make certs`), into `directory`.
+    static func makeDevCertificates(into directory: String) throws {
+        let script = Process()
+        script.executableURL = repository.appendingPathComponent("certs/make-dev-certs.sh")
+        script.arguments = [directory]
+        script.standardOutput = FileHandle.nullDevice
+        try script.run()
+        script.waitUntilExit()
+        try #require(script.terminationStatus == 0, "certs/make-dev-certs.sh failed")
+    }
+
     /// Runs to completion; returns exit status, stdout and stderr.
     static func run(_ name: String, _ arguments: [String]) throws -> (status: Int32, out: String, err: String) {
         let process = Process()
@@ -108,13 +119,7 @@ enum Executables {
     @Test func squelchdServesHealthAndStopsOnSIGTERM() async throws {
         let dir = FileManager.default.temporaryDirectory.appendingPathComponent("squelchd-e2e-\(UUID())")
         let certs = dir.appendingPathComponent("certs").path
-        let script = Process()
-        script.executableURL = Executables.repository.appendingPathComponent("certs/make-dev-certs.sh")
-        script.arguments = [certs]
-        script.standardOutput = FileHandle.nullDevice
-        try script.run()
-        script.waitUntilExit()
-        try #require(script.terminationStatus == 0)
+        try Executables.makeDevCertificates(into: certs)
 
         let process = Process()
         process.executableURL = Executables.url("squelchd")

@@ -136,13 +136,7 @@ import Wire
         defer { reaper.killAll() }
 
         // 1. Certificates from the real script.
-        let script = Process()
-        script.executableURL = Executables.repository.appendingPathComponent("certs/make-dev-certs.sh")
-        script.arguments = [certs]
-        script.standardOutput = FileHandle.nullDevice
-        try script.run()
-        script.waitUntilExit()
-        try #require(script.terminationStatus == 0)
+        try Executables.makeDevCertificates(into: certs)
         let ca = try String(contentsOfFile: certs + "/ca.pem", encoding: .utf8)
         let configuration = ClientConfiguration(serverName: "127.0.0.1", validator: try CertificateValidator(caPEM: ca))
 

@@ -35,13 +35,7 @@ import WireNIO
 
     @Test func handshakeEchoRebindAndRecoveryFromARestartByStatelessReset() async throws {
         let dir = FileManager.default.temporaryDirectory.appendingPathComponent("wire-2p-\(UUID())")
-        let script = Process()
-        script.executableURL = Executables.repository.appendingPathComponent("certs/make-dev-certs.sh")
-        script.arguments = [dir.path + "/certs"]
-        script.standardOutput = FileHandle.nullDevice
-        try script.run()
-        script.waitUntilExit()
-        try #require(script.terminationStatus == 0)
+        try Executables.makeDevCertificates(into: dir.path + "/certs")
 
         var (server, port) = try await startEcho(dir: dir)
         defer { if server.isRunning { kill(server.processIdentifier, SIGKILL) } }

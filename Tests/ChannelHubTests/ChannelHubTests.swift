@@ -80,7 +80,7 @@ final class Harness {
 
     func audio(from link: Link, burst: UInt16, sequence: UInt16, payload: [UInt8], flags: AudioHeader.Flags = []) {
         let datagram = AudioHeader(flags: flags, burst: burst, sequence: sequence).datagram(payload: payload)
-        datagram.withUnsafeBytes { hub.receiveAudio(from: link, datagram: $0, send: record) }
+        _ = datagram.withUnsafeBytes { hub.receiveAudio(from: link, datagram: $0, send: record) }
     }
 
     func messages(to link: Link) -> [ServerMessage] { messages.filter { $0.link == link }.map(\.message) }
@@ -142,7 +142,7 @@ final class Harness {
         h.audio(from: bob.link, burst: burst, sequence: 0, payload: [1, 2, 3])
         h.audio(from: ann.link, burst: burst &+ 1, sequence: 0, payload: [1])
         h.audio(from: Link(index: 99, generation: 1), burst: burst, sequence: 0, payload: [1])
-        [0x00, 0x41].withUnsafeBytes { h.hub.receiveAudio(from: ann.link, datagram: $0, send: h.record) }
+        _ = [0x00, 0x41].withUnsafeBytes { h.hub.receiveAudio(from: ann.link, datagram: $0, send: h.record) }
         #expect(h.sent.isEmpty)
         #expect(h.hub.counters.drops(.notFloorHolder) == 1)
         #expect(h.hub.counters.drops(.staleBurst) == 1)

@@ -109,7 +109,7 @@ let second: UInt64 = 1_000_000_000
         floor.request("a", priority: 1, canTalk: true, now: 0)
         _ = floor.takeEvents()
         floor.request("a", priority: 1, canTalk: true, now: 100)
-        #expect(floor.takeEvents() == [.granted("a", burst: 1, until: 60 * second)])
+        #expect(floor.takeEvents() == [.confirmed("a", burst: 1, until: 60 * second)])
     }
 
     /// Random command sequences: the invariants hold whatever the order.
