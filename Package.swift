@@ -26,6 +26,8 @@ let package = Package(
         .package(url: "https://github.com/groue/GRDB.swift.git", from: "7.10.0"),
         .package(url: "https://github.com/apple/swift-metrics.git", from: "2.13.0"),
         .package(url: "https://github.com/swift-server/swift-prometheus.git", from: "2.4.1"),
+        .package(url: "https://github.com/apple/swift-nio-http2.git", from: "1.46.0"),
+        .package(url: "https://github.com/apple/swift-nio-ssl.git", from: "2.37.6"),
     ],
     targets: [
         // C libraries from Debian, and the small C shims Swift needs for their variadic calls.
@@ -75,11 +77,34 @@ let package = Package(
         .target(name: "ChannelHub", dependencies: [
             "Wire", "FloorControl", "ChannelProtocol", "ChannelStore", "ParticipantTokens",
         ], swiftSettings: swift6),
-        .target(name: "APNs", swiftSettings: swift6),
-        .target(name: "APNsSimulator", swiftSettings: swift6),
+        // APNs speaks HTTP/2 through swift-nio-http2 directly rather than AsyncHTTPClient: the client needs
+        // the peer's SETTINGS, PING keepalive and GOAWAY, which AsyncHTTPClient does not expose.
+        .target(name: "APNs", dependencies: [
+            .product(name: "NIOCore", package: "swift-nio"),
+            .product(name: "NIOPosix", package: "swift-nio"),
+            .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+            .product(name: "NIOTLS", package: "swift-nio"),
+            .product(name: "NIOHTTP2", package: "swift-nio-http2"),
+            .product(name: "NIOSSL", package: "swift-nio-ssl"),
+            .product(name: "JWTKit", package: "jwt-kit"),
+            .product(name: "Crypto", package: "swift-crypto"),
+            .product(name: "Logging", package: "swift-log"),
+        ], swiftSettings: swift6),
+        .target(name: "APNsSimulator", dependencies: [
+            .product(name: "NIOCore", package: "swift-nio"),
+            .product(name: "NIOPosix", package: "swift-nio"),
+            .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+            .product(name: "NIOHTTP1", package: "swift-nio"),
+            .product(name: "NIOHTTP2", package: "swift-nio-http2"),
+            .product(name: "NIOSSL", package: "swift-nio-ssl"),
+            .product(name: "JWTKit", package: "jwt-kit"),
+            .product(name: "Crypto", package: "swift-crypto"),
+            .product(name: "Logging", package: "swift-log"),
+            .product(name: "Hummingbird", package: "hummingbird"),
+        ], swiftSettings: swift6),
         .target(name: "PTTClient", dependencies: ["Wire", "WireNIO", "Audio", "Opus", "ChannelProtocol"], swiftSettings: swift6),
         .target(name: "PTTServer", dependencies: [
-            "Wire", "WireNIO", "APNs", "SquelchInfo", "FloorControl", "ParticipantTokens", "ChannelStore", "ChannelProtocol",
+            "Wire", "WireNIO", "APNs", "APNsSimulator", "SquelchInfo", "FloorControl", "ParticipantTokens", "ChannelStore", "ChannelProtocol",
             "ChannelHub",
             .product(name: "Logging", package: "swift-log"),
             .product(name: "Metrics", package: "swift-metrics"),
@@ -110,6 +135,22 @@ let package = Package(
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
         ], swiftSettings: swift6),
 
+        .testTarget(name: "APNsTests", dependencies: [
+            "APNs", "APNsSimulator",
+            .product(name: "NIOCore", package: "swift-nio"),
+            .product(name: "NIOPosix", package: "swift-nio"),
+            .product(name: "Crypto", package: "swift-crypto"),
+            .product(name: "JWTKit", package: "jwt-kit"),
+        ], swiftSettings: swift6),
+        .testTarget(name: "APNsSimulatorTests", dependencies: [
+            "APNsSimulator",
+            .product(name: "NIOCore", package: "swift-nio"),
+            .product(name: "NIOPosix", package: "swift-nio"),
+            .product(name: "NIOHTTP2", package: "swift-nio-http2"),
+            .product(name: "NIOSSL", package: "swift-nio-ssl"),
+            .product(name: "Crypto", package: "swift-crypto"),
+            .product(name: "JWTKit", package: "jwt-kit"),
+        ], swiftSettings: swift6),
         .testTarget(name: "FloorControlTests", dependencies: ["FloorControl"], swiftSettings: swift6),
         .testTarget(name: "ParticipantTokensTests", dependencies: [
             "ParticipantTokens",

@@ -1,0 +1,236 @@
+import Foundation
+import Logging
+import NIOCore
+import NIOPosix
+import NIOSSL
+
+/// A push that APNs accepted.
+public struct APNsDelivery: Sendable, Equatable {
+    /// The `apns-id` of the request, lowercase.
+    public var apnsID: String
+    public var attempts: Int
+}
+
+/// Sends `pushtotalk` notifications to APNs over a small pool of long-lived HTTP/2 connections.
+///
+/// Each push follows `APNsDeliveryAttempts`, the sans-I/O failure policy: dead tokens are reported for
+/// removal, transient failures are retried with jittered backoff inside a two-second budget, and
+/// configuration errors are never retried and are logged once per reason.
+public actor APNsClient {
+    private enum Slot {
+        case empty
+        case connecting(Task<HTTP2Connection, any Error>)
+        case ready(HTTP2Connection)
+    }
+
+    public let configuration: APNsConfiguration
+    private let group: any EventLoopGroup
+    private let tls: NIOSSLContext
+    private let signer: ProviderTokenSigner
+    private let logger: Logger
+    private var slots: [Slot]
+    private var nextConnectionID = 0
+    private var tokenBackoff = APNsTokenBackoff()
+    private var loggedConfigurationErrors: Set<String> = []
+    private var isShutDown = false
+    /// Connections opened over the client's life, for tests and metrics.
+    public private(set) var connectionsOpened = 0
+
+    public init(configuration: APNsConfiguration, eventLoopGroup: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton,
+                logger: Logger = Logger(label: "squelch.apns")) async throws(APNsConfigurationError) {
+        try configuration.validate()
+        self.configuration = configuration
+        self.group = eventLoopGroup
+        self.logger = logger
+        var tlsConfiguration = TLSConfiguration.makeClientConfiguration()
+        tlsConfiguration.applicationProtocols = ["h2"]
+        tlsConfiguration.minimumTLSVersion = .tlsv12
+        if case .custom(_, _, let caPath?) = configuration.environment {
+            guard let roots = try? NIOSSLCertificate.fromPEMFile(caPath), !roots.isEmpty else {
+                throw .unreadableCA(path: caPath)
+            }
+            tlsConfiguration.trustRoots = .certificates(roots)
+        }
+        do {
+            tls = try NIOSSLContext(configuration: tlsConfiguration)
+        } catch {
+            throw .invalidSetting("TLS setup failed: \(error)")
+        }
+        signer = try await ProviderTokenSigner(identity: configuration.identity,
+                                               refreshAfter: configuration.providerTokenLifetime, now: configuration.now)
+        slots = Array(repeating: .empty, count: configuration.poolSize)
+    }
+
+    /// Opens every connection in the pool now, so the first burst doesn't pay for TLS handshakes.
+    /// Failures are logged and left for the next push to retry.
+    public func preconnect() async {
+        await withTaskGroup(of: Void.self) { group in
+            for index in slots.indices {
+                group.addTask { _ = try? await self.connection(slot: index) }
+            }
+        }
+    }
+
+    /// Sends one push and follows the failure policy to its end. It never throws: every ending is a result
+    /// the caller acts on (count it, drop the token).
+    /// - Parameter tokenRegisteredAt: when the device registered the token, to judge a 410 `Unregistered`.
+    public func send(_ notification: PushToTalkNotification, tokenRegisteredAt: Date? = nil) async -> Result<APNsDelivery, APNsPushFailure> {
+        guard !isShutDown else { return .failure(APNsPushFailure(reason: .shutdown, attempts: 0)) }
+        let clock = ContinuousClock()
+        let start = clock.now
+        let token = notification.deviceToken.lowercased()
+        if tokenBackoff.isBackedOff(token, now: start) {
+            return .failure(APNsPushFailure(reason: .tokenBackedOff, attempts: 0))
+        }
+        let request: APNsRequest
+        do {
+            request = try APNsRequest.pushToTalk(notification, topic: configuration.topic)
+        } catch {
+            return .failure(APNsPushFailure(reason: .request(error), attempts: 0))
+        }
+        var jwt: (jwt: String, generation: Int)
+        do {
+            jwt = try await signer.token()
+        } catch {
+            return .failure(configurationFailure(APNsPushFailure(reason: .signing(String(describing: error)),
+                                                                 isConfigurationError: true, attempts: 0)))
+        }
+        var attempts = APNsDeliveryAttempts(policy: configuration.retry, tokenRegisteredAt: tokenRegisteredAt)
+        while true {
+            let remaining = configuration.retry.budget - (clock.now - start)
+            let timeout = max(min(configuration.requestTimeout, remaining), .milliseconds(50))
+            let result: APNsAttemptResult
+            do {
+                let connection = try await pickConnection()
+                result = await connection.send(request, authorization: "bearer \(jwt.jwt)", timeout: timeout).0
+            } catch {
+                result = .transport(.connectFailed(String(describing: error)))
+            }
+            switch attempts.next(after: result, elapsed: clock.now - start, random: Double.random(in: 0..<1)) {
+            case .delivered:
+                return .success(APNsDelivery(apnsID: request.apnsID, attempts: attempts.attempts))
+            case .retry(let delay, let refresh):
+                if refresh {
+                    do {
+                        jwt = try await signer.replace(generation: jwt.generation)
+                    } catch {
+                        return .failure(configurationFailure(APNsPushFailure(
+                            reason: .signing(String(describing: error)), isConfigurationError: true, attempts: attempts.attempts)))
+                    }
+                }
+                if delay > .zero { try? await Task.sleep(for: delay) }
+                if isShutDown { return .failure(APNsPushFailure(reason: .shutdown, attempts: attempts.attempts)) }
+            case .failed(let failure):
+                if let backoff = failure.backOffToken { tokenBackoff.backOff(token, for: backoff, now: clock.now) }
+                return .failure(failure.isConfigurationError ? configurationFailure(failure) : failure)
+            }
+        }
+    }
+
+    /// Closes every connection. Pushes in flight end with `ClientShutdown` or a transport failure.
+    public func shutdown() async {
+        isShutDown = true
+        let current = slots
+        slots = Array(repeating: .empty, count: slots.count)
+        for slot in current {
+            switch slot {
+            case .ready(let connection): await connection.close()
+            case .connecting(let task): if let connection = try? await task.value { await connection.close() }
+            case .empty: break
+            }
+        }
+    }
+
+    /// How many connections are open and usable now.
+    public var openConnections: Int {
+        slots.reduce(0) { count, slot in
+            if case .ready(let connection) = slot, connection.isUsable { return count + 1 }
+            return count
+        }
+    }
+
+    /// Configuration errors are loud but once per reason: the same misconfiguration would otherwise log
+    /// once per push, burying everything else.
+    private func configurationFailure(_ failure: APNsPushFailure) -> APNsPushFailure {
+        let label = failure.reason.label
+        if loggedConfigurationErrors.insert(label).inserted {
+            logger.error("APNs configuration error; pushes cannot be delivered until it is fixed",
+                         metadata: ["reason": "\(label)", "detail": "\(failure.reason)",
+                                    "topic": "\(configuration.topic)", "keyID": "\(configuration.identity.keyID)",
+                                    "teamID": "\(configuration.identity.teamID)", "host": "\(configuration.environment.host)"])
+        }
+        return failure
+    }
+
+    /// The least loaded usable connection; empty or dead slots are (re)connected on the way.
+    private func pickConnection() async throws -> HTTP2Connection {
+        guard !isShutDown else { throw APNsTransportError.closed }
+        var best: HTTP2Connection?
+        var pending: Int?
+        for index in slots.indices {
+            switch slots[index] {
+            case .ready(let connection) where connection.isUsable:
+                if best == nil || connection.load < best!.load { best = connection }
+            case .ready:
+                slots[index] = .empty
+                startConnecting(slot: index)
+                pending = pending ?? index
+            case .empty:
+                startConnecting(slot: index)
+                pending = pending ?? index
+            case .connecting:
+                pending = pending ?? index
+            }
+        }
+        if let best { return best }
+        guard let pending else { throw APNsTransportError.closed }
+        return try await connection(slot: pending)
+    }
+
+    private func startConnecting(slot index: Int) {
+        nextConnectionID += 1
+        let id = nextConnectionID
+        let configuration = configuration
+        let group = group
+        let tls = tls
+        let task = Task {
+            try await HTTP2Connection.connect(
+                id: id, group: group, host: configuration.environment.host, port: configuration.environment.port, tls: tls,
+                connectTimeout: configuration.connectTimeout, pingInterval: configuration.pingInterval,
+                pingTimeout: configuration.pingTimeout)
+        }
+        slots[index] = .connecting(task)
+    }
+
+    private func connection(slot index: Int) async throws -> HTTP2Connection {
+        switch slots[index] {
+        case .ready(let connection) where connection.isUsable:
+            return connection
+        case .connecting(let task):
+            return try await settle(slot: index, task: task)
+        case .ready, .empty:
+            startConnecting(slot: index)
+            guard case .connecting(let task) = slots[index] else { throw APNsTransportError.closed }
+            return try await settle(slot: index, task: task)
+        }
+    }
+
+    private func settle(slot index: Int, task: Task<HTTP2Connection, any Error>) async throws -> HTTP2Connection {
+        do {
+            let connection = try await task.value
+            // Another caller may have settled the slot while this one waited; only the task's own waiters write.
+            if case .connecting(let current) = slots[index], current == task {
+                slots[index] = .ready(connection)
+                connectionsOpened += 1
+                logger.debug("APNs connection open", metadata: ["connection": "\(connection.id)"])
+            }
+            if isShutDown { await connection.close() }
+            return connection
+        } catch {
+            if case .connecting(let current) = slots[index], current == task { slots[index] = .empty }
+            logger.warning("APNs connection failed", metadata: ["host": "\(configuration.environment.host)",
+                                                                "error": "\(error)"])
+            throw error
+        }
+    }
+}

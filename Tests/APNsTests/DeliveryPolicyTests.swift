@@ -1,0 +1,224 @@
+import Foundation
+import Testing
+@testable import APNs
+
+/// The failure policy is a pure state machine, so every branch is checked here without a network; the
+/// same branches run again against the simulator in APNsClientTests.
+@Suite struct DeliveryPolicyTests {
+    let policy = APNsRetryPolicy(budget: .seconds(2), initialBackoff: .milliseconds(50), maximumBackoff: .milliseconds(800))
+
+    func rejected(_ reason: APNsReason, timestamp: Int64? = nil) -> APNsAttemptResult {
+        .rejected(APNsErrorResponse(status: reason.status, rawReason: reason.rawValue, timestamp: timestamp))
+    }
+
+    @Test func acceptedIsDelivered() {
+        var attempts = APNsDeliveryAttempts(policy: policy, tokenRegisteredAt: nil)
+        #expect(attempts.next(after: .accepted, elapsed: .zero, random: 0.5) == .delivered)
+        #expect(attempts.attempts == 1)
+    }
+
+    @Test(arguments: [APNsReason.badDeviceToken, .deviceTokenNotForTopic, .expiredToken])
+    func deadTokensAreDropped(reason: APNsReason) {
+        var attempts = APNsDeliveryAttempts(policy: policy, tokenRegisteredAt: Date())
+        guard case .failed(let failure) = attempts.next(after: rejected(reason), elapsed: .zero, random: 0.5) else {
+            Issue.record("expected failure"); return
+        }
+        #expect(failure.dropToken)
+        #expect(!failure.isConfigurationError)
+        #expect(failure.reason.label == reason.rawValue)
+    }
+
+    @Test func unregisteredDropsOnlyATokenThatDiedAfterItsRegistration() {
+        let registered = Date(timeIntervalSince1970: 1_700_000_000)
+        let before = Int64(registered.timeIntervalSince1970 * 1000) - 60_000
+        let after = Int64(registered.timeIntervalSince1970 * 1000) + 60_000
+        var old = APNsDeliveryAttempts(policy: policy, tokenRegisteredAt: registered)
+        var new = APNsDeliveryAttempts(policy: policy, tokenRegisteredAt: registered)
+        guard case .failed(let kept) = old.next(after: rejected(.unregistered, timestamp: before), elapsed: .zero, random: 0),
+              case .failed(let dropped) = new.next(after: rejected(.unregistered, timestamp: after), elapsed: .zero, random: 0) else {
+            Issue.record("expected failures"); return
+        }
+        #expect(!kept.dropToken, "the device re-registered after APNs saw the token die")
+        #expect(dropped.dropToken)
+    }
+
+    @Test func expiredProviderTokenRefreshesOnceThenGivesUp() {
+        var attempts = APNsDeliveryAttempts(policy: policy, tokenRegisteredAt: nil)
+        #expect(attempts.next(after: rejected(.expiredProviderToken), elapsed: .zero, random: 0.5)
+                == .retry(after: .zero, refreshProviderToken: true))
+        guard case .failed(let failure) = attempts.next(after: rejected(.expiredProviderToken), elapsed: .milliseconds(5), random: 0.5) else {
+            Issue.record("a second ExpiredProviderToken must end the push"); return
+        }
+        #expect(failure.isConfigurationError)
+        #expect(failure.attempts == 2)
+    }
+
+    @Test func tooManyRequestsBacksOffTheToken() {
+        var attempts = APNsDeliveryAttempts(policy: policy, tokenRegisteredAt: nil)
+        guard case .failed(let failure) = attempts.next(after: rejected(.tooManyRequests), elapsed: .zero, random: 0.5) else {
+            Issue.record("expected failure"); return
+        }
+        #expect(failure.backOffToken == policy.tooManyRequestsBackoff)
+        #expect(!failure.dropToken && !failure.isConfigurationError)
+    }
+
+    @Test(arguments: [APNsReason.internalServerError, .serviceUnavailable, .shutdown, .tooManyProviderTokenUpdates, .idleTimeout])
+    func transientRejectionsRetryWithoutANewJWT(reason: APNsReason) {
+        var attempts = APNsDeliveryAttempts(policy: policy, tokenRegisteredAt: nil)
+        guard case .retry(let delay, let refresh) = attempts.next(after: rejected(reason), elapsed: .zero, random: 0.5) else {
+            Issue.record("expected a retry for \(reason)"); return
+        }
+        #expect(!refresh)
+        #expect(delay == .milliseconds(25), "first backoff is 50 ms with the jitter at one half")
+    }
+
+    @Test(arguments: [APNsTransportFailure.goAway, .timeout, .connectionLost("reset"), .connectFailed("refused")])
+    func transportFailuresRetry(failure: APNsTransportFailure) {
+        var attempts = APNsDeliveryAttempts(policy: policy, tokenRegisteredAt: nil)
+        guard case .retry = attempts.next(after: .transport(failure), elapsed: .zero, random: 0.3) else {
+            Issue.record("expected a retry"); return
+        }
+    }
+
+    @Test func backoffDoublesUpToTheMaximum() {
+        var attempts = APNsDeliveryAttempts(policy: APNsRetryPolicy(budget: .seconds(100)), tokenRegisteredAt: nil)
+        var delays: [Duration] = []
+        for _ in 0..<7 {
+            if case .retry(let delay, _) = attempts.next(after: rejected(.serviceUnavailable), elapsed: .zero, random: 0.999_999) {
+                delays.append(delay)
+            }
+        }
+        let ms = delays.map { Int(($0 / .milliseconds(1)).rounded()) }
+        #expect(ms == [50, 100, 200, 400, 800, 800, 800])
+    }
+
+    @Test func retriesStopAtTheBudget() {
+        var attempts = APNsDeliveryAttempts(policy: policy, tokenRegisteredAt: nil)
+        guard case .failed(let failure) = attempts.next(after: rejected(.serviceUnavailable), elapsed: .milliseconds(1990), random: 0.9) else {
+            Issue.record("no time is left for another attempt"); return
+        }
+        #expect(failure.reason == .budgetExhausted(last: rejected(.serviceUnavailable)))
+        #expect(failure.reason.label == "BudgetExhausted")
+    }
+
+    @Test(arguments: APNsReason.allCases.filter {
+        ![.badDeviceToken, .deviceTokenNotForTopic, .expiredToken, .unregistered, .expiredProviderToken, .tooManyRequests,
+          .internalServerError, .serviceUnavailable, .shutdown, .tooManyProviderTokenUpdates, .idleTimeout].contains($0)
+    })
+    func everyOtherReasonIsAConfigurationErrorNeverRetried(reason: APNsReason) {
+        var attempts = APNsDeliveryAttempts(policy: policy, tokenRegisteredAt: nil)
+        guard case .failed(let failure) = attempts.next(after: rejected(reason), elapsed: .zero, random: 0.5) else {
+            Issue.record("\(reason) must not be retried"); return
+        }
+        #expect(failure.isConfigurationError)
+        #expect(!failure.dropToken)
+    }
+
+    @Test func unknownReasonsFollowTheStatusClass() {
+        var server = APNsDeliveryAttempts(policy: policy, tokenRegisteredAt: nil)
+        var client = APNsDeliveryAttempts(policy: policy, tokenRegisteredAt: nil)
+        let newServerError = APNsAttemptResult.rejected(APNsErrorResponse(status: 502, rawReason: "SomethingNew"))
+        let newClientError = APNsAttemptResult.rejected(APNsErrorResponse(status: 400, rawReason: "SomethingNew"))
+        guard case .retry = server.next(after: newServerError, elapsed: .zero, random: 0.5),
+              case .failed(let failure) = client.next(after: newClientError, elapsed: .zero, random: 0.5) else {
+            Issue.record("5xx retries, 4xx does not"); return
+        }
+        #expect(failure.reason.label == "Unknown")
+    }
+
+    @Test func tokenBackoffExpires() {
+        var table = APNsTokenBackoff()
+        let now = ContinuousClock.now
+        table.backOff("abcd", for: .seconds(30), now: now)
+        #expect(table.isBackedOff("abcd", now: now + .seconds(29)))
+        #expect(!table.isBackedOff("abcd", now: now + .seconds(30)))
+        #expect(!table.isBackedOff("ef01", now: now))
+    }
+
+    @Test func errorBodiesParse() {
+        let body = Array(#"{"reason":"Unregistered","timestamp":1700000000123}"#.utf8)
+        let parsed = APNsErrorResponse.parse(status: 410, body: body)
+        #expect(parsed.reason == .unregistered)
+        #expect(parsed.timestamp == 1_700_000_000_123)
+        let garbage = APNsErrorResponse.parse(status: 503, body: Array("<html>".utf8))
+        #expect(garbage.status == 503 && garbage.rawReason.isEmpty && garbage.reason == nil)
+    }
+
+    @Test func everyReasonHasItsDocumentedStatus() {
+        #expect(APNsReason.allCases.count == 33)
+        #expect(APNsReason.unregistered.status == 410)
+        #expect(APNsReason.tooManyProviderTokenUpdates.status == 429)
+        #expect(APNsReason.shutdown.status == 503)
+        #expect(APNsReason.methodNotAllowed.status == 405)
+        #expect(APNsReason.payloadTooLarge.status == 413)
+    }
+}
+
+@Suite struct ProviderTokenScheduleTests {
+    @Test func reusesForFiftyMinutesThenRefreshes() {
+        var schedule = ProviderTokenSchedule()
+        let t0 = Date(timeIntervalSince1970: 1_000_000)
+        #expect(schedule.needsNewToken(now: t0))
+        schedule.issued(at: t0)
+        #expect(!schedule.needsNewToken(now: t0.addingTimeInterval(49 * 60)))
+        #expect(schedule.needsNewToken(now: t0.addingTimeInterval(50 * 60)))
+        #expect(schedule.needsNewToken(now: t0.addingTimeInterval(-5)), "a clock that went back mints afresh")
+    }
+
+    @Test func onlyTheRejectedGenerationIsReplaced() {
+        var schedule = ProviderTokenSchedule()
+        schedule.issued(at: Date())
+        let rejected = schedule.generation
+        #expect(schedule.shouldReplace(generation: rejected))
+        schedule.issued(at: Date())
+        #expect(!schedule.shouldReplace(generation: rejected), "another push already replaced it")
+    }
+}
+
+@Suite struct PushRequestTests {
+    @Test func headersAreExactlyThePushToTalkSet() throws {
+        let id = UUID()
+        let channel = UUID()
+        let request = try APNsRequest.pushToTalk(
+            PushToTalkNotification(deviceToken: "ABCDEF0123", activeSpeaker: "Alice", channel: channel, id: id),
+            topic: "com.example.walkie.voip-ptt")
+        #expect(request.path == "/3/device/abcdef0123")
+        let headers = Dictionary(uniqueKeysWithValues: request.headers)
+        #expect(headers["apns-push-type"] == "pushtotalk")
+        #expect(headers["apns-topic"] == "com.example.walkie.voip-ptt")
+        #expect(headers["apns-priority"] == "10")
+        #expect(headers["apns-expiration"] == "0")
+        #expect(headers["apns-id"] == id.uuidString.lowercased())
+        let body = try JSONSerialization.jsonObject(with: Data(request.body)) as? [String: Any]
+        #expect(body?["activeSpeaker"] as? String == "Alice")
+        #expect(body?["channel"] as? String == channel.uuidString.lowercased())
+        #expect(body?["leave"] == nil)
+    }
+
+    @Test func aLeavePushHasNoSpeaker() throws {
+        let request = try APNsRequest.pushToTalk(
+            PushToTalkNotification(deviceToken: "abcd", activeSpeaker: nil, channel: UUID()), topic: "a.voip-ptt")
+        let body = try JSONSerialization.jsonObject(with: Data(request.body)) as? [String: Any]
+        #expect(body?["activeSpeaker"] == nil)
+        #expect(body?["leave"] as? Bool == true)
+    }
+
+    @Test func bodiesOver4096BytesAreRefusedBeforeSending() {
+        let name = String(repeating: "x", count: 4100)
+        #expect(throws: APNsRequestError.self) {
+            try APNsRequest.pushToTalk(PushToTalkNotification(deviceToken: "abcd", activeSpeaker: name, channel: UUID()), topic: "a.voip-ptt")
+        }
+        do {
+            _ = try APNsRequest.pushToTalk(PushToTalkNotification(deviceToken: "abcd", activeSpeaker: name, channel: UUID()), topic: "a.voip-ptt")
+        } catch {
+            guard case .payloadTooLarge(let bytes) = error else { Issue.record("wrong error \(error)"); return }
+            #expect(bytes > 4096)
+            #expect(error.description.contains("4096"))
+        }
+    }
+
+    @Test(arguments: ["", "abc", "zz", String(repeating: "a", count: 202), "ab cd"])
+    func malformedTokensAreRefused(token: String) {
+        #expect(!APNsRequest.isValidDeviceToken(token))
+    }
+}
