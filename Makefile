@@ -86,6 +86,9 @@ fuzz-build: deps
 	$(SWIFT)c -sanitize=fuzzer,address -parse-as-library -g -O -use-ld=lld -module-name AudioHeaderFuzz \
 	  $(FUZZ_DIR)/AudioHeaderFuzz.swift Sources/ChannelProtocol/AudioHeader.swift \
 	  -o $(FUZZ_BIN)/audio-header
+	$(SWIFT)c -sanitize=fuzzer,address -parse-as-library -g -O -use-ld=lld -module-name APNsRequestFuzz \
+	  $(FUZZ_DIR)/APNsRequestFuzz.swift Sources/APNsSimulator/APNsRequestValidation.swift \
+	  -o $(FUZZ_BIN)/apns-request
 
 fuzz: fuzz-build
 	@mkdir -p $(FUZZ_LOGS); for t in $(FUZZ_BIN)/*; do \

@@ -12,7 +12,7 @@ struct Squelchd: AsyncParsableCommand {
         abstract: "The Squelch push-to-talk server.",
         discussion: "Start it with 'squelchd serve'. Everything binds to 127.0.0.1 unless you say otherwise.",
         version: SquelchInfo.version,
-        subcommands: [Serve.self, Token.self, Channel.self])
+        subcommands: [Serve.self, Token.self, Channel.self, APNsSim.self])
 }
 
 struct Token: AsyncParsableCommand {
