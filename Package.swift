@@ -128,7 +128,7 @@ let package = Package(
         ], swiftSettings: swift6),
         .executableTarget(name: "squelch-bench", dependencies: [
             "Opus", "Audio", "SquelchInfo", "Wire", "WireNIO", "WireTesting", "SquelchTesting", "ChannelProtocol",
-            "ParticipantTokens",
+            "ParticipantTokens", "APNs", "APNsSimulator", "ChannelStore",
             .product(name: "NIOCore", package: "swift-nio"),
             .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
             .product(name: "Crypto", package: "swift-crypto"),
@@ -136,7 +136,7 @@ let package = Package(
         ], swiftSettings: swift6),
 
         .testTarget(name: "APNsTests", dependencies: [
-            "APNs", "APNsSimulator",
+            "APNs", "APNsSimulator", "SquelchTesting",
             .product(name: "NIOCore", package: "swift-nio"),
             .product(name: "NIOPosix", package: "swift-nio"),
             .product(name: "Crypto", package: "swift-crypto"),
@@ -167,7 +167,7 @@ let package = Package(
         .testTarget(name: "OpusTests", dependencies: ["Opus", "Audio"], swiftSettings: swift6),
         .testTarget(name: "AudioTests", dependencies: ["Audio"], swiftSettings: swift6),
         .testTarget(name: "PTTServerTests", dependencies: [
-            "PTTServer", "ChannelStore", "ChannelProtocol", "ParticipantTokens", "Wire", "WireNIO", "WireTesting",
+            "PTTServer", "APNsSimulator", "ChannelStore", "ChannelProtocol", "ParticipantTokens", "Wire", "WireNIO", "WireTesting",
             "SquelchTesting",
             .product(name: "Prometheus", package: "swift-prometheus"),
             .product(name: "NIOCore", package: "swift-nio"),

@@ -50,6 +50,7 @@ final class HTTP2Connection: Sendable {
         let muxBox = NIOLockedValueBox<NIOHTTP2Handler.StreamMultiplexer?>(nil)
         // SNI must not carry an IP literal; without a hostname NIOSSL checks the certificate against the address.
         let serverHostname: String? = isIPAddress(host) ? nil : host
+        // Completed by the server's first SETTINGS, after TLS and ALPN `h2`.
         let handshake = group.any().makePromise(of: Void.self)
         let bootstrap = ClientBootstrap(group: group)
             .connectTimeout(.nanoseconds(Int64(connectTimeout.components.seconds) * 1_000_000_000
@@ -183,6 +184,9 @@ final class ConnectionWatcher: ChannelInboundHandler {
             for setting in settings where setting.parameter == .maxConcurrentStreams {
                 state.withLockedValue { $0.maxConcurrentStreams = setting.value }
             }
+            // The server's first SETTINGS carry its stream limit; until they arrive NIOHTTP2 assumes none,
+            // and a burst of pushes would open more streams than APNs allows before authentication.
+            handshake.succeed(())
         case .goAway:
             // Streams above the GOAWAY's last stream id are closed by NIOHTTP2 and report `.goAway`;
             // the ones below still complete. No new pushes go here.
@@ -199,7 +203,6 @@ final class ConnectionWatcher: ChannelInboundHandler {
     func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
         if let tls = event as? TLSUserEvent, case .handshakeCompleted(let negotiated) = tls {
             if negotiated == "h2" {
-                handshake.succeed(())
                 startKeepalive(context: context)
             } else {
                 handshake.fail(APNsConnectionError.noHTTP2(negotiated: negotiated))

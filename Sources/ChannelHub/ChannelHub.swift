@@ -113,6 +113,17 @@ public final class ChannelHub {
         if member.pushToken != nil { outputs.append(.memberGone(channel: id, member: member.record(channel: id, lastSeen: time.date))) }
     }
 
+    /// APNs called a member's push token dead. It is forgotten unless the device registered a new one
+    /// meanwhile (the push was for the old token).
+    public func pushTokenRejected(channel id: UUID, user: String, token: String) {
+        guard let channel = channels[id], let slot = channel.slotsByUser[user],
+              channel.members[slot]?.pushToken == token.lowercased() else { return }
+        channel.members[slot]!.pushToken = nil
+        channel.members[slot]!.pushEnvironment = nil
+        channel.members[slot]!.pushRegisteredAt = nil
+        outputs.append(.store(.clearPushToken(channel: id, user: user)))
+    }
+
     /// The server is going down: every member hears that service is unavailable, bursts in progress
     /// are logged. The driver then closes connections with `CloseCode.goingAway`.
     public func shutdown(reason: String, at time: HubTime) {
@@ -179,12 +190,10 @@ public final class ChannelHub {
         case .join: break
         case .leave:
             sessions[link] = nil
-            let member = channel.members[slot]!
             forget(channel, slot: slot, at: time)
+            // No leave push: the device left by itself, and its token died with the channel (reference §1.5).
+            // The membership, token included, goes from the store with `forget`.
             outputs.append(.close(link, code: .normal, reason: "left the channel"))
-            if member.pushToken != nil {
-                outputs.append(.memberGone(channel: channel.record.id, member: member.record(channel: channel.record.id, lastSeen: time.date)))
-            }
         case .floorRequest:
             let member = channel.members[slot]!
             channel.floor.request(slot, priority: member.priority, canTalk: member.canTalk, now: time.instant.nanoseconds)
@@ -317,10 +326,15 @@ public final class ChannelHub {
                 outputs.append(.send(.floor(FloorEvent(kind: .taken, slot: slot, burst: UInt16(truncatingIfNeeded: burst))),
                                      to: channel.links(except: slot)))
                 outputs.append(.send(.participant(member.participant), to: channel.connectedLinks))
-                let wake = channel.members.values.filter { $0.link == nil && $0.pushToken != nil && $0.canListen }
-                    .map { $0.record(channel: channel.record.id, lastSeen: time.date) }
-                if !wake.isEmpty {
-                    outputs.append(.burstStarted(channel: channel.record.id, talker: member.participant, wake: wake))
+                var wake: [MemberRecord] = []
+                var connected: [WakeCandidate] = []
+                for other in channel.members.values where other.pushToken != nil && other.canListen && other.slot != slot {
+                    let record = other.record(channel: channel.record.id, lastSeen: time.date)
+                    if let link = other.link { connected.append(WakeCandidate(member: record, link: link)) } else { wake.append(record) }
+                }
+                if !wake.isEmpty || !connected.isEmpty {
+                    outputs.append(.burstStarted(channel: channel.record.id, talker: member.participant, wake: wake,
+                                                 connected: connected))
                 }
             case .denied(let slot, let reason):
                 counters.floorDenials += 1

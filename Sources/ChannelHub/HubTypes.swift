@@ -47,10 +47,23 @@ public enum HubOutput: Sendable, Equatable {
     case verify(Link, token: String, channel: UUID, reason: JoinReason)
     /// Write to the store (asynchronously, in order; the relay never waits for it).
     case store(StoreOperation)
-    /// A talk burst started: members with a push token and no live connection should be woken.
-    case burstStarted(channel: UUID, talker: Participant, wake: [MemberRecord])
-    /// A member left or was removed: its device should be told to leave the channel by push.
+    /// A talk burst started. Members in `wake` have a push token and no connection; those in `connected`
+    /// have both, and the driver wakes the ones whose connection has gone silent (the hub sees no
+    /// transport keepalives, the driver does).
+    case burstStarted(channel: UUID, talker: Participant, wake: [MemberRecord], connected: [WakeCandidate])
+    /// An administrator removed the member or deleted the channel: its device should be told to leave by push.
     case memberGone(channel: UUID, member: MemberRecord)
+}
+
+/// A member with a push token and a live-looking connection, at a burst's start.
+public struct WakeCandidate: Sendable, Equatable {
+    public var member: MemberRecord
+    public var link: Link
+
+    public init(member: MemberRecord, link: Link) {
+        self.member = member
+        self.link = link
+    }
 }
 
 /// A write the hub wants persisted.
@@ -59,6 +72,8 @@ public enum StoreOperation: Sendable, Equatable {
     case touchMember(channel: UUID, user: String, lastSeen: Date)
     case setPushToken(channel: UUID, user: String, token: String, environment: PushEnvironment, registeredAt: Date)
     case removeMember(channel: UUID, user: String)
+    /// APNs said the token is dead.
+    case clearPushToken(channel: UUID, user: String)
     case logTransmission(TransmissionRecord)
 }
 

@@ -20,8 +20,8 @@ final class HubDriver: WireServerDelegate {
     let logger: Logger
     let metrics: ServerMetrics?
     let codec = MessageCodec()
-    /// Where burst-start and member-gone events go (the push dispatcher); nil: pushes are off.
-    var pushes: (@Sendable (HubOutput) -> Void)?
+    /// Sends the wake and leave pushes; nil: pushes are off.
+    var pushes: PushDispatcher?
     weak var server: WireServer?
     var timer = LoopTimer()
     var published = HubCounters()
@@ -92,19 +92,37 @@ final class HubDriver: WireServerDelegate {
                 verify(link, token: token, channel: channel, reason: reason)
             case .store(let operation):
                 writer.enqueue(operation)
-            case .burstStarted, .memberGone:
-                pushes?(output)
+            case .burstStarted(let channel, let talker, let wake, let connected):
+                guard let pushes else { continue }
+                let silent = connected.filter { !isLive($0.link) }.map(\.member)
+                pushes.wake(channel: channel, speaker: talker.name, members: wake + silent)
+            case .memberGone(let channel, let member):
+                pushes?.leave(channel: channel, member: member)
             }
         }
         armTimer()
     }
 
+    /// A client in the foreground PINGs every 15 s; one silent for longer than two of those (plus slack
+    /// for loss) is asleep or gone as far as audio goes, even while its session is kept for a fast resume.
+    static let livenessWindow: UInt64 = 35_000_000_000
+
+    func isLive(_ link: Link) -> Bool {
+        guard let connection = server?.endpoint.connection(link) else { return false }
+        return WireNIO.now().since(connection.lastReceiveTime) < Self.livenessWindow
+    }
+
+    /// Set once the voice service has stopped: no more timers, so a stopped hub holds no event-loop work.
+    var stopped = false
+
     func armTimer() {
+        guard !stopped else { timer.cancel(); return }
         timer.arm(hub.nextDeadline, on: eventLoop) { [self] in
             timer.fired()
-            if let server {
-                hub.handleTimeout(at: Self.now()) { packet, link in server.sendDatagram(packet, to: link) }
-            }
+            // Always let the hub pass its deadlines, even once the transport is gone: a deadline left in
+            // the past would re-arm at once and spin the event loop (other servers' connections share it).
+            let server = self.server
+            hub.handleTimeout(at: Self.now()) { packet, link in server?.sendDatagram(packet, to: link) ?? false }
             flush()
         }
     }

@@ -45,6 +45,28 @@ public struct ServerConfiguration: Sendable, Equatable {
     /// Floor requests a channel queues while the floor is taken.
     public var maxQueue: Int = 16
     public var logLevel: Logger.Level = .info
+    /// Where wake pushes go: `simulator` (a local APNs simulator started inside squelchd, the default),
+    /// `apple` (api.push.apple.com, or the sandbox for sandbox tokens), `off`, or an `https://host:port`
+    /// URL of another APNs-compatible server.
+    public var apns: String = "simulator"
+    /// The APNs provider key (.p8) pushes are signed with.
+    public var apnsKeyPath: String = "certs/AuthKey_DEVKEY0001.p8"
+    /// The key's 10-character Key ID.
+    public var apnsKeyID: String = "DEVKEY0001"
+    /// The 10-character Team ID the key belongs to.
+    public var apnsTeamID: String = "DEVTEAM001"
+    /// `<bundle id>.voip-ptt` of the app the pushes wake.
+    public var apnsTopic: String = "org.squelch.walkie.voip-ptt"
+    /// CA that signs the simulator's (or a custom server's) certificate; unused with `apple`.
+    public var apnsCAPath: String = "certs/ca.pem"
+    /// HTTP/2 connections kept open to APNs (per environment with `apple`).
+    public var apnsPoolSize: Int = 2
+    /// Ports of the embedded simulator: APNs (HTTP/2, TLS) and its control API (push log, devices).
+    public var apnsSimulatorPort: Int = 2197
+    public var apnsSimulatorControlPort: Int = 2198
+    /// TLS certificate and key the embedded simulator serves.
+    public var apnsSimulatorCertPath: String = "certs/apns-sim.pem"
+    public var apnsSimulatorKeyPath: String = "certs/apns-sim.key"
 
     public static let portRange = 0...65_535
     public static let maxConnectionsRange = 1...1_000_000
@@ -145,6 +167,29 @@ public struct ServerConfiguration: Sendable, Equatable {
                     defaultDescription: "\(defaults.maxQueue)", kind: .int(\.maxQueue)),
             Setting(key: "logLevel", environment: "SQUELCH_LOG_LEVEL", flag: "--log-level",
                     defaultDescription: defaults.logLevel.rawValue, kind: .string(\.logLevel)),
+            Setting(key: "apns", environment: "SQUELCH_APNS", flag: "--apns",
+                    defaultDescription: defaults.apns, kind: .string(\.apns)),
+            Setting(key: "apnsKeyPath", environment: "SQUELCH_APNS_KEY", flag: "--apns-key",
+                    defaultDescription: defaults.apnsKeyPath, kind: .string(\.apnsKeyPath)),
+            Setting(key: "apnsKeyID", environment: "SQUELCH_APNS_KEY_ID", flag: "--apns-key-id",
+                    defaultDescription: defaults.apnsKeyID, kind: .string(\.apnsKeyID)),
+            Setting(key: "apnsTeamID", environment: "SQUELCH_APNS_TEAM_ID", flag: "--apns-team-id",
+                    defaultDescription: defaults.apnsTeamID, kind: .string(\.apnsTeamID)),
+            Setting(key: "apnsTopic", environment: "SQUELCH_APNS_TOPIC", flag: "--apns-topic",
+                    defaultDescription: defaults.apnsTopic, kind: .string(\.apnsTopic)),
+            Setting(key: "apnsCAPath", environment: "SQUELCH_APNS_CA", flag: "--apns-ca",
+                    defaultDescription: defaults.apnsCAPath, kind: .string(\.apnsCAPath)),
+            Setting(key: "apnsPoolSize", environment: "SQUELCH_APNS_POOL_SIZE", flag: "--apns-pool-size",
+                    defaultDescription: "\(defaults.apnsPoolSize)", kind: .int(\.apnsPoolSize)),
+            Setting(key: "apnsSimulatorPort", environment: "SQUELCH_APNS_SIMULATOR_PORT", flag: "--apns-simulator-port",
+                    defaultDescription: "\(defaults.apnsSimulatorPort)", kind: .int(\.apnsSimulatorPort)),
+            Setting(key: "apnsSimulatorControlPort", environment: "SQUELCH_APNS_SIMULATOR_CONTROL_PORT",
+                    flag: "--apns-simulator-control-port",
+                    defaultDescription: "\(defaults.apnsSimulatorControlPort)", kind: .int(\.apnsSimulatorControlPort)),
+            Setting(key: "apnsSimulatorCertPath", environment: "SQUELCH_APNS_SIMULATOR_CERT", flag: "--apns-simulator-cert",
+                    defaultDescription: defaults.apnsSimulatorCertPath, kind: .string(\.apnsSimulatorCertPath)),
+            Setting(key: "apnsSimulatorKeyPath", environment: "SQUELCH_APNS_SIMULATOR_KEY", flag: "--apns-simulator-key",
+                    defaultDescription: defaults.apnsSimulatorKeyPath, kind: .string(\.apnsSimulatorKeyPath)),
         ]
     }
 
@@ -196,6 +241,17 @@ public struct ServerConfiguration: Sendable, Equatable {
         if let value = layer.fullDuplexMaxTalkers { fullDuplexMaxTalkers = value }
         if let value = layer.disconnectGraceSeconds { disconnectGraceSeconds = value }
         if let value = layer.maxQueue { maxQueue = value }
+        if let value = layer.apns { apns = value }
+        if let value = layer.apnsKeyPath { apnsKeyPath = value }
+        if let value = layer.apnsKeyID { apnsKeyID = value }
+        if let value = layer.apnsTeamID { apnsTeamID = value }
+        if let value = layer.apnsTopic { apnsTopic = value }
+        if let value = layer.apnsCAPath { apnsCAPath = value }
+        if let value = layer.apnsPoolSize { apnsPoolSize = value }
+        if let value = layer.apnsSimulatorPort { apnsSimulatorPort = value }
+        if let value = layer.apnsSimulatorControlPort { apnsSimulatorControlPort = value }
+        if let value = layer.apnsSimulatorCertPath { apnsSimulatorCertPath = value }
+        if let value = layer.apnsSimulatorKeyPath { apnsSimulatorKeyPath = value }
         if let value = layer.logLevel {
             guard let level = Logger.Level(rawValue: value.lowercased()) else {
                 let levels = Logger.Level.allCases.map(\.rawValue).joined(separator: ", ")
@@ -336,6 +392,47 @@ public struct ServerConfiguration: Sendable, Equatable {
                   "disconnect grace \(disconnectGraceSeconds.formatted()) s is out of range; use 0-\(Self.disconnectGraceRange.upperBound.formatted()) seconds")
         try check(Self.maxQueueRange.contains(maxQueue), "maxQueue",
                   "floor queue length \(maxQueue) is out of range; use \(Self.maxQueueRange.lowerBound)-\(Self.maxQueueRange.upperBound)")
+        try validateAPNs()
+    }
+
+    /// Where pushes go, as `apns` names it.
+    public enum PushTarget: Sendable, Equatable {
+        case off, simulator, apple
+        case custom(host: String, port: Int)
+    }
+
+    /// `apns` parsed; `validate()` has already refused anything else.
+    public var pushTarget: PushTarget {
+        switch apns.lowercased() {
+        case "off": return .off
+        case "simulator": return .simulator
+        case "apple": return .apple
+        default:
+            let url = URL(string: apns)
+            return .custom(host: url?.host ?? "", port: url?.port ?? 443)
+        }
+    }
+
+    func validateAPNs() throws(ConfigurationError) {
+        func check(_ ok: Bool, _ key: String, _ problem: String) throws(ConfigurationError) {
+            guard !ok else { return }
+            throw .invalidValue("\(problem); set it with \(Self.setting(key).howToSet)")
+        }
+        if !["off", "simulator", "apple"].contains(apns.lowercased()) {
+            let url = URL(string: apns)
+            let path = url?.path ?? ""
+            try check(url?.scheme == "https" && !(url?.host ?? "").isEmpty && (path.isEmpty || path == "/"), "apns",
+                      "apns '\(apns)' is not simulator, apple, off or an https://host[:port] URL")
+        }
+        guard pushTarget != .off else { return }
+        try check(apnsKeyID.count == 10, "apnsKeyID", "the APNs key ID '\(apnsKeyID)' must be the 10-character Key ID from the Apple Developer account")
+        try check(apnsTeamID.count == 10, "apnsTeamID", "the APNs team ID '\(apnsTeamID)' must be the 10-character Team ID")
+        try check(apnsTopic.hasSuffix(".voip-ptt") && apnsTopic.count > 9, "apnsTopic",
+                  "the APNs topic '\(apnsTopic)' must be '<bundle id>.voip-ptt' for pushtotalk pushes")
+        try check((1...64).contains(apnsPoolSize), "apnsPoolSize", "APNs pool size \(apnsPoolSize) is out of range; use 1-64")
+        try check(Self.portRange.contains(apnsSimulatorPort), "apnsSimulatorPort", "simulator port \(apnsSimulatorPort) is out of range; use 1-65535, or 0")
+        try check(Self.portRange.contains(apnsSimulatorControlPort), "apnsSimulatorControlPort",
+                  "simulator control port \(apnsSimulatorControlPort) is out of range; use 1-65535, or 0")
     }
 
     /// Checks the values and creates the data directory.
@@ -434,12 +531,26 @@ public struct ConfigurationOverrides: Sendable, Equatable {
     public var disconnectGraceSeconds: Double?
     public var maxQueue: Int?
     public var logLevel: String?
+    public var apns: String?
+    public var apnsKeyPath: String?
+    public var apnsKeyID: String?
+    public var apnsTeamID: String?
+    public var apnsTopic: String?
+    public var apnsCAPath: String?
+    public var apnsPoolSize: Int?
+    public var apnsSimulatorPort: Int?
+    public var apnsSimulatorControlPort: Int?
+    public var apnsSimulatorCertPath: String?
+    public var apnsSimulatorKeyPath: String?
 
     public init(dataDirectory: String? = nil, host: String? = nil, port: Int? = nil, adminHost: String? = nil,
                 adminPort: Int? = nil, adminKey: String? = nil, adminKeyFile: String? = nil,
                 certificateChainPath: String? = nil, privateKeyPath: String? = nil, maxConnections: Int? = nil, handshakesPerSecondPerAddress: Int? = nil,
                 fullDuplexMaxTalkers: Int? = nil, disconnectGraceSeconds: Double? = nil, maxQueue: Int? = nil,
-                logLevel: String? = nil) {
+                logLevel: String? = nil, apns: String? = nil, apnsKeyPath: String? = nil, apnsKeyID: String? = nil,
+                apnsTeamID: String? = nil, apnsTopic: String? = nil, apnsCAPath: String? = nil, apnsPoolSize: Int? = nil,
+                apnsSimulatorPort: Int? = nil, apnsSimulatorControlPort: Int? = nil, apnsSimulatorCertPath: String? = nil,
+                apnsSimulatorKeyPath: String? = nil) {
         self.dataDirectory = dataDirectory
         self.host = host
         self.port = port
@@ -455,5 +566,16 @@ public struct ConfigurationOverrides: Sendable, Equatable {
         self.disconnectGraceSeconds = disconnectGraceSeconds
         self.maxQueue = maxQueue
         self.logLevel = logLevel
+        self.apns = apns
+        self.apnsKeyPath = apnsKeyPath
+        self.apnsKeyID = apnsKeyID
+        self.apnsTeamID = apnsTeamID
+        self.apnsTopic = apnsTopic
+        self.apnsCAPath = apnsCAPath
+        self.apnsPoolSize = apnsPoolSize
+        self.apnsSimulatorPort = apnsSimulatorPort
+        self.apnsSimulatorControlPort = apnsSimulatorControlPort
+        self.apnsSimulatorCertPath = apnsSimulatorCertPath
+        self.apnsSimulatorKeyPath = apnsSimulatorKeyPath
     }
 }

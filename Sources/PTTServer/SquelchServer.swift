@@ -1,5 +1,8 @@
+import APNs
+import APNsSimulator
 import ChannelStore
 import Foundation
+import NIOConcurrencyHelpers
 import Hummingbird
 import Logging
 import ParticipantTokens
@@ -36,6 +39,9 @@ public struct SquelchServer: Sendable {
         public var adminPort: Int
         /// Starts a graceful shutdown, as SIGTERM does.
         public var shutdown: @Sendable () async -> Void
+        /// The embedded APNs simulator, when `apns` is `simulator`.
+        public var apnsSimulator: APNsSimulator?
+        public var apnsSimulatorEndpoints: APNsSimulatorEndpoints?
     }
 
     /// The admin application around `context`. `onListening` receives the bound port (useful with port 0).
@@ -65,20 +71,33 @@ public struct SquelchServer: Sendable {
         let tokens = try await TokenAuthority.loadOrCreate(in: configuration.dataDirectory)
         let metrics = ServerMetrics()
         let writer = StoreWriter(store: store, metrics: metrics, logger: logger)
-        let latch = ReadyLatch(onReady: onReady)
+        let push = try await PushSetup.make(configuration: configuration, logger: logger)
+        let latch = ReadyLatch(onReady: onReady, simulator: push.simulator)
+        let voiceBox = NIOLockedValueBox<VoiceService?>(nil)
+        let dispatcher = push.route.map { route in
+            PushDispatcher(route: route, registry: metrics.registry, logger: logger) { channel, user, token in
+                await voiceBox.withLockedValue { $0 }?.pushTokenRejected(channel: channel, user: user, token: token)
+            }
+        }
         let voice = VoiceService(configuration: configuration, identity: identity, store: store, tokens: tokens,
-                                 writer: writer, metrics: metrics, logger: logger,
+                                 writer: writer, metrics: metrics, logger: logger, pushes: dispatcher,
                                  onListening: { address in await latch.voice(address.port ?? 0) })
+        voiceBox.withLockedValue { $0 = voice }
         let admin = AdminContext(
             store: store, tokens: tokens, adminKey: try configuration.resolveAdminKey(), hub: voice,
             registry: metrics.registry, identitySummary: identity.summary,
             readiness: { voice.isRunning ? .ready : .unavailable(reason: "the voice transport is not running") })
+        // Services stop in reverse order: the admin API, then the voice transport (no new bursts), then the
+        // pushes already queued, then the simulator they may be going to, and the database last.
+        var services: [ServiceGroupConfiguration.ServiceConfiguration] = [
+            .init(service: StoreService(writer: writer, store: store, logger: logger)),
+        ]
+        if let (simulator, _) = push.simulator { services.append(.init(service: SimulatorService(simulator: simulator, logger: logger))) }
+        if let dispatcher { services.append(.init(service: dispatcher)) }
+        services.append(.init(service: voice))
+        services.append(.init(service: adminApplication(context: admin, onListening: { await latch.admin($0) })))
         let group = ServiceGroup(configuration: .init(
-            services: [
-                .init(service: StoreService(writer: writer, store: store, logger: logger)),
-                .init(service: voice),
-                .init(service: adminApplication(context: admin, onListening: { await latch.admin($0) })),
-            ],
+            services: services,
             gracefulShutdownSignals: [.sigterm, .sigint],
             logger: logger))
         await latch.setGroup(group)
@@ -90,11 +109,15 @@ public struct SquelchServer: Sendable {
 /// Calls `onReady` once both the voice and the admin port are known.
 actor ReadyLatch {
     let onReady: @Sendable (SquelchServer.Listening) async -> Void
+    let simulator: (APNsSimulator, APNsSimulatorEndpoints)?
     var voicePort: Int?
     var adminPort: Int?
     var group: ServiceGroup?
 
-    init(onReady: @escaping @Sendable (SquelchServer.Listening) async -> Void) { self.onReady = onReady }
+    init(onReady: @escaping @Sendable (SquelchServer.Listening) async -> Void, simulator: (APNsSimulator, APNsSimulatorEndpoints)?) {
+        self.onReady = onReady
+        self.simulator = simulator
+    }
 
     func setGroup(_ group: ServiceGroup) async {
         self.group = group
@@ -115,6 +138,7 @@ actor ReadyLatch {
         guard let voicePort, let adminPort, let group else { return }
         self.group = nil  // fire once
         await onReady(SquelchServer.Listening(voicePort: voicePort, adminPort: adminPort,
-                                              shutdown: { await group.triggerGracefulShutdown() }))
+                                              shutdown: { await group.triggerGracefulShutdown() },
+                                              apnsSimulator: simulator?.0, apnsSimulatorEndpoints: simulator?.1))
     }
 }

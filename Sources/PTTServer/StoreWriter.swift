@@ -46,6 +46,8 @@ public final class StoreWriter: Sendable {
             try await store.setPushToken(channel: channel, user: user, token: token, environment: environment, registeredAt: registeredAt)
         case .removeMember(let channel, let user):
             do { try await store.removeMember(channel: channel, user: user) } catch .memberNotFound {}
+        case .clearPushToken(let channel, let user):
+            do { try await store.clearPushToken(channel: channel, user: user) } catch .memberNotFound {}
         case .logTransmission(let record): try await store.logTransmission(record)
         }
     }

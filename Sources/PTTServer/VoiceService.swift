@@ -29,6 +29,7 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
     let metrics: ServerMetrics
     let logger: Logger
     let onListening: @Sendable (SocketAddress) async -> Void
+    let pushes: PushDispatcher?
     let running = NIOLockedValueBox<Running?>(nil)
 
     /// Store names of the transport keys that must outlive a restart: the reset key (so a restarted
@@ -38,8 +39,9 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
     static let addressTokenKeyName = "transport-address-token-key"
 
     public init(configuration: ServerConfiguration, identity: ServerIdentity, store: any ChannelStore, tokens: TokenAuthority,
-                writer: StoreWriter, metrics: ServerMetrics, logger: Logger,
+                writer: StoreWriter, metrics: ServerMetrics, logger: Logger, pushes: PushDispatcher? = nil,
                 onListening: @escaping @Sendable (SocketAddress) async -> Void = { _ in }) {
+        self.pushes = pushes
         self.configuration = configuration
         self.identity = identity
         self.store = store
@@ -67,6 +69,7 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
         let channelCount = hub.channelCount
         let eventLoop = MultiThreadedEventLoopGroup.singleton.next()
         let driver = HubDriver(hub: hub, eventLoop: eventLoop, tokens: tokens, writer: writer, metrics: metrics, logger: logger)
+        driver.pushes = pushes
         let box = NIOLoopBoundBox.makeBoxSendingValue(driver, as: HubDriver.self, eventLoop: eventLoop)
         var endpointConfiguration = EndpointConfiguration()
         endpointConfiguration.maxConnections = configuration.maxConnections
@@ -104,6 +107,10 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
             box.value.publish(to: self.metrics)
         }.get()
         await server.stop(closingConnections: true, code: CloseCode.goingAway.rawValue, reason: "server shutting down")
+        try? await eventLoop.submit {
+            box.value.stopped = true
+            box.value.armTimer()
+        }.get()
         writer.finish()
     }
 
@@ -155,6 +162,11 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
 
     public func memberRemoved(channel: UUID, user: String) async {
         _ = await onLoop { $0.hub.removeMember(channel: channel, user: user, at: HubDriver.now()) }
+    }
+
+    /// APNs called a member's token dead: forget it in the hub, which forgets it in the store.
+    public func pushTokenRejected(channel: UUID, user: String, token: String) async {
+        _ = await onLoop { $0.hub.pushTokenRejected(channel: channel, user: user, token: token) }
     }
 
     public func roster(of channel: UUID) async -> [Participant] {

@@ -174,7 +174,8 @@ public final class Connection {
     var keepAliveDeadline: WireInstant?
     var handshakeDeadline: WireInstant?
     var closeDeadline: WireInstant?
-    var lastReceiveTime: WireInstant
+    /// When the peer was last heard from (any authenticated packet, keepalive PINGs included).
+    public internal(set) var lastReceiveTime: WireInstant
     var ackElicitingSentSinceReceive = false
     /// Whether to send keepalive PINGs (turn off while an app is in the background).
     public var keepAlive: Bool

@@ -10,7 +10,7 @@ struct Bench: AsyncParsableCommand {
         commandName: "squelch-bench",
         abstract: "Squelch benchmarks. Build in release mode (make bench) before trusting a figure.",
         version: SquelchInfo.version,
-        subcommands: [All.self, Codec.self, Transport.self, Fanout.self, WireEcho.self])
+        subcommands: [All.self, Codec.self, Transport.self, Fanout.self, Push.self, WireEcho.self])
 }
 
 struct All: AsyncParsableCommand {
@@ -19,6 +19,7 @@ struct All: AsyncParsableCommand {
         try Codec().run()
         try await Transport().run()
         try await Fanout.parse([]).run()
+        try await Push.parse([]).run()
     }
 }
 

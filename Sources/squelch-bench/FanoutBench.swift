@@ -207,24 +207,6 @@ struct FanoutRun {
         return String(decoding: data, as: UTF8.self)
     }
 
-    func lastPort(in line: String) -> Int? {
-        guard let range = line.range(of: #"127\.0\.0\.1:(\d+)"#, options: [.regularExpression, .backwards]) else { return nil }
-        return Int(line[range].split(separator: ":").last ?? "")
-    }
-
-    /// User plus system CPU time of a process, from /proc/<pid>/stat (clock ticks).
-    func cpuSeconds(_ pid: Int32) throws -> Double {
-        let stat = try String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8)
-        // Fields after the command name (which may contain spaces) start after the last ')'.
-        guard let close = stat.lastIndex(of: ")") else { throw ValidationError("unreadable /proc/\(pid)/stat") }
-        let fields = stat[stat.index(after: close)...].split(separator: " ")
-        // fields[0] is the state (field 3); utime and stime are fields 14 and 15.
-        guard fields.count > 13, let user = Double(fields[11]), let system = Double(fields[12]) else {
-            throw ValidationError("unreadable /proc/\(pid)/stat")
-        }
-        return (user + system) / Double(sysconf(Int32(_SC_CLK_TCK)))
-    }
-
     /// The server's /metrics as name{labels} → value.
     func scrape(_ port: Int) async throws -> [String: Double] {
         let (data, _) = try await URLSession.shared.data(from: URL(string: "http://127.0.0.1:\(port)/metrics")!)
@@ -235,6 +217,24 @@ struct FanoutRun {
         }
         return values
     }
+}
+
+func lastPort(in line: String) -> Int? {
+    guard let range = line.range(of: #"127\.0\.0\.1:(\d+)"#, options: [.regularExpression, .backwards]) else { return nil }
+    return Int(line[range].split(separator: ":").last ?? "")
+}
+
+/// User plus system CPU time of a process, from /proc/<pid>/stat (clock ticks).
+func cpuSeconds(_ pid: Int32) throws -> Double {
+    let stat = try String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8)
+    // Fields after the command name (which may contain spaces) start after the last ')'.
+    guard let close = stat.lastIndex(of: ")") else { throw ValidationError("unreadable /proc/\(pid)/stat") }
+    let fields = stat[stat.index(after: close)...].split(separator: " ")
+    // fields[0] is the state (field 3); utime and stime are fields 14 and 15.
+    guard fields.count > 13, let user = Double(fields[11]), let system = Double(fields[12]) else {
+        throw ValidationError("unreadable /proc/\(pid)/stat")
+    }
+    return (user + system) / Double(sysconf(Int32(_SC_CLK_TCK)))
 }
 
 /// Quantiles from a Prometheus histogram's buckets, interpolated within a bucket.

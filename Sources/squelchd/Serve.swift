@@ -62,13 +62,49 @@ struct Serve: AsyncParsableCommand {
     @Option(help: ArgumentHelp(ServerConfiguration.help("logLevel", "Log level: trace, debug, info, notice, warning, error, critical."), valueName: "level"))
     var logLevel: String?
 
+    @Option(help: ArgumentHelp(ServerConfiguration.help("apns", "Where wake pushes go: simulator (started inside squelchd), apple (api.push.apple.com and its sandbox, by each token's environment), off, or an https://host:port URL."), valueName: "target"))
+    var apns: String?
+
+    @Option(help: ArgumentHelp(ServerConfiguration.help("apnsKeyPath", "APNs provider key (.p8) that signs the push JWTs."), valueName: "path"))
+    var apnsKey: String?
+
+    @Option(help: ArgumentHelp(ServerConfiguration.help("apnsKeyID", "The .p8 key's 10-character Key ID."), valueName: "id"))
+    var apnsKeyId: String?
+
+    @Option(help: ArgumentHelp(ServerConfiguration.help("apnsTeamID", "The 10-character Apple Team ID."), valueName: "id"))
+    var apnsTeamId: String?
+
+    @Option(help: ArgumentHelp(ServerConfiguration.help("apnsTopic", "Push topic: <bundle id>.voip-ptt."), valueName: "topic"))
+    var apnsTopic: String?
+
+    @Option(help: ArgumentHelp(ServerConfiguration.help("apnsCAPath", "CA certificate trusted for the simulator or a custom APNs URL."), valueName: "path"))
+    var apnsCa: String?
+
+    @Option(help: ArgumentHelp(ServerConfiguration.help("apnsPoolSize", "HTTP/2 connections kept open to APNs, 1-64."), valueName: "n"))
+    var apnsPoolSize: Int?
+
+    @Option(help: ArgumentHelp(ServerConfiguration.help("apnsSimulatorPort", "Port of the embedded APNs simulator (0: any free port)."), valueName: "port"))
+    var apnsSimulatorPort: Int?
+
+    @Option(help: ArgumentHelp(ServerConfiguration.help("apnsSimulatorControlPort", "Port of the simulator's control API: push log, simulated devices."), valueName: "port"))
+    var apnsSimulatorControlPort: Int?
+
+    @Option(help: ArgumentHelp(ServerConfiguration.help("apnsSimulatorCertPath", "TLS certificate the embedded simulator serves."), valueName: "path"))
+    var apnsSimulatorCert: String?
+
+    @Option(help: ArgumentHelp(ServerConfiguration.help("apnsSimulatorKeyPath", "Private key of the simulator's certificate."), valueName: "path"))
+    var apnsSimulatorKey: String?
+
     var overrides: ConfigurationOverrides {
         ConfigurationOverrides(
             dataDirectory: dataDir, host: host, port: port, adminHost: adminHost, adminPort: adminPort,
             adminKeyFile: adminKeyFile, certificateChainPath: cert, privateKeyPath: key, maxConnections: maxConnections,
             handshakesPerSecondPerAddress: handshakesPerSecondPerAddress,
             fullDuplexMaxTalkers: fullDuplexMaxTalkers, disconnectGraceSeconds: disconnectGraceSeconds, maxQueue: maxQueue,
-            logLevel: logLevel)
+            logLevel: logLevel, apns: apns, apnsKeyPath: apnsKey, apnsKeyID: apnsKeyId, apnsTeamID: apnsTeamId,
+            apnsTopic: apnsTopic, apnsCAPath: apnsCa, apnsPoolSize: apnsPoolSize, apnsSimulatorPort: apnsSimulatorPort,
+            apnsSimulatorControlPort: apnsSimulatorControlPort, apnsSimulatorCertPath: apnsSimulatorCert,
+            apnsSimulatorKeyPath: apnsSimulatorKey)
     }
 
     func run() async throws {

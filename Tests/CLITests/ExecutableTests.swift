@@ -61,6 +61,14 @@ enum Executables {
     }
 
     /// Development certificates from the real script (`make certs`), into `directory`.
+    /// `squelchd serve` flags for the embedded APNs simulator with the dev certificates in `certs`, on free
+    /// ports (a squelchd from `make run` may hold the default ones).
+    static func simulatorArguments(certs: String) -> [String] {
+        ["--apns-key", certs + "/AuthKey_DEVKEY0001.p8", "--apns-ca", certs + "/ca.pem",
+         "--apns-simulator-cert", certs + "/apns-sim.pem", "--apns-simulator-key", certs + "/apns-sim.key",
+         "--apns-simulator-port", "0", "--apns-simulator-control-port", "0"]
+    }
+
     static func makeDevCertificates(into directory: String) throws {
         let script = Process()
         script.executableURL = repository.appendingPathComponent("certs/make-dev-certs.sh")
@@ -125,6 +133,7 @@ enum Executables {
         process.executableURL = Executables.url("squelchd")
         process.arguments = ["serve", "--admin-port", "0", "--data-dir", dir.appendingPathComponent("data").path,
                              "--cert", certs + "/server-chain.pem", "--key", certs + "/server.key"]
+            + Executables.simulatorArguments(certs: certs)
         let err = Pipe()
         process.standardError = err
         let log = PipeCollector(err)

@@ -36,6 +36,7 @@ import Wire
         process.executableURL = Executables.url("squelchd")
         process.arguments = ["serve", "--data-dir", data, "--port", "\(port)", "--admin-port", "\(adminPort)",
                              "--cert", certs + "/server-chain.pem", "--key", certs + "/server.key"]
+            + Executables.simulatorArguments(certs: certs)
         process.standardOutput = FileHandle.nullDevice
         let err = Pipe()
         process.standardError = err

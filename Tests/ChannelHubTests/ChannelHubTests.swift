@@ -332,10 +332,42 @@ final class Harness {
     @Test func leaveForgetsTheMemberAndItsToken() {
         let h = Harness()
         let ann = h.join("ann"), bob = h.join("bob")
+        h.send(.registerPushToken(token: "beef", environment: .production), from: bob.link)
         h.send(.leave, from: bob.link)
         #expect(h.messages(to: ann.link).last == .participantLeft(slot: bob.slot, userID: "bob"))
         #expect(h.stored.last == .removeMember(channel: h.channel.id, user: "bob"))
         #expect(h.closes.contains { $0.0 == bob.link && $0.1 == .normal })
+        #expect(!h.other.contains { if case .memberGone = $0 { return true } else { return false } },
+                "a member who left by itself gets no leave push")
+        h.send(.floorRequest, from: ann.link)
+        #expect(!h.other.contains { if case .burstStarted = $0 { return true } else { return false } }, "its token is gone")
+    }
+
+    @Test func aRejectedPushTokenIsForgottenUnlessReplaced() {
+        let h = Harness()
+        let ann = h.join("ann"), bob = h.join("bob")
+        h.send(.registerPushToken(token: "00ff", environment: .production), from: bob.link)
+        h.hub.pushTokenRejected(channel: h.channel.id, user: "bob", token: "00aa")
+        h.drain()
+        #expect(!h.stored.contains(.clearPushToken(channel: h.channel.id, user: "bob")), "a stale rejection keeps the new token")
+        h.hub.pushTokenRejected(channel: h.channel.id, user: "bob", token: "00FF")
+        h.drain()
+        #expect(h.stored.last == .clearPushToken(channel: h.channel.id, user: "bob"))
+        h.send(.floorRequest, from: ann.link)
+        #expect(!h.other.contains { if case .burstStarted = $0 { return true } else { return false } })
+    }
+
+    @Test func burstStartListsConnectedMembersWithTokensForTheLivenessCheck() {
+        let h = Harness()
+        let ann = h.join("ann"), bob = h.join("bob")
+        h.send(.registerPushToken(token: "00ff", environment: .sandbox), from: bob.link)
+        h.send(.registerPushToken(token: "0a0a", environment: .sandbox), from: ann.link)
+        h.send(.floorRequest, from: ann.link)
+        let started = h.other.compactMap { if case .burstStarted(_, _, let wake, let connected) = $0 { return (wake, connected) } else { return nil } }
+        #expect(started.count == 1)
+        #expect(started.first?.0.isEmpty == true)
+        #expect(started.first?.1 == [WakeCandidate(member: started.first!.1[0].member, link: bob.link)], "never the talker itself")
+        #expect(started.first?.1.first?.member.pushToken == "00ff")
     }
 
     @Test func burstStartAsksToWakeOfflineMembersWithPushTokens() {
@@ -345,7 +377,7 @@ final class Harness {
         h.hub.closed(bob.link, at: h.time)
         h.drain()
         h.send(.floorRequest, from: ann.link)
-        let wake = h.other.compactMap { if case .burstStarted(_, let talker, let wake) = $0 { return (talker, wake) } else { return nil } }
+        let wake = h.other.compactMap { if case .burstStarted(_, let talker, let wake, _) = $0 { return (talker, wake) } else { return nil } }
         #expect(wake.count == 1)
         #expect(wake.first?.0.userID == "ann")
         #expect(wake.first?.1.map(\.pushToken) == ["00ff"])

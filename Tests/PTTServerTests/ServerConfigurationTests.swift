@@ -113,6 +113,10 @@ import Testing
             (ConfigurationOverrides(logLevel: "chatty"), [:], ["log level 'chatty'", "--log-level"]),
             (ConfigurationOverrides(), ["SQUELCH_ADMIN_KEY": "short"], ["at least 16", "SQUELCH_ADMIN_KEY"]),
             (ConfigurationOverrides(), ["SQUELCH_DISCONNECT_GRACE_SECONDS": "soon"], ["SQUELCH_DISCONNECT_GRACE_SECONDS='soon' is not a number"]),
+            (ConfigurationOverrides(apns: "http://apns.example"), [:], ["apns 'http://apns.example'", "--apns"]),
+            (ConfigurationOverrides(apnsKeyID: "short"), [:], ["10-character Key ID", "--apns-key-id"]),
+            (ConfigurationOverrides(apnsTopic: "org.example.app"), [:], ["<bundle id>.voip-ptt", "--apns-topic"]),
+            (ConfigurationOverrides(apnsPoolSize: 0), [:], ["pool size 0"]),
         ]
         for (overrides, environment, expected) in cases {
             let error = #expect(throws: ServerConfiguration.ConfigurationError.self) {
@@ -123,13 +127,25 @@ import Testing
         }
     }
 
+    @Test func pushTargetsParse() throws {
+        #expect(try ServerConfiguration.load(file: nil, environment: [:]).pushTarget == .simulator)
+        #expect(try ServerConfiguration.load(file: nil, environment: ["SQUELCH_APNS": "off"]).pushTarget == .off)
+        #expect(try ServerConfiguration.load(file: nil, environment: [:], overrides: ConfigurationOverrides(apns: "apple")).pushTarget == .apple)
+        #expect(try ServerConfiguration.load(file: nil, environment: [:], overrides: ConfigurationOverrides(apns: "https://push.example:2197")).pushTarget
+                == .custom(host: "push.example", port: 2197))
+        // With pushes off, the APNs identity isn't checked at all.
+        #expect(throws: Never.self) {
+            try ServerConfiguration.load(file: nil, environment: [:], overrides: ConfigurationOverrides(apns: "off", apnsKeyID: "x"))
+        }
+    }
+
     @Test func helpNamesTheVariableAndDefaultOfEverySetting() {
         #expect(ServerConfiguration.help("port", "UDP port.") == "UDP port. (env: SQUELCH_PORT; default: 7700)")
         let settings = ServerConfiguration.settings
         #expect(Set(settings.map(\.key)).count == settings.count)
         #expect(Set(settings.map(\.environment)).count == settings.count)
         #expect(settings.allSatisfy { $0.environment.hasPrefix("SQUELCH_") && !$0.defaultDescription.isEmpty })
-        #expect(settings.count == 15, "a new ServerConfiguration field needs a row in settings and a flag in Serve")
+        #expect(settings.count == 26, "a new ServerConfiguration field needs a row in settings and a flag in Serve")
     }
 
     @Test func configurationRefusesBadValuesWithAdvice() throws {

@@ -31,12 +31,24 @@ final class ServerFixture: Sendable {
     deinit { try? FileManager.default.removeItem(atPath: dataDirectory) }
 
     /// Starts squelchd on free ports; returns once both listeners are up.
-    func start() async throws -> (task: Task<Void, any Error>, listening: SquelchServer.Listening) {
+    /// With `pushCertificates` (a directory made by certs/make-dev-certs.sh), pushes go to the embedded
+    /// APNs simulator on free ports; without, pushes are off.
+    func start(pushCertificates: String? = nil) async throws -> (task: Task<Void, any Error>, listening: SquelchServer.Listening) {
         var configuration = ServerConfiguration()
         configuration.dataDirectory = dataDirectory
         configuration.port = 0
         configuration.adminPort = 0
         configuration.adminKey = "test-admin-key-0123456789"
+        configuration.apns = "off"
+        if let certs = pushCertificates {
+            configuration.apns = "simulator"
+            configuration.apnsKeyPath = "\(certs)/AuthKey_DEVKEY0001.p8"
+            configuration.apnsCAPath = "\(certs)/ca.pem"
+            configuration.apnsSimulatorCertPath = "\(certs)/apns-sim.pem"
+            configuration.apnsSimulatorKeyPath = "\(certs)/apns-sim.key"
+            configuration.apnsSimulatorPort = 0
+            configuration.apnsSimulatorControlPort = 0
+        }
         let server = try SquelchServer(configuration: configuration, identity: identity)
         let (ready, continuation) = AsyncStream.makeStream(of: SquelchServer.Listening.self)
         let task = Task { try await server.run(onReady: { continuation.yield($0) }) }

@@ -1,0 +1,215 @@
+import APNs
+import APNsSimulator
+import ArgumentParser
+import ChannelProtocol
+import ChannelStore
+import Foundation
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
+import ParticipantTokens
+import SquelchTesting
+import Wire
+
+/// APNs push throughput and the wake time, against the APNs simulator in its own process
+/// (`squelchd apns-sim`) on loopback: how many pushes per second one APNs client gets through, and how
+/// long after a floor grant the last of N sleeping members' wake pushes reaches APNs.
+struct Push: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "APNs: pushes per second to the simulator, and time from a floor grant to the last of N wake pushes.")
+
+    @Option(help: "Pushes for the throughput run.") var pushes = 20_000
+    @Option(help: "Pushes in flight at once in the throughput run.") var inFlight = 2_000
+    @Option(help: "HTTP/2 connections in the client's pool.") var pool = 2
+    @Option(help: "Sleeping members woken per burst in the wake run.") var wakes = 1_000
+    @Option(help: "Bursts in the wake run.") var bursts = 5
+    @Option(help: "Directory with the dev certificates and APNs key (make certs).") var certs = "certs"
+    @Option(help: "squelchd executable (default: next to this one).") var squelchd: String?
+
+    func run() async throws {
+        let server = squelchd ?? URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent().appendingPathComponent("squelchd").path
+        guard FileManager.default.isExecutableFile(atPath: server) else {
+            throw ValidationError("no squelchd at \(server); build it (swift build -c release) or pass --squelchd")
+        }
+        for file in ["ca.pem", "apns-sim.pem", "apns-sim.key", "AuthKey_DEVKEY0001.p8", "server-chain.pem", "server.key"] {
+            guard FileManager.default.fileExists(atPath: "\(certs)/\(file)") else {
+                throw ValidationError("no \(certs)/\(file); run 'make certs' or pass --certs")
+            }
+        }
+        let simulator = try await SimulatorProcess.start(squelchd: server, certs: certs)
+        defer { simulator.stop() }
+        print("push: APNs simulator in its own process (squelchd apns-sim), TLS + HTTP/2 on loopback")
+        try await throughput(simulator)
+        try await wakeTime(simulator, squelchd: server)
+    }
+
+    func throughput(_ simulator: SimulatorProcess) async throws {
+        let identity = try APNsProviderIdentity.load(p8Path: "\(certs)/AuthKey_DEVKEY0001.p8", keyID: "DEVKEY0001", teamID: "DEVTEAM001")
+        let client = try await APNsClient(configuration: APNsConfiguration(
+            environment: .custom(host: "127.0.0.1", port: simulator.port, caPath: "\(certs)/ca.pem"), identity: identity,
+            topic: SimulatorProcess.topic, poolSize: pool, requestTimeout: .seconds(10), retry: APNsRetryPolicy(budget: .seconds(10))))
+        await client.preconnect()
+        let channel = UUID()
+        @Sendable func push(_ index: Int) async -> Bool {
+            let result = await client.send(PushToTalkNotification(deviceToken: String(format: "%016x", index),
+                                                                  activeSpeaker: "Bench", channel: channel))
+            if case .success = result { return true } else { return false }
+        }
+        func blast(_ count: Int) async -> Int {
+            await withTaskGroup(of: Bool.self) { group in
+                var delivered = 0
+                var started = 0
+                while started < min(inFlight, count) {
+                    let index = started
+                    group.addTask { await push(index) }
+                    started += 1
+                }
+                for await ok in group {
+                    if ok { delivered += 1 }
+                    if started < count {
+                        let index = started
+                        group.addTask { await push(index) }
+                        started += 1
+                    }
+                }
+                return delivered
+            }
+        }
+        _ = await blast(2_000)  // warm-up: connections, HPACK tables, allocator
+        let simCPU0 = try cpuSeconds(simulator.pid), ownCPU0 = try cpuSeconds(getpid())
+        let start = ContinuousClock.now
+        let delivered = await blast(pushes)
+        let elapsed = (ContinuousClock.now - start) / .seconds(1)
+        let simCPU = try cpuSeconds(simulator.pid) - simCPU0, ownCPU = try cpuSeconds(getpid()) - ownCPU0
+        await client.shutdown()
+        print("| pushes | in flight | connections | delivered | pushes/s | client CPU µs/push | simulator CPU µs/push |")
+        print("|---|---|---|---|---|---|---|")
+        print("| \(pushes) | \(inFlight) | \(pool) | \(delivered) | \(Int(Double(delivered) / elapsed)) | "
+              + String(format: "%.1f | %.1f |", ownCPU * 1e6 / Double(pushes), simCPU * 1e6 / Double(pushes)))
+    }
+
+    func wakeTime(_ simulator: SimulatorProcess, squelchd: String) async throws {
+        let data = FileManager.default.temporaryDirectory.appendingPathComponent("squelch-push-\(UUID())").path
+        try FileManager.default.createDirectory(atPath: data, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: data) }
+        // The sleeping members go straight into the store: joining 1,000 clients only to disconnect them
+        // would measure the handshake rate instead.
+        let channel = ChannelRecord(name: "Wake bench", mode: .halfDuplex, maxBurstSeconds: 60)
+        let store = try SQLiteChannelStore(directory: data)
+        try await store.createChannel(channel)
+        for index in 0..<wakes {
+            let user = "sleeper-\(index)"
+            try await store.upsertMember(MemberRecord(channelID: channel.id, userID: user, displayName: user))
+            try await store.setPushToken(channel: channel.id, user: user, token: String(format: "%016x", index),
+                                         environment: .production, registeredAt: Date())
+        }
+        try await store.close()
+
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: squelchd)
+        process.arguments = ["serve", "--data-dir", data, "--port", "0", "--admin-port", "0", "--cert", "\(certs)/server-chain.pem",
+                             "--key", "\(certs)/server.key", "--apns", "https://127.0.0.1:\(simulator.port)",
+                             "--apns-ca", "\(certs)/ca.pem", "--apns-key", "\(certs)/AuthKey_DEVKEY0001.p8",
+                             "--apns-topic", SimulatorProcess.topic, "--log-level", "notice"]
+        let errors = Pipe()
+        process.standardError = errors
+        let log = LineCollector(errors)
+        try process.run()
+        defer { if process.isRunning { process.terminate(); process.waitUntilExit() } }
+        guard let voiceLine = await log.wait(for: "voice transport listening", seconds: 30),
+              let voicePort = lastPort(in: voiceLine) else {
+            throw ValidationError("squelchd did not start: \(log.text)")
+        }
+        let authority = try await TokenAuthority.loadOrCreate(in: data)
+        let token = try await authority.issue(ParticipantClaims(userID: "talker", name: "Talker", channel: channel.id,
+                                                                capabilities: [.talk, .listen], expiresAt: Date().addingTimeInterval(3600)))
+        let ca = try String(contentsOfFile: "\(certs)/ca.pem", encoding: .utf8)
+        let talker = try TestMember(port: voicePort, configuration: ClientConfiguration(serverName: "localhost", validator: try CertificateValidator(caPEM: ca)))
+        try await talker.connect()
+        guard case .joined? = try await talker.join(token: token, channel: channel.id, seconds: 30) else {
+            throw ValidationError("the talker could not join: \(talker.messages)")
+        }
+        // The first burst also opens squelchd's APNs connections; it is not counted.
+        var times: [Double] = []
+        for burst in 0...bursts {
+            try await simulator.clearLog()
+            let mark = talker.messages.count
+            try await talker.send(.floorRequest)
+            guard await talker.waitForFloor(.granted, after: mark) != nil else { throw ValidationError("no floor grant") }
+            let granted = Date()
+            let pushes = try await simulator.waitForPushes(wakes, seconds: 30)
+            guard pushes.count >= wakes, let last = pushes.map(\.receivedAt).max() else {
+                throw ValidationError("only \(pushes.count) of \(wakes) wake pushes arrived")
+            }
+            if burst > 0 { times.append(last.timeIntervalSince(granted)) }
+            try await talker.send(.floorRelease)
+            guard await talker.waitForFloor(.idle, after: mark) != nil else { throw ValidationError("the floor was not released") }
+        }
+        let sorted = times.sorted()
+        print("| sleeping members | bursts | grant → last push accepted, median | max |")
+        print("|---|---|---|---|")
+        print("| \(wakes) | \(bursts) | " + String(format: "%.1f ms | %.1f ms |", percentile(sorted, 0.5) * 1e3, (sorted.last ?? .nan) * 1e3))
+        await talker.close()
+    }
+}
+
+/// `squelchd apns-sim` running in its own process, and its control API.
+struct SimulatorProcess {
+    static let topic = "org.squelch.bench.voip-ptt"
+    let process: Process
+    let port: Int
+    let controlPort: Int
+    var pid: Int32 { process.processIdentifier }
+
+    static func start(squelchd: String, certs: String) async throws -> SimulatorProcess {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: squelchd)
+        process.arguments = ["apns-sim", "--port", "0", "--control-port", "0", "--cert", "\(certs)/apns-sim.pem",
+                             "--key", "\(certs)/apns-sim.key", "--provider-key", "\(certs)/AuthKey_DEVKEY0001.p8",
+                             "--key-id", "DEVKEY0001", "--team-id", "DEVTEAM001", "--topic", topic]
+        let output = Pipe()
+        process.standardOutput = output
+        process.standardError = output
+        let log = LineCollector(output)
+        try process.run()
+        guard let apnsLine = await log.wait(for: "APNs", seconds: 20), let controlLine = await log.wait(for: "control", seconds: 20),
+              let port = Self.port(after: "APNs", in: apnsLine + "\n" + controlLine),
+              let controlPort = Self.port(after: "control", in: apnsLine + "\n" + controlLine) else {
+            process.terminate()
+            throw ValidationError("squelchd apns-sim did not start: \(log.text)")
+        }
+        return SimulatorProcess(process: process, port: port, controlPort: controlPort)
+    }
+
+    /// The first 127.0.0.1:<port> on the first line mentioning `word`.
+    static func port(after word: String, in text: String) -> Int? {
+        for line in text.split(separator: "\n") where line.contains(word) {
+            guard let range = line.range(of: #"127\.0\.0\.1:(\d+)"#, options: .regularExpression) else { continue }
+            return Int(line[range].split(separator: ":").last ?? "")
+        }
+        return nil
+    }
+
+    func stop() {
+        if process.isRunning { process.terminate(); process.waitUntilExit() }
+    }
+
+    func clearLog() async throws {
+        var request = URLRequest(url: URL(string: "http://127.0.0.1:\(controlPort)/v1/pushes")!)
+        request.httpMethod = "DELETE"
+        _ = try await URLSession.shared.data(for: request)
+    }
+
+    func waitForPushes(_ count: Int, seconds: Double) async throws -> [APNsAcceptedPush] {
+        struct Log: Decodable { var pushes: [APNsAcceptedPush] }
+        let deadline = ContinuousClock.now + .seconds(seconds)
+        var pushes: [APNsAcceptedPush] = []
+        repeat {
+            let (data, _) = try await URLSession.shared.data(from: URL(string: "http://127.0.0.1:\(controlPort)/v1/pushes")!)
+            pushes = try APNsSimulatorJSON.decoder().decode(Log.self, from: data).pushes
+            if pushes.count >= count { return pushes }
+            try await Task.sleep(for: .milliseconds(25))
+        } while ContinuousClock.now < deadline
+        return pushes
+    }
+}

@@ -1,0 +1,266 @@
+import APNsSimulator
+import Foundation
+import SquelchTesting
+import Testing
+@testable import APNs
+
+/// The APNs client against the APNs simulator: real TLS with ALPN h2, real HTTP/2 on 127.0.0.1, JWTs
+/// verified with the dev key. Faults are injected in the simulator, so every branch of the failure policy
+/// runs over the wire.
+final class SimulatorFixture: Sendable {
+    let simulator: APNsSimulator
+    let endpoints: APNsSimulatorEndpoints
+    let identity: APNsProviderIdentity
+    static let topic = "org.squelch.test.voip-ptt"
+
+    init() async throws {
+        let key = try APNsProviderKey.load(p8Path: DevCertificates.p8, keyID: "DEVKEY0001", teamID: "DEVTEAM001")
+        simulator = try APNsSimulator(configuration: APNsSimulatorConfiguration(
+            certificateChainPath: DevCertificates.simulatorCertificate, privateKeyPath: DevCertificates.simulatorKey,
+            providerKeys: [key], allowedTopics: [Self.topic]))
+        endpoints = try await simulator.start()
+        identity = try APNsProviderIdentity.load(p8Path: DevCertificates.p8, keyID: "DEVKEY0001", teamID: "DEVTEAM001")
+    }
+
+    func client(topic: String = SimulatorFixture.topic, poolSize: Int = 1, requestTimeout: Duration = .seconds(2),
+                pingInterval: Duration = .seconds(60), retry: APNsRetryPolicy = APNsRetryPolicy(),
+                now: @escaping @Sendable () -> Date = { Date() }) async throws -> APNsClient {
+        try await APNsClient(configuration: APNsConfiguration(
+            environment: .custom(host: "127.0.0.1", port: endpoints.port, caPath: DevCertificates.ca), identity: identity,
+            topic: topic, poolSize: poolSize, requestTimeout: requestTimeout, pingInterval: pingInterval, retry: retry, now: now))
+    }
+
+    func stop() async { try? await simulator.stop() }
+}
+
+func notification(_ token: String = "0a1b2c3d4e5f", speaker: String? = "Alice", channel: UUID = UUID()) -> PushToTalkNotification {
+    PushToTalkNotification(deviceToken: token, activeSpeaker: speaker, channel: channel)
+}
+
+extension Result {
+    var failure: Failure? { if case .failure(let error) = self { return error } else { return nil } }
+    var success: Success? { if case .success(let value) = self { return value } else { return nil } }
+}
+
+@Suite(.serialized, .timeLimit(.minutes(2))) struct APNsClientTests {
+    @Test func aPushArrivesWithExactlyThePushToTalkHeadersAndAVerifiedJWT() async throws {
+        let fixture = try await SimulatorFixture()
+        let client = try await fixture.client()
+        let channel = UUID()
+        let push = notification("ABCDEF0123456789", speaker: "Alice", channel: channel)
+        let delivery = try #require(await client.send(push).success)
+        #expect(delivery.attempts == 1)
+        #expect(delivery.apnsID == push.id.uuidString.lowercased())
+        let accepted = try #require(fixture.simulator.acceptedPushes().first)
+        #expect(accepted.token == "abcdef0123456789")
+        #expect(accepted.pushType == "pushtotalk")
+        #expect(accepted.topic == SimulatorFixture.topic)
+        #expect(accepted.priority == 10)
+        #expect(accepted.expiration == 0)
+        #expect(accepted.collapseID == nil)
+        #expect(accepted.apnsID == delivery.apnsID)
+        #expect(accepted.keyID == "DEVKEY0001" && accepted.teamID == "DEVTEAM001")
+        let body = try JSONSerialization.jsonObject(with: Data(accepted.body.utf8)) as? [String: Any]
+        #expect(body?["activeSpeaker"] as? String == "Alice")
+        #expect(body?["channel"] as? String == channel.uuidString.lowercased())
+        #expect(fixture.simulator.rejections().isEmpty)
+        #expect(fixture.simulator.stats().malformedBodies == 0)
+        // The same JWT serves the next push on the same connection (a new one would be TooManyProviderTokenUpdates).
+        #expect(await client.send(notification()).success != nil)
+        #expect(await client.connectionsOpened == 1)
+        await client.shutdown()
+        await fixture.stop()
+    }
+
+    @Test func deadTokensAreReportedForRemoval() async throws {
+        let fixture = try await SimulatorFixture()
+        let registered = Date(timeIntervalSince1970: 1_700_000_000)
+        let died = Int64(registered.timeIntervalSince1970 * 1000)
+        fixture.simulator.setFaults(APNsFaultPlan(
+            unregistered: ["aaaa": died + 60_000, "bbbb": died - 60_000],
+            scripted: [APNsScriptedResponse(token: "cccc", status: 400, reason: "BadDeviceToken", count: 1),
+                       APNsScriptedResponse(token: "dddd", status: 410, reason: "ExpiredToken", count: 1),
+                       APNsScriptedResponse(token: "eeee", status: 400, reason: "DeviceTokenNotForTopic", count: 1)]))
+        let client = try await fixture.client()
+        let diedLater = try #require(await client.send(notification("aaaa"), tokenRegisteredAt: registered).failure)
+        #expect(diedLater.dropToken && diedLater.reason.label == "Unregistered" && diedLater.attempts == 1)
+        let reRegistered = try #require(await client.send(notification("bbbb"), tokenRegisteredAt: registered).failure)
+        #expect(!reRegistered.dropToken, "the token was registered again after APNs saw it die")
+        for token in ["cccc", "dddd", "eeee"] {
+            let failure = try #require(await client.send(notification(token)).failure)
+            #expect(failure.dropToken, "\(token)")
+            #expect(failure.attempts == 1, "no retry for a dead token")
+        }
+        await client.shutdown()
+        await fixture.stop()
+    }
+
+    @Test func transientFailuresAreRetriedUntilDelivered() async throws {
+        let fixture = try await SimulatorFixture()
+        fixture.simulator.setFaults(APNsFaultPlan(scripted: [
+            APNsScriptedResponse(status: 503, reason: "ServiceUnavailable", count: 1),
+            APNsScriptedResponse(status: 500, reason: "InternalServerError", count: 1),
+            APNsScriptedResponse(status: 503, reason: "Shutdown", count: 1),
+        ]))
+        let client = try await fixture.client()
+        let delivery = try #require(await client.send(notification()).success)
+        #expect(delivery.attempts == 4)
+        #expect(fixture.simulator.acceptedPushes().count == 1)
+        #expect(fixture.simulator.rejections().map(\.reason) == ["ServiceUnavailable", "InternalServerError", "Shutdown"])
+        await client.shutdown()
+        await fixture.stop()
+    }
+
+    @Test func retriesGiveUpWithinTheBudget() async throws {
+        let fixture = try await SimulatorFixture()
+        fixture.simulator.setFaults(APNsFaultPlan(serviceUnavailableShare: 1))
+        let client = try await fixture.client(retry: APNsRetryPolicy(budget: .milliseconds(600)))
+        let started = ContinuousClock.now
+        let failure = try #require(await client.send(notification()).failure)
+        let took = ContinuousClock.now - started
+        #expect(failure.reason.label == "BudgetExhausted")
+        #expect(failure.attempts > 1)
+        #expect(took < .seconds(2), "the budget bounds the whole push, backoff included")
+        #expect(fixture.simulator.rejections().count == failure.attempts)
+        await client.shutdown()
+        await fixture.stop()
+    }
+
+    @Test func configurationErrorsAreNeverRetried() async throws {
+        let fixture = try await SimulatorFixture()
+        let client = try await fixture.client(topic: "org.squelch.other.voip-ptt")
+        let failure = try #require(await client.send(notification()).failure)
+        #expect(failure.isConfigurationError)
+        #expect(failure.reason.label == "TopicDisallowed")
+        #expect(failure.attempts == 1)
+        #expect(fixture.simulator.rejections().count == 1)
+        await client.shutdown()
+        await fixture.stop()
+    }
+
+    @Test func tooManyRequestsBacksOffThatTokenOnly() async throws {
+        let fixture = try await SimulatorFixture()
+        fixture.simulator.setFaults(APNsFaultPlan(scripted: [APNsScriptedResponse(token: "abab", status: 429, reason: "TooManyRequests", count: 1)]))
+        let client = try await fixture.client()
+        let first = try #require(await client.send(notification("abab")).failure)
+        #expect(first.backOffToken != nil && !first.dropToken)
+        let second = try #require(await client.send(notification("abab")).failure)
+        #expect(second.reason == .tokenBackedOff && second.attempts == 0)
+        #expect(await client.send(notification("cdcd")).success != nil, "other tokens are unaffected")
+        #expect(fixture.simulator.rejections().count == 1, "the backed-off push never reached APNs")
+        await client.shutdown()
+        await fixture.stop()
+    }
+
+    @Test func anExpiredProviderTokenIsReplacedOnceThenReported() async throws {
+        let fixture = try await SimulatorFixture()
+        // A clock two hours slow mints JWTs APNs finds an hour too old, however fresh: one new JWT is tried,
+        // then the push ends as a configuration error (the clock needs fixing).
+        let client = try await fixture.client(now: { Date().addingTimeInterval(-7200) })
+        let failure = try #require(await client.send(notification()).failure)
+        #expect(failure.reason.label == "ExpiredProviderToken")
+        #expect(failure.attempts == 2)
+        #expect(failure.isConfigurationError)
+        #expect(fixture.simulator.rejections().map(\.reason) == ["ExpiredProviderToken", "ExpiredProviderToken"])
+        await client.shutdown()
+
+        // With a good clock, a one-off ExpiredProviderToken costs one retry with a new JWT.
+        fixture.simulator.setFaults(APNsFaultPlan(scripted: [APNsScriptedResponse(status: 403, reason: "ExpiredProviderToken", count: 1)]))
+        let healthy = try await fixture.client()
+        let delivery = try #require(await healthy.send(notification()).success)
+        #expect(delivery.attempts == 2)
+        await healthy.shutdown()
+        await fixture.stop()
+    }
+
+    @Test func bodiesOver4KBAreRefusedBeforeAnythingIsSent() async throws {
+        let fixture = try await SimulatorFixture()
+        let client = try await fixture.client()
+        let failure = try #require(await client.send(notification(speaker: String(repeating: "é", count: 2100))).failure)
+        guard case .request(.payloadTooLarge(let bytes)) = failure.reason else { Issue.record("got \(failure)"); return }
+        #expect(bytes > 4096)
+        #expect(fixture.simulator.rejections().isEmpty && fixture.simulator.acceptedPushes().isEmpty)
+        await client.shutdown()
+        await fixture.stop()
+    }
+
+    @Test func goAwayMovesPushesToAFreshConnection() async throws {
+        let fixture = try await SimulatorFixture()
+        fixture.simulator.setFaults(APNsFaultPlan(goAwayAfterRequests: 3))
+        let client = try await fixture.client()
+        for index in 0..<10 {
+            let result = await client.send(notification(String(format: "%04x", index)))
+            #expect(result.success != nil, "push \(index): \(String(describing: result.failure))")
+        }
+        #expect(fixture.simulator.acceptedPushes().count == 10)
+        #expect(await client.connectionsOpened >= 4)
+        #expect(fixture.simulator.stats().goAwaysSent >= 3)
+        await client.shutdown()
+        await fixture.stop()
+    }
+
+    @Test func aSlowAnswerTimesOutAndIsRetried() async throws {
+        let fixture = try await SimulatorFixture()
+        fixture.simulator.setFaults(APNsFaultPlan(delayMilliseconds: 400))
+        let client = try await fixture.client(requestTimeout: .milliseconds(150), retry: APNsRetryPolicy(budget: .milliseconds(700)))
+        let failure = try #require(await client.send(notification()).failure)
+        #expect(failure.reason == .budgetExhausted(last: .transport(.timeout)))
+        #expect(failure.attempts >= 2)
+        await client.shutdown()
+        await fixture.stop()
+    }
+
+    @Test func aThousandPushesInFlightOverOneConnection() async throws {
+        let fixture = try await SimulatorFixture()
+        // The delay holds every stream open, so all 1,000 are in flight together.
+        fixture.simulator.setFaults(APNsFaultPlan(delayMilliseconds: 300))
+        let client = try await fixture.client(poolSize: 1, requestTimeout: .seconds(5), retry: APNsRetryPolicy(budget: .seconds(10)))
+        let results = await withTaskGroup(of: String.self) { group in
+            for index in 0..<1000 {
+                group.addTask {
+                    switch await client.send(notification(String(format: "%08x", index))) {
+                    case .success: return "ok"
+                    case .failure(let failure): return "\(failure.reason)"
+                    }
+                }
+            }
+            return await group.reduce(into: [String]()) { $0.append($1) }
+        }
+        let failures = Dictionary(grouping: results.filter { $0 != "ok" }, by: { $0 }).mapValues(\.count)
+        #expect(failures.isEmpty, "\(failures)")
+        #expect(await client.connectionsOpened == 1)
+        let stats = fixture.simulator.stats()
+        #expect(stats.accepted == 1000)
+        #expect(stats.maxStreamsInFlight > 500, "streams were multiplexed, not sent one after another")
+        #expect(stats.maxStreamsInFlight <= 1000, "the server's MAX_CONCURRENT_STREAMS was honoured")
+        await client.shutdown()
+        await fixture.stop()
+    }
+
+    @Test func keepalivePingsKeepAnIdleConnection() async throws {
+        let fixture = try await SimulatorFixture()
+        let client = try await fixture.client(pingInterval: .milliseconds(100))
+        #expect(await client.send(notification()).success != nil)
+        try await Task.sleep(for: .milliseconds(700))
+        #expect(await client.openConnections == 1, "answered PINGs keep the connection")
+        #expect(await client.send(notification()).success != nil)
+        #expect(await client.connectionsOpened == 1)
+        await client.shutdown()
+        await fixture.stop()
+    }
+
+    @Test func badConfigurationIsRefusedUpFront() async throws {
+        let identity = try APNsProviderIdentity.load(p8Path: DevCertificates.p8, keyID: "DEVKEY0001", teamID: "DEVTEAM001")
+        await #expect(throws: APNsConfigurationError.invalidTopic("org.example.app")) {
+            _ = try await APNsClient(configuration: APNsConfiguration(environment: .sandbox, identity: identity, topic: "org.example.app"))
+        }
+        await #expect(throws: APNsConfigurationError.self) {
+            _ = try await APNsClient(configuration: APNsConfiguration(
+                environment: .sandbox, identity: APNsProviderIdentity(keyID: "DEVKEY0001", teamID: "DEVTEAM001", privateKeyPEM: "junk"),
+                topic: "a.voip-ptt"))
+        }
+        #expect(throws: APNsConfigurationError.unreadableKey(path: "/nonexistent.p8")) {
+            _ = try APNsProviderIdentity.load(p8Path: "/nonexistent.p8", keyID: "DEVKEY0001", teamID: "DEVTEAM001")
+        }
+    }
+}

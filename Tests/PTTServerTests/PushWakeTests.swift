@@ -1,0 +1,123 @@
+import APNsSimulator
+import ChannelProtocol
+import ChannelStore
+import Foundation
+import PTTServer
+import SquelchTesting
+import Testing
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
+
+/// The wake path end to end: squelchd with its embedded APNs simulator (real HTTP/2 over TLS on
+/// 127.0.0.1), real members over UDP, pushes checked in the simulator's log.
+@Suite(.serialized, .timeLimit(.minutes(2))) struct PushWakeTests {
+    func waitForPushes(_ simulator: APNsSimulator, count: Int, seconds: Double = 5) async -> [APNsAcceptedPush] {
+        let deadline = ContinuousClock.now + .seconds(seconds)
+        while ContinuousClock.now < deadline {
+            let pushes = simulator.acceptedPushes()
+            if pushes.count >= count { return pushes }
+            try? await Task.sleep(for: .milliseconds(20))
+        }
+        return simulator.acceptedPushes()
+    }
+
+    func body(_ push: APNsAcceptedPush) -> [String: Any] {
+        (try? JSONSerialization.jsonObject(with: Data(push.body.utf8)) as? [String: Any]) ?? [:]
+    }
+
+    @Test func aBurstWakesOfflineMembersAndAnAdminRemovalSendsALeavePush() async throws {
+        let fixture = try await ServerFixture()
+        let (task, listening) = try await fixture.start(pushCertificates: DevCertificates.directory)
+        defer { task.cancel() }
+        let simulator = try #require(listening.apnsSimulator)
+
+        let ann = try await fixture.member("ann", port: listening.voicePort)
+        let bob = try await fixture.member("bob", port: listening.voicePort)
+        let cat = try await fixture.member("cat", port: listening.voicePort)
+        try await bob.send(.registerPushToken(token: "B0B0B0B0B0B0", environment: .sandbox))
+        #expect(await bob.waitFor { $0 == .pushTokenRegistered } != nil)
+        try await cat.send(.registerPushToken(token: "ca7ca7", environment: .production))
+        #expect(await cat.waitFor { $0 == .pushTokenRegistered } != nil)
+        await bob.close()
+        #expect(await ann.waitFor { if case .participant(let p) = $0 { return p.userID == "bob" && p.connection != .connected } else { return false } } != nil)
+
+        // Bob is asleep, Cat is connected: only Bob gets a wake, and Ann (the talker) never does.
+        try await ann.send(.floorRequest)
+        let granted = try #require(await ann.waitForFloor(.granted))
+        let wakes = await waitForPushes(simulator, count: 1)
+        #expect(wakes.count == 1)
+        let wake = try #require(wakes.first)
+        #expect(wake.token == "b0b0b0b0b0b0")
+        #expect(wake.pushType == "pushtotalk" && wake.priority == 10 && wake.expiration == 0)
+        #expect(wake.topic == ServerConfiguration().apnsTopic)
+        #expect(body(wake)["activeSpeaker"] as? String == "Ann")
+        #expect(body(wake)["channel"] as? String == fixture.channel.id.uuidString.lowercased())
+        _ = granted
+
+        // No push when the burst ends.
+        try await ann.send(.floorRelease)
+        #expect(await cat.waitForFloor(.idle) != nil)
+        try await Task.sleep(for: .milliseconds(300))
+        #expect(simulator.acceptedPushes().count == 1)
+
+        // An administrator removes Bob: his device is told to leave.
+        var request = URLRequest(url: URL(string: "http://127.0.0.1:\(listening.adminPort)/v1/channels/\(fixture.channel.id)/members/bob")!)
+        request.httpMethod = "DELETE"
+        request.setValue("Bearer test-admin-key-0123456789", forHTTPHeaderField: "Authorization")
+        let (_, response) = try await URLSession.shared.data(for: request)
+        #expect((response as? HTTPURLResponse)?.statusCode == 204)
+        let all = await waitForPushes(simulator, count: 2)
+        let leave = try #require(all.count == 2 ? all[1] : nil)
+        #expect(leave.token == "b0b0b0b0b0b0")
+        #expect(body(leave)["activeSpeaker"] == nil)
+        #expect(body(leave)["leave"] as? Bool == true)
+        #expect(simulator.rejections().isEmpty, "every request squelchd made was well formed")
+        #expect(simulator.stats().malformedBodies == 0)
+
+        await listening.shutdown()
+        _ = await task.result
+    }
+
+    @Test func aTokenAPNsCallsDeadIsForgotten() async throws {
+        let fixture = try await ServerFixture()
+        let (task, listening) = try await fixture.start(pushCertificates: DevCertificates.directory)
+        defer { task.cancel() }
+        let simulator = try #require(listening.apnsSimulator)
+        simulator.setFaults(APNsFaultPlan(scripted: [APNsScriptedResponse(token: "dead01", status: 400, reason: "BadDeviceToken", count: 1)]))
+
+        let ann = try await fixture.member("ann", port: listening.voicePort)
+        let dan = try await fixture.member("dan", port: listening.voicePort)
+        try await dan.send(.registerPushToken(token: "dead01", environment: .production))
+        #expect(await dan.waitFor { $0 == .pushTokenRegistered } != nil)
+        await dan.close()
+        try await Task.sleep(for: .milliseconds(100))
+
+        try await ann.send(.floorRequest)
+        #expect(await ann.waitForFloor(.granted) != nil)
+        // The rejection arrives, then the token is cleared in the store.
+        let deadline = ContinuousClock.now + .seconds(5)
+        var cleared = false
+        while ContinuousClock.now < deadline, !cleared {
+            try await Task.sleep(for: .milliseconds(50))
+            var request = URLRequest(url: URL(string: "http://127.0.0.1:\(listening.adminPort)/v1/channels/\(fixture.channel.id)/members")!)
+            request.setValue("Bearer test-admin-key-0123456789", forHTTPHeaderField: "Authorization")
+            let (data, _) = try await URLSession.shared.data(for: request)
+            let members = try JSONSerialization.jsonObject(with: data) as? [[String: Any]] ?? []
+            cleared = members.contains { $0["userID"] as? String == "dan" && $0["hasPushToken"] as? Bool == false }
+        }
+        #expect(cleared, "the dead token is gone from the membership")
+        #expect(simulator.rejections().map(\.reason) == ["BadDeviceToken"])
+
+        // The next burst sends nothing to it.
+        try await ann.send(.floorRelease)
+        try await ann.send(.floorRequest)
+        #expect(await ann.waitForFloor(.granted, after: ann.messages.count - 1) != nil)
+        try await Task.sleep(for: .milliseconds(300))
+        #expect(simulator.rejections().count == 1)
+        #expect(simulator.acceptedPushes().isEmpty)
+
+        await listening.shutdown()
+        _ = await task.result
+    }
+}
