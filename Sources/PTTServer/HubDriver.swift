@@ -103,13 +103,13 @@ final class HubDriver: WireServerDelegate {
         armTimer()
     }
 
-    /// A client in the foreground PINGs every 15 s; one silent for longer than two of those (plus slack
-    /// for loss) is asleep or gone as far as audio goes, even while its session is kept for a fast resume.
-    static let livenessWindow: UInt64 = 35_000_000_000
+    /// A connection silent this long (ns) is asleep or gone as far as audio goes, even while its session
+    /// is kept for a fast resume (`pushWakeSilenceSeconds`).
+    var livenessWindow: UInt64 = 35_000_000_000
 
     func isLive(_ link: Link) -> Bool {
         guard let connection = server?.endpoint.connection(link) else { return false }
-        return WireNIO.now().since(connection.lastReceiveTime) < Self.livenessWindow
+        return WireNIO.now().since(connection.lastReceiveTime) < livenessWindow
     }
 
     /// Set once the voice service has stopped: no more timers, so a stopped hub holds no event-loop work.

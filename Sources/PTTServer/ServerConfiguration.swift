@@ -67,6 +67,9 @@ public struct ServerConfiguration: Sendable, Equatable {
     /// TLS certificate and key the embedded simulator serves.
     public var apnsSimulatorCertPath: String = "certs/apns-sim.pem"
     public var apnsSimulatorKeyPath: String = "certs/apns-sim.key"
+    /// A connected member silent this long still gets a wake push: a client in the foreground PINGs every
+    /// 15 s, so one quiet for two of those (plus slack for loss) is asleep as far as audio goes.
+    public var pushWakeSilenceSeconds: Double = 35
 
     public static let portRange = 0...65_535
     public static let maxConnectionsRange = 1...1_000_000
@@ -190,6 +193,8 @@ public struct ServerConfiguration: Sendable, Equatable {
                     defaultDescription: defaults.apnsSimulatorCertPath, kind: .string(\.apnsSimulatorCertPath)),
             Setting(key: "apnsSimulatorKeyPath", environment: "SQUELCH_APNS_SIMULATOR_KEY", flag: "--apns-simulator-key",
                     defaultDescription: defaults.apnsSimulatorKeyPath, kind: .string(\.apnsSimulatorKeyPath)),
+            Setting(key: "pushWakeSilenceSeconds", environment: "SQUELCH_PUSH_WAKE_SILENCE_SECONDS", flag: "--push-wake-silence-seconds",
+                    defaultDescription: "\(defaults.pushWakeSilenceSeconds.formatted())", kind: .double(\.pushWakeSilenceSeconds)),
         ]
     }
 
@@ -252,6 +257,7 @@ public struct ServerConfiguration: Sendable, Equatable {
         if let value = layer.apnsSimulatorControlPort { apnsSimulatorControlPort = value }
         if let value = layer.apnsSimulatorCertPath { apnsSimulatorCertPath = value }
         if let value = layer.apnsSimulatorKeyPath { apnsSimulatorKeyPath = value }
+        if let value = layer.pushWakeSilenceSeconds { pushWakeSilenceSeconds = value }
         if let value = layer.logLevel {
             guard let level = Logger.Level(rawValue: value.lowercased()) else {
                 let levels = Logger.Level.allCases.map(\.rawValue).joined(separator: ", ")
@@ -424,6 +430,8 @@ public struct ServerConfiguration: Sendable, Equatable {
             try check(url?.scheme == "https" && !(url?.host ?? "").isEmpty && (path.isEmpty || path == "/"), "apns",
                       "apns '\(apns)' is not simulator, apple, off or an https://host[:port] URL")
         }
+        try check(pushWakeSilenceSeconds.isFinite && pushWakeSilenceSeconds >= 0.1 && pushWakeSilenceSeconds <= 3600, "pushWakeSilenceSeconds",
+                  "push wake silence \(pushWakeSilenceSeconds.formatted()) s is out of range; use 0.1-3600 seconds")
         guard pushTarget != .off else { return }
         try check(apnsKeyID.count == 10, "apnsKeyID", "the APNs key ID '\(apnsKeyID)' must be the 10-character Key ID from the Apple Developer account")
         try check(apnsTeamID.count == 10, "apnsTeamID", "the APNs team ID '\(apnsTeamID)' must be the 10-character Team ID")
@@ -542,6 +550,7 @@ public struct ConfigurationOverrides: Sendable, Equatable {
     public var apnsSimulatorControlPort: Int?
     public var apnsSimulatorCertPath: String?
     public var apnsSimulatorKeyPath: String?
+    public var pushWakeSilenceSeconds: Double?
 
     public init(dataDirectory: String? = nil, host: String? = nil, port: Int? = nil, adminHost: String? = nil,
                 adminPort: Int? = nil, adminKey: String? = nil, adminKeyFile: String? = nil,
@@ -550,7 +559,7 @@ public struct ConfigurationOverrides: Sendable, Equatable {
                 logLevel: String? = nil, apns: String? = nil, apnsKeyPath: String? = nil, apnsKeyID: String? = nil,
                 apnsTeamID: String? = nil, apnsTopic: String? = nil, apnsCAPath: String? = nil, apnsPoolSize: Int? = nil,
                 apnsSimulatorPort: Int? = nil, apnsSimulatorControlPort: Int? = nil, apnsSimulatorCertPath: String? = nil,
-                apnsSimulatorKeyPath: String? = nil) {
+                apnsSimulatorKeyPath: String? = nil, pushWakeSilenceSeconds: Double? = nil) {
         self.dataDirectory = dataDirectory
         self.host = host
         self.port = port
@@ -577,5 +586,6 @@ public struct ConfigurationOverrides: Sendable, Equatable {
         self.apnsSimulatorControlPort = apnsSimulatorControlPort
         self.apnsSimulatorCertPath = apnsSimulatorCertPath
         self.apnsSimulatorKeyPath = apnsSimulatorKeyPath
+        self.pushWakeSilenceSeconds = pushWakeSilenceSeconds
     }
 }

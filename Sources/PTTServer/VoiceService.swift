@@ -70,6 +70,7 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
         let eventLoop = MultiThreadedEventLoopGroup.singleton.next()
         let driver = HubDriver(hub: hub, eventLoop: eventLoop, tokens: tokens, writer: writer, metrics: metrics, logger: logger)
         driver.pushes = pushes
+        driver.livenessWindow = UInt64(configuration.pushWakeSilenceSeconds * 1e9)
         let box = NIOLoopBoundBox.makeBoxSendingValue(driver, as: HubDriver.self, eventLoop: eventLoop)
         var endpointConfiguration = EndpointConfiguration()
         endpointConfiguration.maxConnections = configuration.maxConnections

@@ -95,6 +95,9 @@ struct Serve: AsyncParsableCommand {
     @Option(help: ArgumentHelp(ServerConfiguration.help("apnsSimulatorKeyPath", "Private key of the simulator's certificate."), valueName: "path"))
     var apnsSimulatorKey: String?
 
+    @Option(help: ArgumentHelp(ServerConfiguration.help("pushWakeSilenceSeconds", "A connected member silent this long is woken by push too."), valueName: "seconds"))
+    var pushWakeSilenceSeconds: Double?
+
     var overrides: ConfigurationOverrides {
         ConfigurationOverrides(
             dataDirectory: dataDir, host: host, port: port, adminHost: adminHost, adminPort: adminPort,
@@ -104,7 +107,7 @@ struct Serve: AsyncParsableCommand {
             logLevel: logLevel, apns: apns, apnsKeyPath: apnsKey, apnsKeyID: apnsKeyId, apnsTeamID: apnsTeamId,
             apnsTopic: apnsTopic, apnsCAPath: apnsCa, apnsPoolSize: apnsPoolSize, apnsSimulatorPort: apnsSimulatorPort,
             apnsSimulatorControlPort: apnsSimulatorControlPort, apnsSimulatorCertPath: apnsSimulatorCert,
-            apnsSimulatorKeyPath: apnsSimulatorKey)
+            apnsSimulatorKeyPath: apnsSimulatorKey, pushWakeSilenceSeconds: pushWakeSilenceSeconds)
     }
 
     func run() async throws {

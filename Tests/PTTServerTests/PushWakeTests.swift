@@ -75,6 +75,13 @@ import FoundationNetworking
         #expect(simulator.rejections().isEmpty, "every request squelchd made was well formed")
         #expect(simulator.stats().malformedBodies == 0)
 
+        // Every push is counted by outcome and reason.
+        try await Task.sleep(for: .milliseconds(100))
+        let (metrics, _) = try await URLSession.shared.data(from: URL(string: "http://127.0.0.1:\(listening.adminPort)/metrics")!)
+        let text = String(decoding: metrics, as: UTF8.self)
+        #expect(text.contains(#"squelch_pushes_total{outcome="delivered",reason="Success"} 1"#), "\(text.split(separator: "\n").filter { $0.contains("pushes") })")
+        #expect(text.contains(#"squelch_pushes_total{outcome="delivered_leave",reason="Success"} 1"#))
+
         await listening.shutdown()
         _ = await task.result
     }
@@ -117,6 +124,25 @@ import FoundationNetworking
         #expect(simulator.rejections().count == 1)
         #expect(simulator.acceptedPushes().isEmpty)
 
+        await listening.shutdown()
+        _ = await task.result
+    }
+
+    @Test func aConnectedMemberSilentPastTheWindowIsWokenToo() async throws {
+        let fixture = try await ServerFixture()
+        let (task, listening) = try await fixture.start(pushCertificates: DevCertificates.directory, wakeSilence: 0.3)
+        defer { task.cancel() }
+        let simulator = try #require(listening.apnsSimulator)
+        let ann = try await fixture.member("ann", port: listening.voicePort)
+        let eve = try await fixture.member("eve", port: listening.voicePort)
+        try await eve.send(.registerPushToken(token: "e7e7e7", environment: .production))
+        #expect(await eve.waitFor { $0 == .pushTokenRegistered } != nil)
+        // Eve's connection stays open but says nothing (her keepalive is 15 s): an app in the background.
+        try await Task.sleep(for: .milliseconds(600))
+        try await ann.send(.floorRequest)
+        #expect(await ann.waitForFloor(.granted) != nil)
+        let pushes = await waitForPushes(simulator, count: 1)
+        #expect(pushes.map(\.token) == ["e7e7e7"])
         await listening.shutdown()
         _ = await task.result
     }

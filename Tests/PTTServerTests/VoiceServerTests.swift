@@ -33,7 +33,7 @@ final class ServerFixture: Sendable {
     /// Starts squelchd on free ports; returns once both listeners are up.
     /// With `pushCertificates` (a directory made by certs/make-dev-certs.sh), pushes go to the embedded
     /// APNs simulator on free ports; without, pushes are off.
-    func start(pushCertificates: String? = nil) async throws -> (task: Task<Void, any Error>, listening: SquelchServer.Listening) {
+    func start(pushCertificates: String? = nil, wakeSilence: Double? = nil) async throws -> (task: Task<Void, any Error>, listening: SquelchServer.Listening) {
         var configuration = ServerConfiguration()
         configuration.dataDirectory = dataDirectory
         configuration.port = 0
@@ -49,6 +49,7 @@ final class ServerFixture: Sendable {
             configuration.apnsSimulatorPort = 0
             configuration.apnsSimulatorControlPort = 0
         }
+        if let wakeSilence { configuration.pushWakeSilenceSeconds = wakeSilence }
         let server = try SquelchServer(configuration: configuration, identity: identity)
         let (ready, continuation) = AsyncStream.makeStream(of: SquelchServer.Listening.self)
         let task = Task { try await server.run(onReady: { continuation.yield($0) }) }
