@@ -4,6 +4,7 @@ import ArgumentParser
 import ChannelProtocol
 import ChannelStore
 import Foundation
+import NIOConcurrencyHelpers
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
@@ -50,9 +51,11 @@ struct Push: AsyncParsableCommand {
             topic: SimulatorProcess.topic, poolSize: pool, requestTimeout: .seconds(10), retry: APNsRetryPolicy(budget: .seconds(10))))
         await client.preconnect()
         let channel = UUID()
+        let failures = NIOLockedValueBox<[String: Int]>([:])
         @Sendable func push(_ index: Int) async -> Bool {
             let result = await client.send(PushToTalkNotification(deviceToken: String(format: "%016x", index),
                                                                   activeSpeaker: "Bench", channel: channel))
+            if case .failure(let failure) = result { failures.withLockedValue { $0[failure.reason.label, default: 0] += 1 } }
             if case .success = result { return true } else { return false }
         }
         func blast(_ count: Int) async -> Int {
@@ -82,6 +85,8 @@ struct Push: AsyncParsableCommand {
         let elapsed = (ContinuousClock.now - start) / .seconds(1)
         let simCPU = try cpuSeconds(simulator.pid) - simCPU0, ownCPU = try cpuSeconds(getpid()) - ownCPU0
         await client.shutdown()
+        let failed = failures.withLockedValue { $0 }
+        if !failed.isEmpty { print("failed pushes by reason: \(failed)") }
         print("| pushes | in flight | connections | delivered | pushes/s | client CPU µs/push | simulator CPU µs/push |")
         print("|---|---|---|---|---|---|---|")
         print("| \(pushes) | \(inFlight) | \(pool) | \(delivered) | \(Int(Double(delivered) / elapsed)) | "
@@ -172,22 +177,14 @@ struct SimulatorProcess {
         process.standardError = output
         let log = LineCollector(output)
         try process.run()
-        guard let apnsLine = await log.wait(for: "APNs", seconds: 20), let controlLine = await log.wait(for: "control", seconds: 20),
-              let port = Self.port(after: "APNs", in: apnsLine + "\n" + controlLine),
-              let controlPort = Self.port(after: "control", in: apnsLine + "\n" + controlLine) else {
+        // The lines `squelchd apns-sim` prints for scripts (its log line names both ports).
+        guard let apnsLine = await log.wait(for: "APNs simulator: https://", seconds: 20),
+              let controlLine = await log.wait(for: "control API: http://", seconds: 20),
+              let port = lastPort(in: apnsLine), let controlPort = lastPort(in: controlLine) else {
             process.terminate()
             throw ValidationError("squelchd apns-sim did not start: \(log.text)")
         }
         return SimulatorProcess(process: process, port: port, controlPort: controlPort)
-    }
-
-    /// The first 127.0.0.1:<port> on the first line mentioning `word`.
-    static func port(after word: String, in text: String) -> Int? {
-        for line in text.split(separator: "\n") where line.contains(word) {
-            guard let range = line.range(of: #"127\.0\.0\.1:(\d+)"#, options: .regularExpression) else { continue }
-            return Int(line[range].split(separator: ":").last ?? "")
-        }
-        return nil
     }
 
     func stop() {
