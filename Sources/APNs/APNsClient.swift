@@ -102,7 +102,7 @@ public actor APNsClient {
             let result: APNsAttemptResult
             do {
                 let connection = try await pickConnection()
-                result = await connection.send(request, authorization: "bearer \(jwt.jwt)", timeout: timeout).0
+                result = await connection.send(request, authorization: "bearer \(jwt.jwt)", timeout: timeout)
             } catch {
                 result = .transport(.connectFailed(String(describing: error)))
             }

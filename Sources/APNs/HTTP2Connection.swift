@@ -91,13 +91,13 @@ final class HTTP2Connection: Sendable {
 
     /// Sends one request and waits for its answer; never throws, because every way it can end is an input to
     /// the delivery policy.
-    func send(_ request: APNsRequest, authorization: String, timeout: Duration) async -> (APNsAttemptResult, Int?) {
+    func send(_ request: APNsRequest, authorization: String, timeout: Duration) async -> APNsAttemptResult {
         let admitted = state.withLockedValue { state -> Bool in
             guard !state.goingAway, !state.closed else { return false }
             state.inFlight += 1
             return true
         }
-        guard admitted else { return (.transport(.goAway), nil) }
+        guard admitted else { return .transport(.goAway) }
         defer { state.withLockedValue { $0.inFlight -= 1 } }
 
         var headers = HPACKHeaders()
@@ -111,7 +111,7 @@ final class HTTP2Connection: Sendable {
         for (name, value) in request.headers { headers.add(name: name, value: value) }
         headers.add(name: "content-length", value: String(request.body.count))
 
-        let promise = channel.eventLoop.makePromise(of: (APNsAttemptResult, Int?).self)
+        let promise = channel.eventLoop.makePromise(of: APNsAttemptResult.self)
         let state = self.state
         let requestHeaders = headers
         let body = request.body
@@ -119,7 +119,7 @@ final class HTTP2Connection: Sendable {
         // stream promise settles the push then. A second completion of a NIO promise is ignored.
         let streamCreated = channel.eventLoop.makePromise(of: (any Channel).self)
         streamCreated.futureResult.whenFailure { error in
-            promise.succeed((.transport(.connectionLost(String(describing: error))), nil))
+            promise.succeed(.transport(.connectionLost(String(describing: error))))
         }
         multiplexer.createStreamChannel(promise: streamCreated) { stream in
             stream.eventLoop.makeCompletedFuture {
@@ -127,7 +127,7 @@ final class HTTP2Connection: Sendable {
                     PushStreamHandler(headers: requestHeaders, body: body, timeout: timeout, connectionState: state, promise: promise))
             }
         }
-        return (try? await promise.futureResult.get()) ?? (.transport(.connectionLost("no result")), nil)
+        return (try? await promise.futureResult.get()) ?? .transport(.connectionLost("no result"))
     }
 
     func close() async {
@@ -226,13 +226,11 @@ final class ConnectionWatcher: ChannelInboundHandler {
     }
 
     private func startKeepalive(context: ChannelHandlerContext) {
-        let loop = context.eventLoop.assumeIsolated()
         let contextBox = NIOLoopBound(context, eventLoop: context.eventLoop)
         let selfBox = NIOLoopBound(self, eventLoop: context.eventLoop)
         ticker = context.eventLoop.scheduleRepeatedTask(initialDelay: pingInterval, delay: pingInterval) { _ in
             selfBox.value.tick(context: contextBox.value)
         }
-        _ = loop
     }
 
     private func tick(context: ChannelHandlerContext) {
@@ -262,17 +260,16 @@ final class PushStreamHandler: ChannelInboundHandler {
     private let body: [UInt8]
     private let timeout: TimeAmount
     private let connectionState: NIOLockedValueBox<HTTP2Connection.State>
-    private let promise: EventLoopPromise<(APNsAttemptResult, Int?)>
+    private let promise: EventLoopPromise<APNsAttemptResult>
     private var status: Int?
     private var apnsIDEcho: String?
     private var responseBody: [UInt8] = []
     private var sent = false
     private var done = false
     private var timer: Scheduled<Void>?
-    private var streamID: Int?
 
     init(headers: HPACKHeaders, body: [UInt8], timeout: Duration, connectionState: NIOLockedValueBox<HTTP2Connection.State>,
-         promise: EventLoopPromise<(APNsAttemptResult, Int?)>) {
+         promise: EventLoopPromise<APNsAttemptResult>) {
         self.headers = headers
         self.body = body
         self.timeout = TimeAmount(timeout)
@@ -298,9 +295,6 @@ final class PushStreamHandler: ChannelInboundHandler {
     private func sendRequest(context: ChannelHandlerContext) {
         guard !sent else { return }
         sent = true
-        if let id = try? context.channel.syncOptions?.getOption(HTTP2StreamChannelOptions.streamID) {
-            streamID = Int(id)
-        }
         context.write(wrapOutboundOut(.headers(.init(headers: headers, endStream: false))), promise: nil)
         var buffer = context.channel.allocator.buffer(capacity: body.count)
         buffer.writeBytes(body)
@@ -356,7 +350,7 @@ final class PushStreamHandler: ChannelInboundHandler {
         guard !done else { return }
         done = true
         timer?.cancel()
-        promise.succeed((result, streamID))
+        promise.succeed(result)
     }
 }
 

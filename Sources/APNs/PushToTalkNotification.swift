@@ -31,17 +31,12 @@ public let apnsMaximumPayloadBytes = 4096
 /// A push as it goes on the wire: the `:path`, the header list and the JSON body.
 ///
 /// Building it is pure, so the exact headers are testable without a connection.
-public struct APNsRequest: Sendable, Equatable {
+public struct APNsRequest: Sendable {
     public var path: String
     /// Everything but the pseudo-headers and `authorization`, in the order sent.
     public var headers: [(String, String)]
     public var body: [UInt8]
     public var apnsID: String
-
-    public static func == (lhs: APNsRequest, rhs: APNsRequest) -> Bool {
-        lhs.path == rhs.path && lhs.body == rhs.body && lhs.apnsID == rhs.apnsID
-            && lhs.headers.map { $0.0 } == rhs.headers.map { $0.0 } && lhs.headers.map { $0.1 } == rhs.headers.map { $0.1 }
-    }
 
     /// Builds the `pushtotalk` request: priority 10 and expiration 0, because a wake that arrives late is
     /// worse than none (the talk burst is over by then).

@@ -3,7 +3,6 @@ import ChannelProtocol
 import ChannelStore
 import Foundation
 import Logging
-import NIOConcurrencyHelpers
 import Prometheus
 import ServiceLifecycle
 
@@ -52,7 +51,6 @@ public final class PushDispatcher: Service, Sendable {
     private let metrics: PushMetrics
     private let logger: Logger
     private let tokenRejected: @Sendable (_ channel: UUID, _ user: String, _ token: String) async -> Void
-    private let inFlight = NIOLockedValueBox(0)
 
     public init(route: APNsRoute, registry: PrometheusCollectorRegistry, logger: Logger,
                 tokenRejected: @escaping @Sendable (UUID, String, String) async -> Void) {
@@ -77,9 +75,6 @@ public final class PushDispatcher: Service, Sendable {
         if case .dropped = continuation.yield(job) { metrics.count(.failed, reason: "QueueFull") }
     }
 
-    /// Pushes waiting or in flight, for tests and the shutdown drain.
-    public var pending: Int { inFlight.withLockedValue { $0 } }
-
     public func run() async throws {
         // Opening the connections before the first burst keeps TLS out of the first wake's time.
         for client in route.clients { Task { await client.preconnect() } }
@@ -88,11 +83,7 @@ public final class PushDispatcher: Service, Sendable {
         await withGracefulShutdownHandler {
             await withDiscardingTaskGroup { group in
                 for await job in self.jobs {
-                    self.inFlight.withLockedValue { $0 += 1 }
-                    group.addTask {
-                        await self.deliver(job)
-                        self.inFlight.withLockedValue { $0 -= 1 }
-                    }
+                    group.addTask { await self.deliver(job) }
                 }
             }
         } onGracefulShutdown: {
