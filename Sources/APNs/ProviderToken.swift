@@ -91,6 +91,7 @@ actor ProviderTokenSigner {
 
     /// The JWT to send now, and its generation (to pass back to `replace` if APNs calls it expired).
     func token() async throws -> (jwt: String, generation: Int) {
+        if let minting { return try await minting.value }
         let date = now()
         if let current, !schedule.needsNewToken(now: date) { return (current, schedule.generation) }
         return try await mint(at: date)
@@ -98,14 +99,31 @@ actor ProviderTokenSigner {
 
     /// Replaces the JWT APNs rejected as expired, unless another push already did.
     func replace(generation: Int) async throws -> (jwt: String, generation: Int) {
+        if let minting { return try await minting.value }
         if let current, !schedule.shouldReplace(generation: generation) { return (current, schedule.generation) }
         return try await mint(at: now())
     }
 
+    /// Signing suspends the actor, so callers arriving meanwhile wait for this one mint instead of each
+    /// minting their own: two JWTs in a burst would be a provider-token change, which APNs punishes with
+    /// `TooManyProviderTokenUpdates`.
+    private var minting: Task<(jwt: String, generation: Int), any Error>?
+
     private func mint(at date: Date) async throws -> (jwt: String, generation: Int) {
         // iat is whole seconds; APNs compares it against its own clock.
         let claims = Claims(iss: IssuerClaim(value: identity.teamID), iat: IssuedAtClaim(value: Date(timeIntervalSince1970: date.timeIntervalSince1970.rounded(.down))))
-        let jwt = try await keys.sign(claims, kid: JWKIdentifier(string: identity.keyID))
+        let keys = self.keys
+        let kid = JWKIdentifier(string: identity.keyID)
+        let shared = Task { () async throws -> (jwt: String, generation: Int) in
+            let jwt = try await keys.sign(claims, kid: kid)
+            return self.adopt(jwt, issuedAt: date)
+        }
+        minting = shared
+        defer { minting = nil }
+        return try await shared.value
+    }
+
+    private func adopt(_ jwt: String, issuedAt date: Date) -> (jwt: String, generation: Int) {
         current = jwt
         schedule.issued(at: date)
         return (jwt, schedule.generation)

@@ -249,6 +249,26 @@ extension Result {
         await fixture.stop()
     }
 
+    /// Signing suspends the signer actor; pushes arriving meanwhile must share the one JWT being minted.
+    /// Before this was so, a burst of first pushes carried several JWTs and APNs answered the later ones with
+    /// TooManyProviderTokenUpdates.
+    @Test func concurrentFirstPushesShareOneProviderJWT() async throws {
+        let identity = try APNsProviderIdentity.load(p8Path: DevCertificates.p8, keyID: "DEVKEY0001", teamID: "DEVTEAM001")
+        let signer = try await ProviderTokenSigner(identity: identity, refreshAfter: .seconds(3000), now: { Date() })
+        let tokens = try await withThrowingTaskGroup(of: String.self) { group in
+            for _ in 0..<200 { group.addTask { try await signer.token().jwt } }
+            return try await group.reduce(into: Set<String>()) { $0.insert($1) }
+        }
+        #expect(tokens.count == 1)
+        let (jwt, generation) = try await signer.token()
+        #expect(tokens == [jwt] && generation == 1)
+        let replaced = try await withThrowingTaskGroup(of: String.self) { group in
+            for _ in 0..<50 { group.addTask { try await signer.replace(generation: 1).jwt } }
+            return try await group.reduce(into: Set<String>()) { $0.insert($1) }
+        }
+        #expect(replaced.count == 1 && !replaced.contains(jwt))
+    }
+
     @Test func badConfigurationIsRefusedUpFront() async throws {
         let identity = try APNsProviderIdentity.load(p8Path: DevCertificates.p8, keyID: "DEVKEY0001", teamID: "DEVTEAM001")
         await #expect(throws: APNsConfigurationError.invalidTopic("org.example.app")) {
