@@ -90,7 +90,13 @@ let package = Package(
             .product(name: "Crypto", package: "swift-crypto"),
             .product(name: "Logging", package: "swift-log"),
         ], swiftSettings: swift6),
+        .target(name: "APNsDevice", dependencies: [
+            .product(name: "NIOCore", package: "swift-nio"),
+            .product(name: "NIOPosix", package: "swift-nio"),
+            .product(name: "NIOHTTP1", package: "swift-nio"),
+        ], swiftSettings: swift6),
         .target(name: "APNsSimulator", dependencies: [
+            "APNsDevice",
             .product(name: "NIOCore", package: "swift-nio"),
             .product(name: "NIOPosix", package: "swift-nio"),
             .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
@@ -128,7 +134,7 @@ let package = Package(
         ], swiftSettings: swift6),
         .executableTarget(name: "squelch-bench", dependencies: [
             "Opus", "Audio", "SquelchInfo", "Wire", "WireNIO", "WireTesting", "SquelchTesting", "ChannelProtocol",
-            "ParticipantTokens", "APNs", "APNsSimulator", "ChannelStore",
+            "ParticipantTokens", "APNs", "APNsSimulator", "APNsDevice", "ChannelStore",
             .product(name: "NIOCore", package: "swift-nio"),
             .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
             .product(name: "Crypto", package: "swift-crypto"),
@@ -143,7 +149,7 @@ let package = Package(
             .product(name: "JWTKit", package: "jwt-kit"),
         ], swiftSettings: swift6),
         .testTarget(name: "APNsSimulatorTests", dependencies: [
-            "APNsSimulator",
+            "APNsSimulator", "APNsDevice",
             .product(name: "NIOCore", package: "swift-nio"),
             .product(name: "NIOPosix", package: "swift-nio"),
             .product(name: "NIOHTTP2", package: "swift-nio-http2"),

@@ -1,3 +1,4 @@
+import APNsDevice
 import Foundation
 import Hummingbird
 import Logging

@@ -62,22 +62,6 @@ public struct APNsRejection: Codable, Sendable, Equatable {
     }
 }
 
-/// What a simulated device receives for each push accepted for its token.
-public struct APNsDeliveredPush: Codable, Sendable, Equatable {
-    public var apnsID: String
-    public var topic: String
-    /// The body as sent.
-    public var body: String
-    public var receivedAt: Date
-
-    public init(apnsID: String, topic: String, body: String, receivedAt: Date) {
-        self.apnsID = apnsID
-        self.topic = topic
-        self.body = body
-        self.receivedAt = receivedAt
-    }
-}
-
 /// Counters since start (or the last `clearLog()`).
 public struct APNsSimulatorStats: Codable, Sendable, Equatable {
     /// Requests answered 200.

@@ -1,3 +1,4 @@
+import APNsDevice
 import Foundation
 import Hummingbird
 import Logging
@@ -146,37 +147,6 @@ public final class APNsSimulator: Sendable {
     public func clearLog() { core.clearLog() }
 
     public func stats() -> APNsSimulatorStats { core.stats() }
-}
-
-/// The JSON the control API speaks: ISO 8601 dates with milliseconds, sorted keys.
-public enum APNsSimulatorJSON {
-    /// Dates are kept to the millisecond everywhere, so that they survive a trip through JSON unchanged.
-    static func normalized(_ date: Date) -> Date {
-        Date(timeIntervalSince1970: (date.timeIntervalSince1970 * 1000).rounded() / 1000)
-    }
-
-    public static func encoder() -> JSONEncoder {
-        let encoder = JSONEncoder()
-        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
-        encoder.dateEncodingStrategy = .custom { date, encoder in
-            var container = encoder.singleValueContainer()
-            try container.encode(normalized(date).formatted(Date.ISO8601FormatStyle(includingFractionalSeconds: true)))
-        }
-        return encoder
-    }
-
-    public static func decoder() -> JSONDecoder {
-        let decoder = JSONDecoder()
-        decoder.dateDecodingStrategy = .custom { decoder in
-            let container = try decoder.singleValueContainer()
-            let text = try container.decode(String.self)
-            let style = Date.ISO8601FormatStyle(includingFractionalSeconds: true)
-            if let date = try? style.parse(text) { return normalized(date) }
-            if let date = try? Date.ISO8601FormatStyle().parse(text) { return date }
-            throw DecodingError.dataCorruptedError(in: container, debugDescription: "'\(text)' is not an ISO 8601 date")
-        }
-        return decoder
-    }
 }
 
 /// What every connection and the control API share: the logs, the counters, the fault plan and the

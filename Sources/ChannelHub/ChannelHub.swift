@@ -213,6 +213,10 @@ public final class ChannelHub {
             outputs.append(.store(.setPushToken(channel: channel.record.id, user: channel.members[slot]!.userID, token: lower,
                                                 environment: environment, registeredAt: time.date)))
             outputs.append(.send(.pushTokenRegistered, to: [link]))
+        case .setSubscriptions(let unheard):
+            channel.members[slot]!.unheard = Set(unheard)
+            channel.rebuildListeners()
+            outputs.append(.send(.subscriptions(unheard: unheard), to: [link]))
         }
     }
 
@@ -328,7 +332,7 @@ public final class ChannelHub {
                 outputs.append(.send(.participant(member.participant), to: channel.connectedLinks))
                 var wake: [MemberRecord] = []
                 var connected: [WakeCandidate] = []
-                for other in channel.members.values where other.pushToken != nil && other.canListen && other.slot != slot {
+                for other in channel.members.values where other.pushToken != nil && other.hears(member) && other.slot != slot {
                     let record = other.record(channel: channel.record.id, lastSeen: time.date)
                     if let link = other.link { connected.append(WakeCandidate(member: record, link: link)) } else { wake.append(record) }
                 }
@@ -430,7 +434,7 @@ public final class ChannelHub {
         UnsafeMutableRawBufferPointer(rebasing: scratch[AudioHeader.size ..< AudioHeader.size + payloadCount]).copyMemory(from: payload)
         let packet = UnsafeRawBufferPointer(rebasing: scratch[..<(AudioHeader.size + payloadCount)])
         var forwarded = 0
-        for listener in channel.listeners where listener.slot != slot {
+        for listener in channel.listeners where listener.slot != slot && (listener.unheard.isEmpty || !listener.unheard.contains(slot)) {
             if send(packet, listener.link) {
                 forwarded &+= 1
             } else {
@@ -448,7 +452,9 @@ public final class ChannelHub {
 
     func startCatchUp(_ channel: ChannelState, slot: UInt16, at time: HubTime) {
         var cursors: [CatchUpCursor] = []
+        guard let joiner = channel.members[slot] else { return }
         for recording in channel.recordings where !recording.ended && recording.talker != slot {
+            if let talker = channel.members[recording.talker], !joiner.hears(talker) { continue }
             recording.readers += 1
             cursors.append(CatchUpCursor(recording: recording, next: 0))
         }

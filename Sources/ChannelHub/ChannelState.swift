@@ -27,6 +27,11 @@ struct Member {
     var catchUp: [CatchUpCursor] = []
     /// When the current burst started (wall clock), for the transmission log.
     var burstStartedAt: Date?
+    /// User ids this member chose not to hear (`setSubscriptions`).
+    var unheard: Set<String> = []
+
+    /// Whether this member takes audio from `talker` at all: it may listen and has not unsubscribed.
+    func hears(_ talker: Member) -> Bool { canListen && !unheard.contains(talker.userID) }
 
     var participant: Participant {
         Participant(slot: slot, userID: userID, name: name, role: role, priority: priority, canTalk: canTalk,
@@ -49,7 +54,9 @@ final class ChannelState {
     var nextSlot: UInt16 = 1
     /// Connected members who may listen and are not catching up: the relay's fan-out list, rebuilt
     /// whenever membership changes (rare) so that forwarding a packet is one pass over an array.
-    var listeners: [(link: Link, slot: UInt16)] = []
+    /// `unheard` holds the slots of talkers the listener unsubscribed from; it is empty for nearly
+    /// everyone, so the per-packet check is one `isEmpty` in the common case.
+    var listeners: [(link: Link, slot: UInt16, unheard: [UInt16])] = []
     /// Recordings of bursts in progress (and ended ones still being replayed), by talker.
     var recordings: [BurstRecording] = []
     /// Finished recordings, kept for their buffers' capacity.
@@ -88,7 +95,8 @@ final class ChannelState {
     func rebuildListeners() {
         listeners.removeAll(keepingCapacity: true)
         for member in members.values where member.canListen && member.catchUp.isEmpty {
-            if let link = member.link { listeners.append((link, member.slot)) }
+            guard let link = member.link else { continue }
+            listeners.append((link, member.slot, member.unheard.compactMap { slotsByUser[$0] }))
         }
     }
 

@@ -6,7 +6,7 @@ import Foundation
 
 private enum Keys: String, CodingKey {
     case type, token, channel, reason, muted, environment, you, roster, talkers, code, participant, slot,
-         userID, event, descriptor, status, participants
+         userID, event, descriptor, status, participants, unheard
 }
 
 extension ClientMessage: Codable {
@@ -23,6 +23,7 @@ extension ClientMessage: Codable {
         case "registerPushToken":
             self = .registerPushToken(token: try c.decode(String.self, forKey: .token),
                                       environment: try c.decode(PushEnvironment.self, forKey: .environment))
+        case "setSubscriptions": self = .setSubscriptions(unheard: try c.decode([String].self, forKey: .unheard))
         case let other:
             throw DecodingError.dataCorruptedError(forKey: .type, in: c, debugDescription: "unknown client message type '\(other)'")
         }
@@ -46,6 +47,9 @@ extension ClientMessage: Codable {
             try c.encode("registerPushToken", forKey: .type)
             try c.encode(token, forKey: .token)
             try c.encode(environment, forKey: .environment)
+        case .setSubscriptions(let unheard):
+            try c.encode("setSubscriptions", forKey: .type)
+            try c.encode(unheard, forKey: .unheard)
         }
     }
 }
@@ -70,6 +74,7 @@ extension ServerMessage: Codable {
             self = .serviceStatus(try c.decode(ServiceStatus.self, forKey: .status),
                                   reason: try c.decodeIfPresent(String.self, forKey: .reason))
         case "pushTokenRegistered": self = .pushTokenRegistered
+        case "subscriptions": self = .subscriptions(unheard: try c.decode([String].self, forKey: .unheard))
         case "error":
             self = .error(code: try c.decode(RefusalCode.self, forKey: .code), reason: try c.decode(String.self, forKey: .reason))
         case let other:
@@ -111,6 +116,9 @@ extension ServerMessage: Codable {
             try c.encode(status, forKey: .status)
             try c.encodeIfPresent(reason, forKey: .reason)
         case .pushTokenRegistered: try c.encode("pushTokenRegistered", forKey: .type)
+        case .subscriptions(let unheard):
+            try c.encode("subscriptions", forKey: .type)
+            try c.encode(unheard, forKey: .unheard)
         case .error(let code, let reason):
             try c.encode("error", forKey: .type)
             try c.encode(code, forKey: .code)
@@ -136,6 +144,13 @@ public struct MessageCodec: Sendable {
             guard (2...ControlLimits.maxPushTokenHexLength).contains(token.utf8.count), token.utf8.count % 2 == 0,
                   token.utf8.allSatisfy({ (0x30...0x39).contains($0) || (0x61...0x66).contains($0) || (0x41...0x46).contains($0) })
             else { throw MessageError("push token must be an even number (2-\(ControlLimits.maxPushTokenHexLength)) of hex digits") }
+        case .setSubscriptions(let unheard):
+            guard unheard.count <= ControlLimits.maxUnheard else {
+                throw MessageError("setSubscriptions lists \(unheard.count) members; at most \(ControlLimits.maxUnheard)")
+            }
+            if let long = unheard.first(where: { $0.utf8.count > ControlLimits.maxUserIDBytes }) {
+                throw MessageError("user id of \(long.utf8.count) bytes in setSubscriptions; at most \(ControlLimits.maxUserIDBytes)")
+            }
         default: break
         }
         return message

@@ -179,6 +179,11 @@ public enum ClientMessage: Sendable, Equatable {
     case setMuted(Bool)
     /// The ephemeral push token (hex) the device got on join, and its APNs environment.
     case registerPushToken(token: String, environment: PushEnvironment)
+    /// The members (by user id) whose audio this member does not want (the app's subscription strategy,
+    /// after Amazon IVS's `subscribeType` `none`). Replaces the previous list; the server sends nothing
+    /// from them, live or catch-up, and wakes nobody for them for their bursts. The server keeps it with
+    /// the membership while it runs, not on disk, so a client sends it again after every join.
+    case setSubscriptions(unheard: [String])
 }
 
 /// Server → client.
@@ -199,6 +204,8 @@ public enum ServerMessage: Sendable, Equatable {
     case serviceStatus(ServiceStatus, reason: String?)
     /// The push token was stored.
     case pushTokenRegistered
+    /// The subscription list now in force (the answer to `setSubscriptions`).
+    case subscriptions(unheard: [String])
     /// A request that made no sense in the current state; the connection stays.
     case error(code: RefusalCode, reason: String)
 }
@@ -218,6 +225,10 @@ public enum ControlLimits {
     public static let maxPushTokenHexLength = 200
     /// Roster entries per message: about 150 bytes each, so a chunk stays far below `maxMessageBytes`.
     public static let rosterChunk = 128
+    /// Most user ids in one `setSubscriptions`.
+    public static let maxUnheard = 1_024
+    /// Longest user id accepted in a control message.
+    public static let maxUserIDBytes = 256
 }
 
 /// Application close codes the server puts in CONNECTION_CLOSE (docs/protocol.md §16.5).

@@ -1,3 +1,4 @@
+import APNsDevice
 import APNs
 import APNsSimulator
 import ArgumentParser

@@ -1,3 +1,4 @@
+import APNsDevice
 import Foundation
 import Testing
 @testable import APNsSimulator

@@ -1,3 +1,4 @@
+import APNsDevice
 import Crypto
 import Foundation
 #if canImport(FoundationNetworking)

@@ -212,8 +212,9 @@ extension Result {
 
     @Test func aThousandPushesInFlightOverOneConnection() async throws {
         let fixture = try await SimulatorFixture()
-        // The delay holds every stream open, so all 1,000 are in flight together.
-        fixture.simulator.setFaults(APNsFaultPlan(delayMilliseconds: 300))
+        // The delay holds streams open, so many are in flight together. How many depends on how fast this
+        // machine issues them; one at a time would be 1, so "over 100" proves multiplexing on a busy CI.
+        fixture.simulator.setFaults(APNsFaultPlan(delayMilliseconds: 1000))
         let client = try await fixture.client(poolSize: 1, requestTimeout: .seconds(5), retry: APNsRetryPolicy(budget: .seconds(10)))
         let results = await withTaskGroup(of: String.self) { group in
             for index in 0..<1000 {
@@ -231,7 +232,7 @@ extension Result {
         #expect(await client.connectionsOpened == 1)
         let stats = fixture.simulator.stats()
         #expect(stats.accepted == 1000)
-        #expect(stats.maxStreamsInFlight > 500, "streams were multiplexed, not sent one after another")
+        #expect(stats.maxStreamsInFlight > 100, "streams were multiplexed, not sent one after another")
         #expect(stats.maxStreamsInFlight <= 1000, "the server's MAX_CONCURRENT_STREAMS was honoured")
         await client.shutdown()
         await fixture.stop()

@@ -383,6 +383,43 @@ final class Harness {
         #expect(wake.first?.1.map(\.pushToken) == ["00ff"])
     }
 
+    @Test func unsubscribedTalkersAreNeitherRelayedNorReplayedNorWakeTheListener() {
+        let h = Harness()
+        let ann = h.join("ann"), bob = h.join("bob"), cat = h.join("cat")
+        h.send(.setSubscriptions(unheard: ["ann"]), from: bob.link)
+        #expect(h.lastMessage(to: bob.link) == .subscriptions(unheard: ["ann"]))
+        h.send(.floorRequest, from: ann.link)
+        let burst = h.grantedBurst(ann.link)!
+        h.audio(from: ann.link, burst: burst, sequence: 0, payload: [0])
+        #expect(h.audio(to: bob.link).isEmpty)
+        #expect(h.audio(to: cat.link).count == 1)
+        // Cat unsubscribes mid-burst and rejoins: no catch-up of Ann either.
+        h.send(.setSubscriptions(unheard: ["ann"]), from: cat.link)
+        h.audio(from: ann.link, burst: burst, sequence: 1, payload: [1])
+        #expect(h.audio(to: cat.link).count == 1)
+        h.hub.closed(cat.link, at: h.time)
+        h.drain()
+        let cat2 = h.join("cat")
+        h.advance(0)
+        #expect(h.audio(to: cat2.link).isEmpty)
+        h.send(.floorRelease, from: ann.link)
+        // Offline with a token, but not listening to Ann: no wake for her next burst.
+        h.send(.registerPushToken(token: "00ff", environment: .production), from: bob.link)
+        h.hub.closed(bob.link, at: h.time)
+        h.drain()
+        h.other.removeAll()
+        h.send(.floorRequest, from: ann.link)
+        let wakes = h.other.compactMap { if case .burstStarted(_, _, let wake, _) = $0 { return wake } else { return nil } }
+        #expect(wakes.allSatisfy { $0.isEmpty })
+        // Subscribing again restores the relay.
+        let bob2 = h.join("bob")
+        h.send(.setSubscriptions(unheard: []), from: bob2.link)
+        h.advance(0)
+        let burst2 = h.grantedBurst(ann.link)!
+        h.audio(from: ann.link, burst: burst2, sequence: 0, payload: [9])
+        #expect(h.audio(to: bob2.link).map(\.payload) == [[9]])
+    }
+
     @Test func badControlMessagesGetAnErrorNotACrash() {
         let h = Harness()
         let ann = h.join("ann")

@@ -9,7 +9,7 @@ import Testing
         let channel = UUID()
         let messages: [ClientMessage] = [
             .join(token: "abc.def.ghi", channel: channel, reason: .channelRestoration), .leave, .floorRequest, .floorRelease,
-            .setMuted(true), .registerPushToken(token: "00aaff", environment: .sandbox),
+            .setMuted(true), .registerPushToken(token: "00aaff", environment: .sandbox), .setSubscriptions(unheard: ["ann", "bob"]),
         ]
         for message in messages { #expect(try codec.decodeClientMessage(codec.encode(message)) == message) }
         let json = String(decoding: codec.encode(ClientMessage.floorRequest), as: UTF8.self)
@@ -24,7 +24,7 @@ import Testing
             .refused(code: .tokenExpired, reason: "expired"), .participant(Participant(slot: 1, userID: "a", name: "A")),
             .participantLeft(slot: 2, userID: "b"), .roster([Participant(slot: 4, userID: "d", name: "D", connection: .offline)]), .floor(FloorEvent(kind: .queued, slot: 2, position: 1)),
             .descriptor(info), .serviceStatus(.unavailable, reason: "shutting down"), .serviceStatus(.ready, reason: nil),
-            .pushTokenRegistered, .error(code: .notJoined, reason: "join first"),
+            .pushTokenRegistered, .subscriptions(unheard: ["ann"]), .error(code: .notJoined, reason: "join first"),
         ]
         for message in messages { #expect(try codec.decodeServerMessage(codec.encode(message)) == message) }
     }
@@ -36,6 +36,8 @@ import Testing
             (#"{"type":"registerPushToken","token":"xyz","environment":"sandbox"}"#, "hex digits"),
             (#"{"type":"registerPushToken","token":"abc","environment":"sandbox"}"#, "hex digits"),
             (#"{"type":"setMuted","muted":"yes"}"#, "wrong type at 'muted'"),
+            ("{\"type\":\"setSubscriptions\",\"unheard\":[" + Array(repeating: "\"u\"", count: 1025).joined(separator: ",") + "]}", "at most 1024"),
+            ("{\"type\":\"setSubscriptions\",\"unheard\":[\"" + String(repeating: "u", count: 300) + "\"]}", "at most 256"),
         ]
         for (text, expected) in cases {
             #expect(throws: MessageError.self) { try codec.decodeClientMessage(Array(text.utf8)) }

@@ -3,6 +3,9 @@ import NIOCore
 import NIOHTTP1
 import NIOPosix
 
+// The device side of the APNs simulator, in a module of its own so that a client (PTTClient, walkie)
+// can receive simulated pushes without linking the simulator's HTTP/2 and admin servers.
+
 /// A simulated device: subscribes to one token on the control port and receives each accepted push for it.
 public enum APNsSimulatedDevice {
     /// Returns once the subscription is live (so a push sent after this returns is delivered).
@@ -109,11 +112,13 @@ public enum APNsSimulatedDeviceError: Error, CustomStringConvertible, Sendable, 
 
 /// Cuts a byte stream into lines at `\n`, keeping a partial line until the rest of it arrives (HTTP
 /// chunks and TCP reads don't respect line ends).
-struct NDJSONLineSplitter {
+public struct NDJSONLineSplitter {
+    public init() {}
+
     private var pending: [UInt8] = []
 
     /// The lines completed by `bytes`, without their `\n` (and without a `\r` before it).
-    mutating func append(_ bytes: some Collection<UInt8>) -> [[UInt8]] {
+    public mutating func append(_ bytes: some Collection<UInt8>) -> [[UInt8]] {
         var lines: [[UInt8]] = []
         for byte in bytes {
             if byte == UInt8(ascii: "\n") {
@@ -125,5 +130,52 @@ struct NDJSONLineSplitter {
             }
         }
         return lines
+    }
+}
+
+/// What a simulated device receives for each push accepted for its token.
+public struct APNsDeliveredPush: Codable, Sendable, Equatable {
+    public var apnsID: String
+    public var topic: String
+    /// The body as sent.
+    public var body: String
+    public var receivedAt: Date
+
+    public init(apnsID: String, topic: String, body: String, receivedAt: Date) {
+        self.apnsID = apnsID
+        self.topic = topic
+        self.body = body
+        self.receivedAt = receivedAt
+    }
+}
+
+/// The JSON the control API speaks: ISO 8601 dates with milliseconds, sorted keys.
+public enum APNsSimulatorJSON {
+    /// Dates are kept to the millisecond everywhere, so that they survive a trip through JSON unchanged.
+    public static func normalized(_ date: Date) -> Date {
+        Date(timeIntervalSince1970: (date.timeIntervalSince1970 * 1000).rounded() / 1000)
+    }
+
+    public static func encoder() -> JSONEncoder {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+        encoder.dateEncodingStrategy = .custom { date, encoder in
+            var container = encoder.singleValueContainer()
+            try container.encode(normalized(date).formatted(Date.ISO8601FormatStyle(includingFractionalSeconds: true)))
+        }
+        return encoder
+    }
+
+    public static func decoder() -> JSONDecoder {
+        let decoder = JSONDecoder()
+        decoder.dateDecodingStrategy = .custom { decoder in
+            let container = try decoder.singleValueContainer()
+            let text = try container.decode(String.self)
+            let style = Date.ISO8601FormatStyle(includingFractionalSeconds: true)
+            if let date = try? style.parse(text) { return normalized(date) }
+            if let date = try? Date.ISO8601FormatStyle().parse(text) { return date }
+            throw DecodingError.dataCorruptedError(in: container, debugDescription: "'\(text)' is not an ISO 8601 date")
+        }
+        return decoder
     }
 }
