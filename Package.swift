@@ -108,7 +108,12 @@ let package = Package(
             .product(name: "Logging", package: "swift-log"),
             .product(name: "Hummingbird", package: "hummingbird"),
         ], swiftSettings: swift6),
-        .target(name: "PTTClient", dependencies: ["Wire", "WireNIO", "Audio", "Opus", "ChannelProtocol"], swiftSettings: swift6),
+        .target(name: "JitterBuffer", swiftSettings: swift6),
+        .target(name: "PTTClient", dependencies: [
+            "Wire", "WireNIO", "Audio", "Opus", "ChannelProtocol", "JitterBuffer", "APNsDevice",
+            .product(name: "NIOCore", package: "swift-nio"),
+            .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+        ], swiftSettings: swift6),
         .target(name: "PTTServer", dependencies: [
             "Wire", "WireNIO", "APNs", "APNsSimulator", "SquelchInfo", "FloorControl", "ParticipantTokens", "ChannelStore", "ChannelProtocol",
             "ChannelHub",
@@ -172,6 +177,13 @@ let package = Package(
         .testTarget(name: "ChannelProtocolTests", dependencies: ["ChannelProtocol"], swiftSettings: swift6),
         .testTarget(name: "OpusTests", dependencies: ["Opus", "Audio"], swiftSettings: swift6),
         .testTarget(name: "AudioTests", dependencies: ["Audio"], swiftSettings: swift6),
+        .testTarget(name: "JitterBufferTests", dependencies: ["JitterBuffer"], swiftSettings: swift6),
+        .testTarget(name: "PTTClientTests", dependencies: [
+            "PTTClient", "PTTServer", "APNsSimulator", "APNsDevice", "ChannelProtocol", "ChannelStore", "ParticipantTokens",
+            "Audio", "Opus", "JitterBuffer", "SquelchTesting", "Wire", "WireNIO",
+            .product(name: "NIOCore", package: "swift-nio"),
+            .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+        ], swiftSettings: swift6),
         .testTarget(name: "PTTServerTests", dependencies: [
             "PTTServer", "APNsSimulator", "ChannelStore", "ChannelProtocol", "ParticipantTokens", "Wire", "WireNIO", "WireTesting",
             "SquelchTesting",

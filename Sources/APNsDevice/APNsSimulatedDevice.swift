@@ -140,12 +140,15 @@ public struct APNsDeliveredPush: Codable, Sendable, Equatable {
     /// The body as sent.
     public var body: String
     public var receivedAt: Date
+    /// `apns-priority` as sent (APNs' default, 10, when the header was absent: nil).
+    public var priority: Int?
 
-    public init(apnsID: String, topic: String, body: String, receivedAt: Date) {
+    public init(apnsID: String, topic: String, body: String, receivedAt: Date, priority: Int? = nil) {
         self.apnsID = apnsID
         self.topic = topic
         self.body = body
         self.receivedAt = receivedAt
+        self.priority = priority
     }
 }
 

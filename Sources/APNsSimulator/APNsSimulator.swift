@@ -231,7 +231,8 @@ final class SimulatorCore: Sendable {
     // MARK: Log
 
     func record(_ push: APNsAcceptedPush, bodyIsJSONObject: Bool) {
-        let delivery = APNsDeliveredPush(apnsID: push.apnsID, topic: push.topic, body: push.body, receivedAt: push.receivedAt)
+        let delivery = APNsDeliveredPush(apnsID: push.apnsID, topic: push.topic, body: push.body, receivedAt: push.receivedAt,
+                                         priority: push.priority)
         let recipients = state.withLockedValue { state -> [AsyncStream<APNsDeliveredPush>.Continuation] in
             state.pushes.append(push)
             state.stats.accepted += 1

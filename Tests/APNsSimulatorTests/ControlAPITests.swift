@@ -92,7 +92,7 @@ import Testing
             await client.close()
 
             let expected = fixture.simulator.acceptedPushes().filter { $0.token == deviceToken }.map {
-                APNsDeliveredPush(apnsID: $0.apnsID, topic: $0.topic, body: $0.body, receivedAt: $0.receivedAt)
+                APNsDeliveredPush(apnsID: $0.apnsID, topic: $0.topic, body: $0.body, receivedAt: $0.receivedAt, priority: $0.priority)
             }
             try #require(expected.count == 2)
             var received: [APNsDeliveredPush] = []

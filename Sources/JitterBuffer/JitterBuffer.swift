@@ -1,0 +1,411 @@
+// A jitter buffer for one listener's push-to-talk audio (reference/audio.md §3.2, DESIGN.md "Audio").
+//
+// Why our own and not speexdsp's: speex starts every talk spurt with no buffering (a glitch at every
+// key press), can't show the caller packet n+1 when n is missing (which Opus FEC needs), and hides its
+// tuning. PTT speech comes in bursts with silence between them, so this buffer adapts only at burst
+// starts and never time-stretches: a new target costs nothing when nobody is talking.
+//
+// Sans-I/O: time is a number the caller passes in, payloads are bytes, and the caller decodes. The
+// playout clock (the audio output's blocking writes) asks for one decision per 20 ms frame.
+//
+// Catch-up: a listener woken by a push gets the burst from its first packet at network speed, then the
+// live rest. Such a burst is played whole and in order, however far behind live that puts it, because
+// the point of waking is to hear the first words; its ring grows up to `maxBacklogFrames`.
+
+/// Tuning, with the numbers from the design: 60 ms to start, 40-200 ms, a 32-frame live window.
+public struct JitterBufferConfiguration: Sendable, Equatable {
+    public var frameNanoseconds: UInt64 = 20_000_000
+    /// Frames a live burst may run ahead of playout before the buffer skips forward.
+    public var liveWindowFrames = 32
+    public var initialTargetMilliseconds = 60
+    /// One frame of jitter plus one of lookahead, so that FEC has packet n+1 when n is due.
+    public var minimumTargetMilliseconds = 40
+    public var maximumTargetMilliseconds = 200
+    /// The longest catch-up backlog (the server's 60 s burst limit).
+    public var maxBacklogFrames = 3_000
+    /// Missing frames in a row after which concealment turns to silence (it starts to sound synthetic).
+    public var concealmentLimitFrames = 10
+    /// Without a packet for this long and no end marker, the burst is over.
+    public var burstTimeoutNanoseconds: UInt64 = 1_000_000_000
+    /// The largest Opus payload accepted.
+    public var maxPayloadBytes = 1_100
+
+    public init() {}
+}
+
+/// What became of an arriving packet.
+public enum ArrivalOutcome: Sendable, Equatable {
+    case accepted
+    /// Accepted, and it started a new burst.
+    case newBurst
+    /// Its frame was already played or skipped.
+    case late
+    case duplicate
+    /// A live burst ran more than the window ahead: older frames were dropped to catch up.
+    case resynced
+    /// The catch-up backlog is full.
+    case backlogFull
+    /// Too large to be one of our frames.
+    case malformed
+}
+
+public enum BurstEndReason: Sendable, Equatable {
+    case endOfBurst
+    case timeout
+    /// Another burst (or talker) arrived before this one finished.
+    case superseded
+}
+
+/// How one received burst went.
+public struct BurstStatistics: Sendable, Equatable {
+    public var slot: UInt16
+    public var burst: UInt16
+    /// Distinct frames that arrived in time or late (not duplicates).
+    public var received = 0
+    public var late = 0
+    public var duplicates = 0
+    /// Frames that never arrived by their turn (recovered with FEC, concealed or skipped).
+    public var lost = 0
+    public var fecRecovered = 0
+    /// Frames made up by concealment (PLC), underruns included.
+    public var concealed = 0
+    /// Concealed frames played while waiting for late packets (each adds 20 ms of delay).
+    public var underruns = 0
+    public var silenceFrames = 0
+    public var resyncs = 0
+    public var catchUpFrames = 0
+    /// Frames decoded from their own packet.
+    public var played = 0
+    /// RFC 3550 interarrival jitter over live packets.
+    public var jitterMilliseconds = 0.0
+    /// The target delay used, after any growth within the burst.
+    public var targetDelayMilliseconds = 0
+    /// Frames waiting now.
+    public var bufferedFrames = 0
+
+    public init(slot: UInt16, burst: UInt16) {
+        self.slot = slot
+        self.burst = burst
+    }
+
+    /// Lost frames over frames due (played + lost): what a listener missed, before FEC.
+    public var lossFraction: Double { played + lost == 0 ? 0 : Double(lost) / Double(played + lost) }
+}
+
+/// A buffered frame handed to the caller; valid until the next mutating call.
+public struct FrameRef: Sendable, Equatable {
+    public let sequence: UInt16
+    let index: Int
+    let count: Int
+}
+
+public enum PlayoutDecision: Sendable, Equatable {
+    /// No burst.
+    case idle
+    /// A burst is buffering up to its start time.
+    case waiting
+    case play(FrameRef)
+    /// The frame is missing but the next one is here: decode its FEC data (it stays for its own turn).
+    case recoverWithFEC(next: FrameRef)
+    case conceal
+    case silence
+    /// The burst is over; reported once. The caller resets its decoder.
+    case ended(BurstStatistics, BurstEndReason)
+}
+
+public struct JitterBuffer: Sendable {
+    public let configuration: JitterBufferConfiguration
+
+    struct Slot: Sendable {
+        var sequence: UInt16 = 0
+        var filled = false
+        var count = 0
+    }
+
+    struct Burst: Sendable {
+        var stats: BurstStatistics
+        var catchUp: Bool
+        var nextToPlay: UInt16
+        var startTime: UInt64
+        var started = false
+        var targetMilliseconds: Int
+        /// The first sequence that is not a frame (the end marker's, or one past a last frame carrying END).
+        var endSequence: UInt16?
+        var lastArrival: UInt64
+        var consecutiveMisses = 0
+        // Estimator and jitter reference for live packets.
+        var firstLive: (arrival: UInt64, sequence: UInt16)?
+        var previousLive: (arrival: UInt64, sequence: UInt16)?
+    }
+
+    private var slots: [Slot]
+    private var storage: [UInt8]
+    private var burst: Burst?
+    private var pendingEnd: (BurstStatistics, BurstEndReason)?
+    /// Bursts that ended lately, so that their stragglers (repeated end markers) don't start them again.
+    private var finished: [UInt32] = []
+    // Delay histogram: 10 ms buckets to 500 ms, kept across bursts with forgetting.
+    private var histogram = [Double](repeating: 0, count: 50)
+    private var histogramWeight = 0.0
+    private var recentDelays = [Int64](repeating: .max, count: 128)
+    private var recentIndex = 0
+
+    public init(configuration: JitterBufferConfiguration = JitterBufferConfiguration()) {
+        self.configuration = configuration
+        let size = Self.powerOfTwo(atLeast: configuration.liveWindowFrames)
+        slots = [Slot](repeating: Slot(), count: size)
+        storage = [UInt8](repeating: 0, count: size * configuration.maxPayloadBytes)
+    }
+
+    static func powerOfTwo(atLeast n: Int) -> Int {
+        var size = 1
+        while size < n { size <<= 1 }
+        return size
+    }
+
+    static func distance(_ from: UInt16, _ to: UInt16) -> Int { Int(Int16(bitPattern: to &- from)) }
+
+    // MARK: Reading
+
+    public var current: BurstStatistics? {
+        guard var stats = burst?.stats else { return nil }
+        stats.bufferedFrames = bufferedFrames
+        return stats
+    }
+
+    public var activeSlot: UInt16? { burst?.stats.slot }
+
+    /// The target the next burst would start with (or the current burst's, grown).
+    public var currentTargetMilliseconds: Int { burst?.targetMilliseconds ?? estimatedTarget }
+
+    var bufferedFrames: Int { slots.reduce(0) { $0 + ($1.filled ? 1 : 0) } }
+
+    public func withPayload<R>(of frame: FrameRef, _ body: (UnsafeRawBufferPointer) throws -> R) rethrows -> R {
+        try storage.withUnsafeBytes { try body(UnsafeRawBufferPointer(rebasing: $0[frame.index * configuration.maxPayloadBytes ..< frame.index * configuration.maxPayloadBytes + frame.count])) }
+    }
+
+    /// Drops everything buffered (leaving a channel); the delay history stays.
+    public mutating func reset() {
+        for i in slots.indices { slots[i].filled = false }
+        burst = nil
+        pendingEnd = nil
+    }
+
+    // MARK: Arrivals
+
+    public mutating func insert(slot: UInt16, burst number: UInt16, sequence: UInt16, endOfBurst: Bool, catchUp: Bool,
+                                payload: UnsafeRawBufferPointer, now: UInt64) -> ArrivalOutcome {
+        guard payload.count <= configuration.maxPayloadBytes else { return .malformed }
+        let id = UInt32(slot) << 16 | UInt32(number)
+        var outcome = ArrivalOutcome.accepted
+        if burst == nil || burst!.stats.slot != slot || burst!.stats.burst != number {
+            if finished.contains(id) { return .late }
+            if let old = burst { finish(old, reason: old.endSequence != nil ? .endOfBurst : .superseded) }
+            start(slot: slot, burst: number, sequence: sequence, catchUp: catchUp, now: now)
+            outcome = .newBurst
+        }
+        var b = burst!
+        defer { burst = b }
+        b.lastArrival = now
+        if !catchUp { observe(&b, sequence: sequence, now: now) }
+
+        if endOfBurst {
+            let end = payload.isEmpty ? sequence : sequence &+ 1
+            if let known = b.endSequence, known == end { b.stats.duplicates += 1; return .duplicate }
+            b.endSequence = end
+            if payload.isEmpty { return outcome }
+        }
+        var ahead = Self.distance(b.nextToPlay, sequence)
+        if ahead < 0 {
+            // Before playout starts, an early frame that arrived second still gets its turn.
+            if !b.started && -ahead < slots.count - bufferedFrames {
+                b.nextToPlay = sequence
+                ahead = 0
+            } else {
+                b.stats.late += 1
+                b.stats.received += 1
+                return .late
+            }
+        }
+        if ahead >= slots.count {
+            if b.catchUp {
+                guard ahead < configuration.maxBacklogFrames else { b.stats.lost += 1; return .backlogFull }
+                grow(toHold: ahead + 1)
+            } else {
+                // Live and too far behind: skip to this frame, dropping what is older, so that the
+                // listener is back to live speech instead of a growing backlog.
+                let newNext = sequence
+                var skipped = 0
+                var s = b.nextToPlay
+                while Self.distance(s, newNext) > 0 {
+                    let i = Int(s) & (slots.count - 1)
+                    if slots[i].filled && slots[i].sequence == s { slots[i].filled = false } else { skipped += 1 }
+                    s &+= 1
+                }
+                b.stats.lost += skipped
+                b.stats.resyncs += 1
+                b.nextToPlay = newNext
+                outcome = .resynced
+            }
+        }
+        let index = Int(sequence) & (slots.count - 1)
+        if slots[index].filled && slots[index].sequence == sequence {
+            b.stats.duplicates += 1
+            return .duplicate
+        }
+        slots[index] = Slot(sequence: sequence, filled: true, count: payload.count)
+        storage.withUnsafeMutableBytes { bytes in
+            let base = index * configuration.maxPayloadBytes
+            UnsafeMutableRawBufferPointer(rebasing: bytes[base ..< base + payload.count]).copyMemory(from: payload)
+        }
+        b.stats.received += 1
+        if catchUp { b.stats.catchUpFrames += 1 }
+        return outcome
+    }
+
+    private mutating func start(slot: UInt16, burst number: UInt16, sequence: UInt16, catchUp: Bool, now: UInt64) {
+        for i in slots.indices { slots[i].filled = false }
+        let target = estimatedTarget
+        var stats = BurstStatistics(slot: slot, burst: number)
+        stats.targetDelayMilliseconds = target
+        burst = Burst(stats: stats, catchUp: catchUp, nextToPlay: sequence,
+                      startTime: catchUp ? now : now + UInt64(target) * 1_000_000,
+                      targetMilliseconds: target, lastArrival: now)
+    }
+
+    private mutating func grow(toHold frames: Int) {
+        let size = Self.powerOfTwo(atLeast: frames)
+        guard size > slots.count else { return }
+        var newSlots = [Slot](repeating: Slot(), count: size)
+        var newStorage = [UInt8](repeating: 0, count: size * configuration.maxPayloadBytes)
+        let width = configuration.maxPayloadBytes
+        for (old, slot) in slots.enumerated() where slot.filled {
+            let index = Int(slot.sequence) & (size - 1)
+            newSlots[index] = slot
+            for k in 0..<slot.count { newStorage[index * width + k] = storage[old * width + k] }
+        }
+        slots = newSlots
+        storage = newStorage
+    }
+
+    /// Feeds the delay estimator and the RFC 3550 jitter figure with one live arrival.
+    private mutating func observe(_ b: inout Burst, sequence: UInt16, now: UInt64) {
+        let frame = Int64(configuration.frameNanoseconds)
+        if let previous = b.previousLive {
+            let transit = Int64(bitPattern: now &- previous.arrival) - Int64(Self.distance(previous.sequence, sequence)) * frame
+            let d = Double(abs(transit)) / 1e6
+            b.stats.jitterMilliseconds += (d - b.stats.jitterMilliseconds) / 16
+        }
+        b.previousLive = (now, sequence)
+        guard let first = b.firstLive else {
+            b.firstLive = (now, sequence)
+            record(delay: 0)
+            return
+        }
+        let relative = Int64(bitPattern: now &- first.arrival) - Int64(Self.distance(first.sequence, sequence)) * frame
+        record(delay: relative)
+    }
+
+    private mutating func record(delay: Int64) {
+        recentDelays[recentIndex] = delay
+        recentIndex = (recentIndex + 1) & (recentDelays.count - 1)
+        // Delay over the fastest packet of the last ~2.5 s (128 frames): a base that slowly follows
+        // the path, so a changed route doesn't count as jitter forever.
+        let base = recentDelays.min() ?? 0
+        let bucket = min(histogram.count - 1, max(0, Int((delay - base) / 10_000_000)))
+        for i in histogram.indices { histogram[i] *= 0.99 }
+        histogramWeight = histogramWeight * 0.99 + 1
+        histogram[bucket] += 1
+    }
+
+    /// P95 of the delay history plus one frame of FEC lookahead, rounded up to whole frames.
+    var estimatedTarget: Int {
+        guard histogramWeight >= 10 else { return configuration.initialTargetMilliseconds }
+        var cumulative = 0.0
+        var p95 = histogram.count - 1
+        for (i, weight) in histogram.enumerated() {
+            cumulative += weight
+            if cumulative >= 0.95 * histogramWeight { p95 = i; break }
+        }
+        let frameMs = Int(configuration.frameNanoseconds / 1_000_000)
+        let raw = (p95 + 1) * 10 + frameMs
+        let rounded = (raw + frameMs - 1) / frameMs * frameMs
+        return min(configuration.maximumTargetMilliseconds, max(configuration.minimumTargetMilliseconds, rounded))
+    }
+
+    // MARK: Playout
+
+    public mutating func nextFrame(now: UInt64) -> PlayoutDecision {
+        if let (stats, reason) = pendingEnd {
+            pendingEnd = nil
+            return .ended(stats, reason)
+        }
+        guard var b = burst else { return .idle }
+        if b.endSequence == nil && now > b.lastArrival + configuration.burstTimeoutNanoseconds {
+            finish(b, reason: .timeout)
+            return takeEnd()
+        }
+        if let end = b.endSequence, Self.distance(b.nextToPlay, end) <= 0 {
+            finish(b, reason: .endOfBurst)
+            return takeEnd()
+        }
+        if !b.started {
+            guard now >= b.startTime else { burst = b; return .waiting }
+            b.started = true
+        }
+        defer { burst = b }
+        let mask = slots.count - 1
+        let n = b.nextToPlay
+        let index = Int(n) & mask
+        if slots[index].filled && slots[index].sequence == n {
+            slots[index].filled = false
+            b.nextToPlay &+= 1
+            b.consecutiveMisses = 0
+            b.stats.played += 1
+            return .play(FrameRef(sequence: n, index: index, count: slots[index].count))
+        }
+        b.consecutiveMisses += 1
+        let nextIndex = Int(n &+ 1) & mask
+        if slots[nextIndex].filled && slots[nextIndex].sequence == n &+ 1, slots[nextIndex].count > 0 {
+            b.nextToPlay &+= 1
+            b.stats.lost += 1
+            b.stats.fecRecovered += 1
+            return .recoverWithFEC(next: FrameRef(sequence: n &+ 1, index: nextIndex, count: slots[nextIndex].count))
+        }
+        let anythingLater = slots.contains { $0.filled }
+        if !anythingLater && b.targetMilliseconds < configuration.maximumTargetMilliseconds
+            && b.consecutiveMisses <= configuration.concealmentLimitFrames {
+            // Underrun: the packets are late, not lost. Wait one more frame for them, and keep that
+            // extra frame of delay for the rest of the burst.
+            b.targetMilliseconds += Int(configuration.frameNanoseconds / 1_000_000)
+            b.stats.targetDelayMilliseconds = b.targetMilliseconds
+            b.stats.concealed += 1
+            b.stats.underruns += 1
+            return .conceal
+        }
+        b.nextToPlay &+= 1
+        b.stats.lost += 1
+        if b.consecutiveMisses > configuration.concealmentLimitFrames {
+            b.stats.silenceFrames += 1
+            return .silence
+        }
+        b.stats.concealed += 1
+        return .conceal
+    }
+
+    private mutating func finish(_ b: Burst, reason: BurstEndReason) {
+        var stats = b.stats
+        stats.bufferedFrames = 0
+        for i in slots.indices { slots[i].filled = false }
+        pendingEnd = (stats, reason)
+        burst = nil
+        finished.append(UInt32(b.stats.slot) << 16 | UInt32(b.stats.burst))
+        if finished.count > 8 { finished.removeFirst() }
+    }
+
+    private mutating func takeEnd() -> PlayoutDecision {
+        guard let (stats, reason) = pendingEnd else { return .idle }
+        pendingEnd = nil
+        return .ended(stats, reason)
+    }
+}

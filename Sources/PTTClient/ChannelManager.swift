@@ -1,0 +1,245 @@
+import Audio
+import ChannelProtocol
+import Foundation
+import JitterBuffer
+import NIOConcurrencyHelpers
+import NIOCore
+import Wire
+import WireNIO
+
+/// Settings for a channel manager. One app (one `stateDirectory`) has one manager.
+public struct ChannelManagerConfiguration: Sendable {
+    /// Where the restoration record lives; by default `$XDG_STATE_HOME/squelch/<appIdentifier>`.
+    public var stateDirectory: String
+    /// Pushes and ephemeral tokens; nil for none (the channel then can't be woken while suspended).
+    public var pushTransport: (any PushTransport)?
+    public var audio: AudioConfiguration
+    public var subscriptionStrategy: any SubscriptionStrategy
+    /// Transport settings (keepalive, idle timeout).
+    public var connection: ConnectionConfiguration
+
+    public init(appIdentifier: String = "default", stateDirectory: String? = nil, pushTransport: (any PushTransport)? = nil,
+                audio: AudioConfiguration = .none, subscriptionStrategy: any SubscriptionStrategy = SubscribeToAll(),
+                connection: ConnectionConfiguration = .client) {
+        self.stateDirectory = stateDirectory ?? RestorationStore.defaultDirectory(app: appIdentifier)
+        self.pushTransport = pushTransport
+        self.audio = audio
+        self.subscriptionStrategy = subscriptionStrategy
+        self.connection = connection
+    }
+}
+
+/// Apple's `PTChannelManager` for Linux: one active channel, joined and left, transmitting through a
+/// floor request, woken by pushes, restored after a restart. Underneath it speaks Squelch's transport
+/// to squelchd and runs the audio pipeline.
+///
+/// Commands return at once and report through the delegate, in order, as Apple's do. The setters have
+/// an async-throws form and a completion-handler form.
+public final class ChannelManager: Sendable {
+    let engine: ManagerEngine
+    let snapshot: NIOLockedValueBox<Snapshot>
+    /// UI state changes beyond Apple's delegate. One consumer; the newest 1,000 are kept if it lags.
+    public let events: AsyncStream<ChannelManagerEvent>
+    /// Where this manager keeps its restoration record.
+    public let stateDirectory: String
+
+    struct Snapshot: Sendable {
+        var activeChannelUUID: UUID?
+        var serviceStatus = ServiceStatus.ready
+        var transmissionMode = TransmissionMode.halfDuplex
+        var activeRemoteParticipant: Participant?
+        var roster: [RosterEntry] = []
+        var isTransmitting = false
+        var isSuspended = false
+        var restorationError: RestorationError?
+        var channelInfo: ChannelInfo?
+    }
+
+    // MARK: Instantiation
+
+    /// Apple hands out one manager per app process; here an app is its state directory, so that tests
+    /// and tools can run several "devices" in one process. The registry is a `let` behind a lock, so
+    /// it is not unsynchronised global state.
+    private static let registry = NIOLockedValueBox<[String: Registration]>([:])
+    private enum Registration: Sendable {
+        case inProgress
+        case ready(ChannelManager)
+    }
+
+    /// Returns the app's channel manager, creating it (and restoring its channel) on the first call.
+    /// Later calls return the same instance; a call while another is still creating it fails with
+    /// `instantiationAlreadyInProgress`. Call it at every start, as on iOS: that is what restores the
+    /// channel (`didJoinChannel` with reason `channelRestoration`).
+    public static func channelManager(delegate: any ChannelManagerDelegate, restorationDelegate: any ChannelRestorationDelegate,
+                                      configuration: ChannelManagerConfiguration = ChannelManagerConfiguration())
+        async throws(InstantiationError) -> ChannelManager {
+        let key = (configuration.stateDirectory as NSString).standardizingPath
+        let existing = registry.withLockedValue { registry -> Result<ChannelManager?, InstantiationError> in
+            switch registry[key] {
+            case .ready(let manager)?: return .success(manager)
+            case .inProgress?: return .failure(InstantiationError(.instantiationAlreadyInProgress, "a channel manager for \(key) is being created; await that call"))
+            case nil:
+                registry[key] = .inProgress
+                return .success(nil)
+            }
+        }
+        if let manager = try existing.get() { return manager }
+        do {
+            let manager = try await ChannelManager(delegate: delegate, restorationDelegate: restorationDelegate,
+                                                   configuration: configuration, key: key)
+            registry.withLockedValue { $0[key] = .ready(manager) }
+            return manager
+        } catch {
+            registry.withLockedValue { $0[key] = nil }
+            throw error
+        }
+    }
+
+    private init(delegate: any ChannelManagerDelegate, restorationDelegate: any ChannelRestorationDelegate,
+                 configuration: ChannelManagerConfiguration, key: String) async throws(InstantiationError) {
+        var isDirectory: ObjCBool = false
+        do {
+            try FileManager.default.createDirectory(atPath: key, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+        } catch {
+            throw InstantiationError(.invalidPlatform, "can't use the state directory \(key): \(error.localizedDescription); set XDG_STATE_HOME to a writable directory")
+        }
+        guard FileManager.default.fileExists(atPath: key, isDirectory: &isDirectory), isDirectory.boolValue,
+              FileManager.default.isWritableFile(atPath: key) else {
+            throw InstantiationError(.invalidPlatform, "the state directory \(key) is not a writable directory; set XDG_STATE_HOME to one")
+        }
+        stateDirectory = key
+        let (events, sink) = AsyncStream.makeStream(of: ChannelManagerEvent.self, bufferingPolicy: .bufferingNewest(1000))
+        self.events = events
+        let snapshot = NIOLockedValueBox(Snapshot())
+        self.snapshot = snapshot
+        engine = ManagerEngine(configuration: configuration, store: RestorationStore(directory: key), delegate: delegate,
+                               restorationDelegate: restorationDelegate, events: sink, snapshot: snapshot)
+        await engine.start(manager: self)
+    }
+
+    /// Stops this manager as if the app quit: connections close and audio stops, but the channel is
+    /// not left, so the next `channelManager(...)` for the same directory restores it. (Linux only:
+    /// on iOS the process simply ends.)
+    public func invalidate() async {
+        await engine.shutdown()
+        let key = stateDirectory
+        ChannelManager.registry.withLockedValue { $0[key] = nil }
+    }
+
+    // MARK: Apple's members
+
+    /// The channel joined, or being joined or restored. One at a time.
+    public var activeChannelUUID: UUID? { snapshot.withLockedValue { $0.activeChannelUUID } }
+
+    public func requestJoinChannel(channelUUID: UUID, descriptor: ChannelDescriptor, credentials: ChannelCredentials) {
+        engine.submit(.join(channelUUID, descriptor, credentials))
+    }
+
+    public func leaveChannel(channelUUID: UUID) { engine.submit(.leave(channelUUID)) }
+
+    public func requestBeginTransmitting(channelUUID: UUID, source: ChannelTransmitRequestSource = .developerRequest) {
+        engine.submit(.begin(channelUUID, source))
+    }
+
+    public func stopTransmitting(channelUUID: UUID, source: ChannelTransmitRequestSource = .developerRequest) {
+        engine.submit(.stop(channelUUID, source))
+    }
+
+    public func setChannelDescriptor(_ descriptor: ChannelDescriptor, channelUUID: UUID) async throws(ChannelError) {
+        try await engine.set { session throws(ChannelError) in try session.setChannelDescriptor(descriptor, channelUUID) }
+    }
+
+    public func setChannelDescriptor(_ descriptor: ChannelDescriptor, channelUUID: UUID,
+                                     completionHandler: (@Sendable ((any Error)?) -> Void)? = nil) {
+        complete(completionHandler) { try await self.setChannelDescriptor(descriptor, channelUUID: channelUUID) }
+    }
+
+    public func setActiveRemoteParticipant(_ participant: Participant?, channelUUID: UUID) async throws(ChannelError) {
+        try await engine.set { session throws(ChannelError) in try session.setActiveRemoteParticipant(participant, channelUUID) }
+    }
+
+    public func setActiveRemoteParticipant(_ participant: Participant?, channelUUID: UUID,
+                                           completionHandler: (@Sendable ((any Error)?) -> Void)? = nil) {
+        complete(completionHandler) { try await self.setActiveRemoteParticipant(participant, channelUUID: channelUUID) }
+    }
+
+    public func setServiceStatus(_ status: ServiceStatus, channelUUID: UUID) async throws(ChannelError) {
+        try await engine.set { session throws(ChannelError) in try session.setServiceStatus(status, channelUUID) }
+    }
+
+    public func setServiceStatus(_ status: ServiceStatus, channelUUID: UUID, completionHandler: (@Sendable ((any Error)?) -> Void)? = nil) {
+        complete(completionHandler) { try await self.setServiceStatus(status, channelUUID: channelUUID) }
+    }
+
+    public func setTransmissionMode(_ mode: TransmissionMode, channelUUID: UUID) async throws(ChannelError) {
+        try await engine.set { session throws(ChannelError) in try session.setTransmissionMode(mode, channelUUID) }
+    }
+
+    public func setTransmissionMode(_ mode: TransmissionMode, channelUUID: UUID, completionHandler: (@Sendable ((any Error)?) -> Void)? = nil) {
+        complete(completionHandler) { try await self.setTransmissionMode(mode, channelUUID: channelUUID) }
+    }
+
+    public func setAccessoryButtonEventsEnabled(_ enabled: Bool, channelUUID: UUID) async throws(ChannelError) {
+        try await engine.set { session throws(ChannelError) in try session.setAccessoryButtonEventsEnabled(enabled, channelUUID) }
+    }
+
+    public func setAccessoryButtonEventsEnabled(_ enabled: Bool, channelUUID: UUID,
+                                                completionHandler: (@Sendable ((any Error)?) -> Void)? = nil) {
+        complete(completionHandler) { try await self.setAccessoryButtonEventsEnabled(enabled, channelUUID: channelUUID) }
+    }
+
+    private func complete(_ handler: (@Sendable ((any Error)?) -> Void)?, _ body: @escaping @Sendable () async throws -> Void) {
+        Task {
+            do {
+                try await body()
+                handler?(nil)
+            } catch {
+                handler?(error)
+            }
+        }
+    }
+
+    // MARK: What iOS does for the app, as API
+
+    /// The app moved to the foreground or background; joining and transmitting need the foreground.
+    public func setAppState(_ state: AppState) { engine.submit(.appState(state)) }
+
+    /// Simulates a system call taking the audio (true) and giving it back (false): transmission stops,
+    /// playback is silenced, and `requestBeginTransmitting` fails with `callActive` meanwhile.
+    public func setSystemCallActive(_ active: Bool) { engine.submit(.systemCall(active)) }
+
+    /// A hands-free accessory button (a headset or pedal) went down or up: begin or stop with source
+    /// `handsfreeButton`, unless `setAccessoryButtonEventsEnabled(false)`. Works in the background.
+    public func accessoryButton(pressed: Bool, channelUUID: UUID) { engine.submit(.accessory(pressed, channelUUID)) }
+
+    /// Closes the voice connection to save power, as iOS does to a suspended app; the channel stays,
+    /// and a push (or `resume()`, or a transmit request) brings the connection back.
+    public func suspend() { engine.submit(.suspend) }
+
+    /// Reopens a suspended voice connection.
+    public func resume() { engine.submit(.resume) }
+
+    // MARK: Subscriptions (after the Amazon IVS stage strategy)
+
+    /// Replaces the strategy and applies it to everyone.
+    public func setSubscriptionStrategy(_ strategy: any SubscriptionStrategy) { engine.submit(.strategy(strategy)) }
+
+    /// Asks the strategy again about every participant; only changed decisions reach the server.
+    public func refreshStrategy() { engine.submit(.refreshStrategy) }
+
+    // MARK: State for a UI
+
+    public var serviceStatus: ServiceStatus { snapshot.withLockedValue { $0.serviceStatus } }
+    public var transmissionMode: TransmissionMode { snapshot.withLockedValue { $0.transmissionMode } }
+    public var activeRemoteParticipant: Participant? { snapshot.withLockedValue { $0.activeRemoteParticipant } }
+    public var roster: [RosterEntry] { snapshot.withLockedValue { $0.roster } }
+    public var isTransmitting: Bool { snapshot.withLockedValue { $0.isTransmitting } }
+    public var isSuspended: Bool { snapshot.withLockedValue { $0.isSuspended } }
+    /// The channel as the server describes it (name, image, mode, burst limit), once joined.
+    public var channelInfo: ChannelInfo? { snapshot.withLockedValue { $0.channelInfo } }
+    /// Why the saved channel could not be restored at start, if it could not.
+    public var restorationError: RestorationError? { snapshot.withLockedValue { $0.restorationError } }
+
+    /// Network and audio figures now.
+    public func statistics() async -> ChannelStatistics { await engine.statistics() }
+}

@@ -1,0 +1,641 @@
+import ChannelProtocol
+import Foundation
+
+/// A delegate callback the session wants made, in order.
+enum DelegateCall: Sendable, Equatable {
+    case didJoin(UUID, ChannelJoinReason)
+    case didLeave(UUID, ChannelLeaveReason)
+    case didBeginTransmitting(UUID, ChannelTransmitRequestSource)
+    case didEndTransmitting(UUID, ChannelTransmitRequestSource)
+    case receivedPushToken(Data)
+    case didActivate(AudioSession)
+    case didDeactivate(AudioSession)
+    case failedToJoin(UUID, ChannelError)
+    case failedToLeave(UUID, ChannelError)
+    case failedToBegin(UUID, ChannelError)
+    case failedToStop(UUID, ChannelError)
+}
+
+/// Everything the session asks of the world. The driver carries these out in order.
+enum SessionOutput: Sendable, Equatable {
+    case delegate(DelegateCall)
+    /// Open a voice connection and handshake; answer with `transportConnected` or `transportFailed`.
+    case connect(ChannelCredentials)
+    /// Close the voice connection (`leaving`: for good, with CLOSE code normal).
+    case disconnect
+    case send(ClientMessage)
+    /// Start capturing and sending audio stamped with `burst`.
+    case startSending(burst: UInt16)
+    /// Stop capturing; send the end-of-burst marker (three times) before anything that follows.
+    case stopSending
+    /// Mute or unmute playback (a system call holds the audio).
+    case mutePlayback(Bool)
+    /// Drop whatever is buffered for playback (leaving a channel).
+    case flushPlayback
+    /// Ask the push transport for an ephemeral token; answer with `pushTokenIssued`.
+    case requestPushToken(UUID)
+    /// The token is dead (the channel was left).
+    case invalidatePushToken(Data)
+    case save(RestorationRecord)
+    case forgetRestoration
+    case event(ChannelManagerEvent)
+}
+
+/// The channel manager's logic as a plain state machine (the project's sans-I/O rule): commands from
+/// the app, events from the transport and the server go in; delegate calls, messages and media
+/// actions come out of `takeOutputs()`. No sockets, clocks, threads or audio here, so every path of
+/// Apple's API can be driven deterministically in tests.
+struct ChannelSession {
+    enum Link: Sendable, Equatable {
+        /// No channel, or suspended: no connection.
+        case down
+        /// Handshaking.
+        case connecting
+        /// Connected; `join` sent, waiting for `joined` or `refused`.
+        case joining
+        case joined
+        /// The app closed the connection to sleep; a push or a transmit request wakes it.
+        case suspended
+    }
+
+    enum Transmit: Sendable, Equatable {
+        case idle
+        /// `floorRequest` sent (or waiting for the connection to send it).
+        case requesting(ChannelTransmitRequestSource)
+        case queued(ChannelTransmitRequestSource, position: Int)
+        case active(ChannelTransmitRequestSource, burst: UInt16)
+    }
+
+    private(set) var channel: UUID?
+    private(set) var descriptor: ChannelDescriptor?
+    private(set) var credentials: ChannelCredentials?
+    private(set) var link = Link.down
+    private(set) var appState = AppState.foreground
+    private(set) var callActive = false
+    private(set) var serviceStatus = ServiceStatus.ready
+    private(set) var transmit = Transmit.idle
+    private(set) var activeRemoteParticipant: Participant?
+    private(set) var audio = AudioSession(isTransmitting: false, isReceiving: false)
+    private(set) var audioActive = false
+    private(set) var pushToken: Data?
+    private(set) var accessoryButtonEventsEnabled = true
+    /// The mode the app set (`setTransmissionMode`); the server's otherwise.
+    private(set) var modeOverride: TransmissionMode?
+    private(set) var serverInfo: ChannelInfo?
+    private(set) var you: UInt16?
+    private(set) var roster: [UInt16: ChannelProtocol.Participant] = [:]
+    /// Remote slots holding the floor now.
+    private(set) var remoteTalkers: [UInt16: UInt16] = [:]
+    /// Whether `didJoin` went out for the current channel (reconnects don't repeat it).
+    private(set) var joinReported = false
+    private var joinReason = ChannelJoinReason.developerRequest
+    private(set) var unheard: Set<String> = []
+    private var unheardSent: Set<String>?
+    private var strategyDecisions: [String: SubscribeType] = [:]
+
+    /// The APNs environment the push transport's tokens belong to.
+    var pushEnvironment = PushEnvironment.sandbox
+
+    private var outputs: [SessionOutput] = []
+
+    mutating func takeOutputs() -> [SessionOutput] {
+        defer { outputs.removeAll(keepingCapacity: true) }
+        return outputs
+    }
+
+    /// The mode in force: the app's choice, else listen-only for a token without `talk`, else the channel's.
+    var transmissionMode: TransmissionMode {
+        if let modeOverride { return modeOverride }
+        if let you, let me = roster[you], !me.canTalk { return .listenOnly }
+        return serverInfo?.mode == .fullDuplex ? .fullDuplex : .halfDuplex
+    }
+
+    // MARK: App commands
+
+    mutating func requestJoin(_ uuid: UUID, descriptor: ChannelDescriptor, credentials: ChannelCredentials,
+                              reason: ChannelJoinReason, pushToken restoredToken: Data? = nil) {
+        if let channel {
+            if channel != uuid {
+                emit(.failedToJoin(uuid, ChannelError(.channelLimitReached, "already in channel \(channel); leave it before joining another")))
+            }
+            return
+        }
+        if reason == .developerRequest && appState != .foreground {
+            emit(.failedToJoin(uuid, ChannelError(.appNotForeground, "channels are joined from the foreground; call setAppState(.foreground) first")))
+            return
+        }
+        channel = uuid
+        self.descriptor = descriptor
+        self.credentials = credentials
+        joinReason = reason
+        joinReported = false
+        pushToken = restoredToken
+        unheardSent = nil
+        connect()
+    }
+
+    mutating func leave(_ uuid: UUID, reason: ChannelLeaveReason = .developerRequest) {
+        guard channel == uuid else {
+            emit(.failedToLeave(uuid, ChannelError(.channelNotFound, "no active channel \(uuid)")))
+            return
+        }
+        if link == .joined { outputs.append(.send(.leave)) }
+        finish(reason: reason)
+    }
+
+    mutating func beginTransmitting(_ uuid: UUID, source: ChannelTransmitRequestSource) {
+        guard channel == uuid else {
+            emit(.failedToBegin(uuid, ChannelError(.channelNotFound, "no active channel \(uuid)")))
+            return
+        }
+        if appState != .foreground && source != .handsfreeButton {
+            emit(.failedToBegin(uuid, ChannelError(.appNotForeground, "transmitting starts from the foreground (or an accessory button)")))
+            return
+        }
+        if callActive {
+            emit(.failedToBegin(uuid, ChannelError(.callActive, "a call holds the audio; talk after it ends")))
+            return
+        }
+        if transmissionMode == .listenOnly {
+            emit(.failedToBegin(uuid, ChannelError(.transmissionNotAllowed, "this channel is listen-only for you")))
+            return
+        }
+        guard transmit == .idle else {
+            emit(.failedToBegin(uuid, ChannelError(.transmissionInProgress, "already transmitting or waiting for the floor")))
+            return
+        }
+        switch link {
+        case .joined:
+            guard serviceStatus == .ready else {
+                emit(.failedToBegin(uuid, ChannelError(.transmissionNotAllowed, "the service is \(serviceStatus == .connecting ? "connecting" : "unavailable"); wait until it is ready")))
+                return
+            }
+            transmit = .requesting(source)
+            outputs.append(.send(.floorRequest))
+        case .suspended:
+            // A suspended client wakes to talk: the request goes out once the channel is rejoined.
+            transmit = .requesting(source)
+            connect()
+        case .down, .connecting, .joining:
+            emit(.failedToBegin(uuid, ChannelError(.transmissionNotAllowed, "not connected to the channel yet; wait for the service to be ready")))
+        }
+    }
+
+    mutating func stopTransmitting(_ uuid: UUID, source: ChannelTransmitRequestSource) {
+        guard channel == uuid else {
+            emit(.failedToStop(uuid, ChannelError(.channelNotFound, "no active channel \(uuid)")))
+            return
+        }
+        switch transmit {
+        case .idle:
+            emit(.failedToStop(uuid, ChannelError(.transmissionNotFound, "not transmitting")))
+        case .requesting, .queued:
+            // Let go before the grant: withdraw the request; nothing began, so nothing ends.
+            transmit = .idle
+            if link == .joined { outputs.append(.send(.floorRelease)) }
+            outputs.append(.event(.transmitCancelled))
+        case .active:
+            endTransmission(source: source, release: true)
+        }
+    }
+
+    mutating func setAppState(_ state: AppState) { appState = state }
+
+    /// A system call takes the audio (or gives it back): transmission stops and playback goes quiet.
+    mutating func setSystemCall(active: Bool) {
+        guard active != callActive else { return }
+        callActive = active
+        if active {
+            if case .active = transmit { endTransmission(source: .unknown, release: true) }
+            outputs.append(.mutePlayback(true))
+            deactivateAudioIfIdle(force: true)
+        } else {
+            outputs.append(.mutePlayback(false))
+            if activeRemoteParticipant != nil { activateAudio() }
+        }
+    }
+
+    /// The app sets the remote speaker itself (Apple's `setActiveRemoteParticipant`).
+    mutating func setActiveRemoteParticipant(_ participant: Participant?, _ uuid: UUID) throws(ChannelError) {
+        guard channel == uuid else { throw ChannelError(.channelNotFound, "no active channel \(uuid)") }
+        if participant != nil, case .active = transmit, transmissionMode == .halfDuplex {
+            throw ChannelError(.transmissionInProgress, "you are transmitting; stop before showing a remote speaker")
+        }
+        showRemote(participant)
+    }
+
+    mutating func setServiceStatus(_ status: ServiceStatus, _ uuid: UUID) throws(ChannelError) {
+        guard channel == uuid else { throw ChannelError(.channelNotFound, "no active channel \(uuid)") }
+        updateStatus(status)
+    }
+
+    mutating func setTransmissionMode(_ mode: TransmissionMode, _ uuid: UUID) throws(ChannelError) {
+        guard channel == uuid else { throw ChannelError(.channelNotFound, "no active channel \(uuid)") }
+        modeOverride = mode
+        if mode == .listenOnly, case .active = transmit { endTransmission(source: .unknown, release: true) }
+        outputs.append(.event(.transmissionMode(transmissionMode)))
+    }
+
+    mutating func setChannelDescriptor(_ descriptor: ChannelDescriptor, _ uuid: UUID) throws(ChannelError) {
+        guard channel == uuid else { throw ChannelError(.channelNotFound, "no active channel \(uuid)") }
+        self.descriptor = descriptor
+        saveRecord()
+        outputs.append(.event(.descriptor(descriptor)))
+    }
+
+    mutating func setAccessoryButtonEventsEnabled(_ enabled: Bool, _ uuid: UUID) throws(ChannelError) {
+        guard channel == uuid else { throw ChannelError(.channelNotFound, "no active channel \(uuid)") }
+        accessoryButtonEventsEnabled = enabled
+    }
+
+    /// A hands-free button went down or up; ignored while accessory events are disabled.
+    mutating func accessoryButton(pressed: Bool, _ uuid: UUID) {
+        guard accessoryButtonEventsEnabled, channel == uuid else { return }
+        if pressed { beginTransmitting(uuid, source: .handsfreeButton) } else { stopTransmitting(uuid, source: .handsfreeButton) }
+    }
+
+    /// The app closes the voice connection to save power; pushes wake it (`pushResult`).
+    mutating func suspend() {
+        guard channel != nil, link != .suspended, link != .down else { return }
+        if case .active = transmit { endTransmission(source: .unknown, release: true) }
+        transmit = .idle
+        link = .suspended
+        outputs.append(.disconnect)
+        outputs.append(.event(.suspended(true)))
+    }
+
+    /// Wakes a suspended client without a push (the app came back to the foreground).
+    mutating func resume() {
+        guard link == .suspended else { return }
+        connect()
+    }
+
+    // MARK: Push
+
+    /// The delegate's answer to a `pushtotalk` push.
+    mutating func pushResult(_ result: PushResult, _ uuid: UUID) {
+        guard channel == uuid else { return }
+        switch result {
+        case .leaveChannel:
+            leave(uuid, reason: .developerRequest)
+        case .activeRemoteParticipant(let participant):
+            if case .active = transmit, transmissionMode == .halfDuplex { endTransmission(source: .unknown, release: true) }
+            showRemote(participant)
+            if link == .suspended || link == .down { connect() }
+        }
+    }
+
+    mutating func pushTokenIssued(_ token: Data, for uuid: UUID) {
+        guard channel == uuid, pushToken != token else { return }
+        pushToken = token
+        emit(.receivedPushToken(token))
+        saveRecord()
+        if link == .joined { registerToken() }
+    }
+
+    // MARK: Subscriptions
+
+    /// The app's strategy decided for these users (by id); sends the server the new list if it changed.
+    mutating func applySubscriptions(_ decisions: [String: SubscribeType]) {
+        strategyDecisions = decisions
+        unheard = Set(decisions.compactMap { $0.value == .none ? $0.key : nil })
+        sendSubscriptionsIfChanged()
+        outputs.append(.event(.roster(rosterEntries)))
+    }
+
+    var rosterEntries: [RosterEntry] {
+        roster.values.sorted { $0.slot < $1.slot }.map { p in
+            RosterEntry(userID: p.userID, name: p.name, role: p.role, priority: p.priority, canTalk: p.canTalk,
+                        canListen: p.canListen, connection: p.connection, talking: p.talking, muted: p.muted,
+                        subscribe: unheard.contains(p.userID) ? .none : .audio, isLocal: p.slot == you)
+        }
+    }
+
+    /// Users whose decision is unknown (new since the last evaluation).
+    var undecidedEntries: [RosterEntry] { rosterEntries.filter { strategyDecisions[$0.userID] == nil && !$0.isLocal } }
+    var decisions: [String: SubscribeType] { strategyDecisions }
+
+    // MARK: Transport
+
+    mutating func transportConnected() {
+        guard link == .connecting, let channel, let credentials else { return }
+        link = .joining
+        outputs.append(.send(.join(token: credentials.token, channel: channel,
+                                   reason: joinReported ? .developerRequest : (joinReason == .channelRestoration ? .channelRestoration : .developerRequest))))
+    }
+
+    /// The handshake failed or the connection ended for good.
+    mutating func transportFailed(_ message: String) {
+        guard let channel, link != .suspended, link != .down else { return }
+        if !joinReported {
+            // The first join never got through: it failed, and the channel is not active.
+            emit(.failedToJoin(channel, ChannelError(.unknown, message)))
+            updateStatus(.unavailable)
+            reset()
+            outputs.append(.forgetRestoration)
+            return
+        }
+        lostConnection()
+        link = .down
+        updateStatus(.unavailable)
+        outputs.append(.event(.notice(message)))
+    }
+
+    /// The transport lost the connection and is handshaking again by itself.
+    mutating func transportReconnecting() {
+        guard channel != nil, link == .joined || link == .joining else { return }
+        lostConnection()
+        link = .connecting
+        updateStatus(.connecting)
+    }
+
+    mutating func received(_ message: ServerMessage) {
+        guard let channel else { return }
+        switch message {
+        case .joined(let info, let slot, let participants, let talkers):
+            guard link == .joining else { return }
+            link = .joined
+            serverInfo = info
+            you = slot
+            roster = Dictionary(participants.map { ($0.slot, $0) }, uniquingKeysWith: { $1 })
+            remoteTalkers = [:]
+            updateStatus(.ready)
+            if !joinReported {
+                joinReported = true
+                emit(.didJoin(channel, joinReason))
+                saveRecord()
+            }
+            outputs.append(.event(.channelInfo(info)))
+            outputs.append(.event(.transmissionMode(transmissionMode)))
+            if pushToken == nil { outputs.append(.requestPushToken(channel)) } else { registerToken() }
+            unheardSent = nil
+            sendSubscriptionsIfChanged()
+            outputs.append(.event(.roster(rosterEntries)))
+            for talker in talkers where talker.slot != slot { remoteTalkStarted(slot: talker.slot, burst: talker.burst) }
+            if case .requesting = transmit { outputs.append(.send(.floorRequest)) }
+        case .roster(let more):
+            for p in more { roster[p.slot] = p }
+            outputs.append(.event(.roster(rosterEntries)))
+        case .refused(let code, let reason):
+            refused(code, reason)
+        case .participant(let p):
+            roster[p.slot] = p
+            outputs.append(.event(.roster(rosterEntries)))
+        case .participantLeft(let slot, _):
+            roster[slot] = nil
+            if remoteTalkers[slot] != nil { remoteTalkEnded(slot: slot) }
+            outputs.append(.event(.roster(rosterEntries)))
+        case .floor(let event):
+            floor(event)
+        case .descriptor(let info):
+            serverInfo = info
+            outputs.append(.event(.channelInfo(info)))
+            outputs.append(.event(.transmissionMode(transmissionMode)))
+        case .serviceStatus(let status, let reason):
+            updateStatus(ServiceStatus(status))
+            if let reason { outputs.append(.event(.notice(reason))) }
+        case .pushTokenRegistered, .subscriptions:
+            break
+        case .error(_, let reason):
+            outputs.append(.event(.notice("server: \(reason)")))
+        }
+    }
+
+    // MARK: Internals
+
+    private mutating func connect() {
+        guard let credentials else { return }
+        link = .connecting
+        updateStatus(.connecting)
+        outputs.append(.connect(credentials))
+    }
+
+    private mutating func floor(_ event: FloorEvent) {
+        guard let channel else { return }
+        switch event.kind {
+        case .granted:
+            guard let burst = event.burst else { return }
+            switch transmit {
+            case .requesting(let source), .queued(let source, _):
+                if transmissionMode == .halfDuplex { clearRemote() }
+                transmit = .active(source, burst: burst)
+                emit(.didBeginTransmitting(channel, source))
+                audio.isTransmitting = true
+                activateAudio()
+                outputs.append(.startSending(burst: burst))
+            case .active(let source, _):
+                transmit = .active(source, burst: burst)
+            case .idle:
+                // A grant for a request the user already let go of.
+                outputs.append(.send(.floorRelease))
+            }
+        case .denied:
+            guard transmit != .idle else { return }
+            transmit = .idle
+            emit(.failedToBegin(channel, Self.error(for: event)))
+        case .queued:
+            switch transmit {
+            case .requesting(let source), .queued(let source, _):
+                transmit = .queued(source, position: event.position ?? 0)
+                outputs.append(.event(.floorQueued(position: event.position ?? 0)))
+            default: break
+            }
+        case .revoked:
+            guard case .active = transmit else { return }
+            outputs.append(.event(.transmissionRevoked(event.cause, event.reason ?? "the floor was taken away")))
+            endTransmission(source: .unknown, release: false)
+        case .taken:
+            guard let slot = event.slot, slot != you else { return }
+            remoteTalkStarted(slot: slot, burst: event.burst ?? 0)
+        case .ended:
+            guard let slot = event.slot else { return }
+            if slot == you {
+                if case .active = transmit { endTransmission(source: .unknown, release: false) }
+            } else {
+                remoteTalkEnded(slot: slot)
+            }
+        case .idle:
+            for slot in Array(remoteTalkers.keys) { remoteTalkEnded(slot: slot) }
+        }
+    }
+
+    static func error(for event: FloorEvent) -> ChannelError {
+        let reason = event.reason ?? "the floor was refused"
+        switch event.cause {
+        case .notAllowed?: return ChannelError(.transmissionNotAllowed, reason)
+        case .busy?, .queueFull?: return ChannelError(.transmissionInProgress, reason)
+        case .notJoined?: return ChannelError(.channelNotFound, reason)
+        default: return ChannelError(.unknown, reason)
+        }
+    }
+
+    private mutating func remoteTalkStarted(slot: UInt16, burst: UInt16) {
+        remoteTalkers[slot] = burst
+        guard !unheardSlot(slot) else { return }
+        let name = roster[slot]?.name ?? "member \(slot)"
+        if let participant = try? Participant(name: name.isEmpty ? "member \(slot)" : name) {
+            if case .active = transmit, transmissionMode == .halfDuplex { return }
+            showRemote(participant)
+        }
+    }
+
+    private mutating func remoteTalkEnded(slot: UInt16) {
+        guard remoteTalkers.removeValue(forKey: slot) != nil else { return }
+        let audible = remoteTalkers.keys.filter { !unheardSlot($0) }
+        if let next = audible.first, let name = roster[next]?.name, let participant = try? Participant(name: name) {
+            showRemote(participant)
+        } else {
+            clearRemote()
+        }
+    }
+
+    private func unheardSlot(_ slot: UInt16) -> Bool {
+        guard let user = roster[slot]?.userID else { return false }
+        return unheard.contains(user)
+    }
+
+    private mutating func showRemote(_ participant: Participant?) {
+        guard participant != activeRemoteParticipant else { return }
+        activeRemoteParticipant = participant
+        outputs.append(.event(.activeRemoteParticipant(participant)))
+        if participant != nil {
+            audio.isReceiving = true
+            if !callActive { activateAudio() }
+        } else {
+            audio.isReceiving = false
+            deactivateAudioIfIdle()
+        }
+    }
+
+    private mutating func clearRemote() { showRemote(nil) }
+
+    private mutating func activateAudio() {
+        guard !audioActive, !callActive else { return }
+        audioActive = true
+        emit(.didActivate(audio))
+    }
+
+    private mutating func deactivateAudioIfIdle(force: Bool = false) {
+        guard audioActive else { return }
+        if !force && (audio.isTransmitting || audio.isReceiving) { return }
+        audioActive = false
+        emit(.didDeactivate(audio))
+    }
+
+    /// Ends the local transmission: the end marker goes out before the release, so listeners close
+    /// the burst at once instead of waiting for a timeout.
+    private mutating func endTransmission(source: ChannelTransmitRequestSource, release: Bool) {
+        guard let channel, case .active = transmit else { return }
+        transmit = .idle
+        outputs.append(.stopSending)
+        if release && link == .joined { outputs.append(.send(.floorRelease)) }
+        emit(.didEndTransmitting(channel, source))
+        audio.isTransmitting = false
+        deactivateAudioIfIdle()
+    }
+
+    /// The connection is gone for now: what depended on it ends.
+    private mutating func lostConnection() {
+        if case .active = transmit { endTransmission(source: .unknown, release: false) }
+        if transmit != .idle {
+            // A request in flight dies with the connection; the app hears why.
+            if let channel { emit(.failedToBegin(channel, ChannelError(.transmissionNotAllowed, "the connection dropped before the floor was granted"))) }
+            transmit = .idle
+        }
+        for slot in Array(remoteTalkers.keys) { remoteTalkEnded(slot: slot) }
+    }
+
+    private mutating func refused(_ code: RefusalCode, _ reason: String) {
+        guard let channel else { return }
+        if !joinReported {
+            let error: ChannelError
+            switch code {
+            case .channelNotFound, .tokenWrongChannel: error = ChannelError(.channelNotFound, reason, refusal: code)
+            default: error = ChannelError(.unknown, reason, refusal: code)
+            }
+            emit(.failedToJoin(channel, error))
+            updateStatus(.unavailable)
+            outputs.append(.disconnect)
+            reset()
+            outputs.append(.forgetRestoration)
+            return
+        }
+        outputs.append(.event(.notice(reason)))
+        switch code {
+        case .removedByAdmin, .channelDeleted: finish(reason: .systemPolicy)
+        default: finish(reason: .unknown)
+        }
+    }
+
+    /// Leaves the channel for good: everything stops, the token dies, the record goes.
+    private mutating func finish(reason: ChannelLeaveReason) {
+        guard let channel else { return }
+        if case .active = transmit { endTransmission(source: .unknown, release: false) }
+        transmit = .idle
+        clearRemote()
+        deactivateAudioIfIdle(force: true)
+        outputs.append(.flushPlayback)
+        if link != .down { outputs.append(.disconnect) }
+        if let pushToken { outputs.append(.invalidatePushToken(pushToken)) }
+        outputs.append(.forgetRestoration)
+        reset()
+        emit(.didLeave(channel, reason))
+    }
+
+    private mutating func reset() {
+        channel = nil
+        descriptor = nil
+        credentials = nil
+        link = .down
+        transmit = .idle
+        activeRemoteParticipant = nil
+        audio = AudioSession(isTransmitting: false, isReceiving: false)
+        audioActive = false
+        pushToken = nil
+        modeOverride = nil
+        serverInfo = nil
+        you = nil
+        roster = [:]
+        remoteTalkers = [:]
+        joinReported = false
+        unheardSent = nil
+        serviceStatus = .ready
+    }
+
+    private mutating func registerToken() {
+        guard let pushToken else { return }
+        outputs.append(.send(.registerPushToken(token: pushToken.map { String(format: "%02x", $0) }.joined(), environment: pushEnvironment)))
+    }
+
+    private mutating func sendSubscriptionsIfChanged() {
+        guard link == .joined, unheardSent != unheard else { return }
+        unheardSent = unheard
+        outputs.append(.send(.setSubscriptions(unheard: unheard.sorted())))
+        // A talker just unsubscribed from stops being the active speaker.
+        for (slot, _) in remoteTalkers where unheardSlot(slot) { remoteTalkEnded(slot: slot) }
+    }
+
+    private mutating func saveRecord() {
+        guard let channel, let descriptor, let credentials else { return }
+        outputs.append(.save(RestorationRecord(channel: channel, descriptor: descriptor, credentials: credentials,
+                                               pushToken: pushToken.map { Array($0) })))
+    }
+
+    private mutating func updateStatus(_ status: ServiceStatus) {
+        guard status != serviceStatus else { return }
+        serviceStatus = status
+        outputs.append(.event(.serviceStatus(status)))
+    }
+
+    private mutating func emit(_ call: DelegateCall) { outputs.append(.delegate(call)) }
+}
+
+extension ServiceStatus {
+    init(_ status: ChannelProtocol.ServiceStatus) {
+        switch status {
+        case .ready: self = .ready
+        case .connecting: self = .connecting
+        case .unavailable: self = .unavailable
+        }
+    }
+}

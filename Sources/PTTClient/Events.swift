@@ -1,0 +1,44 @@
+import ChannelProtocol
+import Foundation
+import JitterBuffer
+
+/// What the manager reports beyond Apple's delegate: the state a UI draws (status, roster, speaker,
+/// levels, network figures). Apple's apps get these from the system UI; a Linux app draws its own.
+public enum ChannelManagerEvent: Sendable, Equatable {
+    case serviceStatus(ServiceStatus)
+    case transmissionMode(TransmissionMode)
+    case channelInfo(ChannelInfo)
+    case descriptor(ChannelDescriptor)
+    case roster([RosterEntry])
+    case activeRemoteParticipant(Participant?)
+    /// Waiting for the floor, at this place in the queue (1 is next).
+    case floorQueued(position: Int)
+    /// The floor request was withdrawn before it was granted.
+    case transmitCancelled
+    /// The server took the floor away (pre-emption, the burst limit).
+    case transmissionRevoked(FloorCause?, String)
+    /// The voice connection is closed to save power (true) or back (false).
+    case suspended(Bool)
+    /// Something worth a line in the UI.
+    case notice(String)
+    /// The audio input ran out (a WAV file ended); the app decides when to stop transmitting.
+    case inputEnded
+    /// A received burst finished playing.
+    case burstFinished(BurstStatistics)
+}
+
+/// Figures for a UI's status line, read with `ChannelManager.statistics()`.
+public struct ChannelStatistics: Sendable, Equatable {
+    /// Smoothed round-trip time to the server, in milliseconds (nil before the first sample).
+    public var roundTripMilliseconds: Double?
+    /// Packets the transport declared lost, and sent.
+    public var packetsLost: Int
+    public var packetsSent: Int
+    /// The burst being played (live figures), if any.
+    public var reception: BurstStatistics?
+    /// The jitter buffer's current target delay.
+    public var jitterTargetMilliseconds: Int
+    /// The microphone's level over the last 20 ms frame, 0...1 (RMS), while transmitting.
+    public var inputLevel: Double
+    public var framesSent: Int
+}

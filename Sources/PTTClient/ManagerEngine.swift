@@ -1,0 +1,419 @@
+import Audio
+import ChannelProtocol
+import Foundation
+import JitterBuffer
+import NIOConcurrencyHelpers
+import NIOCore
+import Wire
+import WireNIO
+
+/// Carries out what `ChannelSession` decides: one task takes commands in order, feeds the session,
+/// and performs its outputs (delegate calls, the voice connection, the media threads, the push
+/// transport, the restoration file). Everything that arrives from elsewhere (server messages,
+/// transport events, pushes) comes back in as a command, so the session sees one ordered stream.
+actor ManagerEngine {
+    enum Command: Sendable {
+        case join(UUID, ChannelDescriptor, ChannelCredentials)
+        case restore(RestorationRecord, ChannelDescriptor)
+        case leave(UUID)
+        case begin(UUID, ChannelTransmitRequestSource)
+        case stop(UUID, ChannelTransmitRequestSource)
+        case appState(AppState)
+        case systemCall(Bool)
+        case accessory(Bool, UUID)
+        case suspend
+        case resume
+        case setter(@Sendable (inout ChannelSession) throws(ChannelError) -> Void, CheckedContinuation<Void, any Error>)
+        case strategy(any SubscriptionStrategy)
+        case refreshStrategy
+        case transportConnected(Int)
+        case transportFailed(Int, String)
+        case transportReconnecting(Int)
+        case server(Int, ServerMessage)
+        case pushToken(Data, UUID)
+        case push(IncomingPush)
+        case inputEnded
+        case notice(String)
+    }
+
+    let configuration: ChannelManagerConfiguration
+    let store: RestorationStore
+    weak var delegate: (any ChannelManagerDelegate)?
+    weak var restorationDelegate: (any ChannelRestorationDelegate)?
+    weak var manager: ChannelManager?
+    let eventSink: AsyncStream<ChannelManagerEvent>.Continuation
+    let snapshot: NIOLockedValueBox<ChannelManager.Snapshot>
+    nonisolated let commands: AsyncStream<Command>
+    nonisolated let commandSink: AsyncStream<Command>.Continuation
+
+    var session = ChannelSession()
+    var strategy: any SubscriptionStrategy
+    var serviceBudget = ServiceUpdateBudget()
+    var processor: Task<Void, Never>?
+
+    // The voice connection of the moment; `generation` tells its events from a closed one's.
+    var client: WireClientChannel?
+    var generation = 0
+    var connectionTasks: [Task<Void, Never>] = []
+
+    var pushTask: Task<Void, Never>?
+    var pushToken: Data?
+
+    let transmitter: Transmitter
+    let receiver: Receiver
+    var transmitClient: WireClientChannel?
+
+    init(configuration: ChannelManagerConfiguration, store: RestorationStore, delegate: any ChannelManagerDelegate,
+         restorationDelegate: any ChannelRestorationDelegate, events: AsyncStream<ChannelManagerEvent>.Continuation,
+         snapshot: NIOLockedValueBox<ChannelManager.Snapshot>) {
+        self.configuration = configuration
+        self.store = store
+        self.delegate = delegate
+        self.restorationDelegate = restorationDelegate
+        eventSink = events
+        self.snapshot = snapshot
+        strategy = configuration.subscriptionStrategy
+        (commands, commandSink) = AsyncStream.makeStream(of: Command.self)
+        let sink = commandSink
+        let eventSink = events
+        transmitter = Transmitter(configuration: configuration.audio) { event in
+            switch event {
+            case .inputEnded: sink.yield(.inputEnded)
+            case .inputFailed(let message): sink.yield(.notice(message))
+            }
+        }
+        receiver = Receiver(configuration: configuration.audio) { event in
+            switch event {
+            case .burstFinished(let statistics): eventSink.yield(.burstFinished(statistics))
+            case .outputFailed(let message): sink.yield(.notice(message))
+            }
+        }
+        session.pushEnvironment = configuration.pushTransport?.environment ?? .sandbox
+    }
+
+    nonisolated func submit(_ command: Command) { commandSink.yield(command) }
+
+    func set(_ body: @escaping @Sendable (inout ChannelSession) throws(ChannelError) -> Void) async throws(ChannelError) {
+        do {
+            try await withCheckedThrowingContinuation { continuation in submit(.setter(body, continuation)) }
+        } catch let error as ChannelError {
+            throw error
+        } catch {
+            throw ChannelError(.unknown, "\(error)")
+        }
+    }
+
+    /// Starts the command loop and restores the saved channel, if any.
+    func start(manager: ChannelManager) {
+        self.manager = manager
+        processor = Task { [commands] in
+            for await command in commands { await self.handle(command) }
+        }
+        do {
+            guard let record = try store.load() else { return }
+            let descriptor = record.descriptor ?? restorationDelegate?.channelDescriptor(restoredChannelUUID: record.channel)
+                ?? ChannelDescriptor(name: "Channel")
+            submit(.restore(record, descriptor))
+        } catch {
+            snapshot.withLockedValue { $0.restorationError = error }
+            eventSink.yield(.notice(error.description))
+        }
+    }
+
+    func shutdown() async {
+        commandSink.finish()
+        processor?.cancel()
+        await transmitter.stop()
+        await receiver.stop()
+        pushTask?.cancel()
+        await closeConnection()
+        eventSink.finish()
+    }
+
+    // MARK: Commands
+
+    func handle(_ command: Command) async {
+        switch command {
+        case .join(let uuid, let descriptor, let credentials):
+            session.requestJoin(uuid, descriptor: descriptor, credentials: credentials, reason: .developerRequest)
+        case .restore(let record, let descriptor):
+            let token = record.pushToken.map { Data($0) }
+            session.requestJoin(record.channel, descriptor: descriptor, credentials: record.credentials, reason: .channelRestoration,
+                                pushToken: token)
+            // The device keeps the token it had: pushes sent while the app was dead still reach it.
+            if let token, session.channel == record.channel { startPushes(token: token, channel: record.channel) }
+        case .leave(let uuid): session.leave(uuid)
+        case .begin(let uuid, let source): session.beginTransmitting(uuid, source: source)
+        case .stop(let uuid, let source): session.stopTransmitting(uuid, source: source)
+        case .appState(let state): session.setAppState(state)
+        case .systemCall(let active): session.setSystemCall(active: active)
+        case .accessory(let pressed, let uuid): session.accessoryButton(pressed: pressed, uuid)
+        case .suspend: session.suspend()
+        case .resume: session.resume()
+        case .setter(let body, let continuation):
+            do {
+                try body(&session)
+                await perform()
+                continuation.resume()
+            } catch {
+                await perform()
+                continuation.resume(throwing: error)
+            }
+            return
+        case .strategy(let strategy):
+            self.strategy = strategy
+            evaluateStrategy(all: true)
+        case .refreshStrategy:
+            evaluateStrategy(all: true)
+        case .transportConnected(let g):
+            guard g == generation else { return }
+            session.transportConnected()
+        case .transportFailed(let g, let message):
+            guard g == generation else { return }
+            session.transportFailed(message)
+        case .transportReconnecting(let g):
+            guard g == generation else { return }
+            session.transportReconnecting()
+        case .server(let g, let message):
+            guard g == generation else { return }
+            session.received(message)
+            switch message {
+            case .joined, .participant, .roster: evaluateStrategy(all: false)
+            default: break
+            }
+        case .pushToken(let token, let uuid):
+            session.pushTokenIssued(token, for: uuid)
+        case .push(let push):
+            handlePush(push)
+        case .inputEnded:
+            eventSink.yield(.inputEnded)
+        case .notice(let message):
+            eventSink.yield(.notice(message))
+        }
+        await perform()
+    }
+
+    func evaluateStrategy(all: Bool) {
+        let entries = all ? session.rosterEntries.filter { !$0.isLocal } : session.undecidedEntries
+        guard !entries.isEmpty || all else { return }
+        var decisions = all ? [:] : session.decisions
+        for entry in entries { decisions[entry.userID] = strategy.subscribeType(for: entry) }
+        if decisions != session.decisions || all { session.applySubscriptions(decisions) }
+    }
+
+    func handlePush(_ push: IncomingPush) {
+        // No channel, no wake: iOS drops pushtotalk pushes that arrive without an active channel.
+        guard let channel = session.channel, let manager, let delegate else { return }
+        if push.isServiceUpdate {
+            let remaining = serviceBudget.spend(highPriority: push.isHighPriority, at: push.receivedAt)
+            delegate.incomingServiceUpdatePush(channelManager: manager, channelUUID: channel, pushPayload: push.payload,
+                                               isHighPriority: push.isHighPriority, remainingHighPriorityBudget: remaining,
+                                               completion: {})
+            return
+        }
+        let result = delegate.incomingPushResult(channelManager: manager, channelUUID: channel, pushPayload: push.payload)
+        session.pushResult(result, channel)
+    }
+
+    // MARK: Outputs
+
+    func perform() async {
+        while true {
+            let outputs = session.takeOutputs()
+            if outputs.isEmpty { break }
+            for output in outputs { await perform(output) }
+        }
+        let s = session
+        snapshot.withLockedValue { snap in
+            snap.activeChannelUUID = s.channel
+            snap.serviceStatus = s.serviceStatus
+            snap.transmissionMode = s.transmissionMode
+            snap.activeRemoteParticipant = s.activeRemoteParticipant
+            snap.roster = s.rosterEntries
+            if case .active = s.transmit { snap.isTransmitting = true } else { snap.isTransmitting = false }
+            snap.isSuspended = s.link == .suspended
+            snap.channelInfo = s.serverInfo
+        }
+    }
+
+    func perform(_ output: SessionOutput) async {
+        switch output {
+        case .delegate(let call):
+            deliver(call)
+        case .connect(let credentials):
+            await openConnection(credentials)
+        case .disconnect:
+            await closeConnection()
+        case .send(let message):
+            guard let client else { return }
+            do {
+                try await client.send(control: MessageCodec().encode(message))
+            } catch {
+                eventSink.yield(.notice("could not send \(message): \(error)"))
+            }
+        case .startSending(let burst):
+            guard let client else { return }
+            transmitClient = client
+            transmitter.start(burst: burst, client: client)
+        case .stopSending:
+            await transmitter.stop()
+        case .mutePlayback(let muted):
+            receiver.setMuted(muted)
+        case .flushPlayback:
+            receiver.flush()
+            await receiver.stop()
+        case .requestPushToken(let channel):
+            startPushes(token: nil, channel: channel)
+        case .invalidatePushToken(let token):
+            pushTask?.cancel()
+            pushTask = nil
+            if let transport = configuration.pushTransport { await transport.unregister(token: token) }
+        case .save(let record):
+            do { try store.save(record) } catch { eventSink.yield(.notice(error.description)) }
+        case .forgetRestoration:
+            store.remove()
+        case .event(let event):
+            eventSink.yield(event)
+        }
+    }
+
+    func deliver(_ call: DelegateCall) {
+        guard let delegate, let manager else { return }
+        switch call {
+        case .didJoin(let uuid, let reason):
+            receiver.start()
+            delegate.channelManager(manager, didJoinChannel: uuid, reason: reason)
+        case .didLeave(let uuid, let reason): delegate.channelManager(manager, didLeaveChannel: uuid, reason: reason)
+        case .didBeginTransmitting(let uuid, let source): delegate.channelManager(manager, channelUUID: uuid, didBeginTransmittingFrom: source)
+        case .didEndTransmitting(let uuid, let source): delegate.channelManager(manager, channelUUID: uuid, didEndTransmittingFrom: source)
+        case .receivedPushToken(let token): delegate.channelManager(manager, receivedEphemeralPushToken: token)
+        case .didActivate(let audio): delegate.channelManager(manager, didActivate: audio)
+        case .didDeactivate(let audio): delegate.channelManager(manager, didDeactivate: audio)
+        case .failedToJoin(let uuid, let error): delegate.channelManager(manager, failedToJoinChannel: uuid, error: error)
+        case .failedToLeave(let uuid, let error): delegate.channelManager(manager, failedToLeaveChannel: uuid, error: error)
+        case .failedToBegin(let uuid, let error): delegate.channelManager(manager, failedToBeginTransmittingInChannel: uuid, error: error)
+        case .failedToStop(let uuid, let error): delegate.channelManager(manager, failedToStopTransmittingInChannel: uuid, error: error)
+        }
+    }
+
+    // MARK: Connection
+
+    func openConnection(_ credentials: ChannelCredentials) async {
+        await closeConnection()
+        generation += 1
+        let g = generation
+        let sink = commandSink
+        let client: WireClientChannel
+        do {
+            let pem = try String(contentsOfFile: credentials.caPath, encoding: .utf8)
+            let validator = try CertificateValidator(caPEM: pem)
+            var clientConfiguration = ClientConfiguration(serverName: credentials.serverName ?? credentials.host, validator: validator)
+            clientConfiguration.connection = configuration.connection
+            let address = try SocketAddress.makeAddressResolvingHost(credentials.host, port: credentials.port)
+            client = try WireClientChannel(configuration: clientConfiguration, server: address)
+        } catch {
+            sink.yield(.transportFailed(g, Self.describeSetup(error, credentials)))
+            return
+        }
+        self.client = client
+        let codec = MessageCodec()
+        let receiver = self.receiver
+        connectionTasks = [
+            Task {
+                for await event in client.events {
+                    switch event {
+                    case .connection(.control(let bytes)):
+                        if let message = try? codec.decodeServerMessage(bytes) { sink.yield(.server(g, message)) }
+                    case .reconnecting:
+                        sink.yield(.transportReconnecting(g))
+                    case .connection(.connected):
+                        sink.yield(.transportConnected(g))
+                    case .connection(.closed(let error)):
+                        sink.yield(.transportFailed(g, Self.describe(error, credentials)))
+                    default:
+                        break
+                    }
+                }
+            },
+            Task {
+                for await datagram in client.datagrams { receiver.receive(datagram) }
+            },
+            Task {
+                do {
+                    try await client.connect()
+                } catch {
+                    sink.yield(.transportFailed(g, Self.describe(error, credentials)))
+                }
+            },
+        ]
+    }
+
+    func closeConnection() async {
+        guard let client else { return }
+        self.client = nil
+        generation += 1
+        await client.close(code: CloseCode.normal.rawValue, reason: "client closed")
+        for task in connectionTasks { task.cancel() }
+        connectionTasks = []
+    }
+
+    static func describeSetup(_ error: any Error, _ credentials: ChannelCredentials) -> String {
+        if error is CocoaError || (error as NSError).domain == NSCocoaErrorDomain {
+            return "can't read the CA file \(credentials.caPath); pass the CA that signed the server's certificate (certs/ca.pem in development)"
+        }
+        return "can't reach \(credentials.host):\(credentials.port): \(error); check the server address"
+    }
+
+    static func describe(_ error: any Error, _ credentials: ChannelCredentials) -> String {
+        let server = "\(credentials.host):\(credentials.port)"
+        if let error = error as? ConnectionError {
+            switch error {
+            case .handshakeTimeout, .idleTimeout:
+                return "no answer from squelchd at \(server); check that it runs and the address and port are right"
+            default:
+                return "connection to \(server) failed: \(error.description)"
+            }
+        }
+        return "connection to \(server) failed: \(error)"
+    }
+
+    // MARK: Pushes
+
+    func startPushes(token: Data?, channel: UUID) {
+        guard let transport = configuration.pushTransport, pushTask == nil else { return }
+        let sink = commandSink
+        pushTask = Task {
+            do {
+                let (issued, pushes) = try await transport.register(token: token)
+                sink.yield(.pushToken(issued, channel))
+                for try await push in pushes { sink.yield(.push(push)) }
+            } catch is CancellationError {
+            } catch {
+                sink.yield(.notice("push delivery stopped: \(error); the channel can't be woken while suspended"))
+            }
+        }
+    }
+
+    // MARK: Statistics
+
+    func statistics() async -> ChannelStatistics {
+        var result = ChannelStatistics(roundTripMilliseconds: nil, packetsLost: 0, packetsSent: 0, reception: nil,
+                                       jitterTargetMilliseconds: 0, inputLevel: transmitter.level, framesSent: transmitter.framesSent)
+        if let client {
+            let figures = try? await client.withClient { client -> (Double?, Int, Int)? in
+                guard let connection = client?.connection else { return nil }
+                return (connection.rtt.hasSample ? Double(connection.rtt.smoothed) / 1e6 : nil,
+                        connection.stats.packetsLost, connection.stats.packetsSent)
+            }
+            if let figures = figures ?? nil {
+                result.roundTripMilliseconds = figures.0
+                result.packetsLost = figures.1
+                result.packetsSent = figures.2
+            }
+        }
+        let reception = receiver.statistics
+        result.reception = reception.current
+        result.jitterTargetMilliseconds = reception.target
+        return result
+    }
+}

@@ -1,0 +1,100 @@
+import APNsDevice
+import ChannelProtocol
+import Foundation
+
+/// One push as it reached the device.
+public struct IncomingPush: Sendable, Equatable {
+    /// The JSON body.
+    public var payload: [String: PushValue]
+    /// `apns-priority` 10 (true) or lower.
+    public var isHighPriority: Bool
+    public var receivedAt: Date
+
+    public init(payload: [String: PushValue], isHighPriority: Bool = true, receivedAt: Date = Date()) {
+        self.payload = payload
+        self.isHighPriority = isHighPriority
+        self.receivedAt = receivedAt
+    }
+
+    /// A service update (`{"aps":{"ptt-push-type":"service-update"}}`) goes to
+    /// `incomingServiceUpdatePush`, not `incomingPushResult`.
+    public var isServiceUpdate: Bool {
+        payload["aps"]?.objectValue?["ptt-push-type"]?.stringValue == "service-update"
+    }
+}
+
+/// Where the device's ephemeral push tokens and its pushes come from. On iOS this is the system; on
+/// Linux, `SimulatedPushTransport` (the APNs simulator's device stream). Apps can plug in their own.
+public protocol PushTransport: Sendable {
+    /// The APNs environment the tokens belong to; the server needs it to pick the APNs host.
+    var environment: PushEnvironment { get }
+    /// Starts receiving pushes for `token` (a fresh one when nil) and returns the token. Pushes arrive
+    /// on `pushes` until `unregister` or the transport fails (the stream then throws).
+    func register(token: Data?) async throws -> (token: Data, pushes: AsyncThrowingStream<IncomingPush, any Error>)
+    /// Stops delivery for a token that died with its channel.
+    func unregister(token: Data) async
+}
+
+/// Pushes from the APNs simulator (`squelchd serve` embeds it; `squelchd apns-sim` runs it alone): the
+/// device makes up a 32-byte token, as iOS hands out opaque ones, and subscribes to it on the
+/// simulator's control port.
+public struct SimulatedPushTransport: PushTransport {
+    public var host: String
+    public var controlPort: Int
+    public var environment: PushEnvironment
+
+    public init(host: String = "127.0.0.1", controlPort: Int = 2198, environment: PushEnvironment = .sandbox) {
+        self.host = host
+        self.controlPort = controlPort
+        self.environment = environment
+    }
+
+    public func register(token: Data?) async throws -> (token: Data, pushes: AsyncThrowingStream<IncomingPush, any Error>) {
+        let token = token ?? Data((0..<32).map { _ in UInt8.random(in: 0...255) })
+        let hex = token.map { String(format: "%02x", $0) }.joined()
+        let deliveries = try await APNsSimulatedDevice.subscribe(host: host, controlPort: controlPort, token: hex)
+        let (pushes, continuation) = AsyncThrowingStream.makeStream(of: IncomingPush.self)
+        let relay = Task {
+            do {
+                for try await delivery in deliveries {
+                    // A body that is not a JSON object is still a push the app must answer; it gets an empty payload.
+                    let payload = PushValue.payload(from: Data(delivery.body.utf8)) ?? [:]
+                    continuation.yield(IncomingPush(payload: payload, isHighPriority: (delivery.priority ?? 10) >= 10,
+                                                    receivedAt: delivery.receivedAt))
+                }
+                continuation.finish()
+            } catch {
+                continuation.finish(throwing: error)
+            }
+        }
+        continuation.onTermination = { _ in relay.cancel() }
+        return (token, pushes)
+    }
+
+    public func unregister(token: Data) async {}
+}
+
+/// Apple's budget for high-priority service-update pushes: six in a fixed hour that starts with the
+/// first counted push (reference §2). Sans-I/O: the caller passes the time.
+public struct ServiceUpdateBudget: Sendable, Equatable {
+    public static let perHour = 6
+    private(set) var windowStart: Date?
+    private(set) var used = 0
+
+    public init() {}
+
+    /// Counts one push and returns the budget left after it (never below zero). Low-priority pushes are
+    /// not budgeted.
+    public mutating func spend(highPriority: Bool, at now: Date) -> Int {
+        if let start = windowStart, now.timeIntervalSince(start) >= 3600 || now < start {
+            windowStart = nil
+            used = 0
+        }
+        guard highPriority else { return remaining }
+        if windowStart == nil { windowStart = now }
+        used += 1
+        return remaining
+    }
+
+    public var remaining: Int { max(0, Self.perHour - used) }
+}

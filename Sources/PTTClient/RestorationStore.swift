@@ -1,0 +1,110 @@
+import Foundation
+
+/// What the manager keeps to rejoin its channel after a restart: the channel, how it looks, where it
+/// lives with the credentials to get in, and the push token the server knows the device by (so that a
+/// push sent while the app was dead still reaches it).
+public struct RestorationRecord: Sendable, Equatable, Codable {
+    public var version = 1
+    public var channel: UUID
+    /// Nil if the record was written without one; the restoration delegate then supplies it.
+    public var descriptor: ChannelDescriptor?
+    public var credentials: ChannelCredentials
+    public var pushToken: [UInt8]?
+
+    public init(channel: UUID, descriptor: ChannelDescriptor?, credentials: ChannelCredentials, pushToken: [UInt8]?) {
+        self.channel = channel
+        self.descriptor = descriptor
+        self.credentials = credentials
+        self.pushToken = pushToken
+    }
+}
+
+/// Why the restoration record could not be used.
+public enum RestorationError: Error, Sendable, Equatable, CustomStringConvertible {
+    /// The file was unreadable or not a record; it was moved aside to `movedTo`.
+    case corrupt(path: String, movedTo: String, why: String)
+    case unwritable(path: String, why: String)
+
+    public var description: String {
+        switch self {
+        case .corrupt(let path, let movedTo, let why):
+            "the saved channel in \(path) could not be read (\(why)); it was moved to \(movedTo) and the channel was not restored; join it again"
+        case .unwritable(let path, let why):
+            "could not save the channel for restoration in \(path) (\(why)); check the directory's permissions or set XDG_STATE_HOME"
+        }
+    }
+}
+
+/// The restoration record on disk, one JSON file under the XDG state directory, written atomically
+/// (a temporary file renamed over the old one) so that a crash mid-write leaves the old record whole.
+/// The file holds a participant token, so it is readable by the owner only.
+public struct RestorationStore: Sendable {
+    public let directory: String
+    public var path: String { (directory as NSString).appendingPathComponent("channel.json") }
+
+    public init(directory: String) { self.directory = directory }
+
+    /// `$XDG_STATE_HOME/squelch/<app>`, or `~/.local/state/squelch/<app>` (XDG Base Directory spec).
+    public static func defaultDirectory(app: String, environment: [String: String] = ProcessInfo.processInfo.environment) -> String {
+        let base: String
+        if let state = environment["XDG_STATE_HOME"], state.hasPrefix("/") {
+            base = state
+        } else {
+            base = ((environment["HOME"] ?? NSHomeDirectory()) as NSString).appendingPathComponent(".local/state")
+        }
+        return ((base as NSString).appendingPathComponent("squelch") as NSString).appendingPathComponent(app)
+    }
+
+    /// The saved record; nil if there is none. A file that can't be read is moved aside (never
+    /// deleted: it may be worth a look) and reported.
+    public func load() throws(RestorationError) -> RestorationRecord? {
+        guard let data = FileManager.default.contents(atPath: path) else { return nil }
+        do {
+            return try JSONDecoder().decode(RestorationRecord.self, from: data)
+        } catch {
+            let aside = path + ".corrupt-\(Int(Date().timeIntervalSince1970))"
+            try? FileManager.default.removeItem(atPath: aside)
+            try? FileManager.default.moveItem(atPath: path, toPath: aside)
+            throw .corrupt(path: path, movedTo: aside, why: Self.describe(error))
+        }
+    }
+
+    public func save(_ record: RestorationRecord) throws(RestorationError) {
+        do {
+            try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true,
+                                                    attributes: [.posixPermissions: 0o700])
+            let encoder = JSONEncoder()
+            encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
+            let data = try encoder.encode(record)
+            let temporary = path + ".tmp-\(ProcessInfo.processInfo.processIdentifier)"
+            guard FileManager.default.createFile(atPath: temporary, contents: data, attributes: [.posixPermissions: 0o600]) else {
+                throw CocoaError(.fileWriteUnknown)
+            }
+            // rename(2) replaces the old file in one step: readers see the old record or the new one.
+            guard rename(temporary, path) == 0 else {
+                let why = String(cString: strerror(errno))
+                try? FileManager.default.removeItem(atPath: temporary)
+                throw RestorationError.unwritable(path: path, why: why)
+            }
+        } catch let error as RestorationError {
+            throw error
+        } catch {
+            throw .unwritable(path: path, why: Self.describe(error))
+        }
+    }
+
+    public func remove() { try? FileManager.default.removeItem(atPath: path) }
+
+    static func describe(_ error: any Error) -> String {
+        if let decoding = error as? DecodingError {
+            switch decoding {
+            case .dataCorrupted(let c): return "not JSON: \(c.debugDescription)"
+            case .keyNotFound(let key, _): return "missing '\(key.stringValue)'"
+            case .typeMismatch(_, let c), .valueNotFound(_, let c):
+                return "wrong value at '\(c.codingPath.map(\.stringValue).joined(separator: "."))'"
+            @unknown default: return "\(decoding)"
+            }
+        }
+        return "\(error)"
+    }
+}

@@ -1,0 +1,235 @@
+import JitterBuffer
+import Testing
+
+// Seeded arrival patterns through the buffer, with a playout loop ticking every 20 ms as the audio
+// output would. Everything is deterministic: the same seed gives the same decisions.
+
+let ms: UInt64 = 1_000_000
+
+struct SplitMix64: RandomNumberGenerator {
+    var state: UInt64
+    mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
+    }
+}
+
+/// One packet on the way: when it arrives and what it is.
+struct Arrival {
+    var at: UInt64
+    var sequence: UInt16
+    var end = false
+    var catchUp = false
+    var slot: UInt16 = 1
+    var burst: UInt16 = 7
+    var payload: [UInt8] { end ? [] : [UInt8(truncatingIfNeeded: sequence), 0xAB] }
+}
+
+/// What the playout loop saw, tick by tick.
+struct Run {
+    var decisions: [PlayoutDecision] = []
+    var played: [UInt16] = []
+    var fec: [UInt16] = []
+    var firstPlayAt: UInt64?
+    var ended: (BurstStatistics, BurstEndReason)?
+    var endings: [(BurstStatistics, BurstEndReason)] = []
+    var outcomes: [ArrivalOutcome] = []
+    var conceal: Int { decisions.filter { $0 == .conceal }.count }
+    var silence: Int { decisions.filter { $0 == .silence }.count }
+}
+
+/// Feeds `arrivals` (any order) and ticks playout every 20 ms from `start` until `until`.
+func simulate(_ buffer: inout JitterBuffer, _ arrivals: [Arrival], start: UInt64 = 0, until: UInt64) -> Run {
+    var run = Run()
+    let sorted = arrivals.enumerated().sorted { ($0.element.at, $0.offset) < ($1.element.at, $1.offset) }.map(\.element)
+    var next = 0
+    var tick = start
+    while tick <= until {
+        while next < sorted.count && sorted[next].at <= tick {
+            let a = sorted[next]
+            let outcome = a.payload.withUnsafeBytes {
+                buffer.insert(slot: a.slot, burst: a.burst, sequence: a.sequence, endOfBurst: a.end, catchUp: a.catchUp, payload: $0, now: a.at)
+            }
+            run.outcomes.append(outcome)
+            next += 1
+        }
+        let decision = buffer.nextFrame(now: tick)
+        run.decisions.append(decision)
+        switch decision {
+        case .play(let frame):
+            if run.firstPlayAt == nil { run.firstPlayAt = tick }
+            let first = buffer.withPayload(of: frame) { $0.first }
+            #expect(first == UInt8(truncatingIfNeeded: frame.sequence), "payload matches its sequence")
+            run.played.append(frame.sequence)
+        case .recoverWithFEC(let next): run.fec.append(next.sequence &- 1)
+        case .ended(let stats, let reason):
+            run.ended = (stats, reason)
+            run.endings.append((stats, reason))
+        default: break
+        }
+        tick += 20 * ms
+    }
+    return run
+}
+
+/// A talker's burst: frame i sent at `start + i·20 ms`, arriving after `delay(i)`; END three times.
+func burst(frames: Int, start: UInt64 = 0, burst: UInt16 = 7, slot: UInt16 = 1, firstSequence: UInt16 = 0,
+           delay: (Int) -> UInt64? = { _ in 10 * ms }) -> [Arrival] {
+    var out: [Arrival] = []
+    for i in 0..<frames {
+        guard let d = delay(i) else { continue }
+        out.append(Arrival(at: start + UInt64(i) * 20 * ms + d, sequence: firstSequence &+ UInt16(i), slot: slot, burst: burst))
+    }
+    let endAt = start + UInt64(frames) * 20 * ms + 10 * ms
+    for k in 0..<3 { out.append(Arrival(at: endAt + UInt64(k) * ms, sequence: firstSequence &+ UInt16(frames), end: true, slot: slot, burst: burst)) }
+    return out
+}
+
+@Suite struct JitterBufferTests {
+    @Test func aCleanLinkPlaysEveryFrameOnceInOrderAfterTheInitialTarget() {
+        var buffer = JitterBuffer()
+        let run = simulate(&buffer, burst(frames: 100), until: 3_000 * ms)
+        #expect(run.played == (0..<100).map { UInt16($0) })
+        #expect(run.conceal == 0 && run.fec.isEmpty)
+        // First packet at 10 ms + 60 ms target → the first tick at or after 70 ms.
+        #expect(run.firstPlayAt == 80 * ms)
+        let (stats, reason) = try! #require(run.ended)
+        #expect(reason == .endOfBurst)
+        #expect(stats.duplicates == 2, "the end marker's repeats")
+        #expect(stats.received == 100 && stats.played == 100 && stats.lost == 0)
+        #expect(run.endings.count == 1)
+    }
+
+    @Test func tenPercentLossIsRecoveredWithFECOrConcealedAndTheCountsAddUp() {
+        var rng = SplitMix64(state: 42)
+        var lostSet = Set<Int>()
+        for i in 0..<200 where Double(rng.next() % 1000) < 100 { lostSet.insert(i) }
+        var buffer = JitterBuffer()
+        let run = simulate(&buffer, burst(frames: 200, delay: { lostSet.contains($0) ? nil : 10 * ms }), until: 6_000 * ms)
+        let (stats, reason) = try! #require(run.ended)
+        #expect(reason == .endOfBurst)
+        #expect(!lostSet.isEmpty)
+        #expect(run.played.count == 200 - lostSet.count)
+        #expect(Set(run.fec.map { Int($0) }).isSubset(of: lostSet))
+        // Two or three losses in a row empty a 60 ms buffer: the buffer can't tell that from lateness, so
+        // it waits a frame (an underrun) before it gives the frame up.
+        #expect(run.fec.count + run.conceal == lostSet.count + stats.underruns)
+        // A lost frame whose successor arrived is always FEC-recovered.
+        let recoverable = lostSet.filter { !lostSet.contains($0 + 1) && $0 + 1 < 200 }
+        #expect(Set(run.fec.map { Int($0) }) == recoverable)
+        #expect(stats.played + stats.fecRecovered + stats.concealed - stats.underruns == 200)
+        #expect(stats.lost == lostSet.count)
+    }
+
+    @Test func neighboursSwappedWithinTheTargetAllPlayInOrder() {
+        var buffer = JitterBuffer()
+        let arrivals = burst(frames: 100, delay: { $0 % 2 == 0 ? 35 * ms : 10 * ms })
+        let run = simulate(&buffer, arrivals, until: 3_000 * ms)
+        #expect(run.played == (0..<100).map { UInt16($0) })
+        #expect(run.conceal == 0)
+    }
+
+    @Test func duplicatesAreCountedAndPlayedOnce() {
+        var buffer = JitterBuffer()
+        let once = burst(frames: 50)
+        let run = simulate(&buffer, once + once.filter { !$0.end }.map { var a = $0; a.at += 3 * ms; return a }, until: 2_000 * ms)
+        #expect(run.played == (0..<50).map { UInt16($0) })
+        #expect(run.ended?.0.duplicates == 52)
+    }
+
+    @Test func aDelaySpikeGrowsTheBufferWithinTheBurstAndTheNextTargetThenCalmsDown() {
+        var buffer = JitterBuffer()
+        // A 200 ms stall from frame 120: those packets pile up and arrive together.
+        let spike = burst(frames: 150, delay: { i in
+            let sent = UInt64(i) * 20 * ms
+            let stallStart: UInt64 = 120 * 20 * ms
+            if sent >= stallStart && sent < stallStart + 200 * ms { return stallStart + 200 * ms - sent + 10 * ms }
+            return 10 * ms
+        })
+        let run = simulate(&buffer, spike, until: 5_000 * ms)
+        let (stats, _) = try! #require(run.ended)
+        #expect(run.conceal > 0, "the stall underran the buffer")
+        #expect(stats.targetDelayMilliseconds > 60, "it grew within the burst")
+        #expect(stats.underruns > 0)
+        #expect(stats.played + stats.fecRecovered + stats.concealed - stats.underruns == 150)
+        let afterSpike = buffer.currentTargetMilliseconds
+        #expect(afterSpike > 60, "the next burst starts with more room: \(afterSpike)")
+        // Calm bursts bring it back down to the minimum.
+        var start: UInt64 = 6_000 * ms
+        for k in 0..<8 {
+            _ = simulate(&buffer, burst(frames: 100, start: start, burst: UInt16(100 + k)), start: start, until: start + 2_500 * ms)
+            start += 3_000 * ms
+        }
+        #expect(buffer.currentTargetMilliseconds == 40)
+    }
+
+    @Test func aCatchUpBurstPlaysFromItsFirstFrameWithNothingSkipped() {
+        var buffer = JitterBuffer()
+        // 5 s of speech: the first 3 s (150 frames) replayed within 50 ms, the rest live from t = 3 s.
+        var arrivals: [Arrival] = []
+        for i in 0..<150 { arrivals.append(Arrival(at: UInt64(i) * ms / 3, sequence: UInt16(i), catchUp: true)) }
+        for i in 150..<250 { arrivals.append(Arrival(at: UInt64(i - 150) * 20 * ms + 50 * ms, sequence: UInt16(i))) }
+        for k in 0..<3 { arrivals.append(Arrival(at: 100 * 20 * ms + 60 * ms + UInt64(k) * ms, sequence: 250, end: true)) }
+        let run = simulate(&buffer, arrivals, until: 8_000 * ms)
+        #expect(run.played == (0..<250).map { UInt16($0) })
+        #expect(run.firstPlayAt == 0, "catch-up starts at once")
+        let (stats, reason) = try! #require(run.ended)
+        #expect(reason == .endOfBurst && stats.lost == 0 && stats.resyncs == 0 && stats.catchUpFrames == 150)
+        #expect(!run.outcomes.contains(.backlogFull) && !run.outcomes.contains(.resynced))
+    }
+
+    @Test func aLiveBurstFarBehindResyncs() {
+        var buffer = JitterBuffer()
+        // Frames 0-4 normal, then 45-60 arrive at once: more than the 32-frame window ahead of playout.
+        var arrivals = burst(frames: 5).filter { !$0.end }
+        for i in 45...60 { arrivals.append(Arrival(at: 120 * ms, sequence: UInt16(i))) }
+        let run = simulate(&buffer, arrivals, until: 3_500 * ms)
+        #expect(run.outcomes.contains(.resynced))
+        let stats = try! #require(run.ended?.0)
+        #expect(stats.resyncs == 1)
+        #expect(Array(run.played.suffix(16)) == (45...60).map { UInt16($0) })
+        #expect(stats.lost >= 40 - 32, "the skipped frames count as lost")
+    }
+
+    @Test func packetsThatStopWithoutAnEndTimeOutAfterSilence() {
+        var buffer = JitterBuffer()
+        let arrivals = burst(frames: 30).filter { !$0.end }
+        let run = simulate(&buffer, arrivals, until: 3_000 * ms)
+        let (_, reason) = try! #require(run.ended)
+        #expect(reason == .timeout)
+        #expect(run.silence > 0, "after 10 misses in a row, silence instead of concealment")
+        let firstSilence = run.decisions.firstIndex(of: .silence)!
+        let concealBefore = run.decisions[..<firstSilence].filter { $0 == .conceal }.count
+        #expect(concealBefore >= 10)
+    }
+
+    @Test func anotherTalkerSupersedesAnUnfinishedBurst() {
+        var buffer = JitterBuffer()
+        let first = burst(frames: 20, slot: 1).filter { !$0.end }
+        let second = burst(frames: 20, start: 200 * ms, burst: 9, slot: 2)
+        let run = simulate(&buffer, first + second, until: 2_000 * ms)
+        #expect(run.endings.map(\.1) == [.superseded, .endOfBurst])
+        #expect(run.endings.map(\.0.slot) == [1, 2])
+        // Straggling end markers of a finished burst don't start it again.
+        let late = [UInt8]().withUnsafeBytes { buffer.insert(slot: 2, burst: 9, sequence: 20, endOfBurst: true, catchUp: false, payload: $0, now: 3_000 * ms) }
+        #expect(late == .late)
+    }
+
+    @Test func sequenceNumbersWrapAround() {
+        var buffer = JitterBuffer()
+        let run = simulate(&buffer, burst(frames: 40, firstSequence: 65_520), until: 2_000 * ms)
+        #expect(run.played == (0..<40).map { UInt16(truncatingIfNeeded: 65_520 + $0) })
+        #expect(run.ended?.1 == .endOfBurst)
+    }
+
+    @Test func oversizedPayloadsAreRefused() {
+        var buffer = JitterBuffer()
+        let big = [UInt8](repeating: 1, count: 1_101)
+        let outcome = big.withUnsafeBytes { buffer.insert(slot: 1, burst: 1, sequence: 0, endOfBurst: false, catchUp: false, payload: $0, now: 0) }
+        #expect(outcome == .malformed)
+        #expect(buffer.nextFrame(now: 0) == .idle)
+    }
+}

@@ -1,0 +1,238 @@
+import ChannelProtocol
+import Foundation
+import Testing
+@testable import PTTClient
+
+// The channel manager's logic without I/O: commands and server messages in, delegate calls and
+// actions out. The end-to-end tests (ChannelManagerTests) run the same paths against a real squelchd.
+
+let credentials = ChannelCredentials(host: "127.0.0.1", port: 1, caPath: "/dev/null", token: "t")
+let channelID = UUID()
+let descriptor = ChannelDescriptor(name: "Ops")
+
+func participant(_ slot: UInt16, _ name: String, talk: Bool = true) -> ChannelProtocol.Participant {
+    ChannelProtocol.Participant(slot: slot, userID: name.lowercased(), name: name, canTalk: talk)
+}
+
+/// A session joined to `channelID` as slot 1 with Bob (slot 2) in the roster.
+func joinedSession(mode: ChannelProtocol.TransmissionMode = .halfDuplex, canTalk: Bool = true) -> ChannelSession {
+    var s = ChannelSession()
+    s.requestJoin(channelID, descriptor: descriptor, credentials: credentials, reason: .developerRequest)
+    s.transportConnected()
+    s.received(.joined(channel: ChannelInfo(id: channelID, name: "Ops", image: nil, mode: mode, maxBurstSeconds: 60), you: 1,
+                       roster: [participant(1, "Ann", talk: canTalk), participant(2, "Bob")], talkers: []))
+    s.pushTokenIssued(Data([0xAB, 0xCD]), for: channelID)
+    _ = s.takeOutputs()
+    return s
+}
+
+func delegateCalls(_ outputs: [SessionOutput]) -> [DelegateCall] {
+    outputs.compactMap { if case .delegate(let call) = $0 { return call } else { return nil } }
+}
+
+func sent(_ outputs: [SessionOutput]) -> [ClientMessage] {
+    outputs.compactMap { if case .send(let m) = $0 { return m } else { return nil } }
+}
+
+@Suite struct ChannelSessionTests {
+    @Test func rawValuesAreApples() {
+        #expect(ServiceStatus.allCases.map(\.rawValue) == [0, 1, 2])
+        #expect([TransmissionMode.fullDuplex, .halfDuplex, .listenOnly].map(\.rawValue) == [0, 1, 2])
+        #expect([ChannelJoinReason.developerRequest, .channelRestoration].map(\.rawValue) == [0, 1])
+        #expect([ChannelLeaveReason.unknown, .userRequest, .developerRequest, .systemPolicy].map(\.rawValue) == [0, 1, 2, 3])
+        #expect([ChannelTransmitRequestSource.unknown, .userRequest, .developerRequest, .handsfreeButton].map(\.rawValue) == [0, 1, 2, 3])
+        #expect(ChannelError.Code.allCases.map(\.rawValue) == Array(0...9))
+        #expect(ChannelError.Code.transmissionNotAllowed.rawValue == 9 && ChannelError.Code.appNotForeground.rawValue == 6)
+        #expect(InstantiationError.Code.allCases.map(\.rawValue) == Array(0...5))
+        #expect(InstantiationError.Code.instantiationAlreadyInProgress.rawValue == 5)
+        #expect(throws: ParticipantError.emptyName) { try Participant(name: "") }
+    }
+
+    @Test func joinConnectsSendsTheTokenAndReportsOnceJoined() {
+        var s = ChannelSession()
+        s.requestJoin(channelID, descriptor: descriptor, credentials: credentials, reason: .developerRequest)
+        var out = s.takeOutputs()
+        #expect(out.contains(.connect(credentials)))
+        #expect(out.contains(.event(.serviceStatus(.connecting))))
+        s.transportConnected()
+        #expect(sent(s.takeOutputs()) == [.join(token: "t", channel: channelID, reason: .developerRequest)])
+        s.received(.joined(channel: ChannelInfo(id: channelID, name: "Ops", image: nil, mode: .halfDuplex, maxBurstSeconds: 60), you: 1,
+                           roster: [participant(1, "Ann")], talkers: []))
+        out = s.takeOutputs()
+        #expect(delegateCalls(out) == [.didJoin(channelID, .developerRequest)])
+        #expect(out.contains(.requestPushToken(channelID)))
+        #expect(out.contains(.event(.serviceStatus(.ready))))
+        #expect(out.contains { if case .save(let r) = $0 { return r.channel == channelID } else { return false } })
+        s.pushTokenIssued(Data([1, 2]), for: channelID)
+        out = s.takeOutputs()
+        #expect(delegateCalls(out) == [.receivedPushToken(Data([1, 2]))])
+        #expect(sent(out) == [.registerPushToken(token: "0102", environment: .sandbox)])
+    }
+
+    @Test func joinErrors() {
+        var s = joinedSession()
+        s.requestJoin(UUID(), descriptor: descriptor, credentials: credentials, reason: .developerRequest)
+        #expect(delegateCalls(s.takeOutputs()).compactMap { if case .failedToJoin(_, let e) = $0 { return e.code } else { return nil } } == [ChannelError.Code.channelLimitReached])
+        var t = ChannelSession()
+        t.setAppState(.background)
+        t.requestJoin(channelID, descriptor: descriptor, credentials: credentials, reason: .developerRequest)
+        #expect(delegateCalls(t.takeOutputs()).compactMap { if case .failedToJoin(_, let e) = $0 { return e.code } else { return nil } } == [ChannelError.Code.appNotForeground])
+        #expect(t.channel == nil)
+        // Restoration happens in the background, as on iOS.
+        t.requestJoin(channelID, descriptor: descriptor, credentials: credentials, reason: .channelRestoration)
+        #expect(t.channel == channelID)
+    }
+
+    @Test func transmitBeginsOnGrantThenActivatesAndEndsThenDeactivates() {
+        var s = joinedSession()
+        s.beginTransmitting(channelID, source: .userRequest)
+        #expect(sent(s.takeOutputs()) == [.floorRequest])
+        s.received(.floor(FloorEvent(kind: .granted, burst: 5)))
+        var out = s.takeOutputs()
+        #expect(delegateCalls(out) == [.didBeginTransmitting(channelID, .userRequest),
+                                       .didActivate(AudioSession(isTransmitting: true, isReceiving: false))])
+        #expect(out.contains(.startSending(burst: 5)))
+        s.stopTransmitting(channelID, source: .userRequest)
+        out = s.takeOutputs()
+        let stop = out.firstIndex(of: .stopSending)!, release = out.firstIndex(of: .send(.floorRelease))!
+        #expect(stop < release, "the end marker goes before the release")
+        #expect(delegateCalls(out) == [.didEndTransmitting(channelID, .userRequest),
+                                       .didDeactivate(AudioSession(isTransmitting: false, isReceiving: false))])
+    }
+
+    @Test func everyTransmitErrorCode() {
+        func beginError(_ s: inout ChannelSession, _ uuid: UUID = channelID, source: ChannelTransmitRequestSource = .userRequest) -> ChannelError.Code? {
+            s.beginTransmitting(uuid, source: source)
+            return delegateCalls(s.takeOutputs()).compactMap { if case .failedToBegin(_, let e) = $0 { return e.code } else { return nil } }.first
+        }
+        var s = joinedSession()
+        #expect(beginError(&s, UUID()) == .channelNotFound)
+        s.setAppState(.background)
+        #expect(beginError(&s) == .appNotForeground)
+        s.setAppState(.foreground)
+        s.setSystemCall(active: true)
+        _ = s.takeOutputs()
+        #expect(beginError(&s) == .callActive)
+        s.setSystemCall(active: false)
+        try! s.setTransmissionMode(.listenOnly, channelID)
+        _ = s.takeOutputs()
+        #expect(beginError(&s) == .transmissionNotAllowed)
+        try! s.setTransmissionMode(.halfDuplex, channelID)
+        try! s.setServiceStatus(.connecting, channelID)
+        _ = s.takeOutputs()
+        #expect(beginError(&s) == .transmissionNotAllowed)
+        try! s.setServiceStatus(.ready, channelID)
+        #expect(beginError(&s) == nil)
+        #expect(beginError(&s) == .transmissionInProgress)
+        s.received(.floor(FloorEvent(kind: .denied, cause: .busy, reason: "someone else is talking")))
+        #expect(delegateCalls(s.takeOutputs()) == [.failedToBegin(channelID, ChannelError(.transmissionInProgress, "someone else is talking"))])
+        // A listen-only token maps to listenOnly mode.
+        var l = joinedSession(canTalk: false)
+        #expect(l.transmissionMode == .listenOnly)
+        #expect(beginError(&l) == .transmissionNotAllowed)
+        // Stop errors.
+        s.stopTransmitting(channelID, source: .userRequest)
+        #expect(delegateCalls(s.takeOutputs()) == [.failedToStop(channelID, ChannelError(.transmissionNotFound, "not transmitting"))])
+        s.stopTransmitting(UUID(), source: .userRequest)
+        #expect(delegateCalls(s.takeOutputs()).count == 1)
+        // Setting a remote participant while transmitting (half duplex).
+        _ = beginError(&s)
+        s.received(.floor(FloorEvent(kind: .granted, burst: 1)))
+        _ = s.takeOutputs()
+        #expect(throws: ChannelError.self) { try s.setActiveRemoteParticipant(try Participant(name: "Bob"), channelID) }
+        #expect(throws: ChannelError.self) { try s.setChannelDescriptor(descriptor, UUID()) }
+    }
+
+    @Test func aRemoteTalkerSetsTheParticipantThenActivatesAndIdleClearsThenDeactivates() {
+        var s = joinedSession()
+        s.received(.floor(FloorEvent(kind: .taken, slot: 2, burst: 3)))
+        var out = s.takeOutputs()
+        let bob = try! Participant(name: "Bob")
+        let set = out.firstIndex(of: .event(.activeRemoteParticipant(bob)))!
+        let activate = out.firstIndex(of: .delegate(.didActivate(AudioSession(isTransmitting: false, isReceiving: true))))!
+        #expect(set < activate)
+        s.received(.floor(FloorEvent(kind: .idle)))
+        out = s.takeOutputs()
+        #expect(out.firstIndex(of: .event(.activeRemoteParticipant(nil)))! < out.firstIndex(of: .delegate(.didDeactivate(AudioSession(isTransmitting: false, isReceiving: false))))!)
+        #expect(s.activeRemoteParticipant == nil)
+    }
+
+    @Test func revocationEndsTheTransmissionWithSourceUnknown() {
+        var s = joinedSession()
+        s.beginTransmitting(channelID, source: .userRequest)
+        s.received(.floor(FloorEvent(kind: .granted, burst: 2)))
+        _ = s.takeOutputs()
+        s.received(.floor(FloorEvent(kind: .revoked, cause: .preempted, reason: "pre-empted")))
+        let out = s.takeOutputs()
+        #expect(delegateCalls(out).first == .didEndTransmitting(channelID, .unknown))
+        #expect(out.contains(.event(.transmissionRevoked(.preempted, "pre-empted"))))
+        #expect(!sent(out).contains(.floorRelease), "the server already took the floor")
+    }
+
+    @Test func pushResultsWakeOrLeave() {
+        var s = joinedSession()
+        s.suspend()
+        var out = s.takeOutputs()
+        #expect(out.contains(.disconnect) && s.link == .suspended)
+        s.pushResult(.activeRemoteParticipant(try! Participant(name: "Bob")), channelID)
+        out = s.takeOutputs()
+        #expect(out.contains(.connect(credentials)))
+        #expect(delegateCalls(out) == [.didActivate(AudioSession(isTransmitting: false, isReceiving: true))])
+        s.pushResult(.leaveChannel, channelID)
+        out = s.takeOutputs()
+        #expect(delegateCalls(out).last == .didLeave(channelID, .developerRequest))
+        #expect(out.contains(.invalidatePushToken(Data([0xAB, 0xCD]))) && out.contains(.forgetRestoration))
+        #expect(s.channel == nil)
+    }
+
+    @Test func serverRefusalsAndRemovals() {
+        var s = ChannelSession()
+        s.requestJoin(channelID, descriptor: descriptor, credentials: credentials, reason: .developerRequest)
+        s.transportConnected()
+        _ = s.takeOutputs()
+        s.received(.refused(code: .tokenExpired, reason: "the participant token expired"))
+        var out = s.takeOutputs()
+        #expect(delegateCalls(out) == [.failedToJoin(channelID, ChannelError(.unknown, "the participant token expired", refusal: .tokenExpired))])
+        #expect(out.contains(.event(.serviceStatus(.unavailable))) && s.channel == nil)
+        var j = joinedSession()
+        j.received(.refused(code: .removedByAdmin, reason: "removed"))
+        out = j.takeOutputs()
+        #expect(delegateCalls(out).last == .didLeave(channelID, .systemPolicy))
+    }
+
+    @Test func reconnectingBlocksTransmitAndRejoinsWithoutASecondDidJoin() {
+        var s = joinedSession()
+        s.transportReconnecting()
+        #expect(s.serviceStatus == .connecting)
+        s.beginTransmitting(channelID, source: .userRequest)
+        #expect(delegateCalls(s.takeOutputs()).contains { if case .failedToBegin(_, let e) = $0 { return e.code == .transmissionNotAllowed } else { return false } })
+        s.transportConnected()
+        s.received(.joined(channel: ChannelInfo(id: channelID, name: "Ops", image: nil, mode: .halfDuplex, maxBurstSeconds: 60), you: 1,
+                           roster: [participant(1, "Ann")], talkers: [Talker(slot: 3, burst: 4)]))
+        let out = s.takeOutputs()
+        #expect(!delegateCalls(out).contains(.didJoin(channelID, .developerRequest)))
+        #expect(sent(out).contains(.registerPushToken(token: "abcd", environment: .sandbox)), "the token goes again")
+        #expect(s.serviceStatus == .ready && s.activeRemoteParticipant != nil, "a burst in progress shows its talker")
+    }
+
+    @Test func subscriptionsOnlyGoOutWhenTheyChange() {
+        var s = joinedSession()
+        s.applySubscriptions(["bob": .none])
+        #expect(sent(s.takeOutputs()) == [.setSubscriptions(unheard: ["bob"])])
+        s.applySubscriptions(["bob": .none])
+        #expect(sent(s.takeOutputs()).isEmpty)
+        #expect(s.rosterEntries.first { $0.userID == "bob" }?.subscribe == SubscribeType.none)
+        // Unheard talkers don't become the active speaker.
+        s.received(.floor(FloorEvent(kind: .taken, slot: 2, burst: 1)))
+        #expect(s.activeRemoteParticipant == nil)
+    }
+
+    @Test func serviceUpdateBudgetIsSixAnHourFromTheFirst() {
+        var budget = ServiceUpdateBudget()
+        let t0 = Date(timeIntervalSince1970: 1_000_000)
+        let left = (0..<7).map { budget.spend(highPriority: true, at: t0.addingTimeInterval(Double($0) * 60)) }
+        #expect(left == [5, 4, 3, 2, 1, 0, 0])
+        #expect(budget.spend(highPriority: false, at: t0.addingTimeInterval(600)) == 0)
+        #expect(budget.spend(highPriority: true, at: t0.addingTimeInterval(3600)) == 5)
+    }
+}
