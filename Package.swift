@@ -137,6 +137,7 @@ let package = Package(
             "PTTClient", "Audio", "Opus", "SquelchInfo",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
         ], swiftSettings: swift6),
+        .executableTarget(name: "ptt-example", dependencies: ["PTTClient", "Audio"], path: "Examples/PTTExample", swiftSettings: swift6),
         .executableTarget(name: "squelch-bench", dependencies: [
             "Opus", "Audio", "SquelchInfo", "Wire", "WireNIO", "WireTesting", "SquelchTesting", "ChannelProtocol",
             "ParticipantTokens", "APNs", "APNsSimulator", "APNsDevice", "ChannelStore",
@@ -180,7 +181,8 @@ let package = Package(
         .testTarget(name: "JitterBufferTests", dependencies: ["JitterBuffer"], swiftSettings: swift6),
         .testTarget(name: "PTTClientTests", dependencies: [
             "PTTClient", "PTTServer", "APNsSimulator", "APNsDevice", "ChannelProtocol", "ChannelStore", "ParticipantTokens",
-            "Audio", "Opus", "JitterBuffer", "SquelchTesting", "Wire", "WireNIO",
+            "Audio", "Opus", "JitterBuffer", "SquelchTesting", "Wire", "WireNIO", "WireTesting",
+            .product(name: "X509", package: "swift-certificates"),
             .product(name: "NIOCore", package: "swift-nio"),
             .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
         ], swiftSettings: swift6),

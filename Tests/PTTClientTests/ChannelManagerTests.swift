@@ -1,0 +1,333 @@
+import Audio
+import ChannelProtocol
+import Foundation
+import JitterBuffer
+import NIOConcurrencyHelpers
+import PTTClient
+import Testing
+import Wire
+import WireTesting
+import X509
+
+/// The channel manager end to end: real squelchd, real UDP, real Opus, WAV files as microphone and
+/// speaker (paced in real time, as a sound card would be; this machine has none), and the APNs
+/// simulator's real HTTP/2 delivery for pushes.
+@Suite(.serialized, .timeLimit(.minutes(3))) struct ChannelManagerTests {
+    func speech(_ seconds: Double) -> AudioConfiguration {
+        let samples = TestSignal.speechLike(seconds: seconds)
+        return AudioConfiguration(makeInput: { WAVFileSource(pipelineSamples: samples, pacer: RealTimePacer()) })
+    }
+
+    func recorder(_ path: String) -> AudioConfiguration {
+        AudioConfiguration(makeOutput: { try WAVFileSink(path: path, pacer: RealTimePacer()) })
+    }
+
+    func manager(_ fixture: ClientFixture, _ name: String, _ delegate: RecordingDelegate, audio: AudioConfiguration = .none,
+                 pushes: Bool = true, connection: ConnectionConfiguration = .client) async throws -> ChannelManager {
+        try await ChannelManager.channelManager(
+            delegate: delegate, restorationDelegate: delegate,
+            configuration: ChannelManagerConfiguration(stateDirectory: fixture.stateDirectory(name), pushTransport: pushes ? fixture.pushTransport : nil,
+                                                       audio: audio, connection: connection))
+    }
+
+    @Test func joinTalkAndListenWithEveryCallbackInOrder() async throws {
+        let fixture = try await ClientFixture()
+        let annDelegate = RecordingDelegate(), bobDelegate = RecordingDelegate()
+        let heard = fixture.directory + "/bob.wav"
+        let ann = try await manager(fixture, "ann", annDelegate, audio: speech(1.0))
+        let bob = try await manager(fixture, "bob", bobDelegate, audio: recorder(heard))
+        let bobEvents = EventLog(bob)
+        let id = fixture.channel.id
+        ann.requestJoinChannel(channelUUID: id, descriptor: ChannelDescriptor(name: "Ops"), credentials: fixture.credentials(try await fixture.token("ann")))
+        bob.requestJoinChannel(channelUUID: id, descriptor: ChannelDescriptor(name: "Ops"), credentials: fixture.credentials(try await fixture.token("bob")))
+        #expect(await annDelegate.wait(for: .didJoin(.developerRequest)))
+        #expect(await bobDelegate.wait(for: .didJoin(.developerRequest)))
+        #expect(await bobDelegate.wait(for: .pushToken(32)), "an ephemeral token on join")
+        #expect(ann.activeChannelUUID == id && ann.serviceStatus == .ready)
+        #expect(await eventually { bob.roster.map(\.userID).sorted() == ["ann", "bob"] })
+
+        ann.requestBeginTransmitting(channelUUID: id)
+        #expect(await annDelegate.wait(for: .didActivate))
+        #expect(await bobDelegate.wait(for: .didActivate))
+        #expect(bob.activeRemoteParticipant?.name == "Ann")
+        try await Task.sleep(for: .seconds(1.2))
+        ann.stopTransmitting(channelUUID: id)
+        #expect(await annDelegate.wait(for: .didDeactivate))
+        #expect(await bobDelegate.wait(for: .didDeactivate))
+        #expect(annDelegate.all.filter { [.didBegin(.developerRequest), .didActivate, .didEnd(.developerRequest), .didDeactivate].contains($0) }
+                == [.didBegin(.developerRequest), .didActivate, .didEnd(.developerRequest), .didDeactivate])
+        #expect(bob.activeRemoteParticipant == nil)
+        #expect(await eventually { !bobEvents.finishedBursts.isEmpty })
+        let sent = await ann.statistics().framesSent
+        let burst = try #require(bobEvents.finishedBursts.first)
+        #expect(sent >= 45 && burst.played + burst.fec == sent && burst.lost == 0, "\(burst), sent \(sent)")
+
+        bob.leaveChannel(channelUUID: id)
+        #expect(await bobDelegate.wait(for: .didLeave(.developerRequest)))
+        #expect(bob.activeChannelUUID == nil)
+        await bob.invalidate()
+        await ann.invalidate()
+        // Bob's speaker file holds the speech: as many loud 10 ms periods as Ann's microphone had, give
+        // or take the codec's edges.
+        func loudPeriods(_ audio: [Int16]) -> Int {
+            stride(from: 0, to: audio.count - 480, by: 480).filter { rms(audio[$0 ..< $0 + 480]) > 0.01 }.count
+        }
+        let spoken = loudPeriods(TestSignal.speechLike(seconds: 1.0))
+        let played = loudPeriods(try WAVAudio.read(path: heard).pipelineSamples(resampler: Resampler()))
+        #expect(spoken > 20 && played >= spoken * 9 / 10 && played <= spoken + 5, "spoken \(spoken), played \(played) loud periods")
+        await fixture.stop()
+    }
+
+    @Test func everyErrorPathAgainstARealServer() async throws {
+        let fixture = try await ClientFixture(pushes: false)
+        let id = fixture.channel.id
+        let d = RecordingDelegate()
+        var quick = ConnectionConfiguration.client
+        quick.handshakeTimeout = 1_500_000_000
+        let m = try await manager(fixture, "errors", d, pushes: false, connection: quick)
+        let descriptor = ChannelDescriptor(name: "Ops")
+
+        // Refusals: expired, wrong channel, untrusted CA, nobody listening.
+        m.requestJoinChannel(channelUUID: id, descriptor: descriptor, credentials: fixture.credentials(try await fixture.token("ann", ttl: -60)))
+        #expect(await d.wait(for: .failedToJoin(.unknown)))
+        #expect(d.errors.withLockedValue { $0.last?.refusal } == .tokenExpired)
+        #expect(m.activeChannelUUID == nil)
+        let other = UUID()
+        m.requestJoinChannel(channelUUID: other, descriptor: descriptor, credentials: fixture.credentials(try await fixture.token("ann")))
+        #expect(await d.wait(for: .failedToJoin(.channelNotFound)))
+        let strangerCA = fixture.directory + "/stranger.pem"
+        try TestPKI(name: "Stranger CA").ca.serializeAsPEM().pemString.write(toFile: strangerCA, atomically: true, encoding: .utf8)
+        m.requestJoinChannel(channelUUID: id, descriptor: descriptor, credentials: fixture.credentials(try await fixture.token("ann"), caPath: strangerCA))
+        #expect(await d.wait(for: .failedToJoin(.unknown), count: 2))
+        #expect(d.errors.withLockedValue { $0.last?.message.contains("certificate") } == true, "\(d.errors.withLockedValue { $0.last?.message ?? "" })")
+        m.requestJoinChannel(channelUUID: id, descriptor: descriptor,
+                             credentials: ChannelCredentials(host: "127.0.0.1", port: 9, caPath: fixture.caPath, token: "x"))
+        #expect(await d.wait(for: .failedToJoin(.unknown), count: 3))
+        #expect(d.errors.withLockedValue { $0.last?.message.contains("check that it runs") } == true)
+        m.setAppState(.background)
+        m.requestJoinChannel(channelUUID: id, descriptor: descriptor, credentials: fixture.credentials(try await fixture.token("ann")))
+        #expect(await d.wait(for: .failedToJoin(.appNotForeground)))
+        m.setAppState(.foreground)
+
+        // Joined: the transmit errors.
+        m.requestJoinChannel(channelUUID: id, descriptor: descriptor, credentials: fixture.credentials(try await fixture.token("ann")))
+        #expect(await d.wait(for: .didJoin(.developerRequest)))
+        m.requestJoinChannel(channelUUID: UUID(), descriptor: descriptor, credentials: fixture.credentials(try await fixture.token("ann")))
+        #expect(await d.wait(for: .failedToJoin(.channelLimitReached)))
+        m.stopTransmitting(channelUUID: id)
+        #expect(await d.wait(for: .failedToStop(.transmissionNotFound)))
+        m.leaveChannel(channelUUID: UUID())
+        #expect(await d.wait(for: .failedToLeave(.channelNotFound)))
+        m.requestBeginTransmitting(channelUUID: UUID())
+        #expect(await d.wait(for: .failedToBegin(.channelNotFound)))
+        m.setSystemCallActive(true)
+        m.requestBeginTransmitting(channelUUID: id)
+        #expect(await d.wait(for: .failedToBegin(.callActive)))
+        m.setSystemCallActive(false)
+        m.setAppState(.background)
+        m.requestBeginTransmitting(channelUUID: id)
+        #expect(await d.wait(for: .failedToBegin(.appNotForeground)))
+        // An accessory button may start a transmission from the background.
+        m.accessoryButton(pressed: true, channelUUID: id)
+        #expect(await d.wait(for: .didBegin(.handsfreeButton)))
+        m.accessoryButton(pressed: false, channelUUID: id)
+        #expect(await d.wait(for: .didEnd(.handsfreeButton)))
+        m.setAppState(.foreground)
+        try await m.setTransmissionMode(.listenOnly, channelUUID: id)
+        m.requestBeginTransmitting(channelUUID: id)
+        #expect(await d.wait(for: .failedToBegin(.transmissionNotAllowed)))
+        try await m.setTransmissionMode(.halfDuplex, channelUUID: id)
+        await #expect(throws: ChannelError.self) { try await m.setServiceStatus(.ready, channelUUID: UUID()) }
+
+        // Someone else holds the floor: busy.
+        let bobDelegate = RecordingDelegate()
+        let bob = try await manager(fixture, "bob-errors", bobDelegate, pushes: false)
+        bob.requestJoinChannel(channelUUID: id, descriptor: descriptor, credentials: fixture.credentials(try await fixture.token("bob")))
+        #expect(await bobDelegate.wait(for: .didJoin(.developerRequest)))
+        bob.requestBeginTransmitting(channelUUID: id)
+        #expect(await bobDelegate.wait(for: .didBegin(.developerRequest)))
+        #expect(await eventually { m.activeRemoteParticipant?.name == "Bob" })
+        await #expect(throws: ChannelError.self) { try await bob.setActiveRemoteParticipant(try Participant(name: "X"), channelUUID: id) }
+        // Asking while Bob talks queues (MCPTT); his release grants it. (A refusal for "busy" maps to
+        // transmissionInProgress, checked in ChannelSessionTests, as this server queues instead.)
+        let events = EventLog(m)
+        m.requestBeginTransmitting(channelUUID: id)
+        #expect(await eventually { events.all.contains(.floorQueued(position: 1)) })
+        bob.stopTransmitting(channelUUID: id)
+        #expect(await d.wait(for: .didBegin(.developerRequest)))
+        m.requestBeginTransmitting(channelUUID: id)
+        #expect(await d.wait(for: .failedToBegin(.transmissionInProgress)), "already transmitting")
+        m.stopTransmitting(channelUUID: id)
+        #expect(await d.wait(for: .didEnd(.developerRequest)))
+
+        // A listen-only token is listen-only mode.
+        let carol = RecordingDelegate()
+        let c = try await manager(fixture, "carol", carol, pushes: false)
+        c.requestJoinChannel(channelUUID: id, descriptor: descriptor, credentials: fixture.credentials(try await fixture.token("carol", capabilities: [.listen])))
+        #expect(await carol.wait(for: .didJoin(.developerRequest)))
+        #expect(c.transmissionMode == .listenOnly)
+        c.requestBeginTransmitting(channelUUID: id)
+        #expect(await carol.wait(for: .failedToBegin(.transmissionNotAllowed)))
+
+        // The completion-handler form reports the same errors.
+        let (stream, done) = AsyncStream.makeStream(of: String.self)
+        c.setChannelDescriptor(descriptor, channelUUID: UUID()) { error in
+            done.yield((error as? ChannelError)?.code == .channelNotFound ? "channelNotFound" : "\(String(describing: error))")
+        }
+        var iterator = stream.makeAsyncIterator()
+        #expect(await iterator.next() == "channelNotFound")
+
+        for manager in [m, bob, c] { await manager.invalidate() }
+        await fixture.stop()
+    }
+
+    @Test func oneManagerPerAppAndAConcurrentCallIsRefused() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("ptt-instance-\(UUID())").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        // A record without a descriptor makes the factory ask the restoration delegate, which blocks
+        // here until the second call has been refused: the first call is then surely in progress.
+        try RestorationStore(directory: directory).save(RestorationRecord(
+            channel: UUID(), descriptor: nil, credentials: ChannelCredentials(host: "127.0.0.1", port: 9, caPath: "/nonexistent", token: "t"),
+            pushToken: nil))
+        let gate = DispatchSemaphore(value: 0)
+        let blocking = BlockingRestorationDelegate(gate: gate)
+        let configuration = ChannelManagerConfiguration(stateDirectory: directory)
+        let first = Task { try await ChannelManager.channelManager(delegate: blocking, restorationDelegate: blocking, configuration: configuration) }
+        while !blocking.asked.withLockedValue({ $0 }) { try await Task.sleep(for: .milliseconds(5)) }
+        do {
+            _ = try await ChannelManager.channelManager(delegate: blocking, restorationDelegate: blocking, configuration: configuration)
+            Issue.record("a second, concurrent call got a manager")
+        } catch {
+            #expect(error.code == .instantiationAlreadyInProgress)
+        }
+        gate.signal()
+        let manager = try await first.value
+        let again = try await ChannelManager.channelManager(delegate: blocking, restorationDelegate: blocking, configuration: configuration)
+        #expect(manager === again)
+        #expect(manager.activeChannelUUID != nil, "the record's channel is being restored")
+        await manager.invalidate()
+    }
+
+    @Test func aCorruptRestorationFileIsSetAsideWithAClearError() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("ptt-corrupt-\(UUID())").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        try Data("{\"channel\": 12, garbage".utf8).write(to: URL(fileURLWithPath: directory + "/channel.json"))
+        let d = RecordingDelegate()
+        let manager = try await ChannelManager.channelManager(delegate: d, restorationDelegate: d,
+                                                              configuration: ChannelManagerConfiguration(stateDirectory: directory))
+        guard case .corrupt(_, let aside, let why)? = manager.restorationError else {
+            Issue.record("no restoration error: \(String(describing: manager.restorationError))")
+            return
+        }
+        #expect(FileManager.default.fileExists(atPath: aside) && !FileManager.default.fileExists(atPath: directory + "/channel.json"))
+        #expect(why.contains("JSON"))
+        #expect(manager.activeChannelUUID == nil)
+        await manager.invalidate()
+    }
+
+    @Test func pushWakesASuspendedListenerWhoHearsTheBurstFromItsFirstFrame() async throws {
+        let fixture = try await ClientFixture()
+        let annDelegate = RecordingDelegate()
+        // The woken app takes 400 ms to answer (a cold start), so the burst has begun without Bob.
+        let bobDelegate = RecordingDelegate { payload in
+            Thread.sleep(forTimeInterval: 0.4)
+            return .activeRemoteParticipant(try! Participant(name: payload["activeSpeaker"]?.stringValue ?? "?"))
+        }
+        let ann = try await manager(fixture, "wake-ann", annDelegate, audio: speech(1.0))
+        let bob = try await manager(fixture, "wake-bob", bobDelegate, audio: recorder(fixture.directory + "/woken.wav"))
+        let bobEvents = EventLog(bob)
+        let id = fixture.channel.id
+        ann.requestJoinChannel(channelUUID: id, descriptor: ChannelDescriptor(name: "Ops"), credentials: fixture.credentials(try await fixture.token("ann")))
+        bob.requestJoinChannel(channelUUID: id, descriptor: ChannelDescriptor(name: "Ops"), credentials: fixture.credentials(try await fixture.token("bob")))
+        #expect(await annDelegate.wait(for: .didJoin(.developerRequest)))
+        #expect(await bobDelegate.wait(for: .pushToken(32)))
+        let simulator = try #require(fixture.listening.apnsSimulator)
+        // The server has Bob's token once it said so; then Bob goes to sleep.
+        try await Task.sleep(for: .milliseconds(300))
+        bob.suspend()
+        #expect(await eventually { ann.roster.first { $0.userID == "bob" }?.connection != .connected })
+        #expect(bob.isSuspended && bob.activeChannelUUID == id)
+
+        ann.requestBeginTransmitting(channelUUID: id)
+        #expect(await bobDelegate.wait(for: .push("Ann")), "the pushtotalk push reached the device")
+        #expect(await bobDelegate.wait(for: .didActivate))
+        #expect(simulator.acceptedPushes().count == 1)
+        try await Task.sleep(for: .seconds(1.2))
+        ann.stopTransmitting(channelUUID: id)
+        #expect(await eventually { !bobEvents.finishedBursts.isEmpty })
+        let sent = await ann.statistics().framesSent
+        let burst = try #require(bobEvents.finishedBursts.first)
+        #expect(burst.catchUp > 0, "the start of the burst came as catch-up")
+        #expect(burst.lost == 0 && burst.played == sent, "every frame from the first: \(burst), sent \(sent)")
+        #expect(!bob.isSuspended && bob.serviceStatus == .ready)
+        await ann.invalidate()
+        await bob.invalidate()
+        await fixture.stop()
+    }
+
+    @Test func theSubscriptionStrategyKeepsUnwantedTalkersOffTheWire() async throws {
+        let fixture = try await ClientFixture(pushes: false)
+        let id = fixture.channel.id
+        let annDelegate = RecordingDelegate(), bobDelegate = RecordingDelegate()
+        let ann = try await manager(fixture, "sub-ann", annDelegate, audio: speech(0.5), pushes: false)
+        let bob = try await manager(fixture, "sub-bob", bobDelegate, audio: recorder(fixture.directory + "/sub.wav"), pushes: false)
+        let bobEvents = EventLog(bob)
+        bob.setSubscriptionStrategy(IgnoreRole(role: "dispatcher"))
+        ann.requestJoinChannel(channelUUID: id, descriptor: ChannelDescriptor(name: "Ops"),
+                               credentials: fixture.credentials(try await fixture.token("ann", role: "dispatcher")))
+        bob.requestJoinChannel(channelUUID: id, descriptor: ChannelDescriptor(name: "Ops"), credentials: fixture.credentials(try await fixture.token("bob")))
+        #expect(await bobDelegate.wait(for: .didJoin(.developerRequest)))
+        #expect(await annDelegate.wait(for: .didJoin(.developerRequest)))
+        #expect(await eventually { bob.roster.first { $0.userID == "ann" }?.subscribe == SubscribeType.none })
+        ann.requestBeginTransmitting(channelUUID: id)
+        #expect(await annDelegate.wait(for: .didBegin(.developerRequest)))
+        try await Task.sleep(for: .seconds(0.8))
+        ann.stopTransmitting(channelUUID: id)
+        try await Task.sleep(for: .milliseconds(300))
+        #expect(bobEvents.finishedBursts.isEmpty, "nothing from Ann reached Bob")
+        #expect(!bobDelegate.all.contains(.didActivate))
+        // Changing the strategy and refreshing lets her through.
+        bob.setSubscriptionStrategy(SubscribeToAll())
+        #expect(await eventually { bob.roster.first { $0.userID == "ann" }?.subscribe == .audio })
+        ann.requestBeginTransmitting(channelUUID: id)
+        #expect(await bobDelegate.wait(for: .didActivate))
+        try await Task.sleep(for: .seconds(0.8))
+        ann.stopTransmitting(channelUUID: id)
+        #expect(await eventually { !bobEvents.finishedBursts.isEmpty })
+        await ann.invalidate()
+        await bob.invalidate()
+        await fixture.stop()
+    }
+}
+
+struct IgnoreRole: SubscriptionStrategy {
+    var role: String
+    func subscribeType(for participant: RosterEntry) -> SubscribeType { participant.role == role ? .none : .audio }
+}
+
+final class BlockingRestorationDelegate: ChannelManagerDelegate, ChannelRestorationDelegate, @unchecked Sendable {
+    // @unchecked: `gate` is a DispatchSemaphore (thread-safe by design) and `asked` is lock-protected.
+    let gate: DispatchSemaphore
+    let asked = NIOLockedValueBox(false)
+    init(gate: DispatchSemaphore) { self.gate = gate }
+    func channelDescriptor(restoredChannelUUID id: UUID) -> ChannelDescriptor {
+        asked.withLockedValue { $0 = true }
+        gate.wait()
+        return ChannelDescriptor(name: "Restored")
+    }
+    func channelManager(_ m: ChannelManager, didJoinChannel id: UUID, reason: ChannelJoinReason) {}
+    func channelManager(_ m: ChannelManager, didLeaveChannel id: UUID, reason: ChannelLeaveReason) {}
+    func channelManager(_ m: ChannelManager, channelUUID: UUID, didBeginTransmittingFrom source: ChannelTransmitRequestSource) {}
+    func channelManager(_ m: ChannelManager, channelUUID: UUID, didEndTransmittingFrom source: ChannelTransmitRequestSource) {}
+    func channelManager(_ m: ChannelManager, receivedEphemeralPushToken token: Data) {}
+    func incomingPushResult(channelManager: ChannelManager, channelUUID: UUID, pushPayload: [String: PushValue]) -> PushResult { .leaveChannel }
+    func channelManager(_ m: ChannelManager, didActivate audioSession: AudioSession) {}
+    func channelManager(_ m: ChannelManager, didDeactivate audioSession: AudioSession) {}
+}
+
+func rms(_ samples: ArraySlice<Int16>) -> Double {
+    var sum = 0.0
+    for s in samples { let v = Double(s) / 32768; sum += v * v }
+    return (sum / Double(max(1, samples.count))).squareRoot()
+}
