@@ -103,17 +103,20 @@ actor ManagerEngine {
         }
     }
 
-    /// Starts the command loop and restores the saved channel, if any.
-    func start(manager: ChannelManager) {
+    /// Restores the saved channel, if any (so that `activeChannelUUID` is set when the factory
+    /// returns, as on iOS), then starts the command loop.
+    func start(manager: ChannelManager) async {
         self.manager = manager
-        processor = Task { [commands] in
-            for await command in commands { await self.handle(command) }
+        defer {
+            processor = Task { [commands] in
+                for await command in commands { await self.handle(command) }
+            }
         }
         do {
             guard let record = try store.load() else { return }
             let descriptor = record.descriptor ?? restorationDelegate?.channelDescriptor(restoredChannelUUID: record.channel)
                 ?? ChannelDescriptor(name: "Channel")
-            submit(.restore(record, descriptor))
+            await handle(.restore(record, descriptor))
         } catch {
             snapshot.withLockedValue { $0.restorationError = error }
             eventSink.yield(.notice(error.description))

@@ -1,0 +1,79 @@
+import Foundation
+import NIOConcurrencyHelpers
+import PTTClient
+import Testing
+
+/// Restoration across a real process restart: `ptt-example` (an app on the public API) joins, is
+/// killed with SIGKILL, and started again with no channel given; it must rejoin with reason
+/// `channelRestoration` from its saved record.
+@Suite(.serialized, .timeLimit(.minutes(2))) struct RestorationProcessTests {
+    static func executable(_ name: String) -> URL {
+        var dir = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent()
+        while !FileManager.default.fileExists(atPath: dir.appendingPathComponent(name).path), dir.path != "/" { dir.deleteLastPathComponent() }
+        return dir.appendingPathComponent(name)
+    }
+
+    /// A child process whose stdout lines are collected as they come.
+    final class Child: Sendable {
+        let process = Process()
+        let lines = NIOLockedValueBox<[String]>([])
+        let pending = NIOLockedValueBox("")
+
+        init(_ arguments: [String]) throws {
+            process.executableURL = RestorationProcessTests.executable("ptt-example")
+            process.arguments = arguments
+            let pipe = Pipe()
+            process.standardOutput = pipe
+            let lines = self.lines, pending = self.pending
+            pipe.fileHandleForReading.readabilityHandler = { handle in
+                let text = String(decoding: handle.availableData, as: UTF8.self)
+                pending.withLockedValue { buffer in
+                    buffer += text
+                    while let end = buffer.firstIndex(of: "\n") {
+                        let line = String(buffer[..<end])
+                        lines.withLockedValue { $0.append(line) }
+                        buffer = String(buffer[buffer.index(after: end)...])
+                    }
+                }
+            }
+            try process.run()
+        }
+
+        func wait(for prefix: String, seconds: Double = 20) async -> String? {
+            let deadline = Date().addingTimeInterval(seconds)
+            while Date() < deadline {
+                if let line = lines.withLockedValue({ $0.first { $0.hasPrefix(prefix) } }) { return line }
+                try? await Task.sleep(for: .milliseconds(20))
+            }
+            return nil
+        }
+    }
+
+    @Test func aKilledAppRestoresItsChannelOnTheNextStart() async throws {
+        let fixture = try await ClientFixture()
+        let state = fixture.stateDirectory("process")
+        let id = fixture.channel.id
+        let token = try await fixture.token("dan")
+        let first = try Child(["--host", "127.0.0.1", "--port", "\(fixture.listening.voicePort)", "--ca", fixture.caPath,
+                               "--token", token, "--channel", id.uuidString, "--state-dir", state, "--run-seconds", "60",
+                               "--push-control-port", "\(fixture.listening.apnsSimulatorEndpoints!.controlPort)"])
+        #expect(await first.wait(for: "didJoin \(id) reason=developerRequest") != nil)
+        #expect(await first.wait(for: "pushToken 32 bytes") != nil)
+        // The record is written before didJoin returns to the app; kill -9 gives the process no chance to tidy up.
+        #expect(await eventually { FileManager.default.fileExists(atPath: state + "/channel.json") })
+        kill(first.process.processIdentifier, SIGKILL)
+        first.process.waitUntilExit()
+        #expect(first.process.terminationReason == .uncaughtSignal)
+
+        let record = try #require(try RestorationStore(directory: state).load())
+        #expect(record.channel == id && record.pushToken?.count == 32)
+        let second = try Child(["--state-dir", state, "--run-seconds", "1", "--push-control-port", "\(fixture.listening.apnsSimulatorEndpoints!.controlPort)"])
+        #expect(await second.wait(for: "didJoin \(id) reason=channelRestoration") != nil, "\(second.lines.withLockedValue { $0 })")
+        #expect(await second.wait(for: "exit") != nil)
+        second.process.waitUntilExit()
+        #expect(second.process.terminationStatus == 0)
+        // The restored device kept its push token: no new one was handed out.
+        #expect(!second.lines.withLockedValue { $0 }.contains { $0.hasPrefix("pushToken") })
+        await fixture.stop()
+    }
+}
