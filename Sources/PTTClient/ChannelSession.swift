@@ -32,6 +32,8 @@ enum SessionOutput: Sendable, Equatable {
     case mutePlayback(Bool)
     /// Drop whatever is buffered for playback (leaving a channel).
     case flushPlayback
+    /// Try the connection again after this long; answer with `reconnectDue`.
+    case scheduleReconnect(milliseconds: Int)
     /// Ask the push transport for an ephemeral token; answer with `pushTokenIssued`.
     case requestPushToken(UUID)
     /// The token is dead (the channel was left).
@@ -89,6 +91,8 @@ struct ChannelSession {
     /// Whether `didJoin` went out for the current channel (reconnects don't repeat it).
     private(set) var joinReported = false
     private var joinReason = ChannelJoinReason.developerRequest
+    /// Failed connection attempts in a row, for the backoff.
+    private(set) var reconnectAttempts = 0
     private(set) var unheard: Set<String> = []
     private var unheardSent: Set<String>?
     private var strategyDecisions: [String: SubscribeType] = [:]
@@ -327,7 +331,7 @@ struct ChannelSession {
     /// The handshake failed or the connection ended for good.
     mutating func transportFailed(_ message: String) {
         guard let channel, link != .suspended, link != .down else { return }
-        if !joinReported {
+        if !joinReported && joinReason == .developerRequest {
             // The first join never got through: it failed, and the channel is not active.
             emit(.failedToJoin(channel, ChannelError(.unknown, message)))
             updateStatus(.unavailable)
@@ -335,10 +339,21 @@ struct ChannelSession {
             outputs.append(.forgetRestoration)
             return
         }
+        // A channel the user is in (joined before, or restored after a restart, perhaps before the
+        // network is up) is not given up: it waits and tries again, backing off to 30 s.
         lostConnection()
         link = .down
         updateStatus(.unavailable)
         outputs.append(.event(.notice(message)))
+        let delay = min(30_000, 500 << min(reconnectAttempts, 6))
+        reconnectAttempts += 1
+        outputs.append(.scheduleReconnect(milliseconds: delay))
+    }
+
+    /// The backoff after a failed connection is over.
+    mutating func reconnectDue() {
+        guard channel != nil, link == .down else { return }
+        connect()
     }
 
     /// The transport lost the connection and is handshaking again by itself.
@@ -355,6 +370,7 @@ struct ChannelSession {
         case .joined(let info, let slot, let participants, let talkers):
             guard link == .joining else { return }
             link = .joined
+            reconnectAttempts = 0
             serverInfo = info
             you = slot
             roster = Dictionary(participants.map { ($0.slot, $0) }, uniquingKeysWith: { $1 })
@@ -600,6 +616,7 @@ struct ChannelSession {
         joinReported = false
         unheardSent = nil
         serviceStatus = .ready
+        reconnectAttempts = 0
     }
 
     private mutating func registerToken() {

@@ -34,6 +34,7 @@ actor ManagerEngine {
         case push(IncomingPush)
         case inputEnded
         case notice(String)
+        case reconnectDue
     }
 
     let configuration: ChannelManagerConfiguration
@@ -57,6 +58,7 @@ actor ManagerEngine {
     var connectionTasks: [Task<Void, Never>] = []
 
     var pushTask: Task<Void, Never>?
+    var reconnectTask: Task<Void, Never>?
     var pushToken: Data?
 
     let transmitter: Transmitter
@@ -129,6 +131,7 @@ actor ManagerEngine {
         await transmitter.stop()
         await receiver.stop()
         pushTask?.cancel()
+        reconnectTask?.cancel()
         await closeConnection()
         eventSink.finish()
     }
@@ -192,6 +195,8 @@ actor ManagerEngine {
             eventSink.yield(.inputEnded)
         case .notice(let message):
             eventSink.yield(.notice(message))
+        case .reconnectDue:
+            session.reconnectDue()
         }
         await perform()
     }
@@ -221,11 +226,18 @@ actor ManagerEngine {
     // MARK: Outputs
 
     func perform() async {
+        // The snapshot is current before any delegate call, so a delegate (or a test) reading the
+        // manager's state from inside a callback sees what caused it.
+        updateSnapshot()
         while true {
             let outputs = session.takeOutputs()
             if outputs.isEmpty { break }
             for output in outputs { await perform(output) }
         }
+        updateSnapshot()
+    }
+
+    func updateSnapshot() {
         let s = session
         snapshot.withLockedValue { snap in
             snap.activeChannelUUID = s.channel
@@ -265,6 +277,13 @@ actor ManagerEngine {
         case .flushPlayback:
             receiver.flush()
             await receiver.stop()
+        case .scheduleReconnect(let milliseconds):
+            let sink = commandSink
+            reconnectTask?.cancel()
+            reconnectTask = Task {
+                try? await Task.sleep(for: .milliseconds(milliseconds))
+                if !Task.isCancelled { sink.yield(.reconnectDue) }
+            }
         case .requestPushToken(let channel):
             startPushes(token: nil, channel: channel)
         case .invalidatePushToken(let token):

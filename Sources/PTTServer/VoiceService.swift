@@ -217,6 +217,10 @@ public struct StoreService: Service {
 
     public func run() async throws {
         await writer.run()
+        // The writer's stream ends when the voice transport stops, which is before the group asks the
+        // services queued behind it (pushes, the simulator) to stop. Returning now would count as
+        // finishing unexpectedly and fail the whole shutdown, so the database waits for its turn.
+        try? await gracefulShutdown()
         do { try await store.close() } catch {
             logger.error("database did not close cleanly; its WAL will be replayed on the next start", metadata: ["error": "\(error)"])
         }

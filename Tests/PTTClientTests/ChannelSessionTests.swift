@@ -215,6 +215,34 @@ func sent(_ outputs: [SessionOutput]) -> [ClientMessage] {
         #expect(s.serviceStatus == .ready && s.activeRemoteParticipant != nil, "a burst in progress shows its talker")
     }
 
+    @Test func aLostOrUnreachableServerIsRetriedWithBackoffButAFreshJoinFails() {
+        // Restored after a restart, maybe before the network is up: keep the channel and retry.
+        var r = ChannelSession()
+        r.requestJoin(channelID, descriptor: descriptor, credentials: credentials, reason: .channelRestoration)
+        _ = r.takeOutputs()
+        let delays = (0..<8).map { _ -> Int? in
+            r.transportFailed("no answer")
+            let out = r.takeOutputs()
+            r.reconnectDue()
+            #expect(r.takeOutputs().contains(.connect(credentials)))
+            return out.compactMap { if case .scheduleReconnect(let ms) = $0 { return ms } else { return nil } }.first
+        }
+        #expect(delays == [500, 1000, 2000, 4000, 8000, 16000, 30000, 30000])
+        #expect(r.channel == channelID)
+        // Joined once, then the server went away for good: the same.
+        var j = joinedSession()
+        j.transportFailed("gone")
+        let out = j.takeOutputs()
+        #expect(out.contains(.scheduleReconnect(milliseconds: 500)) && j.serviceStatus == .unavailable && j.channel == channelID)
+        // A join the app just asked for reports the failure instead.
+        var f = ChannelSession()
+        f.requestJoin(channelID, descriptor: descriptor, credentials: credentials, reason: .developerRequest)
+        _ = f.takeOutputs()
+        f.transportFailed("no answer")
+        #expect(delegateCalls(f.takeOutputs()) == [.failedToJoin(channelID, ChannelError(.unknown, "no answer"))])
+        #expect(f.channel == nil)
+    }
+
     @Test func subscriptionsOnlyGoOutWhenTheyChange() {
         var s = joinedSession()
         s.applySubscriptions(["bob": .none])
