@@ -109,6 +109,7 @@ let package = Package(
             .product(name: "Hummingbird", package: "hummingbird"),
         ], swiftSettings: swift6),
         .target(name: "JitterBuffer", swiftSettings: swift6),
+        .target(name: "TerminalUI", swiftSettings: swift6),
         .target(name: "PTTClient", dependencies: [
             "Wire", "WireNIO", "Audio", "Opus", "ChannelProtocol", "JitterBuffer", "APNsDevice",
             .product(name: "NIOCore", package: "swift-nio"),
@@ -134,9 +135,12 @@ let package = Package(
             .product(name: "Logging", package: "swift-log"),
         ], swiftSettings: swift6),
         .executableTarget(name: "walkie", dependencies: [
-            "PTTClient", "Audio", "Opus", "SquelchInfo",
+            "PTTClient", "Audio", "Opus", "SquelchInfo", "TerminalUI", "ChannelProtocol", "JitterBuffer",
+            .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
         ], swiftSettings: swift6),
+        // The reference event loop for TerminalUI, and the child process its signal tests kill.
+        .executableTarget(name: "terminal-ui-demo", dependencies: ["TerminalUI"], path: "Examples/TerminalUIDemo", swiftSettings: swift6),
         .executableTarget(name: "ptt-example", dependencies: ["PTTClient", "Audio"], path: "Examples/PTTExample", swiftSettings: swift6),
         .executableTarget(name: "squelch-bench", dependencies: [
             "Opus", "Audio", "SquelchInfo", "Wire", "WireNIO", "WireTesting", "SquelchTesting", "ChannelProtocol",
@@ -179,6 +183,7 @@ let package = Package(
         .testTarget(name: "OpusTests", dependencies: ["Opus", "Audio"], swiftSettings: swift6),
         .testTarget(name: "AudioTests", dependencies: ["Audio"], swiftSettings: swift6),
         .testTarget(name: "JitterBufferTests", dependencies: ["JitterBuffer"], swiftSettings: swift6),
+        .testTarget(name: "TerminalUITests", dependencies: ["TerminalUI", "terminal-ui-demo"], swiftSettings: swift6),
         .testTarget(name: "PTTClientTests", dependencies: [
             "PTTClient", "PTTServer", "APNsSimulator", "APNsDevice", "ChannelProtocol", "ChannelStore", "ParticipantTokens",
             "Audio", "Opus", "JitterBuffer", "SquelchTesting", "Wire", "WireNIO", "WireTesting",

@@ -292,8 +292,9 @@ struct ChannelSession {
     mutating func pushTokenIssued(_ token: Data, for uuid: UUID) {
         guard channel == uuid, pushToken != token else { return }
         pushToken = token
-        emit(.receivedPushToken(token))
+        // On disk before the app hears of it: a crash right after the callback still restores this token.
         saveRecord()
+        emit(.receivedPushToken(token))
         if link == .joined { registerToken() }
     }
 
@@ -378,8 +379,8 @@ struct ChannelSession {
             updateStatus(.ready)
             if !joinReported {
                 joinReported = true
-                emit(.didJoin(channel, joinReason))
                 saveRecord()
+                emit(.didJoin(channel, joinReason))
             }
             outputs.append(.event(.channelInfo(info)))
             outputs.append(.event(.transmissionMode(transmissionMode)))

@@ -40,5 +40,7 @@ public struct ChannelStatistics: Sendable, Equatable {
     public var jitterTargetMilliseconds: Int
     /// The microphone's level over the last 20 ms frame, 0...1 (RMS), while transmitting.
     public var inputLevel: Double
+    /// The loudest sample of that frame, 0...1.
+    public var inputPeak: Double
     public var framesSent: Int
 }

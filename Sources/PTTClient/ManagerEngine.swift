@@ -35,6 +35,7 @@ actor ManagerEngine {
         case inputEnded
         case notice(String)
         case reconnectDue
+        case playbackMuted(Bool)
     }
 
     let configuration: ChannelManagerConfiguration
@@ -59,6 +60,7 @@ actor ManagerEngine {
 
     var pushTask: Task<Void, Never>?
     var reconnectTask: Task<Void, Never>?
+    var playbackMuted = false
     var pushToken: Data?
 
     let transmitter: Transmitter
@@ -197,6 +199,9 @@ actor ManagerEngine {
             eventSink.yield(.notice(message))
         case .reconnectDue:
             session.reconnectDue()
+        case .playbackMuted(let muted):
+            playbackMuted = muted
+            receiver.setMuted(muted || session.callActive)
         }
         await perform()
     }
@@ -273,7 +278,7 @@ actor ManagerEngine {
         case .stopSending:
             await transmitter.stop()
         case .mutePlayback(let muted):
-            receiver.setMuted(muted)
+            receiver.setMuted(muted || playbackMuted)
         case .flushPlayback:
             receiver.flush()
             await receiver.stop()
@@ -420,7 +425,8 @@ actor ManagerEngine {
 
     func statistics() async -> ChannelStatistics {
         var result = ChannelStatistics(roundTripMilliseconds: nil, packetsLost: 0, packetsSent: 0, reception: nil,
-                                       jitterTargetMilliseconds: 0, inputLevel: transmitter.level, framesSent: transmitter.framesSent)
+                                       jitterTargetMilliseconds: 0, inputLevel: transmitter.level, inputPeak: transmitter.peak,
+                                       framesSent: transmitter.framesSent)
         if let client {
             let figures = try? await client.withClient { client -> (Double?, Int, Int)? in
                 guard let connection = client?.connection else { return nil }

@@ -34,6 +34,7 @@ final class Transmitter: Sendable {
         var stopRequested = false
         var framesSent = 0
         var level = 0.0
+        var peak = 0.0
     }
 
     let state = NIOLockedValueBox(State())
@@ -53,6 +54,7 @@ final class Transmitter: Sendable {
 
     var framesSent: Int { state.withLockedValue { $0.framesSent } }
     var level: Double { state.withLockedValue { $0.level } }
+    var peak: Double { state.withLockedValue { $0.peak } }
 
     /// Starts sending `burst` through `client`, from sequence 0.
     func start(burst: UInt16, client: WireClientChannel) {
@@ -92,7 +94,7 @@ final class Transmitter: Sendable {
             client.eventLoop.execute {
                 for _ in 0..<3 { end.withUnsafeBytes { _ = client.sendDatagram($0) } }
             }
-            state.withLockedValue { $0.running = false; $0.level = 0 }
+            state.withLockedValue { $0.running = false; $0.level = 0; $0.peak = 0 }
         }
         let source: any AudioSource
         let encoder: OpusEncoder
@@ -122,8 +124,8 @@ final class Transmitter: Sendable {
                 let datagram = Array(packet[0 ..< AudioHeader.size + count])
                 client.eventLoop.execute { datagram.withUnsafeBytes { _ = client.sendDatagram($0) } }
                 sequence &+= 1
-                let level = Self.rms(pcm)
-                state.withLockedValue { $0.framesSent += 1; $0.level = level }
+                let (level, peak) = Self.levels(pcm)
+                state.withLockedValue { $0.framesSent += 1; $0.level = level; $0.peak = peak }
                 if second == nil { onEvent(.inputEnded); return }
             } catch {
                 onEvent(.inputFailed("the audio input failed: \(error)"))
@@ -132,10 +134,16 @@ final class Transmitter: Sendable {
         }
     }
 
-    static func rms(_ samples: [Int16]) -> Double {
+    /// RMS and peak of a frame, for the input meter.
+    static func levels(_ samples: [Int16]) -> (rms: Double, peak: Double) {
         var sum = 0.0
-        for s in samples { let v = Double(s) / 32768; sum += v * v }
-        return (sum / Double(max(1, samples.count))).squareRoot()
+        var peak = 0.0
+        for s in samples {
+            let v = Double(s) / 32768
+            sum += v * v
+            peak = max(peak, abs(v))
+        }
+        return ((sum / Double(max(1, samples.count))).squareRoot(), peak)
     }
 }
 

@@ -1,15 +1,78 @@
 import ArgumentParser
 import Audio
+import Foundation
 import SquelchInfo
 
 @main
-struct Walkie: ParsableCommand {
+struct Walkie: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "walkie",
         abstract: "A push-to-talk walkie-talkie for the terminal.",
-        discussion: "Joining a channel arrives with the client library; today walkie lists audio devices.",
+        discussion: """
+        Run with no command to rejoin the last channel (after a restart or a crash).
+
+        Exit codes:
+          0  done
+          1  something else failed (the message says what)
+          2  bad usage, or no channel to restore
+          3  squelchd did not answer (check --server and that it runs)
+          4  the token was refused (expired, forged, or for another channel)
+          5  the server's certificate is not signed by --ca
+          6  the floor was busy or not allowed
+          7  an audio device or file could not be used
+        """,
         version: SquelchInfo.version,
-        subcommands: [Devices.self])
+        subcommands: [Resume.self, Join.self, Talk.self, Listen.self, Status.self, Leave.self, Devices.self],
+        defaultSubcommand: Resume.self)
+}
+
+/// Why walkie stops, with the exit code from `walkie --help` and one line that says what to do.
+struct WalkieFailure: Error, CustomStringConvertible {
+    var code: Int32
+    var message: String
+    var description: String { message }
+
+    static func unreachable(_ detail: String) -> WalkieFailure { WalkieFailure(code: 3, message: detail) }
+    static func token(_ detail: String) -> WalkieFailure { WalkieFailure(code: 4, message: detail) }
+    static func certificate(_ detail: String) -> WalkieFailure { WalkieFailure(code: 5, message: detail) }
+    static func floor(_ detail: String) -> WalkieFailure { WalkieFailure(code: 6, message: detail) }
+    static func audio(_ detail: String) -> WalkieFailure { WalkieFailure(code: 7, message: detail) }
+    static func usage(_ detail: String) -> WalkieFailure { WalkieFailure(code: 2, message: detail) }
+    static func other(_ detail: String) -> WalkieFailure { WalkieFailure(code: 1, message: detail) }
+}
+
+/// Prints the failure as one line on stderr and exits with its code.
+func fail(_ failure: WalkieFailure) -> Never {
+    FileHandle.standardError.write(Data("walkie: \(failure.message)\n".utf8))
+    exit(failure.code)
+}
+
+/// Where the server is and how to get in.
+struct ServerOptions: ParsableArguments {
+    @Option(help: "squelchd's voice address, HOST:PORT.")
+    var server: String = "127.0.0.1:7700"
+    @Option(help: "A participant token from 'squelchd token issue'.")
+    var token: String?
+    @Option(help: "The CA that signed the server's certificate.")
+    var ca: String = "certs/ca.pem"
+    @Option(help: "The APNs simulator's control port, for wake-up pushes (0: no pushes).")
+    var pushPort: Int = 2198
+}
+
+struct StateOptions: ParsableArguments {
+    @Option(help: "Where walkie keeps its channel for restoring (default: $XDG_STATE_HOME/squelch/walkie).")
+    var stateDir: String?
+}
+
+struct AudioOptions: ParsableArguments {
+    @Option(help: "ALSA capture device (see 'walkie devices').")
+    var input: String = "default"
+    @Option(help: "ALSA playback device.")
+    var output: String = "default"
+    @Option(help: "Talk from this WAV file instead of a microphone (each transmission starts it again).")
+    var inputFile: String?
+    @Option(help: "Play into this WAV file instead of a speaker.")
+    var outputFile: String?
 }
 
 struct Devices: ParsableCommand {

@@ -1,0 +1,175 @@
+import Audio
+import ChannelProtocol
+import Foundation
+import NIOConcurrencyHelpers
+import PTTClient
+
+/// What walkie learns from the channel manager's delegate, kept for the commands and the screen.
+final class WalkieDelegate: ChannelManagerDelegate, ChannelRestorationDelegate {
+    enum Event: Sendable {
+        case joined(ChannelJoinReason), left(ChannelLeaveReason)
+        case began, ended(ChannelTransmitRequestSource)
+        case failedToJoin(ChannelError), failedToBegin(ChannelError)
+        case push(String?)
+    }
+
+    let stream: AsyncStream<Event>
+    private let sink: AsyncStream<Event>.Continuation
+    let status = NIOLockedValueBox<String?>(nil)
+
+    init() { (stream, sink) = AsyncStream.makeStream(of: Event.self) }
+
+    func channelManager(_ m: ChannelManager, didJoinChannel id: UUID, reason: ChannelJoinReason) { sink.yield(.joined(reason)) }
+    func channelManager(_ m: ChannelManager, didLeaveChannel id: UUID, reason: ChannelLeaveReason) { sink.yield(.left(reason)) }
+    func channelManager(_ m: ChannelManager, channelUUID: UUID, didBeginTransmittingFrom source: ChannelTransmitRequestSource) { sink.yield(.began) }
+    func channelManager(_ m: ChannelManager, channelUUID: UUID, didEndTransmittingFrom source: ChannelTransmitRequestSource) { sink.yield(.ended(source)) }
+    func channelManager(_ m: ChannelManager, receivedEphemeralPushToken token: Data) {}
+    func incomingPushResult(channelManager: ChannelManager, channelUUID: UUID, pushPayload: [String: PushValue]) -> PushResult {
+        let speaker = pushPayload["activeSpeaker"]?.stringValue
+        sink.yield(.push(speaker))
+        // Apple's rule: a push without a speaker means leave the channel.
+        guard let speaker, let participant = try? Participant(name: speaker) else { return .leaveChannel }
+        return .activeRemoteParticipant(participant)
+    }
+    func channelManager(_ m: ChannelManager, didActivate audioSession: AudioSession) {}
+    func channelManager(_ m: ChannelManager, didDeactivate audioSession: AudioSession) {}
+    func channelManager(_ m: ChannelManager, failedToJoinChannel id: UUID, error: ChannelError) { sink.yield(.failedToJoin(error)) }
+    func channelManager(_ m: ChannelManager, failedToBeginTransmittingInChannel id: UUID, error: ChannelError) { sink.yield(.failedToBegin(error)) }
+    func channelDescriptor(restoredChannelUUID id: UUID) -> ChannelDescriptor { ChannelDescriptor(name: "Channel") }
+}
+
+/// The claims walkie reads from a participant token, unverified (the server verifies): which channel
+/// to join, and who we are, for messages.
+struct TokenClaims: Decodable {
+    var channel: UUID
+    var name: String?
+    var sub: String?
+    var exp: Double?
+
+    static func read(_ token: String) throws(WalkieFailure) -> TokenClaims {
+        let parts = token.split(separator: ".")
+        var payload = parts.count == 3 ? String(parts[1]) : ""
+        payload = payload.replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")
+        while payload.count % 4 != 0 { payload += "=" }
+        guard let data = Data(base64Encoded: payload), let claims = try? JSONDecoder().decode(TokenClaims.self, from: data) else {
+            throw .token("the token is not a participant token; copy the whole output of 'squelchd token issue'")
+        }
+        return claims
+    }
+}
+
+extension ServerOptions {
+    /// The credentials for this server and token.
+    func credentials() throws(WalkieFailure) -> (ChannelCredentials, UUID) {
+        guard let token else { throw .usage("give a token with --token (from 'squelchd token issue')") }
+        let claims = try TokenClaims.read(token)
+        guard let colon = server.lastIndex(of: ":"), let port = Int(server[server.index(after: colon)...]), (1...65535).contains(port) else {
+            throw .usage("--server must be HOST:PORT, like 127.0.0.1:7700")
+        }
+        let host = String(server[..<colon]).trimmingCharacters(in: CharacterSet(charactersIn: "[]"))
+        guard FileManager.default.isReadableFile(atPath: ca) else {
+            throw .certificate("can't read the CA file \(ca); pass the CA that signed the server's certificate with --ca (certs/ca.pem in development)")
+        }
+        return (ChannelCredentials(host: host, port: port, caPath: ca, token: token), claims.channel)
+    }
+
+    func pushTransport() -> (any PushTransport)? {
+        guard pushPort > 0 else { return nil }
+        let host = server.lastIndex(of: ":").map { String(server[..<$0]).trimmingCharacters(in: CharacterSet(charactersIn: "[]")) } ?? "127.0.0.1"
+        return SimulatedPushTransport(host: host, controlPort: pushPort)
+    }
+}
+
+extension AudioOptions {
+    /// Opens the devices once up front, so that a missing one is reported before anything else.
+    func configuration(capture: Bool, playback: Bool) throws(WalkieFailure) -> AudioConfiguration {
+        var audio = AudioConfiguration()
+        if capture {
+            if let file = inputFile {
+                let samples: [Int16]
+                do { samples = try WAVAudio.read(path: file).pipelineSamples(resampler: Resampler()) } catch {
+                    throw .audio("can't use \(file) as input: \(error); give a WAV file (16-bit or float PCM)")
+                }
+                audio.makeInput = { WAVFileSource(pipelineSamples: samples, pacer: RealTimePacer()) }
+            } else {
+                let device = input
+                ALSA.silenceErrorMessages()
+                do { try ALSACapture(device: device).close() } catch {
+                    throw .audio("can't open the microphone '\(device)': \(error); list devices with 'walkie devices', or talk from a file with --input-file")
+                }
+                audio.makeInput = { try ALSACapture(device: device) }
+            }
+        }
+        if playback {
+            if let file = outputFile {
+                guard FileManager.default.createFile(atPath: file, contents: nil) else {
+                    throw .audio("can't write \(file); choose a writable path for --output-file")
+                }
+                let pacer = RealTimePacer()
+                audio.makeOutput = { try WAVFileSink(path: file, pacer: pacer) }
+            } else {
+                let device = output
+                ALSA.silenceErrorMessages()
+                do { _ = try ALSAPlayback(device: device) } catch {
+                    throw .audio("can't open the speaker '\(device)': \(error); list devices with 'walkie devices', or play into a file with --output-file")
+                }
+                audio.makeOutput = { try ALSAPlayback(device: device) }
+            }
+        }
+        return audio
+    }
+}
+
+/// Turns a failed join into walkie's exit code and a line that says what to do.
+func failure(joining error: ChannelError, server: String) -> WalkieFailure {
+    switch error.refusal {
+    case .tokenExpired?, .tokenForged?, .tokenMalformed?, .tokenNotYetValid?:
+        return .token(error.message)
+    case .tokenWrongChannel?, .channelNotFound?:
+        return .token("\(error.message)")
+    default: break
+    }
+    if error.message.contains("certificate") || error.message.contains("CA") {
+        return .certificate("\(error.message); pass the CA that signed squelchd's certificate with --ca")
+    }
+    if error.message.contains("no answer") || error.message.contains("can't reach") {
+        return .unreachable(error.message)
+    }
+    return .other(error.message)
+}
+
+/// Makes the manager for `stateDirectory` (the default one when nil).
+func makeManager(delegate: WalkieDelegate, stateDirectory: String?, push: (any PushTransport)?,
+                 audio: AudioConfiguration) async throws(WalkieFailure) -> ChannelManager {
+    do {
+        return try await ChannelManager.channelManager(
+            delegate: delegate, restorationDelegate: delegate,
+            configuration: ChannelManagerConfiguration(appIdentifier: "walkie", stateDirectory: stateDirectory, pushTransport: push, audio: audio))
+    } catch {
+        throw .other(error.message)
+    }
+}
+
+/// Waits for the join to succeed or fail.
+func awaitJoin(_ delegate: WalkieDelegate, server: String, seconds: Double = 20) async throws(WalkieFailure) {
+    let outcome = await withTaskGroup(of: WalkieFailure?.self) { group -> WalkieFailure? in
+        group.addTask {
+            for await event in delegate.stream {
+                switch event {
+                case .joined: return nil
+                case .failedToJoin(let error): return failure(joining: error, server: server)
+                default: continue
+                }
+            }
+            return .other("the channel manager stopped")
+        }
+        group.addTask {
+            try? await Task.sleep(for: .seconds(seconds))
+            return .unreachable("no answer from squelchd at \(server) within \(Int(seconds)) s; check that it runs and --server is right")
+        }
+        let first = await group.next() ?? nil
+        group.cancelAll()
+        return first
+    }
+    if let outcome { throw outcome }
+}

@@ -1,0 +1,205 @@
+import ArgumentParser
+import Audio
+import Foundation
+import PTTClient
+
+/// A one-shot client (talk, listen) keeps its manager in a directory of its own, so that it never
+/// disturbs the interactive walkie's saved channel, and leaves the channel when done.
+func temporaryState() -> String {
+    FileManager.default.temporaryDirectory.appendingPathComponent("walkie-\(ProcessInfo.processInfo.processIdentifier)-\(UUID().uuidString.prefix(8))").path
+}
+
+struct Talk: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Join, take the floor, send a WAV file in real time, release and exit.",
+        discussion: "Exits 0 once the whole file is sent; 6 if the floor is busy (see 'walkie --help' for the other codes).")
+
+    @OptionGroup var server: ServerOptions
+    @Option(help: "The WAV file to send (any rate; 16-bit or float PCM).")
+    var file: String
+    @Option(help: "Wait this long in the floor queue when someone else is talking (0: don't wait).")
+    var wait: Double = 0
+
+    func run() async throws {
+        do { try await talk() } catch let failure as WalkieFailure { fail(failure) }
+    }
+
+    func talk() async throws {
+        let (credentials, channel) = try server.credentials()
+        var audio = AudioOptions()
+        audio.inputFile = file
+        let configuration = try audio.configuration(capture: true, playback: false)
+        let frames = (try? WAVAudio.read(path: file).pipelineSamples(resampler: Resampler()).count) ?? 0
+        let state = temporaryState()
+        defer { try? FileManager.default.removeItem(atPath: state) }
+        let delegate = WalkieDelegate()
+        let manager = try await makeManager(delegate: delegate, stateDirectory: state, push: nil, audio: configuration)
+        let events = manager.events
+        manager.requestJoinChannel(channelUUID: channel, descriptor: ChannelDescriptor(name: "walkie talk"), credentials: credentials)
+        try await awaitJoin(delegate, server: server.server)
+
+        manager.requestBeginTransmitting(channelUUID: channel, source: .userRequest)
+        let began = await withTaskGroup(of: WalkieFailure?.self) { group -> WalkieFailure? in
+            group.addTask {
+                for await event in delegate.stream {
+                    switch event {
+                    case .began: return nil
+                    case .failedToBegin(let error):
+                        let who = manager.activeRemoteParticipant.map { "\($0.name) is talking" } ?? error.message
+                        return error.code == .transmissionInProgress ? .floor("the floor is busy: \(who); try again, or pass --wait 30 to queue")
+                            : .floor("can't talk: \(error.message)")
+                    default: continue
+                    }
+                }
+                return .other("the channel manager stopped")
+            }
+            group.addTask {
+                // Queued behind someone: wait as long as asked, then give up.
+                for await event in events {
+                    if case .floorQueued = event {
+                        try? await Task.sleep(for: .seconds(wait))
+                        let who = manager.activeRemoteParticipant.map { "\($0.name) is talking" } ?? "someone else is talking"
+                        return .floor("the floor is busy: \(who); try again, or pass --wait 30 to queue")
+                    }
+                }
+                return nil
+            }
+            let first = await group.next() ?? nil
+            group.cancelAll()
+            return first
+        }
+        if let began {
+            manager.stopTransmitting(channelUUID: channel, source: .userRequest)
+            manager.leaveChannel(channelUUID: channel)
+            try? await Task.sleep(for: .milliseconds(200))
+            throw began
+        }
+        // The file plays in real time; then a little for the last frame to leave.
+        let seconds = Double(frames) / Double(PipelineAudio.sampleRate)
+        try await Task.sleep(for: .seconds(seconds + 0.1))
+        manager.stopTransmitting(channelUUID: channel, source: .userRequest)
+        let sent = await manager.statistics().framesSent
+        manager.leaveChannel(channelUUID: channel)
+        try? await Task.sleep(for: .milliseconds(300))
+        await manager.invalidate()
+        print("sent \(file): \(String(format: "%.1f", seconds)) s in \(sent) frames")
+    }
+}
+
+struct Listen: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Join and record what the channel says into a WAV file (48 kHz mono, real time, silence between bursts).",
+        discussion: "Runs for --duration seconds, or until interrupted (Ctrl-C), then completes the file and exits 0.")
+
+    @OptionGroup var server: ServerOptions
+    @Option(help: "The WAV file to write.")
+    var record: String
+    @Option(help: "Seconds to listen (default: until interrupted).")
+    var duration: Double?
+
+    func run() async throws {
+        do { try await listen() } catch let failure as WalkieFailure { fail(failure) }
+    }
+
+    func listen() async throws {
+        let (credentials, channel) = try server.credentials()
+        var audio = AudioOptions()
+        audio.outputFile = record
+        let configuration = try audio.configuration(capture: false, playback: true)
+        let state = temporaryState()
+        defer { try? FileManager.default.removeItem(atPath: state) }
+        let delegate = WalkieDelegate()
+        let manager = try await makeManager(delegate: delegate, stateDirectory: state, push: nil, audio: configuration)
+        manager.requestJoinChannel(channelUUID: channel, descriptor: ChannelDescriptor(name: "walkie listen"), credentials: credentials)
+        try await awaitJoin(delegate, server: server.server)
+        print("listening; recording into \(record)")
+        let bursts = Task {
+            for await event in manager.events {
+                if case .burstFinished(let s) = event {
+                    print("heard a burst: \(s.played + s.fecRecovered + s.concealed) frames, \(s.lost) lost")
+                }
+            }
+        }
+        await waitForEnd(seconds: duration)
+        bursts.cancel()
+        manager.leaveChannel(channelUUID: channel)
+        try? await Task.sleep(for: .milliseconds(300))
+        // Invalidating stops playout, which completes the WAV header.
+        await manager.invalidate()
+        print("saved \(record)")
+    }
+}
+
+/// Returns after `seconds`, or on SIGINT/SIGTERM (so the WAV file is completed either way).
+func waitForEnd(seconds: Double?) async {
+    signal(SIGINT, SIG_IGN)
+    signal(SIGTERM, SIG_IGN)
+    let (stream, sink) = AsyncStream.makeStream(of: Void.self)
+    let sources = [SIGINT, SIGTERM].map { number -> any DispatchSourceSignal in
+        let source = DispatchSource.makeSignalSource(signal: number)
+        source.setEventHandler { sink.yield() }
+        source.resume()
+        return source
+    }
+    let timer = seconds.map { s in Task { try? await Task.sleep(for: .seconds(s)); sink.yield() } }
+    for await _ in stream { break }
+    timer?.cancel()
+    for source in sources { source.cancel() }
+}
+
+struct Status: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Show the channel walkie would restore, without connecting (a running walkie keeps its connection).")
+
+    @OptionGroup var state: StateOptions
+
+    func run() async throws {
+        let store = RestorationStore(directory: state.stateDir ?? RestorationStore.defaultDirectory(app: "walkie"))
+        let record: RestorationRecord?
+        do { record = try store.load() } catch { fail(.other(error.description)) }
+        guard let record else {
+            print("no saved channel in \(store.directory); join one with 'walkie join --server HOST:PORT --token T'")
+            throw ExitCode(2)
+        }
+        let claims = try? TokenClaims.read(record.credentials.token)
+        print("channel   \(record.descriptor?.name ?? "?") (\(record.channel))")
+        print("server    \(record.credentials.host):\(record.credentials.port), CA \(record.credentials.caPath)")
+        if let claims {
+            let expiry = claims.exp.map { Date(timeIntervalSince1970: $0) }
+            let expired = expiry.map { $0 < Date() } ?? false
+            print("you       \(claims.name ?? claims.sub ?? "?")")
+            print("token     " + (expiry.map { (expired ? "expired " : "valid until ") + $0.formatted(.iso8601) } ?? "no expiry"))
+        }
+        print("push      " + (record.pushToken == nil ? "no push token yet" : "registered (\(record.pushToken!.count)-byte token)"))
+        print("run 'walkie' to rejoin, 'walkie leave' to leave")
+    }
+}
+
+struct Leave: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Leave the saved channel: the server forgets you and your push token.")
+
+    @OptionGroup var state: StateOptions
+
+    func run() async throws {
+        let delegate = WalkieDelegate()
+        let manager: ChannelManager
+        do { manager = try await makeManager(delegate: delegate, stateDirectory: state.stateDir, push: nil, audio: .none) } catch { fail(error) }
+        if let problem = manager.restorationError { fail(.other(problem.description)) }
+        guard let channel = manager.activeChannelUUID else {
+            print("no saved channel; nothing to leave")
+            throw ExitCode(2)
+        }
+        // Rejoin (so the server hears the leave), then leave; without the server, forget it locally.
+        let joined = await withTaskGroup(of: Bool.self) { group -> Bool in
+            group.addTask { for await event in delegate.stream { if case .joined = event { return true } }; return false }
+            group.addTask { try? await Task.sleep(for: .seconds(5)); return false }
+            let first = await group.next() ?? false
+            group.cancelAll()
+            return first
+        }
+        manager.leaveChannel(channelUUID: channel)
+        try? await Task.sleep(for: .milliseconds(300))
+        await manager.invalidate()
+        print(joined ? "left the channel" : "the server did not answer; the channel is forgotten here, and the server drops you when your token expires")
+    }
+}

@@ -1,0 +1,292 @@
+import ArgumentParser
+import ChannelProtocol
+import Foundation
+import NIOConcurrencyHelpers
+import PTTClient
+import TerminalUI
+
+struct InteractiveOptions: ParsableArguments {
+    @Option(help: "The push-to-talk key: space, or a letter, or a key name like f1.")
+    var key: String = "space"
+    @Option(help: "The longest transmission, in seconds; the key is released for you after it.")
+    var maxTransmit: Double = 60
+    @Flag(help: "Start with the voice connection closed, waiting for a push to wake it.")
+    var background = false
+}
+
+struct Join: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Join a channel in a full-screen walkie-talkie: hold the key to talk.",
+        discussion: """
+        Keys: Space (or --key) talks while held; where the terminal can't report key releases, a tap \
+        latches and the next press stops. b closes the voice connection and waits for pushes (and \
+        reopens it); m mutes the speaker; q or Ctrl-C quits, keeping the channel for 'walkie' to restore.
+        """)
+
+    @OptionGroup var server: ServerOptions
+    @OptionGroup var audio: AudioOptions
+    @OptionGroup var interactive: InteractiveOptions
+    @OptionGroup var state: StateOptions
+
+    func run() async throws {
+        do {
+            let (credentials, channel) = try server.credentials()
+            let configuration = try audio.configuration(capture: true, playback: true)
+            let delegate = WalkieDelegate()
+            let manager = try await makeManager(delegate: delegate, stateDirectory: state.stateDir, push: server.pushTransport(), audio: configuration)
+            if let active = manager.activeChannelUUID, active != channel {
+                // The saved channel is another one: leave it first, as one device is in one channel.
+                manager.leaveChannel(channelUUID: active)
+                try? await Task.sleep(for: .milliseconds(300))
+            }
+            if manager.activeChannelUUID == nil {
+                manager.requestJoinChannel(channelUUID: channel, descriptor: ChannelDescriptor(name: "Channel"), credentials: credentials)
+            }
+            try await awaitJoin(delegate, server: server.server)
+            try await Interactive.run(manager: manager, delegate: delegate, options: interactive)
+        } catch let failure as WalkieFailure {
+            fail(failure)
+        }
+    }
+}
+
+/// `walkie` with no command: rejoin the saved channel (reason `channelRestoration`).
+struct Resume: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(commandName: "resume", abstract: "Rejoin the last channel (what 'walkie' with no command does).")
+
+    @OptionGroup var audio: AudioOptions
+    @OptionGroup var interactive: InteractiveOptions
+    @OptionGroup var state: StateOptions
+    @Option(help: "The APNs simulator's control port, for wake-up pushes (0: no pushes).")
+    var pushPort: Int = 2198
+
+    func run() async throws {
+        do {
+            let configuration = try audio.configuration(capture: true, playback: true)
+            let directory = state.stateDir ?? RestorationStore.defaultDirectory(app: "walkie")
+            let saved = try? RestorationStore(directory: directory).load()
+            let push = pushPort > 0 ? SimulatedPushTransport(host: saved?.credentials.host ?? "127.0.0.1", controlPort: pushPort) : nil
+            let delegate = WalkieDelegate()
+            let manager = try await makeManager(delegate: delegate, stateDirectory: directory, push: push, audio: configuration)
+            if let problem = manager.restorationError { throw WalkieFailure.other(problem.description) }
+            guard manager.activeChannelUUID != nil, let saved else {
+                throw WalkieFailure.usage("no channel to restore; join one with 'walkie join --server HOST:PORT --token T'")
+            }
+            try await awaitJoin(delegate, server: "\(saved.credentials.host):\(saved.credentials.port)")
+            try await Interactive.run(manager: manager, delegate: delegate, options: interactive)
+        } catch let failure as WalkieFailure {
+            fail(failure)
+        }
+    }
+}
+
+/// The full-screen loop. The terminal is a blocking file descriptor, so the loop runs on a thread of its
+/// own; the manager is thread-safe and reports through its events and delegate, which update `Shared`.
+enum Interactive {
+    /// What the delegate and the event stream tell the screen.
+    struct Shared: Sendable {
+        var status: ScreenModel.StatusMessage?
+        var requesting = false
+        var left: String?
+        var lastBurst: String?
+    }
+
+    static func run(manager: ChannelManager, delegate: WalkieDelegate, options: InteractiveOptions) async throws {
+        guard let key = Key(name: options.key) else {
+            throw WalkieFailure.usage("--key \(options.key) is not a key name; try space, a letter, or f1-f12")
+        }
+        let session: TerminalSession
+        do { session = try TerminalSession() } catch { throw WalkieFailure.usage("\(error)") }
+        let shared = NIOLockedValueBox(Shared())
+        let listener = Task {
+            for await event in delegate.stream {
+                shared.withLockedValue { state in
+                    switch event {
+                    case .failedToBegin(let error):
+                        state.requesting = false
+                        let who = manager.activeRemoteParticipant.map { "\($0.name) is talking" }
+                        state.status = .init(error.code == .transmissionInProgress ? "Floor busy: \(who ?? error.message); wait for the channel to clear"
+                                                                                     : "Can't talk: \(error.message)", isError: true)
+                    case .began: state.requesting = false
+                    case .left(let reason):
+                        state.left = reason == .systemPolicy ? "an administrator removed you from the channel (or deleted it)" : "the channel was left"
+                    case .push(let speaker): state.status = .init("Woken by a push: \(speaker ?? "leave")")
+                    default: break
+                    }
+                }
+            }
+        }
+        let events = Task {
+            for await event in manager.events {
+                shared.withLockedValue { state in
+                    switch event {
+                    case .floorQueued(let position): state.status = .init("Waiting for the floor: number \(position) in the queue")
+                    case .transmissionRevoked(_, let reason): state.status = .init("Floor taken away: \(reason)", isError: true)
+                    case .notice(let text): state.status = .init(text)
+                    case .burstFinished(let s):
+                        state.lastBurst = "\(s.played + s.fecRecovered) frames, \(s.lost) lost"
+                    default: break
+                    }
+                }
+            }
+        }
+        if options.background { manager.suspend() }
+        let statistics = NIOLockedValueBox<ChannelStatistics?>(nil)
+        let poller = Task {
+            while !Task.isCancelled {
+                let figures = await manager.statistics()
+                statistics.withLockedValue { $0 = figures }
+                try? await Task.sleep(for: .milliseconds(200))
+            }
+        }
+        var bindings = KeyBindings()
+        bindings.pushToTalk = key
+        var hold = HoldToTalk.Configuration()
+        hold.maximumTransmitDuration = UInt64(max(1, options.maxTransmit) * 1e9)
+        let loop = Loop(session: session, manager: manager, shared: shared, statistics: statistics,
+                        keyboard: KeyboardController(bindings: bindings, holdToTalk: hold))
+        let outcome: String? = await withCheckedContinuation { continuation in
+            let thread = Thread { continuation.resume(returning: loop.run()) }
+            thread.name = "walkie-terminal"
+            thread.start()
+        }
+        listener.cancel()
+        events.cancel()
+        poller.cancel()
+        await manager.invalidate()
+        if let outcome { throw WalkieFailure.other(outcome) }
+    }
+
+    /// The terminal loop (reference: Examples/TerminalUIDemo): wait for keys until the next deadline,
+    /// act, redraw what changed.
+    final class Loop: @unchecked Sendable {
+        // @unchecked: the loop's mutable state (session, keyboard, previous frame) is touched only by the
+        // one thread that calls `run()`; the shared parts are locks and the thread-safe manager.
+        let session: TerminalSession
+        let manager: ChannelManager
+        let shared: NIOLockedValueBox<Shared>
+        let statistics: NIOLockedValueBox<ChannelStatistics?>
+        var keyboard: KeyboardController
+
+        init(session: TerminalSession, manager: ChannelManager, shared: NIOLockedValueBox<Shared>,
+             statistics: NIOLockedValueBox<ChannelStatistics?>, keyboard: KeyboardController) {
+            self.session = session
+            self.manager = manager
+            self.shared = shared
+            self.statistics = statistics
+            self.keyboard = keyboard
+        }
+
+        /// Runs until quit; returns a message when the channel ended under us.
+        func run() -> String? {
+            do { try session.start() } catch { return "\(error)" }
+            defer { session.restore() }
+            var previous: Frame?
+            var muted = false
+            while true {
+                let now = monotonicNanoseconds()
+                // Redraw 10 times a second for the meter, the speaker and the figures.
+                let deadline = [keyboard.nextDeadline, now + 100_000_000].compactMap { $0 }.min()!
+                let input = session.waitForInput(timeout: deadline > now ? deadline - now : 0)
+                let time = monotonicNanoseconds()
+                guard let channel = manager.activeChannelUUID else {
+                    return shared.withLockedValue { $0.left } ?? "the channel was left"
+                }
+                for action in keyboard.receive(input.bytes, now: time) + keyboard.tick(now: time) {
+                    switch action {
+                    case .startTransmit:
+                        if manager.isSuspended { manager.resume() }
+                        shared.withLockedValue { $0.requesting = true; $0.status = nil }
+                        manager.requestBeginTransmitting(channelUUID: channel, source: .userRequest)
+                    case .stopTransmit(let reason):
+                        shared.withLockedValue { state in
+                            state.requesting = false
+                            if reason == .maxTransmitTime { state.status = .init("Released after the \(Int(keyboard.holdToTalk.configuration.maximumTransmitDuration / 1_000_000_000)) s limit") }
+                        }
+                        manager.stopTransmitting(channelUUID: channel, source: .userRequest)
+                    case .enableKittyKeyboard:
+                        session.enableKittyKeyboard()
+                    case .command(.quit):
+                        return nil
+                    case .command(.background):
+                        if manager.isSuspended {
+                            manager.resume()
+                            shared.withLockedValue { $0.status = .init("Voice connection reopened") }
+                        } else {
+                            manager.suspend()
+                            shared.withLockedValue { $0.status = .init("In the background: a push wakes walkie when someone talks") }
+                        }
+                    case .command(.toggleMute):
+                        muted.toggle()
+                        manager.setPlaybackMuted(muted)
+                    case .command(.suspend):
+                        session.suspend()
+                    case .command(.redraw):
+                        previous = nil
+                    case .command:
+                        break
+                    }
+                }
+                if input.endOfInput { return nil }
+                if input.resized || input.resumed { previous = nil }
+                let frame = render(time: time, muted: muted)
+                if frame != previous {
+                    session.write(Screen.ansi(frame, previous: previous))
+                    previous = frame
+                }
+            }
+        }
+
+        func render(time: UInt64, muted: Bool) -> Frame {
+            let state = shared.withLockedValue { $0 }
+            let figures = statistics.withLockedValue { $0 }
+            let ptt = keyboard.holdToTalk
+            let info = manager.channelInfo
+            var model = ScreenModel(channelName: info?.name ?? "Channel")
+            switch manager.serviceStatus {
+            case .ready: model.serviceStatus = .ready
+            case .connecting: model.serviceStatus = .connecting
+            case .unavailable: model.serviceStatus = .unavailable
+            }
+            model.transmissionMode = manager.transmissionMode == .fullDuplex ? .fullDuplex : .halfDuplex
+            let remote = manager.activeRemoteParticipant
+            if manager.isSuspended {
+                model.localState = .background
+            } else if manager.isTransmitting {
+                model.localState = ptt.latched ? .latched : .transmitting
+            } else if state.requesting {
+                model.localState = .requestingFloor
+            } else if remote != nil {
+                model.localState = .receiving
+            }
+            model.activeSpeaker = manager.isTransmitting ? "you" : remote?.name
+            model.roster = manager.roster
+                .sorted { ($0.talking ? 0 : 1, $0.name) < ($1.talking ? 0 : 1, $1.name) }
+                .map { entry in
+                    let connection: ScreenModel.Connection
+                    switch entry.connection {
+                    case .connected: connection = .connected
+                    case .reconnecting: connection = .reconnecting
+                    case .offline: connection = .offline
+                    }
+                    return ScreenModel.Member(name: entry.name, role: entry.role, talking: entry.talking, muted: entry.muted,
+                                              connection: connection, isSelf: entry.isLocal)
+                }
+            if manager.isTransmitting, let figures { model.inputLevel = .init(rms: figures.inputLevel, peak: figures.inputPeak) }
+            model.muted = muted
+            if let figures {
+                let loss = figures.reception.map { $0.lossFraction * 100 }
+                    ?? (figures.packetsSent > 0 ? Double(figures.packetsLost) / Double(figures.packetsSent) * 100 : 0)
+                model.network = .init(roundTripMilliseconds: figures.roundTripMilliseconds ?? 0, lossPercent: loss,
+                                      jitterBufferMilliseconds: Double(figures.jitterTargetMilliseconds))
+            }
+            model.keyboard = ptt.mode
+            model.bindings = keyboard.bindings
+            model.status = state.status ?? state.lastBurst.map { .init("Last burst: \($0)") }
+            model.transmitElapsed = ptt.transmitStartedAt.map { time - $0 }
+            model.maximumTransmit = ptt.configuration.maximumTransmitDuration
+            let size = session.size()
+            return Screen.render(model, width: size.columns, height: size.rows)
+        }
+    }
+}
