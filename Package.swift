@@ -216,7 +216,7 @@ let package = Package(
             .product(name: "SwiftASN1", package: "swift-asn1"),
         ], swiftSettings: swift6),
         .testTarget(name: "CLITests", dependencies: [
-            "SquelchInfo", "Wire", "WireNIO", "ParticipantTokens", "SquelchTesting", "ChannelProtocol",
+            "SquelchInfo", "Audio", "PTTClient", "Wire", "WireNIO", "ParticipantTokens", "SquelchTesting", "ChannelProtocol",
             .product(name: "NIOCore", package: "swift-nio"),
         ], swiftSettings: swift6),
     ]

@@ -88,6 +88,10 @@ public struct HoldToTalk: Sendable {
         /// Legacy, not transmitting: swallowing the rest of a key hold that just unkeyed (after a tap that
         /// unlatched, a maximum-time stop or a cancel), so its repeats do not key up again.
         case settling(lastEvent: UInt64, repeating: Bool)
+        /// Legacy, not transmitting: one byte came while settling, too late to be the unkeying press's
+        /// first auto-repeat for sure. If no repeat follows within the release gap, it was a new press
+        /// (someone keying up again half a second after letting go) and transmission starts then.
+        case unsure(at: UInt64)
         /// Kitty: the key is down.
         case down
     }
@@ -142,7 +146,7 @@ public struct HoldToTalk: Sendable {
     public mutating func press(now: UInt64) -> [Event] {
         var events = advance(to: now)
         switch phase {
-        case .idle, .settling:
+        case .idle, .settling, .unsure:
             start(at: now, &events)
             phase = .down
         case .down:
@@ -161,7 +165,7 @@ public struct HoldToTalk: Sendable {
         let events = advance(to: now)
         switch phase {
         case .pressed, .holding: phase = .down
-        case .idle, .settling, .latched, .down: break
+        case .idle, .settling, .unsure, .latched, .down: break
         }
         return events
     }
@@ -172,7 +176,7 @@ public struct HoldToTalk: Sendable {
         switch phase {
         case .down, .pressed, .holding:
             stop(.released, &events)
-        case .settling:
+        case .settling, .unsure:
             phase = .idle
         case .idle, .latched:
             break                                           // the release of the tap that latched, or stale
@@ -207,9 +211,14 @@ public struct HoldToTalk: Sendable {
             if !repeating, isTooSoonForRepeat(elapsed(from: last, to: now)) {
                 start(at: now, &events)                     // a fresh tap right after the one that unkeyed
                 phase = .pressed(at: now)
-            } else {
+            } else if repeating {
                 phase = .settling(lastEvent: now, repeating: true)
+            } else {
+                phase = .unsure(at: now)
             }
+        case .unsure:
+            // A second byte within the release gap: the key is held and repeating; keep swallowing.
+            phase = .settling(lastEvent: now, repeating: true)
         case .down:
             break                                           // a legacy byte in kitty mode: the key is down anyway
         }
@@ -244,7 +253,7 @@ public struct HoldToTalk: Sendable {
         case .pressed(let first): .settling(lastEvent: first, repeating: false)
         case .holding(let last): .settling(lastEvent: last, repeating: true)
         case .settling: phase
-        case .idle, .latched, .down: .idle
+        case .idle, .latched, .down, .unsure: .idle
         }
         if transmitting { stop(.cancelled, &events) }
         phase = held
@@ -264,7 +273,7 @@ public struct HoldToTalk: Sendable {
         mode = newMode
         switch (newMode, phase) {
         case (.kitty, .pressed), (.kitty, .holding): phase = .down
-        case (.kitty, .settling): phase = .idle
+        case (.kitty, .settling), (.kitty, .unsure): phase = .idle
         case (.legacy, .down): phase = .holding(lastEvent: now)   // repeats keep it; silence ends it
         default: break
         }
@@ -282,6 +291,7 @@ public struct HoldToTalk: Sendable {
         case .pressed(let first): first &+ tapWindow
         case .holding(let last): last &+ releaseGap
         case .settling(let last, let repeating): last &+ (repeating ? releaseGap : tapWindow)
+        case .unsure(let at): at &+ releaseGap
         case .idle, .latched, .down: nil
         }
     }
@@ -305,6 +315,10 @@ public struct HoldToTalk: Sendable {
             case .pressed: phase = .latched                 // no repeat in the window: it was a tap
             case .holding: stop(.repeatsEnded, &events)
             case .settling: phase = .idle
+            case .unsure(let at):
+                // No repeat followed: that byte was a press. Its transmission counts from the press.
+                start(at: at, &events)
+                phase = .pressed(at: at)
             case .idle, .latched, .down: break              // no phase deadline; unreachable
             }
         }

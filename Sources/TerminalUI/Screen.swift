@@ -187,7 +187,7 @@ private struct Layout {
             text += "  " + Self.clock(elapsed)
             if let limit = model.maximumTransmit { text += " / " + Self.clock(limit) }
         }
-        if model.muted { text += "  · mic muted" }
+        if model.muted { text += "  · speaker muted" }
         // Padded so a highlighted banner is a full-width bar.
         return Row(text: DisplayWidth.pad("  " + text, to: width), style: style, priority: .essential)
     }
@@ -200,7 +200,6 @@ private struct Layout {
 
     private func meterLine() -> String {
         let label = "  Mic  "
-        if model.muted { return label + "muted" }
         guard let level = model.inputLevel else { return label + "—" }
         let rmsDB = Self.decibels(level.rms)
         let value = " \(Int(rmsDB.rounded())) dB"

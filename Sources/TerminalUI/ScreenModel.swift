@@ -93,6 +93,7 @@ public struct ScreenModel: Hashable, Sendable {
     public var roster: [Member]
     /// Nil until the capture device delivers audio.
     public var inputLevel: InputLevel?
+    /// The speaker is muted (walkie's `m`): the channel plays nothing, but talking still works.
     public var muted: Bool
     public var network: NetworkStats?
     /// Decides the key hints: in legacy mode taps latch and Esc stops.

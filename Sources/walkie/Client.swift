@@ -13,11 +13,40 @@ final class WalkieDelegate: ChannelManagerDelegate, ChannelRestorationDelegate {
         case push(String?)
     }
 
-    let stream: AsyncStream<Event>
-    private let sink: AsyncStream<Event>.Continuation
-    let status = NIOLockedValueBox<String?>(nil)
+    /// Each waiter gets a stream of its own that starts with everything so far (so an outcome that came
+    /// before the waiter did is not missed); a cancelled waiter's stream ends without ending the others.
+    private let state = NIOLockedValueBox(State())
+    private struct State {
+        var history: [Event] = []
+        var subscribers: [UUID: AsyncStream<Event>.Continuation] = [:]
+    }
 
-    init() { (stream, sink) = AsyncStream.makeStream(of: Event.self) }
+    var stream: AsyncStream<Event> {
+        let (stream, continuation) = AsyncStream.makeStream(of: Event.self)
+        let id = UUID()
+        state.withLockedValue { state in
+            for event in state.history { continuation.yield(event) }
+            state.subscribers[id] = continuation
+        }
+        continuation.onTermination = { [state] _ in state.withLockedValue { _ = $0.subscribers.removeValue(forKey: id) } }
+        return stream
+    }
+
+    private var sink: Sink { Sink(state: self) }
+
+    struct Sink {
+        let state: WalkieDelegate
+        func yield(_ event: Event) { state.publish(event) }
+    }
+
+    private func publish(_ event: Event) {
+        let targets = state.withLockedValue { state -> [AsyncStream<Event>.Continuation] in
+            state.history.append(event)
+            if state.history.count > 64 { state.history.removeFirst() }  // a radio left on for days
+            return Array(state.subscribers.values)
+        }
+        for continuation in targets { continuation.yield(event) }
+    }
 
     func channelManager(_ m: ChannelManager, didJoinChannel id: UUID, reason: ChannelJoinReason) { sink.yield(.joined(reason)) }
     func channelManager(_ m: ChannelManager, didLeaveChannel id: UUID, reason: ChannelLeaveReason) { sink.yield(.left(reason)) }
@@ -95,7 +124,7 @@ extension AudioOptions {
                 let device = input
                 ALSA.silenceErrorMessages()
                 do { try ALSACapture(device: device).close() } catch {
-                    throw .audio("can't open the microphone '\(device)': \(error); list devices with 'walkie devices', or talk from a file with --input-file")
+                    throw .audio("can't open the microphone: \(error)")
                 }
                 audio.makeInput = { try ALSACapture(device: device) }
             }
@@ -111,7 +140,7 @@ extension AudioOptions {
                 let device = output
                 ALSA.silenceErrorMessages()
                 do { _ = try ALSAPlayback(device: device) } catch {
-                    throw .audio("can't open the speaker '\(device)': \(error); list devices with 'walkie devices', or play into a file with --output-file")
+                    throw .audio("can't open the speaker: \(error)")
                 }
                 audio.makeOutput = { try ALSAPlayback(device: device) }
             }

@@ -82,7 +82,7 @@ struct Talk: AsyncParsableCommand {
         manager.leaveChannel(channelUUID: channel)
         try? await Task.sleep(for: .milliseconds(300))
         await manager.invalidate()
-        print("sent \(file): \(String(format: "%.1f", seconds)) s in \(sent) frames")
+        say("sent \(file): \(String(format: "%.1f", seconds)) s in \(sent) frames")
     }
 }
 
@@ -112,11 +112,11 @@ struct Listen: AsyncParsableCommand {
         let manager = try await makeManager(delegate: delegate, stateDirectory: state, push: nil, audio: configuration)
         manager.requestJoinChannel(channelUUID: channel, descriptor: ChannelDescriptor(name: "walkie listen"), credentials: credentials)
         try await awaitJoin(delegate, server: server.server)
-        print("listening; recording into \(record)")
+        say("listening; recording into \(record)")
         let bursts = Task {
             for await event in manager.events {
                 if case .burstFinished(let s) = event {
-                    print("heard a burst: \(s.played + s.fecRecovered + s.concealed) frames, \(s.lost) lost")
+                    say("heard a burst: \(s.played + s.fecRecovered + s.concealed) frames, \(s.lost) lost")
                 }
             }
         }
@@ -126,7 +126,7 @@ struct Listen: AsyncParsableCommand {
         try? await Task.sleep(for: .milliseconds(300))
         // Invalidating stops playout, which completes the WAV header.
         await manager.invalidate()
-        print("saved \(record)")
+        say("saved \(record)")
     }
 }
 
@@ -158,20 +158,20 @@ struct Status: AsyncParsableCommand {
         let record: RestorationRecord?
         do { record = try store.load() } catch { fail(.other(error.description)) }
         guard let record else {
-            print("no saved channel in \(store.directory); join one with 'walkie join --server HOST:PORT --token T'")
+            say("no saved channel in \(store.directory); join one with 'walkie join --server HOST:PORT --token T'")
             throw ExitCode(2)
         }
         let claims = try? TokenClaims.read(record.credentials.token)
-        print("channel   \(record.descriptor?.name ?? "?") (\(record.channel))")
-        print("server    \(record.credentials.host):\(record.credentials.port), CA \(record.credentials.caPath)")
+        say("channel   \(record.descriptor?.name ?? "?") (\(record.channel))")
+        say("server    \(record.credentials.host):\(record.credentials.port), CA \(record.credentials.caPath)")
         if let claims {
             let expiry = claims.exp.map { Date(timeIntervalSince1970: $0) }
             let expired = expiry.map { $0 < Date() } ?? false
-            print("you       \(claims.name ?? claims.sub ?? "?")")
-            print("token     " + (expiry.map { (expired ? "expired " : "valid until ") + $0.formatted(.iso8601) } ?? "no expiry"))
+            say("you       \(claims.name ?? claims.sub ?? "?")")
+            say("token     " + (expiry.map { (expired ? "expired " : "valid until ") + $0.formatted(.iso8601) } ?? "no expiry"))
         }
-        print("push      " + (record.pushToken == nil ? "no push token yet" : "registered (\(record.pushToken!.count)-byte token)"))
-        print("run 'walkie' to rejoin, 'walkie leave' to leave")
+        say("push      " + (record.pushToken == nil ? "no push token yet" : "registered (\(record.pushToken!.count)-byte token)"))
+        say("run 'walkie' to rejoin, 'walkie leave' to leave")
     }
 }
 
@@ -186,7 +186,7 @@ struct Leave: AsyncParsableCommand {
         do { manager = try await makeManager(delegate: delegate, stateDirectory: state.stateDir, push: nil, audio: .none) } catch { fail(error) }
         if let problem = manager.restorationError { fail(.other(problem.description)) }
         guard let channel = manager.activeChannelUUID else {
-            print("no saved channel; nothing to leave")
+            say("no saved channel; nothing to leave")
             throw ExitCode(2)
         }
         // Rejoin (so the server hears the leave), then leave; without the server, forget it locally.
@@ -200,6 +200,12 @@ struct Leave: AsyncParsableCommand {
         manager.leaveChannel(channelUUID: channel)
         try? await Task.sleep(for: .milliseconds(300))
         await manager.invalidate()
-        print(joined ? "left the channel" : "the server did not answer; the channel is forgotten here, and the server drops you when your token expires")
+        say(joined ? "left the channel" : "the server did not answer; the channel is forgotten here, and the server drops you when your token expires")
     }
+}
+
+/// One line on stdout, written at once: scripts and tests read walkie's progress through a pipe, where
+/// `print` would hold it in a buffer until exit.
+func say(_ line: String) {
+    FileHandle.standardOutput.write(Data((line + "\n").utf8))
 }

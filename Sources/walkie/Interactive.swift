@@ -62,9 +62,12 @@ struct Resume: AsyncParsableCommand {
 
     func run() async throws {
         do {
-            let configuration = try audio.configuration(capture: true, playback: true)
             let directory = state.stateDir ?? RestorationStore.defaultDirectory(app: "walkie")
             let saved = try? RestorationStore(directory: directory).load()
+            guard saved != nil || FileManager.default.fileExists(atPath: directory + "/channel.json") else {
+                throw WalkieFailure.usage("no channel to restore; join one with 'walkie join --server HOST:PORT --token T'")
+            }
+            let configuration = try audio.configuration(capture: true, playback: true)
             let push = pushPort > 0 ? SimulatedPushTransport(host: saved?.credentials.host ?? "127.0.0.1", controlPort: pushPort) : nil
             let delegate = WalkieDelegate()
             let manager = try await makeManager(delegate: delegate, stateDirectory: directory, push: push, audio: configuration)

@@ -56,6 +56,22 @@ private func same(_ a: [(UInt64, HoldToTalk.Event)], _ b: [(UInt64, HoldToTalk.E
 
 @Suite("HoldToTalk")
 struct HoldToTalkTests {
+    @Test("a lone press half a second after an unlatching tap keys up within a release gap; that tap's own repeats never do")
+    func pressSoonAfterUnlatch() {
+        // Tap to latch at 0, tap to unlatch at 2000, a new tap at 2500 with nothing after it.
+        var ptt = HoldToTalk()
+        let log = run(&ptt, [.byte(0), .byte(2000), .byte(2500)], until: 5000)
+        #expect(log.map(\.1) == [.startTransmit, .stopTransmit(.tapUnlatched), .startTransmit])
+        let restart = log.last!.0
+        #expect(restart > 2500 && restart <= 2500 + 300, "keyed up once no repeat followed (at \(restart) ms; \(log))")
+        #expect(ptt.latched && ptt.transmitStartedAt == ms(2500), "a tap, so it latches; the time counts from the press")
+        // Holding the unlatching key instead: its repeats (660 ms delay, 40 ms apart) never key up.
+        var held = HoldToTalk()
+        let repeats = run(&held, [.byte(0)] + legacyHold(at: 2000, release: 3500, delay: 660, interval: 40), until: 5000)
+        #expect(repeats.map(\.1) == [.startTransmit, .stopTransmit(.tapUnlatched)])
+        #expect(!held.transmitting)
+    }
+
     @Test("X auto-repeat 660 ms / 40 ms: a 1.5 s hold stops 100 ms after the last repeat")
     func xHold() {
         var ptt = HoldToTalk(mode: .legacy)

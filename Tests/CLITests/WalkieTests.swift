@@ -1,0 +1,270 @@
+import Audio
+import Foundation
+import PTTClient
+import Testing
+
+/// walkie as people run it: real processes against a real `squelchd serve` (dev certificates from the
+/// real script, the embedded APNs simulator), WAV files for microphone and speaker (this machine has
+/// no sound card), and tmux as the terminal for the full-screen UI.
+@Suite(.serialized, .timeLimit(.minutes(3))) struct WalkieTests {
+    /// One server with a channel, tokens for Ann and Bob, and a speech file.
+    final class World {
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("walkie-test-\(UUID())").path
+        var certs: String { dir + "/certs" }
+        var data: String { dir + "/data" }
+        let reaper = KillRestartTests.Reaper()
+        var server: KillRestartTests.Server!
+        var pushPort = 0
+        var channel = UUID()
+        var tokens: [String: String] = [:]
+        var speech: String { dir + "/speech.wav" }
+        static let speechSeconds = 2.0
+
+        init() async throws {
+            try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+            try Executables.makeDevCertificates(into: certs)
+            let created = try Executables.run("squelchd", ["channel", "create", "--name", "Ops", "--data-dir", data])
+            channel = try #require(UUID(uuidString: created.out.trimmingCharacters(in: .whitespacesAndNewlines)))
+            for (user, name) in [("ann", "Ann"), ("bob", "Bob"), ("cat", "Cat")] {
+                tokens[user] = try Executables.run("squelchd", ["token", "issue", "--channel", channel.uuidString, "--user", user,
+                                                               "--name", name, "--data-dir", data]).out.trimmingCharacters(in: .whitespacesAndNewlines)
+            }
+            server = try await KillRestartTests().startServer(data: data, certs: certs, reaper: reaper)
+            let control = await server.log.wait(for: #"control=http://127\.0\.0\.1:\d+"#, seconds: 10)
+            pushPort = control.flatMap { KillRestartTests.firstPort(in: $0) } ?? 0
+            let sink = try WAVFileSink(path: speech, pacer: VirtualPacer())
+            let samples = TestSignal.speechLike(seconds: Self.speechSeconds)
+            try samples.withUnsafeBufferPointer { all in
+                for start in stride(from: 0, to: samples.count, by: PipelineAudio.periodFrames) {
+                    try sink.write(UnsafeBufferPointer(rebasing: all[start ..< start + PipelineAudio.periodFrames]))
+                }
+            }
+            try sink.finish()
+        }
+
+        func arguments(_ user: String) -> [String] {
+            ["--server", "127.0.0.1:\(server.voicePort)", "--token", tokens[user]!, "--ca", certs + "/ca.pem"]
+        }
+
+        func finish() {
+            reaper.killAll()
+            try? FileManager.default.removeItem(atPath: dir)
+        }
+    }
+
+    /// A walkie running in the background, its output collected.
+    final class Running {
+        let process = Process()
+        let out: PipeCollector
+        let err: PipeCollector
+        init(_ arguments: [String], reaper: KillRestartTests.Reaper) throws {
+            process.executableURL = Executables.url("walkie")
+            process.arguments = arguments
+            let o = Pipe(), e = Pipe()
+            process.standardOutput = o
+            process.standardError = e
+            out = PipeCollector(o)
+            err = PipeCollector(e)
+            try process.run()
+            reaper.processes.append(process)
+        }
+    }
+
+    /// The loudness of each 10 ms period, for comparing what was said with what was heard.
+    static func envelope(_ path: String) throws -> [Double] {
+        let samples = try WAVAudio.read(path: path).pipelineSamples(resampler: Resampler())
+        return stride(from: 0, to: samples.count - 480, by: 480).map { start in
+            var sum = 0.0
+            for s in samples[start ..< start + 480] { let v = Double(s) / 32768; sum += v * v }
+            return (sum / 480).squareRoot()
+        }
+    }
+
+    /// The best normalised correlation of `said` inside `heard` over every lag.
+    static func bestCorrelation(_ said: [Double], in heard: [Double]) -> (correlation: Double, lag: Int) {
+        var best = (correlation: -1.0, lag: 0)
+        guard heard.count >= said.count else { return best }
+        let meanS = said.reduce(0, +) / Double(said.count)
+        for lag in 0...(heard.count - said.count) {
+            let window = heard[lag ..< lag + said.count]
+            let meanH = window.reduce(0, +) / Double(said.count)
+            var num = 0.0, ds = 0.0, dh = 0.0
+            for (a, b) in zip(said, window) { num += (a - meanS) * (b - meanH); ds += (a - meanS) * (a - meanS); dh += (b - meanH) * (b - meanH) }
+            let c = ds > 0 && dh > 0 ? num / (ds * dh).squareRoot() : 0
+            if c > best.correlation { best = (c, lag) }
+        }
+        return best
+    }
+
+    @Test func talkAndListenMoveAWavFileWithItsSpeechIntact() async throws {
+        let world = try await World()
+        defer { world.finish() }
+        let heard = world.dir + "/heard.wav"
+        let listener = try Running(["listen"] + world.arguments("bob") + ["--record", heard, "--duration", "6", "--push-port", "0"], reaper: world.reaper)
+        #expect(await listener.out.wait(for: "listening", seconds: 20) != nil, "\(listener.err.contents)")
+        let talk = try Executables.run("walkie", ["talk"] + world.arguments("ann") + ["--file", world.speech, "--push-port", "0"])
+        #expect(talk.status == 0, "\(talk.err)")
+        #expect(talk.out.contains("sent"))
+        #expect(await listener.process.waitForExit(seconds: 20))
+        #expect(listener.process.terminationStatus == 0, "\(listener.err.contents)")
+        #expect(listener.out.contents.contains("heard a burst"), "\(listener.out.contents)")
+        // The speech's loudness contour is in the recording, intact: same shape, same length.
+        let said = try Self.envelope(world.speech), got = try Self.envelope(heard)
+        let match = Self.bestCorrelation(said, in: got)
+        #expect(match.correlation > 0.9, "loudness contours correlate \(match.correlation) at \(match.lag * 10) ms")
+        let loudSaid = said.filter { $0 > 0.01 }.count
+        let loudHeard = got.filter { $0 > 0.01 }.count
+        #expect(loudHeard >= loudSaid * 9 / 10 && loudHeard <= loudSaid + 10, "loud periods: said \(loudSaid), heard \(loudHeard)")
+    }
+
+    @Test func everyFailureIsOneLineWithItsExitCode() async throws {
+        let world = try await World()
+        defer { world.finish() }
+        func check(_ arguments: [String], code: Int32, mentions: String, _ comment: Comment) throws {
+            let run = try Executables.run("walkie", arguments)
+            let lines = run.err.split(separator: "\n")
+            #expect(run.status == code, "\(comment): status \(run.status): \(run.err)")
+            #expect(lines.count == 1 && run.err.hasPrefix("walkie: ") && run.err.contains(mentions), "\(comment): \(run.err)")
+        }
+        // A token for another server (signed by another key): refused as forged.
+        let elsewhere = world.dir + "/elsewhere"
+        let other = try Executables.run("squelchd", ["token", "issue", "--channel", world.channel.uuidString, "--user", "eve", "--name", "Eve", "--data-dir", elsewhere])
+        let forged = other.out.trimmingCharacters(in: .whitespacesAndNewlines)
+        try check(["talk", "--server", "127.0.0.1:\(world.server.voicePort)", "--token", forged, "--ca", world.certs + "/ca.pem",
+                   "--file", world.speech, "--push-port", "0"], code: 4, mentions: "token", "forged token")
+        // A CA that did not sign the server's certificate.
+        let strangers = world.dir + "/stranger-certs"
+        try Executables.makeDevCertificates(into: strangers)
+        try check(["talk", "--server", "127.0.0.1:\(world.server.voicePort)", "--token", world.tokens["ann"]!, "--ca", strangers + "/ca.pem",
+                   "--file", world.speech, "--push-port", "0"], code: 5, mentions: "--ca", "wrong CA")
+        // Nothing listening there.
+        try check(["talk", "--server", "127.0.0.1:9", "--token", world.tokens["ann"]!, "--ca", world.certs + "/ca.pem",
+                   "--file", world.speech, "--push-port", "0"], code: 3, mentions: "check that it runs", "unreachable")
+        // Audio: a missing file, a missing device (checked before the terminal is touched).
+        try check(["talk"] + world.arguments("ann") + ["--file", world.dir + "/nope.wav", "--push-port", "0"], code: 7, mentions: "nope.wav", "missing file")
+        try check(["join"] + world.arguments("ann") + ["--input", "no-such-device", "--push-port", "0", "--state-dir", world.dir + "/s"],
+                  code: 7, mentions: "walkie devices", "missing device")
+        // The floor is busy while Ann talks for a while.
+        let long = world.dir + "/long.wav"
+        let sink = try WAVFileSink(path: long, pacer: VirtualPacer())
+        let silence = [Int16](repeating: 300, count: PipelineAudio.periodFrames)
+        for _ in 0..<500 { try silence.withUnsafeBufferPointer { _ = try sink.write($0) } }
+        try sink.finish()
+        let ann = try Running(["talk"] + world.arguments("ann") + ["--file", long, "--push-port", "0"], reaper: world.reaper)
+        try await Task.sleep(for: .seconds(2))
+        try check(["talk"] + world.arguments("bob") + ["--file", world.speech, "--push-port", "0"], code: 6, mentions: "Ann is talking", "floor busy")
+        #expect(await ann.process.waitForExit(seconds: 20) && ann.process.terminationStatus == 0, "\(ann.err.contents)")
+        // No channel saved: walkie with no command says how to join.
+        try check(["--state-dir", world.dir + "/empty", "--push-port", "0"], code: 2, mentions: "walkie join", "nothing to restore")
+    }
+
+    /// tmux drives the full-screen UI: it has no key-release events, so this is the latch path.
+    final class Tmux {
+        let socket = "walkie-\(UUID().uuidString.prefix(8))"
+        /// Runs tmux through the shell: `Process` waits on a pipe that the forked tmux server inherits and
+        /// keeps open, so it would wait forever; `system` waits for the client only.
+        func run(_ arguments: [String]) throws -> String {
+            let output = FileManager.default.temporaryDirectory.appendingPathComponent("tmux-\(UUID()).out").path
+            defer { try? FileManager.default.removeItem(atPath: output) }
+            let line = (["tmux", "-L", socket] + arguments).map(Self.quote).joined(separator: " ")
+            _ = system(line + " </dev/null >" + Self.quote(output) + " 2>&1")
+            return (try? String(contentsOfFile: output, encoding: .utf8)) ?? ""
+        }
+        static func quote(_ word: String) -> String { "'" + word.replacingOccurrences(of: "'", with: "'\\''") + "'" }
+        func start(_ name: String, _ command: [String]) throws {
+            let line = command.map(Self.quote).joined(separator: " ")
+            _ = try run(["new-session", "-d", "-s", name, "-x", "90", "-y", "28", line + "; echo EXITED $?; sleep 30"])
+        }
+        func screen(_ name: String) -> String { (try? run(["capture-pane", "-p", "-t", name])) ?? "" }
+        func keys(_ name: String, _ keys: String...) throws { _ = try run(["send-keys", "-t", name] + keys) }
+        func wait(_ name: String, for text: String, seconds: Double = 20) async throws -> Bool {
+            let deadline = Date().addingTimeInterval(seconds)
+            while Date() < deadline {
+                if screen(name).contains(text) { return true }
+                try await Task.sleep(for: .milliseconds(100))
+            }
+            return false
+        }
+        func stop() { _ = try? run(["kill-server"]) }
+    }
+
+    @Test func twoTerminalsTalkThroughTheServerAndAKilledWalkieRestores() async throws {
+        let world = try await World()
+        defer { world.finish() }
+        let tmux = Tmux()
+        defer { tmux.stop() }
+        let walkie = Executables.url("walkie").path
+        func join(_ user: String) -> [String] {
+            [walkie, "join"] + world.arguments(user) + ["--state-dir", world.dir + "/state-\(user)", "--push-port", "\(world.pushPort)",
+                                                        "--input-file", world.speech, "--output-file", world.dir + "/\(user)-heard.wav"]
+        }
+        try tmux.start("ann", join("ann"))
+        try tmux.start("bob", join("bob"))
+        // Each sees the channel, its readiness and both members.
+        #expect(try await tmux.wait("bob", for: "Ann"), "\(tmux.screen("bob"))")
+        #expect(try await tmux.wait("ann", for: "Bob"), "\(tmux.screen("ann"))")
+        #expect(tmux.screen("bob").contains("Ops"))
+        // A tap of Space latches (no repeats follow): Ann transmits, Bob sees her as the speaker.
+        try tmux.keys("ann", "Space")
+        #expect(try await tmux.wait("ann", for: "LATCHED"), "\(tmux.screen("ann"))")
+        #expect(try await tmux.wait("bob", for: "Speaker: Ann"), "\(tmux.screen("bob"))")
+        #expect(tmux.screen("bob").contains("RECEIVING"))
+        try await Task.sleep(for: .seconds(1))
+        // The next press unlatches; Bob's speaker clears.
+        try tmux.keys("ann", "Space")
+        #expect(try await tmux.wait("bob", for: "Speaker: —"), "\(tmux.screen("bob"))")
+        #expect(try await tmux.wait("ann", for: "Idle"), "\(tmux.screen("ann"))")
+
+        // b closes Bob's voice connection; Ann's next burst wakes him with a push, and he hears her.
+        try tmux.keys("bob", "b")
+        #expect(try await tmux.wait("bob", for: "BACKGROUND"), "\(tmux.screen("bob"))")
+        #expect(await eventuallyTrue { let screen = tmux.screen("ann"); return screen.contains("offline") || screen.contains("reconnecting") },
+                "Ann sees Bob's connection go: \(tmux.screen("ann"))")
+        try tmux.keys("ann", "Space")
+        #expect(try await tmux.wait("ann", for: "LATCHED"), "\(tmux.screen("ann"))")
+        let pushes = try Executables.runShell("curl -s http://127.0.0.1:\(world.pushPort)/v1/pushes")
+        #expect(try await tmux.wait("bob", for: "Speaker: Ann"), "woken by the push: \(tmux.screen("bob")) pushes: \(pushes) \(world.server.log.contents.suffix(2000))")
+        #expect(tmux.screen("bob").contains("RECEIVING"))
+        try tmux.keys("ann", "Space")
+        #expect(try await tmux.wait("bob", for: "Speaker: —"), "\(tmux.screen("bob"))")
+
+        // kill -9 Bob's walkie; 'walkie' with no command restores his channel.
+        let pid = try tmux.run(["display-message", "-p", "-t", "bob", "#{pane_pid}"]).trimmingCharacters(in: .whitespacesAndNewlines)
+        let walkiePid = try Executables.runShell("pgrep -P \(pid) -f 'walkie join'").trimmingCharacters(in: .whitespacesAndNewlines)
+        #expect(!walkiePid.isEmpty)
+        kill(pid_t(walkiePid) ?? 0, SIGKILL)
+        #expect(try await tmux.wait("bob", for: "EXITED"))
+        _ = try tmux.run(["kill-session", "-t", "bob"])
+        try tmux.start("bob2", [walkie, "--state-dir", world.dir + "/state-bob", "--push-port", "\(world.pushPort)",
+                                "--input-file", world.speech, "--output-file", world.dir + "/bob2-heard.wav"])
+        #expect(try await tmux.wait("bob2", for: "Ann"), "\(tmux.screen("bob2"))")
+        #expect(try await tmux.wait("bob2", for: "ready"), "\(tmux.screen("bob2"))")
+        try tmux.keys("bob2", "q")
+        #expect(try await tmux.wait("bob2", for: "EXITED 0"), "\(tmux.screen("bob2"))")
+        try tmux.keys("ann", "q")
+        #expect(try await tmux.wait("ann", for: "EXITED 0"), "\(tmux.screen("ann"))")
+    }
+}
+
+func eventuallyTrue(seconds: Double = 20, _ condition: () -> Bool) async -> Bool {
+    let deadline = Date().addingTimeInterval(seconds)
+    while Date() < deadline {
+        if condition() { return true }
+        try? await Task.sleep(for: .milliseconds(100))
+    }
+    return false
+}
+
+extension Executables {
+    static func runShell(_ command: String) throws -> String {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/bin/sh")
+        process.arguments = ["-c", command]
+        let out = Pipe()
+        process.standardOutput = out
+        try process.run()
+        let data = out.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        return String(decoding: data, as: UTF8.self)
+    }
+}
