@@ -14,11 +14,11 @@ FUZZ_LOGS    := $(FUZZ_DIR)/logs
 
 # Debian packages the build, the tests and the tools need.
 # libcurl4 is what FoundationNetworking (URLSession, used by the tests) loads at run time.
-DEB_PACKAGES := libopus-dev libasound2-dev libssl-dev pkg-config openssl libsqlite3-dev alsa-utils libcurl4 tmux
+DEB_PACKAGES := libopus-dev libasound2-dev libssl-dev pkg-config openssl libsqlite3-dev alsa-utils libcurl4 tmux espeak-ng sox python3-venv python3-dev build-essential
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: help deps build test run bench certs fuzz fuzz-build clean
+.PHONY: help deps build test run bench bench-quick bench-tools certs fuzz fuzz-build clean
 
 help:
 	@echo "make run    install what is missing, make dev certificates, start squelchd"
@@ -56,10 +56,26 @@ run: build certs
 	$$($(SWIFT) build -c $(CONFIG) --show-bin-path)/squelchd serve --data-dir $(DATA_DIR) \
 	  --cert $(CERTS_DIR)/server-chain.pem --key $(CERTS_DIR)/server.key
 
-bench: deps certs
+# The analysis (GCC-PHAT delay, PESQ-WB, STOI) and the report (tables, PNG plots) are Python, in a
+# virtual environment of their own under bench/.venv (bench/README.md).
+bench-tools: deps
+	bench/setup-venv.sh
+	@test -f bench/speech.wav || bench/make_speech.sh bench/speech.wav
+
+# The whole suite in release mode, about 15 minutes here: bench/results.json, then docs/benchmarks.md
+# and its plots regenerated from it.
+bench: deps certs bench-tools
 	$(SWIFT) build -c release --product squelch-bench
 	$(SWIFT) build -c release --product squelchd
-	$$($(SWIFT) build -c release --show-bin-path)/squelch-bench all
+	$$($(SWIFT) build -c release --show-bin-path)/squelch-bench all --results bench/results.json
+	bench/.venv/bin/python3 bench/report.py bench/results.json docs/benchmarks.md docs/bench-plots
+
+# A smoke run of every benchmark on the debug build (CI runs it): it must work, its figures mean
+# nothing. Results and the report go to a scratch directory.
+bench-quick: build certs bench-tools
+	@rm -rf .bench-quick && mkdir -p .bench-quick
+	$$($(SWIFT) build --show-bin-path)/squelch-bench all --quick --results .bench-quick/results.json
+	bench/.venv/bin/python3 bench/report.py .bench-quick/results.json .bench-quick/benchmarks.md .bench-quick/plots
 
 # libFuzzer targets are compiled straight with swiftc from the parser sources they cover, so that a
 # fuzz build doesn't rebuild the whole package with sanitizers (see fuzz/README.md). Crashing inputs

@@ -110,6 +110,10 @@ let package = Package(
         ], swiftSettings: swift6),
         .target(name: "JitterBuffer", swiftSettings: swift6),
         .target(name: "TerminalUI", swiftSettings: swift6),
+        .target(name: "ImpairmentKit", dependencies: [
+            .product(name: "NIOCore", package: "swift-nio"),
+            .product(name: "NIOPosix", package: "swift-nio"),
+        ], swiftSettings: swift6),
         .target(name: "PTTClient", dependencies: [
             "Wire", "WireNIO", "Audio", "Opus", "ChannelProtocol", "JitterBuffer", "APNsDevice",
             .product(name: "NIOCore", package: "swift-nio"),
@@ -139,12 +143,17 @@ let package = Package(
             .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
         ], swiftSettings: swift6),
+        .executableTarget(name: "impairment-proxy", dependencies: [
+            "ImpairmentKit",
+            .product(name: "NIOCore", package: "swift-nio"),
+            .product(name: "NIOPosix", package: "swift-nio"),
+        ], swiftSettings: swift6),
         // The reference event loop for TerminalUI, and the child process its signal tests kill.
         .executableTarget(name: "terminal-ui-demo", dependencies: ["TerminalUI"], path: "Examples/TerminalUIDemo", swiftSettings: swift6),
         .executableTarget(name: "ptt-example", dependencies: ["PTTClient", "Audio"], path: "Examples/PTTExample", swiftSettings: swift6),
         .executableTarget(name: "squelch-bench", dependencies: [
             "Opus", "Audio", "SquelchInfo", "Wire", "WireNIO", "WireTesting", "SquelchTesting", "ChannelProtocol",
-            "ParticipantTokens", "APNs", "APNsSimulator", "APNsDevice", "ChannelStore",
+            "ParticipantTokens", "APNs", "APNsSimulator", "APNsDevice", "ChannelStore", "PTTClient", "JitterBuffer", "ImpairmentKit",
             .product(name: "NIOCore", package: "swift-nio"),
             .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
             .product(name: "Crypto", package: "swift-crypto"),
@@ -183,6 +192,12 @@ let package = Package(
         .testTarget(name: "OpusTests", dependencies: ["Opus", "Audio"], swiftSettings: swift6),
         .testTarget(name: "AudioTests", dependencies: ["Audio"], swiftSettings: swift6),
         .testTarget(name: "JitterBufferTests", dependencies: ["JitterBuffer"], swiftSettings: swift6),
+        .testTarget(name: "ImpairmentKitTests", dependencies: [
+            "ImpairmentKit", "impairment-proxy",
+            .product(name: "NIOCore", package: "swift-nio"),
+            .product(name: "NIOPosix", package: "swift-nio"),
+            .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+        ], swiftSettings: swift6),
         .testTarget(name: "TerminalUITests", dependencies: ["TerminalUI", "terminal-ui-demo"], swiftSettings: swift6),
         .testTarget(name: "PTTClientTests", dependencies: [
             "PTTClient", "PTTServer", "APNsSimulator", "APNsDevice", "ChannelProtocol", "ChannelStore", "ParticipantTokens",

@@ -10,16 +10,36 @@ struct Bench: AsyncParsableCommand {
         commandName: "squelch-bench",
         abstract: "Squelch benchmarks. Build in release mode (make bench) before trusting a figure.",
         version: SquelchInfo.version,
-        subcommands: [All.self, Codec.self, Transport.self, Fanout.self, Push.self, WireEcho.self])
+        subcommands: [All.self, Codec.self, Transport.self, Fanout.self, Push.self, Connections.self, EndToEnd.self, WireEcho.self])
 }
 
 struct All: AsyncParsableCommand {
-    static let configuration = CommandConfiguration(abstract: "Run every benchmark.")
+    static let configuration = CommandConfiguration(
+        abstract: "Run every benchmark and record the figures (make bench); --quick is the smoke run CI does.")
+
+    @Flag(help: "Small sizes: checks that every benchmark runs, not what it measures.") var quick = false
+    @Option(help: "Directory with the dev certificates (make certs).") var certs = "certs"
+    @Option(help: "squelchd executable (default: next to this one).") var squelchd: String?
+    @OptionGroup var results: ResultsOptions
+
     func run() async throws {
-        try Codec().run()
-        try await Transport().run()
-        try await Fanout.parse([]).run()
-        try await Push.parse([]).run()
+        var common = ["--certs", certs, "--results", results.results]
+        if let squelchd { common += ["--squelchd", squelchd] }
+        if quick {
+            try Codec.parse(["--seconds", "1"]).run()
+            try await Fanout.parse(["--listeners", "20", "--seconds", "2", "--grants", "10"] + common).run()
+            try await Push.parse(["--pushes", "2000", "--in-flight", "200", "--wakes", "100", "--bursts", "2"] + common).run()
+            try await Connections.parse(["--count", "100", "--resumes", "5"] + common).run()
+            try await EndToEnd.parse(["--loss", "10", "--jitter", "30", "--bursts", "2"] + common).run()
+        } else {
+            try Codec().run()
+            try await Transport().run()
+            try await Fanout.parse(common).run()
+            try await Push.parse(common).run()
+            try await Connections.parse(common).run()
+            try await EndToEnd.parse(common).run()
+        }
+        try results.record("quick", quick)
     }
 }
 

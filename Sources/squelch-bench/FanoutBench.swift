@@ -24,6 +24,7 @@ struct Fanout: AsyncParsableCommand {
     @Option(help: "Floor request/release cycles for the grant time.") var grants = 100
     @Option(help: "Directory with ca.pem, server-chain.pem and server.key (make certs).") var certs = "certs"
     @Option(help: "squelchd executable (default: next to this one).") var squelchd: String?
+    @OptionGroup var results: ResultsOptions
 
     func run() async throws {
         let counts = listeners.split(separator: ",").compactMap { Int($0.trimmingCharacters(in: .whitespaces)) }
@@ -38,11 +39,17 @@ struct Fanout: AsyncParsableCommand {
         let client = ClientConfiguration(serverName: "localhost", validator: try CertificateValidator(caPEM: ca))
         print("fan-out: 1 talker, 80-byte payloads at 50 packets/s for \(seconds.formatted()) s, squelchd in its own process")
         print("listeners  server CPU/fwd pkt  relay p50/p99 (server)  last listener p50/p99 (client)  lost  grant p50/p95")
+        var rows: [[String: Any]] = []
         for count in counts {
             let result = try await FanoutRun(listeners: count, seconds: seconds, grants: grants, squelchd: server,
                                              certs: certs, client: client).run()
             print(result.row)
+            rows.append(["listeners": count, "cpu_us_per_packet": result.cpuMicrosecondsPerForward,
+                         "last_listener_p50_ms": result.lastP50 / 1e6, "last_listener_p99_ms": result.lastP99 / 1e6,
+                         "lost": result.lost, "expected": result.expected,
+                         "grant_p50_ms": result.grantP50 / 1e6, "grant_p95_ms": result.grantP95 / 1e6])
         }
+        try results.record("fanout", rows)
     }
 }
 

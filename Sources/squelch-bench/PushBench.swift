@@ -27,6 +27,7 @@ struct Push: AsyncParsableCommand {
     @Option(help: "Bursts in the wake run.") var bursts = 5
     @Option(help: "Directory with the dev certificates and APNs key (make certs).") var certs = "certs"
     @Option(help: "squelchd executable (default: next to this one).") var squelchd: String?
+    @OptionGroup var results: ResultsOptions
 
     func run() async throws {
         let server = squelchd ?? URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent().appendingPathComponent("squelchd").path
@@ -41,11 +42,14 @@ struct Push: AsyncParsableCommand {
         let simulator = try await SimulatorProcess.start(squelchd: server, certs: certs)
         defer { simulator.stop() }
         print("push: APNs simulator in its own process (squelchd apns-sim), TLS + HTTP/2 on loopback")
-        try await throughput(simulator)
-        try await wakeTime(simulator, squelchd: server)
+        let perSecond = try await throughput(simulator)
+        let (median, last) = try await wakeTime(simulator, squelchd: server)
+        try results.record("push", ["per_second": perSecond, "last_of_1000_ms": last * 1e3, "median_of_bursts_ms": median * 1e3,
+                                    "wakes_per_burst": wakes])
     }
 
-    func throughput(_ simulator: SimulatorProcess) async throws {
+    /// Pushes per second delivered.
+    func throughput(_ simulator: SimulatorProcess) async throws -> Double {
         let identity = try APNsProviderIdentity.load(p8Path: "\(certs)/AuthKey_DEVKEY0001.p8", keyID: "DEVKEY0001", teamID: "DEVTEAM001")
         let client = try await APNsClient(configuration: APNsConfiguration(
             environment: .custom(host: "127.0.0.1", port: simulator.port, caPath: "\(certs)/ca.pem"), identity: identity,
@@ -92,9 +96,11 @@ struct Push: AsyncParsableCommand {
         print("|---|---|---|---|---|---|---|")
         print("| \(pushes) | \(inFlight) | \(pool) | \(delivered) | \(Int(Double(delivered) / elapsed)) | "
               + String(format: "%.1f | %.1f |", ownCPU * 1e6 / Double(pushes), simCPU * 1e6 / Double(pushes)))
+        return Double(delivered) / elapsed
     }
 
-    func wakeTime(_ simulator: SimulatorProcess, squelchd: String) async throws {
+    /// The grant-to-last-push time over the bursts: median and worst, in seconds.
+    func wakeTime(_ simulator: SimulatorProcess, squelchd: String) async throws -> (median: Double, worst: Double) {
         let data = FileManager.default.temporaryDirectory.appendingPathComponent("squelch-push-\(UUID())").path
         try FileManager.default.createDirectory(atPath: data, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(atPath: data) }
@@ -156,6 +162,7 @@ struct Push: AsyncParsableCommand {
         print("|---|---|---|---|")
         print("| \(wakes) | \(bursts) | " + String(format: "%.1f ms | %.1f ms |", percentile(sorted, 0.5) * 1e3, (sorted.last ?? .nan) * 1e3))
         await talker.close()
+        return (percentile(sorted, 0.5), sorted.last ?? .nan)
     }
 }
 

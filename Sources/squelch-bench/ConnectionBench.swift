@@ -1,0 +1,95 @@
+import ArgumentParser
+import ChannelProtocol
+import Foundation
+import SquelchTesting
+import Wire
+import WireNIO
+
+/// What a connection costs the server: full handshakes per second, the time from a client's fast
+/// resume (a new address, no handshake) to its audio reaching a listener, and resident memory per
+/// idle member.
+struct Connections: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "connections",
+        abstract: "Handshakes per second, resume to first audio, and server memory per idle connection.")
+
+    @Option(help: "Connections for the handshake rate and the memory figure.") var count = 1_000
+    @Option(help: "Resumes to time.") var resumes = 50
+    @Option(help: "Directory with ca.pem, server-chain.pem and server.key (make certs).") var certs = "certs"
+    @Option(help: "squelchd executable (default: next to this one).") var squelchd: String?
+    @OptionGroup var results: ResultsOptions
+
+    func run() async throws {
+        let executable = squelchd ?? URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent().appendingPathComponent("squelchd").path
+        guard let ca = try? String(contentsOfFile: certs + "/ca.pem", encoding: .utf8) else {
+            throw ValidationError("no \(certs)/ca.pem; run 'make certs' or pass --certs")
+        }
+        let client = ClientConfiguration(serverName: "localhost", validator: try CertificateValidator(caPEM: ca))
+        let server = try await ServerProcess.start(squelchd: executable, certs: certs,
+                                                   extra: ["--handshakes-per-second-per-address", "1000000", "--max-connections", "\(count + 100)"])
+        defer { server.stop() }
+        try await Task.sleep(for: .seconds(1))
+        let idleKB = server.residentKilobytes
+
+        // Handshakes: everyone connects at once (in waves of 100, as a crowd would), then joins.
+        var members: [TestMember] = []
+        let started = ContinuousClock.now
+        for start in stride(from: 0, to: count, by: 100) {
+            let wave = try await withThrowingTaskGroup(of: TestMember.self) { group in
+                for _ in start ..< min(count, start + 100) {
+                    group.addTask {
+                        let member = try TestMember(port: server.voicePort, configuration: client)
+                        try await member.connect()
+                        return member
+                    }
+                }
+                return try await group.reduce(into: [TestMember]()) { $0.append($1) }
+            }
+            members += wave
+        }
+        let handshakeSeconds = (ContinuousClock.now - started) / .seconds(1)
+        for (index, member) in members.enumerated() {
+            guard case .joined? = try await member.join(token: try await server.token("idle-\(index)", [.listen]), channel: server.channel, seconds: 30) else {
+                throw ValidationError("member \(index) could not join")
+            }
+        }
+        try await Task.sleep(for: .seconds(2))
+        let busyKB = server.residentKilobytes
+        let perConnection = (busyKB - idleKB) / Double(count)
+        print("connections: \(count) full handshakes in \(String(format: "%.2f", handshakeSeconds)) s = \(Int(Double(count) / handshakeSeconds))/s")
+        print(String(format: "memory: squelchd RSS %.1f MB idle, %.1f MB with %d joined members: %.1f KB per connection",
+                     idleKB / 1024, busyKB / 1024, count, perConnection))
+        for member in members { await member.close() }
+
+        // Resume: a talker holding the floor moves to a new local port and sends audio at once; a
+        // listener times its arrival.
+        let talker = try TestMember(port: server.voicePort, configuration: client)
+        try await talker.connect()
+        _ = try await talker.join(token: try await server.token("talker"), channel: server.channel)
+        let listener = try TestMember(port: server.voicePort, configuration: client)
+        try await listener.connect()
+        _ = try await listener.join(token: try await server.token("listener", [.listen]), channel: server.channel)
+        try await talker.send(.floorRequest)
+        guard let burst = await talker.waitForFloor(.granted)?.burst else { throw ValidationError("no floor grant") }
+        var times: [Double] = []
+        for sequence in 0 ..< resumes {
+            let before = listener.audio.count
+            let start = WireNIO.now().nanoseconds
+            try await talker.client.rebind()
+            await talker.sendAudio(burst: burst, sequence: UInt16(sequence), payload: [UInt8](repeating: 0x33, count: 80))
+            let arrived = await listener.waitForAudio(count: before + 1, seconds: 5)
+            guard arrived.count > before, let at = listener.timedAudio.last?.at else { continue }
+            times.append(Double(at - start) / 1e6)
+        }
+        times.sort()
+        print(String(format: "resume to first audio at a listener: p50 %.2f ms, p99 %.2f ms (%d of %d)",
+                     percentile(times, 0.5), percentile(times, 0.99), times.count, resumes))
+        await talker.close()
+        await listener.close()
+        try results.record("handshakes", ["per_second": Double(count) / handshakeSeconds, "connections": count,
+                                          "resume_to_first_audio_ms_p50": percentile(times, 0.5),
+                                          "resume_to_first_audio_ms_p99": percentile(times, 0.99)])
+        try results.record("memory", ["rss_idle_mb": idleKB / 1024, "rss_1000_mb": busyKB / 1024, "connections": count,
+                                      "kb_per_connection": perConnection])
+    }
+}

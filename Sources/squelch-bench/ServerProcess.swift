@@ -1,0 +1,64 @@
+import ArgumentParser
+import Foundation
+import ParticipantTokens
+
+/// `squelchd serve` in its own process with one channel, for the end-to-end benchmarks: the server's
+/// CPU and memory are then its own, as in production.
+struct ServerProcess {
+    let process: Process
+    let log: LineCollector
+    let data: String
+    let channel: UUID
+    let voicePort: Int
+    let adminPort: Int
+    let authority: TokenAuthority
+
+    static func start(squelchd: String, certs: String, extra: [String] = []) async throws -> ServerProcess {
+        let data = FileManager.default.temporaryDirectory.appendingPathComponent("squelch-bench-\(UUID())").path
+        try FileManager.default.createDirectory(atPath: data, withIntermediateDirectories: true)
+        let create = Process()
+        create.executableURL = URL(fileURLWithPath: squelchd)
+        create.arguments = ["channel", "create", "--name", "Bench", "--data-dir", data]
+        let out = Pipe()
+        create.standardOutput = out
+        create.standardError = FileHandle.nullDevice
+        try create.run()
+        let created = String(decoding: out.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        create.waitUntilExit()
+        guard let channel = UUID(uuidString: created.trimmingCharacters(in: .whitespacesAndNewlines)) else {
+            throw ValidationError("squelchd channel create printed '\(created)', not a channel id")
+        }
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: squelchd)
+        process.arguments = ["serve", "--data-dir", data, "--port", "0", "--admin-port", "0", "--cert", certs + "/server-chain.pem",
+                             "--key", certs + "/server.key", "--log-level", "notice", "--apns", "off"] + extra
+        let errors = Pipe()
+        process.standardError = errors
+        let log = LineCollector(errors)
+        try process.run()
+        guard let voiceLine = await log.wait(for: "voice transport listening", seconds: 30), let voicePort = lastPort(in: voiceLine),
+              let adminLine = await log.wait(for: "admin API listening on", seconds: 30), let adminPort = lastPort(in: adminLine) else {
+            process.terminate()
+            throw ValidationError("squelchd did not start: \(log.text)")
+        }
+        return ServerProcess(process: process, log: log, data: data, channel: channel, voicePort: voicePort, adminPort: adminPort,
+                             authority: try await TokenAuthority.loadOrCreate(in: data))
+    }
+
+    func token(_ user: String, _ capabilities: Set<Capability> = [.talk, .listen]) async throws -> String {
+        try await authority.issue(ParticipantClaims(userID: user, name: user.capitalized, channel: channel, capabilities: capabilities,
+                                                    expiresAt: Date().addingTimeInterval(3_600)))
+    }
+
+    /// Resident memory of the server process, in kilobytes (VmRSS).
+    var residentKilobytes: Double {
+        let status = (try? String(contentsOfFile: "/proc/\(process.processIdentifier)/status", encoding: .utf8)) ?? ""
+        let line = status.split(separator: "\n").first { $0.hasPrefix("VmRSS:") } ?? ""
+        return Double(line.split(separator: " ").dropFirst().first ?? "") ?? .nan
+    }
+
+    func stop() {
+        if process.isRunning { process.terminate(); process.waitUntilExit() }
+        try? FileManager.default.removeItem(atPath: data)
+    }
+}
