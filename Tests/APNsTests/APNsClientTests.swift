@@ -215,7 +215,8 @@ extension Result {
         // The delay holds streams open, so many are in flight together. How many depends on how fast this
         // machine issues them; one at a time would be 1, so "over 100" proves multiplexing on a busy CI.
         fixture.simulator.setFaults(APNsFaultPlan(delayMilliseconds: 1000))
-        let client = try await fixture.client(poolSize: 1, requestTimeout: .seconds(5), retry: APNsRetryPolicy(budget: .seconds(10)))
+        // Timeouts long enough that a loaded machine never retries (a retried push would be accepted twice).
+        let client = try await fixture.client(poolSize: 1, requestTimeout: .seconds(60), retry: APNsRetryPolicy(budget: .seconds(90)))
         let results = await withTaskGroup(of: String.self) { group in
             for index in 0..<1000 {
                 group.addTask {

@@ -1,7 +1,9 @@
 import Audio
 import ChannelProtocol
 import Foundation
+import ImpairmentKit
 import JitterBuffer
+import enum NIOCore.SocketAddress
 import NIOConcurrencyHelpers
 import PTTClient
 import Testing
@@ -373,6 +375,58 @@ final class LocalPushTransport: PushTransport {
         #expect(d.all.contains(.push(nil)) && m.activeChannelUUID == nil)
         #expect(try RestorationStore(directory: fixture.stateDirectory("local")).load() == nil, "the record goes with the channel")
         await m.invalidate()
+        await fixture.stop()
+    }
+}
+
+/// The transport's promises under a bad link, through the seeded impairment proxy (real UDP): loss with
+/// FEC and concealment, and a NAT rebinding in the middle of a burst, which the connection survives
+/// by migrating to the new address without a new handshake.
+@Suite(.serialized, .timeLimit(.minutes(2))) struct ImpairedLinkTests {
+    @Test func aListenerBehindALossyRebindingNATStillHearsTheBurst() async throws {
+        let fixture = try await ClientFixture(pushes: false)
+        let id = fixture.channel.id
+        let lossy = Impairment(lossPercent: 10, delayMilliseconds: 10, jitterMilliseconds: 10, seed: 7)
+        let proxy = ImpairmentProxy(upstream: try SocketAddress(ipAddress: "127.0.0.1", port: fixture.listening.voicePort),
+                                    clientToServer: lossy, serverToClient: lossy)
+        let port = try await proxy.start()
+        let annDelegate = RecordingDelegate(), bobDelegate = RecordingDelegate()
+        let samples = TestSignal.speechLike(seconds: 2)
+        let ann = try await ChannelManager.channelManager(delegate: annDelegate, restorationDelegate: annDelegate, configuration: ChannelManagerConfiguration(
+            stateDirectory: fixture.stateDirectory("nat-ann"),
+            audio: AudioConfiguration(makeInput: { WAVFileSource(pipelineSamples: samples, pacer: RealTimePacer()) })))
+        let bob = try await ChannelManager.channelManager(delegate: bobDelegate, restorationDelegate: bobDelegate, configuration: ChannelManagerConfiguration(
+            stateDirectory: fixture.stateDirectory("nat-bob"),
+            audio: AudioConfiguration(makeOutput: { try WAVFileSink(path: fixture.directory + "/nat.wav", pacer: RealTimePacer()) })))
+        let bobEvents = EventLog(bob)
+        ann.requestJoinChannel(channelUUID: id, descriptor: ChannelDescriptor(name: "Ops"), credentials: fixture.credentials(try await fixture.token("ann")))
+        var behindNAT = fixture.credentials(try await fixture.token("bob"))
+        behindNAT.port = port
+        bob.requestJoinChannel(channelUUID: id, descriptor: ChannelDescriptor(name: "Ops"), credentials: behindNAT)
+        #expect(await annDelegate.wait(for: .didJoin(.developerRequest)))
+        #expect(await bobDelegate.wait(for: .didJoin(.developerRequest)), "the handshake and join get through 10 % loss")
+        ann.requestBeginTransmitting(channelUUID: id)
+        #expect(await bobDelegate.wait(for: .didActivate))
+        try await Task.sleep(for: .seconds(0.8))
+        let rebound = await proxy.rebindAll()
+        #expect(rebound == 1, "Bob's NAT mapping moved to a new port mid-burst")
+        try await Task.sleep(for: .seconds(1.4))
+        ann.stopTransmitting(channelUUID: id)
+        #expect(await eventually { !bobEvents.finishedBursts.isEmpty })
+        let sent = await ann.statistics().framesSent
+        let burst = try #require(bobEvents.finishedBursts.first)
+        // About 10 % of frames are lost on the way, FEC and concealment fill them, and the burst goes on
+        // after the rebinding instead of timing out. What the server sends to the old port until it sees
+        // the listener's new address is lost too: a few frames on an idle machine, up to about a second
+        // under the full test suite's load, so the bound here is "most of the burst", not "all but 10 %".
+        #expect(burst.played + burst.fec >= sent / 3 && burst.lost < sent / 2, "\(burst), sent \(sent)")
+        #expect(burst.lost > 0, "the link lost frames: \(burst)")
+        #expect(bob.serviceStatus == .ready, "no reconnect was needed")
+        let stats = await proxy.stats()
+        #expect(stats.rebinds == 1)
+        await ann.invalidate()
+        await bob.invalidate()
+        await proxy.stop()
         await fixture.stop()
     }
 }
