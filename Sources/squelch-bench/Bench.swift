@@ -32,8 +32,8 @@ struct All: AsyncParsableCommand {
             try await Connections.parse(["--count", "100", "--resumes", "5"] + common).run()
             try await EndToEnd.parse(["--loss", "10", "--jitter", "30", "--bursts", "2"] + common).run()
         } else {
-            try Codec().run()
-            try await Transport().run()
+            try Codec.parse([]).run()
+            try await Transport.parse([]).run()
             try await Fanout.parse(common).run()
             try await Push.parse(common).run()
             try await Connections.parse(common).run()

@@ -174,11 +174,13 @@ struct EndToEnd: AsyncParsableCommand {
         return ConditionRun(row: row, access: access)
     }
 
-    /// Runs bench/audio_metrics.py on the recording: per-burst latency and quality.
+    /// Runs bench/audio_metrics.py on the recording: each burst found near its send time (GCC-PHAT),
+    /// its delay, and its PESQ-WB and STOI; summarised as the report wants them. A condition where no
+    /// burst could be found is recorded with the reason rather than ending the whole run.
     func analyze(reference: String, recording: String, sendTimes: [Double]) throws -> [String: Any] {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: python)
-        process.arguments = ["bench/audio_metrics.py", "bursts", reference, recording, "--send-times-ms",
+        process.arguments = ["bench/audio_metrics.py", "bursts", reference, recording, "--quality", "--send-times-ms",
                              sendTimes.map { String(format: "%.3f", $0) }.joined(separator: ",")]
         let out = Pipe(), err = Pipe()
         process.standardOutput = out
@@ -187,10 +189,19 @@ struct EndToEnd: AsyncParsableCommand {
         let data = out.fileHandleForReading.readDataToEndOfFile()
         let errors = String(decoding: err.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
         process.waitUntilExit()
-        guard process.terminationStatus == 0, let json = try JSONSerialization.jsonObject(with: data) as? [String: Any] else {
+        guard let json = try? JSONSerialization.jsonObject(with: data) as? [String: Any] else {
             throw ValidationError("bench/audio_metrics.py failed: \(errors)")
         }
-        return json
+        let latency = json["latency_ms"] as? [String: Any] ?? [:]
+        var row: [String: Any] = [:]
+        row["p50_ms"] = latency["p50"]
+        row["p95_ms"] = latency["p95"]
+        row["bursts_found"] = latency["count"]
+        row["bursts_missing"] = latency["missing"]
+        row["pesq_wb"] = (json["pesq_wb"] as? [String: Any])?["mean"]
+        row["stoi"] = (json["stoi"] as? [String: Any])?["mean"]
+        if process.terminationStatus != 0 { row["error"] = errors.trimmingCharacters(in: .whitespacesAndNewlines) }
+        return row.compactMapValues { $0 is NSNull ? nil : $0 }
     }
 
     /// A listener suspended while a burst starts, resumed one second in: how long until it plays the
