@@ -64,7 +64,8 @@ public struct BurstStatistics: Sendable, Equatable {
     public var received = 0
     public var late = 0
     public var duplicates = 0
-    /// Frames that never arrived by their turn (recovered with FEC, concealed or skipped).
+    /// Frames that never arrived by their turn (recovered with FEC, concealed or skipped), counting only
+    /// frames known to exist: ones before a frame that did arrive.
     public var lost = 0
     public var fecRecovered = 0
     /// Frames made up by concealment (PLC), underruns included.
@@ -132,6 +133,9 @@ public struct JitterBuffer: Sendable {
         /// The first sequence that is not a frame (the end marker's, or one past a last frame carrying END).
         var endSequence: UInt16?
         var lastArrival: UInt64
+        /// The newest sequence received: a missing frame before it was lost; one after it may never have
+        /// existed (the talker stopped and the end marker was lost), so it is not counted as lost.
+        var highest: UInt16
         var consecutiveMisses = 0
         // Estimator and jitter reference for live packets.
         var firstLive: (arrival: UInt64, sequence: UInt16)?
@@ -207,6 +211,7 @@ public struct JitterBuffer: Sendable {
         var b = burst!
         defer { burst = b }
         b.lastArrival = now
+        if Self.distance(b.highest, sequence) > 0 { b.highest = sequence }
         if !catchUp { observe(&b, sequence: sequence, now: now) }
 
         if endOfBurst {
@@ -270,7 +275,7 @@ public struct JitterBuffer: Sendable {
         stats.targetDelayMilliseconds = target
         burst = Burst(stats: stats, catchUp: catchUp, nextToPlay: sequence,
                       startTime: catchUp ? now : now + UInt64(target) * 1_000_000,
-                      targetMilliseconds: target, lastArrival: now)
+                      targetMilliseconds: target, lastArrival: now, highest: sequence)
     }
 
     private mutating func grow(toHold frames: Int) {
@@ -384,7 +389,7 @@ public struct JitterBuffer: Sendable {
             return .conceal
         }
         b.nextToPlay &+= 1
-        b.stats.lost += 1
+        if Self.distance(n, b.highest) > 0 { b.stats.lost += 1 }
         if b.consecutiveMisses > configuration.concealmentLimitFrames {
             b.stats.silenceFrames += 1
             return .silence

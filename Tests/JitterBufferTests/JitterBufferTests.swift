@@ -206,6 +206,20 @@ func burst(frames: Int, start: UInt64 = 0, burst: UInt16 = 7, slot: UInt16 = 1, 
         #expect(concealBefore >= 10)
     }
 
+    @Test func framesAfterTheLastOneReceivedAreNotCountedAsLost() {
+        // 30 frames, no end marker (all three copies lost): playout conceals until the timeout, but no
+        // frame after the 30th ever existed.
+        var buffer = JitterBuffer()
+        let run = simulate(&buffer, burst(frames: 30).filter { !$0.end }, until: 3_000 * ms)
+        let (stats, reason) = try! #require(run.ended)
+        #expect(reason == .timeout)
+        #expect(stats.played == 30 && stats.lost == 0, "\(stats)")
+        // A gap inside the burst is still loss.
+        var gappy = JitterBuffer()
+        let gap = simulate(&gappy, burst(frames: 30, delay: { (10..<13).contains($0) ? nil : 10 * ms }), until: 3_000 * ms)
+        #expect(gap.ended?.0.lost == 3)
+    }
+
     @Test func anotherTalkerSupersedesAnUnfinishedBurst() {
         var buffer = JitterBuffer()
         let first = burst(frames: 20, slot: 1).filter { !$0.end }
