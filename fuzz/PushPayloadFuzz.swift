@@ -13,12 +13,6 @@ public func fuzzPushPayload(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
     let again = PushValue.payload(from: encoded)
     precondition(again == payload, "the payload changed on a round trip")
     _ = payload["activeSpeaker"]?.stringValue
-    _ = IncomingPushProbe.isServiceUpdate(payload)
+    _ = payload.isServiceUpdatePayload
     return 0
-}
-
-enum IncomingPushProbe {
-    static func isServiceUpdate(_ payload: [String: PushValue]) -> Bool {
-        payload["aps"]?.objectValue?["ptt-push-type"]?.stringValue == "service-update"
-    }
 }

@@ -65,7 +65,6 @@ actor ManagerEngine {
 
     let transmitter: Transmitter
     let receiver: Receiver
-    var transmitClient: WireClientChannel?
 
     init(configuration: ChannelManagerConfiguration, store: RestorationStore, delegate: any ChannelManagerDelegate,
          restorationDelegate: any ChannelRestorationDelegate, events: AsyncStream<ChannelManagerEvent>.Continuation,
@@ -273,7 +272,6 @@ actor ManagerEngine {
             }
         case .startSending(let burst):
             guard let client else { return }
-            transmitClient = client
             transmitter.start(burst: burst, client: client)
         case .stopSending:
             await transmitter.stop()

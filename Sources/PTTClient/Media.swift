@@ -26,18 +26,58 @@ public struct AudioConfiguration: Sendable {
     public static var none: AudioConfiguration { AudioConfiguration() }
 }
 
+/// A dedicated thread that runs until asked to stop: the capture and playout loops block on their
+/// devices, so they can't live on the cooperative pool.
+final class MediaThread: Sendable {
+    private struct Flags { var running = false; var stopRequested = false }
+    private let flags = NIOLockedValueBox(Flags())
+    let name: String
+
+    init(name: String) { self.name = name }
+
+    var isRunning: Bool { flags.withLockedValue { $0.running } }
+    var stopRequested: Bool { flags.withLockedValue { $0.stopRequested } }
+
+    /// Starts `body` on a new thread unless one is running; false if it was.
+    @discardableResult
+    func start(_ body: @escaping @Sendable () -> Void) -> Bool {
+        let started = flags.withLockedValue { flags -> Bool in
+            guard !flags.running else { return false }
+            flags = Flags(running: true, stopRequested: false)
+            return true
+        }
+        guard started else { return false }
+        let thread = Thread { [flags] in
+            body()
+            flags.withLockedValue { $0.running = false }
+        }
+        thread.name = name
+        thread.start()
+        return true
+    }
+
+    /// Asks the loop to stop and returns once it has (it checks `stopRequested` once per frame).
+    func stop() async {
+        let running = flags.withLockedValue { flags -> Bool in
+            flags.stopRequested = true
+            return flags.running
+        }
+        guard running else { return }
+        while isRunning { try? await Task.sleep(for: .milliseconds(2)) }
+    }
+}
+
 /// Capture → Opus → audio datagrams, on a thread of its own because sources block until each 10 ms
 /// period is due (ALSA reads, paced WAV files).
 final class Transmitter: Sendable {
     struct State {
-        var running = false
-        var stopRequested = false
         var framesSent = 0
         var level = 0.0
         var peak = 0.0
     }
 
     let state = NIOLockedValueBox(State())
+    let thread = MediaThread(name: "squelch-capture")
     let configuration: AudioConfiguration
     let onEvent: @Sendable (TransmitterEvent) -> Void
 
@@ -59,31 +99,13 @@ final class Transmitter: Sendable {
     /// Starts sending `burst` through `client`, from sequence 0.
     func start(burst: UInt16, client: WireClientChannel) {
         guard let makeInput = configuration.makeInput else { return }
-        let started = state.withLockedValue { state -> Bool in
-            guard !state.running else { return false }
-            state.running = true
-            state.stopRequested = false
-            return true
-        }
-        guard started else { return }
         let opus = configuration.opus
-        let thread = Thread { [self] in
-            self.run(burst: burst, client: client, makeInput: makeInput, opus: opus)
-        }
-        thread.name = "squelch-capture"
-        thread.start()
+        thread.start { [self] in self.run(burst: burst, client: client, makeInput: makeInput, opus: opus) }
     }
 
     /// Stops capturing and returns once the end-of-burst marker is out (so that a floor release sent
     /// after it follows it on the wire).
-    func stop() async {
-        let running = state.withLockedValue { state -> Bool in
-            state.stopRequested = true
-            return state.running
-        }
-        guard running else { return }
-        while state.withLockedValue({ $0.running }) { try? await Task.sleep(for: .milliseconds(2)) }
-    }
+    func stop() async { await thread.stop() }
 
     private func run(burst: UInt16, client: WireClientChannel, makeInput: @Sendable () throws -> any AudioSource, opus: OpusConfiguration) {
         var sequence: UInt16 = 0
@@ -94,7 +116,7 @@ final class Transmitter: Sendable {
             client.eventLoop.execute {
                 for _ in 0..<3 { end.withUnsafeBytes { _ = client.sendDatagram($0) } }
             }
-            state.withLockedValue { $0.running = false; $0.level = 0; $0.peak = 0 }
+            state.withLockedValue { $0.level = 0; $0.peak = 0 }
         }
         let source: any AudioSource
         let encoder: OpusEncoder
@@ -109,7 +131,7 @@ final class Transmitter: Sendable {
         let period = PipelineAudio.periodFrames
         var pcm = [Int16](repeating: 0, count: period * 2)
         var packet = [UInt8](repeating: 0, count: AudioHeader.size + AudioHeader.maxPayload)
-        while !state.withLockedValue({ $0.stopRequested }) {
+        while !thread.stopRequested {
             do {
                 let first = try pcm.withUnsafeMutableBufferPointer { try source.read(into: UnsafeMutableBufferPointer(rebasing: $0[0..<period])) }
                 let second = first == nil ? nil : try pcm.withUnsafeMutableBufferPointer { try source.read(into: UnsafeMutableBufferPointer(rebasing: $0[period...])) }
@@ -153,8 +175,6 @@ final class Transmitter: Sendable {
 final class Receiver: Sendable {
     struct State {
         var buffer: JitterBuffer
-        var running = false
-        var stopRequested = false
         var muted = false
         var flush = false
         var lastStatistics: BurstStatistics?
@@ -163,6 +183,7 @@ final class Receiver: Sendable {
     }
 
     let state: NIOLockedValueBox<State>
+    let thread = MediaThread(name: "squelch-playout")
     let configuration: AudioConfiguration
     let onEvent: @Sendable (ReceiverEvent) -> Void
 
@@ -177,11 +198,11 @@ final class Receiver: Sendable {
         state = NIOLockedValueBox(State(buffer: JitterBuffer(configuration: configuration.jitterBuffer)))
     }
 
-    var isPlaying: Bool { configuration.makeOutput != nil && state.withLockedValue { $0.running } }
+    var isPlaying: Bool { configuration.makeOutput != nil && thread.isRunning }
 
     /// One audio datagram from the server.
     func receive(_ datagram: [UInt8], now: UInt64 = monotonicNanoseconds()) {
-        guard configuration.makeOutput != nil else { return }
+        guard configuration.makeOutput != nil, thread.isRunning else { return }
         datagram.withUnsafeBytes { bytes in
             guard let header = AudioHeader(parsing: bytes) else {
                 state.withLockedValue { $0.malformed += 1 }
@@ -189,7 +210,6 @@ final class Receiver: Sendable {
             }
             let payload = UnsafeRawBufferPointer(rebasing: bytes[AudioHeader.size...])
             state.withLockedValue { state in
-                guard state.running else { return }
                 _ = state.buffer.insert(slot: header.slot, burst: header.burst, sequence: header.sequence,
                                         endOfBurst: header.flags.contains(.endOfBurst), catchUp: header.flags.contains(.catchUp),
                                         payload: payload, now: now)
@@ -206,30 +226,13 @@ final class Receiver: Sendable {
 
     func start() {
         guard let makeOutput = configuration.makeOutput else { return }
-        let started = state.withLockedValue { state -> Bool in
-            guard !state.running else { return false }
-            state.running = true
-            state.stopRequested = false
-            return true
-        }
-        guard started else { return }
-        let thread = Thread { [self] in self.run(makeOutput: makeOutput) }
-        thread.name = "squelch-playout"
-        thread.start()
+        thread.start { [self] in self.run(makeOutput: makeOutput) }
     }
 
     /// Stops playout and completes the output (a WAV file gets its header).
-    func stop() async {
-        let running = state.withLockedValue { state -> Bool in
-            state.stopRequested = true
-            return state.running
-        }
-        guard running else { return }
-        while state.withLockedValue({ $0.running }) { try? await Task.sleep(for: .milliseconds(2)) }
-    }
+    func stop() async { await thread.stop() }
 
     private func run(makeOutput: @Sendable () throws -> any AudioSink) {
-        defer { state.withLockedValue { $0.running = false } }
         let sink: any AudioSink
         let decoder: OpusDecoder
         do {
@@ -245,7 +248,7 @@ final class Receiver: Sendable {
         var payload = [UInt8](repeating: 0, count: AudioHeader.maxPayload)
         var payloadCount = 0
         enum Step { case decode, fec, conceal, silence }
-        while !state.withLockedValue({ $0.stopRequested }) {
+        while !thread.stopRequested {
             let now = monotonicNanoseconds()
             var ended: BurstStatistics?
             let (step, muted) = state.withLockedValue { state -> (Step, Bool) in

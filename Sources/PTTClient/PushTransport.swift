@@ -18,9 +18,7 @@ public struct IncomingPush: Sendable, Equatable {
 
     /// A service update (`{"aps":{"ptt-push-type":"service-update"}}`) goes to
     /// `incomingServiceUpdatePush`, not `incomingPushResult`.
-    public var isServiceUpdate: Bool {
-        payload["aps"]?.objectValue?["ptt-push-type"]?.stringValue == "service-update"
-    }
+    public var isServiceUpdate: Bool { payload.isServiceUpdatePayload }
 }
 
 /// Where the device's ephemeral push tokens and its pushes come from. On iOS this is the system; on

@@ -136,7 +136,16 @@ struct EndToEnd: AsyncParsableCommand {
     func condition(server: ServerProcess, samples: [Int16], reference: String, work: String,
                    loss: Double, jitter: Double) async throws -> ConditionRun {
         let proxy = try await ImpairedLink.start(upstreamPort: server.voicePort, loss: loss, jitter: jitter, seed: UInt64(loss * 100 + jitter))
-        defer { proxy.stop() }
+        do {
+            return try await measure(through: proxy, server: server, samples: samples, reference: reference, work: work, loss: loss, jitter: jitter)
+        } catch {
+            await proxy.stop()
+            throw error
+        }
+    }
+
+    func measure(through proxy: ImpairedLink, server: ServerProcess, samples: [Int16], reference: String, work: String,
+                 loss: Double, jitter: Double) async throws -> ConditionRun {
         let mouth = Mouth(), ear = Ear()
         let recording = work + "/heard-\(Int(loss))-\(Int(jitter)).wav"
         let talkerDevice = Device(), listenerDevice = Device()
@@ -149,9 +158,7 @@ struct EndToEnd: AsyncParsableCommand {
         try await talkerDevice.waitJoined()
         try await listenerDevice.waitJoined()
         try await Task.sleep(for: .milliseconds(500))
-        let events = talker.events
         var requested: [UInt64] = []
-        let inputs = Task { var ended = 0; for await e in events { if e == .inputEnded { ended += 1 } }; return ended }
         let seconds = Double(samples.count) / 48_000
         for _ in 0 ..< bursts {
             requested.append(monotonicNanoseconds())
@@ -160,9 +167,9 @@ struct EndToEnd: AsyncParsableCommand {
             talker.stopTransmitting(channelUUID: channel)
             try await Task.sleep(for: .seconds(1))
         }
-        inputs.cancel()
         await listener.invalidate()
         await talker.invalidate()
+        await proxy.stop()
         let began = talkerDevice.began.withLockedValue { $0 }
         let access = zip(began, requested).map { Double($0 - $1) / 1e6 }
         guard let origin = ear.origin.withLockedValue({ $0 }) else { throw ValidationError("the listener never played anything") }
@@ -283,8 +290,5 @@ struct ImpairedLink {
         return ImpairedLink(proxy: proxy, port: try await proxy.start())
     }
 
-    func stop() {
-        let proxy = self.proxy
-        Task { await proxy.stop() }
-    }
+    func stop() async { await proxy.stop() }
 }

@@ -85,35 +85,11 @@ struct FanoutRun {
     let client: ClientConfiguration
 
     func run() async throws -> FanoutResult {
-        let data = FileManager.default.temporaryDirectory.appendingPathComponent("squelch-fanout-\(UUID())").path
-        try FileManager.default.createDirectory(atPath: data, withIntermediateDirectories: true)
-        defer { try? FileManager.default.removeItem(atPath: data) }
-        let created = try runTool(["channel", "create", "--name", "Bench", "--data-dir", data])
-        guard let channel = UUID(uuidString: created.trimmingCharacters(in: .whitespacesAndNewlines)) else {
-            throw ValidationError("squelchd channel create printed '\(created)', not a channel id")
-        }
-        let authority = try await TokenAuthority.loadOrCreate(in: data)
-        func token(_ user: String, _ capabilities: Set<Capability>) async throws -> String {
-            try await authority.issue(ParticipantClaims(userID: user, name: user, channel: channel, capabilities: capabilities,
-                                                        expiresAt: Date().addingTimeInterval(3_600)))
-        }
-
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: squelchd)
-        process.arguments = ["serve", "--data-dir", data, "--port", "0", "--admin-port", "0", "--cert", certs + "/server-chain.pem",
-                             "--key", certs + "/server.key", "--handshakes-per-second-per-address", "100000",
-                             "--max-connections", "\(listeners + 100)", "--log-level", "notice"]
-        let errors = Pipe()
-        process.standardError = errors
-        let log = LineCollector(errors)
-        try process.run()
-        defer { if process.isRunning { process.terminate(); process.waitUntilExit() } }
-        guard let voiceLine = await log.wait(for: "voice transport listening", seconds: 30),
-              let voicePort = lastPort(in: voiceLine),
-              let adminLine = await log.wait(for: "admin API listening on", seconds: 30),
-              let adminPort = lastPort(in: adminLine) else {
-            throw ValidationError("squelchd did not start: \(log.text)")
-        }
+        let server = try await ServerProcess.start(squelchd: squelchd, certs: certs, extra: [
+            "--handshakes-per-second-per-address", "100000", "--max-connections", "\(listeners + 100)"])
+        defer { server.stop() }
+        let (process, voicePort, adminPort, channel) = (server.process, server.voicePort, server.adminPort, server.channel)
+        func token(_ user: String, _ capabilities: Set<Capability>) async throws -> String { try await server.token(user, capabilities) }
 
         // Members join in batches, as a crowd arriving would.
         var members: [TestMember] = []
@@ -199,19 +175,6 @@ struct FanoutRun {
             lastP50: percentile(latencies, 0.5), lastP99: percentile(latencies, 0.99),
             lost: packets * listeners - received, expected: packets * listeners,
             grantP50: percentile(grantTimes.sorted(), 0.5), grantP95: percentile(grantTimes.sorted(), 0.95))
-    }
-
-    func runTool(_ arguments: [String]) throws -> String {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: squelchd)
-        process.arguments = arguments
-        let out = Pipe()
-        process.standardOutput = out
-        process.standardError = FileHandle.nullDevice
-        try process.run()
-        let data = out.fileHandleForReading.readDataToEndOfFile()
-        process.waitUntilExit()
-        return String(decoding: data, as: UTF8.self)
     }
 
     /// The server's /metrics as name{labels} → value.

@@ -32,13 +32,6 @@ final class WalkieDelegate: ChannelManagerDelegate, ChannelRestorationDelegate {
         return stream
     }
 
-    private var sink: Sink { Sink(state: self) }
-
-    struct Sink {
-        let state: WalkieDelegate
-        func yield(_ event: Event) { state.publish(event) }
-    }
-
     private func publish(_ event: Event) {
         let targets = state.withLockedValue { state -> [AsyncStream<Event>.Continuation] in
             state.history.append(event)
@@ -48,22 +41,22 @@ final class WalkieDelegate: ChannelManagerDelegate, ChannelRestorationDelegate {
         for continuation in targets { continuation.yield(event) }
     }
 
-    func channelManager(_ m: ChannelManager, didJoinChannel id: UUID, reason: ChannelJoinReason) { sink.yield(.joined(reason)) }
-    func channelManager(_ m: ChannelManager, didLeaveChannel id: UUID, reason: ChannelLeaveReason) { sink.yield(.left(reason)) }
-    func channelManager(_ m: ChannelManager, channelUUID: UUID, didBeginTransmittingFrom source: ChannelTransmitRequestSource) { sink.yield(.began) }
-    func channelManager(_ m: ChannelManager, channelUUID: UUID, didEndTransmittingFrom source: ChannelTransmitRequestSource) { sink.yield(.ended(source)) }
+    func channelManager(_ m: ChannelManager, didJoinChannel id: UUID, reason: ChannelJoinReason) { publish(.joined(reason)) }
+    func channelManager(_ m: ChannelManager, didLeaveChannel id: UUID, reason: ChannelLeaveReason) { publish(.left(reason)) }
+    func channelManager(_ m: ChannelManager, channelUUID: UUID, didBeginTransmittingFrom source: ChannelTransmitRequestSource) { publish(.began) }
+    func channelManager(_ m: ChannelManager, channelUUID: UUID, didEndTransmittingFrom source: ChannelTransmitRequestSource) { publish(.ended(source)) }
     func channelManager(_ m: ChannelManager, receivedEphemeralPushToken token: Data) {}
     func incomingPushResult(channelManager: ChannelManager, channelUUID: UUID, pushPayload: [String: PushValue]) -> PushResult {
         let speaker = pushPayload["activeSpeaker"]?.stringValue
-        sink.yield(.push(speaker))
+        publish(.push(speaker))
         // Apple's rule: a push without a speaker means leave the channel.
         guard let speaker, let participant = try? Participant(name: speaker) else { return .leaveChannel }
         return .activeRemoteParticipant(participant)
     }
     func channelManager(_ m: ChannelManager, didActivate audioSession: AudioSession) {}
     func channelManager(_ m: ChannelManager, didDeactivate audioSession: AudioSession) {}
-    func channelManager(_ m: ChannelManager, failedToJoinChannel id: UUID, error: ChannelError) { sink.yield(.failedToJoin(error)) }
-    func channelManager(_ m: ChannelManager, failedToBeginTransmittingInChannel id: UUID, error: ChannelError) { sink.yield(.failedToBegin(error)) }
+    func channelManager(_ m: ChannelManager, failedToJoinChannel id: UUID, error: ChannelError) { publish(.failedToJoin(error)) }
+    func channelManager(_ m: ChannelManager, failedToBeginTransmittingInChannel id: UUID, error: ChannelError) { publish(.failedToBegin(error)) }
     func channelDescriptor(restoredChannelUUID id: UUID) -> ChannelDescriptor { ChannelDescriptor(name: "Channel") }
 }
 
