@@ -239,10 +239,14 @@ extension Connection {
         }
 
         var ackEliciting = false
+        var onlyDatagrams = true
         var parser = FrameParser(payload: UnsafeRawBufferPointer(rebasing: packet[..<(packet.count - 16)]), offset: payloadStart)
         do {
             while let frame = try parser.next() {
-                if frame.isAckEliciting { ackEliciting = true }
+                if frame.isAckEliciting {
+                    ackEliciting = true
+                    if case .datagram = frame {} else { onlyDatagrams = false }
+                }
                 try handleApplicationFrame(frame, packet: UnsafeRawBufferPointer(packet), from: address, now: now, datagrams: datagrams)
                 if state != .established && state != .handshaking { break }
             }
@@ -254,7 +258,23 @@ extension Connection {
         if pn == received.largest { largestReceivedTime = now }
         if ackEliciting {
             ackElicitingSinceAck += 1
-            if ackElicitingSinceAck >= 2 { ackNow = true } else if ackDeadline == nil { ackDeadline = now + config.maxAckDelay }
+            if onlyDatagrams {
+                // Audio: acknowledged every `datagramAckThreshold` packets, or once the stream pauses
+                // for `maxAckDelay` (the deadline restarts with each one), so the reported ACK delay
+                // stays within what the peer allows for its RTT samples.
+                datagramOnlySinceAck += 1
+                if datagramOnlySinceAck >= config.datagramAckThreshold {
+                    ackNow = true
+                } else if ackElicitingSinceAck == datagramOnlySinceAck {
+                    ackDeadline = now + config.maxAckDelay
+                }
+            } else if ackElicitingSinceAck - datagramOnlySinceAck >= 2 {
+                ackNow = true
+            } else {
+                // Anything else: RFC 9000's every second packet, or within maxAckDelay of the first.
+                let at = now + config.maxAckDelay
+                if ackDeadline.map({ at < $0 }) ?? true { ackDeadline = at }
+            }
         }
         return true
     }
@@ -395,7 +415,7 @@ extension Connection {
             protocolViolation("ACK of packet \(ack.largest), never sent", now: now)
             return
         }
-        let floor = appNextPN > UInt64(SentPackets.capacity) ? appNextPN - UInt64(SentPackets.capacity) : 0
+        let floor = sent.oldest
         var newest: SentPacket?
         var anyNew = false
         for range in ack.ranges(in: packet) {
@@ -444,10 +464,8 @@ extension Connection {
     func detectLosses(now: WireInstant) {
         lossTime = nil
         guard let largest = largestAckedByPeer else { return }
-        let floor = appNextPN > UInt64(SentPackets.capacity) ? appNextPN - UInt64(SentPackets.capacity) : 0
-        guard largest >= floor else { return }
         let delay = rtt.lossDelay
-        var pn = floor
+        var pn = sent.oldest
         while pn < largest {
             if let packet = sent.peek(pn) {
                 if largest - pn >= 3 || packet.time + delay <= now {
@@ -467,8 +485,7 @@ extension Connection {
     func probeTimeout(now: WireInstant) {
         stats.probeTimeouts += 1
         ptoCount += 1
-        let floor = appNextPN > UInt64(SentPackets.capacity) ? appNextPN - UInt64(SentPackets.capacity) : 0
-        var pn = floor
+        var pn = sent.oldest
         var resent = false
         while pn < appNextPN {
             if let packet = sent.peek(pn), packet.retransmittable {

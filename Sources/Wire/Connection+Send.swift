@@ -185,6 +185,7 @@ extension Connection {
         while ranges.count > 1, ranges.count * 16 + 20 > w.remaining { ranges = ranges.dropLast() }
         w.writeAck(ranges: ranges, delay: delay)
         ackElicitingSinceAck = 0
+        datagramOnlySinceAck = 0
         ackDeadline = nil
         ackNow = false
     }

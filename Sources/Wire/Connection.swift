@@ -118,6 +118,8 @@ public final class Connection {
     var replay = ReplayWindow()
     var received = ReceivedRanges()
     var ackElicitingSinceAck = 0
+    /// Of those, packets that carried DATAGRAM frames and nothing else ack-eliciting.
+    var datagramOnlySinceAck = 0
     var ackDeadline: WireInstant?
     /// An ACK is due at the next poll.
     var ackNow = false

@@ -117,6 +117,11 @@ public struct ConnectionConfiguration: Sendable {
     /// Packets sealed under one key before a key update; never more than the suite's limit allows.
     public var keyUpdateInterval: UInt64 = 1 << 22
     public var maxAckDelay: UInt64 = ms(25)
+    /// Packets whose only ack-eliciting frames are DATAGRAMs are acknowledged every this many, or
+    /// `maxAckDelay` after the stream of them pauses. Audio is never retransmitted, so those ACKs
+    /// only feed the sender's RTT and loss figures; one in ten (every 200 ms of a talk burst) keeps
+    /// both, and spares a server relaying to 200 listeners 4,000 ACKs a second (protocol §11.2).
+    public var datagramAckThreshold = 10
     /// Largest datagram this side sends; every path must carry it (IPv6 minimum MTU less headers).
     public var maxDatagramSize = 1200
     /// Bytes buffered on the control stream, each way.

@@ -27,6 +27,44 @@ import Testing
     }
 }
 
+/// The receiver's ACK policy (protocol §11.2): audio datagrams every tenth packet, everything else every
+/// second one.
+@Suite struct AckFrequencyTests {
+    @Test func audioIsAcknowledgedEveryTenthPacketAndOnceWhenItPauses() async throws {
+        let pki = try TestPKI()
+        var conditions = SimulatedNetwork.Conditions()
+        conditions.jitter = 0
+        let sim = Simulation(seed: 3, conditions: conditions, pki: pki, secrets: try pki.secrets())
+        sim.addClient()
+        let handle = try await sim.connect(0)
+        await sim.run(for: seconds(1))
+        let server = try #require(sim.endpoint.connection(handle))
+        let sentBefore = sim.clients[0].connection.stats.packetsSent
+        for i in 0..<95 {
+            #expect(sim.sendDatagram(server: handle, [UInt8(i)]))
+            await sim.run(for: ms(20))
+        }
+        await sim.run(for: ms(200))
+        #expect(sim.clientDatagrams[0].count == 95)
+        // Nine ACKs of ten, then one for the last five once the stream paused.
+        #expect(sim.clients[0].connection.stats.packetsSent - sentBefore == 10)
+        // The sender still learns of every packet and samples the RTT (2 × 20 ms on this network).
+        #expect(server.stats.packetsLost == 0)
+        #expect(server.rtt.smoothed >= ms(40) && server.rtt.smoothed <= ms(70), "\(server.rtt.smoothed)")
+        #expect(server.sent.oldest == server.appNextPN, "every datagram acknowledged")
+
+        // Control messages are acknowledged every second packet.
+        let controlBefore = sim.clients[0].connection.stats.packetsSent
+        for i in 0..<10 {
+            try sim.endpoint.sendControl([UInt8(i)], to: handle, now: sim.network.now)
+            await sim.run(for: ms(5))
+        }
+        await sim.run(for: ms(200))
+        #expect(sim.controlMessages(client: 0).count == 10)
+        #expect(sim.clients[0].connection.stats.packetsSent - controlBefore >= 5)
+    }
+}
+
 extension Simulation {
     func clientError(_ index: Int) -> ConnectionError? {
         clientEvents[index].lazy.compactMap { if case .connection(.closed(let e)) = $0 { return e } else { return nil } }.first

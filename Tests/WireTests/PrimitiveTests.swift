@@ -113,6 +113,32 @@ import Testing
         #expect(ranges.largest == 298)
     }
 
+    /// `oldest` is where ACK processing and loss detection start their walks; if it ever passed a
+    /// live packet, that packet would never be acknowledged or declared lost.
+    @Test func sentPacketsOldestIsTheLowestLiveNumber() {
+        var sent = SentPackets()
+        var live = Set<UInt64>()
+        var generator = SystemRandomNumberGenerator()
+        var number: UInt64 = 0
+        for _ in 0..<5000 {
+            number += UInt64.random(in: 1...3, using: &generator)  // non-eliciting packets are never recorded
+            var packet = SentPacket.empty
+            packet.number = number
+            packet.live = true
+            if let displaced = sent.record(packet) { live.remove(displaced.number) }
+            live.insert(number)
+            // Take a random live packet most of the time, so some stay behind for a while.
+            if Int.random(in: 0..<10, using: &generator) < 9, let victim = live.randomElement(using: &generator) {
+                #expect(sent.take(victim)?.number == victim)
+                live.remove(victim)
+            }
+            live = live.filter { number - $0 < UInt64(SentPackets.capacity) }
+            #expect(sent.oldest <= (live.min() ?? number + 1))
+            if let lowest = live.min() { #expect(sent.oldest == lowest) }
+        }
+        #expect(sent.take(number + 1) == nil)
+    }
+
     @Test func sendStreamRetransmitsOnlyWhatIsLostAndUnacknowledged() throws {
         var stream = SendStream(limit: 1000)
         try stream.append(Array(repeating: 1, count: 100))
