@@ -38,6 +38,8 @@ let package = Package(
         // libcrypto's EVP AEADs seal and open in place with a reusable context (docs/architecture.md).
         .systemLibrary(name: "CLibCrypto", pkgConfig: "libcrypto", providers: [.apt(["libssl-dev"])]),
         .target(name: "CPacketCrypto", dependencies: ["CLibCrypto"]),
+        // sendmmsg(2) for the server's fan-out, without NIO's per-datagram buffers (docs/architecture.md).
+        .target(name: "CUDPBatch"),
 
         .target(name: "SquelchInfo", swiftSettings: swift6),
         .target(name: "Opus", dependencies: ["COpus", "COpusShim"], swiftSettings: swift6),
@@ -56,6 +58,7 @@ let package = Package(
         ], swiftSettings: swift6),
         .target(name: "WireNIO", dependencies: [
             "Wire",
+            "CUDPBatch",
             .product(name: "NIOCore", package: "swift-nio"),
             .product(name: "NIOPosix", package: "swift-nio"),
         ], swiftSettings: swift6),

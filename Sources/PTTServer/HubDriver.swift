@@ -57,7 +57,7 @@ final class HubDriver: WireServerDelegate {
 
     func wireServer(_ server: WireServer, handle: Endpoint.Handle, datagram payload: UnsafeRawBufferPointer) {
         let start = WireNIO.now()
-        let forwarded = hub.receiveAudio(from: handle, datagram: payload) { packet, link in server.sendDatagram(packet, to: link) }
+        let forwarded = server.withDatagramSender { send in hub.receiveAudio(from: handle, datagram: payload, send: send) }
         if let metrics, forwarded > 0 {
             metrics.relayFanout.recordNanoseconds(Int64(WireNIO.now().since(start)))
         }
@@ -122,7 +122,11 @@ final class HubDriver: WireServerDelegate {
             // Always let the hub pass its deadlines, even once the transport is gone: a deadline left in
             // the past would re-arm at once and spin the event loop (other servers' connections share it).
             let server = self.server
-            hub.handleTimeout(at: Self.now()) { packet, link in server?.sendDatagram(packet, to: link) ?? false }
+            if let server {
+                server.withDatagramSender { send in hub.handleTimeout(at: Self.now(), send: send) }
+            } else {
+                hub.handleTimeout(at: Self.now()) { _, _ in false }
+            }
             flush()
         }
     }

@@ -203,7 +203,10 @@ extension Connection {
             var record = record
             record.ackEliciting = true
             record.live = true
-            if let displaced = sent.record(record) { onLost(displaced) }
+            if let displaced = sent.record(record) {
+                onLost(displaced)
+                lostOnSend = true
+            }
             if record.retransmittable {
                 retransmittableInFlight += 1
                 lastRetransmittableSent = now

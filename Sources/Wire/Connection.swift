@@ -125,6 +125,10 @@ public final class Connection {
     var ackNow = false
     var largestReceivedTime: WireInstant?
     var sent = SentPackets()
+    /// Sealing a packet displaced an unacknowledged one from `sent`, whose content may now wait to
+    /// be retransmitted. `Endpoint.sendDatagram` checks this one flag, rather than everything
+    /// `hasPendingOutput` looks at, after each fan-out copy.
+    var lostOnSend = false
     public internal(set) var rtt = RTTEstimator()
     var ptoCount = 0
     var retransmittableInFlight = 0

@@ -259,9 +259,12 @@ public final class Endpoint {
         let transmit = connection.sendDatagram(payload, into: buffer, now: now)
         // Rarely, sealing displaces an unacknowledged control packet from the sent ring, which queues
         // a retransmission: make sure the next poll visits the connection. Cheap checks only.
-        if !slots[Int(handle.index)]!.dirty, connection.hasPendingOutput {
-            slots[Int(handle.index)]!.dirty = true
-            dirty.append(handle)
+        if connection.lostOnSend {
+            connection.lostOnSend = false
+            if !slots[Int(handle.index)]!.dirty, connection.hasPendingOutput {
+                slots[Int(handle.index)]!.dirty = true
+                dirty.append(handle)
+            }
         }
         return transmit
     }

@@ -47,25 +47,35 @@ extension PathAddress {
     var isIPv6LinkLocal: Bool { isIPv6 && high >> 54 == 0x3FA }  // fe80::/10
 }
 
+extension PathAddress {
+    var sockaddrIPv4: sockaddr_in {
+        var raw = sockaddr_in()
+        raw.sin_family = sa_family_t(AF_INET)
+        raw.sin_port = port.bigEndian
+        raw.sin_addr.s_addr = UInt32(truncatingIfNeeded: low).bigEndian
+        return raw
+    }
+
+    var sockaddrIPv6: sockaddr_in6 {
+        var raw = sockaddr_in6()
+        raw.sin6_family = sa_family_t(AF_INET6)
+        raw.sin6_port = port.bigEndian
+        withUnsafeMutableBytes(of: &raw.sin6_addr) { bytes in
+            bytes.storeBytes(of: high.bigEndian, toByteOffset: 0, as: UInt64.self)
+            bytes.storeBytes(of: low.bigEndian, toByteOffset: 8, as: UInt64.self)
+        }
+        return raw
+    }
+}
+
 extension SocketAddress {
     /// The NIO form of a `Wire` address. Allocates (NIO boxes every address); the adapters avoid that
     /// per packet with `AddressCache`.
     public init(_ address: PathAddress) {
         if address.isIPv6 {
-            var raw = sockaddr_in6()
-            raw.sin6_family = sa_family_t(AF_INET6)
-            raw.sin6_port = address.port.bigEndian
-            withUnsafeMutableBytes(of: &raw.sin6_addr) { bytes in
-                bytes.storeBytes(of: address.high.bigEndian, toByteOffset: 0, as: UInt64.self)
-                bytes.storeBytes(of: address.low.bigEndian, toByteOffset: 8, as: UInt64.self)
-            }
-            self.init(raw, host: "")
+            self.init(address.sockaddrIPv6, host: "")
         } else {
-            var raw = sockaddr_in()
-            raw.sin_family = sa_family_t(AF_INET)
-            raw.sin_port = address.port.bigEndian
-            raw.sin_addr.s_addr = UInt32(truncatingIfNeeded: address.low).bigEndian
-            self.init(raw, host: "")
+            self.init(address.sockaddrIPv4, host: "")
         }
     }
 }
@@ -104,6 +114,34 @@ struct AddressCache {
         if known.count >= Self.limit { known.removeAll(keepingCapacity: true) }
         known[path] = address
         return address
+    }
+
+    /// Writes the `sockaddr` to send to into `target` (at least 28 bytes, 4-aligned) and returns its
+    /// length, or nil (counted) if writing there could close the socket or fail. Builds it from the
+    /// `PathAddress` without a lookup, except for IPv6 link-local peers, whose scope only the received
+    /// address carries.
+    mutating func writeSockaddr(for path: PathAddress, into target: UnsafeMutableRawPointer) -> Int? {
+        guard path.isUnicastSendable, path.isIPv6 == socketIsIPv6 else {
+            refused += 1
+            return nil
+        }
+        if path.isIPv6LinkLocal {
+            guard let address = known[path] else {
+                refused += 1
+                return nil
+            }
+            return address.withSockAddr { raw, length in
+                guard length <= MemoryLayout<sockaddr_in6>.size else { return nil }
+                target.copyMemory(from: raw, byteCount: length)
+                return length
+            }
+        }
+        if path.isIPv6 {
+            target.storeBytes(of: path.sockaddrIPv6, as: sockaddr_in6.self)
+            return MemoryLayout<sockaddr_in6>.size
+        }
+        target.storeBytes(of: path.sockaddrIPv4, as: sockaddr_in.self)
+        return MemoryLayout<sockaddr_in>.size
     }
 
     mutating func removeAll() { known.removeAll() }

@@ -1,8 +1,13 @@
 import NIOCore
 import Wire
 
-/// The sending half shared by the server and the client: seals straight into a NIO buffer, writes
-/// without flushing, and flushes once per batch so that NIO sends the batch with one `sendmmsg`.
+/// Writes what a sans-I/O core produces to the socket: each datagram is written once (no flush), and
+/// one `flush()` per read cycle sends them all with one `sendmmsg`. Event loop only.
+///
+/// With a `BatchSender` (the server) datagrams are sealed into its arena and sent by it; NIO's write
+/// path is the fallback for when the socket's send buffer is full, since NIO then waits for the
+/// socket to become writable. Without one (the client, at a handful of datagrams a second) every
+/// datagram goes through NIO.
 struct DatagramOutput {
     enum Outcome { case nothing, written, refused }
 
@@ -12,19 +17,27 @@ struct DatagramOutput {
     var addresses = AddressCache()
     /// Bytes offered to the core per datagram: at least its `maxDatagramSize`.
     let slot: Int
+    private var batch: BatchSender?
     /// The buffer of the last poll that produced nothing, kept for the next one: the final poll of
     /// every drain comes back empty, and without this it would cost an allocation each time.
     private var spare: ByteBuffer?
     private var needsFlush = false
     private(set) var written = 0
+    /// Datagrams the kernel refused outright since the last `takeFailures()`, and the last errno.
+    private var failures = 0
+    private var lastErrno: CInt = 0
 
     init(slot: Int) { self.slot = slot }
 
-    mutating func attach(_ context: ChannelHandlerContext, socketIsIPv6: Bool) {
+    /// `batch`: the server's own sender on a duplicate of the socket's descriptor; the output closes
+    /// it when the socket goes.
+    mutating func attach(_ context: ChannelHandlerContext, socketIsIPv6: Bool, batch: BatchSender? = nil) {
         self.context = context
         addresses.socketIsIPv6 = socketIsIPv6
         spare = nil
         needsFlush = false
+        self.batch?.close()
+        self.batch = batch
     }
 
     mutating func detach(_ context: ChannelHandlerContext) {
@@ -32,11 +45,19 @@ struct DatagramOutput {
         self.context = nil
         spare = nil
         needsFlush = false
+        socketClosed()
+    }
+
+    /// NIO closed the socket: close the duplicate descriptor too, so the port is free for the rebind.
+    mutating func socketClosed() {
+        batch?.close()
+        batch = nil
     }
 
     /// Lets `produce` write one datagram into a fresh buffer and queues it on the socket (no flush).
     mutating func emit(_ produce: (UnsafeMutableRawBufferPointer) -> Transmit?) -> Outcome {
         guard let context else { return .nothing }
+        if let batch { return emit(into: batch, produce) }
         var buffer = spare ?? context.channel.allocator.buffer(capacity: slot)
         spare = nil
         var transmit: Transmit?
@@ -59,9 +80,44 @@ struct DatagramOutput {
         return .written
     }
 
+    private mutating func emit(into batch: BatchSender, _ produce: (UnsafeMutableRawBufferPointer) -> Transmit?) -> Outcome {
+        if batch.isFull { send(batch) }
+        guard let transmit = produce(batch.nextSlot) else { return .nothing }
+        guard let length = addresses.writeSockaddr(for: transmit.address, into: batch.nextAddress) else { return .refused }
+        batch.commit(length: transmit.count, path: transmit.address, addressLength: length)
+        written += 1
+        return .written
+    }
+
     mutating func flush() {
+        if let batch, batch.count > 0 { send(batch) }
         guard needsFlush, let context else { return }
         needsFlush = false
         context.flush()
+    }
+
+    private mutating func send(_ batch: BatchSender) {
+        let outcome = batch.send()
+        failures += outcome.failures
+        if outcome.failures > 0 { lastErrno = outcome.lastErrno }
+        if let blocked = outcome.blockedFrom, let context {
+            // The kernel's buffer is full: NIO keeps the rest and sends it when the socket drains.
+            for index in blocked..<batch.count {
+                let (bytes, path) = batch.datagram(index)
+                guard let remote = addresses.socketAddress(for: path) else { continue }
+                var buffer = context.channel.allocator.buffer(capacity: bytes.count)
+                buffer.writeBytes(bytes)
+                context.write(NIOAny(AddressedEnvelope(remoteAddress: remote, data: buffer)), promise: nil)
+                needsFlush = true
+            }
+        }
+        batch.reset()
+    }
+
+    /// Datagrams the kernel refused since the last call, with the last errno (the server counts them
+    /// as socket errors).
+    mutating func takeFailures() -> (count: Int, errno: CInt) {
+        defer { failures = 0 }
+        return (failures, lastErrno)
     }
 }

@@ -2,6 +2,10 @@ import NIOCore
 import NIOPosix
 import Wire
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// What the application (the relay) hears from a `WireServer`. Every method runs on the server's
 /// event loop, synchronously, so it may call the server's event-loop methods (`sendDatagram`,
 /// `sendControl`, `close`) directly: that is the fan-out hot path, and what it writes goes out in
@@ -30,7 +34,8 @@ public struct WireServerStats: Sendable, Equatable {
     public var droppedOversize = 0
     /// Outgoing datagrams not written because writing them could close the socket.
     public var refusedDestinations = 0
-    /// Errors NIO reported without closing the socket, and the one that closed it.
+    /// Errors NIO reported without closing the socket, the one that closed it, and datagrams the
+    /// kernel refused in a batched send (each one lost; the socket stays open).
     public var socketErrors = 0
     /// Times the socket was bound again after closing unexpectedly.
     public var rebinds = 0
@@ -104,6 +109,13 @@ public final class WireServer: Sendable {
     @discardableResult
     public func sendDatagram(_ payload: UnsafeRawBufferPointer, to handle: Endpoint.Handle) -> Bool {
         core.value.sendDatagram(payload, to: handle)
+    }
+
+    /// Calls `body` with a function that does what `sendDatagram` does, for sending many datagrams
+    /// at once: the relay's fan-out. The clock is read and the server's state checked once for all
+    /// of them. The function is valid only during the call. Event loop only.
+    public func withDatagramSender<Result>(_ body: ((UnsafeRawBufferPointer, Endpoint.Handle) -> Bool) -> Result) -> Result {
+        core.value.withDatagramSender(body)
     }
 
     /// Closes one connection with CONNECTION_CLOSE. Event loop only.
@@ -210,9 +222,25 @@ final class ServerCore: DatagramDriver {
         flushOutput()
     }
 
-    /// Binds `host:port` on this event loop with the handler in place before the first read.
+    /// Binds `host:port` on this event loop with the handler in place before the first read. The
+    /// socket is made here, not by NIO, so that a duplicate of its descriptor can carry the fan-out
+    /// (`BatchSender`).
     func bind() -> EventLoopFuture<any Channel> {
         let bound = NIOLoopBound(self, eventLoop: eventLoop)
+        let socket: CInt
+        let sendSocket: CInt
+        do {
+            socket = try boundUDPSocket(host: host, port: port)
+            sendSocket = dup(socket)
+            guard sendSocket >= 0 else {
+                let error = errno
+                _ = Glibc.close(socket)
+                throw IOError(errnoCode: error, reason: "dup")
+            }
+        } catch {
+            return eventLoop.makeFailedFuture(error)
+        }
+        let batch = NIOLoopBound(BatchSender(descriptor: sendSocket, slot: output.slot), eventLoop: eventLoop)
         return options.bootstrap(on: eventLoop)
             .channelInitializer { channel in
                 do {
@@ -222,20 +250,29 @@ final class ServerCore: DatagramDriver {
                     return channel.eventLoop.makeFailedFuture(error)
                 }
             }
-            .bind(host: host, port: port)
-            .flatMapThrowing { [bound] channel in
-                try bound.value.attach(channel)
+            .withBoundSocket(socket)
+            .flatMapErrorThrowing { [batch] error in
+                batch.value.close()
+                throw error
+            }
+            .flatMapThrowing { [bound, batch] channel in
+                do {
+                    try bound.value.attach(channel, batch: batch.value)
+                } catch {
+                    batch.value.close()
+                    throw error
+                }
                 return channel
             }
     }
 
-    func attach(_ channel: any Channel) throws {
+    func attach(_ channel: any Channel, batch: BatchSender) throws {
         guard state != .stopping, state != .stopped else {
             channel.close(promise: nil)
             throw ChannelError.ioOnClosedChannel
         }
         let context = try channel.pipeline.syncOperations.context(handlerType: DatagramHandler.self)
-        output.attach(context, socketIsIPv6: channel.localAddress?.protocol == .inet6)
+        output.attach(context, socketIsIPv6: channel.localAddress?.protocol == .inet6, batch: batch)
         // Rebinds reuse the port actually bound, which matters when the caller asked for port 0.
         if let bound = channel.localAddress?.port { port = bound }
         self.channel = channel
@@ -245,6 +282,7 @@ final class ServerCore: DatagramDriver {
     func closed(_ channel: any Channel) {
         guard channel === self.channel else { return }
         self.channel = nil
+        output.socketClosed()
         // A read cycle the close cut short never reaches channelReadComplete.
         inCycle = false
         switch state {
@@ -288,7 +326,7 @@ final class ServerCore: DatagramDriver {
             for handle in endpoint.handles { endpoint.close(handle, code: code, reason: reason, now: now) }
             deliverEvents()
             drainOutput(now: now)
-            output.flush()
+            flushSocket()
         }
         timer.cancel()
         if let channel { channel.close(promise: nil) } else { finishStop() }
@@ -353,7 +391,16 @@ final class ServerCore: DatagramDriver {
 
     func sendDatagram(_ payload: UnsafeRawBufferPointer, to handle: Endpoint.Handle) -> Bool {
         guard state == .running else { return false }
+        return sendDatagram(payload, to: handle, now: WireNIO.now())
+    }
+
+    func withDatagramSender<Result>(_ body: ((UnsafeRawBufferPointer, Endpoint.Handle) -> Bool) -> Result) -> Result {
+        guard state == .running else { return body { _, _ in false } }
         let now = WireNIO.now()
+        return body { payload, handle in self.sendDatagram(payload, to: handle, now: now) }
+    }
+
+    func sendDatagram(_ payload: UnsafeRawBufferPointer, to handle: Endpoint.Handle, now: WireInstant) -> Bool {
         switch output.emit({ endpoint.sendDatagram(payload, to: handle, into: $0, now: now) }) {
         case .written:
             stats.datagramsSent += 1
@@ -398,11 +445,20 @@ final class ServerCore: DatagramDriver {
     func finishCycle(now: WireInstant, timerFired: Bool = false) {
         deliverEvents()
         drainOutput(now: now)
-        output.flush()
+        flushSocket()
         inCycle = false
         // A deadline the core did not move past after its timer ran would fire again at once; the
         // floor keeps such a bug from spinning the event loop.
         armTimer(minimum: timerFired ? now.nanoseconds + 1_000_000 : 0)
+    }
+
+    func flushSocket() {
+        output.flush()
+        let failed = output.takeFailures()
+        if failed.count > 0 {
+            stats.socketErrors += failed.count
+            lastError = IOError(errnoCode: failed.errno, reason: "sendmmsg")
+        }
     }
 
     func drainOutput(now: WireInstant) {

@@ -312,3 +312,87 @@ struct WireNIOTests {
         #expect(cache.socketAddress(for: linkLocal) == nil)
     }
 }
+
+/// The server's batched send path (`BatchSender`), on real sockets.
+@Suite(.timeLimit(.minutes(1)))
+struct BatchSendTests {
+    /// 700 datagrams in one event-loop tick: the arena fills twice, and the full batches go out
+    /// mid-cycle instead of being lost or overwritten.
+    @Test func moreDatagramsThanOneBatchHoldAllArriveIntact() async throws {
+        let pki = try TestPKI()
+        let secrets = try pki.secrets()
+        try await withEventLoopGroup { group in
+            let (server, records) = try await startServer(secrets: secrets, group: group)
+            let client = try WireClientChannel(configuration: pki.client(), server: server.localAddress, group: group)
+            let datagrams = Recorder(client.datagrams)
+            try await client.connect()
+            let handle = try await records.connectedHandle("server connected")
+            let count = 700
+            #expect(count > 2 * BatchSender.capacity)
+            @Sendable func payload(_ i: Int) -> [UInt8] {
+                [UInt8(i >> 8), UInt8(i & 0xFF)] + [UInt8](repeating: UInt8(i % 251), count: 60)
+            }
+            let accepted = try await server.submit { server in
+                (0..<count).filter { i in payload(i).withUnsafeBytes { server.sendDatagram($0, to: handle) } }.count
+            }
+            #expect(accepted == count)
+            let received = try await datagrams.wait("all \(count) datagrams") { $0.count == count }
+            let expected = Set((0..<count).map(payload))
+            #expect(Set(received) == expected)
+            let stats = try await server.submit { $0.stats }
+            #expect(stats.socketErrors == 0 && stats.refusedDestinations == 0)
+            await client.close()
+            await server.stop()
+        }
+    }
+
+    /// Unix datagram sockets stand in for UDP here: on loopback UDP never reports a full send buffer
+    /// (the kernel hands each datagram over at once), while a Unix datagram socket refuses a
+    /// non-blocking send with EAGAIN once the receiver's queue holds `max_dgram_qlen` of them, and an
+    /// address nobody bound with ECONNREFUSED.
+    @Test func aRefusedDestinationLosesOneDatagramAndAFullSocketHandsTheRestBack() throws {
+        let name = "squelch-batch-\(UInt32.random(in: 0...UInt32.max))"
+        let receiver = socket(AF_UNIX, CInt(SOCK_DGRAM.rawValue), 0)
+        let sender = socket(AF_UNIX, CInt(SOCK_DGRAM.rawValue) | CInt(SOCK_NONBLOCK.rawValue), 0)
+        #expect(receiver >= 0 && sender >= 0)
+        defer { _ = close(receiver) }
+        let (address, length) = abstractAddress(name)
+        let bound = withUnsafeBytes(of: address) { bind(receiver, $0.baseAddress!.assumingMemoryBound(to: sockaddr.self), length) }
+        #expect(bound == 0)
+        let (nowhere, nowhereLength) = abstractAddress(name + "-none")
+
+        let batch = BatchSender(descriptor: sender, slot: 64)
+        func add(_ value: UInt8, to target: sockaddr_un, _ targetLength: socklen_t) {
+            batch.nextSlot.storeBytes(of: value, as: UInt8.self)
+            withUnsafeBytes(of: target) { batch.nextAddress.copyMemory(from: $0.baseAddress!, byteCount: Int(targetLength)) }
+            batch.commit(length: 1, path: PathAddress(ipv4: 0x7F00_0001, port: UInt16(value) + 1), addressLength: Int(targetLength))
+        }
+        add(0, to: nowhere, nowhereLength)
+        for value in 1...40 { add(UInt8(value), to: address, length) }
+        let outcome = batch.send()
+        #expect(outcome.failures == 1 && outcome.lastErrno == ECONNREFUSED)
+        let blocked = try #require(outcome.blockedFrom, "the receiver's queue never filled")
+        #expect(blocked > 1 && blocked < 41)
+        // What was handed back is exactly what the kernel did not take, in order.
+        #expect(batch.datagram(blocked).bytes.first == UInt8(blocked))
+        #expect(batch.datagram(blocked).path.port == UInt16(blocked) + 1)
+        var got: [UInt8] = []
+        var byte: UInt8 = 0
+        while recv(receiver, &byte, 1, CInt(MSG_DONTWAIT)) == 1 { got.append(byte) }
+        #expect(got == (1..<UInt8(blocked)).map { $0 })
+        batch.reset()
+        batch.close()
+        #expect(!batch.isOpen)
+    }
+
+    func abstractAddress(_ name: String) -> (sockaddr_un, socklen_t) {
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        let bytes = Array(name.utf8)
+        withUnsafeMutableBytes(of: &address.sun_path) { path in
+            path[0] = 0  // the abstract namespace: no file
+            for (i, b) in bytes.enumerated() { path[i + 1] = b }
+        }
+        return (address, socklen_t(MemoryLayout<sa_family_t>.size + 1 + bytes.count))
+    }
+}
