@@ -76,59 +76,72 @@ struct ReceivedRanges {
 }
 
 /// What a sent application packet carried, kept until it is acknowledged or declared lost. Fixed
-/// size, stored in a ring, so sending an audio packet allocates nothing.
+/// size, stored in a ring, so sending an audio packet allocates nothing. The flags come last so the
+/// stride is 56 bytes, not 80.
 struct SentPacket {
     var number: UInt64
     var time: WireInstant
-    var ackEliciting: Bool
-    /// Holds something that must be retransmitted if lost (so it arms the probe timer).
-    var retransmittable: Bool
     var controlStart: UInt64
     var controlEnd: UInt64
-    var handshakeDone: Bool
-    var newToken: Bool
     /// Bit i set: NEW_CONNECTION_ID with sequence i (mod 64).
     var newConnectionIDs: UInt64
     var retireConnectionIDs: UInt64
+    var ackEliciting: Bool
+    /// Holds something that must be retransmitted if lost (so it arms the probe timer).
+    var retransmittable: Bool
+    var handshakeDone: Bool
+    var newToken: Bool
     var live: Bool
 
-    static let empty = SentPacket(number: 0, time: WireInstant(nanoseconds: 0), ackEliciting: false, retransmittable: false,
-                                  controlStart: 0, controlEnd: 0, handshakeDone: false, newToken: false,
-                                  newConnectionIDs: 0, retireConnectionIDs: 0, live: false)
+    static let empty = SentPacket(number: 0, time: WireInstant(nanoseconds: 0), controlStart: 0, controlEnd: 0,
+                                  newConnectionIDs: 0, retireConnectionIDs: 0, ackEliciting: false, retransmittable: false,
+                                  handshakeDone: false, newToken: false, live: false)
 }
 
 /// The sent-packet ring. A packet still unacknowledged when its slot is reused is reported lost.
 ///
+/// It starts small and doubles, up to `capacity`, only when the packets in flight need it: an idle
+/// connection, or a listener that acknowledges every tenth audio packet, keeps a few dozen in flight,
+/// and a full-size ring for each of 1,000 connections would be 56 MB of server memory.
+///
 /// `oldest` is a lower bound on the live packet numbers, kept tight as packets leave. ACK frames
 /// repeat old ranges and loss detection walks up to the largest acknowledged packet; starting both
 /// at `oldest` instead of at the ring's floor keeps an ACK's cost at the packets it newly settles
-/// rather than the ring's 1,024 slots (profiling the 200-listener fan-out found 30 % of the server's
-/// CPU in those walks).
+/// rather than the ring's slots (profiling the 200-listener fan-out found 30 % of the server's CPU
+/// in those walks).
 struct SentPackets {
+    /// The most packets tracked at once; one more displaces the oldest, which is then lost.
     static let capacity = 1024
+    static let initialCapacity = 32
     private var slots: [SentPacket]
     /// No live packet has a number below this.
     private(set) var oldest: UInt64 = 0
     /// One past the highest number recorded.
     private var next: UInt64 = 0
 
-    init() { slots = Array(repeating: .empty, count: Self.capacity) }
+    init() { slots = Array(repeating: .empty, count: Self.initialCapacity) }
+
+    /// Slots allocated now (a power of two).
+    var allocated: Int { slots.count }
+
+    private func index(_ number: UInt64) -> Int { Int(number & UInt64(slots.count - 1)) }
 
     /// Stores `packet`; returns the live packet it displaced, if any.
     mutating func record(_ packet: SentPacket) -> SentPacket? {
-        let index = Int(packet.number % UInt64(Self.capacity))
+        if next == oldest { oldest = packet.number }  // nothing was live
+        if packet.number - oldest >= UInt64(slots.count), slots.count < Self.capacity { grow(toHold: packet.number - oldest + 1) }
+        let index = index(packet.number)
         let displaced = slots[index].live ? slots[index] : nil
         slots[index] = packet
-        if next == oldest { oldest = packet.number }  // nothing was live
         next = packet.number + 1
-        if next - oldest > UInt64(Self.capacity) { oldest = next - UInt64(Self.capacity) }
+        if next - oldest > UInt64(slots.count) { oldest = next - UInt64(slots.count) }
         advanceOldest()
         return displaced
     }
 
     /// Removes and returns the live packet with this number.
     mutating func take(_ number: UInt64) -> SentPacket? {
-        let index = Int(number % UInt64(Self.capacity))
+        let index = index(number)
         guard slots[index].live, slots[index].number == number else { return nil }
         slots[index].live = false
         if number == oldest { advanceOldest() }
@@ -136,15 +149,27 @@ struct SentPackets {
     }
 
     func peek(_ number: UInt64) -> SentPacket? {
-        let slot = slots[Int(number % UInt64(Self.capacity))]
+        let slot = slots[index(number)]
         return slot.live && slot.number == number ? slot : nil
+    }
+
+    /// Doubles the ring until `span` numbers fit (or it reaches `capacity`), moving the live packets,
+    /// which all lie in `oldest..<next`, to their slots in the larger ring.
+    private mutating func grow(toHold span: UInt64) {
+        var size = slots.count
+        while UInt64(size) < span, size < Self.capacity { size *= 2 }
+        var larger = [SentPacket](repeating: .empty, count: size)
+        for slot in slots where slot.live && slot.number >= oldest {
+            larger[Int(slot.number & UInt64(size - 1))] = slot
+        }
+        slots = larger
     }
 
     /// Moves `oldest` past numbers that are no longer live (each number is passed once, so this is
     /// amortised O(1) per packet).
     private mutating func advanceOldest() {
         while oldest < next {
-            let slot = slots[Int(oldest % UInt64(Self.capacity))]
+            let slot = slots[index(oldest)]
             if slot.live && slot.number == oldest { return }
             oldest += 1
         }

@@ -62,9 +62,14 @@ struct SendStream {
 
     init(limit: Int) { self.limit = limit }
 
+    /// Capacity an empty buffer may keep (a few ordinary control messages).
+    static let keptCapacity = 4096
+
     var end: UInt64 { base + UInt64(buffer.count) }
     var hasDataToSend: Bool { !lost.isEmpty || nextUnsent < end }
     var unacknowledged: Int { buffer.count }
+    /// Bytes the buffer holds on to (its capacity).
+    var retainedCapacity: Int { buffer.capacity }
 
     enum Failure: Error { case full }
 
@@ -128,7 +133,13 @@ struct SendStream {
         // Free the acknowledged prefix.
         if let first = acked.first, first.lowerBound <= base {
             let freed = Int(first.upperBound - base)
-            buffer.removeFirst(freed)
+            if freed == buffer.count, buffer.capacity > Self.keptCapacity {
+                // Everything is acknowledged: give back what a burst of control traffic (a joiner's
+                // whole roster) grew the buffer to, instead of keeping it for the connection's life.
+                buffer = []
+            } else {
+                buffer.removeFirst(freed)
+            }
             base = first.upperBound
             acked.removeFirst()
             lost = lost.compactMap { $0.upperBound <= base ? nil : max($0.lowerBound, base)..<$0.upperBound }

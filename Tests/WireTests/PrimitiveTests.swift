@@ -137,6 +137,32 @@ import Testing
             if let lowest = live.min() { #expect(sent.oldest == lowest) }
         }
         #expect(sent.take(number + 1) == nil)
+        #expect(sent.allocated == SentPackets.capacity, "up to 1,023 packets in flight grew the ring to its limit")
+    }
+
+    @Test func sentRingGrowsOnlyWithThePacketsInFlight() {
+        var sent = SentPackets()
+        func packet(_ number: UInt64) -> SentPacket {
+            var packet = SentPacket.empty
+            packet.number = number
+            packet.live = true
+            return packet
+        }
+        // A listener acknowledging every tenth packet: never more than 20 in flight.
+        for number: UInt64 in 0..<5_000 {
+            #expect(sent.record(packet(number)) == nil)
+            if number % 10 == 9 { for acked in number - 9...number { #expect(sent.take(acked)?.number == acked) } }
+        }
+        #expect(sent.allocated == SentPackets.initialCapacity)
+        // 100 unacknowledged packets: the ring doubles to 128, keeping every one of them.
+        for number: UInt64 in 5_000..<5_100 { #expect(sent.record(packet(number)) == nil) }
+        #expect(sent.allocated == 128)
+        for number: UInt64 in 5_000..<5_100 { #expect(sent.peek(number)?.number == number) }
+        #expect(sent.oldest == 5_000)
+        // Past the limit, the oldest is displaced (and reported lost by the caller).
+        for number: UInt64 in 5_100..<(5_000 + UInt64(SentPackets.capacity)) { #expect(sent.record(packet(number)) == nil) }
+        #expect(sent.record(packet(5_000 + UInt64(SentPackets.capacity)))?.number == 5_000)
+        #expect(sent.oldest == 5_001)
     }
 
     @Test func sendStreamRetransmitsOnlyWhatIsLostAndUnacknowledged() throws {
@@ -154,6 +180,19 @@ import Testing
         stream.markAcknowledged(a); stream.markAcknowledged(c)
         #expect(stream.unacknowledged == 0)
         #expect(throws: SendStream.Failure.full) { try stream.append(Array(repeating: 0, count: 1001)) }
+    }
+
+    /// A joiner's roster can queue 100 KB on its control stream once; an idle connection must not
+    /// keep that much memory for the rest of its life (1,000 of them did: 166 KB each).
+    @Test func anAcknowledgedSendStreamGivesBackItsPeakCapacity() throws {
+        var stream = SendStream(limit: 1 << 20)
+        try stream.append([UInt8](repeating: 7, count: 100_000))
+        while let chunk = stream.nextChunk(maximum: 1_200) { stream.markAcknowledged(chunk) }
+        #expect(stream.unacknowledged == 0)
+        #expect(stream.retainedCapacity <= SendStream.keptCapacity)
+        try stream.append([1, 2, 3])
+        #expect(stream.nextChunk(maximum: 1_200) == 100_000..<100_003)
+        stream.withBytes(100_000..<100_003) { #expect(Array($0) == [1, 2, 3]) }
     }
 
     @Test func reassemblyDeliversInOrderOnceAndRefusesFlooding() throws {
