@@ -19,6 +19,9 @@ public final class ChannelHub {
         /// A join is being verified.
         case verifying(channel: UUID)
         case joined(ChannelState, slot: UInt16)
+        /// The join was refused; the connection closes after a short delay (so the client can read
+        /// why) and nothing it sends meanwhile counts.
+        case refused
     }
 
     public let configuration: HubConfiguration
@@ -101,16 +104,40 @@ public final class ChannelHub {
         catchingUp.removeAll { $0.channel === channel }
     }
 
-    /// An administrator removed a member (the store already forgot it).
-    public func removeMember(channel id: UUID, user: String, at time: HubTime) {
+    /// An administrator removed a member (the store already forgot it), or revoked the token it joined
+    /// with (`code` `.tokenRevoked`): it is told why and disconnected, and leaves the roster.
+    public func removeMember(channel id: UUID, user: String, at time: HubTime, code: RefusalCode = .removedByAdmin,
+                             reason: String = "an administrator removed you from the channel") {
         guard let channel = channels[id], let slot = channel.slotsByUser[user], let member = channel.members[slot] else { return }
         if let link = member.link {
-            sessions[link] = nil
-            outputs.append(.send(.refused(code: .removedByAdmin, reason: "an administrator removed you from the channel"), to: [link]))
-            outputs.append(.close(link, code: .removed, reason: "removed"))
+            sessions[link] = .refused
+            outputs.append(.send(.refused(code: code, reason: reason), to: [link]))
+            outputs.append(.close(link, code: .removed, reason: code == .tokenRevoked ? "token revoked" : "removed"))
         }
         forget(channel, slot: slot, at: time)
         if member.pushToken != nil { outputs.append(.memberGone(channel: id, member: member.record(channel: id, lastSeen: time.date))) }
+    }
+
+    /// A revocation, possibly made by another process (`squelchd token revoke`): a member whose live
+    /// session rests on a token it voids is removed, with the revocation's reason. A member revocation
+    /// spares a member that has since joined with a token issued after it.
+    public func apply(_ revocation: RevocationRecord, at time: HubTime) {
+        guard let channel = channels[revocation.channelID] else { return }
+        for member in Array(channel.members.values) {
+            let void: Bool
+            if let tokenID = revocation.tokenID {
+                void = member.tokenID == tokenID
+            } else {
+                void = member.userID == revocation.userID && (member.tokenIssuedAt.map { $0 < revocation.revokedAt } ?? true)
+            }
+            guard void else { continue }
+            if revocation.tokenID == nil {
+                removeMember(channel: channel.record.id, user: member.userID, at: time)
+            } else {
+                removeMember(channel: channel.record.id, user: member.userID, at: time, code: .tokenRevoked,
+                             reason: "your participant token was revoked (\(revocation.reason)); ask the channel's administrator for a new one")
+            }
+        }
     }
 
     /// APNs called a member's push token dead. It is forgotten unless the device registered a new one
@@ -179,9 +206,12 @@ public final class ChannelHub {
                 outputs.append(.verify(link, token: token, channel: channel, reason: reason))
             case .verifying, .joined:
                 outputs.append(.send(.error(code: .protocolError, reason: "already joined or joining on this connection; open a new connection to join another channel"), to: [link]))
+            case .refused:
+                break  // closing; the refusal said why
             }
             return
         }
+        if case .refused = session { return }
         guard case .joined(let channel, let slot) = session, channel.members[slot] != nil else {
             outputs.append(.send(.error(code: .notJoined, reason: "join a channel first"), to: [link]))
             return
@@ -257,6 +287,8 @@ public final class ChannelHub {
         member.priority = claims.priority
         member.canTalk = claims.capabilities.contains(.talk)
         member.canListen = claims.capabilities.contains(.listen)
+        member.tokenID = claims.tokenID
+        member.tokenIssuedAt = claims.issuedAt
         member.link = link
         member.connection = .connected
         member.reconnectingUntil = nil
@@ -282,7 +314,7 @@ public final class ChannelHub {
     /// The token on `link` was refused (or the join failed): tell the client why and close.
     public func refuse(_ link: Link, code: RefusalCode, reason: String) {
         guard sessions[link] != nil else { return }
-        sessions[link] = .connected
+        sessions[link] = .refused
         counters.refusals += 1
         outputs.append(.send(.refused(code: code, reason: reason), to: [link]))
         outputs.append(.close(link, code: .refused, reason: reason))

@@ -83,8 +83,8 @@ public struct Participant: Codable, Sendable, Equatable {
     }
 }
 
-/// Why the server refused a join, or removed a member. Codes 1-5 are the participant token's own
-/// (`TokenError.code`), so a client can tell "expired" from "forged".
+/// Why the server refused a join, or removed a member. Codes 1-5 and 14 are the participant token's
+/// own (`TokenError.code`), so a client can tell "expired" from "forged" from "revoked".
 public enum RefusalCode: UInt16, Codable, Sendable {
     case tokenExpired = 1
     case tokenForged = 2
@@ -99,6 +99,8 @@ public enum RefusalCode: UInt16, Codable, Sendable {
     case replaced = 11
     case internalError = 12
     case protocolError = 13
+    /// The token was revoked, or its member removed after it was issued (`TokenError.revoked`).
+    case tokenRevoked = 14
 }
 
 /// A floor-control outcome or announcement (after MCPTT TS 24.380).

@@ -128,6 +128,50 @@ public struct TransmissionRecord: Codable, Sendable, Equatable {
     }
 }
 
+/// A revoked participant token, or every token a member held when an administrator removed it. A
+/// token stays signed and unexpired after it leaks or its holder leaves; this is what voids it.
+public struct RevocationRecord: Codable, Sendable, Equatable {
+    /// The store's order of revocations (0 until stored), so that a server can pick up the ones other
+    /// processes made since it last looked.
+    public var sequence: Int64
+    public var channelID: UUID
+    /// Whose tokens. With `tokenID` nil, every token of this user for the channel issued before
+    /// `revokedAt` is void; a token issued later is good.
+    public var userID: String?
+    /// The one token (`jti`) that is void.
+    public var tokenID: String?
+    public var revokedAt: Date
+    /// When the record stops mattering: the revoked token's own expiry. Nil: kept for good.
+    public var expiresAt: Date?
+    /// For the operator and the refused member: "removed by an administrator", "token leaked", …
+    public var reason: String
+
+    /// Every token `user` holds for `channel` now.
+    public static func member(channel: UUID, user: String, at time: Date, reason: String) -> RevocationRecord {
+        RevocationRecord(sequence: 0, channelID: channel, userID: user, tokenID: nil, revokedAt: time, expiresAt: nil, reason: reason)
+    }
+
+    /// One token.
+    public static func token(_ id: String, channel: UUID, user: String?, expiresAt: Date?, at time: Date,
+                             reason: String) -> RevocationRecord {
+        RevocationRecord(sequence: 0, channelID: channel, userID: user, tokenID: id, revokedAt: time, expiresAt: expiresAt, reason: reason)
+    }
+
+    /// Whether a token with these claims is void by this revocation.
+    public func voids(channel: UUID, user: String, tokenID: String, issuedAt: Date) -> Bool {
+        guard channel == channelID else { return false }
+        if let revoked = self.tokenID { return revoked == tokenID }
+        return userID == user && issuedAt < revokedAt
+    }
+
+    public func validate() throws(StoreError) {
+        guard tokenID != nil || userID != nil else { throw .invalid("a revocation names a token id, a user, or both") }
+        if let tokenID, tokenID.isEmpty || tokenID.utf8.count > 128 { throw .invalid("a token id is 1-128 bytes") }
+        if let userID, userID.isEmpty || userID.utf8.count > 256 { throw .invalid("a user id is 1-256 bytes") }
+        guard reason.utf8.count <= 200 else { throw .invalid("a revocation reason is at most 200 bytes") }
+    }
+}
+
 /// A storage failure, worded for whoever has to fix it.
 public enum StoreError: Error, Sendable, Equatable, CustomStringConvertible {
     /// A value the caller supplied is not acceptable.
@@ -162,8 +206,8 @@ public protocol ChannelStore: Sendable {
     func updateChannel(_ channel: ChannelRecord) async throws(StoreError) -> ChannelRecord
     /// Deletes the channel and its members; keeps its transmission log. `channelNotFound` if absent.
     func deleteChannel(_ id: UUID) async throws(StoreError)
-    /// A number that changes whenever any process creates, updates or deletes a channel, or removes a
-    /// member: cheap enough to poll every second.
+    /// A number that changes whenever any process creates, updates or deletes a channel, removes a
+    /// member or revokes a token: cheap enough to poll every second.
     func revision() async throws(StoreError) -> Int64
 
     // Members
@@ -178,6 +222,15 @@ public protocol ChannelStore: Sendable {
     func setPushToken(channel: UUID, user: String, token: String, environment: PushEnvironment,
                       registeredAt: Date) async throws(StoreError)
     func clearPushToken(channel: UUID, user: String) async throws(StoreError)
+
+    // Revocations
+    /// Stores `revocation` and returns it with its sequence; also drops revocations whose tokens have
+    /// expired. A member revocation replaces an earlier one for the same member (its cut-off is later).
+    func revoke(_ revocation: RevocationRecord) async throws(StoreError) -> RevocationRecord
+    /// The revocation that voids a token with these claims, if any: checked on every join.
+    func revocation(channel: UUID, user: String, tokenID: String, issuedAt: Date) async throws(StoreError) -> RevocationRecord?
+    /// Revocations stored after `sequence`, oldest first.
+    func revocations(after sequence: Int64) async throws(StoreError) -> [RevocationRecord]
 
     // Server keys (transport reset key, address-token key, …), created once and kept.
     func serverKey(named name: String) async throws(StoreError) -> [UInt8]?

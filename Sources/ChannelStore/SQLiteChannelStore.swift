@@ -80,6 +80,8 @@ public final class SQLiteChannelStore: ChannelStore {
 
     // MARK: Schema
 
+    static let revisionBump = "UPDATE meta SET value = value + 1 WHERE key = 'revision';"
+
     static var migrator: DatabaseMigrator {
         var migrator = DatabaseMigrator()
         migrator.registerMigration("v1") { db in
@@ -125,12 +127,28 @@ public final class SQLiteChannelStore: ChannelStore {
             try db.execute(sql: "INSERT INTO meta (key, value) VALUES ('revision', 0)")
             // Triggers rather than Swift code, so edits by any process (or the sqlite3 shell) move the
             // revision a polling server watches.
-            let bump = "UPDATE meta SET value = value + 1 WHERE key = 'revision';"
+            let bump = revisionBump
             try db.execute(sql: """
                 CREATE TRIGGER channel_inserted AFTER INSERT ON channel BEGIN \(bump) END;
                 CREATE TRIGGER channel_updated AFTER UPDATE ON channel BEGIN \(bump) END;
                 CREATE TRIGGER channel_deleted AFTER DELETE ON channel BEGIN \(bump) END;
                 CREATE TRIGGER member_deleted AFTER DELETE ON member BEGIN \(bump) END;
+                """)
+        }
+        migrator.registerMigration("v2-revocations") { db in
+            try db.create(table: "revocation") { t in
+                t.autoIncrementedPrimaryKey("sequence")
+                t.column("channel_id", .text).notNull().references("channel", onDelete: .cascade)
+                t.column("user_id", .text)
+                t.column("token_id", .text)
+                t.column("revoked_at", .integer).notNull()  // unix milliseconds
+                t.column("expires_at", .integer)
+                t.column("reason", .text).notNull()
+            }
+            try db.create(index: "revocation_by_member", on: "revocation", columns: ["channel_id", "user_id"])
+            try db.create(index: "revocation_by_token", on: "revocation", columns: ["token_id"])
+            try db.execute(sql: """
+                CREATE TRIGGER revocation_inserted AFTER INSERT ON revocation BEGIN \(revisionBump) END;
                 """)
         }
         return migrator
@@ -254,6 +272,44 @@ public final class SQLiteChannelStore: ChannelStore {
         try await write("\(action) member '\(user)' of channel \(channel)") { db in
             let changed = try MemberRow.filter(key: MemberRow.key(channel, user)).updateAll(db, assignments())
             guard changed > 0 else { throw StoreError.memberNotFound(channel: channel, user: user) }
+        }
+    }
+
+    // MARK: Revocations
+
+    public func revoke(_ revocation: RevocationRecord) async throws(StoreError) -> RevocationRecord {
+        try revocation.validate()
+        let newRow = RevocationRow(revocation)
+        let now = Date().unixMilliseconds
+        return try await write("revoke tokens on channel \(revocation.channelID)") { db in
+            guard try ChannelRow.exists(db, key: newRow.channelID) else { throw StoreError.channelNotFound(revocation.channelID) }
+            try RevocationRow.filter(RevocationRow.Columns.expiresAt != nil && RevocationRow.Columns.expiresAt < now).deleteAll(db)
+            if newRow.tokenID == nil {
+                try RevocationRow.filter(RevocationRow.Columns.channelID == newRow.channelID && RevocationRow.Columns.userID == newRow.userID
+                                         && RevocationRow.Columns.tokenID == nil).deleteAll(db)
+            }
+            var row = newRow
+            try row.insert(db)
+            return try row.record()
+        }
+    }
+
+    public func revocation(channel: UUID, user: String, tokenID: String, issuedAt: Date) async throws(StoreError) -> RevocationRecord? {
+        let issued = issuedAt.unixMilliseconds
+        return try await read("check token \(tokenID) against revocations") { db in
+            let c = RevocationRow.Columns.self
+            return try RevocationRow
+                .filter(c.channelID == channel.uuidString)
+                .filter(c.tokenID == tokenID || (c.tokenID == nil && c.userID == user && c.revokedAt > issued))
+                .order(c.sequence)
+                .fetchOne(db)?.record()
+        }
+    }
+
+    public func revocations(after sequence: Int64) async throws(StoreError) -> [RevocationRecord] {
+        try await read("read revocations") { db in
+            try RevocationRow.filter(RevocationRow.Columns.sequence > sequence).order(RevocationRow.Columns.sequence)
+                .fetchAll(db).map { row throws(StoreError) in try row.record() }
         }
     }
 
@@ -515,5 +571,49 @@ private struct TransmissionRow: Codable, FetchableRecord, PersistableRecord {
         TransmissionRecord(channelID: try uuid(channelID, in: "transmission"), userID: userID,
                            startedAt: Date(unixMilliseconds: startedAt), durationMilliseconds: durationMilliseconds,
                            endReason: endReason)
+    }
+}
+
+private struct RevocationRow: Codable, FetchableRecord, MutablePersistableRecord {
+    static let databaseTableName = "revocation"
+    /// Nil on insert: SQLite assigns it.
+    var sequence: Int64?
+    var channelID: String
+    var userID: String?
+    var tokenID: String?
+    var revokedAt: Int64
+    var expiresAt: Int64?
+    var reason: String
+
+    enum CodingKeys: String, CodingKey {
+        case sequence, channelID = "channel_id", userID = "user_id", tokenID = "token_id", revokedAt = "revoked_at"
+        case expiresAt = "expires_at", reason
+    }
+
+    enum Columns {
+        static let sequence = Column(CodingKeys.sequence)
+        static let channelID = Column(CodingKeys.channelID)
+        static let userID = Column(CodingKeys.userID)
+        static let tokenID = Column(CodingKeys.tokenID)
+        static let revokedAt = Column(CodingKeys.revokedAt)
+        static let expiresAt = Column(CodingKeys.expiresAt)
+    }
+
+    init(_ record: RevocationRecord) {
+        sequence = nil
+        channelID = record.channelID.uuidString
+        userID = record.userID
+        tokenID = record.tokenID
+        revokedAt = record.revokedAt.unixMilliseconds
+        expiresAt = record.expiresAt?.unixMilliseconds
+        reason = record.reason
+    }
+
+    mutating func didInsert(_ inserted: InsertionSuccess) { sequence = inserted.rowID }
+
+    func record() throws(StoreError) -> RevocationRecord {
+        RevocationRecord(sequence: sequence ?? 0, channelID: try uuid(channelID, in: "revocation"), userID: userID, tokenID: tokenID,
+                         revokedAt: Date(unixMilliseconds: revokedAt), expiresAt: expiresAt.map(Date.init(unixMilliseconds:)),
+                         reason: reason)
     }
 }

@@ -579,7 +579,7 @@ struct ChannelSession {
         }
         outputs.append(.event(.notice(reason)))
         switch code {
-        case .removedByAdmin, .channelDeleted: finish(reason: .systemPolicy)
+        case .removedByAdmin, .channelDeleted, .tokenRevoked: finish(reason: .systemPolicy)
         default: finish(reason: .unknown)
         }
     }

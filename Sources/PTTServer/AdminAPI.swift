@@ -150,9 +150,29 @@ public enum AdminAPI {
             let raw = try context.parameters.require("user")
             let user = raw.removingPercentEncoding ?? raw
             _ = try await existingChannel(id, in: store)
-            try await store.removeMember(channel: id, user: user)
+            guard try await store.member(channel: id, user: user) != nil else {
+                throw StoreError.memberNotFound(channel: id, user: user)
+            }
+            // Revoked first, so that a rejoin racing the removal is refused: the tokens the member
+            // holds stop working, and a token issued from now on lets it back in.
+            _ = try await store.revoke(.member(channel: id, user: user, at: Date(), reason: "removed by an administrator"))
+            do { try await store.removeMember(channel: id, user: user) } catch StoreError.memberNotFound {}
             await admin.hub?.memberRemoved(channel: id, user: user)
             return Response(status: .noContent)
+        }
+        v1.post("channels/:id/revocations") { request, context in
+            let id = try channelID(context)
+            _ = try await existingChannel(id, in: store)
+            let body = try await decode(RevocationRequest.self, from: request)
+            let revocation = try await body.revocation(channel: id, tokens: admin.tokens, now: Date())
+            let stored = try await store.revoke(revocation)
+            await admin.hub?.tokenRevoked(stored)
+            return try json(stored, status: .created)
+        }
+        v1.get("channels/:id/revocations") { _, context in
+            let id = try channelID(context)
+            _ = try await existingChannel(id, in: store)
+            return try json(try await store.revocations(after: 0).filter { $0.channelID == id })
         }
         v1.get("channels/:id/roster") { _, context in
             let id = try channelID(context)
@@ -165,6 +185,10 @@ public enum AdminAPI {
             _ = try await existingChannel(id, in: store)
             let body = try await decode(TokenRequest.self, from: request)
             let claims = try body.claims(channel: id, now: Date())
+            do throws(TokenError) { try claims.validate() } catch {
+                if case .malformed(let why) = error { throw AdminError(.badRequest, why) }
+                throw AdminError(.badRequest, "\(error)")
+            }
             let token: String
             do { token = try await admin.tokens.issue(claims) } catch {
                 throw AdminError(.internalServerError, "could not sign the token (\(error)); check the token key in the data directory")
@@ -284,6 +308,38 @@ public enum AdminAPI {
         }
     }
 
+    /// `POST /v1/channels/:id/revocations`: one token, by its id (`tokenID` from the issue answer) or
+    /// whole (`token`, whose expiry then bounds how long the revocation is kept).
+    struct RevocationRequest: Decodable {
+        static let fields = ["tokenID", "token", "reason"]
+        var tokenID: String?
+        var token: String?
+        var reason: String?
+
+        func revocation(channel: UUID, tokens: TokenAuthority, now: Date) async throws(AdminError) -> RevocationRecord {
+            let reason = (reason?.trimmingCharacters(in: .whitespacesAndNewlines)).flatMap { $0.isEmpty ? nil : $0 } ?? "revoked by an administrator"
+            guard reason.utf8.count <= 200 else { throw AdminError(.badRequest, "reason must be at most 200 bytes") }
+            switch (tokenID, token) {
+            case (let id?, nil):
+                guard (1...ParticipantClaims.maxTokenIDBytes).contains(id.utf8.count) else {
+                    throw AdminError(.badRequest, "tokenID must be 1-\(ParticipantClaims.maxTokenIDBytes) bytes")
+                }
+                return .token(id, channel: channel, user: nil, expiresAt: nil, at: now, reason: reason)
+            case (nil, let token?):
+                let claims: ParticipantClaims
+                do throws(TokenError) { claims = try await tokens.inspect(token) } catch {
+                    throw AdminError(.badRequest, "token: \(error)")
+                }
+                guard claims.channel == channel else {
+                    throw AdminError(.badRequest, "the token is for channel \(claims.channel), not \(channel); revoke it there")
+                }
+                return .token(claims.tokenID, channel: channel, user: claims.userID, expiresAt: claims.expiresAt, at: now, reason: reason)
+            default:
+                throw AdminError(.badRequest, "send either tokenID (from the token's issue answer) or token (the token itself)")
+            }
+        }
+    }
+
     /// A channel as the API shows it: `ChannelRecord`'s fields, with `image` always present (null when
     /// there is none).
     struct ChannelView: Encodable {
@@ -348,6 +404,7 @@ public enum AdminAPI {
         case is NewChannel.Type: fields = NewChannel.fields
         case is ChannelPatch.Type: fields = ChannelPatch.fields
         case is TokenRequest.Type: fields = TokenRequest.fields
+        case is RevocationRequest.Type: fields = RevocationRequest.fields
         default: fields = []
         }
         var request = request

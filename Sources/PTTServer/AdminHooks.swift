@@ -1,4 +1,5 @@
 import ChannelProtocol
+import ChannelStore
 import Foundation
 
 /// What the admin API asks of the live part of the server (the channel hub), so that an edit made
@@ -10,6 +11,8 @@ public protocol AdminHubHooks: Sendable {
     func channelDeleted(_ id: UUID) async
     /// An admin removed a member: it is told and disconnected, and its push token is gone.
     func memberRemoved(channel: UUID, user: String) async
+    /// A token was revoked: a member connected with it is told and removed.
+    func tokenRevoked(_ revocation: RevocationRecord) async
     /// The live roster of a channel (connected and recently disconnected members), empty if unknown.
     func roster(of channel: UUID) async -> [Participant]
     /// Number of live connections, for /healthz.

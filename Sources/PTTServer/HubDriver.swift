@@ -131,32 +131,54 @@ final class HubDriver: WireServerDelegate {
         }
     }
 
-    /// Checks a join token off the event loop (ECDSA verification takes ~100 µs), then admits or
-    /// refuses on it.
+    /// Checks a join token off the event loop (ECDSA verification takes ~100 µs, the revocation
+    /// lookup a SQLite read), then admits or refuses on it.
     func verify(_ link: Link, token: String, channel: UUID, reason: JoinReason) {
         let tokens = self.tokens
+        let store = writer.store
+        let logger = self.logger
         let this = NIOLoopBound(self, eventLoop: eventLoop)
         let loop = eventLoop
         Task {
-            let outcome = await HubDriver.check(token, channel: channel, with: tokens)
+            let outcome = await HubDriver.check(token, channel: channel, with: tokens, store: store, logger: logger)
             loop.execute {
                 let driver = this.value
                 switch outcome {
                 case .success(let claims): driver.hub.admit(link, claims: claims, reason: reason, at: HubDriver.now())
-                case .failure(let error):
-                    driver.hub.refuse(link, code: RefusalCode(rawValue: error.code) ?? .tokenMalformed, reason: error.description)
+                case .failure(let refusal): driver.hub.refuse(link, code: refusal.code, reason: refusal.reason)
                 }
                 driver.flush()
             }
         }
     }
 
-    static func check(_ token: String, channel: UUID, with tokens: TokenAuthority) async -> Result<ParticipantClaims, TokenError> {
+    struct Refusal: Error {
+        var code: RefusalCode
+        var reason: String
+    }
+
+    /// A token is good if this server signed it, for this channel, now, and no revocation voids it.
+    /// A store that can't answer refuses the join (fail closed: a removed member must not get in
+    /// while the database is down), with a reason that says to try again.
+    static func check(_ token: String, channel: UUID, with tokens: TokenAuthority, store: any ChannelStore,
+                      logger: Logger) async -> Result<ParticipantClaims, Refusal> {
+        let claims: ParticipantClaims
         do throws(TokenError) {
-            return .success(try await tokens.verify(token, channel: channel, now: Date()))
+            claims = try await tokens.verify(token, channel: channel, now: Date())
         } catch {
-            return .failure(error)
+            return .failure(Refusal(code: RefusalCode(rawValue: error.code) ?? .tokenMalformed, reason: error.description))
         }
+        do {
+            if let revocation = try await store.revocation(channel: channel, user: claims.userID, tokenID: claims.tokenID,
+                                                           issuedAt: claims.issuedAt) {
+                let error = TokenError.revoked(at: revocation.revokedAt, reason: revocation.reason)
+                return .failure(Refusal(code: .tokenRevoked, reason: error.description))
+            }
+        } catch {
+            logger.error("join refused: revocations could not be read", metadata: ["error": "\(error)"])
+            return .failure(Refusal(code: .internalError, reason: "the server could not check the token (its database is failing); try again shortly"))
+        }
+        return .success(claims)
     }
 
     // MARK: Periodic work (on the event loop)

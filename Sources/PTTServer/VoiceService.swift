@@ -63,6 +63,9 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
         hubConfiguration.maxQueue = configuration.maxQueue
         let hub = ChannelHub(configuration: hubConfiguration)
         let initialRevision = try await store.revision()
+        // Joins check the store, so revocations made before this start need no replay; the ones made
+        // later, by any process, reach live sessions through the revision poll.
+        let initialRevocation = try await store.revocations(after: 0).last?.sequence ?? 0
         for channel in try await store.channels() {
             hub.upsertChannel(channel, members: try await store.members(of: channel.id))
         }
@@ -85,6 +88,7 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
 
         try? await cancelWhenGracefulShutdown {
             var revision = initialRevision
+            var revocation = initialRevocation
             while !Task.isCancelled {
                 try await Task.sleep(for: .seconds(1))
                 try? await eventLoop.submit { box.value.publish(to: self.metrics) }.get()
@@ -93,6 +97,7 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
                     if latest != revision {
                         revision = latest
                         try await self.reloadChannels()
+                        revocation = try await self.applyRevocations(after: revocation)
                     }
                 } catch {
                     self.logger.error("could not read channels from the store", metadata: ["error": "\(error)"])
@@ -141,6 +146,17 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
         }
     }
 
+    /// Applies revocations stored after `sequence` (by the CLI, or the admin API, whose own ones the
+    /// hub has seen already and ignores); returns the last one's sequence.
+    func applyRevocations(after sequence: Int64) async throws -> Int64 {
+        let fresh = try await store.revocations(after: sequence)
+        guard let last = fresh.last else { return sequence }
+        _ = await onLoop { driver in
+            for revocation in fresh { driver.hub.apply(revocation, at: HubDriver.now()) }
+        }
+        return last.sequence
+    }
+
     // MARK: AdminHubHooks
 
     func onLoop<T: Sendable>(_ body: @escaping @Sendable (HubDriver) -> T) async -> T? {
@@ -163,6 +179,10 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
 
     public func memberRemoved(channel: UUID, user: String) async {
         _ = await onLoop { $0.hub.removeMember(channel: channel, user: user, at: HubDriver.now()) }
+    }
+
+    public func tokenRevoked(_ revocation: RevocationRecord) async {
+        _ = await onLoop { $0.hub.apply(revocation, at: HubDriver.now()) }
     }
 
     /// APNs called a member's token dead: forget it in the hub, which forgets it in the store.

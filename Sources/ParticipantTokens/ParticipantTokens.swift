@@ -35,6 +35,30 @@ public struct ParticipantClaims: Sendable, Equatable {
         self.expiresAt = expiresAt
         self.tokenID = tokenID
     }
+
+    /// Longest user id, in UTF-8 bytes (the control protocol's own limit for user ids).
+    public static let maxUserIDBytes = 256
+    /// Longest display name and role, in UTF-8 bytes. These travel in every roster entry: with the
+    /// user id's limit, 128 entries (one roster chunk) stay under the 64 KB control-message limit.
+    public static let maxNameBytes = 64
+    public static let maxRoleBytes = 64
+    public static let maxTokenIDBytes = 128
+
+    /// Checks the fields a token may carry; the message says which one and what is allowed.
+    public func validate() throws(TokenError) {
+        func check(_ value: String, _ field: String, max: Int, empty: Bool = false) throws(TokenError) {
+            if !empty && value.isEmpty { throw .malformed("\(field) is empty") }
+            if value.utf8.count > max { throw .malformed("\(field) is \(value.utf8.count) bytes; at most \(max)") }
+            if value.unicodeScalars.contains(where: { $0.properties.generalCategory == .control }) {
+                throw .malformed("\(field) contains control characters")
+            }
+        }
+        try check(userID, "the user id", max: Self.maxUserIDBytes)
+        try check(name, "the name", max: Self.maxNameBytes)
+        if let role { try check(role, "the role", max: Self.maxRoleBytes, empty: true) }
+        try check(tokenID, "the token id", max: Self.maxTokenIDBytes)
+        if capabilities.isEmpty { throw .malformed("the token grants no capability (talk, listen)") }
+    }
 }
 
 /// Why a token was refused. Each has its own code, which the server sends back to the client so
@@ -47,6 +71,8 @@ public enum TokenError: Error, Sendable, Equatable, CustomStringConvertible {
     case wrongChannel(tokenChannel: UUID, requested: UUID)
     /// Issued in the future by more than the allowed clock skew.
     case notYetValid(issuedAt: Date)
+    /// An administrator revoked this token, or removed its member from the channel after it was issued.
+    case revoked(at: Date, reason: String)
 
     /// Stable numeric code for the wire.
     public var code: UInt16 {
@@ -56,6 +82,7 @@ public enum TokenError: Error, Sendable, Equatable, CustomStringConvertible {
         case .malformed: return 3
         case .wrongChannel: return 4
         case .notYetValid: return 5
+        case .revoked: return 14
         }
     }
 
@@ -67,6 +94,8 @@ public enum TokenError: Error, Sendable, Equatable, CustomStringConvertible {
         case .wrongChannel(let token, let requested):
             return "the participant token is for channel \(token), not \(requested); use a token issued for this channel"
         case .notYetValid(let date): return "the participant token is not valid before \(date.formatted(.iso8601)); check the clocks"
+        case .revoked(let date, let reason):
+            return "the participant token was revoked at \(date.formatted(.iso8601)) (\(reason)); ask the channel's administrator for a new one"
         }
     }
 }
@@ -122,7 +151,9 @@ public struct TokenAuthority: Sendable {
         return try await TokenAuthority(privateKeyPEM: pem)
     }
 
+    /// Signs `claims`, which must pass `ParticipantClaims.validate()`.
     public func issue(_ claims: ParticipantClaims) async throws -> String {
+        try claims.validate()
         let payload = TokenPayload(
             sub: .init(value: claims.userID), name: claims.name, channel: claims.channel.uuidString.lowercased(),
             capabilities: claims.capabilities.sorted().map(\.rawValue),
@@ -131,8 +162,19 @@ public struct TokenAuthority: Sendable {
         return try await keys.sign(payload)
     }
 
-    /// Verifies `token` for `channel` at `now`.
+    /// Verifies `token` for `channel` at `now`. Revocation is the caller's to check (it lives in the
+    /// store): see `ParticipantClaims.tokenID` and `issuedAt`.
     public func verify(_ token: String, channel: UUID, now: Date = Date()) async throws(TokenError) -> ParticipantClaims {
+        let claims = try await inspect(token)
+        guard claims.expiresAt > now else { throw .expired(at: claims.expiresAt) }
+        guard claims.issuedAt <= now.addingTimeInterval(clockSkew) else { throw .notYetValid(issuedAt: claims.issuedAt) }
+        guard claims.channel == channel else { throw .wrongChannel(tokenChannel: claims.channel, requested: channel) }
+        return claims
+    }
+
+    /// The claims of a token this server signed, whatever its times and channel: for revoking a token,
+    /// or telling an operator what one holds. `forged` or `malformed` otherwise.
+    public func inspect(_ token: String) async throws(TokenError) -> ParticipantClaims {
         let payload: TokenPayload
         do { payload = try await keys.verify(token, as: TokenPayload.self) } catch let error as JWTError {
             if error.errorType == .signatureVerificationFailed || error.errorType == .unknownKID { throw .forged }
@@ -147,12 +189,11 @@ public struct TokenAuthority: Sendable {
             guard let capability = Capability(rawValue: name) else { throw .malformed("unknown capability '\(name)'") }
             capabilities.insert(capability)
         }
-        guard payload.exp.value > now else { throw .expired(at: payload.exp.value) }
-        guard payload.iat.value <= now.addingTimeInterval(clockSkew) else { throw .notYetValid(issuedAt: payload.iat.value) }
-        guard tokenChannel == channel else { throw .wrongChannel(tokenChannel: tokenChannel, requested: channel) }
-        return ParticipantClaims(userID: payload.sub.value, name: payload.name, channel: tokenChannel, capabilities: capabilities,
-                                 role: payload.attributes.role, priority: UInt8(payload.attributes.priority),
-                                 issuedAt: payload.iat.value, expiresAt: payload.exp.value, tokenID: payload.jti.value)
+        let claims = ParticipantClaims(userID: payload.sub.value, name: payload.name, channel: tokenChannel, capabilities: capabilities,
+                                       role: payload.attributes.role, priority: UInt8(payload.attributes.priority),
+                                       issuedAt: payload.iat.value, expiresAt: payload.exp.value, tokenID: payload.jti.value)
+        try claims.validate()
+        return claims
     }
 }
 

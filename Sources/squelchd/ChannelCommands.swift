@@ -167,6 +167,11 @@ extension Channel {
         @Option(help: "Data directory holding the database (the server's --data-dir).")
         var dataDir = ServerConfiguration().dataDirectory
 
+        init() {}
+
+        /// For commands that take the data directory as their own option.
+        init(dataDir: String) { self.dataDir = dataDir }
+
         /// Repeats a non-default --data-dir in hints, so a copied command acts on the same database.
         var dataDirFlag: String { dataDir == ServerConfiguration().dataDirectory ? "" : " --data-dir \(dataDir)" }
 
@@ -221,24 +226,24 @@ extension Channel {
 
 /// Prints `squelchd: <error>` on stderr and returns the exit code: 78 (EX_CONFIG) when the database
 /// itself is the problem, 1 for a missing channel or a refused value.
-private func fail(_ error: StoreError) -> ExitCode {
+func fail(_ error: StoreError) -> ExitCode {
     standardError("squelchd: \(error)")
     if case .database = error { return ExitCode(78) }
     return ExitCode(1)
 }
 
-private func standardError(_ line: String) {
+func standardError(_ line: String) {
     FileHandle.standardError.write(Data((line + "\n").utf8))
 }
 
-private func parseChannelID(_ text: String) throws -> UUID {
+func parseChannelID(_ text: String) throws -> UUID {
     guard let id = UUID(uuidString: text) else {
         throw fail(.invalid("'\(text)' is not a channel id (a UUID); 'squelchd channel list' shows them"))
     }
     return id
 }
 
-private func printJSON(_ value: some Encodable) throws {
+func printJSON(_ value: some Encodable) throws {
     let encoder = JSONEncoder()
     encoder.outputFormatting = [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes]
     encoder.dateEncodingStrategy = .iso8601

@@ -145,7 +145,7 @@ extension AudioOptions {
 /// Turns a failed join into walkie's exit code and a line that says what to do.
 func failure(joining error: ChannelError, server: String) -> WalkieFailure {
     switch error.refusal {
-    case .tokenExpired?, .tokenForged?, .tokenMalformed?, .tokenNotYetValid?:
+    case .tokenExpired?, .tokenForged?, .tokenMalformed?, .tokenNotYetValid?, .tokenRevoked?:
         return .token(error.message)
     case .tokenWrongChannel?, .channelNotFound?:
         return .token("\(error.message)")

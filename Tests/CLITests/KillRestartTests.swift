@@ -244,4 +244,67 @@ import Wire
         #expect(await second.log.wait(for: "database flushed and closed", seconds: 2) != nil, "\(second.log.contents)")
         print("KillRestartTests: \(String(format: "%.2f", Date().timeIntervalSince(started))) s")
     }
+
+    /// A token revoked with the CLI (another process than the server) ends its live session within
+    /// the server's one-second poll, and stays revoked through `kill -9`, as does a removed member's.
+    @Test func revocationsReachTheRunningServerAndSurviveKill9() async throws {
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("revoke-\(UUID())")
+        defer { try? FileManager.default.removeItem(at: dir) }
+        let certs = dir.appendingPathComponent("certs").path
+        let data = dir.appendingPathComponent("data").path
+        let reaper = Reaper()
+        defer { reaper.killAll() }
+        try Executables.makeDevCertificates(into: certs)
+        let ca = try String(contentsOfFile: certs + "/ca.pem", encoding: .utf8)
+        let configuration = ClientConfiguration(serverName: "127.0.0.1", validator: try CertificateValidator(caPEM: ca))
+        let created = try squelchd(["channel", "create", "--name", "Ops", "--data-dir", data])
+        let channel = try #require(UUID(uuidString: created.out.trimmingCharacters(in: .whitespacesAndNewlines)), "\(created.err)")
+        func issue(_ user: String) throws -> String {
+            let issued = try squelchd(["token", "issue", "--channel", channel.uuidString, "--user", user, "--name", user.capitalized, "--data-dir", data])
+            #expect(issued.status == 0, "\(issued.err)")
+            return issued.out.trimmingCharacters(in: .whitespacesAndNewlines)
+        }
+        func refusal(_ message: ServerMessage?) -> RefusalCode? { if case .refused(let code, _)? = message { code } else { nil } }
+        let annToken = try issue("ann"), bobToken = try issue("bob")
+
+        let first = try await startServer(data: data, certs: certs, reaper: reaper)
+        let adminKey = try String(contentsOfFile: data + "/admin-key", encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)
+        let (ann, annJoined) = try await join(annToken, channel: channel, port: first.voicePort, configuration: configuration)
+        guard case .joined? = annJoined else { Issue.record("ann not admitted: \(String(describing: annJoined))"); return }
+        let (bob, bobJoined) = try await join(bobToken, channel: channel, port: first.voicePort, configuration: configuration)
+        guard case .joined(_, let bobSlot, _, _)? = bobJoined else { Issue.record("bob not admitted: \(String(describing: bobJoined))"); return }
+
+        // The CLI revokes bob's token in the database; the running server finds it and ends his session.
+        let revoked = try squelchd(["token", "revoke", "--token", bobToken, "--reason", "phone lost", "--data-dir", data])
+        #expect(revoked.status == 0 && revoked.out.contains("revoked token"), "\(revoked.err)")
+        let told = await bob.waitFor(seconds: 5) { if case .refused(.tokenRevoked, let why) = $0 { why.contains("phone lost") } else { false } }
+        #expect(told != nil, "bob's session outlived the revocation: \(bob.messages)")
+        #expect(await ann.waitFor { $0 == .participantLeft(slot: bobSlot, userID: "bob") } != nil, "\(ann.messages)")
+        let inspected = try squelchd(["token", "inspect", bobToken, "--json", "--data-dir", data])
+        #expect(inspected.status == 0 && inspected.out.contains("\"status\" : \"revoked\""), "\(inspected.out) \(inspected.err)")
+
+        // An admin removes ann over the API.
+        var request = URLRequest(url: try #require(URL(string: "http://127.0.0.1:\(first.adminPort)/v1/channels/\(channel.uuidString)/members/ann")))
+        request.httpMethod = "DELETE"
+        request.setValue("Bearer \(adminKey)", forHTTPHeaderField: "Authorization")
+        let (_, response) = try await URLSession.shared.data(for: request)
+        #expect((response as? HTTPURLResponse)?.statusCode == 204)
+        #expect(await ann.waitFor { if case .refused(.removedByAdmin, _) = $0 { true } else { false } } != nil, "\(ann.messages)")
+        await ann.close()
+        await bob.close()
+
+        // kill -9, restart: both old tokens stay out; a token issued now gets ann back in.
+        kill(first.process.processIdentifier, SIGKILL)
+        first.process.waitUntilExit()
+        let second = try await startServer(data: data, certs: certs, reaper: reaper)
+        let (_, bobAgain) = try await join(bobToken, channel: channel, port: second.voicePort, configuration: configuration)
+        #expect(refusal(bobAgain) == .tokenRevoked, "\(String(describing: bobAgain))")
+        let (_, annAgain) = try await join(annToken, channel: channel, port: second.voicePort, configuration: configuration)
+        #expect(refusal(annAgain) == .tokenRevoked, "\(String(describing: annAgain))")
+        let (annBack, back) = try await join(try issue("ann"), channel: channel, port: second.voicePort, configuration: configuration)
+        guard case .joined? = back else { Issue.record("a new token did not admit ann: \(String(describing: back))"); return }
+        await annBack.close()
+        second.process.terminate()
+        _ = await second.process.waitForExit(seconds: 10)
+    }
 }

@@ -59,15 +59,16 @@ final class Harness {
     /// Connects and admits a member; returns its link and slot.
     @discardableResult
     func join(_ user: String, capabilities: Set<Capability> = [.talk, .listen], priority: UInt8 = 0,
-              channel: UUID? = nil) -> (link: Link, slot: UInt16) {
+              channel: UUID? = nil, tokenID: String = UUID().uuidString, issuedAt: Date? = nil) -> (link: Link, slot: UInt16) {
         nextIndex += 1
         let link = Link(index: nextIndex, generation: 1)
         hub.connected(link)
         let target = channel ?? self.channel.id
         send(.join(token: "t", channel: target, reason: .developerRequest), from: link)
         hub.admit(link, claims: ParticipantClaims(userID: user, name: user.capitalized, channel: target,
-                                                  capabilities: capabilities, priority: priority,
-                                                  expiresAt: epoch.addingTimeInterval(3600)), reason: .developerRequest, at: time)
+                                                  capabilities: capabilities, priority: priority, issuedAt: issuedAt ?? time.date,
+                                                  expiresAt: epoch.addingTimeInterval(3600), tokenID: tokenID),
+                  reason: .developerRequest, at: time)
         drain()
         guard case .joined(_, let you, _, _)? = lastMessage(to: link) else { return (link, 0) }
         return (link, you)
@@ -434,6 +435,60 @@ final class Harness {
         h.hub.connected(stranger)
         h.send(.floorRequest, from: stranger)
         #expect(h.lastMessage(to: stranger) == .error(code: .notJoined, reason: "join a channel first"))
+    }
+
+    @Test func aRevokedTokenRemovesItsLiveMemberWithTheReason() {
+        let h = Harness()
+        let ann = h.join("ann", tokenID: "ann-1"), bob = h.join("bob", tokenID: "bob-1")
+        h.hub.apply(.token("nobody's", channel: h.channel.id, user: nil, expiresAt: nil, at: h.time.date, reason: "leaked"), at: h.time)
+        h.hub.apply(.token("bob-1", channel: UUID(), user: nil, expiresAt: nil, at: h.time.date, reason: "leaked"), at: h.time)
+        h.drain()
+        #expect(h.hub.roster(of: h.channel.id).count == 2, "a token nobody holds, or one of another channel, removes nobody")
+
+        h.hub.apply(.token("bob-1", channel: h.channel.id, user: "bob", expiresAt: nil, at: h.time.date, reason: "phone lost"), at: h.time)
+        h.drain()
+        guard case .refused(.tokenRevoked, let reason)? = h.lastMessage(to: bob.link) else {
+            Issue.record("bob was not told: \(h.messages(to: bob.link))"); return
+        }
+        #expect(reason.contains("phone lost"))
+        #expect(h.closes.contains { $0.0 == bob.link && $0.1 == .removed })
+        #expect(h.messages(to: ann.link).contains(.participantLeft(slot: bob.slot, userID: "bob")))
+        #expect(h.hub.roster(of: h.channel.id).map(\.userID) == ["ann"])
+        #expect(h.stored.last == .removeMember(channel: h.channel.id, user: "bob"))
+        // Whatever bob's connection sends before it closes is ignored.
+        let count = h.messages(to: bob.link).count
+        h.send(.floorRequest, from: bob.link)
+        #expect(h.messages(to: bob.link).count == count && h.floorEvents(to: ann.link).isEmpty)
+    }
+
+    @Test func aMemberRevocationSparesATokenIssuedAfterIt() {
+        let h = Harness()
+        let cut = h.time.date
+        let ann = h.join("ann", issuedAt: cut.addingTimeInterval(5))  // rejoined with a fresh token
+        let bob = h.join("bob", issuedAt: cut.addingTimeInterval(-5))
+        h.hub.apply(.member(channel: h.channel.id, user: "ann", at: cut, reason: "removed"), at: h.time)
+        h.hub.apply(.member(channel: h.channel.id, user: "bob", at: cut, reason: "removed"), at: h.time)
+        h.drain()
+        #expect(h.lastMessage(to: bob.link) == .refused(code: .removedByAdmin, reason: "an administrator removed you from the channel"))
+        #expect(!h.messages(to: ann.link).contains { if case .refused = $0 { true } else { false } })
+        #expect(h.hub.roster(of: h.channel.id).map(\.userID) == ["ann"])
+    }
+
+    @Test func nothingCountsDuringTheRefusalDelay() {
+        let h = Harness()
+        let link = Link(index: 900, generation: 1)
+        h.hub.connected(link)
+        h.send(.join(token: "bad", channel: h.channel.id, reason: .developerRequest), from: link)
+        h.hub.refuse(link, code: .tokenForged, reason: "forged")
+        h.drain()
+        let verifies = h.other.filter { if case .verify = $0 { true } else { false } }.count
+        let messages = h.messages(to: link).count
+        // A second join before the close lands must not be verified (and admitted) on this connection.
+        h.send(.join(token: "good", channel: h.channel.id, reason: .developerRequest), from: link)
+        h.send(.floorRequest, from: link)
+        #expect(h.other.filter { if case .verify = $0 { true } else { false } }.count == verifies)
+        #expect(h.messages(to: link).count == messages)
+        #expect(h.hub.counters.refusals == 1)
     }
 
     @Test func joinToAMissingChannelIsRefused() {

@@ -285,12 +285,100 @@ private func message(_ error: StoreError?) -> String {
         guard case .database? = error else { Issue.record("expected a database error, got \(String(describing: error))"); return }
     }
 
+    // MARK: Revocations
+
+    @Test func aRevokedTokenIsVoidAndOthersAreNot() async throws {
+        let store = try open()
+        let channel = makeChannel()
+        try await store.createChannel(channel)
+        let now = ms()
+        let stored = try await store.revoke(.token("jti-1", channel: channel.id, user: "ann", expiresAt: now.addingTimeInterval(3600),
+                                                   at: now, reason: "phone lost"))
+        #expect(stored.sequence > 0 && stored.tokenID == "jti-1" && stored.reason == "phone lost")
+        let hit = try await store.revocation(channel: channel.id, user: "ann", tokenID: "jti-1", issuedAt: now.addingTimeInterval(-60))
+        #expect(hit == stored)
+        // Another token of the same user, the same id on another channel: both good.
+        #expect(try await store.revocation(channel: channel.id, user: "ann", tokenID: "jti-2", issuedAt: now.addingTimeInterval(-60)) == nil)
+        #expect(try await store.revocation(channel: UUID(), user: "ann", tokenID: "jti-1", issuedAt: now) == nil)
+    }
+
+    @Test func removingAMemberVoidsItsEarlierTokensOnly() async throws {
+        let store = try open()
+        let channel = makeChannel()
+        try await store.createChannel(channel)
+        let removal = ms()
+        let first = try await store.revoke(.member(channel: channel.id, user: "bob", at: removal, reason: "removed"))
+        #expect(first.userID == "bob" && first.tokenID == nil && first.expiresAt == nil)
+        let before = try await store.revocation(channel: channel.id, user: "bob", tokenID: "old", issuedAt: removal.addingTimeInterval(-1))
+        #expect(before?.sequence == first.sequence)
+        #expect(try await store.revocation(channel: channel.id, user: "bob", tokenID: "new", issuedAt: removal.addingTimeInterval(1)) == nil)
+        #expect(try await store.revocation(channel: channel.id, user: "carol", tokenID: "old", issuedAt: removal.addingTimeInterval(-1)) == nil)
+
+        // A second removal moves the cut-off; the first record goes, and the list shows the order.
+        let later = removal.addingTimeInterval(10)
+        let second = try await store.revoke(.member(channel: channel.id, user: "bob", at: later, reason: "removed again"))
+        #expect(try await store.revocation(channel: channel.id, user: "bob", tokenID: "new", issuedAt: removal.addingTimeInterval(1))?.sequence
+                == second.sequence)
+        let all = try await store.revocations(after: 0)
+        #expect(all.map(\.sequence) == [second.sequence], "\(all)")
+        #expect(try await store.revocations(after: second.sequence).isEmpty)
+    }
+
+    @Test func expiredTokenRevocationsArePrunedAndBadOnesRefused() async throws {
+        let store = try open()
+        let channel = makeChannel()
+        try await store.createChannel(channel)
+        let now = ms()
+        let expired = try await store.revoke(.token("gone", channel: channel.id, user: nil, expiresAt: now.addingTimeInterval(-5), at: now,
+                                                    reason: "r"))
+        let kept = try await store.revoke(.token("kept", channel: channel.id, user: nil, expiresAt: nil, at: now, reason: "r"))
+        #expect(try await store.revocations(after: 0).map(\.sequence) == [kept.sequence], "the next revocation prunes \(expired.sequence)")
+
+        #expect(await storeError { _ = try await store.revoke(.token("x", channel: UUID(), user: nil, expiresAt: nil, at: now, reason: "r")) }
+                .map { if case .channelNotFound = $0 { true } else { false } } == true)
+        let nobody = RevocationRecord(sequence: 0, channelID: channel.id, userID: nil, tokenID: nil, revokedAt: now, expiresAt: nil, reason: "r")
+        #expect(message(await storeError { _ = try await store.revoke(nobody) }).contains("token id, a user"))
+        #expect(message(await storeError {
+            _ = try await store.revoke(.token(String(repeating: "j", count: 129), channel: channel.id, user: nil, expiresAt: nil, at: now, reason: "r"))
+        }).contains("1-128"))
+    }
+
+    @Test func revocationsMadeByAnotherConnectionMoveTheRevision() async throws {
+        let store = try open()
+        let channel = makeChannel()
+        try await store.createChannel(channel)
+        let before = try await store.revision()
+        let other = try open()
+        _ = try await other.revoke(.member(channel: channel.id, user: "ann", at: ms(), reason: "removed"))
+        try await other.close()
+        #expect(try await store.revision() > before)
+        #expect(try await store.revocations(after: 0).count == 1)
+    }
+
+    @Test func aVersion1DatabaseIsUpgradedWithItsData() async throws {
+        // A data directory written by a squelchd that only knew v1.
+        let channel = makeChannel()
+        do {
+            let pool = try DatabasePool(path: path)
+            try SQLiteChannelStore.migrator.migrate(pool, upTo: "v1")
+            try await pool.write { db in
+                try db.execute(sql: "INSERT INTO channel (id, name, mode, max_burst_seconds, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?)",
+                               arguments: [channel.id.uuidString, "Ops", "halfDuplex", 45, 0, 0])
+            }
+            try pool.close()
+        }
+        let store = try open()
+        #expect(try await store.channel(channel.id)?.name == "Ops")
+        _ = try await store.revoke(.member(channel: channel.id, user: "ann", at: ms(), reason: "removed"))
+        #expect(try await store.revocations(after: 0).count == 1)
+    }
+
     @Test func schemaVersionIsRecorded() async throws {
         try await open().close()
         let applied = try await DatabaseQueue(path: path).read { db in
             try String.fetchAll(db, sql: "SELECT identifier FROM grdb_migrations ORDER BY identifier")
         }
-        #expect(applied == ["v1"])
+        #expect(applied == ["v1", "v2-revocations"])
     }
 
     @Test func filesArePrivateAndCommitsAreFullySynced() async throws {
@@ -333,10 +421,10 @@ private func message(_ error: StoreError?) -> String {
 
     @Test func aNewerSchemaIsRefused() async throws {
         try await open().close()
-        try await DatabaseQueue(path: path).write { db in try db.execute(sql: "INSERT INTO grdb_migrations (identifier) VALUES ('v2')") }
+        try await DatabaseQueue(path: path).write { db in try db.execute(sql: "INSERT INTO grdb_migrations (identifier) VALUES ('v9-future')") }
         var thrown: StoreError?
         do { _ = try open() } catch let error as StoreError { thrown = error }
         guard case .database(let text)? = thrown else { Issue.record("expected a database error, got \(String(describing: thrown))"); return }
-        #expect(text.contains("newer squelchd") && text.contains("v2"), "\(text)")
+        #expect(text.contains("newer squelchd") && text.contains("v9-future"), "\(text)")
     }
 }

@@ -16,6 +16,7 @@ final class RecordingHub: AdminHubHooks {
         case changed(UUID)
         case deleted(UUID)
         case removed(UUID, String)
+        case revoked(UUID, String?)
     }
 
     private let recorded = Mutex<[Event]>([])
@@ -32,6 +33,9 @@ final class RecordingHub: AdminHubHooks {
     func channelChanged(_ id: UUID) async { recorded.withLock { $0.append(.changed(id)) } }
     func channelDeleted(_ id: UUID) async { recorded.withLock { $0.append(.deleted(id)) } }
     func memberRemoved(channel: UUID, user: String) async { recorded.withLock { $0.append(.removed(channel, user)) } }
+    func tokenRevoked(_ revocation: RevocationRecord) async {
+        recorded.withLock { $0.append(.revoked(revocation.channelID, revocation.tokenID)) }
+    }
     func roster(of channel: UUID) async -> [Participant] { rosterEntries }
     func connectionCount() async -> Int { connections }
 }
@@ -325,6 +329,12 @@ extension TestResponse {
             #expect(try await fixture.store.member(channel: channel.id, user: "bob smith") == nil)
             #expect(try await fixture.store.member(channel: channel.id, user: "alice") != nil)
             #expect(hub.events == [.removed(channel.id, "bob smith")])
+            // The tokens bob holds stop working; one issued from now on lets him back in.
+            let voids = try await fixture.store.revocation(channel: channel.id, user: "bob smith", tokenID: "any",
+                                                           issuedAt: Date().addingTimeInterval(-1))
+            #expect(voids?.reason == "removed by an administrator")
+            #expect(try await fixture.store.revocation(channel: channel.id, user: "bob smith", tokenID: "any",
+                                                       issuedAt: Date().addingTimeInterval(1)) == nil)
 
             let again = try await client.send(.delete, "/v1/channels/\(channel.id)/members/bob%20smith")
             #expect(again.status == .notFound)
@@ -333,6 +343,54 @@ extension TestResponse {
 
             let unknownChannel = try await client.send(.get, "/v1/channels/\(UUID())/members")
             #expect(unknownChannel.status == .notFound)
+        }
+    }
+
+    @Test func tokensAreRevokedByIDOrWholeAndListed() async throws {
+        let fixture = try await AdminFixture()
+        defer { Task { await fixture.cleanUp() } }
+        let hub = try #require(fixture.hub)
+        let channel = ChannelRecord(name: "Ops")
+        try await fixture.store.createChannel(channel)
+        try await fixture.application.test(.router) { client in
+            let issued = try await client.send(.post, "/v1/channels/\(channel.id)/tokens", json: #"{"user":"ann","name":"Ann"}"#)
+                .decode(AdminAPI.IssuedToken.self)
+            let byID = try await client.send(.post, "/v1/channels/\(channel.id)/revocations",
+                                             json: #"{"tokenID":"\#(issued.tokenID)","reason":"phone lost"}"#)
+            #expect(byID.status == .created, "\(byID.text)")
+            #expect(try byID.decode(RevocationRecord.self).reason == "phone lost")
+            let whole = try await fixture.tokens.issue(ParticipantClaims(userID: "bob", name: "Bob", channel: channel.id,
+                                                                         capabilities: [.listen], expiresAt: Date().addingTimeInterval(600)))
+            let byToken = try await client.send(.post, "/v1/channels/\(channel.id)/revocations", json: #"{"token":"\#(whole)"}"#)
+            #expect(byToken.status == .created, "\(byToken.text)")
+            let record = try byToken.decode(RevocationRecord.self)
+            #expect(record.userID == "bob" && record.expiresAt != nil && record.reason == "revoked by an administrator")
+            #expect(hub.events.count == 2 && hub.events.first == .revoked(channel.id, issued.tokenID))
+
+            let listed = try await client.send(.get, "/v1/channels/\(channel.id)/revocations").decode([RevocationRecord].self)
+            #expect(listed.map(\.tokenID) == [issued.tokenID, record.tokenID])
+
+            let elsewhere = ChannelRecord(name: "Other")
+            try await fixture.store.createChannel(elsewhere)
+            let wrong = try await client.send(.post, "/v1/channels/\(elsewhere.id)/revocations", json: #"{"token":"\#(whole)"}"#)
+            #expect(wrong.status == .badRequest && wrong.errorMessage.contains("revoke it there"), "\(wrong.text)")
+            let neither = try await client.send(.post, "/v1/channels/\(channel.id)/revocations", json: #"{"reason":"x"}"#)
+            #expect(neither.status == .badRequest && neither.errorMessage.contains("either tokenID"), "\(neither.text)")
+            let garbage = try await client.send(.post, "/v1/channels/\(channel.id)/revocations", json: #"{"token":"a.b.c"}"#)
+            #expect(garbage.status == .badRequest, "\(garbage.text)")
+            #expect(hub.events.count == 2, "refused revocations do not reach the hub")
+        }
+    }
+
+    @Test func issuedTokensKeepToTheRosterLimits() async throws {
+        let fixture = try await AdminFixture()
+        defer { Task { await fixture.cleanUp() } }
+        let channel = ChannelRecord(name: "Ops")
+        try await fixture.store.createChannel(channel)
+        try await fixture.application.test(.router) { client in
+            let long = String(repeating: "é", count: 40)  // 40 characters, 80 bytes
+            let refused = try await client.send(.post, "/v1/channels/\(channel.id)/tokens", json: #"{"user":"ann","name":"\#(long)"}"#)
+            #expect(refused.status == .badRequest && refused.errorMessage.contains("at most 64"), "\(refused.text)")
         }
     }
 

@@ -2,6 +2,9 @@ import ChannelProtocol
 import ChannelStore
 import Crypto
 import Foundation
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
 import ParticipantTokens
 import PTTServer
 import SquelchTesting
@@ -165,6 +168,61 @@ func slot(of member: TestMember) -> UInt16? {
             #expect(got == code, "\(reason)")
             #expect(await member.waitForEvent { if case .connection(.closed) = $0 { return true } else { return false } } != nil)
         }
+        await listening.shutdown()
+        _ = await task.result
+    }
+
+    /// An admin's removal and revocation end the member's live session and keep its old token out; a
+    /// token issued after the removal gets back in.
+    @Test func removedMembersAndRevokedTokensAreKeptOut() async throws {
+        let fixture = try await ServerFixture()
+        let (task, listening) = try await fixture.start()
+        defer { task.cancel() }
+        func admin(_ method: String, _ path: String, json: String? = nil) async throws -> (status: Int, body: String) {
+            var request = URLRequest(url: try #require(URL(string: "http://127.0.0.1:\(listening.adminPort)/v1/channels/\(fixture.channel.id)\(path)")))
+            request.httpMethod = method
+            request.setValue("Bearer test-admin-key-0123456789", forHTTPHeaderField: "Authorization")
+            if let json {
+                request.setValue("application/json", forHTTPHeaderField: "Content-Type")
+                request.httpBody = Data(json.utf8)
+            }
+            let (body, response) = try await URLSession.shared.data(for: request)
+            return ((response as? HTTPURLResponse)?.statusCode ?? 0, String(decoding: body, as: UTF8.self))
+        }
+        func join(_ token: String) async throws -> (TestMember, ServerMessage?) {
+            let member = try TestMember(port: listening.voicePort, configuration: fixture.pki.client())
+            try await member.connect()
+            return (member, try await member.join(token: token, channel: fixture.channel.id))
+        }
+        func refusal(_ message: ServerMessage?) -> RefusalCode? { if case .refused(let code, _)? = message { code } else { nil } }
+
+        // Bob is removed: his session ends with the reason, and the token he holds no longer joins.
+        let bobToken = try await fixture.token("bob")
+        let (bob, bobJoined) = try await join(bobToken)
+        guard case .joined? = bobJoined else { Issue.record("bob not admitted: \(String(describing: bobJoined))"); return }
+        #expect(try await admin("DELETE", "/members/bob").status == 204)
+        let told = await bob.waitFor { if case .refused(.removedByAdmin, _) = $0 { true } else { false } }
+        #expect(told != nil, "\(bob.messages)")
+        let (_, again) = try await join(bobToken)
+        #expect(refusal(again) == .tokenRevoked, "\(String(describing: again))")
+        try await Task.sleep(for: .milliseconds(20))  // a token issued after the removal, not in its millisecond
+        let (bob2, fresh) = try await join(try await fixture.token("bob"))
+        guard case .joined? = fresh else { Issue.record("a new token did not admit bob: \(String(describing: fresh))"); return }
+
+        // Ann's token is revoked by its id while she is connected: she is told why and leaves the roster.
+        let issued = try await admin("POST", "/tokens", json: #"{"user":"ann","name":"Ann"}"#)
+        let annToken = try #require((try JSONSerialization.jsonObject(with: Data(issued.body.utf8)) as? [String: Any])?["token"] as? String)
+        let tokenID = try #require((try JSONSerialization.jsonObject(with: Data(issued.body.utf8)) as? [String: Any])?["tokenID"] as? String)
+        let (ann, annJoined) = try await join(annToken)
+        guard case .joined(_, let annSlot, _, _)? = annJoined else { Issue.record("ann not admitted: \(String(describing: annJoined))"); return }
+        let before = bob2.messages.count
+        let revoked = try await admin("POST", "/revocations", json: #"{"tokenID":"\#(tokenID)","reason":"phone lost"}"#)
+        #expect(revoked.status == 201, "\(revoked.body)")
+        let annTold = await ann.waitFor { if case .refused(.tokenRevoked, let why) = $0 { why.contains("phone lost") } else { false } }
+        #expect(annTold != nil, "\(ann.messages)")
+        #expect(await bob2.waitFor(after: before) { $0 == .participantLeft(slot: annSlot, userID: "ann") } != nil)
+        let (_, annAgain) = try await join(annToken)
+        #expect(refusal(annAgain) == .tokenRevoked)
         await listening.shutdown()
         _ = await task.result
     }

@@ -1,0 +1,165 @@
+import ArgumentParser
+import ChannelStore
+import Foundation
+import ParticipantTokens
+import PTTServer
+
+/// `squelchd token …`: participant tokens, signed with the token key in the data directory.
+struct Token: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Issue, inspect and revoke participant tokens.",
+        subcommands: [Issue.self, Inspect.self, Revoke.self])
+
+    struct Issue: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Print a participant token (an ES256 JWT signed with the server's token key).",
+            discussion: "The token key is <data-dir>/token-key.pem, made on first use. Give the token to the member's app; it joins with it.")
+
+        @Option(help: "Channel UUID the token admits to.") var channel: String
+        @Option(help: "User id (the token's subject, 1-\(ParticipantClaims.maxUserIDBytes) bytes).") var user: String
+        @Option(help: "Display name (1-\(ParticipantClaims.maxNameBytes) bytes).") var name: String
+        @Option(help: "Capabilities, comma-separated: talk, listen.") var capability = "talk,listen"
+        @Option(help: "Floor priority 0-255; a higher one pre-empts a lower one.") var priority = 0
+        @Option(help: "Role attribute (free text up to \(ParticipantClaims.maxRoleBytes) bytes, e.g. dispatcher).") var role: String?
+        @Option(help: "Lifetime: 90s, 30m, 12h, 7d.") var ttl = "12h"
+        @Option(help: "Data directory holding the token key.") var dataDir = ServerConfiguration().dataDirectory
+
+        func run() async throws {
+            guard let channelID = UUID(uuidString: channel) else {
+                throw ValidationError("--channel '\(channel)' is not a UUID; 'squelchd channel list' shows channel ids")
+            }
+            guard (0...255).contains(priority) else { throw ValidationError("--priority must be 0-255, not \(priority)") }
+            guard let lifetime = parseLifetime(ttl) else { throw ValidationError("--ttl '\(ttl)' is not a lifetime; use e.g. 90s, 30m, 12h or 7d") }
+            var capabilities = Set<Capability>()
+            for name in capability.split(separator: ",").map({ $0.trimmingCharacters(in: .whitespaces) }) {
+                guard let parsed = Capability(rawValue: name) else {
+                    throw ValidationError("unknown capability '\(name)'; use talk, listen or both (talk,listen)")
+                }
+                capabilities.insert(parsed)
+            }
+            let now = Date()
+            let claims = ParticipantClaims(userID: user, name: name, channel: channelID, capabilities: capabilities, role: role,
+                                           priority: UInt8(priority), issuedAt: now, expiresAt: now.addingTimeInterval(lifetime))
+            do throws(TokenError) { try claims.validate() } catch {
+                if case .malformed(let why) = error { throw ValidationError(why) }
+                throw ValidationError("\(error)")
+            }
+            print(try await loadAuthority(dataDir).issue(claims))
+        }
+    }
+
+    struct Inspect: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Show what a participant token holds, and whether it would be let in now.",
+            discussion: "Checks the signature with the token key in the data directory, then the times and the revocations in its database.")
+
+        @Argument(help: "The token.") var token: String
+        @Flag(help: "Print JSON instead of lines.") var json = false
+        @Option(help: "Data directory holding the token key and the database.") var dataDir = ServerConfiguration().dataDirectory
+
+        struct Report: Encodable {
+            var tokenID: String
+            var channel: UUID
+            var user: String
+            var name: String
+            var capabilities: [String]
+            var role: String?
+            var priority: Int
+            var issuedAt: Date
+            var expiresAt: Date
+            /// "valid", "expired", "notYetValid" or "revoked".
+            var status: String
+            var revocation: RevocationRecord?
+        }
+
+        func run() async throws {
+            let authority = try await loadAuthority(dataDir)
+            let claims: ParticipantClaims
+            do throws(TokenError) { claims = try await authority.inspect(token) } catch {
+                standardError("squelchd: \(error)")
+                throw ExitCode(1)
+            }
+            let revocation = try await revocationIfStored(claims)
+            let now = Date()
+            let status = revocation != nil ? "revoked"
+                : claims.expiresAt <= now ? "expired"
+                : claims.issuedAt > now.addingTimeInterval(authority.clockSkew) ? "notYetValid" : "valid"
+            let report = Report(tokenID: claims.tokenID, channel: claims.channel, user: claims.userID, name: claims.name,
+                                capabilities: claims.capabilities.sorted().map(\.rawValue), role: claims.role,
+                                priority: Int(claims.priority), issuedAt: claims.issuedAt, expiresAt: claims.expiresAt,
+                                status: status, revocation: revocation)
+            if json { return try printJSON(report) }
+            print("""
+                token id      \(report.tokenID)
+                channel       \(report.channel.uuidString)
+                user          \(report.user) (\(report.name))
+                capabilities  \(report.capabilities.joined(separator: ", "))
+                role          \(report.role ?? "(none)")
+                priority      \(report.priority)
+                issued        \(report.issuedAt.formatted(.iso8601))
+                expires       \(report.expiresAt.formatted(.iso8601))
+                status        \(status)\(revocation.map { " at \($0.revokedAt.formatted(.iso8601)): \($0.reason)" } ?? "")
+                """)
+        }
+
+        /// The revocation voiding `claims`, if the database exists (a token can be read without one).
+        func revocationIfStored(_ claims: ParticipantClaims) async throws -> RevocationRecord? {
+            let file = URL(fileURLWithPath: dataDir).appendingPathComponent(SQLiteChannelStore.defaultFileName).path
+            guard FileManager.default.fileExists(atPath: file) else { return nil }
+            return try await Channel.StoreOptions(dataDir: dataDir).withStore { db throws(StoreError) in
+                try await db.revocation(channel: claims.channel, user: claims.userID, tokenID: claims.tokenID, issuedAt: claims.issuedAt)
+            }
+        }
+    }
+
+    struct Revoke: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Revoke one participant token, so it no longer joins.",
+            discussion: """
+                Give the token itself (--token), or its channel and id (--channel and --id; the admin API's issue answer has the id). \
+                A member connected with it is removed within a second by a running server. To remove a member and every token \
+                it holds, use the admin API: DELETE /v1/channels/<id>/members/<user>.
+                """)
+
+        @Option(help: "The token to revoke.") var token: String?
+        @Option(help: "Channel UUID of the token (with --id).") var channel: String?
+        @Option(help: "Token id, the token's jti (with --channel).") var id: String?
+        @Option(help: "Why, for the log and the member (up to 200 bytes).") var reason = "revoked by an administrator"
+        @Option(help: "Data directory holding the token key and the database.") var dataDir = ServerConfiguration().dataDirectory
+
+        func validate() throws {
+            switch (token, channel, id) {
+            case (_?, nil, nil), (nil, _?, _?): break
+            default: throw ValidationError("give --token, or both --channel and --id")
+            }
+            guard reason.utf8.count <= 200 else { throw ValidationError("--reason is at most 200 bytes") }
+        }
+
+        func run() async throws {
+            let revocation: RevocationRecord
+            let now = Date()
+            if let token {
+                let authority = try await loadAuthority(dataDir)
+                let claims: ParticipantClaims
+                do throws(TokenError) { claims = try await authority.inspect(token) } catch {
+                    standardError("squelchd: \(error)")
+                    throw ExitCode(1)
+                }
+                revocation = .token(claims.tokenID, channel: claims.channel, user: claims.userID, expiresAt: claims.expiresAt,
+                                    at: now, reason: reason)
+            } else {
+                revocation = .token(id ?? "", channel: try parseChannelID(channel ?? ""), user: nil, expiresAt: nil, at: now, reason: reason)
+            }
+            let stored = try await Channel.StoreOptions(dataDir: dataDir).withStore { db throws(StoreError) in try await db.revoke(revocation) }
+            print("revoked token \(stored.tokenID ?? "") on channel \(stored.channelID.uuidString)")
+        }
+    }
+}
+
+/// The token key in `dataDir`; a broken one is a configuration error (exit 78) with its fix.
+func loadAuthority(_ dataDir: String) async throws -> TokenAuthority {
+    do { return try await TokenAuthority.loadOrCreate(in: dataDir) } catch {
+        standardError("squelchd: \(error)")
+        throw ExitCode(78)
+    }
+}
