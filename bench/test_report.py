@@ -47,6 +47,9 @@ class ReportTests(unittest.TestCase):
         self.assertIn("Debian 12", doc)
         self.assertIn("| Figure | Value | Target | Met / missed |", doc)
         self.assertIn("met (4.40 µs)", doc)  # fan-out at 200 listeners
+        self.assertIn("| Last of 200 listeners served, p99 (server) | 0.90 ms | ≤ 1.00 ms | met (0.90 ms) |", doc)
+        self.assertIn("| Floor grant p95 at 200 listeners | 6.0 ms | ≤ 5.0 ms | **missed** (6.0 ms) |", doc)
+        self.assertIn("| 50 | 3.00 µs | n/a | n/a |", doc)  # rows from before the server figures were kept
         self.assertIn("**missed** (2.55)", doc)  # the example's PESQ at 10 % loss
         self.assertNotIn("not measured in this run", doc.lower())
         for name in PLOTS:

@@ -53,10 +53,10 @@ public final class ServerMetrics: Sendable {
         storeFailures = counter("store_failures", "Database writes that failed.")
         relayFanout = registry.makeDurationHistogram(
             descriptor: MetricNameDescriptor(namespace: "squelch", metricName: "relay_fanout", unitName: "seconds",
-                                             helpText: "Time from a talker packet's arrival to its last listener's copy sealed and queued."),
+                                             helpText: "Time from a talker packet reaching the relay to its last listener's copy handed to the kernel."),
             buckets: [.microseconds(10), .microseconds(25), .microseconds(50), .microseconds(100), .microseconds(200),
-                      .microseconds(300), .microseconds(500), .microseconds(750), .milliseconds(1), .milliseconds(2),
-                      .milliseconds(5), .milliseconds(10), .milliseconds(50)])
+                      .microseconds(300), .microseconds(500), .microseconds(750), .milliseconds(1), .microseconds(1_500),
+                      .milliseconds(2), .milliseconds(3), .milliseconds(5), .milliseconds(10), .milliseconds(50)])
     }
 
     /// Adds the difference between two snapshots of the relay's counters.

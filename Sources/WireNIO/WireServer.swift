@@ -18,10 +18,14 @@ public protocol WireServerDelegate: AnyObject {
     /// The socket closed under the server (NIO closes a UDP channel on most send errors) and was
     /// bound again on the same address; sessions carry on. `error` is the last error NIO reported.
     func wireServer(_ server: WireServer, didRebindAfter error: (any Error)?)
+    /// What the read cycle, timer or command batch produced has been handed to the kernel: the
+    /// moment a relayed packet has in fact been sent to its listeners.
+    func wireServerDidFlush(_ server: WireServer)
 }
 
 extension WireServerDelegate {
     public func wireServer(_ server: WireServer, didRebindAfter error: (any Error)?) {}
+    public func wireServerDidFlush(_ server: WireServer) {}
 }
 
 /// Counters for what the adapter itself handled (the endpoint keeps its own in `Endpoint.stats`).
@@ -446,6 +450,7 @@ final class ServerCore: DatagramDriver {
         deliverEvents()
         drainOutput(now: now)
         flushSocket()
+        if let delegate, let server { delegate.wireServerDidFlush(server) }
         inCycle = false
         // A deadline the core did not move past after its timer ran would fire again at once; the
         // floor keeps such a bug from spinning the event loop.
