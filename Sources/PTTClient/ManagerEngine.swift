@@ -335,14 +335,18 @@ actor ManagerEngine {
             var clientConfiguration = ClientConfiguration(serverName: credentials.serverName ?? credentials.host, validator: validator)
             clientConfiguration.connection = configuration.connection
             let address = try SocketAddress.makeAddressResolvingHost(credentials.host, port: credentials.port)
-            client = try WireClientChannel(configuration: clientConfiguration, server: address)
+            // Audio goes from the event loop straight into the jitter buffer, stamped as it arrives,
+            // rather than through a task that a busy thread pool (or a delegate blocking one of its
+            // threads) can hold back past the buffer's patience.
+            let receiver = self.receiver
+            client = try WireClientChannel(configuration: clientConfiguration, server: address,
+                                           onDatagram: { bytes in receiver.receive(bytes) })
         } catch {
             sink.yield(.transportFailed(g, Self.describeSetup(error, credentials)))
             return
         }
         self.client = client
         let codec = MessageCodec()
-        let receiver = self.receiver
         connectionTasks = [
             Task {
                 for await event in client.events {
@@ -359,9 +363,6 @@ actor ManagerEngine {
                         break
                     }
                 }
-            },
-            Task {
-                for await datagram in client.datagrams { receiver.receive(datagram) }
             },
             Task {
                 do {

@@ -200,20 +200,19 @@ final class Receiver: Sendable {
 
     var isPlaying: Bool { configuration.makeOutput != nil && thread.isRunning }
 
-    /// One audio datagram from the server.
-    func receive(_ datagram: [UInt8], now: UInt64 = monotonicNanoseconds()) {
+    /// One audio datagram from the server. Called on the connection's event loop; `bytes` is valid
+    /// only during the call.
+    func receive(_ bytes: UnsafeRawBufferPointer, now: UInt64 = monotonicNanoseconds()) {
         guard configuration.makeOutput != nil, thread.isRunning else { return }
-        datagram.withUnsafeBytes { bytes in
-            guard let header = AudioHeader(parsing: bytes) else {
-                state.withLockedValue { $0.malformed += 1 }
-                return
-            }
-            let payload = UnsafeRawBufferPointer(rebasing: bytes[AudioHeader.size...])
-            state.withLockedValue { state in
-                _ = state.buffer.insert(slot: header.slot, burst: header.burst, sequence: header.sequence,
-                                        endOfBurst: header.flags.contains(.endOfBurst), catchUp: header.flags.contains(.catchUp),
-                                        payload: payload, now: now)
-            }
+        guard let header = AudioHeader(parsing: bytes) else {
+            state.withLockedValue { $0.malformed += 1 }
+            return
+        }
+        let payload = UnsafeRawBufferPointer(rebasing: bytes[AudioHeader.size...])
+        state.withLockedValue { state in
+            _ = state.buffer.insert(slot: header.slot, burst: header.burst, sequence: header.sequence,
+                                    endOfBurst: header.flags.contains(.endOfBurst), catchUp: header.flags.contains(.catchUp),
+                                    payload: payload, now: now)
         }
     }
 

@@ -34,16 +34,27 @@ public final class WireClientChannel: Sendable {
     /// Every client event, in order. Finishes when the session ends for good (a close or a failure
     /// that reconnecting does not fix).
     public let events: AsyncStream<ClientEvent>
-    /// Received audio datagrams. Keeps the newest 1024 if the consumer falls behind: late audio is
+    /// Received audio datagrams, unless the client was made with an `onDatagram` handler (then this
+    /// stream stays empty). Keeps the newest 1024 if the consumer falls behind: late audio is
     /// worthless, and memory must stay bounded.
     public let datagrams: AsyncStream<[UInt8]>
+
+    /// Takes each received audio datagram on the event loop, synchronously, as it is opened: the
+    /// bytes are valid only during the call, and the handler must not block. For a real-time consumer
+    /// (a jitter buffer) that must see packets when they arrive: the `datagrams` stream hands them over
+    /// through a task, which a busy cooperative thread pool can hold back for hundreds of milliseconds.
+    public typealias DatagramHandler = @Sendable (UnsafeRawBufferPointer) -> Void
+    /// Takes each client event on the event loop, synchronously, instead of `events` (which then only
+    /// finishes): for a consumer that must know when a message arrived. Must not block.
+    public typealias EventHandler = @Sendable (ClientEvent) -> Void
     let core: NIOLoopBoundBox<ClientCore>
 
     /// Prepares a client for `server`; nothing is sent until `connect()`. Throws
     /// `SocketAddressError.unsupported` for an address a UDP client can't use (Unix socket, port 0,
     /// broadcast, multicast).
     public init(configuration: ClientConfiguration, server: SocketAddress, options: UDPOptions = UDPOptions(),
-                group: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton) throws {
+                group: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton, onDatagram: DatagramHandler? = nil,
+                onEvent: EventHandler? = nil) throws {
         guard let remote = PathAddress(server), remote.isUnicastSendable else {
             throw SocketAddressError.unsupported
         }
@@ -54,7 +65,7 @@ public final class WireClientChannel: Sendable {
         self.datagrams = datagrams
         core = NIOLoopBoundBox.makeBoxSendingValue(
             ClientCore(configuration: configuration, server: server, remote: remote, options: options, eventLoop: eventLoop,
-                       events: eventSink, datagrams: datagramSink),
+                       events: eventSink, datagrams: datagramSink, onDatagram: onDatagram, onEvent: onEvent),
             as: ClientCore.self, eventLoop: eventLoop)
     }
 
@@ -133,6 +144,8 @@ final class ClientCore: DatagramDriver {
     let eventLoop: any EventLoop
     let eventSink: AsyncStream<ClientEvent>.Continuation
     let datagramSink: AsyncStream<[UInt8]>.Continuation
+    let onDatagram: WireClientChannel.DatagramHandler?
+    let onEvent: WireClientChannel.EventHandler?
     var state = State.idle
     var client: WireClient?
     var channel: (any Channel)?
@@ -152,7 +165,8 @@ final class ClientCore: DatagramDriver {
     var rebindDelay = TimeAmount.zero
 
     init(configuration: ClientConfiguration, server: SocketAddress, remote: PathAddress, options: UDPOptions, eventLoop: any EventLoop,
-         events: AsyncStream<ClientEvent>.Continuation, datagrams: AsyncStream<[UInt8]>.Continuation) {
+         events: AsyncStream<ClientEvent>.Continuation, datagrams: AsyncStream<[UInt8]>.Continuation,
+         onDatagram: WireClientChannel.DatagramHandler?, onEvent: WireClientChannel.EventHandler?) {
         self.configuration = configuration
         self.server = server
         self.remote = remote
@@ -160,6 +174,8 @@ final class ClientCore: DatagramDriver {
         self.eventLoop = eventLoop
         eventSink = events
         datagramSink = datagrams
+        self.onDatagram = onDatagram
+        self.onEvent = onEvent
         output = DatagramOutput(slot: max(configuration.connection.maxDatagramSize, 1200))
     }
 
@@ -329,7 +345,7 @@ final class ClientCore: DatagramDriver {
             return
         }
         client.receive(datagram, from: remote, now: WireNIO.now()) { payload in
-            datagramSink.yield(Array(payload))
+            if let onDatagram { onDatagram(payload) } else { datagramSink.yield(Array(payload)) }
         }
     }
 
@@ -384,7 +400,7 @@ final class ClientCore: DatagramDriver {
     func deliverEvents() {
         guard let client else { return }
         while let event = client.nextEvent() {
-            eventSink.yield(event)
+            if let onEvent { onEvent(event) } else { eventSink.yield(event) }
             if case .connection(.connected) = event {
                 for waiter in waiters { waiter.continuation.resume() }
                 waiters.removeAll()

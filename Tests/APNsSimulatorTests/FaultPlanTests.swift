@@ -118,12 +118,14 @@ import Testing
 
     @Test func aStreamStillOpenAtGoAwayIsAnsweredBeforeTheConnectionCloses() async throws {
         try await SimulatorFixture.with { fixture in
-            fixture.simulator.setFaults(APNsFaultPlan(delayMilliseconds: 300, goAwayAfterRequests: 2))
+            // The delay must outlast the wait for the GOAWAY below on a loaded machine (300 ms did not,
+            // once, in a full parallel run), or the stream is answered and the connection gone by then.
+            fixture.simulator.setFaults(APNsFaultPlan(delayMilliseconds: 2_000, goAwayAfterRequests: 2))
             let client = try await fixture.connect()
             #expect(try await fixture.push(on: client).status == 200)
             #expect(!client.rootEvents.contains { if case .goAway = $0 { true } else { false } })
 
-            // The second request triggers GOAWAY at once, but its answer is 300 ms away.
+            // The second request triggers GOAWAY at once, but its answer is 2 s away.
             let pending = Task { try await fixture.push(on: client) }
             #expect(try await client.waitFor { $0.contains { if case .goAway = $0 { true } else { false } } })
             #expect(client.rootEvents.last == .goAway(lastStreamID: 3, errorCode: 0, debugData: #"{"reason":"Shutdown"}"#))

@@ -1,6 +1,9 @@
 import Audio
 import ChannelProtocol
 import Foundation
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
 import ImpairmentKit
 import JitterBuffer
 import enum NIOCore.SocketAddress
@@ -264,7 +267,18 @@ import X509
         let sent = await ann.statistics().framesSent
         let burst = try #require(bobEvents.finishedBursts.first)
         #expect(burst.catchUp > 0, "the start of the burst came as catch-up")
-        #expect(burst.lost == 0 && burst.played == sent, "every frame from the first: \(burst), sent \(sent)")
+        if !(burst.lost == 0 && burst.played == sent) {
+            // This failed intermittently under the full suite's load while audio reached the jitter
+            // buffer through a task on the shared cooperative pool (the delegate's sleep below holds one
+            // of its two threads). If it comes back, say where the frames went; the server's counters
+            // are published once a second, so they may lag.
+            let metrics = (try? await URLSession.shared.data(from: URL(string: "http://127.0.0.1:\(fixture.listening.adminPort)/metrics")!))
+                .map { String(decoding: $0.0, as: UTF8.self) } ?? ""
+            let relevant = metrics.split(separator: "\n").filter {
+                !$0.hasPrefix("#") && ($0.contains("drop") || $0.contains("packets") || $0.contains("catch") || $0.contains("connections"))
+            }
+            Issue.record("every frame from the first: \(burst), sent \(sent); bob: \(bobEvents.all.suffix(20)); server: \(relevant)")
+        }
         #expect(!bob.isSuspended && bob.serviceStatus == .ready)
         await ann.invalidate()
         await bob.invalidate()
