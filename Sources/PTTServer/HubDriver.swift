@@ -25,13 +25,6 @@ final class HubDriver: WireServerDelegate {
     weak var server: WireServer?
     var timer = LoopTimer()
     var published = HubCounters()
-    /// When each talker packet relayed in the current read cycle reached the relay; kept to its
-    /// reserved capacity (a cycle rarely holds more than a few), so recording allocates nothing.
-    var relayedThisCycle: [WireInstant] = {
-        var starts: [WireInstant] = []
-        starts.reserveCapacity(64)
-        return starts
-    }()
 
     init(hub: ChannelHub, eventLoop: any EventLoop, tokens: TokenAuthority, writer: StoreWriter, metrics: ServerMetrics?,
          logger: Logger) {
@@ -64,17 +57,13 @@ final class HubDriver: WireServerDelegate {
 
     func wireServer(_ server: WireServer, handle: Endpoint.Handle, datagram payload: UnsafeRawBufferPointer) {
         let start = WireNIO.now()
-        let forwarded = server.withDatagramSender { send in hub.receiveAudio(from: handle, datagram: payload, send: send) }
-        if metrics != nil, forwarded > 0, relayedThisCycle.count < relayedThisCycle.capacity { relayedThisCycle.append(start) }
-    }
-
-    /// The copies of the talker packets relayed this cycle have left (`sendmmsg` returned): their
-    /// fan-out time, from the packet reaching the relay to the copy for the last listener sent.
-    func wireServerDidFlush(_ server: WireServer) {
-        guard let metrics, !relayedThisCycle.isEmpty else { return }
-        let now = WireNIO.now()
-        for start in relayedThisCycle { metrics.relayFanout.recordNanoseconds(Int64(now.since(start))) }
-        relayedThisCycle.removeAll(keepingCapacity: true)
+        // The copies leave as soon as they are sealed; the fan-out time runs to that sendmmsg.
+        let forwarded = server.withDatagramSender(sendingAtOnce: true) { send in
+            hub.receiveAudio(from: handle, datagram: payload, send: send)
+        }
+        if let metrics, forwarded > 0 {
+            metrics.relayFanout.recordNanoseconds(Int64(WireNIO.now().since(start)))
+        }
     }
 
     func wireServer(_ server: WireServer, didRebindAfter error: (any Error)?) {

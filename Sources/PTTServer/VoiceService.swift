@@ -220,10 +220,6 @@ final class ForwardingDelegate: WireServerDelegate {
     func wireServer(_ server: WireServer, didRebindAfter error: (any Error)?) {
         driver.value.wireServer(server, didRebindAfter: error)
     }
-
-    func wireServerDidFlush(_ server: WireServer) {
-        driver.value.wireServerDidFlush(server)
-    }
 }
 
 /// Runs the store writer until the voice service finishes it, then checkpoints and closes the

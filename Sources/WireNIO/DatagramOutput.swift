@@ -90,10 +90,16 @@ struct DatagramOutput {
     }
 
     mutating func flush() {
-        if let batch, batch.count > 0 { send(batch) }
+        sendBatch()
         guard needsFlush, let context else { return }
         needsFlush = false
         context.flush()
+    }
+
+    /// Hands what the batch holds to the kernel now, ahead of the cycle's flush (what NIO holds for a
+    /// full send buffer still waits for it).
+    mutating func sendBatch() {
+        if let batch, batch.count > 0 { send(batch) }
     }
 
     private mutating func send(_ batch: BatchSender) {

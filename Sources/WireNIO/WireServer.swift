@@ -18,14 +18,10 @@ public protocol WireServerDelegate: AnyObject {
     /// The socket closed under the server (NIO closes a UDP channel on most send errors) and was
     /// bound again on the same address; sessions carry on. `error` is the last error NIO reported.
     func wireServer(_ server: WireServer, didRebindAfter error: (any Error)?)
-    /// What the read cycle, timer or command batch produced has been handed to the kernel: the
-    /// moment a relayed packet has in fact been sent to its listeners.
-    func wireServerDidFlush(_ server: WireServer)
 }
 
 extension WireServerDelegate {
     public func wireServer(_ server: WireServer, didRebindAfter error: (any Error)?) {}
-    public func wireServerDidFlush(_ server: WireServer) {}
 }
 
 /// Counters for what the adapter itself handled (the endpoint keeps its own in `Endpoint.stats`).
@@ -118,8 +114,15 @@ public final class WireServer: Sendable {
     /// Calls `body` with a function that does what `sendDatagram` does, for sending many datagrams
     /// at once: the relay's fan-out. The clock is read and the server's state checked once for all
     /// of them. The function is valid only during the call. Event loop only.
-    public func withDatagramSender<Result>(_ body: ((UnsafeRawBufferPointer, Endpoint.Handle) -> Bool) -> Result) -> Result {
-        core.value.withDatagramSender(body)
+    ///
+    /// With `sendingAtOnce`, what `body` sent goes to the kernel when it returns rather than with the
+    /// read cycle's flush: a talker packet's copies then don't wait behind the rest of the cycle
+    /// (listeners' ACKs, other connections' packets).
+    public func withDatagramSender<Result>(sendingAtOnce: Bool = false,
+                                           _ body: ((UnsafeRawBufferPointer, Endpoint.Handle) -> Bool) -> Result) -> Result {
+        let result = core.value.withDatagramSender(body)
+        if sendingAtOnce { core.value.output.sendBatch() }
+        return result
     }
 
     /// Closes one connection with CONNECTION_CLOSE. Event loop only.
@@ -450,7 +453,6 @@ final class ServerCore: DatagramDriver {
         deliverEvents()
         drainOutput(now: now)
         flushSocket()
-        if let delegate, let server { delegate.wireServerDidFlush(server) }
         inCycle = false
         // A deadline the core did not move past after its timer ran would fire again at once; the
         // floor keeps such a bug from spinning the event loop.
