@@ -47,6 +47,35 @@ public final class SQLiteChannelStore: ChannelStore {
         config.label = "squelch"
         config.foreignKeysEnabled = true
         config.busyMode = .timeout(Self.busyTimeoutSeconds)
+        // Several processes may open a new file at once (a server and the CLI started together). One
+        // of them can get SQLITE_BUSY at once, without the busy handler (switching a new file to WAL,
+        // or upgrading a read to a write while another commits), or find the other's migrations half
+        // done (each runs in its own transaction): then it tries again until the other is through.
+        let deadline = Date().addingTimeInterval(Self.busyTimeoutSeconds)
+        while true {
+            do throws(OpenFailure) {
+                pool = try Self.openAndMigrate(path, config)
+                return
+            } catch {
+                switch error {
+                case .retry(let cause, let context):
+                    guard Date() < deadline else { throw Self.storeError(context, cause) }
+                    usleep(20_000)
+                case .final(let storeError):
+                    throw storeError
+                }
+            }
+        }
+    }
+
+    private enum OpenFailure: Error {
+        /// Possibly another process's open in progress; worth another try.
+        case retry(any Error, context: String)
+        case final(StoreError)
+    }
+
+    private static func openAndMigrate(_ path: String, _ config: Configuration) throws(OpenFailure) -> DatabasePool {
+        let pool: DatabasePool
         do {
             pool = try DatabasePool(path: path, configuration: config)
             // FULL, not GRDB's WAL default NORMAL: NORMAL already survives `kill -9` (the WAL is in the
@@ -56,26 +85,31 @@ public final class SQLiteChannelStore: ChannelStore {
             // GRDB's WAL setup switches the writer to NORMAL; only the writer connection commits.
             try pool.writeWithoutTransaction { try $0.execute(sql: "PRAGMA synchronous = FULL") }
         } catch {
-            throw Self.storeError("cannot open the database \(path)", error)
+            let context = "cannot open the database \(path)"
+            if let database = error as? DatabaseError, database.resultCode == .SQLITE_BUSY || database.resultCode == .SQLITE_LOCKED {
+                throw .retry(error, context: context)
+            }
+            throw .final(storeError(context, error))
         }
 
         let migrator = Self.migrator
+        let context = "cannot prepare the schema of \(path)"
         do {
             let unknown = try pool.read { db in try migrator.appliedIdentifiers(db).subtracting(migrator.migrations) }
             if !unknown.isEmpty {
-                throw StoreError.database("\(path) has schema version(s) \(unknown.sorted().joined(separator: ", ")) from a newer squelchd; run that version, or restore a backup made before the upgrade")
+                throw OpenFailure.final(.database("\(path) has schema version(s) \(unknown.sorted().joined(separator: ", ")) from a newer squelchd; run that version, or restore a backup made before the upgrade"))
             }
-            do {
-                try migrator.migrate(pool)
-            } catch {
-                // GRDB checks which migrations are applied before taking the write lock, so a second
-                // process opening a new file at the same moment can lose the race and fail on
-                // "table exists". The other process's migration is just as good.
-                guard try pool.read(migrator.hasCompletedMigrations) else { throw error }
-            }
+            try migrator.migrate(pool)
+        } catch let failure as OpenFailure {
+            throw failure
         } catch {
-            throw Self.storeError("cannot prepare the schema of \(path)", error)
+            // GRDB checks which migrations are applied before taking the write lock, so a process
+            // opening a new file at the same moment as another can fail on "table exists", or on a
+            // lock. The other process's migration is just as good once it is complete.
+            if (try? pool.read(migrator.hasCompletedMigrations)) == true { return pool }
+            throw .retry(error, context: context)
         }
+        return pool
     }
 
     // MARK: Schema
