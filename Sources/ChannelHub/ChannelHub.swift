@@ -118,23 +118,21 @@ public final class ChannelHub {
         if member.pushToken != nil { outputs.append(.memberGone(channel: id, member: member.record(channel: id, lastSeen: time.date))) }
     }
 
-    /// A revocation, possibly made by another process (`squelchd token revoke`): a member whose live
-    /// session rests on a token it voids is removed, with the revocation's reason. A member revocation
-    /// spares a member that has since joined with a token issued after it.
+    /// A revocation, possibly made by another process (`squelchd token revoke`): a member whose
+    /// token it voids is removed, with its reason. A member revocation spares a member that has since
+    /// joined with a token issued after it, and removes a stored member that has not joined since the
+    /// server started (its token is unknown; it was removed).
     public func apply(_ revocation: RevocationRecord, at time: HubTime) {
         guard let channel = channels[revocation.channelID] else { return }
+        let id = channel.record.id
         for member in Array(channel.members.values) {
-            let void: Bool
-            if let tokenID = revocation.tokenID {
-                void = member.tokenID == tokenID
-            } else {
-                void = member.userID == revocation.userID && (member.tokenIssuedAt.map { $0 < revocation.revokedAt } ?? true)
-            }
+            let void = member.token.map { revocation.voids(channel: id, user: member.userID, tokenID: $0.id, issuedAt: $0.issuedAt) }
+                ?? (revocation.tokenID == nil && revocation.userID == member.userID)
             guard void else { continue }
             if revocation.tokenID == nil {
-                removeMember(channel: channel.record.id, user: member.userID, at: time)
+                removeMember(channel: id, user: member.userID, at: time)
             } else {
-                removeMember(channel: channel.record.id, user: member.userID, at: time, code: .tokenRevoked,
+                removeMember(channel: id, user: member.userID, at: time, code: .tokenRevoked,
                              reason: "your participant token was revoked (\(revocation.reason)); ask the channel's administrator for a new one")
             }
         }
@@ -287,8 +285,7 @@ public final class ChannelHub {
         member.priority = claims.priority
         member.canTalk = claims.capabilities.contains(.talk)
         member.canListen = claims.capabilities.contains(.listen)
-        member.tokenID = claims.tokenID
-        member.tokenIssuedAt = claims.issuedAt
+        member.token = (claims.tokenID, claims.issuedAt)
         member.link = link
         member.connection = .connected
         member.reconnectingUntil = nil

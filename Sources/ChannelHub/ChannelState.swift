@@ -29,11 +29,10 @@ struct Member {
     var burstStartedAt: Date?
     /// User ids this member chose not to hear (`setSubscriptions`).
     var unheard: Set<String> = []
-    /// The token it joined with (`jti`, `iat`), so that revoking that token, or removing the member
-    /// from another process, reaches a live session. Nil for members loaded from the store that have
-    /// not joined since the server started.
-    var tokenID: String?
-    var tokenIssuedAt: Date?
+    /// The token it joined with, so that revoking that token, or removing the member from another
+    /// process, reaches a live session. Nil for members loaded from the store that have not joined
+    /// since the server started.
+    var token: (id: String, issuedAt: Date)?
 
     /// Whether this member takes audio from `talker` at all: it may listen and has not unsubscribed.
     func hears(_ talker: Member) -> Bool { canListen && !unheard.contains(talker.userID) }

@@ -164,11 +164,20 @@ public struct RevocationRecord: Codable, Sendable, Equatable {
         return userID == user && issuedAt < revokedAt
     }
 
+    /// Longest token id (as `ParticipantClaims.maxTokenIDBytes`) and reason, in UTF-8 bytes.
+    public static let maxTokenIDBytes = 128
+    public static let maxReasonBytes = 200
+
+    /// The one check of what a revocation may hold; the admin API and the CLI rely on it.
     public func validate() throws(StoreError) {
         guard tokenID != nil || userID != nil else { throw .invalid("a revocation names a token id, a user, or both") }
-        if let tokenID, tokenID.isEmpty || tokenID.utf8.count > 128 { throw .invalid("a token id is 1-128 bytes") }
-        if let userID, userID.isEmpty || userID.utf8.count > 256 { throw .invalid("a user id is 1-256 bytes") }
-        guard reason.utf8.count <= 200 else { throw .invalid("a revocation reason is at most 200 bytes") }
+        if let tokenID, tokenID.isEmpty || tokenID.utf8.count > Self.maxTokenIDBytes {
+            throw .invalid("a token id is 1-\(Self.maxTokenIDBytes) bytes")
+        }
+        if let userID, userID.isEmpty || userID.utf8.count > ControlLimits.maxUserIDBytes {
+            throw .invalid("a user id is 1-\(ControlLimits.maxUserIDBytes) bytes")
+        }
+        guard reason.utf8.count <= Self.maxReasonBytes else { throw .invalid("a revocation reason is at most \(Self.maxReasonBytes) bytes") }
     }
 }
 
@@ -229,8 +238,8 @@ public protocol ChannelStore: Sendable {
     func revoke(_ revocation: RevocationRecord) async throws(StoreError) -> RevocationRecord
     /// The revocation that voids a token with these claims, if any: checked on every join.
     func revocation(channel: UUID, user: String, tokenID: String, issuedAt: Date) async throws(StoreError) -> RevocationRecord?
-    /// Revocations stored after `sequence`, oldest first.
-    func revocations(after sequence: Int64) async throws(StoreError) -> [RevocationRecord]
+    /// Revocations stored after `sequence`, oldest first; only `channel`'s when given.
+    func revocations(after sequence: Int64, channel: UUID?) async throws(StoreError) -> [RevocationRecord]
 
     // Server keys (transport reset key, address-token key, …), created once and kept.
     func serverKey(named name: String) async throws(StoreError) -> [UInt8]?

@@ -340,10 +340,11 @@ public final class SQLiteChannelStore: ChannelStore {
         }
     }
 
-    public func revocations(after sequence: Int64) async throws(StoreError) -> [RevocationRecord] {
+    public func revocations(after sequence: Int64, channel: UUID?) async throws(StoreError) -> [RevocationRecord] {
         try await read("read revocations") { db in
-            try RevocationRow.filter(RevocationRow.Columns.sequence > sequence).order(RevocationRow.Columns.sequence)
-                .fetchAll(db).map { row throws(StoreError) in try row.record() }
+            var request = RevocationRow.filter(RevocationRow.Columns.sequence > sequence)
+            if let channel { request = request.filter(RevocationRow.Columns.channelID == channel.uuidString) }
+            return try request.order(RevocationRow.Columns.sequence).fetchAll(db).map { row throws(StoreError) in try row.record() }
         }
     }
 

@@ -65,7 +65,7 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
         let initialRevision = try await store.revision()
         // Joins check the store, so revocations made before this start need no replay; the ones made
         // later, by any process, reach live sessions through the revision poll.
-        let initialRevocation = try await store.revocations(after: 0).last?.sequence ?? 0
+        let initialRevocation = try await store.revocations(after: 0, channel: nil).last?.sequence ?? 0
         for channel in try await store.channels() {
             hub.upsertChannel(channel, members: try await store.members(of: channel.id))
         }
@@ -149,7 +149,7 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
     /// Applies revocations stored after `sequence` (by the CLI, or the admin API, whose own ones the
     /// hub has seen already and ignores); returns the last one's sequence.
     func applyRevocations(after sequence: Int64) async throws -> Int64 {
-        let fresh = try await store.revocations(after: sequence)
+        let fresh = try await store.revocations(after: sequence, channel: nil)
         guard let last = fresh.last else { return sequence }
         _ = await onLoop { driver in
             for revocation in fresh { driver.hub.apply(revocation, at: HubDriver.now()) }

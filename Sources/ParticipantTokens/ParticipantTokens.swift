@@ -45,20 +45,27 @@ public struct ParticipantClaims: Sendable, Equatable {
     public static let maxTokenIDBytes = 128
 
     /// Checks the fields a token may carry; the message says which one and what is allowed.
-    public func validate() throws(TokenError) {
-        func check(_ value: String, _ field: String, max: Int, empty: Bool = false) throws(TokenError) {
-            if !empty && value.isEmpty { throw .malformed("\(field) is empty") }
-            if value.utf8.count > max { throw .malformed("\(field) is \(value.utf8.count) bytes; at most \(max)") }
+    public func validate() throws(InvalidClaims) {
+        func check(_ value: String, _ field: String, max: Int, empty: Bool = false) throws(InvalidClaims) {
+            if !empty && value.isEmpty { throw InvalidClaims("\(field) is empty") }
+            if value.utf8.count > max { throw InvalidClaims("\(field) is \(value.utf8.count) bytes; at most \(max)") }
             if value.unicodeScalars.contains(where: { $0.properties.generalCategory == .control }) {
-                throw .malformed("\(field) contains control characters")
+                throw InvalidClaims("\(field) contains control characters")
             }
         }
         try check(userID, "the user id", max: Self.maxUserIDBytes)
         try check(name, "the name", max: Self.maxNameBytes)
         if let role { try check(role, "the role", max: Self.maxRoleBytes, empty: true) }
         try check(tokenID, "the token id", max: Self.maxTokenIDBytes)
-        if capabilities.isEmpty { throw .malformed("the token grants no capability (talk, listen)") }
+        if capabilities.isEmpty { throw InvalidClaims("the token grants no capability (talk, listen)") }
     }
+}
+
+/// Claims no token may carry, with what is wrong in words for whoever asked for the token.
+public struct InvalidClaims: Error, Sendable, CustomStringConvertible {
+    public let message: String
+    public init(_ message: String) { self.message = message }
+    public var description: String { message }
 }
 
 /// Why a token was refused. Each has its own code, which the server sends back to the client so
@@ -192,7 +199,7 @@ public struct TokenAuthority: Sendable {
         let claims = ParticipantClaims(userID: payload.sub.value, name: payload.name, channel: tokenChannel, capabilities: capabilities,
                                        role: payload.attributes.role, priority: UInt8(payload.attributes.priority),
                                        issuedAt: payload.iat.value, expiresAt: payload.exp.value, tokenID: payload.jti.value)
-        try claims.validate()
+        do throws(InvalidClaims) { try claims.validate() } catch { throw .malformed(error.message) }
         return claims
     }
 }

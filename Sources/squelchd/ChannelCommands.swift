@@ -172,6 +172,8 @@ extension Channel {
         /// For commands that take the data directory as their own option.
         init(dataDir: String) { self.dataDir = dataDir }
 
+        var databasePath: String { URL(fileURLWithPath: dataDir).appendingPathComponent(SQLiteChannelStore.defaultFileName).path }
+
         /// Repeats a non-default --data-dir in hints, so a copied command acts on the same database.
         var dataDirFlag: String { dataDir == ServerConfiguration().dataDirectory ? "" : " --data-dir \(dataDir)" }
 
@@ -181,7 +183,7 @@ extension Channel {
         /// a `list` run from the wrong directory should say so rather than leave an empty database there.
         func withStore<T: Sendable>(creating: Bool = false,
                                     _ body: (SQLiteChannelStore) async throws(StoreError) -> T) async throws -> T {
-            let file = URL(fileURLWithPath: dataDir).appendingPathComponent(SQLiteChannelStore.defaultFileName).path
+            let file = databasePath
             guard creating || FileManager.default.fileExists(atPath: file) else {
                 throw fail(.database("no database at \(file); pass the server's --data-dir, or create a channel first"))
             }

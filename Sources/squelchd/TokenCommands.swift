@@ -40,10 +40,7 @@ struct Token: AsyncParsableCommand {
             let now = Date()
             let claims = ParticipantClaims(userID: user, name: name, channel: channelID, capabilities: capabilities, role: role,
                                            priority: UInt8(priority), issuedAt: now, expiresAt: now.addingTimeInterval(lifetime))
-            do throws(TokenError) { try claims.validate() } catch {
-                if case .malformed(let why) = error { throw ValidationError(why) }
-                throw ValidationError("\(error)")
-            }
+            do throws(InvalidClaims) { try claims.validate() } catch { throw ValidationError(error.message) }
             print(try await loadAuthority(dataDir).issue(claims))
         }
     }
@@ -104,9 +101,9 @@ struct Token: AsyncParsableCommand {
 
         /// The revocation voiding `claims`, if the database exists (a token can be read without one).
         func revocationIfStored(_ claims: ParticipantClaims) async throws -> RevocationRecord? {
-            let file = URL(fileURLWithPath: dataDir).appendingPathComponent(SQLiteChannelStore.defaultFileName).path
-            guard FileManager.default.fileExists(atPath: file) else { return nil }
-            return try await Channel.StoreOptions(dataDir: dataDir).withStore { db throws(StoreError) in
+            let store = Channel.StoreOptions(dataDir: dataDir)
+            guard FileManager.default.fileExists(atPath: store.databasePath) else { return nil }
+            return try await store.withStore { db throws(StoreError) in
                 try await db.revocation(channel: claims.channel, user: claims.userID, tokenID: claims.tokenID, issuedAt: claims.issuedAt)
             }
         }
@@ -124,7 +121,7 @@ struct Token: AsyncParsableCommand {
         @Option(help: "The token to revoke.") var token: String?
         @Option(help: "Channel UUID of the token (with --id).") var channel: String?
         @Option(help: "Token id, the token's jti (with --channel).") var id: String?
-        @Option(help: "Why, for the log and the member (up to 200 bytes).") var reason = "revoked by an administrator"
+        @Option(help: "Why, for the log and the member (up to \(RevocationRecord.maxReasonBytes) bytes).") var reason = "revoked by an administrator"
         @Option(help: "Data directory holding the token key and the database.") var dataDir = ServerConfiguration().dataDirectory
 
         func validate() throws {
@@ -132,7 +129,6 @@ struct Token: AsyncParsableCommand {
             case (_?, nil, nil), (nil, _?, _?): break
             default: throw ValidationError("give --token, or both --channel and --id")
             }
-            guard reason.utf8.count <= 200 else { throw ValidationError("--reason is at most 200 bytes") }
         }
 
         func run() async throws {

@@ -51,6 +51,26 @@ import Wire
         return Server(process: process, log: log, voicePort: voicePort, adminPort: boundAdmin)
     }
 
+    /// A fresh directory with certificates from the real script and an empty data directory, and a
+    /// client configuration that trusts the certificates' CA. `cleanUp` removes the directory.
+    struct Workspace {
+        let root: URL
+        let certs: String
+        let data: String
+        let client: ClientConfiguration
+
+        init(_ prefix: String) throws {
+            root = FileManager.default.temporaryDirectory.appendingPathComponent("\(prefix)-\(UUID())")
+            certs = root.appendingPathComponent("certs").path
+            data = root.appendingPathComponent("data").path
+            try Executables.makeDevCertificates(into: certs)
+            let ca = try String(contentsOfFile: certs + "/ca.pem", encoding: .utf8)
+            client = ClientConfiguration(serverName: "127.0.0.1", validator: try CertificateValidator(caPEM: ca))
+        }
+
+        func cleanUp() { try? FileManager.default.removeItem(at: root) }
+    }
+
     /// The number after the first "127.0.0.1:" in `text`.
     static func firstPort(in text: String) -> Int? {
         guard let range = text.range(of: #"127\.0\.0\.1:\d+"#, options: .regularExpression) else { return nil }
@@ -129,17 +149,12 @@ import Wire
 
     @Test func squelchdKeepsChannelsMembersPushTokensAndTheLogThroughKill9() async throws {
         let started = Date()
-        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("kill-restart-\(UUID())")
-        defer { try? FileManager.default.removeItem(at: dir) }
-        let certs = dir.appendingPathComponent("certs").path
-        let data = dir.appendingPathComponent("data").path
+        // 1. Certificates from the real script.
+        let workspace = try Workspace("kill-restart")
+        defer { workspace.cleanUp() }
+        let (certs, data, configuration) = (workspace.certs, workspace.data, workspace.client)
         let reaper = Reaper()
         defer { reaper.killAll() }
-
-        // 1. Certificates from the real script.
-        try Executables.makeDevCertificates(into: certs)
-        let ca = try String(contentsOfFile: certs + "/ca.pem", encoding: .utf8)
-        let configuration = ClientConfiguration(serverName: "127.0.0.1", validator: try CertificateValidator(caPEM: ca))
 
         // 2. A channel and two tokens, with the CLI.
         let created = try squelchd(["channel", "create", "--name", "Ops", "--data-dir", data])
@@ -248,15 +263,11 @@ import Wire
     /// A token revoked with the CLI (another process than the server) ends its live session within
     /// the server's one-second poll, and stays revoked through `kill -9`, as does a removed member's.
     @Test func revocationsReachTheRunningServerAndSurviveKill9() async throws {
-        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("revoke-\(UUID())")
-        defer { try? FileManager.default.removeItem(at: dir) }
-        let certs = dir.appendingPathComponent("certs").path
-        let data = dir.appendingPathComponent("data").path
+        let workspace = try Workspace("revoke")
+        defer { workspace.cleanUp() }
+        let (certs, data, configuration) = (workspace.certs, workspace.data, workspace.client)
         let reaper = Reaper()
         defer { reaper.killAll() }
-        try Executables.makeDevCertificates(into: certs)
-        let ca = try String(contentsOfFile: certs + "/ca.pem", encoding: .utf8)
-        let configuration = ClientConfiguration(serverName: "127.0.0.1", validator: try CertificateValidator(caPEM: ca))
         let created = try squelchd(["channel", "create", "--name", "Ops", "--data-dir", data])
         let channel = try #require(UUID(uuidString: created.out.trimmingCharacters(in: .whitespacesAndNewlines)), "\(created.err)")
         func issue(_ user: String) throws -> String {

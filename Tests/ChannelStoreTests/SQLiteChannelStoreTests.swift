@@ -300,6 +300,12 @@ private func message(_ error: StoreError?) -> String {
         // Another token of the same user, the same id on another channel: both good.
         #expect(try await store.revocation(channel: channel.id, user: "ann", tokenID: "jti-2", issuedAt: now.addingTimeInterval(-60)) == nil)
         #expect(try await store.revocation(channel: UUID(), user: "ann", tokenID: "jti-1", issuedAt: now) == nil)
+        // Listing by channel leaves out the other channel's.
+        let other = makeChannel("Other")
+        try await store.createChannel(other)
+        let elsewhere = try await store.revoke(.member(channel: other.id, user: "bob", at: now, reason: "removed"))
+        #expect(try await store.revocations(after: 0, channel: channel.id) == [stored])
+        #expect(try await store.revocations(after: 0, channel: nil) == [stored, elsewhere])
     }
 
     @Test func removingAMemberVoidsItsEarlierTokensOnly() async throws {
@@ -319,9 +325,9 @@ private func message(_ error: StoreError?) -> String {
         let second = try await store.revoke(.member(channel: channel.id, user: "bob", at: later, reason: "removed again"))
         #expect(try await store.revocation(channel: channel.id, user: "bob", tokenID: "new", issuedAt: removal.addingTimeInterval(1))?.sequence
                 == second.sequence)
-        let all = try await store.revocations(after: 0)
+        let all = try await store.revocations(after: 0, channel: nil)
         #expect(all.map(\.sequence) == [second.sequence], "\(all)")
-        #expect(try await store.revocations(after: second.sequence).isEmpty)
+        #expect(try await store.revocations(after: second.sequence, channel: nil).isEmpty)
     }
 
     @Test func expiredTokenRevocationsArePrunedAndBadOnesRefused() async throws {
@@ -332,7 +338,7 @@ private func message(_ error: StoreError?) -> String {
         let expired = try await store.revoke(.token("gone", channel: channel.id, user: nil, expiresAt: now.addingTimeInterval(-5), at: now,
                                                     reason: "r"))
         let kept = try await store.revoke(.token("kept", channel: channel.id, user: nil, expiresAt: nil, at: now, reason: "r"))
-        #expect(try await store.revocations(after: 0).map(\.sequence) == [kept.sequence], "the next revocation prunes \(expired.sequence)")
+        #expect(try await store.revocations(after: 0, channel: nil).map(\.sequence) == [kept.sequence], "the next revocation prunes \(expired.sequence)")
 
         #expect(await storeError { _ = try await store.revoke(.token("x", channel: UUID(), user: nil, expiresAt: nil, at: now, reason: "r")) }
                 .map { if case .channelNotFound = $0 { true } else { false } } == true)
@@ -352,7 +358,7 @@ private func message(_ error: StoreError?) -> String {
         _ = try await other.revoke(.member(channel: channel.id, user: "ann", at: ms(), reason: "removed"))
         try await other.close()
         #expect(try await store.revision() > before)
-        #expect(try await store.revocations(after: 0).count == 1)
+        #expect(try await store.revocations(after: 0, channel: nil).count == 1)
     }
 
     @Test func aVersion1DatabaseIsUpgradedWithItsData() async throws {
@@ -370,7 +376,7 @@ private func message(_ error: StoreError?) -> String {
         let store = try open()
         #expect(try await store.channel(channel.id)?.name == "Ops")
         _ = try await store.revoke(.member(channel: channel.id, user: "ann", at: ms(), reason: "removed"))
-        #expect(try await store.revocations(after: 0).count == 1)
+        #expect(try await store.revocations(after: 0, channel: nil).count == 1)
     }
 
     @Test func schemaVersionIsRecorded() async throws {
