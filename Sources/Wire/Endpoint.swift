@@ -61,7 +61,11 @@ public final class Endpoint {
     var generations: [UInt32] = []
     var free: [UInt32] = []
     var routes: [ConnectionID: Handle] = [:]
+    /// Connections that may have output, in the order they got it: `poll` serves them first come,
+    /// first served from `dirtyHead`, so a reply to one member goes out before the notices the same
+    /// command queued for everyone else (a floor grant before 200 `taken`s).
     var dirty: [Handle] = []
+    var dirtyHead = 0
     var timers = DeadlineHeap()
     var outbox: [([UInt8], PathAddress)] = []
     var events = EventQueue<(Handle, ConnectionEvent)>()
@@ -283,16 +287,25 @@ public final class Endpoint {
             bytes.withUnsafeBytes { buffer.copyMemory(from: $0) }
             return Transmit(count: bytes.count, address: address)
         }
-        while let handle = dirty.last {
-            guard let connection = connection(handle) else { dirty.removeLast(); continue }
+        while dirtyHead < dirty.count {
+            let handle = dirty[dirtyHead]
+            guard let connection = connection(handle) else { dirtyHead += 1; continue }
             if let transmit = connection.poll(into: buffer, now: now) {
                 touched(handle, now: now)
                 return transmit
             }
-            dirty.removeLast()
+            dirtyHead += 1
             slots[Int(handle.index)]?.dirty = false
             touched(handle, now: now, markDirty: false)
+            // Drains cut short by the adapter's bound leave a served prefix behind; drop it before
+            // it outgrows the queue itself.
+            if dirtyHead >= 1024, dirtyHead * 2 >= dirty.count {
+                dirty.removeFirst(dirtyHead)
+                dirtyHead = 0
+            }
         }
+        dirty.removeAll(keepingCapacity: true)
+        dirtyHead = 0
         return nil
     }
 

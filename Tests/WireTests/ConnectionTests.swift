@@ -65,6 +65,32 @@ import Testing
     }
 }
 
+/// The order in which the endpoint serves connections with output.
+@Suite struct OutputOrderTests {
+    /// A reply queued for one connection leaves before the notices the same command then queued for
+    /// all the others: a floor grant must not wait behind 200 `taken`s.
+    @Test func connectionsAreServedInTheOrderTheirOutputWasQueued() async throws {
+        let pki = try TestPKI()
+        let sim = Simulation(seed: 11, pki: pki, secrets: try pki.secrets())
+        let count = 6
+        for _ in 0..<count { sim.addClient() }
+        var handles: [Endpoint.Handle] = []
+        for index in 0..<count { handles.append(try await sim.connect(index)) }
+        await sim.run(for: seconds(1))  // handshakes and their ACKs settle
+        for order in [Array(0..<count), Array((0..<count).reversed()), [3, 0, 5, 1, 4, 2]] {
+            for index in order { try sim.endpoint.sendControl([UInt8(index)], to: handles[index], now: sim.network.now) }
+            var destinations: [PathAddress] = []
+            while let transmit = sim.buffer.withUnsafeMutableBytes({ sim.endpoint.poll(into: $0, now: sim.network.now) }) {
+                destinations.append(transmit.address)
+                sim.network.send(Array(sim.buffer[..<transmit.count]), from: sim.serverAddress, to: transmit.address)
+            }
+            #expect(destinations == order.map { sim.clientAddresses[$0] })
+            await sim.run(for: seconds(1))
+        }
+        for index in 0..<count { #expect(sim.controlMessages(client: index) == [[UInt8(index)], [UInt8(index)], [UInt8(index)]]) }
+    }
+}
+
 extension Simulation {
     func clientError(_ index: Int) -> ConnectionError? {
         clientEvents[index].lazy.compactMap { if case .connection(.closed(let e)) = $0 { return e } else { return nil } }.first
