@@ -75,6 +75,7 @@ let package = Package(
         .target(name: "SquelchTesting", dependencies: [
             "Wire", "WireNIO", "ChannelProtocol",
             .product(name: "NIOCore", package: "swift-nio"),
+            .product(name: "NIOPosix", package: "swift-nio"),
             .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
         ], swiftSettings: swift6),
         .target(name: "ChannelHub", dependencies: [
@@ -156,8 +157,9 @@ let package = Package(
         .executableTarget(name: "ptt-example", dependencies: ["PTTClient", "Audio"], path: "Examples/PTTExample", swiftSettings: swift6),
         .executableTarget(name: "squelch-bench", dependencies: [
             "Opus", "Audio", "SquelchInfo", "Wire", "WireNIO", "WireTesting", "SquelchTesting", "ChannelProtocol",
-            "ParticipantTokens", "APNs", "APNsSimulator", "APNsDevice", "ChannelStore", "PTTClient", "JitterBuffer", "ImpairmentKit",
+            "ParticipantTokens", "APNs", "APNsSimulator", "APNsDevice", "ChannelStore", "PTTClient", "JitterBuffer", "ImpairmentKit", "CUDPBatch",
             .product(name: "NIOCore", package: "swift-nio"),
+            .product(name: "NIOPosix", package: "swift-nio"),
             .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
             .product(name: "Crypto", package: "swift-crypto"),
             .product(name: "ArgumentParser", package: "swift-argument-parser"),

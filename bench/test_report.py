@@ -48,7 +48,7 @@ class ReportTests(unittest.TestCase):
         self.assertIn("| Figure | Value | Target | Met / missed |", doc)
         self.assertIn("met (4.40 µs)", doc)  # fan-out at 200 listeners
         self.assertIn("| Last of 200 listeners served, p99 (server) | 0.90 ms | ≤ 1.00 ms | met (0.90 ms) |", doc)
-        self.assertIn("| Floor grant p95 at 200 listeners | 6.0 ms | ≤ 5.0 ms | **missed** (6.0 ms) |", doc)
+        self.assertIn("| Floor grant p95 at 200 listeners, idle channel | 6.0 ms | ≤ 5.0 ms | **missed** (6.0 ms) |", doc)
         self.assertIn("| 50 | 3.00 µs | n/a | n/a |", doc)  # rows from before the server figures were kept
         self.assertIn("**missed** (2.55)", doc)  # the example's PESQ at 10 % loss
         self.assertNotIn("not measured in this run", doc.lower())
@@ -107,6 +107,21 @@ class ReportTests(unittest.TestCase):
         self.assertIn("no 200-listener point", doc)
         self.assertTrue((self.plots / "mouth-to-ear.png").exists())
         self.assertFalse((self.plots / "quality.png").exists())
+
+    def test_kernel_floor_table_only_with_floor_figures(self):
+        row = {"listeners": 200, "cpu_us_per_packet": 7.5, "relay_p99_ms": 0.9}
+        floor = {"floor_cpu_us_per_datagram": 5.25, "floor_burst_p50_ms": 1.43, "floor_burst_p99_ms": 1.9}
+        p = self.run_report(self.write_results({"fanout": [row]}))
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertNotIn("kernel's floor", self.md.read_text())
+        p = self.run_report(self.write_results({"fanout": [{**row, **floor}]}, "floor.json"))
+        self.assertEqual(p.returncode, 0, p.stderr)
+        doc = self.md.read_text()
+        self.assertIn("kernel's floor", doc)
+        self.assertIn("| 200 | 5.25 µs | 1.43 ms | 1.90 ms |", doc)
+        p = self.run_report(self.write_results({"fanout": [{**row, "floor_burst_p50_ms": "fast"}]}, "bad.json"))
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("fanout[0].floor_burst_p50_ms", p.stderr)
 
     def test_bad_input_exits_2_with_message(self):
         cases = {

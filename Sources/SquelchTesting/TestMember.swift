@@ -2,6 +2,7 @@ import ChannelProtocol
 import Foundation
 import NIOConcurrencyHelpers
 import NIOCore
+import NIOPosix
 import Wire
 import WireNIO
 
@@ -23,14 +24,17 @@ public final class TestMember: Sendable {
         var events: [ClientEvent] = []
     }
 
-    public init(port: Int, configuration: ClientConfiguration, host: String = "127.0.0.1") throws {
+    /// `group`: where the member's event loop comes from. A benchmark gives the member it measures a
+    /// loop of its own, as its own device would have, rather than one it shares with a hundred others.
+    public init(port: Int, configuration: ClientConfiguration, host: String = "127.0.0.1",
+                group: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton) throws {
         let state = self.state
         let codec = self.codec
         // Messages and audio are kept on the event loop as they are opened, so their arrival times
         // are the packets', not those of a task the cooperative pool got round to (the fan-out
         // benchmark's grant and delivery times are read from them).
         client = try WireClientChannel(
-            configuration: configuration, server: try SocketAddress(ipAddress: host, port: port),
+            configuration: configuration, server: try SocketAddress(ipAddress: host, port: port), group: group,
             onDatagram: { bytes in
                 let now = WireNIO.now().nanoseconds
                 let datagram = Array(bytes)

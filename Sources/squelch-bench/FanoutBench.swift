@@ -2,6 +2,7 @@ import ArgumentParser
 import ChannelProtocol
 import Foundation
 import NIOConcurrencyHelpers
+import NIOPosix
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
@@ -21,7 +22,7 @@ struct Fanout: AsyncParsableCommand {
 
     @Option(help: "Listener counts to run, comma-separated.") var listeners = "20,50,100,200,1000"
     @Option(help: "Seconds of talking per run (50 packets/s).") var seconds = 10.0
-    @Option(help: "Floor request/release cycles for the grant time.") var grants = 100
+    @Option(help: "Floor request/release cycles for the grant time, with the channel idle, and as many again back to back.") var grants = 100
     @Option(help: "Directory with ca.pem, server-chain.pem and server.key (make certs).") var certs = "certs"
     @Option(help: "squelchd executable (default: next to this one).") var squelchd: String?
     @OptionGroup var results: ResultsOptions
@@ -38,7 +39,7 @@ struct Fanout: AsyncParsableCommand {
         }
         let client = ClientConfiguration(serverName: "localhost", validator: try CertificateValidator(caPEM: ca))
         print("fan-out: 1 talker, 80-byte payloads at 50 packets/s for \(seconds.formatted()) s, squelchd in its own process")
-        print("listeners  server CPU/fwd pkt  relay p50/p99 (server)  last listener p50/p99 (client)  lost  grant p50/p95")
+        print("listeners  server CPU/fwd pkt  relay p50/p99 (server)  last listener p50/p99 (client)  lost        grant p50/p95     back to back")
         var rows: [[String: Any]] = []
         for count in counts {
             let result = try await FanoutRun(listeners: count, seconds: seconds, grants: grants, squelchd: server,
@@ -48,7 +49,21 @@ struct Fanout: AsyncParsableCommand {
                          "relay_p50_ms": result.relayP50 * 1e3, "relay_p99_ms": result.relayP99 * 1e3,
                          "last_listener_p50_ms": result.lastP50 / 1e6, "last_listener_p99_ms": result.lastP99 / 1e6,
                          "lost": result.lost, "expected": result.expected,
-                         "grant_p50_ms": result.grantP50 / 1e6, "grant_p95_ms": result.grantP95 / 1e6])
+                         "grant_p50_ms": result.grantP50 / 1e6, "grant_p95_ms": result.grantP95 / 1e6,
+                         "grant_back_to_back_p50_ms": result.backToBackP50 / 1e6,
+                         "grant_back_to_back_p95_ms": result.backToBackP95 / 1e6])
+        }
+        print("kernel floor: \(KernelFloor.datagramSize)-byte datagrams already built, one thread's sendmmsg to N loopback sockets, a reader thread waiting on them")
+        print("listeners  CPU/datagram  burst p50/p99")
+        for (index, count) in counts.enumerated() {
+            let floor = try KernelFloor(destinations: count, bursts: 250).run()
+            func f(_ v: Double, _ digits: Int = 2) -> String { String(format: "%.\(digits)f", v) }
+            print("\(String(count).padding(toLength: 9, withPad: " ", startingAt: 0))  "
+                  + "\(f(floor.cpuMicroseconds)) µs".padding(toLength: 12, withPad: " ", startingAt: 0)
+                  + "  \(f(floor.burstP50 * 1e6, 0))/\(f(floor.burstP99 * 1e6, 0)) µs")
+            rows[index]["floor_cpu_us_per_datagram"] = floor.cpuMicroseconds
+            rows[index]["floor_burst_p50_ms"] = floor.burstP50 * 1e3
+            rows[index]["floor_burst_p99_ms"] = floor.burstP99 * 1e3
         }
         try results.record("fanout", rows)
     }
@@ -65,6 +80,8 @@ struct FanoutResult {
     var expected: Int
     var grantP50: Double
     var grantP95: Double
+    var backToBackP50: Double
+    var backToBackP95: Double
 
     var row: String {
         func f(_ v: Double, _ digits: Int = 2) -> String { String(format: "%.\(digits)f", v) }
@@ -73,7 +90,8 @@ struct FanoutResult {
             + "  \(f(relayP50 * 1e6, 0))/\(f(relayP99 * 1e6, 0)) µs".padding(toLength: 24, withPad: " ", startingAt: 0)
             + "  \(f(lastP50 / 1e3, 0))/\(f(lastP99 / 1e3, 0)) µs".padding(toLength: 33, withPad: " ", startingAt: 0)
             + "  \(lost)/\(expected)".padding(toLength: max(12, "\(lost)/\(expected)".count + 2), withPad: " ", startingAt: 0)
-            + "  \(f(grantP50 / 1e6))/\(f(grantP95 / 1e6)) ms"
+            + "  \(f(grantP50 / 1e6))/\(f(grantP95 / 1e6)) ms".padding(toLength: 18, withPad: " ", startingAt: 0)
+            + "  \(f(backToBackP50 / 1e6))/\(f(backToBackP95 / 1e6)) ms"
     }
 }
 
@@ -111,22 +129,34 @@ struct FanoutRun {
             }
             members += batch
         }
-        let talker = try TestMember(port: voicePort, configuration: client)
+        // The talker gets an event loop of its own, as its own device would. On the shared loops its
+        // grant waited behind the control messages of the hundred listeners on the same loop (400
+        // per grant at 200 listeners), which measured this process, not the server.
+        let talkerGroup = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+        defer { talkerGroup.shutdownGracefully { _ in } }
+        let talker = try TestMember(port: voicePort, configuration: client, group: talkerGroup)
         try await talker.connect()
         guard case .joined? = try await talker.join(token: try await token("talker", [.talk, .listen]), channel: channel) else {
             throw ValidationError("the talker could not join")
         }
 
-        // Floor grant time: request to grant as the talker sees it.
+        // Floor grant time: request to grant as the talker sees it. First with the channel idle
+        // (the previous release's notices to every listener, and their ACKs, have settled: a
+        // talker pressing the key on a quiet channel), then back to back, each request as soon as
+        // the talker sees the previous release, when the server may still be sending that
+        // release's notices to the other 200.
         var grantTimes: [Double] = []
-        for _ in 0 ..< grants {
+        var backToBackTimes: [Double] = []
+        for cycle in 0 ..< 2 * grants {
+            let idle = cycle < grants
+            if idle { try await Task.sleep(for: .milliseconds(50)) }
             let before = talker.messages.count
             let sent = WireNIO.now().nanoseconds
             try await talker.send(.floorRequest)
             guard await talker.waitForFloor(.granted, after: before, seconds: 5) != nil,
                   let at = talker.timedMessages[before...].first(where: { if case .floor(let e) = $0.message { e.kind == .granted } else { false } })?.at
             else { throw ValidationError("no floor grant") }
-            grantTimes.append(Double(at - sent))
+            if idle { grantTimes.append(Double(at - sent)) } else { backToBackTimes.append(Double(at - sent)) }
             let beforeRelease = talker.messages.count
             try await talker.send(.floorRelease)
             _ = await talker.waitFor(after: beforeRelease, seconds: 5) { if case .floor(let e) = $0 { e.kind == .idle } else { false } }
@@ -175,7 +205,8 @@ struct FanoutRun {
             relayP50: relay.quantile(0.5), relayP99: relay.quantile(0.99),
             lastP50: percentile(latencies, 0.5), lastP99: percentile(latencies, 0.99),
             lost: packets * listeners - received, expected: packets * listeners,
-            grantP50: percentile(grantTimes.sorted(), 0.5), grantP95: percentile(grantTimes.sorted(), 0.95))
+            grantP50: percentile(grantTimes.sorted(), 0.5), grantP95: percentile(grantTimes.sorted(), 0.95),
+            backToBackP50: percentile(backToBackTimes.sorted(), 0.5), backToBackP95: percentile(backToBackTimes.sorted(), 0.95))
     }
 
     /// The server's /metrics as name{labels} → value.
