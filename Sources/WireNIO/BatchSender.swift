@@ -118,8 +118,9 @@ final class BatchSender {
 
 /// A non-blocking UDP socket bound to `host:port`, for `DatagramBootstrap.withBoundSocket`: made
 /// here, rather than by NIO's `bind`, so that the server can keep a duplicate of its descriptor for
-/// `BatchSender`.
-func boundUDPSocket(host: String, port: Int) throws -> CInt {
+/// `BatchSender`. Public for `squelch-bench`, whose kernel-floor measurement sends from a socket
+/// set up exactly as the server's. The caller owns the descriptor.
+public func boundUDPSocket(host: String, port: Int) throws -> CInt {
     let address = try SocketAddress.makeAddressResolvingHost(host, port: port)
     let family: CInt = address.protocol == .inet6 ? AF_INET6 : AF_INET
     let descriptor = socket(family, CInt(SOCK_DGRAM.rawValue) | CInt(SOCK_CLOEXEC.rawValue) | CInt(SOCK_NONBLOCK.rawValue),

@@ -57,10 +57,7 @@ struct Fanout: AsyncParsableCommand {
         print("listeners  CPU/datagram  burst p50/p99")
         for (index, count) in counts.enumerated() {
             let floor = try KernelFloor(destinations: count, bursts: 250).run()
-            func f(_ v: Double, _ digits: Int = 2) -> String { String(format: "%.\(digits)f", v) }
-            print("\(String(count).padding(toLength: 9, withPad: " ", startingAt: 0))  "
-                  + "\(f(floor.cpuMicroseconds)) µs".padding(toLength: 12, withPad: " ", startingAt: 0)
-                  + "  \(f(floor.burstP50 * 1e6, 0))/\(f(floor.burstP99 * 1e6, 0)) µs")
+            print(floor.row(destinations: count))
             rows[index]["floor_cpu_us_per_datagram"] = floor.cpuMicroseconds
             rows[index]["floor_burst_p50_ms"] = floor.burstP50 * 1e3
             rows[index]["floor_burst_p99_ms"] = floor.burstP99 * 1e3
@@ -84,14 +81,13 @@ struct FanoutResult {
     var backToBackP95: Double
 
     var row: String {
-        func f(_ v: Double, _ digits: Int = 2) -> String { String(format: "%.\(digits)f", v) }
-        return "\(String(listeners).padding(toLength: 9, withPad: " ", startingAt: 0))  "
-            + "\(f(cpuMicrosecondsPerForward)) µs".padding(toLength: 18, withPad: " ", startingAt: 0)
-            + "  \(f(relayP50 * 1e6, 0))/\(f(relayP99 * 1e6, 0)) µs".padding(toLength: 24, withPad: " ", startingAt: 0)
-            + "  \(f(lastP50 / 1e3, 0))/\(f(lastP99 / 1e3, 0)) µs".padding(toLength: 33, withPad: " ", startingAt: 0)
+        "\(String(listeners).padding(toLength: 9, withPad: " ", startingAt: 0))  "
+            + "\(fixed(cpuMicrosecondsPerForward)) µs".padding(toLength: 18, withPad: " ", startingAt: 0)
+            + "  \(fixed(relayP50 * 1e6, 0))/\(fixed(relayP99 * 1e6, 0)) µs".padding(toLength: 24, withPad: " ", startingAt: 0)
+            + "  \(fixed(lastP50 / 1e3, 0))/\(fixed(lastP99 / 1e3, 0)) µs".padding(toLength: 33, withPad: " ", startingAt: 0)
             + "  \(lost)/\(expected)".padding(toLength: max(12, "\(lost)/\(expected)".count + 2), withPad: " ", startingAt: 0)
-            + "  \(f(grantP50 / 1e6))/\(f(grantP95 / 1e6)) ms".padding(toLength: 18, withPad: " ", startingAt: 0)
-            + "  \(f(backToBackP50 / 1e6))/\(f(backToBackP95 / 1e6)) ms"
+            + "  \(fixed(grantP50 / 1e6))/\(fixed(grantP95 / 1e6)) ms".padding(toLength: 18, withPad: " ", startingAt: 0)
+            + "  \(fixed(backToBackP50 / 1e6))/\(fixed(backToBackP95 / 1e6)) ms"
     }
 }
 
@@ -220,6 +216,9 @@ struct FanoutRun {
         return values
     }
 }
+
+/// `value` with `digits` decimals, for the benchmark's tables.
+func fixed(_ value: Double, _ digits: Int = 2) -> String { String(format: "%.\(digits)f", value) }
 
 func lastPort(in line: String) -> Int? {
     guard let range = line.range(of: #"127\.0\.0\.1:(\d+)"#, options: [.regularExpression, .backwards]) else { return nil }

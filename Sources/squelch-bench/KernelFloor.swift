@@ -1,6 +1,7 @@
 import ArgumentParser
 import CUDPBatch
 import Foundation
+import WireNIO
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -25,36 +26,32 @@ struct KernelFloor {
         /// Wall time of a whole burst, until the last datagram's send returns: p50, p99.
         var burstP50: Double
         var burstP99: Double
+
+        func row(destinations: Int) -> String {
+            "\(String(destinations).padding(toLength: 9, withPad: " ", startingAt: 0))  "
+                + "\(fixed(cpuMicroseconds)) µs".padding(toLength: 12, withPad: " ", startingAt: 0)
+                + "  \(fixed(burstP50 * 1e6, 0))/\(fixed(burstP99 * 1e6, 0)) µs"
+        }
     }
 
     let destinations: Int
     let bursts: Int
 
     func run() throws -> Result {
+        // Sender and receivers are made as the server makes its socket (DF set, non-blocking).
         var receivers: [CInt] = []
         defer { receivers.forEach { _ = close($0) } }
         let addresses = UnsafeMutablePointer<sockaddr_in>.allocate(capacity: destinations)
         defer { addresses.deallocate() }
         for index in 0..<destinations {
-            let receiver = socket(AF_INET, CInt(SOCK_DGRAM.rawValue) | CInt(SOCK_NONBLOCK.rawValue), 0)
-            guard receiver >= 0 else { throw ValidationError("socket: \(String(cString: strerror(errno))); raise the open-file limit (ulimit -n)") }
+            let receiver = try boundUDPSocket(host: "127.0.0.1", port: 0)
             receivers.append(receiver)
-            var address = sockaddr_in()
-            address.sin_family = sa_family_t(AF_INET)
-            address.sin_addr.s_addr = UInt32(0x7F00_0001).bigEndian
             var size = socklen_t(MemoryLayout<sockaddr_in>.size)
-            let bound = withUnsafeMutableBytes(of: &address) { raw -> Bool in
-                let pointer = raw.baseAddress!.assumingMemoryBound(to: sockaddr.self)
-                return bind(receiver, pointer, size) == 0 && getsockname(receiver, pointer, &size) == 0
-            }
-            guard bound else { throw ValidationError("bind 127.0.0.1: \(String(cString: strerror(errno)))") }
-            addresses[index] = address
+            let named = (addresses + index).withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(receiver, $0, &size) }
+            guard named == 0 else { throw ValidationError("getsockname: \(String(cString: strerror(errno)))") }
         }
-        let sender = socket(AF_INET, CInt(SOCK_DGRAM.rawValue) | CInt(SOCK_NONBLOCK.rawValue), 0)
-        guard sender >= 0 else { throw ValidationError("socket: \(String(cString: strerror(errno)))") }
+        let sender = try boundUDPSocket(host: "127.0.0.1", port: 0)
         defer { _ = close(sender) }
-        var probe = CInt(IP_PMTUDISC_PROBE)  // as the server's socket (boundUDPSocket)
-        _ = setsockopt(sender, CInt(IPPROTO_IP), IP_MTU_DISCOVER, &probe, socklen_t(MemoryLayout<CInt>.size))
         let reader = try Reader(sockets: receivers)
         defer { reader.stop() }
 
