@@ -17,6 +17,12 @@ struct Transport: AsyncParsableCommand {
     @Option(help: "Packets per seal/open measurement.")
     var packets = 1_000_000
 
+    @Option(help: "Connections in the in-memory fan-out measurement.")
+    var fanout = 200
+
+    @Flag(help: "Only the in-memory fan-out measurement (for A/B runs of the relay's user-space path).")
+    var fanoutOnly = false
+
     @Option(help: "Only run N packets through client send and server receive, for an allocation count (heaptrack): compare two values of N.")
     var allocationProbe: Int?
 
@@ -44,10 +50,100 @@ struct Transport: AsyncParsableCommand {
             print("allocation probe: \(delivered) packets sealed by the client and opened by the server")
             return
         }
+        if fanoutOnly {
+            try await fanoutPath(pki: pki)
+            return
+        }
         try sealAndOpen()
         try await handshakeRate(pki: pki)
         try await connectionPaths(pki: pki)
+        try await fanoutPath(pki: pki)
         try await loopback(pki: pki)
+    }
+
+    /// The server's user-space share of the relay, without the kernel: one endpoint with `fanout`
+    /// established connections seals each talker packet for every one of them in turn, as the relay
+    /// does, and takes in the listeners' ACKs (one per ten packets). Unlike `connectionPaths`, each
+    /// connection's state and keys have gone cold in the caches by the time its next copy comes,
+    /// which is what the relay pays. Only the server's calls are timed.
+    func fanoutPath(pki: BenchPKI) async throws {
+        var configuration = EndpointConfiguration()
+        configuration.handshakesPerSecondPerAddress = .max
+        configuration.retryThreshold = .max
+        let endpoint = Endpoint(secrets: ServerSecrets(identity: pki.identity, resetKey: SymmetricKey(size: .bits256)),
+                                configuration: configuration)
+        var clients: [(Connection, PathAddress, Endpoint.Handle)] = []
+        for index in 0 ..< fanout {
+            let from = PathAddress(ipv4: 0x7F00_0001, port: UInt16(20_000 + index))
+            let client = try await connect(to: endpoint, from: from, pki: pki)
+            guard let handle = endpoint.handles.first(where: { h in !clients.contains { $0.2 == h } }) else {
+                throw ValidationError("in-memory handshake \(index) left no handle")
+            }
+            clients.append((client, from, handle))
+        }
+        while endpoint.nextEvent() != nil {}
+        let payload = [UInt8](repeating: 0x33, count: 88)
+        let server = PathAddress(ipv4: 0x7F00_0001, port: 4433)
+        // Each round's copies are kept (outside the timed part) so the clients can open them and ACK.
+        var copies = [[UInt8]](repeating: [UInt8](repeating: 0, count: 1500), count: fanout)
+        var counts = [Int](repeating: 0, count: fanout)
+        var buffer = [UInt8](repeating: 0, count: 1500)
+        let rounds = max(50, min(2_000, packets / fanout))
+        var now = WireInstant(nanoseconds: monotonicNanoseconds())
+        var sendNanoseconds: UInt64 = 0
+        var ackNanoseconds: UInt64 = 0
+        var acks = 0
+        for _ in 0 ..< rounds {
+            now = now + 20_000_000
+            let t0 = monotonicNanoseconds()
+            payload.withUnsafeBytes { p in
+                for index in 0 ..< fanout {
+                    counts[index] = copies[index].withUnsafeMutableBytes { endpoint.sendDatagram(p, to: clients[index].2, into: $0, now: now)?.count ?? 0 }
+                }
+            }
+            sendNanoseconds += monotonicNanoseconds() - t0
+            for index in 0 ..< fanout {
+                let (client, from, _) = clients[index]
+                copies[index].withUnsafeMutableBytes { client.receive(UnsafeMutableRawBufferPointer(rebasing: $0[..<counts[index]]), from: server, now: now) }
+                while let t = buffer.withUnsafeMutableBytes({ client.poll(into: $0, now: now) }) {
+                    let t1 = monotonicNanoseconds()
+                    buffer.withUnsafeMutableBytes { endpoint.receive(UnsafeMutableRawBufferPointer(rebasing: $0[..<t.count]), from: from, now: now) }
+                    while buffer.withUnsafeMutableBytes({ endpoint.poll(into: $0, now: now) }) != nil {}
+                    ackNanoseconds += monotonicNanoseconds() - t1
+                    acks += 1
+                }
+                while client.nextEvent() != nil {}
+            }
+        }
+        let copiesSent = Double(rounds * fanout)
+        print("transport: the relay's user-space path in memory, \(fanout) listeners, 88-byte datagram payload, \(rounds) talker packets (no sockets)")
+        print("| part | ns per forwarded copy |")
+        print("|---|---|")
+        print(String(format: "| sealing the copies (Endpoint.sendDatagram, round robin over %d connections) | %.0f |", fanout, Double(sendNanoseconds) / copiesSent))
+        print(String(format: "| the listeners' ACKs (%d, receive and poll) | %.0f |", acks, Double(ackNanoseconds) / copiesSent))
+        print(String(format: "| total | %.0f |", Double(sendNanoseconds + ackNanoseconds) / copiesSent))
+    }
+
+    /// Runs the in-memory handshake of a new client from `from` with `endpoint`.
+    func connect(to endpoint: Endpoint, from: PathAddress, pki: BenchPKI) async throws -> Connection {
+        let now = WireInstant(nanoseconds: monotonicNanoseconds())
+        let client = Connection(client: ClientConfiguration(serverName: "localhost", validator: pki.validator),
+                                remote: PathAddress(ipv4: 0x7F00_0001, port: 4433), now: now)
+        var buffer = [UInt8](repeating: 0, count: 1500)
+        for _ in 0..<10 {
+            while let t = buffer.withUnsafeMutableBytes({ client.poll(into: $0, now: now) }) {
+                buffer.withUnsafeMutableBytes { endpoint.receive(UnsafeMutableRawBufferPointer(rebasing: $0[..<t.count]), from: from, now: now) }
+            }
+            while let t = buffer.withUnsafeMutableBytes({ endpoint.poll(into: $0, now: now) }) {
+                var reply = Array(buffer[..<t.count])
+                reply.withUnsafeMutableBytes { client.receive($0, from: PathAddress(ipv4: 0x7F00_0001, port: 4433), now: now) }
+            }
+            if let check = client.pendingCertificateCheck {
+                client.completeCertificateCheck(await pki.validator.validate(check), now: now)
+            }
+        }
+        guard client.state == .established else { throw ValidationError("in-memory handshake failed") }
+        return client
     }
 
     /// Real UDP on 127.0.0.1 through WireNIO: vectored reads, one flush per burst, both directions.
