@@ -27,6 +27,7 @@ struct All: AsyncParsableCommand {
         if let squelchd { common += ["--squelchd", squelchd] }
         if quick {
             try Codec.parse(["--seconds", "1"]).run()
+            try await Transport.parse(["--handshakes", "10", "--packets", "1000", "--fanout", "20"]).run()
             try await Fanout.parse(["--listeners", "20", "--seconds", "2", "--grants", "10"] + common).run()
             try await Push.parse(["--pushes", "2000", "--in-flight", "200", "--wakes", "100", "--bursts", "2"] + common).run()
             try await Connections.parse(["--count", "100", "--resumes", "5"] + common).run()
