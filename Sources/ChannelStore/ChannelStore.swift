@@ -136,7 +136,7 @@ public struct RevocationRecord: Codable, Sendable, Equatable {
     public var sequence: Int64
     public var channelID: UUID
     /// Whose tokens. With `tokenID` nil, every token of this user for the channel issued before
-    /// `revokedAt` is void; a token issued later is good.
+    /// `revokedAt`, or in its millisecond, is void; a token issued later is good.
     public var userID: String?
     /// The one token (`jti`) that is void.
     public var tokenID: String?
@@ -158,11 +158,18 @@ public struct RevocationRecord: Codable, Sendable, Equatable {
     }
 
     /// Whether a token with these claims is void by this revocation.
+    ///
+    /// Times are compared in whole milliseconds, as the store keeps them, and a token issued in the
+    /// same millisecond as a member's removal is void: it may have been issued just before it, and
+    /// letting a removed member back in is the worse mistake (a new token a millisecond later works).
     public func voids(channel: UUID, user: String, tokenID: String, issuedAt: Date) -> Bool {
         guard channel == channelID else { return false }
         if let revoked = self.tokenID { return revoked == tokenID }
-        return userID == user && issuedAt < revokedAt
+        return userID == user && Self.milliseconds(issuedAt) <= Self.milliseconds(revokedAt)
     }
+
+    /// Milliseconds since 1970, rounded as the store rounds them.
+    static func milliseconds(_ date: Date) -> Int64 { Int64((date.timeIntervalSince1970 * 1000).rounded()) }
 
     /// Longest token id (as `ParticipantClaims.maxTokenIDBytes`) and reason, in UTF-8 bytes.
     public static let maxTokenIDBytes = 128

@@ -334,7 +334,9 @@ public final class SQLiteChannelStore: ChannelStore {
             let c = RevocationRow.Columns.self
             return try RevocationRow
                 .filter(c.channelID == channel.uuidString)
-                .filter(c.tokenID == tokenID || (c.tokenID == nil && c.userID == user && c.revokedAt > issued))
+                // `>=`: a token issued in the removal's own millisecond may have come first; the
+                // store keeps milliseconds, so refuse it (RevocationRecord.voids says the same).
+                .filter(c.tokenID == tokenID || (c.tokenID == nil && c.userID == user && c.revokedAt >= issued))
                 .order(c.sequence)
                 .fetchOne(db)?.record()
         }

@@ -319,6 +319,16 @@ private func message(_ error: StoreError?) -> String {
         #expect(before?.sequence == first.sequence)
         #expect(try await store.revocation(channel: channel.id, user: "bob", tokenID: "new", issuedAt: removal.addingTimeInterval(1)) == nil)
         #expect(try await store.revocation(channel: channel.id, user: "carol", tokenID: "old", issuedAt: removal.addingTimeInterval(-1)) == nil)
+        // Within the removal's millisecond it can't be told which came first: refused, in the store
+        // and in the record's own check (which the hub applies to live members).
+        for offset in [-0.0004, 0, 0.0004] {
+            let issued = removal.addingTimeInterval(offset)
+            #expect(try await store.revocation(channel: channel.id, user: "bob", tokenID: "same-ms", issuedAt: issued)?.sequence == first.sequence,
+                    "issued \(offset) s from the removal")
+            #expect(first.voids(channel: channel.id, user: "bob", tokenID: "same-ms", issuedAt: issued))
+        }
+        #expect(try await store.revocation(channel: channel.id, user: "bob", tokenID: "next-ms", issuedAt: removal.addingTimeInterval(0.001)) == nil)
+        #expect(!first.voids(channel: channel.id, user: "bob", tokenID: "next-ms", issuedAt: removal.addingTimeInterval(0.001)))
 
         // A second removal moves the cut-off; the first record goes, and the list shows the order.
         let later = removal.addingTimeInterval(10)
