@@ -24,7 +24,27 @@ public final class StoreWriter: Sendable {
     /// No more writes will come; `run` returns once the queue is empty.
     public func finish() { continuation.finish() }
 
-    public func run() async {
+    /// Drains the queue until `finish`, whether or not the calling task is cancelled.
+    ///
+    /// A service group is cancelled rather than shut down when one of its services fails. The hub
+    /// still queues its last writes then (every connected member's last-seen time, the end of a burst
+    /// in progress), and GRDB refuses work from a cancelled task, so those writes would be lost. The
+    /// queue is therefore drained by a task of its own, which the caller's cancellation doesn't reach;
+    /// after it, `finish` is called `cancelledGrace` later in case nobody else does (the voice service
+    /// calls it as soon as its transport has stopped).
+    public func run(cancelledGrace: Duration = .seconds(10)) async {
+        let drain = Task.detached { [self] in await drainQueue() }
+        await withTaskCancellationHandler {
+            await drain.value
+        } onCancel: {
+            Task.detached { [self] in
+                try? await Task.sleep(for: cancelledGrace)
+                finish()
+            }
+        }
+    }
+
+    private func drainQueue() async {
         for await operation in stream {
             do {
                 try await apply(operation)

@@ -240,10 +240,20 @@ public struct StoreService: Service {
         // The writer's stream ends when the voice transport stops, which is before the group asks the
         // services queued behind it (pushes, the simulator) to stop. Returning now would count as
         // finishing unexpectedly and fail the whole shutdown, so the database waits for its turn.
+        // (Cancelled, the group has no turns: this returns at once.)
         try? await gracefulShutdown()
-        do { try await store.close() } catch {
-            logger.error("database did not close cleanly; its WAL will be replayed on the next start", metadata: ["error": "\(error)"])
-        }
-        logger.notice("database flushed and closed")
+        // Closed from a task of its own, as the writer drains: a cancelled group (a service failed)
+        // would otherwise leave the checkpoint undone, since GRDB refuses work from a cancelled task.
+        let (store, logger) = (store, logger)
+        let closed = await Task.detached { () -> Bool in
+            do {
+                try await store.close()
+                return true
+            } catch {
+                logger.error("database did not close cleanly; its WAL will be replayed on the next start", metadata: ["error": "\(error)"])
+                return false
+            }
+        }.value
+        if closed { logger.notice("database flushed and closed") }
     }
 }

@@ -289,5 +289,31 @@ func slot(of member: TestMember) -> UInt16? {
         #expect(log.first?.userID == "ann" && log.first?.endReason == "released")
         try await store.close()
     }
+
+    /// A service group is cancelled, not shut down, when one of its services fails. The hub's last
+    /// writes (members' last-seen times, the burst in progress) must still reach the database.
+    @Test func aCancelledServerStillWritesItsLastUpdates() async throws {
+        let fixture = try await ServerFixture()
+        let (task, listening) = try await fixture.start()
+        let ann = try await fixture.member("ann", port: listening.voicePort)
+        let bob = try await fixture.member("bob", port: listening.voicePort)
+        try await ann.send(.floorRequest)
+        #expect(await ann.waitForFloor(.granted) != nil)
+        #expect(await bob.waitForFloor(.taken) != nil)
+        let cancelledAt = Date()
+
+        task.cancel()
+        _ = await task.result
+
+        let store = try SQLiteChannelStore(directory: fixture.dataDirectory)
+        let log = try await store.transmissions(of: fixture.channel.id, limit: 10)
+        #expect(log.first?.userID == "ann" && log.first?.endReason == "shutdown", "\(log)")
+        let members = try await store.members(of: fixture.channel.id)
+        for user in ["ann", "bob"] {
+            let seen = try #require(members.first { $0.userID == user }?.lastSeen)
+            #expect(seen >= cancelledAt.addingTimeInterval(-0.001), "\(user) last seen \(seen), cancelled at \(cancelledAt)")
+        }
+        try await store.close()
+    }
 }
 
