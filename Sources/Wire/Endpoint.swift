@@ -67,7 +67,10 @@ public final class Endpoint {
     var dirty: [Handle] = []
     var dirtyHead = 0
     var timers = DeadlineHeap()
+    /// Stateless replies (version negotiation, Retry, stateless reset, refusals), served first come,
+    /// first served from `outboxHead`, like the connections.
     var outbox: [([UInt8], PathAddress)] = []
+    var outboxHead = 0
     var events = EventQueue<(Handle, ConnectionEvent)>()
     var rate: [PathAddress: (window: UInt64, count: Int)] = [:]
     var rateWindow: UInt64 = 0
@@ -282,8 +285,19 @@ public final class Endpoint {
 
     /// The next datagram to send, or nil when everything is flushed.
     public func poll(into buffer: UnsafeMutableRawBufferPointer, now: WireInstant) -> Transmit? {
-        if let (bytes, address) = outbox.last, bytes.count <= buffer.count {
-            outbox.removeLast()
+        while outboxHead < outbox.count {
+            let (bytes, address) = outbox[outboxHead]
+            outboxHead += 1
+            if outboxHead == outbox.count {
+                outbox.removeAll(keepingCapacity: true)
+                outboxHead = 0
+            } else if outboxHead >= 64, outboxHead * 2 >= outbox.count {
+                outbox.removeFirst(outboxHead)
+                outboxHead = 0
+            }
+            // The adapters offer at least maxDatagramSize; a smaller buffer drops the reply rather
+            // than leave it blocking the ones behind it.
+            guard bytes.count <= buffer.count else { stats.dropped += 1; continue }
             bytes.withUnsafeBytes { buffer.copyMemory(from: $0) }
             return Transmit(count: bytes.count, address: address)
         }

@@ -89,6 +89,25 @@ import Testing
         }
         for index in 0..<count { #expect(sim.controlMessages(client: index) == [[UInt8(index)], [UInt8(index)], [UInt8(index)]]) }
     }
+
+    /// Stateless replies leave in the order their triggers came, ahead of connections' output.
+    @Test func statelessRepliesAreServedInArrivalOrder() throws {
+        let pki = try TestPKI()
+        let endpoint = Endpoint(secrets: try pki.secrets())
+        let now = WireInstant(nanoseconds: 1_000_000_000)
+        let senders = (0..<5).map { PathAddress(ipv4: 0x0A00_0001 + UInt32($0), port: 4000) }
+        for (index, sender) in senders.enumerated() {
+            // A short-header packet for a connection ID the endpoint doesn't know: a stateless reset.
+            var datagram = [UInt8](repeating: UInt8(index), count: 60)
+            datagram[0] = PacketHeader.fixedBit
+            datagram.withUnsafeMutableBytes { endpoint.receive($0, from: sender, now: now) }
+        }
+        var buffer = [UInt8](repeating: 0, count: 1500)
+        var destinations: [PathAddress] = []
+        while let transmit = buffer.withUnsafeMutableBytes({ endpoint.poll(into: $0, now: now) }) { destinations.append(transmit.address) }
+        #expect(destinations == senders)
+        #expect(endpoint.stats.statelessResetsSent == senders.count)
+    }
 }
 
 extension Simulation {
