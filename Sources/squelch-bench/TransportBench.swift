@@ -298,24 +298,8 @@ struct Transport: AsyncParsableCommand {
 
     func connectedPair(pki: BenchPKI) async throws -> (Connection, Endpoint, Endpoint.Handle) {
         let endpoint = Endpoint(secrets: ServerSecrets(identity: pki.identity, resetKey: SymmetricKey(size: .bits256)))
-        let now = WireInstant(nanoseconds: monotonicNanoseconds())
-        let client = Connection(client: ClientConfiguration(serverName: "localhost", validator: pki.validator),
-                                remote: PathAddress(ipv4: 0x7F00_0001, port: 4433), now: now)
-        let from = PathAddress(ipv4: 0x7F00_0001, port: 50_000)
-        var buffer = [UInt8](repeating: 0, count: 1500)
-        for _ in 0..<10 {
-            while let t = buffer.withUnsafeMutableBytes({ client.poll(into: $0, now: now) }) {
-                buffer.withUnsafeMutableBytes { endpoint.receive(UnsafeMutableRawBufferPointer(rebasing: $0[..<t.count]), from: from, now: now) }
-            }
-            while let t = buffer.withUnsafeMutableBytes({ endpoint.poll(into: $0, now: now) }) {
-                var reply = Array(buffer[..<t.count])
-                reply.withUnsafeMutableBytes { client.receive($0, from: PathAddress(ipv4: 0x7F00_0001, port: 4433), now: now) }
-            }
-            if let check = client.pendingCertificateCheck {
-                client.completeCertificateCheck(await pki.validator.validate(check), now: now)
-            }
-        }
-        guard client.state == .established, let handle = endpoint.handles.first else { throw ValidationError("in-memory handshake failed") }
+        let client = try await connect(to: endpoint, from: PathAddress(ipv4: 0x7F00_0001, port: 50_000), pki: pki)
+        guard let handle = endpoint.handles.first else { throw ValidationError("in-memory handshake failed") }
         return (client, endpoint, handle)
     }
 }
