@@ -3,11 +3,6 @@ import PackageDescription
 
 // Module layout: see docs/architecture.md. Each folder under Sources/ is named for its one job.
 let swift6: [SwiftSetting] = [.swiftLanguageMode(.v6)]
-/// The transport's hot paths (sealing a copy per listener, taking in their ACKs) spent a tenth of
-/// their user-space time in the runtime's dynamic exclusivity checks on a connection's stored
-/// properties. Release builds of Wire skip them; debug builds, which run the tests, keep them, so a
-/// violation still traps there (docs/architecture.md, "Exclusivity checks").
-let wireSettings: [SwiftSetting] = swift6 + [.unsafeFlags(["-enforce-exclusivity=unchecked"], .when(configuration: .release))]
 
 let package = Package(
     name: "Squelch",
@@ -54,7 +49,7 @@ let package = Package(
             .product(name: "Crypto", package: "swift-crypto"),
             .product(name: "X509", package: "swift-certificates"),
             .product(name: "SwiftASN1", package: "swift-asn1"),
-        ], swiftSettings: wireSettings),
+        ], swiftSettings: swift6),
         .target(name: "WireTesting", dependencies: [
             "Wire",
             .product(name: "Crypto", package: "swift-crypto"),

@@ -9,6 +9,13 @@ import X509
 /// out. It never touches a socket or a clock, so tests drive it through loss, reordering and time jumps.
 ///
 /// Not Sendable: a connection belongs to one event loop (or one test), which owns every call.
+///
+/// Every stored property is `@exclusivity(unchecked)`, as are those of `Endpoint`, `PacketKey` and
+/// `WireClient`: Swift's dynamic exclusivity checks on class properties (`swift_beginAccess`, a
+/// thread-local access set per mutation) were a tenth of the relay's user-space samples. One thread
+/// owns these objects, so a violation could only be a method overlapping its own access to a
+/// property; nothing here passes a property `inout` while the callee can reach it again
+/// (docs/architecture.md, "Exclusivity checks").
 public final class Connection {
     public enum Role: Sendable { case client, server }
     public enum State: Sendable, Equatable { case handshaking, established, closing, draining, closed }
@@ -16,13 +23,13 @@ public final class Connection {
     public let role: Role
     /// Where the peer is now (it changes when a client migrates).
     public var remoteAddress: PathAddress { path.address }
-    public internal(set) var state: State = .handshaking
-    public internal(set) var stats = ConnectionStats()
+    @exclusivity(unchecked) public internal(set) var state: State = .handshaking
+    @exclusivity(unchecked) public internal(set) var stats = ConnectionStats()
     /// Why it ended, once it has.
-    public internal(set) var error: ConnectionError?
+    @exclusivity(unchecked) public internal(set) var error: ConnectionError?
 
     let config: ConnectionConfiguration
-    var random: any RandomNumberGenerator
+    @exclusivity(unchecked) var random: any RandomNumberGenerator
 
     // MARK: Connection IDs
 
@@ -31,18 +38,18 @@ public final class Connection {
     /// The client's first destination ID (Initial keys and the transcript bind it).
     public let originalDestination: ConnectionID
     /// The ID we address the peer by.
-    public internal(set) var peerID: ConnectionID
+    @exclusivity(unchecked) public internal(set) var peerID: ConnectionID
     struct PeerID { var sequence: UInt64; var id: ConnectionID; var resetToken: [UInt8]?; var retired: Bool }
     /// Client: the server's IDs (sequence 0 from the handshake, more from NEW_CONNECTION_ID).
-    var peerIDs: [PeerID] = []
-    var currentPeerSequence: UInt64 = 0
+    @exclusivity(unchecked) var peerIDs: [PeerID] = []
+    @exclusivity(unchecked) var currentPeerSequence: UInt64 = 0
     struct IssuedID { var sequence: UInt64; var id: ConnectionID; var retired: Bool }
     /// Server: the IDs issued to the client.
-    var issuedIDs: [IssuedID] = []
+    @exclusivity(unchecked) var issuedIDs: [IssuedID] = []
     /// Routing changes the endpoint must apply: (id, true) to add, (id, false) to remove.
-    var routingChanges: [(ConnectionID, Bool)] = []
-    var retryToken: [UInt8] = []
-    var retrySource: ConnectionID?
+    @exclusivity(unchecked) var routingChanges: [(ConnectionID, Bool)] = []
+    @exclusivity(unchecked) var retryToken: [UInt8] = []
+    @exclusivity(unchecked) var retrySource: ConnectionID?
     let serverSecrets: ServerSecrets?
 
     // MARK: Paths
@@ -73,9 +80,9 @@ public final class Connection {
         path.challengeResendAt = now + currentPTO
         path.challengeAbandonAt = now + 3 * max(currentPTO, RTTEstimator().probeTimeout(maxAckDelay: config.maxAckDelay))
     }
-    var path: Path
-    var previousPath: Path?
-    var pendingPathResponse: UInt64?
+    @exclusivity(unchecked) var path: Path
+    @exclusivity(unchecked) var previousPath: Path?
+    @exclusivity(unchecked) var pendingPathResponse: UInt64?
 
     // MARK: Packet spaces
 
@@ -91,102 +98,102 @@ public final class Connection {
         var inbox: [UInt8] = []
         var hasSomethingToSend: Bool { seal != nil && flightSent < flight.count }
     }
-    var initialSpace = HandshakeSpace()
-    var handshakeSpace = HandshakeSpace()
-    var closeInHandshakeSpace = false
+    @exclusivity(unchecked) var initialSpace = HandshakeSpace()
+    @exclusivity(unchecked) var handshakeSpace = HandshakeSpace()
+    @exclusivity(unchecked) var closeInHandshakeSpace = false
 
-    var appSeal: PacketKey?
-    var appOpen: PacketKey?
-    var appOpenPrevious: PacketKey?
-    var appOpenNext: PacketKey?
-    var sendKeyPhase = false
-    var readKeyPhase = false
-    var firstPNInReadPhase: UInt64 = 0
-    var previousReadKeyDiscardAt: WireInstant?
-    var firstPNInSendPhase: UInt64 = 0
-    var sentInSendPhase: UInt64 = 0
-    var sendPhaseAcknowledged = false
+    @exclusivity(unchecked) var appSeal: PacketKey?
+    @exclusivity(unchecked) var appOpen: PacketKey?
+    @exclusivity(unchecked) var appOpenPrevious: PacketKey?
+    @exclusivity(unchecked) var appOpenNext: PacketKey?
+    @exclusivity(unchecked) var sendKeyPhase = false
+    @exclusivity(unchecked) var readKeyPhase = false
+    @exclusivity(unchecked) var firstPNInReadPhase: UInt64 = 0
+    @exclusivity(unchecked) var previousReadKeyDiscardAt: WireInstant?
+    @exclusivity(unchecked) var firstPNInSendPhase: UInt64 = 0
+    @exclusivity(unchecked) var sentInSendPhase: UInt64 = 0
+    @exclusivity(unchecked) var sendPhaseAcknowledged = false
     /// Key generation of received packets, and of sent ones.
-    public internal(set) var keyGeneration = 0
-    public internal(set) var sendGeneration = 0
+    @exclusivity(unchecked) public internal(set) var keyGeneration = 0
+    @exclusivity(unchecked) public internal(set) var sendGeneration = 0
     /// Server: 1-RTT packets are not processed until the client's Finished verifies.
-    var peerFinished = false
-    public internal(set) var handshakeConfirmed = false
+    @exclusivity(unchecked) var peerFinished = false
+    @exclusivity(unchecked) public internal(set) var handshakeConfirmed = false
 
-    var appNextPN: UInt64 = 0
-    var largestAckedByPeer: UInt64?
-    var replay = ReplayWindow()
-    var received = ReceivedRanges()
-    var ackElicitingSinceAck = 0
+    @exclusivity(unchecked) var appNextPN: UInt64 = 0
+    @exclusivity(unchecked) var largestAckedByPeer: UInt64?
+    @exclusivity(unchecked) var replay = ReplayWindow()
+    @exclusivity(unchecked) var received = ReceivedRanges()
+    @exclusivity(unchecked) var ackElicitingSinceAck = 0
     /// Of those, packets that carried DATAGRAM frames and nothing else ack-eliciting.
-    var datagramOnlySinceAck = 0
-    var ackDeadline: WireInstant?
+    @exclusivity(unchecked) var datagramOnlySinceAck = 0
+    @exclusivity(unchecked) var ackDeadline: WireInstant?
     /// An ACK is due at the next poll.
-    var ackNow = false
-    var largestReceivedTime: WireInstant?
-    var sent = SentPackets()
+    @exclusivity(unchecked) var ackNow = false
+    @exclusivity(unchecked) var largestReceivedTime: WireInstant?
+    @exclusivity(unchecked) var sent = SentPackets()
     /// Sealing a packet displaced an unacknowledged one from `sent`, whose content may now wait to
     /// be retransmitted. `Endpoint.sendDatagram` checks this one flag, rather than everything
     /// `hasPendingOutput` looks at, after each fan-out copy.
-    var lostOnSend = false
-    public internal(set) var rtt = RTTEstimator()
-    var ptoCount = 0
-    var retransmittableInFlight = 0
-    var lastRetransmittableSent: WireInstant?
-    var lossTime: WireInstant?
-    var handshakeRetransmitAt: WireInstant?
-    var handshakePTOCount = 0
+    @exclusivity(unchecked) var lostOnSend = false
+    @exclusivity(unchecked) public internal(set) var rtt = RTTEstimator()
+    @exclusivity(unchecked) var ptoCount = 0
+    @exclusivity(unchecked) var retransmittableInFlight = 0
+    @exclusivity(unchecked) var lastRetransmittableSent: WireInstant?
+    @exclusivity(unchecked) var lossTime: WireInstant?
+    @exclusivity(unchecked) var handshakeRetransmitAt: WireInstant?
+    @exclusivity(unchecked) var handshakePTOCount = 0
 
     // MARK: Streams and pending frames
 
-    var controlSend: SendStream
-    var controlReceive: ReassemblyBuffer
-    var controlInbox: [UInt8] = []
-    var pendingHandshakeDone = false
-    var pendingNewToken: [UInt8]?
-    var pendingNewIDs: UInt64 = 0
-    var pendingRetireIDs: UInt64 = 0
-    var pendingPing = false
-    var pendingClose: (code: UInt64, reason: String, application: Bool)?
-    var closeResends = 0
-    var closeSent = false
-    var pendingCloseResend = false
+    @exclusivity(unchecked) var controlSend: SendStream
+    @exclusivity(unchecked) var controlReceive: ReassemblyBuffer
+    @exclusivity(unchecked) var controlInbox: [UInt8] = []
+    @exclusivity(unchecked) var pendingHandshakeDone = false
+    @exclusivity(unchecked) var pendingNewToken: [UInt8]?
+    @exclusivity(unchecked) var pendingNewIDs: UInt64 = 0
+    @exclusivity(unchecked) var pendingRetireIDs: UInt64 = 0
+    @exclusivity(unchecked) var pendingPing = false
+    @exclusivity(unchecked) var pendingClose: (code: UInt64, reason: String, application: Bool)?
+    @exclusivity(unchecked) var closeResends = 0
+    @exclusivity(unchecked) var closeSent = false
+    @exclusivity(unchecked) var pendingCloseResend = false
     /// The time of the latest poll or timeout, for timers armed while building packets.
-    var lastPollTime: WireInstant
+    @exclusivity(unchecked) var lastPollTime: WireInstant
 
     // MARK: Handshake state
 
-    var transcript = Transcript()
-    var ephemeral: Curve25519.KeyAgreement.PrivateKey?
-    var clientHello: [UInt8] = []
-    var secrets: HandshakeCrypto.Secrets?
-    var suite: CipherSuite = .aes128GCMSHA256
-    var peerParameters: TransportParameters?
-    var serverChain: [[UInt8]] = []
-    var serverFinishedHash: [UInt8] = []
+    @exclusivity(unchecked) var transcript = Transcript()
+    @exclusivity(unchecked) var ephemeral: Curve25519.KeyAgreement.PrivateKey?
+    @exclusivity(unchecked) var clientHello: [UInt8] = []
+    @exclusivity(unchecked) var secrets: HandshakeCrypto.Secrets?
+    @exclusivity(unchecked) var suite: CipherSuite = .aes128GCMSHA256
+    @exclusivity(unchecked) var peerParameters: TransportParameters?
+    @exclusivity(unchecked) var serverChain: [[UInt8]] = []
+    @exclusivity(unchecked) var serverFinishedHash: [UInt8] = []
     /// Client: the CertificateVerify signature checked out (the server's Finished may follow).
-    var certificateVerified = false
-    var clientApplicationSecret: [UInt8] = []
-    var serverApplicationSecret: [UInt8] = []
+    @exclusivity(unchecked) var certificateVerified = false
+    @exclusivity(unchecked) var clientApplicationSecret: [UInt8] = []
+    @exclusivity(unchecked) var serverApplicationSecret: [UInt8] = []
     let clientConfiguration: ClientConfiguration?
     /// Set when the client needs the server's chain validated before it can finish.
-    public internal(set) var pendingCertificateCheck: CertificateCheck?
-    var receivedServerPacket = false
-    var clientHelloProcessed = false
+    @exclusivity(unchecked) public internal(set) var pendingCertificateCheck: CertificateCheck?
+    @exclusivity(unchecked) var receivedServerPacket = false
+    @exclusivity(unchecked) var clientHelloProcessed = false
 
     // MARK: Timers
 
-    var idleDeadline: WireInstant?
-    var keepAliveDeadline: WireInstant?
-    var handshakeDeadline: WireInstant?
-    var closeDeadline: WireInstant?
+    @exclusivity(unchecked) var idleDeadline: WireInstant?
+    @exclusivity(unchecked) var keepAliveDeadline: WireInstant?
+    @exclusivity(unchecked) var handshakeDeadline: WireInstant?
+    @exclusivity(unchecked) var closeDeadline: WireInstant?
     /// When the peer was last heard from (any authenticated packet, keepalive PINGs included).
-    public internal(set) var lastReceiveTime: WireInstant
-    var ackElicitingSentSinceReceive = false
+    @exclusivity(unchecked) public internal(set) var lastReceiveTime: WireInstant
+    @exclusivity(unchecked) var ackElicitingSentSinceReceive = false
     /// Whether to send keepalive PINGs (turn off while an app is in the background).
-    public var keepAlive: Bool
+    @exclusivity(unchecked) public var keepAlive: Bool
 
-    var events = EventQueue<ConnectionEvent>()
+    @exclusivity(unchecked) var events = EventQueue<ConnectionEvent>()
 
     // MARK: Creation
 

@@ -52,30 +52,30 @@ public final class Endpoint {
 
     public let secrets: ServerSecrets
     public let configuration: EndpointConfiguration
-    public private(set) var stats = EndpointStats()
-    var random: any RandomNumberGenerator
+    @exclusivity(unchecked) public private(set) var stats = EndpointStats()
+    @exclusivity(unchecked) var random: any RandomNumberGenerator
     /// Makes each connection's generator. Production draws from the system generator everywhere;
     /// simulations derive a seeded one per connection so every run of a seed is identical.
     let forkRandom: (inout any RandomNumberGenerator) -> any RandomNumberGenerator
-    var slots: [Slot?] = []
-    var generations: [UInt32] = []
-    var free: [UInt32] = []
-    var routes: [ConnectionID: Handle] = [:]
+    @exclusivity(unchecked) var slots: [Slot?] = []
+    @exclusivity(unchecked) var generations: [UInt32] = []
+    @exclusivity(unchecked) var free: [UInt32] = []
+    @exclusivity(unchecked) var routes: [ConnectionID: Handle] = [:]
     /// Connections that may have output, in the order they got it: `poll` serves them first come,
     /// first served from `dirtyHead`, so a reply to one member goes out before the notices the same
     /// command queued for everyone else (a floor grant before 200 `taken`s).
-    var dirty: [Handle] = []
-    var dirtyHead = 0
-    var timers = DeadlineHeap()
+    @exclusivity(unchecked) var dirty: [Handle] = []
+    @exclusivity(unchecked) var dirtyHead = 0
+    @exclusivity(unchecked) var timers = DeadlineHeap()
     /// Stateless replies (version negotiation, Retry, stateless reset, refusals), served first come,
     /// first served from `outboxHead`, like the connections.
-    var outbox: [([UInt8], PathAddress)] = []
-    var outboxHead = 0
-    var events = EventQueue<(Handle, ConnectionEvent)>()
-    var rate: [PathAddress: (window: UInt64, count: Int)] = [:]
-    var rateWindow: UInt64 = 0
-    public private(set) var connectionCount = 0
-    var handshaking = 0
+    @exclusivity(unchecked) var outbox: [([UInt8], PathAddress)] = []
+    @exclusivity(unchecked) var outboxHead = 0
+    @exclusivity(unchecked) var events = EventQueue<(Handle, ConnectionEvent)>()
+    @exclusivity(unchecked) var rate: [PathAddress: (window: UInt64, count: Int)] = [:]
+    @exclusivity(unchecked) var rateWindow: UInt64 = 0
+    @exclusivity(unchecked) public private(set) var connectionCount = 0
+    @exclusivity(unchecked) var handshaking = 0
 
     public init(secrets: ServerSecrets, configuration: EndpointConfiguration = EndpointConfiguration(),
                 random: any RandomNumberGenerator = SystemRandomNumberGenerator(),

@@ -90,7 +90,7 @@ public final class PacketKey {
     /// Scratch for nonce (12) and mask (5), allocated once with the key.
     private let scratch: UnsafeMutableRawPointer
     /// Packets sealed, or failed openings, under this key.
-    public private(set) var uses: UInt64 = 0
+    @exclusivity(unchecked) public private(set) var uses: UInt64 = 0
 
     public let key: [UInt8]
     public let iv: [UInt8]

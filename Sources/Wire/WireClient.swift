@@ -10,17 +10,17 @@ public enum ClientEvent: Sendable, Equatable {
 /// session) or an idle timeout it starts a new handshake at once, within the same round trip, with no
 /// help from the application. Sans-I/O like `Connection`.
 public final class WireClient {
-    public private(set) var connection: Connection
+    @exclusivity(unchecked) public private(set) var connection: Connection
     public let configuration: ClientConfiguration
-    public private(set) var remote: PathAddress
+    @exclusivity(unchecked) public private(set) var remote: PathAddress
     /// A server token from NEW_TOKEN, presented on the next handshake to skip a Retry.
-    public private(set) var token: [UInt8] = []
-    public private(set) var reconnects = 0
-    var random: any RandomNumberGenerator
+    @exclusivity(unchecked) public private(set) var token: [UInt8] = []
+    @exclusivity(unchecked) public private(set) var reconnects = 0
+    @exclusivity(unchecked) var random: any RandomNumberGenerator
     /// Makes each connection's generator (see `Endpoint.forkRandom`): a reconnection must not repeat
     /// the first connection's IDs and keys.
     let forkRandom: (inout any RandomNumberGenerator) -> any RandomNumberGenerator
-    var events = EventQueue<ClientEvent>()
+    @exclusivity(unchecked) var events = EventQueue<ClientEvent>()
 
     public init(configuration: ClientConfiguration, remote: PathAddress, now: WireInstant,
                 random: any RandomNumberGenerator = SystemRandomNumberGenerator(),
