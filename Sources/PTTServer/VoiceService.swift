@@ -53,6 +53,9 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
     }
 
     public func run() async throws {
+        // However this ends (a failed start included), no more writes come from here: the store
+        // writer can drain and the database close without waiting for its cancellation grace.
+        defer { writer.finish() }
         let secrets = ServerSecrets(
             identity: identity,
             resetKey: SymmetricKey(data: try await persistentKey(Self.resetKeyName)),
@@ -117,7 +120,6 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
             box.value.stopped = true
             box.value.armTimer()
         }.get()
-        writer.finish()
     }
 
     func persistentKey(_ name: String) async throws -> [UInt8] {

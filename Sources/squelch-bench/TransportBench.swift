@@ -28,6 +28,7 @@ struct Transport: AsyncParsableCommand {
 
     func validate() throws {
         guard handshakes >= 10, packets >= 1_000 else { throw ValidationError("--handshakes ≥ 10 and --packets ≥ 1000") }
+        guard (1...40_000).contains(fanout) else { throw ValidationError("--fanout takes 1 to 40000 connections") }
     }
 
     func run() async throws {
@@ -98,10 +99,11 @@ struct Transport: AsyncParsableCommand {
             let t0 = monotonicNanoseconds()
             payload.withUnsafeBytes { p in
                 for index in 0 ..< fanout {
-                    counts[index] = copies[index].withUnsafeMutableBytes { endpoint.sendDatagram(p, to: clients[index].2, into: $0, now: now)?.count ?? 0 }
+                    counts[index] = copies[index].withUnsafeMutableBytes { endpoint.sendDatagram(p, to: clients[index].2, into: $0, now: now)?.count ?? -1 }
                 }
             }
             sendNanoseconds += monotonicNanoseconds() - t0
+            if let refused = counts.firstIndex(of: -1) { throw ValidationError("the endpoint refused a copy for connection \(refused)") }
             for index in 0 ..< fanout {
                 let (client, from, _) = clients[index]
                 copies[index].withUnsafeMutableBytes { client.receive(UnsafeMutableRawBufferPointer(rebasing: $0[..<counts[index]]), from: server, now: now) }
