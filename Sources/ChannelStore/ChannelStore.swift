@@ -165,11 +165,8 @@ public struct RevocationRecord: Codable, Sendable, Equatable {
     public func voids(channel: UUID, user: String, tokenID: String, issuedAt: Date) -> Bool {
         guard channel == channelID else { return false }
         if let revoked = self.tokenID { return revoked == tokenID }
-        return userID == user && Self.milliseconds(issuedAt) <= Self.milliseconds(revokedAt)
+        return userID == user && issuedAt.unixMilliseconds <= revokedAt.unixMilliseconds
     }
-
-    /// Milliseconds since 1970, rounded as the store rounds them.
-    static func milliseconds(_ date: Date) -> Int64 { Int64((date.timeIntervalSince1970 * 1000).rounded()) }
 
     /// Longest token id (as `ParticipantClaims.maxTokenIDBytes`) and reason, in UTF-8 bytes.
     public static let maxTokenIDBytes = 128

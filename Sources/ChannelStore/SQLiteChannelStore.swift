@@ -452,8 +452,8 @@ private func createPrivateFileIfAbsent(_ path: String) {
 // uppercase strings and dates as unix milliseconds, so what the sqlite3 shell shows is readable.
 
 extension Date {
-    /// Whole milliseconds since 1970, as stored.
-    fileprivate var unixMilliseconds: Int64 { Int64((timeIntervalSince1970 * 1000).rounded()) }
+    /// Whole milliseconds since 1970, as stored (and as `RevocationRecord.voids` compares).
+    var unixMilliseconds: Int64 { Int64((timeIntervalSince1970 * 1000).rounded()) }
 
     fileprivate init(unixMilliseconds: Int64) { self.init(timeIntervalSince1970: Double(unixMilliseconds) / 1000) }
 }

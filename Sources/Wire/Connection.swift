@@ -193,7 +193,7 @@ public final class Connection {
     /// Whether to send keepalive PINGs (turn off while an app is in the background).
     @exclusivity(unchecked) public var keepAlive: Bool
 
-    @exclusivity(unchecked) var events = EventQueue<ConnectionEvent>()
+    @exclusivity(unchecked) var events = FIFOQueue<ConnectionEvent>()
 
     // MARK: Creation
 

@@ -62,16 +62,14 @@ public final class Endpoint {
     @exclusivity(unchecked) var free: [UInt32] = []
     @exclusivity(unchecked) var routes: [ConnectionID: Handle] = [:]
     /// Connections that may have output, in the order they got it: `poll` serves them first come,
-    /// first served from `dirtyHead`, so a reply to one member goes out before the notices the same
+    /// first served, so a reply to one member goes out before the notices the same
     /// command queued for everyone else (a floor grant before 200 `taken`s).
-    @exclusivity(unchecked) var dirty: [Handle] = []
-    @exclusivity(unchecked) var dirtyHead = 0
+    @exclusivity(unchecked) var dirty = FIFOQueue<Handle>()
     @exclusivity(unchecked) var timers = DeadlineHeap()
     /// Stateless replies (version negotiation, Retry, stateless reset, refusals), served first come,
-    /// first served from `outboxHead`, like the connections.
-    @exclusivity(unchecked) var outbox: [([UInt8], PathAddress)] = []
-    @exclusivity(unchecked) var outboxHead = 0
-    @exclusivity(unchecked) var events = EventQueue<(Handle, ConnectionEvent)>()
+    /// first served, like the connections.
+    @exclusivity(unchecked) var outbox = FIFOQueue<([UInt8], PathAddress)>()
+    @exclusivity(unchecked) var events = FIFOQueue<(Handle, ConnectionEvent)>()
     @exclusivity(unchecked) var rate: [PathAddress: (window: UInt64, count: Int)] = [:]
     @exclusivity(unchecked) var rateWindow: UInt64 = 0
     @exclusivity(unchecked) public private(set) var connectionCount = 0
@@ -285,41 +283,23 @@ public final class Endpoint {
 
     /// The next datagram to send, or nil when everything is flushed.
     public func poll(into buffer: UnsafeMutableRawBufferPointer, now: WireInstant) -> Transmit? {
-        while outboxHead < outbox.count {
-            let (bytes, address) = outbox[outboxHead]
-            outboxHead += 1
-            if outboxHead == outbox.count {
-                outbox.removeAll(keepingCapacity: true)
-                outboxHead = 0
-            } else if outboxHead >= 64, outboxHead * 2 >= outbox.count {
-                outbox.removeFirst(outboxHead)
-                outboxHead = 0
-            }
+        while let (bytes, address) = outbox.next() {
             // The adapters offer at least maxDatagramSize; a smaller buffer drops the reply rather
             // than leave it blocking the ones behind it.
             guard bytes.count <= buffer.count else { stats.dropped += 1; continue }
             bytes.withUnsafeBytes { buffer.copyMemory(from: $0) }
             return Transmit(count: bytes.count, address: address)
         }
-        while dirtyHead < dirty.count {
-            let handle = dirty[dirtyHead]
-            guard let connection = connection(handle) else { dirtyHead += 1; continue }
+        while let handle = dirty.first {
+            guard let connection = connection(handle) else { _ = dirty.next(); continue }
             if let transmit = connection.poll(into: buffer, now: now) {
                 touched(handle, now: now)
                 return transmit
             }
-            dirtyHead += 1
+            _ = dirty.next()
             slots[Int(handle.index)]?.dirty = false
             touched(handle, now: now, markDirty: false)
-            // Drains cut short by the adapter's bound leave a served prefix behind; drop it before
-            // it outgrows the queue itself.
-            if dirtyHead >= 1024, dirtyHead * 2 >= dirty.count {
-                dirty.removeFirst(dirtyHead)
-                dirtyHead = 0
-            }
         }
-        dirty.removeAll(keepingCapacity: true)
-        dirtyHead = 0
         return nil
     }
 

@@ -20,7 +20,7 @@ public final class WireClient {
     /// Makes each connection's generator (see `Endpoint.forkRandom`): a reconnection must not repeat
     /// the first connection's IDs and keys.
     let forkRandom: (inout any RandomNumberGenerator) -> any RandomNumberGenerator
-    @exclusivity(unchecked) var events = EventQueue<ClientEvent>()
+    @exclusivity(unchecked) var events = FIFOQueue<ClientEvent>()
 
     public init(configuration: ClientConfiguration, remote: PathAddress, now: WireInstant,
                 random: any RandomNumberGenerator = SystemRandomNumberGenerator(),

@@ -77,12 +77,11 @@ struct Transport: AsyncParsableCommand {
         for index in 0 ..< fanout {
             let from = PathAddress(ipv4: 0x7F00_0001, port: UInt16(20_000 + index))
             let client = try await connect(to: endpoint, from: from, pki: pki)
-            guard let handle = endpoint.handles.first(where: { h in !clients.contains { $0.2 == h } }) else {
-                throw ValidationError("in-memory handshake \(index) left no handle")
-            }
+            var handle: Endpoint.Handle?
+            while let (connected, event) = endpoint.nextEvent() { if case .connected = event { handle = connected } }
+            guard let handle else { throw ValidationError("in-memory handshake \(index) left no connection") }
             clients.append((client, from, handle))
         }
-        while endpoint.nextEvent() != nil {}
         let payload = [UInt8](repeating: 0x33, count: 88)
         let server = PathAddress(ipv4: 0x7F00_0001, port: 4433)
         // Each round's copies are kept (outside the timed part) so the clients can open them and ACK.
