@@ -23,12 +23,16 @@ struct Transport: AsyncParsableCommand {
     @Flag(help: "Only the in-memory fan-out measurement (for A/B runs of the relay's user-space path).")
     var fanoutOnly = false
 
+    @Option(help: "Milliseconds between talker packets in the in-memory fan-out (the relay's are 20 ms apart; 0 runs them back to back, with every connection's state still in the caches).")
+    var gap = 0
+
     @Option(help: "Only run N packets through client send and server receive, for an allocation count (heaptrack): compare two values of N.")
     var allocationProbe: Int?
 
     func validate() throws {
         guard handshakes >= 10, packets >= 1_000 else { throw ValidationError("--handshakes ≥ 10 and --packets ≥ 1000") }
         guard (1...40_000).contains(fanout) else { throw ValidationError("--fanout takes 1 to 40000 connections") }
+        guard (0...1_000).contains(gap) else { throw ValidationError("--gap takes 0 to 1000 milliseconds") }
     }
 
     func run() async throws {
@@ -95,6 +99,7 @@ struct Transport: AsyncParsableCommand {
         var acks = 0
         for _ in 0 ..< rounds {
             now = now + 20_000_000
+            if gap > 0 { try await Task.sleep(for: .milliseconds(gap)) }
             let t0 = monotonicNanoseconds()
             payload.withUnsafeBytes { p in
                 for index in 0 ..< fanout {
@@ -117,7 +122,8 @@ struct Transport: AsyncParsableCommand {
             }
         }
         let copiesSent = Double(rounds * fanout)
-        print("transport: the relay's user-space path in memory, \(fanout) listeners, 88-byte datagram payload, \(rounds) talker packets (no sockets)")
+        print("transport: the relay's user-space path in memory, \(fanout) listeners, 88-byte datagram payload, \(rounds) talker packets (no sockets), "
+              + (gap > 0 ? "\(gap) ms apart" : "back to back"))
         print("| part | ns per forwarded copy |")
         print("|---|---|")
         print(String(format: "| sealing the copies (Endpoint.sendDatagram, round robin over %d connections) | %.0f |", fanout, Double(sendNanoseconds) / copiesSent))
