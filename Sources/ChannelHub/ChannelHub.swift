@@ -28,6 +28,8 @@ public final class ChannelHub {
     public private(set) var counters = HubCounters()
     var channels: [UUID: ChannelState] = [:]
     var sessions: [Link: Session] = [:]
+    /// Each connection's allowance of control messages (`HubConfiguration.controlMessagesPerSecond`).
+    var controlBudget: [Link: ControlBudget] = [:]
     var outputs: [HubOutput] = []
     let codec = MessageCodec()
     /// One datagram being forwarded: its header is rewritten here and the payload copied once.
@@ -55,6 +57,11 @@ public final class ChannelHub {
 
     /// Adds a channel, or updates it: members connected to it get the new descriptor.
     public func upsertChannel(_ record: ChannelRecord, members stored: [MemberRecord] = []) {
+        // Records are validated when written through squelchd, but a row edited in the database
+        // (or another store) may hold any number; the floor's limit must not trap on it.
+        var record = record
+        record.maxBurstSeconds = min(max(record.maxBurstSeconds, ChannelRecord.maxBurstRange.lowerBound),
+                                     ChannelRecord.maxBurstRange.upperBound)
         if let channel = channels[record.id] {
             guard channel.record != record else { return }
             let before = channel.info
@@ -171,6 +178,7 @@ public final class ChannelHub {
     /// The connection closed (or timed out). A joined member turns `reconnecting` and keeps its
     /// place, and the floor if it held it, for the grace period.
     public func closed(_ link: Link, at time: HubTime) {
+        controlBudget[link] = nil
         guard let session = sessions.removeValue(forKey: link) else { return }
         guard case .joined(let channel, let slot) = session, var member = channel.members[slot] else { return }
         member.link = nil
@@ -189,6 +197,12 @@ public final class ChannelHub {
     /// A control message arrived on `link`.
     public func control(_ link: Link, bytes: [UInt8], at time: HubTime) {
         guard let session = sessions[link] else { return }
+        guard controlBudget[link, default: ControlBudget(tokens: Double(configuration.controlMessageBurst), refilledAt: time.instant)]
+            .take(at: time.instant, perSecond: configuration.controlMessagesPerSecond, burst: configuration.controlMessageBurst)
+        else {
+            rateLimited(link, bytes: bytes, at: time)
+            return
+        }
         let message: ClientMessage
         do {
             message = try codec.decodeClientMessage(bytes)
@@ -328,7 +342,9 @@ public final class ChannelHub {
     func forget(_ channel: ChannelState, slot: UInt16, at time: HubTime) {
         guard var member = channel.members[slot] else { return }
         stopCatchUp(&member)
-        if channel.floor.mayTalk(slot) { channel.endReasons[slot] = "left" }
+        // The member's row is gone by the time the floor's `.ended` is applied below, and the log
+        // entry needs it: a burst cut short by leaving is logged here.
+        if channel.floor.mayTalk(slot) { logBurstEnd(channel, slot: slot, reason: "left", at: time) }
         channel.floor.release(slot, now: time.instant.nanoseconds)
         channel.members[slot] = nil
         channel.slotsByUser[member.userID] = nil
@@ -337,6 +353,19 @@ public final class ChannelHub {
         channel.rebuildListeners()
         outputs.append(.send(.participantLeft(slot: slot, userID: member.userID), to: channel.connectedLinks))
         outputs.append(.store(.removeMember(channel: channel.record.id, user: member.userID)))
+    }
+
+    /// A message over the connection's rate is dropped. A floor request is denied, so that the
+    /// client's request ends; anything else gets an `error`, at most one a second.
+    func rateLimited(_ link: Link, bytes: [UInt8], at time: HubTime) {
+        counters.controlRateLimited += 1
+        let text = "more than \(configuration.controlMessagesPerSecond) control messages a second from this connection; the message was dropped, slow down"
+        if case .floorRequest? = try? codec.decodeClientMessage(bytes) {
+            outputs.append(.send(.floor(FloorEvent(kind: .denied, cause: .rateLimited, reason: text)), to: [link]))
+            return
+        }
+        guard controlBudget[link]?.noticeDue(at: time.instant) == true else { return }
+        outputs.append(.send(.error(code: .rateLimited, reason: text), to: [link]))
     }
 
     // MARK: Floor

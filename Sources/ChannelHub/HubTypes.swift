@@ -33,6 +33,12 @@ public struct HubConfiguration: Sendable {
     public var catchUpInterval: UInt64 = 10_000_000
     /// Packets kept per burst for catch-up: a 600 s burst at 50 packets/s.
     public var maxRecordedPackets = 30_000
+    /// Control messages a connection may send per second, on average, and in a burst. A client sends
+    /// a handful per talk burst; a loop of floor requests or push-token registrations would otherwise
+    /// make the server send a notice to every member and a push to every sleeping one, or a database
+    /// write, for each.
+    public var controlMessagesPerSecond = 20
+    public var controlMessageBurst = 40
 
     public init() {}
 }
@@ -117,8 +123,35 @@ public struct HubCounters: Sendable, Equatable {
     public var joins = 0
     public var refusals = 0
     public var controlErrors = 0
+    /// Control messages dropped because their connection sent more than its rate allows.
+    public var controlRateLimited = 0
 
     public init() {}
 
     public func drops(_ reason: DropReason) -> Int { drops[reason.rawValue] }
+}
+
+/// A token bucket of control messages for one connection, on the hub's clock.
+struct ControlBudget {
+    var tokens: Double
+    var refilledAt: WireInstant
+    /// When the connection was last told it is over its rate.
+    var noticedAt: WireInstant?
+
+    /// Takes one message's token; false when there is none left.
+    mutating func take(at now: WireInstant, perSecond: Int, burst: Int) -> Bool {
+        let elapsed = Double(now.since(refilledAt)) / 1e9
+        tokens = min(Double(burst), tokens + elapsed * Double(perSecond))
+        refilledAt = now
+        guard tokens >= 1 else { return false }
+        tokens -= 1
+        return true
+    }
+
+    /// True at most once a second.
+    mutating func noticeDue(at now: WireInstant) -> Bool {
+        if let noticedAt, now.since(noticedAt) < 1_000_000_000 { return false }
+        noticedAt = now
+        return true
+    }
 }

@@ -101,6 +101,9 @@ public enum RefusalCode: UInt16, Codable, Sendable {
     case protocolError = 13
     /// The token was revoked, or its member removed after it was issued (`TokenError.revoked`).
     case tokenRevoked = 14
+    /// (`error` only) the connection sent control messages faster than the server allows; the
+    /// message was dropped.
+    case rateLimited = 15
 }
 
 /// A floor-control outcome or announcement (after MCPTT TS 24.380).
@@ -131,6 +134,8 @@ public enum FloorCause: UInt16, Codable, Sendable {
     case disconnected = 102
     case notJoined = 103
     case serviceUnavailable = 104
+    /// The request came faster than the server allows control messages (`RefusalCode.rateLimited`).
+    case rateLimited = 105
 }
 
 /// A floor event. Which optional fields are set depends on `kind` (docs/protocol.md §16.3).

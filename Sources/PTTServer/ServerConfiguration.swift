@@ -44,6 +44,9 @@ public struct ServerConfiguration: Sendable, Equatable {
     public var disconnectGraceSeconds: Double = 2
     /// Floor requests a channel queues while the floor is taken.
     public var maxQueue: Int = 16
+    /// Control messages one connection may send per second (and twice as many in a burst); more are
+    /// dropped. Raise it only for load tests that request the floor in a tight loop.
+    public var controlMessagesPerSecond: Int = 20
     public var logLevel: Logger.Level = .info
     /// Where wake pushes go: `simulator` (a local APNs simulator started inside squelchd, the default),
     /// `apple` (api.push.apple.com, or the sandbox for sandbox tokens), `off`, or an `https://host:port`
@@ -77,6 +80,7 @@ public struct ServerConfiguration: Sendable, Equatable {
     public static let fullDuplexMaxTalkersRange = 1...16
     public static let disconnectGraceRange: ClosedRange<Double> = 0...60
     public static let maxQueueRange = 0...256
+    public static let controlMessageRateRange = 1...1_000_000
     public static let minimumAdminKeyLength = 16
     /// File name of the generated admin key inside the data directory.
     public static let adminKeyFileName = "admin-key"
@@ -168,6 +172,8 @@ public struct ServerConfiguration: Sendable, Equatable {
                     defaultDescription: "\(defaults.disconnectGraceSeconds.formatted())", kind: .double(\.disconnectGraceSeconds)),
             Setting(key: "maxQueue", environment: "SQUELCH_MAX_QUEUE", flag: "--max-queue",
                     defaultDescription: "\(defaults.maxQueue)", kind: .int(\.maxQueue)),
+            Setting(key: "controlMessagesPerSecond", environment: "SQUELCH_CONTROL_MESSAGES_PER_SECOND", flag: "--control-messages-per-second",
+                    defaultDescription: "\(defaults.controlMessagesPerSecond)", kind: .int(\.controlMessagesPerSecond)),
             Setting(key: "logLevel", environment: "SQUELCH_LOG_LEVEL", flag: "--log-level",
                     defaultDescription: defaults.logLevel.rawValue, kind: .string(\.logLevel)),
             Setting(key: "apns", environment: "SQUELCH_APNS", flag: "--apns",
@@ -246,6 +252,7 @@ public struct ServerConfiguration: Sendable, Equatable {
         if let value = layer.fullDuplexMaxTalkers { fullDuplexMaxTalkers = value }
         if let value = layer.disconnectGraceSeconds { disconnectGraceSeconds = value }
         if let value = layer.maxQueue { maxQueue = value }
+        if let value = layer.controlMessagesPerSecond { controlMessagesPerSecond = value }
         if let value = layer.apns { apns = value }
         if let value = layer.apnsKeyPath { apnsKeyPath = value }
         if let value = layer.apnsKeyID { apnsKeyID = value }
@@ -398,6 +405,8 @@ public struct ServerConfiguration: Sendable, Equatable {
                   "disconnect grace \(disconnectGraceSeconds.formatted()) s is out of range; use 0-\(Self.disconnectGraceRange.upperBound.formatted()) seconds")
         try check(Self.maxQueueRange.contains(maxQueue), "maxQueue",
                   "floor queue length \(maxQueue) is out of range; use \(Self.maxQueueRange.lowerBound)-\(Self.maxQueueRange.upperBound)")
+        try check(Self.controlMessageRateRange.contains(controlMessagesPerSecond), "controlMessagesPerSecond",
+                  "control message rate \(controlMessagesPerSecond) is out of range; use \(Self.controlMessageRateRange.lowerBound)-\(Self.controlMessageRateRange.upperBound) per second")
         try validateAPNs()
     }
 
@@ -538,6 +547,7 @@ public struct ConfigurationOverrides: Sendable, Equatable {
     public var fullDuplexMaxTalkers: Int?
     public var disconnectGraceSeconds: Double?
     public var maxQueue: Int?
+    public var controlMessagesPerSecond: Int?
     public var logLevel: String?
     public var apns: String?
     public var apnsKeyPath: String?

@@ -15,6 +15,7 @@ public final class ServerMetrics: Sendable {
     let joins: Counter
     let refusals: Counter
     let controlErrors: Counter
+    let controlRateLimited: Counter
     let packetsIn: Counter
     let packetsOut: Counter
     let catchUpPacketsOut: Counter
@@ -44,6 +45,7 @@ public final class ServerMetrics: Sendable {
         joins = counter("joins", "Members admitted to a channel.")
         refusals = counter("join_refusals", "Joins refused (bad token, unknown channel).")
         controlErrors = counter("control_errors", "Control messages that could not be read.")
+        controlRateLimited = counter("control_rate_limited", "Control messages dropped because their connection sent them too fast.")
         packetsIn = counter("packets_in", "Audio datagrams received.")
         packetsOut = counter("packets_out", "Audio datagrams forwarded live to listeners.")
         catchUpPacketsOut = counter("catchup_packets_out", "Audio datagrams replayed to late joiners.")
@@ -69,6 +71,7 @@ public final class ServerMetrics: Sendable {
         add(joins, old.joins, new.joins)
         add(refusals, old.refusals, new.refusals)
         add(controlErrors, old.controlErrors, new.controlErrors)
+        add(controlRateLimited, old.controlRateLimited, new.controlRateLimited)
         add(packetsIn, old.packetsIn, new.packetsIn)
         add(packetsOut, old.packetsOut, new.packetsOut)
         add(catchUpPacketsOut, old.catchUpPacketsOut, new.catchUpPacketsOut)

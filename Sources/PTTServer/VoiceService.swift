@@ -64,6 +64,8 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
         hubConfiguration.fullDuplexMaxTalkers = configuration.fullDuplexMaxTalkers
         hubConfiguration.disconnectGrace = UInt64(configuration.disconnectGraceSeconds * 1e9)
         hubConfiguration.maxQueue = configuration.maxQueue
+        hubConfiguration.controlMessagesPerSecond = configuration.controlMessagesPerSecond
+        hubConfiguration.controlMessageBurst = 2 * configuration.controlMessagesPerSecond
         let hub = ChannelHub(configuration: hubConfiguration)
         let initialRevision = try await store.revision()
         // Joins check the store, so revocations made before this start need no replay; the ones made
@@ -98,9 +100,11 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
                 do {
                     let latest = try await self.store.revision()
                     if latest != revision {
-                        revision = latest
                         try await self.reloadChannels()
                         revocation = try await self.applyRevocations(after: revocation)
+                        // Only now: after a failed read the next poll tries this revision again,
+                        // rather than leaving a deleted channel or a revoked member live.
+                        revision = latest
                     }
                 } catch {
                     self.logger.error("could not read channels from the store", metadata: ["error": "\(error)"])

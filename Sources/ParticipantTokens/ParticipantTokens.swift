@@ -143,19 +143,45 @@ public struct TokenAuthority: Sendable {
     }
 
     /// The token key in `directory` (token-key.pem), made on first run and readable only by this user.
+    ///
+    /// An existing key is never replaced: every token issued with it would stop working. A key that
+    /// can't be read is an error to fix, and a new key appears under its name all at once (written
+    /// beside it, then linked), so a second process starting at the same moment reads the winner's.
     public static func loadOrCreate(in directory: String) async throws -> TokenAuthority {
         let path = (directory as NSString).appendingPathComponent("token-key.pem")
-        if let pem = try? String(contentsOfFile: path, encoding: .utf8) {
-            do { return try await TokenAuthority(privateKeyPEM: pem) } catch {
-                throw TokenKeyError(message: "\(path) is not a P-256 private key in PEM (\(error)); restore it, or delete it to make a new key (every issued token then stops working)")
-            }
-        }
+        if FileManager.default.fileExists(atPath: path) { return try await load(path) }
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         let pem = P256.Signing.PrivateKey().pemRepresentation
-        guard FileManager.default.createFile(atPath: path, contents: Data(pem.utf8), attributes: [.posixPermissions: 0o600]) else {
-            throw TokenKeyError(message: "cannot write \(path); check that the data directory is writable")
+        let temporary = path + ".new-\(getpid())-\(UInt32.random(in: .min ... .max))"
+        let descriptor = open(temporary, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
+        guard descriptor >= 0 else {
+            throw TokenKeyError(message: "cannot create \(temporary) (\(String(cString: strerror(errno)))); check that the data directory is writable")
+        }
+        defer { unlink(temporary) }
+        let bytes = Array(pem.utf8)
+        let written = bytes.withUnsafeBytes { write(descriptor, $0.baseAddress, $0.count) }
+        let synced = fsync(descriptor) == 0
+        close(descriptor)
+        guard written == bytes.count, synced else {
+            throw TokenKeyError(message: "cannot write \(temporary); check that the data directory is writable and not full")
+        }
+        guard link(temporary, path) == 0 else {
+            let code = errno
+            // Another process made the key first: use it.
+            if code == EEXIST { return try await load(path) }
+            throw TokenKeyError(message: "cannot create \(path) (\(String(cString: strerror(code)))); check that the data directory is writable")
         }
         return try await TokenAuthority(privateKeyPEM: pem)
+    }
+
+    static func load(_ path: String) async throws -> TokenAuthority {
+        let pem: String
+        do { pem = try String(contentsOfFile: path, encoding: .utf8) } catch {
+            throw TokenKeyError(message: "cannot read \(path) (\(error.localizedDescription)); run squelchd as the user that owns it, or fix its permissions (it must stay mode 600)")
+        }
+        do { return try await TokenAuthority(privateKeyPEM: pem) } catch {
+            throw TokenKeyError(message: "\(path) is not a P-256 private key in PEM (\(error)); restore it, or delete it to make a new key (every issued token then stops working)")
+        }
     }
 
     /// Signs `claims`, which must pass `ParticipantClaims.validate()`.

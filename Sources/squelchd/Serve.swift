@@ -59,6 +59,9 @@ struct Serve: AsyncParsableCommand {
     @Option(help: ArgumentHelp(ServerConfiguration.help("maxQueue", "Floor requests a channel queues while the floor is taken, 0-256."), valueName: "n"))
     var maxQueue: Int?
 
+    @Option(help: ArgumentHelp(ServerConfiguration.help("controlMessagesPerSecond", "Control messages one connection may send per second, twice as many in a burst; more are dropped (floor requests are denied with cause rateLimited). 1-1000000."), valueName: "n"))
+    var controlMessagesPerSecond: Int?
+
     @Option(help: ArgumentHelp(ServerConfiguration.help("logLevel", "Log level: trace, debug, info, notice, warning, error, critical."), valueName: "level"))
     var logLevel: String?
 
@@ -99,7 +102,7 @@ struct Serve: AsyncParsableCommand {
     var pushWakeSilenceSeconds: Double?
 
     var overrides: ConfigurationOverrides {
-        ConfigurationOverrides(
+        var overrides = ConfigurationOverrides(
             dataDirectory: dataDir, host: host, port: port, adminHost: adminHost, adminPort: adminPort,
             adminKeyFile: adminKeyFile, certificateChainPath: cert, privateKeyPath: key, maxConnections: maxConnections,
             handshakesPerSecondPerAddress: handshakesPerSecondPerAddress,
@@ -108,6 +111,8 @@ struct Serve: AsyncParsableCommand {
             apnsTopic: apnsTopic, apnsCAPath: apnsCa, apnsPoolSize: apnsPoolSize, apnsSimulatorPort: apnsSimulatorPort,
             apnsSimulatorControlPort: apnsSimulatorControlPort, apnsSimulatorCertPath: apnsSimulatorCert,
             apnsSimulatorKeyPath: apnsSimulatorKey, pushWakeSilenceSeconds: pushWakeSilenceSeconds)
+        overrides.controlMessagesPerSecond = controlMessagesPerSecond
+        return overrides
     }
 
     func run() async throws {

@@ -163,6 +163,46 @@ final class Harness {
         #expect(h.stored.contains { if case .logTransmission(let t) = $0 { return t.userID == "ann" && t.endReason == "released" } else { return false } })
     }
 
+    @Test func aBurstCutShortByLeavingIsStillLogged() {
+        let h = Harness()
+        let ann = h.join("ann"), bob = h.join("bob")
+        h.send(.floorRequest, from: ann.link)
+        #expect(h.grantedBurst(ann.link) != nil)
+        h.send(.leave, from: ann.link)
+        let logged = h.stored.compactMap { if case .logTransmission(let t) = $0 { return t } else { return nil } }
+        #expect(logged.map(\.userID) == ["ann"] && logged.first?.endReason == "left", "\(logged)")
+        #expect(h.floorEvents(to: bob.link).contains { $0.kind == .ended && $0.slot == ann.slot })
+    }
+
+    @Test func aConnectionThatFloodsControlMessagesIsHeldToItsRate() {
+        var configuration = HubConfiguration()
+        configuration.controlMessagesPerSecond = 20
+        configuration.controlMessageBurst = 40
+        let h = Harness(configuration: configuration)
+        let ann = h.join("ann"), bob = h.join("bob")
+        // The join was one message; 39 more fit the burst, then every message is over the rate.
+        for _ in 0..<30 {
+            h.send(.floorRequest, from: ann.link)
+            h.send(.floorRelease, from: ann.link)
+        }
+        #expect(h.hub.counters.controlRateLimited == 21)
+        let annEvents = h.floorEvents(to: ann.link)
+        #expect(annEvents.filter { $0.kind == .granted }.count == 20)
+        #expect(annEvents.filter { $0.kind == .denied && $0.cause == .rateLimited }.count == 10, "each dropped request is denied")
+        #expect(h.floorEvents(to: bob.link).filter { $0.kind == .taken }.count == 20, "the others hear only what was let through")
+        // Other messages over the rate (the dropped releases, these) get one error a second, not one each.
+        for _ in 0..<5 { h.send(.setMuted(true), from: ann.link) }
+        let errors = h.messages.filter { if $0.link == ann.link, case .error(.rateLimited, _) = $0.message { return true } else { return false } }
+        #expect(errors.count == 1)
+        // The allowance refills with time: 100 ms is two more messages.
+        h.advance(100 * ms)
+        h.send(.floorRequest, from: ann.link)
+        #expect(h.floorEvents(to: ann.link).last?.kind == .granted)
+        // Another connection has its own allowance.
+        h.send(.floorRequest, from: bob.link)
+        #expect(h.floorEvents(to: bob.link).last?.kind == .queued)
+    }
+
     @Test func higherPriorityPreemptsWithAReason() {
         let h = Harness()
         let ann = h.join("ann", priority: 1), chief = h.join("chief", priority: 200)
@@ -197,6 +237,21 @@ final class Harness {
         #expect(h.floorEvents(to: ann.link).last?.kind == .granted)
         h.advance(1 * ms)
         #expect(h.floorEvents(to: ann.link).contains { $0.kind == .revoked && $0.cause == .maxBurstReached })
+    }
+
+    @Test func aMaximumBurstOutOfRangeFromTheDatabaseIsClampedNotTrapped() {
+        // A row edited in the sqlite3 shell skips the store's validation.
+        let h = Harness()
+        for (seconds, expected) in [(-1, 1), (0, 1), (Int.max, 600)] {
+            var record = h.channel
+            record.maxBurstSeconds = seconds
+            h.hub.upsertChannel(record)
+            let ann = h.join("ann\(seconds)")
+            h.send(.floorRequest, from: ann.link)
+            let granted = h.floorEvents(to: ann.link).last { $0.kind == .granted }
+            #expect(granted?.maxBurstSeconds == expected, "\(seconds)")
+            h.send(.floorRelease, from: ann.link)
+        }
     }
 
     @Test func lateJoinerGetsTheBurstFromItsFirstPacketThenLive() {

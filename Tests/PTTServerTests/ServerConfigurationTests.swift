@@ -145,12 +145,15 @@ import Testing
         #expect(Set(settings.map(\.key)).count == settings.count)
         #expect(Set(settings.map(\.environment)).count == settings.count)
         #expect(settings.allSatisfy { $0.environment.hasPrefix("SQUELCH_") && !$0.defaultDescription.isEmpty })
-        #expect(settings.count == 27, "a new ServerConfiguration field needs a row in settings and a flag in Serve")
+        #expect(settings.count == 28, "a new ServerConfiguration field needs a row in settings and a flag in Serve")
     }
 
     @Test func configurationRefusesBadValuesWithAdvice() throws {
         var config = ServerConfiguration()
         config.adminPort = 70_000
+        #expect(throws: ServerConfiguration.ConfigurationError.self) { try config.prepare() }
+        config = ServerConfiguration()
+        config.controlMessagesPerSecond = 0
         #expect(throws: ServerConfiguration.ConfigurationError.self) { try config.prepare() }
 
         let file = Self.temporaryPath("notadir")

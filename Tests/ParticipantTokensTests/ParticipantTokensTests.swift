@@ -70,6 +70,28 @@ import Testing
         #expect("\(error!)".contains("delete it to make a new key"))
     }
 
+    @Test func anUnreadableKeyIsAnErrorNeverReplaced() async throws {
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("tokens-\(UUID())").path
+        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+        // Not UTF-8: the old code took an unreadable key for a missing one and wrote a new key over it.
+        let damaged = Data([0xFF, 0xFE, 0x00, 0x2D])
+        try damaged.write(to: URL(fileURLWithPath: dir + "/token-key.pem"))
+        let error = await #expect(throws: TokenKeyError.self) { try await TokenAuthority.loadOrCreate(in: dir) }
+        #expect("\(error!)".contains("cannot read"))
+        #expect(try Data(contentsOf: URL(fileURLWithPath: dir + "/token-key.pem")) == damaged)
+    }
+
+    @Test func processesStartingTogetherShareOneKey() async throws {
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("tokens-\(UUID())").path
+        let keys = try await withThrowingTaskGroup(of: String.self) { group in
+            for _ in 0..<8 { group.addTask { try await TokenAuthority.loadOrCreate(in: dir).publicKeyPEM } }
+            return try await group.reduce(into: Set<String>()) { $0.insert($1) }
+        }
+        #expect(keys.count == 1)
+        let left = try FileManager.default.contentsOfDirectory(atPath: dir)
+        #expect(left == ["token-key.pem"], "no temporary files left behind: \(left)")
+    }
+
     @Test func lifetimesParse() {
         #expect(parseLifetime("12h") == 43_200)
         #expect(parseLifetime("30m") == 1_800)
