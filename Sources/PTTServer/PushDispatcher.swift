@@ -3,6 +3,7 @@ import ChannelProtocol
 import ChannelStore
 import Foundation
 import Logging
+import NIOConcurrencyHelpers
 import Prometheus
 import ServiceLifecycle
 
@@ -33,63 +34,112 @@ public struct APNsRoute: Sendable {
 /// Sends the pushes the channel hub asks for: a wake to each sleeping member when a burst starts, and a
 /// leave push when an administrator removes a member or deletes a channel.
 ///
-/// The hub's event loop only hands jobs over (a non-blocking `yield`), so the relay never waits for APNs;
-/// each push then runs as its own task and follows the APNs client's failure policy. A token APNs calls
-/// dead is reported through `tokenRejected`, which clears it in the hub and the store.
+/// The hub's event loop only hands jobs over (a short lock, no waiting), so the relay never waits for
+/// APNs. `PushSchedule` decides what goes out and when: one job per member waiting, wakes to one member
+/// at least a second apart, at most 1,000 pushes in flight. Each push follows the APNs client's failure
+/// policy; a token APNs calls dead is reported through `tokenRejected`, which clears it in the hub and
+/// the store.
 public final class PushDispatcher: Service, Sendable {
-    enum Job: Sendable {
-        case wake(channel: UUID, speaker: String, member: MemberRecord)
-        case leave(channel: UUID, member: MemberRecord)
-    }
-
-    /// Jobs waiting beyond this are dropped (and counted): a wake that waits behind 50,000 others is stale.
-    static let queueLimit = 50_000
+    typealias Job = PushSchedule.Job
 
     private let route: APNsRoute
-    private let jobs: AsyncStream<Job>
-    private let continuation: AsyncStream<Job>.Continuation
+    private let schedule: NIOLockedValueBox<PushSchedule>
+    /// Rung whenever the schedule may have something new to hand out: a job queued, a push ended, a held
+    /// wake's interval over, shutdown. One pending ring is enough, so it buffers one.
+    private let doorbell: AsyncStream<Void>
+    private let ring: AsyncStream<Void>.Continuation
     private let metrics: PushMetrics
     private let logger: Logger
     private let tokenRejected: @Sendable (_ channel: UUID, _ user: String, _ token: String) async -> Void
 
-    public init(route: APNsRoute, registry: PrometheusCollectorRegistry, logger: Logger,
-                tokenRejected: @escaping @Sendable (UUID, String, String) async -> Void) {
+    public convenience init(route: APNsRoute, registry: PrometheusCollectorRegistry, logger: Logger,
+                            tokenRejected: @escaping @Sendable (UUID, String, String) async -> Void) {
+        self.init(route: route, schedule: PushSchedule(), registry: registry, logger: logger, tokenRejected: tokenRejected)
+    }
+
+    init(route: APNsRoute, schedule: PushSchedule, registry: PrometheusCollectorRegistry, logger: Logger,
+         tokenRejected: @escaping @Sendable (UUID, String, String) async -> Void) {
         self.route = route
+        self.schedule = NIOLockedValueBox(schedule)
         self.metrics = PushMetrics(registry: registry)
         self.logger = logger
         self.tokenRejected = tokenRejected
-        (jobs, continuation) = AsyncStream.makeStream(of: Job.self, bufferingPolicy: .bufferingOldest(Self.queueLimit))
+        (doorbell, ring) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
     }
 
-    /// Queues a wake for each member. Never blocks.
+    /// Queues a wake for each member. Never waits.
     public func wake(channel: UUID, speaker: String, members: [MemberRecord]) {
-        for member in members { enqueue(.wake(channel: channel, speaker: speaker, member: member)) }
+        let now = ContinuousClock.now
+        let results = schedule.withLockedValue { schedule in
+            members.map { schedule.enqueue(.wake(channel: channel, speaker: speaker, member: $0), now: now) }
+        }
+        for result in results { count(result) }
+        ring.yield()
     }
 
-    /// Queues a leave push. Never blocks.
+    /// Queues a leave push. Never waits.
     public func leave(channel: UUID, member: MemberRecord) {
-        enqueue(.leave(channel: channel, member: member))
+        let now = ContinuousClock.now
+        count(schedule.withLockedValue { $0.enqueue(.leave(channel: channel, member: member), now: now) })
+        ring.yield()
     }
 
-    private func enqueue(_ job: Job) {
-        if case .dropped = continuation.yield(job) { metrics.count(.failed, reason: "QueueFull") }
+    private func count(_ result: PushSchedule.Enqueued) {
+        switch result {
+        case .queued, .closed: break
+        case .replaced, .superfluous: metrics.count(.coalesced, reason: "NewerPush")
+        case .full: metrics.count(.failed, reason: "QueueFull")
+        }
     }
 
     public func run() async throws {
         // Opening the connections before the first burst keeps TLS out of the first wake's time.
         for client in route.clients { Task { await client.preconnect() } }
-        // On shutdown the queue is closed: what is already in it still goes out, each push within its
-        // 2 s budget, and then the connections close.
+        // On shutdown what is already waiting still goes out at once (held wakes included), each push
+        // within its 2 s budget, and then the connections close.
         await withGracefulShutdownHandler {
-            await withDiscardingTaskGroup { group in
-                for await job in self.jobs {
-                    group.addTask { await self.deliver(job) }
-                }
-            }
+            await self.dispatch()
         } onGracefulShutdown: {
-            self.continuation.finish()
+            self.schedule.withLockedValue { $0.finish(now: .now) }
+            self.ring.yield()
         }
         for client in route.clients { await client.shutdown() }
+    }
+
+    private func dispatch() async {
+        await withDiscardingTaskGroup { group in
+            var bell = doorbell.makeAsyncIterator()
+            var timerArmedFor: ContinuousClock.Instant?
+            loop: while true {
+                let now = ContinuousClock.now
+                switch schedule.withLockedValue({ $0.next(now: now) }) {
+                case .send(let job):
+                    group.addTask {
+                        await self.deliver(job)
+                        self.schedule.withLockedValue { $0.complete(job.key, now: .now) }
+                        self.ring.yield()
+                    }
+                    continue loop
+                case .finished:
+                    break loop
+                case .wait(let deadline):
+                    // One timer per deadline: the schedule reports the earliest, so a later report only
+                    // needs a timer if the armed one has fired.
+                    if timerArmedFor.map({ $0 > deadline || $0 <= now }) ?? true {
+                        timerArmedFor = deadline
+                        group.addTask {
+                            try? await Task.sleep(until: deadline, clock: .continuous)
+                            self.ring.yield()
+                        }
+                    }
+                case .busy, .idle:
+                    break
+                }
+                await bell.next()
+            }
+            // Timers still sleeping have nothing left to wake.
+            group.cancelAll()
+        }
     }
 
     private func deliver(_ job: Job) async {
@@ -126,6 +176,8 @@ public final class PushDispatcher: Service, Sendable {
 final class PushMetrics: Sendable {
     enum Outcome: String {
         case delivered, deliveredLeave = "delivered_leave", failed, tokenDropped = "token_dropped"
+        /// Replaced by a newer push to the same member before it went out.
+        case coalesced
     }
 
     private let registry: PrometheusCollectorRegistry

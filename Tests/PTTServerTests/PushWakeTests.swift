@@ -128,6 +128,47 @@ import FoundationNetworking
         _ = await task.result
     }
 
+    @Test func rapidBurstsWakeASleepingMemberAboutOnceASecondNotOncePerBurst() async throws {
+        let fixture = try await ServerFixture()
+        let (task, listening) = try await fixture.start(pushCertificates: DevCertificates.directory)
+        defer { task.cancel() }
+        let simulator = try #require(listening.apnsSimulator)
+        let ann = try await fixture.member("ann", port: listening.voicePort)
+        let bob = try await fixture.member("bob", port: listening.voicePort)
+        try await bob.send(.registerPushToken(token: "b0b0b0", environment: .production))
+        #expect(await bob.waitFor { $0 == .pushTokenRegistered } != nil)
+        await bob.close()
+        #expect(await ann.waitFor { if case .participant(let p) = $0 { return p.userID == "bob" && p.connection != .connected } else { return false } } != nil)
+
+        // Eight bursts back to back: each one starts a wake for Bob.
+        let started = ContinuousClock.now
+        for _ in 0..<8 {
+            let mark = ann.messages.count
+            try await ann.send(.floorRequest)
+            #expect(await ann.waitForFloor(.granted, after: mark) != nil)
+            try await ann.send(.floorRelease)
+            #expect(await ann.waitForFloor(.idle, after: mark) != nil)
+        }
+        let elapsed = ContinuousClock.now - started
+        let first = await waitForPushes(simulator, count: 1)
+        #expect(first.count == 1, "the first wake goes at once")
+        try await Task.sleep(for: .milliseconds(1500))
+        // One at once and one at the end of each second the bursts went on: the last holds the newest speaker.
+        let pushes = simulator.acceptedPushes()
+        let allowed = 2 + Int((elapsed / .seconds(1)).rounded(.down))
+        #expect(pushes.count >= 2 && pushes.count <= allowed, "\(pushes.count) pushes for 8 bursts in \(elapsed)")
+        #expect(pushes.allSatisfy { $0.token == "b0b0b0" })
+        #expect(simulator.rejections().isEmpty)
+
+        // The replaced wakes are counted.
+        let (metrics, _) = try await URLSession.shared.data(from: URL(string: "http://127.0.0.1:\(listening.adminPort)/metrics")!)
+        let text = String(decoding: metrics, as: UTF8.self)
+        #expect(text.contains(#"squelch_pushes_total{outcome="coalesced",reason="NewerPush"}"#))
+
+        await listening.shutdown()
+        _ = await task.result
+    }
+
     @Test func aConnectedMemberSilentPastTheWindowIsWokenToo() async throws {
         let fixture = try await ServerFixture()
         let (task, listening) = try await fixture.start(pushCertificates: DevCertificates.directory, wakeSilence: 0.3)
