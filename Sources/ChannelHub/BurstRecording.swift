@@ -3,7 +3,7 @@ import ChannelProtocol
 /// The packets of one talk burst, kept so that a member who joins in the middle hears it from its
 /// first word.
 ///
-/// Payloads go into one growing byte arena and an index of fixed-size entries; `reset` keeps both
+/// Payloads go into one growing byte arena and an index of fixed-size entries; `start` keeps both
 /// capacities, so after the first few bursts recording allocates nothing per packet. At 32 kbps a
 /// minute is about 240 KB.
 final class BurstRecording {
@@ -36,8 +36,11 @@ final class BurstRecording {
 
     func end() { ended = true }
 
-    func append(_ header: AudioHeader, payload: UnsafeRawBufferPointer, limit: Int) {
-        guard entries.count < limit else {
+    /// Keeps the packet unless the recording already holds `maxPackets` packets or adding it would pass
+    /// `maxBytes`: a talker sending faster than real time, or full-size packets, must not be able to make
+    /// the server hold more than that per burst.
+    func append(_ header: AudioHeader, payload: UnsafeRawBufferPointer, maxPackets: Int, maxBytes: Int) {
+        guard entries.count < maxPackets, bytes.count + payload.count <= maxBytes else {
             overflow += 1
             return
         }
@@ -47,6 +50,16 @@ final class BurstRecording {
     }
 
     var count: Int { entries.count }
+
+    /// Memory held for payloads and the index, used or not.
+    var capacityBytes: Int { bytes.capacity + entries.capacity * MemoryLayout<Entry>.stride }
+
+    /// Gives the memory back. A spare that once held a long or oversized burst would otherwise keep that
+    /// much for good; the next burst it records grows the arrays again.
+    func releaseStorage() {
+        bytes = []
+        entries = []
+    }
 
     /// Writes packet `index` as a catch-up datagram into `buffer`; returns its length.
     func write(_ index: Int, into buffer: UnsafeMutableRawBufferPointer) -> Int {

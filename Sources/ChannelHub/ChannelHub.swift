@@ -486,7 +486,8 @@ public final class ChannelHub {
 
         let payloadCount = datagram.count - AudioHeader.size
         let payload = UnsafeRawBufferPointer(rebasing: datagram[AudioHeader.size...])
-        channel.recording(of: slot)?.append(header, payload: payload, limit: configuration.maxRecordedPackets)
+        channel.recording(of: slot)?.append(header, payload: payload, maxPackets: configuration.maxRecordedPackets,
+                                            maxBytes: configuration.maxRecordedBytes)
         AudioHeader(flags: header.flags.intersection(.endOfBurst), slot: slot, burst: header.burst, sequence: header.sequence)
             .write(to: scratch)
         UnsafeMutableRawBufferPointer(rebasing: scratch[AudioHeader.size ..< AudioHeader.size + payloadCount]).copyMemory(from: payload)

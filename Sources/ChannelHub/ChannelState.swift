@@ -65,11 +65,14 @@ final class ChannelState {
     var recordings: [BurstRecording] = []
     /// Finished recordings, kept for their buffers' capacity.
     var spareRecordings: [BurstRecording] = []
+    /// A recycled recording holding more than this gives its memory back.
+    let spareRecordingCapacity: Int
     /// Why a talker's burst is ending, noted from `revoked` for the `ended` event that follows.
     var endReasons: [UInt16: String] = [:]
 
     init(record: ChannelRecord, configuration: HubConfiguration) {
         self.record = record
+        spareRecordingCapacity = configuration.spareRecordingCapacity
         floor = FloorArbiter(configuration: Self.floorConfiguration(record, configuration))
     }
 
@@ -125,7 +128,9 @@ final class ChannelState {
         var index = 0
         while index < recordings.count {
             if recordings[index].ended && recordings[index].readers == 0 {
-                spareRecordings.append(recordings.remove(at: index))
+                let spare = recordings.remove(at: index)
+                if spare.capacityBytes > spareRecordingCapacity { spare.releaseStorage() }
+                spareRecordings.append(spare)
             } else {
                 index += 1
             }

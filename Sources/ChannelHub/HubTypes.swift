@@ -33,6 +33,13 @@ public struct HubConfiguration: Sendable {
     public var catchUpInterval: UInt64 = 10_000_000
     /// Packets kept per burst for catch-up: a 600 s burst at 50 packets/s.
     public var maxRecordedPackets = 30_000
+    /// Payload bytes kept per burst: 600 s at about 110 kbps. Without it, 30,000 full-size packets
+    /// would be about 33 MB.
+    public var maxRecordedBytes = 8 << 20
+    /// A spare recording holding more memory than this gives it back when it is recycled (1 MiB holds
+    /// about four minutes at 32 kbps, longer than most bursts), so one long burst doesn't pin its
+    /// memory to the channel for good.
+    public var spareRecordingCapacity = 1 << 20
     /// Control messages a connection may send per second, on average, and in a burst. A client sends
     /// a handful per talk burst; a loop of floor requests or push-token registrations would otherwise
     /// make the server send a notice to every member and a push to every sleeping one, or a database

@@ -278,6 +278,48 @@ final class Harness {
         #expect(h.audio(to: bob.link).count == 42)
     }
 
+    @Test func aRecordingStopsAtItsByteLimitWhileTheRelayGoesOn() {
+        var configuration = HubConfiguration()
+        configuration.maxRecordedBytes = 1_000
+        let h = Harness(configuration: configuration)
+        let ann = h.join("ann"), bob = h.join("bob")
+        h.send(.floorRequest, from: ann.link)
+        let burst = h.grantedBurst(ann.link)!
+        // Full-size packets: three fit in 1,000 bytes, the fourth would not.
+        for sequence in 0..<10 { h.audio(from: ann.link, burst: burst, sequence: UInt16(sequence), payload: [UInt8](repeating: UInt8(sequence), count: 300)) }
+        #expect(h.audio(to: bob.link).count == 10)
+        #expect(h.hub.channels[h.channel.id]!.recordings.first?.count == 3)
+        let late = h.join("late")
+        h.advance(0)
+        h.audio(from: ann.link, burst: burst, sequence: 10, payload: [10])
+        // What was kept, then live: a gap, but never more memory than the limit.
+        #expect(h.audio(to: late.link).map(\.header.sequence) == [0, 1, 2, 10])
+    }
+
+    @Test func aSpareRecordingGivesBackTheMemoryOfALongBurst() {
+        var configuration = HubConfiguration()
+        configuration.spareRecordingCapacity = 4_096
+        let h = Harness(configuration: configuration)
+        let ann = h.join("ann")
+        _ = h.join("bob")
+        func burst(packets: Int, size: Int) {
+            h.send(.floorRequest, from: ann.link)
+            let burst = h.grantedBurst(ann.link)!
+            for sequence in 0..<packets { h.audio(from: ann.link, burst: burst, sequence: UInt16(sequence), payload: [UInt8](repeating: 1, count: size)) }
+            h.send(.floorRelease, from: ann.link)
+        }
+        burst(packets: 10, size: 100)
+        let kept = h.hub.channels[h.channel.id]!.spareRecordings
+        #expect(kept.count == 1 && kept[0].capacityBytes >= 1_000, "a short burst's buffers are kept for the next")
+        burst(packets: 40, size: 500)
+        let spare = h.hub.channels[h.channel.id]!.spareRecordings
+        #expect(spare.count == 1 && spare[0].capacityBytes == 0)
+        // And it records again, into new storage.
+        burst(packets: 5, size: 100)
+        let again = h.hub.channels[h.channel.id]!.spareRecordings
+        #expect(again.count == 1 && again[0].capacityBytes >= 500)
+    }
+
     @Test func talkerWhoDropsKeepsTheFloorForTheGraceThenLosesIt() {
         let h = Harness()
         let ann = h.join("ann"), bob = h.join("bob")
