@@ -42,6 +42,7 @@ let package = Package(
         .target(name: "CUDPBatch"),
 
         .target(name: "SquelchInfo", swiftSettings: swift6),
+        .target(name: "KeyFiles", swiftSettings: swift6),
         .target(name: "Opus", dependencies: ["COpus", "COpusShim"], swiftSettings: swift6),
         .target(name: "Audio", dependencies: ["CALSA", "CALSAShim"], swiftSettings: swift6),
         .target(name: "Wire", dependencies: [
@@ -64,6 +65,7 @@ let package = Package(
         ], swiftSettings: swift6),
         .target(name: "FloorControl", swiftSettings: swift6),
         .target(name: "ParticipantTokens", dependencies: [
+            "KeyFiles",
             .product(name: "JWTKit", package: "jwt-kit"),
             .product(name: "Crypto", package: "swift-crypto"),
         ], swiftSettings: swift6),
@@ -125,7 +127,7 @@ let package = Package(
         ], swiftSettings: swift6),
         .target(name: "PTTServer", dependencies: [
             "Wire", "WireNIO", "APNs", "APNsSimulator", "SquelchInfo", "FloorControl", "ParticipantTokens", "ChannelStore", "ChannelProtocol",
-            "ChannelHub",
+            "ChannelHub", "KeyFiles",
             .product(name: "Logging", package: "swift-log"),
             .product(name: "Metrics", package: "swift-metrics"),
             .product(name: "Prometheus", package: "swift-prometheus"),
@@ -213,7 +215,7 @@ let package = Package(
         ], swiftSettings: swift6),
         .testTarget(name: "PTTServerTests", dependencies: [
             "PTTServer", "APNsSimulator", "ChannelStore", "ChannelProtocol", "ParticipantTokens", "Wire", "WireNIO", "WireTesting",
-            "SquelchTesting",
+            "SquelchTesting", "KeyFiles",
             .product(name: "Prometheus", package: "swift-prometheus"),
             .product(name: "NIOCore", package: "swift-nio"),
             .product(name: "Crypto", package: "swift-crypto"),

@@ -1,4 +1,5 @@
 import Foundation
+import KeyFiles
 import Logging
 #if canImport(Glibc)
 import Glibc
@@ -490,20 +491,12 @@ public struct ServerConfiguration: Sendable, Equatable {
         let advice = "delete it and restart to generate a new key (clients then need the new one)"
         if FileManager.default.fileExists(atPath: path) { return try Self.readAdminKey(at: path, advice: advice) }
         let key = Self.generateAdminKey()
-        // O_EXCL: if another process made the file first, use its key rather than overwrite it.
-        let descriptor = open(path, O_WRONLY | O_CREAT | O_EXCL, 0o600)
-        if descriptor < 0 {
-            let code = errno
-            if code == EEXIST { return try Self.readAdminKey(at: path, advice: advice) }
-            throw .adminKey(path: path, reason: "cannot create it (\(String(cString: strerror(code)))); check that the data directory is writable")
+        let outcome: KeyFiles.Outcome
+        do { outcome = try KeyFiles.createOnce(at: path, contents: Array((key + "\n").utf8)) } catch {
+            throw .adminKey(path: path, reason: error.description)
         }
-        defer { close(descriptor) }
-        let bytes = Array((key + "\n").utf8)
-        let written = bytes.withUnsafeBytes { write(descriptor, $0.baseAddress, $0.count) }
-        guard written == bytes.count else {
-            unlink(path)
-            throw .adminKey(path: path, reason: "cannot write it; check that the data directory is writable and not full")
-        }
+        // Another process may have made the key a moment ago: then its key is the one to use.
+        if outcome == .exists { return try Self.readAdminKey(at: path, advice: advice) }
         return key
     }
 

@@ -1,6 +1,7 @@
 import Crypto
 import Foundation
 import JWTKit
+import KeyFiles
 
 /// What a participant may do in its channel.
 public enum Capability: String, Codable, Sendable, CaseIterable, Comparable {
@@ -152,25 +153,12 @@ public struct TokenAuthority: Sendable {
         if FileManager.default.fileExists(atPath: path) { return try await load(path) }
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         let pem = P256.Signing.PrivateKey().pemRepresentation
-        let temporary = path + ".new-\(getpid())-\(UInt32.random(in: .min ... .max))"
-        let descriptor = open(temporary, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
-        guard descriptor >= 0 else {
-            throw TokenKeyError(message: "cannot create \(temporary) (\(String(cString: strerror(errno)))); check that the data directory is writable")
+        let outcome: KeyFiles.Outcome
+        do { outcome = try KeyFiles.createOnce(at: path, contents: Array(pem.utf8)) } catch {
+            throw TokenKeyError(message: error.description)
         }
-        defer { unlink(temporary) }
-        let bytes = Array(pem.utf8)
-        let written = bytes.withUnsafeBytes { write(descriptor, $0.baseAddress, $0.count) }
-        let synced = fsync(descriptor) == 0
-        close(descriptor)
-        guard written == bytes.count, synced else {
-            throw TokenKeyError(message: "cannot write \(temporary); check that the data directory is writable and not full")
-        }
-        guard link(temporary, path) == 0 else {
-            let code = errno
-            // Another process made the key first: use it.
-            if code == EEXIST { return try await load(path) }
-            throw TokenKeyError(message: "cannot create \(path) (\(String(cString: strerror(code)))); check that the data directory is writable")
-        }
+        // Another process may have made the key a moment ago: then its key is the one to use.
+        if outcome == .exists { return try await load(path) }
         return try await TokenAuthority(privateKeyPEM: pem)
     }
 

@@ -1,4 +1,5 @@
 import Foundation
+import KeyFiles
 import Testing
 @testable import PTTServer
 
@@ -170,6 +171,30 @@ import Testing
         try config.prepare()
         let attributes = try FileManager.default.attributesOfItem(atPath: config.dataDirectory)
         #expect((attributes[.posixPermissions] as? NSNumber)?.intValue == 0o700)
+    }
+
+    @Test func processesStartingTogetherShareOneAdminKey() async throws {
+        var config = ServerConfiguration()
+        config.dataDirectory = Self.temporaryPath("data")
+        try config.prepare()
+        let starting = config
+        let keys = try await withThrowingTaskGroup(of: String.self) { group in
+            for _ in 0..<8 { group.addTask { try starting.resolveAdminKey() } }
+            return try await group.reduce(into: Set<String>()) { $0.insert($1) }
+        }
+        #expect(keys.count == 1)
+        let left = try FileManager.default.contentsOfDirectory(atPath: config.dataDirectory).filter { $0.hasPrefix("admin-key") }
+        #expect(left == ["admin-key"], "no temporary files left behind: \(left)")
+    }
+
+    @Test func aKeyFileIsNeverReplaced() throws {
+        let path = Self.temporaryPath("key")
+        #expect(try KeyFiles.createOnce(at: path, contents: Array("first\n".utf8)) == .created)
+        #expect(try KeyFiles.createOnce(at: path, contents: Array("second\n".utf8)) == .exists)
+        #expect(try String(contentsOfFile: path, encoding: .utf8) == "first\n")
+        #expect(throws: KeyFiles.Failure.self) {
+            try KeyFiles.createOnce(at: "/nonexistent-\(UUID())/key", contents: [1])
+        }
     }
 
     @Test func theAdminKeyIsGeneratedOncePrivateAndReused() throws {

@@ -1,0 +1,49 @@
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Musl)
+import Musl
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// Creates the secret files a server makes for itself on first run (the token key, the admin key).
+public enum KeyFiles {
+    public enum Outcome: Equatable, Sendable {
+        /// This call created the file with the given contents.
+        case created
+        /// The file was already there (another process may have made it a moment ago): read it instead.
+        case exists
+    }
+
+    /// Why the file couldn't be made, as text an operator can act on.
+    public struct Failure: Error, Equatable, CustomStringConvertible, Sendable {
+        public let description: String
+    }
+
+    /// Writes `contents` to `path` (mode 0600) unless a file is there already; never replaces one.
+    ///
+    /// The contents go to a temporary file next to `path`, are synced, and the temporary file is linked
+    /// to `path`. `link` fails if `path` exists, so of two processes starting at once exactly one key wins
+    /// and the other reads it whole: a reader never sees a half-written file, which an exclusive create
+    /// followed by a write would allow.
+    public static func createOnce(at path: String, contents: [UInt8]) throws(Failure) -> Outcome {
+        let temporary = path + ".new-\(getpid())-\(UInt32.random(in: .min ... .max))"
+        let descriptor = open(temporary, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
+        guard descriptor >= 0 else {
+            throw Failure(description: "cannot create \(temporary) (\(String(cString: strerror(errno)))); check that the data directory exists and is writable")
+        }
+        defer { unlink(temporary) }
+        let written = contents.withUnsafeBytes { write(descriptor, $0.baseAddress, $0.count) }
+        let synced = fsync(descriptor) == 0
+        close(descriptor)
+        guard written == contents.count, synced else {
+            throw Failure(description: "cannot write \(temporary); check that the data directory is writable and not full")
+        }
+        guard link(temporary, path) == 0 else {
+            let code = errno
+            if code == EEXIST { return .exists }
+            throw Failure(description: "cannot create \(path) (\(String(cString: strerror(code)))); check that the data directory is writable")
+        }
+        return .created
+    }
+}
