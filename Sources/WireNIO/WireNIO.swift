@@ -25,6 +25,10 @@ public struct UDPOptions: Sendable {
     public var sendBufferSize: Int32 = 4 << 20
     /// A fan-out burst must not flip the channel unwritable; the kernel buffer is the real limit.
     public var writeBufferWaterMark = ChannelOptions.Types.WriteBufferWaterMark(low: 1 << 20, high: 4 << 20)
+    /// Datagrams written in one pass of the server's output before it yields the event loop (the rest
+    /// go at the end of the tick). Not public: only tests make it small, to run the yield with few
+    /// connections.
+    var datagramsPerDrain = 4096
 
     public init() {}
 

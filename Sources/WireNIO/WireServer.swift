@@ -332,7 +332,16 @@ final class ServerCore: DatagramDriver {
             let now = WireNIO.now()
             for handle in endpoint.handles { endpoint.close(handle, code: code, reason: reason, now: now) }
             deliverEvents()
-            drainOutput(now: now)
+            // Every connection's close goes now, however many there are: the socket closes right
+            // after this, so nothing may be left for the next tick. Each pass is one batch flushed.
+            // Bounded all the same (each connection has one close to send), in case a bug makes the
+            // endpoint produce without end.
+            var passes = endpoint.handles.count / max(options.datagramsPerDrain, 1) + 2
+            while output.context != nil, passes > 0, !drainOnce(now: now) {
+                flushSocket()
+                passes -= 1
+            }
+            deliverEvents()
             flushSocket()
         }
         timer.cancel()
@@ -472,17 +481,21 @@ final class ServerCore: DatagramDriver {
         guard output.context != nil, state != .stopped else { return }
         // Bounded so that a core that never runs dry can't hold the event loop; the rest goes out
         // at the end of this tick.
-        for _ in 0..<4096 {
+        let done = drainOnce(now: now)
+        deliverEvents()
+        if !done { scheduleOutput() }
+    }
+
+    /// Writes up to `options.datagramsPerDrain` datagrams; true if the endpoint has nothing more.
+    func drainOnce(now: WireInstant) -> Bool {
+        for _ in 0..<options.datagramsPerDrain {
             switch output.emit({ endpoint.poll(into: $0, now: now) }) {
             case .written: stats.datagramsSent += 1
             case .refused: stats.refusedDestinations += 1
-            case .nothing:
-                deliverEvents()
-                return
+            case .nothing: return true
             }
         }
-        deliverEvents()
-        scheduleOutput()
+        return false
     }
 
     func deliverEvents() {

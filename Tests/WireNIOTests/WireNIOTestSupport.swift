@@ -128,11 +128,12 @@ final class RecordingDelegate: WireServerDelegate {
 }
 
 /// A server on 127.0.0.1 with a recording delegate.
-func startServer(secrets: ServerSecrets, port: Int = 0, echoPrefix: [UInt8]? = nil,
+func startServer(secrets: ServerSecrets, port: Int = 0, echoPrefix: [UInt8]? = nil, options: UDPOptions = UDPOptions(),
                  group: any EventLoopGroup) async throws -> (WireServer, Recorder<ServerRecord>) {
     let (stream, sink) = AsyncStream.makeStream(of: ServerRecord.self)
     let server = try await WireServer.start(host: "127.0.0.1", port: port, secrets: secrets,
-                                            delegate: RecordingDelegate(sink: sink, echoPrefix: echoPrefix), group: group)
+                                            delegate: RecordingDelegate(sink: sink, echoPrefix: echoPrefix), options: options,
+                                            group: group)
     return (server, Recorder(stream))
 }
 

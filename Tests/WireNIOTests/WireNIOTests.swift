@@ -252,6 +252,31 @@ struct WireNIOTests {
         }
     }
 
+    @Test func stoppingClosesEverySessionEvenPastOnePassOfOutput() async throws {
+        // The server writes at most `datagramsPerDrain` datagrams before yielding the loop (4,096 in
+        // production); at stop nothing may wait for a later tick, since the socket closes at once.
+        let pki = try TestPKI()
+        let secrets = try pki.secrets()
+        let options = { var options = UDPOptions(); options.datagramsPerDrain = 2; return options }()
+        try await withEventLoopGroup { group in
+            let (server, records) = try await startServer(secrets: secrets, options: options, group: group)
+            var clients: [(WireClientChannel, Recorder<ClientEvent>)] = []
+            for _ in 0..<7 {
+                let client = try WireClientChannel(configuration: pki.client(), server: server.localAddress, group: group)
+                clients.append((client, Recorder(client.events)))
+                try await client.connect()
+            }
+            try await records.wait("all connected") { $0.connectedHandles.count == 7 }
+            await server.stop(code: 3, reason: "maintenance")
+            for (index, (client, events)) in clients.enumerated() {
+                try await events.wait("client \(index) told") {
+                    $0.contains(.connection(.closed(.peer(code: 3, reason: "maintenance", application: true))))
+                }
+                await client.close()
+            }
+        }
+    }
+
     @Test func benchmarkEntryPointMeasuresBothDirections() async throws {
         let pki = try TestPKI()
         let secrets = try pki.secrets()
