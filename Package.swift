@@ -215,7 +215,7 @@ let package = Package(
         ], swiftSettings: swift6),
         .testTarget(name: "PTTServerTests", dependencies: [
             "PTTServer", "APNsSimulator", "ChannelStore", "ChannelProtocol", "ParticipantTokens", "Wire", "WireNIO", "WireTesting",
-            "SquelchTesting", "KeyFiles",
+            "SquelchTesting", "KeyFiles", "APNs",
             .product(name: "Prometheus", package: "swift-prometheus"),
             .product(name: "NIOCore", package: "swift-nio"),
             .product(name: "Crypto", package: "swift-crypto"),

@@ -135,7 +135,9 @@ public final class PushDispatcher: Service, Sendable {
                 case .busy, .idle:
                     break
                 }
-                await bell.next()
+                // nil only when this task is cancelled (the service group tearing down after a
+                // failure): nothing will ring again, and what waits can't be sent any more.
+                guard await bell.next() != nil else { break loop }
             }
             // Timers still sleeping have nothing left to wake.
             group.cancelAll()

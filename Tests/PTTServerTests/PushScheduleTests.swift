@@ -1,6 +1,10 @@
+import APNs
 import ChannelStore
 import Foundation
 @testable import PTTServer
+import Logging
+import Prometheus
+import SquelchTesting
 import Testing
 
 /// The push schedule as a state machine: time is a value the test moves, so intervals are exact.
@@ -148,5 +152,32 @@ import Testing
         _ = schedule.enqueue(wake("bob"), now: at(0))
         #expect(schedule.enqueue(there, now: at(0)) == .queued)
         #expect(drain(&schedule, at: at(0)).count == 2)
+    }
+}
+
+/// The dispatcher's loop around the schedule, with a real APNs client aimed at a closed port.
+@Suite(.timeLimit(.minutes(1))) struct PushDispatcherTests {
+    @Test func aCancelledDispatcherStopsInsteadOfSpinning() async throws {
+        let identity = try APNsProviderIdentity.load(p8Path: DevCertificates.p8, keyID: "DEVKEY0001", teamID: "DEVTEAM001")
+        let client = try await APNsClient(configuration: APNsConfiguration(
+            environment: .custom(host: "127.0.0.1", port: 1, caPath: DevCertificates.ca), identity: identity,
+            topic: "org.squelch.walkie.voip-ptt", poolSize: 1))
+        let dispatcher = PushDispatcher(route: APNsRoute(all: client), registry: PrometheusCollectorRegistry(),
+                                        logger: Logger(label: "test")) { _, _, _ in }
+        let run = Task { try await dispatcher.run() }
+        let channel = UUID()
+        dispatcher.wake(channel: channel, speaker: "Ann",
+                        members: [MemberRecord(channelID: channel, userID: "bob", displayName: "Bob", pushToken: "b0b0")])
+        try await Task.sleep(for: .milliseconds(200))
+        // A cancelled task's doorbell returns nil at once: the loop must end there, not go round again.
+        run.cancel()
+        let ended = await withTaskGroup(of: Bool.self) { group in
+            group.addTask { _ = try? await run.value; return true }
+            group.addTask { try? await Task.sleep(for: .seconds(5)); return false }
+            let first = await group.next() ?? false
+            group.cancelAll()
+            return first
+        }
+        #expect(ended, "the dispatcher went on after its task was cancelled")
     }
 }
