@@ -1,4 +1,5 @@
 import ChannelProtocol
+import Wire
 
 /// The packets of one talk burst, kept so that a member who joins in the middle hears it from its
 /// first word.
@@ -24,10 +25,14 @@ final class BurstRecording {
     var readers = 0
     /// Packets not kept because the recording was full (the relay still forwarded them).
     private(set) var overflow = 0
+    /// The talker's audio rate budget for this burst. It lives here because the relay already finds
+    /// the burst's recording for every packet, so policing costs no second lookup.
+    var pace = TokenBucket(tokens: 0, refilledAt: WireInstant(nanoseconds: 0))
 
-    func start(talker: UInt16, burst: UInt16) {
+    func start(talker: UInt16, burst: UInt16, pace: TokenBucket) {
         self.talker = talker
         self.burst = burst
+        self.pace = pace
         bytes.removeAll(keepingCapacity: true)
         entries.removeAll(keepingCapacity: true)
         ended = false

@@ -29,7 +29,7 @@ public final class ChannelHub {
     var channels: [UUID: ChannelState] = [:]
     var sessions: [Link: Session] = [:]
     /// Each connection's allowance of control messages (`HubConfiguration.controlMessagesPerSecond`).
-    var controlBudget: [Link: ControlBudget] = [:]
+    var controlBudget: [Link: TokenBucket] = [:]
     var outputs: [HubOutput] = []
     let codec = MessageCodec()
     /// One datagram being forwarded: its header is rewritten here and the payload copied once.
@@ -197,7 +197,7 @@ public final class ChannelHub {
     /// A control message arrived on `link`.
     public func control(_ link: Link, bytes: [UInt8], at time: HubTime) {
         guard let session = sessions[link] else { return }
-        guard controlBudget[link, default: ControlBudget(tokens: Double(configuration.controlMessageBurst), refilledAt: time.instant)]
+        guard controlBudget[link, default: TokenBucket(tokens: Double(configuration.controlMessageBurst), refilledAt: time.instant)]
             .take(at: time.instant, perSecond: configuration.controlMessagesPerSecond, burst: configuration.controlMessageBurst)
         else {
             rateLimited(link, bytes: bytes, at: time)
@@ -379,7 +379,8 @@ public final class ChannelHub {
                 counters.bursts += 1
                 channel.members[slot]?.talking = true
                 channel.members[slot]?.burstStartedAt = time.date
-                channel.startRecording(talker: slot, burst: burst16)
+                channel.startRecording(talker: slot, burst: burst16,
+                                       pace: TokenBucket(tokens: Double(configuration.audioPacketBurst), refilledAt: time.instant))
                 sendGrant(channel, slot: slot, burst: burst16)
             case .confirmed(let slot, let burst, _):
                 sendGrant(channel, slot: slot, burst: UInt16(truncatingIfNeeded: burst))
@@ -475,7 +476,7 @@ public final class ChannelHub {
     /// it for one listener, and returns false if it couldn't). Anything else is dropped and counted.
     /// Returns how many listeners it went to.
     @discardableResult
-    public func receiveAudio(from link: Link, datagram: UnsafeRawBufferPointer,
+    public func receiveAudio(from link: Link, datagram: UnsafeRawBufferPointer, at now: WireInstant,
                              send: (UnsafeRawBufferPointer, Link) -> Bool) -> Int {
         counters.packetsIn &+= 1
         counters.bytesIn &+= datagram.count
@@ -486,8 +487,12 @@ public final class ChannelHub {
 
         let payloadCount = datagram.count - AudioHeader.size
         let payload = UnsafeRawBufferPointer(rebasing: datagram[AudioHeader.size...])
-        channel.recording(of: slot)?.append(header, payload: payload, maxPackets: configuration.maxRecordedPackets,
-                                            maxBytes: configuration.maxRecordedBytes)
+        if let recording = channel.recording(of: slot) {
+            guard recording.pace.take(at: now, perSecond: configuration.audioPacketsPerSecond,
+                                      burst: configuration.audioPacketBurst) else { drop(.overRate); return 0 }
+            recording.append(header, payload: payload, maxPackets: configuration.maxRecordedPackets,
+                             maxBytes: configuration.maxRecordedBytes)
+        }
         AudioHeader(flags: header.flags.intersection(.endOfBurst), slot: slot, burst: header.burst, sequence: header.sequence)
             .write(to: scratch)
         UnsafeMutableRawBufferPointer(rebasing: scratch[AudioHeader.size ..< AudioHeader.size + payloadCount]).copyMemory(from: payload)

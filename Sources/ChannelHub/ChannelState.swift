@@ -112,9 +112,9 @@ final class ChannelState {
         return nil
     }
 
-    func startRecording(talker: UInt16, burst: UInt16) {
+    func startRecording(talker: UInt16, burst: UInt16, pace: TokenBucket) {
         let recording = spareRecordings.popLast() ?? BurstRecording()
-        recording.start(talker: talker, burst: burst)
+        recording.start(talker: talker, burst: burst, pace: pace)
         recordings.append(recording)
     }
 

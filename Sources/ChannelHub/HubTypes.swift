@@ -46,6 +46,14 @@ public struct HubConfiguration: Sendable {
     /// write, for each.
     public var controlMessagesPerSecond = 20
     public var controlMessageBurst = 40
+    /// Audio packets a talker may send per second, on average, and in a burst; more are dropped
+    /// (`over_rate`) before they are recorded or relayed. Every packet is sent to every listener, so
+    /// without this one talker sending as fast as it can multiplies its rate by the channel's size on
+    /// the server's CPU and every listener's downlink. The shortest Opus frame a sender may use is
+    /// 10 ms, 100 packets a second; 150 leaves room for clock drift, and a burst of 150 for a second
+    /// and a half of packets held up by the network and then delivered at once.
+    public var audioPacketsPerSecond = 150
+    public var audioPacketBurst = 150
 
     public init() {}
 }
@@ -102,6 +110,8 @@ public enum DropReason: Int, CaseIterable, Sendable {
     case staleBurst
     /// The transport couldn't send to a listener right now (the listener's connection is closing).
     case sendFailed
+    /// The talker sent faster than any Opus sender may (`audioPacketsPerSecond`).
+    case overRate
 
     public var label: String {
         switch self {
@@ -110,6 +120,7 @@ public enum DropReason: Int, CaseIterable, Sendable {
         case .notFloorHolder: return "not_floor_holder"
         case .staleBurst: return "stale_burst"
         case .sendFailed: return "send_failed"
+        case .overRate: return "over_rate"
         }
     }
 }
@@ -138,14 +149,14 @@ public struct HubCounters: Sendable, Equatable {
     public func drops(_ reason: DropReason) -> Int { drops[reason.rawValue] }
 }
 
-/// A token bucket of control messages for one connection, on the hub's clock.
-struct ControlBudget {
+/// A token bucket on the hub's clock: a connection's control messages, a talker's audio packets.
+struct TokenBucket {
     var tokens: Double
     var refilledAt: WireInstant
     /// When the connection was last told it is over its rate.
     var noticedAt: WireInstant?
 
-    /// Takes one message's token; false when there is none left.
+    /// Takes one token; false when there is none left.
     mutating func take(at now: WireInstant, perSecond: Int, burst: Int) -> Bool {
         let elapsed = Double(now.since(refilledAt)) / 1e9
         tokens = min(Double(burst), tokens + elapsed * Double(perSecond))

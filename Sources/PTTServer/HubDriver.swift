@@ -59,7 +59,7 @@ final class HubDriver: WireServerDelegate {
         let start = WireNIO.now()
         // The copies leave as soon as they are sealed; the fan-out time runs to that sendmmsg.
         let forwarded = server.withDatagramSender(sendingAtOnce: true) { send in
-            hub.receiveAudio(from: handle, datagram: payload, send: send)
+            hub.receiveAudio(from: handle, datagram: payload, at: start, send: send)
         }
         if let metrics, forwarded > 0 {
             metrics.relayFanout.recordNanoseconds(Int64(WireNIO.now().since(start)))

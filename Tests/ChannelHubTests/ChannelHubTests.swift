@@ -81,7 +81,7 @@ final class Harness {
 
     func audio(from link: Link, burst: UInt16, sequence: UInt16, payload: [UInt8], flags: AudioHeader.Flags = []) {
         let datagram = AudioHeader(flags: flags, burst: burst, sequence: sequence).datagram(payload: payload)
-        _ = datagram.withUnsafeBytes { hub.receiveAudio(from: link, datagram: $0, send: record) }
+        _ = datagram.withUnsafeBytes { hub.receiveAudio(from: link, datagram: $0, at: time.instant, send: record) }
     }
 
     func messages(to link: Link) -> [ServerMessage] { messages.filter { $0.link == link }.map(\.message) }
@@ -143,7 +143,7 @@ final class Harness {
         h.audio(from: bob.link, burst: burst, sequence: 0, payload: [1, 2, 3])
         h.audio(from: ann.link, burst: burst &+ 1, sequence: 0, payload: [1])
         h.audio(from: Link(index: 99, generation: 1), burst: burst, sequence: 0, payload: [1])
-        _ = [0x00, 0x41].withUnsafeBytes { h.hub.receiveAudio(from: ann.link, datagram: $0, send: h.record) }
+        _ = [0x00, 0x41].withUnsafeBytes { h.hub.receiveAudio(from: ann.link, datagram: $0, at: h.time.instant, send: h.record) }
         #expect(h.sent.isEmpty)
         #expect(h.hub.counters.drops(.notFloorHolder) == 1)
         #expect(h.hub.counters.drops(.staleBurst) == 1)
@@ -276,6 +276,30 @@ final class Harness {
         #expect(!got.last!.header.flags.contains(.catchUp))
         #expect(got.map(\.payload) == (0...41).map { [UInt8($0)] })
         #expect(h.audio(to: bob.link).count == 42)
+    }
+
+    @Test func aTalkerSendingFasterThanAnyOpusSenderIsHeldToItsRate() {
+        let h = Harness()
+        let ann = h.join("ann"), bob = h.join("bob")
+        h.send(.floorRequest, from: ann.link)
+        let burst = h.grantedBurst(ann.link)!
+        // 150 at once (a second and a half of packets the network held up) pass; the next doesn't.
+        for sequence in 0..<151 { h.audio(from: ann.link, burst: burst, sequence: UInt16(sequence), payload: [1]) }
+        #expect(h.audio(to: bob.link).count == 150)
+        #expect(h.hub.counters.drops(.overRate) == 1)
+        #expect(h.hub.channels[h.channel.id]!.recordings.first?.count == 150, "dropped packets are not recorded either")
+        // Then 150 a second: 100 ms buys 15.
+        h.advance(100 * ms)
+        for sequence in 151..<171 { h.audio(from: ann.link, burst: burst, sequence: UInt16(sequence), payload: [1]) }
+        #expect(h.audio(to: bob.link).count == 165)
+        #expect(h.hub.counters.drops(.overRate) == 6)
+        // A real-time talker (10 ms frames, the shortest) is never touched.
+        for sequence in 171..<471 {
+            h.advance(10 * ms)
+            h.audio(from: ann.link, burst: burst, sequence: UInt16(sequence), payload: [1])
+        }
+        #expect(h.audio(to: bob.link).count == 465)
+        #expect(h.hub.counters.drops(.overRate) == 6)
     }
 
     @Test func aRecordingStopsAtItsByteLimitWhileTheRelayGoesOn() {
