@@ -249,11 +249,16 @@ public final class ChannelHub {
             outputs.append(.send(.participant(channel.members[slot]!.participant), to: channel.connectedLinks))
         case .registerPushToken(let token, let environment):
             let lower = token.lowercased()
-            channel.members[slot]!.pushToken = lower
-            channel.members[slot]!.pushEnvironment = environment
-            channel.members[slot]!.pushRegisteredAt = time.date
-            outputs.append(.store(.setPushToken(channel: channel.record.id, user: channel.members[slot]!.userID, token: lower,
-                                                environment: environment, registeredAt: time.date)))
+            // A client sends its token again after every reconnect; the same token in the same
+            // environment changes nothing, so it costs no database write (and keeps the time it was
+            // first registered, which the APNs `Unregistered` check compares against).
+            if channel.members[slot]!.pushToken != lower || channel.members[slot]!.pushEnvironment != environment {
+                channel.members[slot]!.pushToken = lower
+                channel.members[slot]!.pushEnvironment = environment
+                channel.members[slot]!.pushRegisteredAt = time.date
+                outputs.append(.store(.setPushToken(channel: channel.record.id, user: channel.members[slot]!.userID, token: lower,
+                                                    environment: environment, registeredAt: time.date)))
+            }
             outputs.append(.send(.pushTokenRegistered, to: [link]))
         case .setSubscriptions(let unheard):
             channel.members[slot]!.unheard = Set(unheard)

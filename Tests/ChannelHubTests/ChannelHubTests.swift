@@ -465,6 +465,21 @@ final class Harness {
         #expect(!h.other.contains { if case .burstStarted = $0 { return true } else { return false } }, "its token is gone")
     }
 
+    @Test func registeringTheSameTokenAgainWritesNothing() {
+        let h = Harness()
+        let bob = h.join("bob")
+        func tokenWrites() -> [StoreOperation] { h.stored.filter { if case .setPushToken = $0 { true } else { false } } }
+        h.send(.registerPushToken(token: "00FF", environment: .production), from: bob.link)
+        h.advance(1_000 * ms)
+        h.send(.registerPushToken(token: "00ff", environment: .production), from: bob.link)
+        #expect(h.lastMessage(to: bob.link) == .pushTokenRegistered, "still acknowledged")
+        #expect(tokenWrites().count == 1)
+        // A new token, or the same one in the other environment, is written.
+        h.send(.registerPushToken(token: "00ff", environment: .sandbox), from: bob.link)
+        h.send(.registerPushToken(token: "0a0a", environment: .sandbox), from: bob.link)
+        #expect(tokenWrites().count == 3)
+    }
+
     @Test func aRejectedPushTokenIsForgottenUnlessReplaced() {
         let h = Harness()
         let ann = h.join("ann"), bob = h.join("bob")
