@@ -25,8 +25,9 @@ final class BurstRecording {
     var readers = 0
     /// Packets not kept because the recording was full (the relay still forwarded them).
     private(set) var overflow = 0
-    /// The talker's audio rate budget for this burst. It lives here because the relay already finds
-    /// the burst's recording for every packet, so policing costs no second lookup.
+    /// The talker's audio rate budget for this burst, taken over from its last burst (see
+    /// `Member.audioPace`). It lives here because the relay already finds the burst's recording for
+    /// every packet, so policing costs no second lookup.
     var pace = TokenBucket(tokens: 0, refilledAt: WireInstant(nanoseconds: 0))
 
     func start(talker: UInt16, burst: UInt16, pace: TokenBucket) {
@@ -45,7 +46,9 @@ final class BurstRecording {
     /// `maxBytes`: a talker sending faster than real time, or full-size packets, must not be able to make
     /// the server hold more than that per burst.
     func append(_ header: AudioHeader, payload: UnsafeRawBufferPointer, maxPackets: Int, maxBytes: Int) {
-        guard entries.count < maxPackets, bytes.count + payload.count <= maxBytes else {
+        // Once one packet is refused, so is every later one: a recording with holes would replay as
+        // a burst with words missing, where stopping at the limit only ends the replay early.
+        guard overflow == 0, entries.count < maxPackets, bytes.count + payload.count <= maxBytes else {
             overflow += 1
             return
         }

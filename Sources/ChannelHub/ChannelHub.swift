@@ -13,6 +13,9 @@ import Wire
 ///
 /// Not Sendable: it lives on the server's event loop, next to the endpoint.
 public final class ChannelHub {
+    /// The same push token registered again is written to the store at most this often (seconds).
+    static let pushTokenRewriteInterval: TimeInterval = 600
+
     enum Session {
         /// Transport connected; no join yet.
         case connected
@@ -249,14 +252,19 @@ public final class ChannelHub {
             outputs.append(.send(.participant(channel.members[slot]!.participant), to: channel.connectedLinks))
         case .registerPushToken(let token, let environment):
             let lower = token.lowercased()
-            // A client sends its token again after every reconnect; the same token in the same
-            // environment changes nothing, so it costs no database write (and keeps the time it was
-            // first registered, which the APNs `Unregistered` check compares against).
-            if channel.members[slot]!.pushToken != lower || channel.members[slot]!.pushEnvironment != environment {
-                channel.members[slot]!.pushToken = lower
-                channel.members[slot]!.pushEnvironment = environment
-                channel.members[slot]!.pushRegisteredAt = time.date
-                outputs.append(.store(.setPushToken(channel: channel.record.id, user: channel.members[slot]!.userID, token: lower,
+            let member = channel.members[slot]!
+            // A client sends its token again after every reconnect. The registration time moves on in
+            // memory (APNs' `Unregistered` keeps a token the device registered after it died), but
+            // the same token in the same environment is written at most every ten minutes: a loop of
+            // registrations must not be a loop of database writes.
+            let changed = member.pushToken != lower || member.pushEnvironment != environment
+            let recentlyWritten = member.pushTokenWrittenAt.map { time.date.timeIntervalSince($0) < Self.pushTokenRewriteInterval } ?? false
+            channel.members[slot]!.pushToken = lower
+            channel.members[slot]!.pushEnvironment = environment
+            channel.members[slot]!.pushRegisteredAt = time.date
+            if changed || !recentlyWritten {
+                channel.members[slot]!.pushTokenWrittenAt = time.date
+                outputs.append(.store(.setPushToken(channel: channel.record.id, user: member.userID, token: lower,
                                                     environment: environment, registeredAt: time.date)))
             }
             outputs.append(.send(.pushTokenRegistered, to: [link]))
@@ -384,8 +392,9 @@ public final class ChannelHub {
                 counters.bursts += 1
                 channel.members[slot]?.talking = true
                 channel.members[slot]?.burstStartedAt = time.date
-                channel.startRecording(talker: slot, burst: burst16,
-                                       pace: TokenBucket(tokens: Double(configuration.audioPacketBurst), refilledAt: time.instant))
+                let pace = channel.members[slot]?.audioPace
+                    ?? TokenBucket(tokens: Double(configuration.audioPacketBurst), refilledAt: time.instant)
+                channel.startRecording(talker: slot, burst: burst16, pace: pace)
                 sendGrant(channel, slot: slot, burst: burst16)
             case .confirmed(let slot, let burst, _):
                 sendGrant(channel, slot: slot, burst: UInt16(truncatingIfNeeded: burst))
@@ -492,12 +501,13 @@ public final class ChannelHub {
 
         let payloadCount = datagram.count - AudioHeader.size
         let payload = UnsafeRawBufferPointer(rebasing: datagram[AudioHeader.size...])
-        if let recording = channel.recording(of: slot) {
-            guard recording.pace.take(at: now, perSecond: configuration.audioPacketsPerSecond,
-                                      burst: configuration.audioPacketBurst) else { drop(.overRate); return 0 }
-            recording.append(header, payload: payload, maxPackets: configuration.maxRecordedPackets,
-                             maxBytes: configuration.maxRecordedBytes)
-        }
+        // Every burst has a recording from its grant to its end; without one nothing polices the
+        // sender, so nothing is relayed either.
+        guard let recording = channel.recording(of: slot) else { drop(.notFloorHolder); return 0 }
+        guard recording.pace.take(at: now, perSecond: configuration.audioPacketsPerSecond,
+                                  burst: configuration.audioPacketBurst) else { drop(.overRate); return 0 }
+        recording.append(header, payload: payload, maxPackets: configuration.maxRecordedPackets,
+                         maxBytes: configuration.maxRecordedBytes)
         AudioHeader(flags: header.flags.intersection(.endOfBurst), slot: slot, burst: header.burst, sequence: header.sequence)
             .write(to: scratch)
         UnsafeMutableRawBufferPointer(rebasing: scratch[AudioHeader.size ..< AudioHeader.size + payloadCount]).copyMemory(from: payload)

@@ -23,6 +23,8 @@ struct Member {
     var pushToken: String?
     var pushEnvironment: PushEnvironment?
     var pushRegisteredAt: Date?
+    /// When this server last wrote the token to the store (nil: not since it started).
+    var pushTokenWrittenAt: Date?
     /// Bursts this member is being replayed; it gets no live audio until they are done.
     var catchUp: [CatchUpCursor] = []
     /// When the current burst started (wall clock), for the transmission log.
@@ -33,6 +35,10 @@ struct Member {
     /// process, reaches a live session. Nil for members loaded from the store that have not joined
     /// since the server started.
     var token: (id: String, issuedAt: Date)?
+    /// What is left of the member's audio budget when its last burst ended. The next burst starts
+    /// from it (refilled for the time between), so releasing and requesting the floor again doesn't
+    /// buy a full bucket.
+    var audioPace: TokenBucket?
 
     /// Whether this member takes audio from `talker` at all: it may listen and has not unsubscribed.
     func hears(_ talker: Member) -> Bool { canListen && !unheard.contains(talker.userID) }
@@ -119,7 +125,10 @@ final class ChannelState {
     }
 
     func endRecording(talker: UInt16) {
-        recording(of: talker)?.end()
+        if let recording = recording(of: talker) {
+            members[talker]?.audioPace = recording.pace
+            recording.end()
+        }
         recycleRecordings()
     }
 
