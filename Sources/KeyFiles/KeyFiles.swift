@@ -44,6 +44,14 @@ public enum KeyFiles {
             if code == EEXIST { return .exists }
             throw Failure(description: "cannot create \(path) (\(String(cString: strerror(code)))); check that the data directory is writable")
         }
+        // The new name must survive a power cut too: a key that vanished would be replaced by a new
+        // one at the next start, and every token signed with the old one would stop working.
+        let directory = path.lastIndex(of: "/").map { String(path[..<$0]) }.map { $0.isEmpty ? "/" : $0 } ?? "."
+        let directoryDescriptor = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        if directoryDescriptor >= 0 {
+            _ = fsync(directoryDescriptor)
+            close(directoryDescriptor)
+        }
         return .created
     }
 }

@@ -26,6 +26,10 @@ struct DatagramOutput {
     /// Datagrams the kernel refused outright since the last `takeFailures()`, and the last errno.
     private var failures = 0
     private var lastErrno: CInt = 0
+    /// The last datagram handed to NIO because the kernel's buffer was full. NIO completes a
+    /// channel's writes in order, so when this one is done all of them are: stop waits for it before
+    /// closing the socket, which would otherwise discard them.
+    private(set) var lastFallbackWrite: EventLoopFuture<Void>?
 
     init(slot: Int) { self.slot = slot }
 
@@ -113,7 +117,9 @@ struct DatagramOutput {
                 guard let remote = addresses.socketAddress(for: path) else { continue }
                 var buffer = context.channel.allocator.buffer(capacity: bytes.count)
                 buffer.writeBytes(bytes)
-                context.write(NIOAny(AddressedEnvelope(remoteAddress: remote, data: buffer)), promise: nil)
+                let promise = index == batch.count - 1 ? context.eventLoop.makePromise(of: Void.self) : nil
+                context.write(NIOAny(AddressedEnvelope(remoteAddress: remote, data: buffer)), promise: promise)
+                if let promise { lastFallbackWrite = promise.futureResult }
                 needsFlush = true
             }
         }

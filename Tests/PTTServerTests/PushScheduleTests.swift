@@ -3,6 +3,7 @@ import ChannelStore
 import Foundation
 @testable import PTTServer
 import Logging
+import NIOConcurrencyHelpers
 import Prometheus
 import SquelchTesting
 import Testing
@@ -171,13 +172,12 @@ import Testing
         try await Task.sleep(for: .milliseconds(200))
         // A cancelled task's doorbell returns nil at once: the loop must end there, not go round again.
         run.cancel()
-        let ended = await withTaskGroup(of: Bool.self) { group in
-            group.addTask { _ = try? await run.value; return true }
-            group.addTask { try? await Task.sleep(for: .seconds(5)); return false }
-            let first = await group.next() ?? false
-            group.cancelAll()
-            return first
-        }
-        #expect(ended, "the dispatcher went on after its task was cancelled")
+        // Watched from outside, so that a dispatcher that never ends fails this test in 5 s instead of
+        // holding it (a task group would wait for its child).
+        let ended = NIOLockedValueBox(false)
+        Task { _ = await run.result; ended.withLockedValue { $0 = true } }
+        let deadline = ContinuousClock.now + .seconds(5)
+        while !ended.withLockedValue({ $0 }), ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(20)) }
+        #expect(ended.withLockedValue { $0 }, "the dispatcher went on after its task was cancelled")
     }
 }
