@@ -64,22 +64,24 @@ import Testing
         #expect(schedule.next(now: at(1000)) == .idle)
     }
 
-    @Test func aHeldWakeDoesNotHoldUpOtherMembers() {
+    /// Bob was woken at 0 (delivered by 10), and Eve's burst at 20 finds him inside the interval.
+    func bobWokenThenHeld() -> PushSchedule {
         var schedule = PushSchedule(wakeInterval: .seconds(1))
         _ = schedule.enqueue(wake("bob"), now: at(0))
         _ = drain(&schedule, at: at(0))
         schedule.complete(wake("bob").key, now: at(10))
         _ = schedule.enqueue(wake("bob", by: "Eve"), now: at(20))
+        return schedule
+    }
+
+    @Test func aHeldWakeDoesNotHoldUpOtherMembers() {
+        var schedule = bobWokenThenHeld()
         _ = schedule.enqueue(wake("cat", by: "Eve"), now: at(20))
         #expect(drain(&schedule, at: at(20)) == [wake("cat", by: "Eve")])
     }
 
     @Test func aLeaveIsNeverHeldByTheIntervalAndReplacesAWaitingWake() {
-        var schedule = PushSchedule(wakeInterval: .seconds(1))
-        _ = schedule.enqueue(wake("bob"), now: at(0))
-        _ = drain(&schedule, at: at(0))
-        schedule.complete(wake("bob").key, now: at(10))
-        _ = schedule.enqueue(wake("bob", by: "Eve"), now: at(20))
+        var schedule = bobWokenThenHeld()
         let leave = PushSchedule.Job.leave(channel: channel, member: member("bob"))
         #expect(schedule.enqueue(leave, now: at(30)) == .replaced)
         #expect(drain(&schedule, at: at(30)) == [leave])

@@ -22,6 +22,21 @@ import FoundationNetworking
         return simulator.acceptedPushes()
     }
 
+    /// Joins `user` and registers its push token.
+    func registered(_ user: String, token: String, environment: PushEnvironment = .production,
+                    _ fixture: ServerFixture, port: Int) async throws -> TestMember {
+        let member = try await fixture.member(user, port: port)
+        try await member.send(.registerPushToken(token: token, environment: environment))
+        #expect(await member.waitFor { $0 == .pushTokenRegistered } != nil)
+        return member
+    }
+
+    /// Disconnects `member` and waits until `watcher` sees it gone: asleep, as far as the server knows.
+    func putToSleep(_ member: TestMember, user: String, seenBy watcher: TestMember) async {
+        await member.close()
+        #expect(await watcher.waitFor { if case .participant(let p) = $0 { return p.userID == user && p.connection != .connected } else { return false } } != nil)
+    }
+
     func body(_ push: APNsAcceptedPush) -> [String: Any] {
         (try? JSONSerialization.jsonObject(with: Data(push.body.utf8)) as? [String: Any]) ?? [:]
     }
@@ -33,14 +48,9 @@ import FoundationNetworking
         let simulator = try #require(listening.apnsSimulator)
 
         let ann = try await fixture.member("ann", port: listening.voicePort)
-        let bob = try await fixture.member("bob", port: listening.voicePort)
-        let cat = try await fixture.member("cat", port: listening.voicePort)
-        try await bob.send(.registerPushToken(token: "B0B0B0B0B0B0", environment: .sandbox))
-        #expect(await bob.waitFor { $0 == .pushTokenRegistered } != nil)
-        try await cat.send(.registerPushToken(token: "ca7ca7", environment: .production))
-        #expect(await cat.waitFor { $0 == .pushTokenRegistered } != nil)
-        await bob.close()
-        #expect(await ann.waitFor { if case .participant(let p) = $0 { return p.userID == "bob" && p.connection != .connected } else { return false } } != nil)
+        let bob = try await registered("bob", token: "B0B0B0B0B0B0", environment: .sandbox, fixture, port: listening.voicePort)
+        let cat = try await registered("cat", token: "ca7ca7", fixture, port: listening.voicePort)
+        await putToSleep(bob, user: "bob", seenBy: ann)
 
         // Bob is asleep, Cat is connected: only Bob gets a wake, and Ann (the talker) never does.
         try await ann.send(.floorRequest)
@@ -134,11 +144,7 @@ import FoundationNetworking
         defer { task.cancel() }
         let simulator = try #require(listening.apnsSimulator)
         let ann = try await fixture.member("ann", port: listening.voicePort)
-        let bob = try await fixture.member("bob", port: listening.voicePort)
-        try await bob.send(.registerPushToken(token: "b0b0b0", environment: .production))
-        #expect(await bob.waitFor { $0 == .pushTokenRegistered } != nil)
-        await bob.close()
-        #expect(await ann.waitFor { if case .participant(let p) = $0 { return p.userID == "bob" && p.connection != .connected } else { return false } } != nil)
+        await putToSleep(try await registered("bob", token: "b0b0b0", fixture, port: listening.voicePort), user: "bob", seenBy: ann)
 
         // Eight bursts back to back: each one starts a wake for Bob.
         let started = ContinuousClock.now
