@@ -87,7 +87,8 @@ public final class PushDispatcher: Service, Sendable {
     private func count(_ result: PushSchedule.Enqueued) {
         switch result {
         case .queued, .closed: break
-        case .replaced, .superfluous: metrics.count(.coalesced, reason: "NewerPush")
+        case .replaced: metrics.count(.coalesced, reason: "NewerPush")
+        case .superfluous: metrics.count(.coalesced, reason: "LeaveWaiting")
         case .full: metrics.count(.failed, reason: "QueueFull")
         }
     }
