@@ -252,21 +252,22 @@ public final class ChannelHub {
             outputs.append(.send(.participant(channel.members[slot]!.participant), to: channel.connectedLinks))
         case .registerPushToken(let token, let environment):
             let lower = token.lowercased()
-            let member = channel.members[slot]!
+            var member = channel.members[slot]!
             // A client sends its token again after every reconnect. The registration time moves on in
             // memory (APNs' `Unregistered` keeps a token the device registered after it died), but
             // the same token in the same environment is written at most every ten minutes: a loop of
             // registrations must not be a loop of database writes.
             let changed = member.pushToken != lower || member.pushEnvironment != environment
             let recentlyWritten = member.pushTokenWrittenAt.map { time.date.timeIntervalSince($0) < Self.pushTokenRewriteInterval } ?? false
-            channel.members[slot]!.pushToken = lower
-            channel.members[slot]!.pushEnvironment = environment
-            channel.members[slot]!.pushRegisteredAt = time.date
+            member.pushToken = lower
+            member.pushEnvironment = environment
+            member.pushRegisteredAt = time.date
             if changed || !recentlyWritten {
-                channel.members[slot]!.pushTokenWrittenAt = time.date
+                member.pushTokenWrittenAt = time.date
                 outputs.append(.store(.setPushToken(channel: channel.record.id, user: member.userID, token: lower,
                                                     environment: environment, registeredAt: time.date)))
             }
+            channel.members[slot] = member
             outputs.append(.send(.pushTokenRegistered, to: [link]))
         case .setSubscriptions(let unheard):
             channel.members[slot]!.unheard = Set(unheard)

@@ -52,15 +52,10 @@ public final class PushDispatcher: Service, Sendable {
     private let logger: Logger
     private let tokenRejected: @Sendable (_ channel: UUID, _ user: String, _ token: String) async -> Void
 
-    public convenience init(route: APNsRoute, registry: PrometheusCollectorRegistry, logger: Logger,
-                            tokenRejected: @escaping @Sendable (UUID, String, String) async -> Void) {
-        self.init(route: route, schedule: PushSchedule(), registry: registry, logger: logger, tokenRejected: tokenRejected)
-    }
-
-    init(route: APNsRoute, schedule: PushSchedule, registry: PrometheusCollectorRegistry, logger: Logger,
-         tokenRejected: @escaping @Sendable (UUID, String, String) async -> Void) {
+    public init(route: APNsRoute, registry: PrometheusCollectorRegistry, logger: Logger,
+                tokenRejected: @escaping @Sendable (UUID, String, String) async -> Void) {
         self.route = route
-        self.schedule = NIOLockedValueBox(schedule)
+        self.schedule = NIOLockedValueBox(PushSchedule())
         self.metrics = PushMetrics(registry: registry)
         self.logger = logger
         self.tokenRejected = tokenRejected
