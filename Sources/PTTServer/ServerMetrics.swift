@@ -23,6 +23,9 @@ public final class ServerMetrics: Sendable {
     let bytesOut: Counter
     let drops: [Counter]
     let storeFailures: Counter
+    let storeFolded: Counter
+    let storeRefused: Counter
+    let storeWaiting: Gauge
     /// Per forwarded talker packet: from its arrival at the relay to the last listener's copy sealed
     /// and queued (the socket flush that follows, one `sendmmsg` per read cycle, is not in it).
     let relayFanout: DurationHistogram
@@ -53,6 +56,9 @@ public final class ServerMetrics: Sendable {
         bytesOut = counter("bytes_out", "Audio datagram bytes forwarded (header and payload).")
         drops = DropReason.allCases.map { counter("drops", "Audio datagrams dropped, by reason.", labels: [("reason", $0.label)]) }
         storeFailures = counter("store_failures", "Database writes that failed.")
+        storeFolded = counter("store_folded", "Database writes folded into a waiting write of the same member (a newer last-seen time, push token or record).")
+        storeRefused = counter("store_refused", "Transmission-log records not written because too many were already waiting for the database.")
+        storeWaiting = gauge("store_waiting", "Database writes waiting for the database.")
         relayFanout = registry.makeDurationHistogram(
             descriptor: MetricNameDescriptor(namespace: "squelch", metricName: "relay_fanout", unitName: "seconds",
                                              helpText: "Time from a talker packet reaching the relay to its last listener's copy handed to the kernel."),

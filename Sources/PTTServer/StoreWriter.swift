@@ -1,28 +1,64 @@
 import ChannelHub
 import ChannelStore
 import Logging
+import NIOConcurrencyHelpers
 
 /// Carries the hub's store writes to the database in order, off the event loop: the relay never
 /// waits for SQLite. `enqueue` is cheap and callable from the event loop; `run` drains the queue
 /// until `finish`, so a graceful shutdown writes everything before the database closes.
+///
+/// The writes wait in a `StoreQueue`, which folds a member's repeated writes together, so a slow or
+/// stalled database holds one write per member and change, not one per event.
 public final class StoreWriter: Sendable {
     let store: any ChannelStore
     let metrics: ServerMetrics?
     let logger: Logger
-    private let stream: AsyncStream<StoreOperation>
-    private let continuation: AsyncStream<StoreOperation>.Continuation
+    private struct State {
+        var queue: StoreQueue
+        var finished = false
+        /// Log records refused so far; reported at powers of two, so a stalled database logs a handful
+        /// of lines, not one per burst.
+        var refusalsSinceReport = 0
+    }
+    private let state: NIOLockedValueBox<State>
+    /// Rung when a write is queued or on `finish`; one pending ring is enough.
+    private let doorbell: AsyncStream<Void>
+    private let ring: AsyncStream<Void>.Continuation
 
-    public init(store: any ChannelStore, metrics: ServerMetrics?, logger: Logger) {
+    public init(store: any ChannelStore, metrics: ServerMetrics?, logger: Logger, maxWaitingLogRecords: Int = 100_000) {
         self.store = store
         self.metrics = metrics
         self.logger = logger
-        (stream, continuation) = AsyncStream.makeStream(of: StoreOperation.self, bufferingPolicy: .unbounded)
+        state = NIOLockedValueBox(State(queue: StoreQueue(maxWaitingLogRecords: maxWaitingLogRecords)))
+        (doorbell, ring) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
     }
 
-    func enqueue(_ operation: StoreOperation) { continuation.yield(operation) }
+    func enqueue(_ operation: StoreOperation) {
+        let (pushed, waiting, refusals) = state.withLockedValue { state in
+            let pushed = state.queue.push(operation)
+            if pushed == .refused { state.refusalsSinceReport += 1 }
+            return (pushed, state.queue.count, state.refusalsSinceReport)
+        }
+        metrics?.storeWaiting.set(Int64(waiting))
+        switch pushed {
+        case .queued: ring.yield()
+        case .folded: metrics?.storeFolded.increment()
+        case .refused:
+            metrics?.storeRefused.increment()
+            // Powers of two: the first refusal is reported at once, then ever more rarely.
+            if refusals & (refusals - 1) == 0 {
+                logger.error("the database is not keeping up: transmission-log records are being dropped",
+                             metadata: ["dropped": "\(refusals)", "waiting": "\(waiting)",
+                                        "next": "check the data directory's disk (space, I/O errors); member state is kept and written once it recovers"])
+            }
+        }
+    }
 
     /// No more writes will come; `run` returns once the queue is empty.
-    public func finish() { continuation.finish() }
+    public func finish() {
+        state.withLockedValue { $0.finished = true }
+        ring.finish()
+    }
 
     /// Drains the queue until `finish`, whether or not the calling task is cancelled.
     ///
@@ -45,15 +81,23 @@ public final class StoreWriter: Sendable {
     }
 
     private func drainQueue() async {
-        for await operation in stream {
-            do {
-                try await apply(operation)
-            } catch {
-                // A failed write is logged and counted; the live state is still right, and the next
-                // write for this member carries the same fields again.
-                metrics?.storeFailures.increment()
-                logger.error("store write failed", metadata: ["operation": "\(operation)", "error": "\(error)"])
+        var bell = doorbell.makeAsyncIterator()
+        while true {
+            while let operation = state.withLockedValue({ $0.queue.pop() }) {
+                do {
+                    try await apply(operation)
+                } catch {
+                    // A failed write is logged and counted; the live state is still right, and the next
+                    // write for this member carries the same fields again.
+                    metrics?.storeFailures.increment()
+                    logger.error("store write failed", metadata: ["operation": "\(operation)", "error": "\(error)"])
+                }
             }
+            let (done, waiting) = state.withLockedValue { ($0.finished && $0.queue.isEmpty, $0.queue.count) }
+            metrics?.storeWaiting.set(Int64(waiting))
+            if done { return }
+            // Nil once finished: the loop then takes what is left and returns.
+            _ = await bell.next()
         }
     }
 

@@ -1,0 +1,114 @@
+import ChannelHub
+import ChannelStore
+import Foundation
+
+/// The store writes waiting for SQLite, in order, with repeats folded together so that a stalled
+/// database costs memory in proportion to the members and bursts it missed, not to the events.
+///
+/// A plain state machine (no locks, no clock): `StoreWriter` owns one behind a lock.
+///
+/// A new write is folded into the member's last waiting write only where applying the one result
+/// leaves the database exactly as applying both in turn would:
+/// - a last-seen time replaces the waiting last-seen time;
+/// - a push token set or cleared replaces the waiting set or clear;
+/// - a member record replaces the waiting record (keeping its push token when the new one has none,
+///   as the store's upsert would have kept it);
+/// - a removal after a waiting removal is dropped (the second would find no row).
+/// Anything else waits behind it. Writes of different members touch different rows, so folding one
+/// member's writes never reorders them against another's that matter.
+///
+/// Transmission-log records never fold. They are the only writes that can be shed: past
+/// `maxWaitingLogRecords` waiting, new ones are refused and counted, so a database that stays stalled
+/// can't take the server's memory with it. Member state is never shed.
+struct StoreQueue {
+    enum Pushed: Equatable { case queued, folded, refused }
+
+    struct MemberKey: Hashable {
+        let channel: UUID
+        let user: String
+    }
+
+    let maxWaitingLogRecords: Int
+    /// Waiting writes; `nil` marks one already handed out. `head` is the next to hand out.
+    private var entries: [StoreOperation?] = []
+    private var head = 0
+    /// How many writes were handed out before `entries[0]`: turns a position into a sequence number.
+    private var base = 0
+    /// Each member's last waiting write, by sequence number.
+    private var lastOfMember: [MemberKey: Int] = [:]
+    private(set) var waitingLogRecords = 0
+
+    init(maxWaitingLogRecords: Int = 100_000) {
+        self.maxWaitingLogRecords = maxWaitingLogRecords
+    }
+
+    var count: Int { entries.count - head }
+    var isEmpty: Bool { count == 0 }
+
+    mutating func push(_ operation: StoreOperation) -> Pushed {
+        guard let key = Self.key(of: operation) else {
+            guard waitingLogRecords < maxWaitingLogRecords else { return .refused }
+            waitingLogRecords += 1
+            entries.append(operation)
+            return .queued
+        }
+        if let sequence = lastOfMember[key], let last = entries[sequence - base],
+           let folded = Self.fold(last, operation) {
+            entries[sequence - base] = folded
+            return .folded
+        }
+        lastOfMember[key] = base + entries.count
+        entries.append(operation)
+        return .queued
+    }
+
+    mutating func pop() -> StoreOperation? {
+        guard head < entries.count, let operation = entries[head] else { return nil }
+        entries[head] = nil
+        if let key = Self.key(of: operation) {
+            if lastOfMember[key] == base + head { lastOfMember[key] = nil }
+        } else {
+            waitingLogRecords -= 1
+        }
+        head += 1
+        // Give the handed-out slots back once they are most of the array (amortised O(1)).
+        if head >= 1_024, head * 2 >= entries.count {
+            entries.removeFirst(head)
+            base += head
+            head = 0
+        }
+        return operation
+    }
+
+    static func key(of operation: StoreOperation) -> MemberKey? {
+        switch operation {
+        case .upsertMember(let member): return MemberKey(channel: member.channelID, user: member.userID)
+        case .touchMember(let channel, let user, _), .setPushToken(let channel, let user, _, _, _),
+             .removeMember(let channel, let user), .clearPushToken(let channel, let user):
+            return MemberKey(channel: channel, user: user)
+        case .logTransmission: return nil
+        }
+    }
+
+    /// `next` folded into `last` (both of one member), or nil when they must both be applied.
+    static func fold(_ last: StoreOperation, _ next: StoreOperation) -> StoreOperation? {
+        switch (last, next) {
+        case (.touchMember, .touchMember):
+            return next
+        case (.setPushToken, .setPushToken), (.setPushToken, .clearPushToken),
+             (.clearPushToken, .setPushToken), (.clearPushToken, .clearPushToken):
+            return next
+        case (.upsertMember(let earlier), .upsertMember(var later)):
+            if later.pushToken == nil {
+                later.pushToken = earlier.pushToken
+                later.pushEnvironment = earlier.pushEnvironment
+                later.pushRegisteredAt = earlier.pushRegisteredAt
+            }
+            return .upsertMember(later)
+        case (.removeMember, .removeMember):
+            return last
+        default:
+            return nil
+        }
+    }
+}

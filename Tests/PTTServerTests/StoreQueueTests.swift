@@ -1,0 +1,177 @@
+import ChannelHub
+import ChannelStore
+import Foundation
+import Logging
+@testable import PTTServer
+import Testing
+
+/// The store writer's queue: which writes fold together, what may be shed, and (against two real
+/// SQLite files) that folding never changes what ends up in the database.
+@Suite struct StoreQueueTests {
+    let channel = UUID()
+    let t0 = Date(timeIntervalSince1970: 1_800_000_000)
+
+    func record(_ user: String, name: String? = nil, token: String? = nil) -> MemberRecord {
+        MemberRecord(channelID: channel, userID: user, displayName: name ?? user, joinedAt: t0, lastSeen: t0,
+                     pushToken: token, pushEnvironment: token == nil ? nil : .production, pushRegisteredAt: token == nil ? nil : t0)
+    }
+
+    func touch(_ user: String, _ seconds: Double) -> StoreOperation {
+        .touchMember(channel: channel, user: user, lastSeen: t0 + seconds)
+    }
+
+    func log(_ user: String, _ seconds: Double) -> StoreOperation {
+        .logTransmission(TransmissionRecord(channelID: channel, userID: user, startedAt: t0 + seconds, durationMilliseconds: 1_000,
+                                            endReason: "released"))
+    }
+
+    func drain(_ queue: inout StoreQueue) -> [StoreOperation] {
+        var out: [StoreOperation] = []
+        while let operation = queue.pop() { out.append(operation) }
+        return out
+    }
+
+    @Test func repeatedLastSeenTimesOfOneMemberFoldIntoTheNewest() {
+        var queue = StoreQueue()
+        #expect(queue.push(touch("ann", 1)) == .queued)
+        #expect(queue.push(touch("bob", 1)) == .queued)
+        #expect(queue.push(touch("ann", 2)) == .folded)
+        #expect(queue.push(touch("ann", 3)) == .folded)
+        // Ann's write keeps its place ahead of Bob's; only its time is the newest.
+        #expect(drain(&queue) == [touch("ann", 3), touch("bob", 1)])
+    }
+
+    @Test func aPushTokenSetOrClearedReplacesTheWaitingOne() {
+        var queue = StoreQueue()
+        let set = StoreOperation.setPushToken(channel: channel, user: "ann", token: "aa", environment: .sandbox, registeredAt: t0)
+        let clear = StoreOperation.clearPushToken(channel: channel, user: "ann")
+        let setAgain = StoreOperation.setPushToken(channel: channel, user: "ann", token: "bb", environment: .production, registeredAt: t0 + 5)
+        #expect(queue.push(set) == .queued)
+        #expect(queue.push(clear) == .folded)
+        #expect(queue.push(setAgain) == .folded)
+        #expect(drain(&queue) == [setAgain])
+    }
+
+    @Test func aNewerRecordWithoutATokenKeepsTheWaitingRecordsToken() {
+        var queue = StoreQueue()
+        #expect(queue.push(.upsertMember(record("ann", name: "Ann", token: "aa"))) == .queued)
+        #expect(queue.push(.upsertMember(record("ann", name: "Ann B."))) == .folded)
+        var expected = record("ann", name: "Ann B.", token: "aa")
+        expected.pushRegisteredAt = t0
+        #expect(drain(&queue) == [.upsertMember(expected)])
+    }
+
+    @Test func writesOfDifferentKindsWaitInOrder() {
+        var queue = StoreQueue()
+        let remove = StoreOperation.removeMember(channel: channel, user: "ann")
+        #expect(queue.push(touch("ann", 1)) == .queued)
+        #expect(queue.push(remove) == .queued)
+        #expect(queue.push(remove) == .folded)
+        // The member's last write is now the removal, so this last-seen time must not reach back
+        // past it into the first one.
+        #expect(queue.push(touch("ann", 2)) == .queued)
+        #expect(queue.push(.upsertMember(record("ann"))) == .queued)
+        #expect(drain(&queue) == [touch("ann", 1), remove, touch("ann", 2), .upsertMember(record("ann"))])
+    }
+
+    @Test func aWriteAlreadyHandedOutIsNeverFoldedInto() {
+        var queue = StoreQueue()
+        #expect(queue.push(touch("ann", 1)) == .queued)
+        #expect(queue.pop() == touch("ann", 1))
+        #expect(queue.push(touch("ann", 2)) == .queued)
+        #expect(drain(&queue) == [touch("ann", 2)])
+    }
+
+    @Test func onlyTransmissionLogRecordsAreShedPastTheLimit() {
+        var queue = StoreQueue(maxWaitingLogRecords: 2)
+        #expect(queue.push(log("ann", 1)) == .queued)
+        #expect(queue.push(log("ann", 2)) == .queued)
+        #expect(queue.push(log("ann", 3)) == .refused)
+        // Member state is never refused, however much waits.
+        for user in 0..<10 { #expect(queue.push(touch("user\(user)", 1)) == .queued) }
+        #expect(queue.pop() == log("ann", 1))
+        #expect(queue.push(log("ann", 4)) == .queued)
+        #expect(queue.count == 12)
+        #expect(queue.waitingLogRecords == 2)
+    }
+
+    /// Against a plain array searched from the end: the same writes handed out in the same order,
+    /// through many compactions of the queue's array with writes still waiting.
+    @Test func foldingFindsTheRightWriteAcrossCompactions() {
+        var queue = StoreQueue(maxWaitingLogRecords: 50)
+        var reference: [StoreOperation] = []
+        for i in 0..<20_000 {
+            let operation = i % 3 == 0 ? log("user\(i % 7)", Double(i)) : touch("user\(i % 11)", Double(i))
+            let pushed = queue.push(operation)
+            if let key = StoreQueue.key(of: operation) {
+                if let last = reference.lastIndex(where: { StoreQueue.key(of: $0) == key }),
+                   let folded = StoreQueue.fold(reference[last], operation) {
+                    reference[last] = folded
+                    #expect(pushed == .folded)
+                } else {
+                    reference.append(operation)
+                    #expect(pushed == .queued)
+                }
+            } else if reference.filter({ StoreQueue.key(of: $0) == nil }).count < 50 {
+                reference.append(operation)
+                #expect(pushed == .queued)
+            } else {
+                #expect(pushed == .refused)
+            }
+            // Hand out about as many as come in, in uneven runs, so some always wait.
+            if i % 4 != 0, !reference.isEmpty {
+                #expect(queue.pop() == reference.removeFirst())
+            }
+        }
+        #expect(drain(&queue) == reference)
+    }
+
+    /// The same random writes, applied one by one to one SQLite file and through the writer (queued
+    /// before it starts, so as much as possible folds) to another, leave both files the same.
+    @Test(arguments: [1, 2, 3, 4, 5])
+    func foldingLeavesTheDatabaseAsWritingEveryOperationWould(seed: UInt64) async throws {
+        let base = FileManager.default.temporaryDirectory.appendingPathComponent("store-queue-\(UUID())").path
+        defer { try? FileManager.default.removeItem(atPath: base) }
+        let direct = try SQLiteChannelStore(directory: base + "/direct")
+        let folded = try SQLiteChannelStore(directory: base + "/folded")
+        let channelRecord = ChannelRecord(id: channel, name: "Ops")
+        try await direct.createChannel(channelRecord)
+        try await folded.createChannel(channelRecord)
+
+        var random = seed &* 0x9E37_79B9_7F4A_7C15
+        func next(_ bound: Int) -> Int {
+            random = random &* 6_364_136_223_846_793_005 &+ 1_442_695_040_888_963_407
+            return Int((random >> 33) % UInt64(bound))
+        }
+        var operations: [StoreOperation] = []
+        for step in 0..<400 {
+            let user = ["ann", "bob", "cy"][next(3)]
+            let seconds = Double(step)
+            switch next(7) {
+            case 0: operations.append(.upsertMember(record(user, name: "\(user) \(step)", token: next(2) == 0 ? nil : "t\(step)")))
+            case 1: operations.append(touch(user, seconds))
+            case 2: operations.append(.setPushToken(channel: channel, user: user, token: "p\(step)", environment: .sandbox,
+                                                    registeredAt: t0 + seconds))
+            case 3: operations.append(.clearPushToken(channel: channel, user: user))
+            case 4: operations.append(.removeMember(channel: channel, user: user))
+            case 5: operations.append(log(user, seconds))
+            default: operations.append(touch(user, seconds))
+            }
+        }
+        // The writes that find no member are logged as failures; both files see the same ones.
+        let logger = Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() })
+        let one = StoreWriter(store: direct, metrics: nil, logger: logger)
+        for operation in operations {
+            do { try await one.apply(operation) } catch .memberNotFound {}
+        }
+        let writer = StoreWriter(store: folded, metrics: nil, logger: logger)
+        for operation in operations { writer.enqueue(operation) }
+        writer.finish()
+        await writer.run()
+
+        #expect(try await folded.members(of: channel) == direct.members(of: channel))
+        #expect(try await folded.transmissions(of: channel, limit: 1_000) == direct.transmissions(of: channel, limit: 1_000))
+        try await direct.close()
+        try await folded.close()
+    }
+}
