@@ -56,7 +56,7 @@ public final class ServerMetrics: Sendable {
         bytesOut = counter("bytes_out", "Audio datagram bytes forwarded (header and payload).")
         drops = DropReason.allCases.map { counter("drops", "Audio datagrams dropped, by reason.", labels: [("reason", $0.label)]) }
         storeFailures = counter("store_failures", "Database writes that failed.")
-        storeFolded = counter("store_folded", "Database writes folded into a waiting write of the same member (a newer last-seen time, push token or record).")
+        storeFolded = counter("store_folded", "Database writes folded into a waiting write of the same member (a newer last-seen time, push token or record, or a second removal).")
         storeRefused = counter("store_refused", "Transmission-log records not written because too many were already waiting for the database.")
         storeWaiting = gauge("store_waiting", "Database writes waiting for the database.")
         relayFanout = registry.makeDurationHistogram(

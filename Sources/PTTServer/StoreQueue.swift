@@ -9,13 +9,16 @@ import Foundation
 ///
 /// A new write is folded into the member's last waiting write only where applying the one result
 /// leaves the database exactly as applying both in turn would:
-/// - a last-seen time replaces the waiting last-seen time;
+/// - a last-seen time replaces the waiting last-seen time, or becomes the waiting member record's;
+/// - a member record replaces a waiting last-seen time;
 /// - a push token set or cleared replaces the waiting set or clear;
 /// - a member record replaces the waiting record (keeping its push token when the new one has none,
 ///   as the store's upsert would have kept it);
 /// - a removal after a waiting removal is dropped (the second would find no row).
 /// Anything else waits behind it. Writes of different members touch different rows, so folding one
-/// member's writes never reorders them against another's that matter.
+/// member's writes never reorders them against another's that matter. A client reconnecting in a loop
+/// (record, last-seen time, record, …) folds into one write; an administrator adding and removing the
+/// same member still queues one write per change.
 ///
 /// Transmission-log records never fold. They are the only writes that can be shed: past
 /// `maxWaitingLogRecords` waiting, new ones are refused and counted, so a database that stays stalled
@@ -71,8 +74,13 @@ struct StoreQueue {
             waitingLogRecords -= 1
         }
         head += 1
-        // Give the handed-out slots back once they are most of the array (amortised O(1)).
-        if head >= 1_024, head * 2 >= entries.count {
+        // Give the handed-out slots back once they are most of the array (amortised O(1)); an empty
+        // queue drops its storage, so a stall's backlog doesn't stay allocated after it.
+        if head == entries.count {
+            entries = []
+            base += head
+            head = 0
+        } else if head >= 1_024, head * 2 >= entries.count {
             entries.removeFirst(head)
             base += head
             head = 0
@@ -94,6 +102,13 @@ struct StoreQueue {
     static func fold(_ last: StoreOperation, _ next: StoreOperation) -> StoreOperation? {
         switch (last, next) {
         case (.touchMember, .touchMember):
+            return next
+        // The record carries a last-seen time of its own: the touch's replaces it, or it replaces the
+        // touch's. (Without the row, neither writes anything; a missing channel takes its rows along.)
+        case (.upsertMember(var member), .touchMember(_, _, let lastSeen)):
+            member.lastSeen = lastSeen
+            return .upsertMember(member)
+        case (.touchMember, .upsertMember):
             return next
         case (.setPushToken, .setPushToken), (.setPushToken, .clearPushToken),
              (.clearPushToken, .setPushToken), (.clearPushToken, .clearPushToken):

@@ -16,6 +16,8 @@ public final class StoreWriter: Sendable {
     private struct State {
         var queue: StoreQueue
         var finished = false
+        /// The drain has ended: later writes can only be counted as lost.
+        var drained = false
         /// Log records refused so far; reported at powers of two, so a stalled database logs a handful
         /// of lines, not one per burst.
         var refusalsSinceReport = 0
@@ -34,12 +36,19 @@ public final class StoreWriter: Sendable {
     }
 
     func enqueue(_ operation: StoreOperation) {
-        let (pushed, waiting, refusals) = state.withLockedValue { state in
+        let (pushed, waiting, refusals, drained) = state.withLockedValue { state in
+            guard !state.drained else { return (StoreQueue.Pushed.refused, 0, 0, true) }
             let pushed = state.queue.push(operation)
             if pushed == .refused { state.refusalsSinceReport += 1 }
-            return (pushed, state.queue.count, state.refusalsSinceReport)
+            // Under the lock, so the drain's own updates can't be overwritten by an older count.
+            metrics?.storeWaiting.set(Int64(state.queue.count))
+            return (pushed, state.queue.count, state.refusalsSinceReport, false)
         }
-        metrics?.storeWaiting.set(Int64(waiting))
+        if drained {
+            metrics?.storeFailures.increment()
+            logger.error("store write after the writer stopped: not written", metadata: ["operation": "\(operation)"])
+            return
+        }
         switch pushed {
         case .queued: ring.yield()
         case .folded: metrics?.storeFolded.increment()
@@ -83,7 +92,13 @@ public final class StoreWriter: Sendable {
     private func drainQueue() async {
         var bell = doorbell.makeAsyncIterator()
         while true {
-            while let operation = state.withLockedValue({ $0.queue.pop() }) {
+            while let operation = state.withLockedValue({ state -> StoreOperation? in
+                let operation = state.queue.pop()
+                metrics?.storeWaiting.set(Int64(state.queue.count))
+                // A stall that is over starts the next one's reports from the first refusal again.
+                if state.queue.waitingLogRecords == 0 { state.refusalsSinceReport = 0 }
+                return operation
+            }) {
                 do {
                     try await apply(operation)
                 } catch {
@@ -93,8 +108,10 @@ public final class StoreWriter: Sendable {
                     logger.error("store write failed", metadata: ["operation": "\(operation)", "error": "\(error)"])
                 }
             }
-            let (done, waiting) = state.withLockedValue { ($0.finished && $0.queue.isEmpty, $0.queue.count) }
-            metrics?.storeWaiting.set(Int64(waiting))
+            let done = state.withLockedValue { state in
+                state.drained = state.finished && state.queue.isEmpty
+                return state.drained
+            }
             if done { return }
             // Nil once finished: the loop then takes what is left and returns.
             _ = await bell.next()

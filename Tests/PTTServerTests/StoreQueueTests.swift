@@ -70,8 +70,24 @@ import Testing
         // The member's last write is now the removal, so this last-seen time must not reach back
         // past it into the first one.
         #expect(queue.push(touch("ann", 2)) == .queued)
+        #expect(queue.push(.setPushToken(channel: channel, user: "ann", token: "aa", environment: .sandbox, registeredAt: t0)) == .queued)
+        #expect(drain(&queue) == [touch("ann", 1), remove, touch("ann", 2),
+                                  .setPushToken(channel: channel, user: "ann", token: "aa", environment: .sandbox, registeredAt: t0)])
+    }
+
+    /// A client reconnecting in a loop writes its record on each join and its last-seen time on each
+    /// close: all of it folds into one record.
+    @Test func aReconnectLoopFoldsIntoOneRecord() {
+        var queue = StoreQueue()
         #expect(queue.push(.upsertMember(record("ann"))) == .queued)
-        #expect(drain(&queue) == [touch("ann", 1), remove, touch("ann", 2), .upsertMember(record("ann"))])
+        for cycle in 1...100 {
+            #expect(queue.push(touch("ann", Double(cycle))) == .folded)
+            #expect(queue.push(.upsertMember(record("ann", name: "Ann \(cycle)"))) == .folded)
+        }
+        #expect(queue.push(touch("ann", 500)) == .folded)
+        var expected = record("ann", name: "Ann 100")
+        expected.lastSeen = t0 + 500
+        #expect(drain(&queue) == [.upsertMember(expected)])
     }
 
     @Test func aWriteAlreadyHandedOutIsNeverFoldedInto() {
@@ -124,6 +140,31 @@ import Testing
             }
         }
         #expect(drain(&queue) == reference)
+    }
+
+    /// The writer running: writes queued while it works all arrive, and one that comes after it has
+    /// stopped is not written (it is counted as a failure instead).
+    @Test func writesQueuedWhileTheWriterRunsAllArriveAndNoneAfterItStops() async throws {
+        let base = FileManager.default.temporaryDirectory.appendingPathComponent("store-writer-\(UUID())").path
+        defer { try? FileManager.default.removeItem(atPath: base) }
+        let store = try SQLiteChannelStore(directory: base)
+        try await store.createChannel(ChannelRecord(id: channel, name: "Ops"))
+        let writer = StoreWriter(store: store, metrics: ServerMetrics(), logger: Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() }))
+        let running = Task { await writer.run() }
+        for user in ["ann", "bob", "cy"] { writer.enqueue(.upsertMember(record(user))) }
+        for step in 1...50 {
+            writer.enqueue(touch(["ann", "bob", "cy"][step % 3], Double(step)))
+            writer.enqueue(log("ann", Double(step)))
+            if step % 10 == 0 { try await Task.sleep(for: .milliseconds(5)) }
+        }
+        writer.finish()
+        await running.value
+        writer.enqueue(.removeMember(channel: channel, user: "ann"))
+        let members = try await store.members(of: channel).sorted { $0.userID < $1.userID }
+        #expect(members.map(\.userID) == ["ann", "bob", "cy"])
+        #expect(members.map(\.lastSeen) == [t0 + 48, t0 + 49, t0 + 50])
+        #expect(try await store.transmissions(of: channel, limit: 100).count == 50)
+        try await store.close()
     }
 
     /// The same random writes, applied one by one to one SQLite file and through the writer (queued
