@@ -18,9 +18,9 @@ public final class StoreWriter: Sendable {
         var finished = false
         /// The drain has ended: later writes can only be counted as lost.
         var drained = false
-        /// Log records refused so far; reported at powers of two, so a stalled database logs a handful
-        /// of lines, not one per burst.
-        var refusalsSinceReport = 0
+        /// Log records refused since no log record last waited (the current stall); reported at powers
+        /// of two, so a stalled database logs a handful of lines, not one per burst.
+        var refusals = 0
     }
     private let state: NIOLockedValueBox<State>
     /// Rung when a write is queued or on `finish`; one pending ring is enough.
@@ -36,15 +36,16 @@ public final class StoreWriter: Sendable {
     }
 
     func enqueue(_ operation: StoreOperation) {
-        let (pushed, waiting, refusals, drained) = state.withLockedValue { state in
-            guard !state.drained else { return (StoreQueue.Pushed.refused, 0, 0, true) }
+        // Nil once the drain has ended.
+        let result = state.withLockedValue { state -> (pushed: StoreQueue.Pushed, waiting: Int, refusals: Int)? in
+            guard !state.drained else { return nil }
             let pushed = state.queue.push(operation)
-            if pushed == .refused { state.refusalsSinceReport += 1 }
+            if pushed == .refused { state.refusals += 1 }
             // Under the lock, so the drain's own updates can't be overwritten by an older count.
             metrics?.storeWaiting.set(Int64(state.queue.count))
-            return (pushed, state.queue.count, state.refusalsSinceReport, false)
+            return (pushed, state.queue.count, state.refusals)
         }
-        if drained {
+        guard let (pushed, waiting, refusals) = result else {
             metrics?.storeFailures.increment()
             logger.error("store write after the writer stopped: not written", metadata: ["operation": "\(operation)"])
             return
@@ -96,7 +97,7 @@ public final class StoreWriter: Sendable {
                 let operation = state.queue.pop()
                 metrics?.storeWaiting.set(Int64(state.queue.count))
                 // A stall that is over starts the next one's reports from the first refusal again.
-                if state.queue.waitingLogRecords == 0 { state.refusalsSinceReport = 0 }
+                if state.queue.waitingLogRecords == 0 { state.refusals = 0 }
                 return operation
             }) {
                 do {
