@@ -114,8 +114,14 @@ public final class ChannelHub {
         catchingUp.removeAll { $0.channel === channel }
     }
 
-    /// An administrator removed a member (the store already forgot it), or revoked the token it joined
-    /// with (`code` `.tokenRevoked`): it is told why and disconnected, and leaves the roster.
+    /// Whether `user` is a member of the channel here: connected, reconnecting, or known from the store.
+    public func isMember(channel id: UUID, user: String) -> Bool {
+        channels[id]?.slotsByUser[user] != nil
+    }
+
+    /// An administrator removed a member, or revoked the token it joined with (`code` `.tokenRevoked`):
+    /// it is told why and disconnected, and leaves the roster. Its row's removal is queued behind any
+    /// write of it still waiting, so a join's row written late does not bring it back.
     public func removeMember(channel id: UUID, user: String, at time: HubTime, code: RefusalCode = .removedByAdmin,
                              reason: String = "an administrator removed you from the channel") {
         guard let channel = channels[id], let slot = channel.slotsByUser[user], let member = channel.members[slot] else { return }

@@ -150,9 +150,12 @@ public enum AdminAPI {
             let raw = try context.parameters.require("user")
             let user = raw.removingPercentEncoding ?? raw
             _ = try await existingChannel(id, in: store)
-            guard try await store.member(channel: id, user: user) != nil else {
-                throw StoreError.memberNotFound(channel: id, user: user)
-            }
+            // The hub is asked too: a member that joined moments ago is live before the store writer
+            // has written its row, and an administrator who sees it in the roster must be able to
+            // remove it. The hub's removal then queues the row's deletion behind that write.
+            var known = try await store.member(channel: id, user: user) != nil
+            if !known, let hub = admin.hub { known = await hub.isMember(channel: id, user: user) }
+            guard known else { throw StoreError.memberNotFound(channel: id, user: user) }
             // Revoked first, so that a rejoin racing the removal is refused: the tokens the member
             // holds stop working, and a token issued from the next millisecond on lets it back in.
             _ = try await store.revoke(.member(channel: id, user: user, at: Date(), reason: "removed by an administrator"))

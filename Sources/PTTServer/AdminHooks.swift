@@ -11,6 +11,9 @@ public protocol AdminHubHooks: Sendable {
     func channelDeleted(_ id: UUID) async
     /// An admin removed a member: it is told and disconnected, and its push token is gone.
     func memberRemoved(channel: UUID, user: String) async
+    /// Whether the hub holds the member: connected, reconnecting, or joined moments ago, before the
+    /// store writer has written its row. The API asks before it answers "no such member".
+    func isMember(channel: UUID, user: String) async -> Bool
     /// A token was revoked: a member connected with it is told and removed.
     func tokenRevoked(_ revocation: RevocationRecord) async
     /// The live roster of a channel (connected and recently disconnected members), empty if unknown.

@@ -187,6 +187,10 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
         _ = await onLoop { $0.hub.removeMember(channel: channel, user: user, at: HubDriver.now()) }
     }
 
+    public func isMember(channel: UUID, user: String) async -> Bool {
+        await onLoop { $0.hub.isMember(channel: channel, user: user) } ?? false
+    }
+
     public func tokenRevoked(_ revocation: RevocationRecord) async {
         _ = await onLoop { $0.hub.apply(revocation, at: HubDriver.now()) }
     }

@@ -469,6 +469,25 @@ final class Harness {
         #expect(h.other.contains { if case .memberGone(_, let m) = $0 { return m.pushToken == "abcd" } else { return false } })
     }
 
+    @Test func anAdministratorsRemovalEndsTheSessionAndQueuesTheRowsDeletionAfterItsWrite() {
+        let h = Harness()
+        let ann = h.join("ann"), bob = h.join("bob")
+        #expect(h.hub.isMember(channel: h.channel.id, user: "bob"))
+        #expect(!h.hub.isMember(channel: h.channel.id, user: "carol"))
+        #expect(!h.hub.isMember(channel: UUID(), user: "bob"))
+        h.hub.removeMember(channel: h.channel.id, user: "bob", at: h.time)
+        h.drain()
+        #expect(h.lastMessage(to: bob.link) == .refused(code: .removedByAdmin, reason: "an administrator removed you from the channel"))
+        #expect(h.closes.contains { $0.0 == bob.link && $0.1 == .removed })
+        #expect(h.messages(to: ann.link).last == .participantLeft(slot: bob.slot, userID: "bob"))
+        #expect(!h.hub.isMember(channel: h.channel.id, user: "bob"))
+        // The join's row and its deletion go to the store writer in that order, so a row written late
+        // is deleted after it, not before.
+        let joined = h.stored.lastIndex { if case .upsertMember(let m) = $0 { m.userID == "bob" } else { false } }
+        let removed = h.stored.lastIndex(of: .removeMember(channel: h.channel.id, user: "bob"))
+        #expect(joined != nil && removed != nil && joined! < removed!, "\(h.stored)")
+    }
+
     @Test func leaveForgetsTheMemberAndItsToken() {
         let h = Harness()
         let ann = h.join("ann"), bob = h.join("bob")

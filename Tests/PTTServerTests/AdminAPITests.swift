@@ -22,10 +22,13 @@ final class RecordingHub: AdminHubHooks {
     private let recorded = Mutex<[Event]>([])
     let rosterEntries: [Participant]
     let connections: Int
+    /// Users the hub holds whose rows the store may not have yet.
+    let liveMembers: Set<String>
 
-    init(roster: [Participant] = [], connections: Int = 0) {
+    init(roster: [Participant] = [], connections: Int = 0, liveMembers: Set<String> = []) {
         rosterEntries = roster
         self.connections = connections
+        self.liveMembers = liveMembers
     }
 
     var events: [Event] { recorded.withLock { $0 } }
@@ -33,6 +36,7 @@ final class RecordingHub: AdminHubHooks {
     func channelChanged(_ id: UUID) async { recorded.withLock { $0.append(.changed(id)) } }
     func channelDeleted(_ id: UUID) async { recorded.withLock { $0.append(.deleted(id)) } }
     func memberRemoved(channel: UUID, user: String) async { recorded.withLock { $0.append(.removed(channel, user)) } }
+    func isMember(channel: UUID, user: String) async -> Bool { liveMembers.contains(user) }
     func tokenRevoked(_ revocation: RevocationRecord) async {
         recorded.withLock { $0.append(.revoked(revocation.channelID, revocation.tokenID)) }
     }
@@ -343,6 +347,28 @@ extension TestResponse {
 
             let unknownChannel = try await client.send(.get, "/v1/channels/\(UUID())/members")
             #expect(unknownChannel.status == .notFound)
+        }
+    }
+
+    /// A member that has just joined is in the hub before the store writer writes its row: removing
+    /// it then must not answer 404.
+    @Test func aMemberTheHubHoldsBeforeItsRowIsWrittenCanBeRemoved() async throws {
+        let fixture = try await AdminFixture(hub: RecordingHub(liveMembers: ["carol"]))
+        defer { Task { await fixture.cleanUp() } }
+        let hub = try #require(fixture.hub)
+        let channel = ChannelRecord(name: "Ops")
+        try await fixture.store.createChannel(channel)
+        try await fixture.application.test(.router) { client in
+            let removed = try await client.send(.delete, "/v1/channels/\(channel.id)/members/carol")
+            #expect(removed.status == .noContent, "\(removed.text)")
+            #expect(hub.events == [.removed(channel.id, "carol")])
+            let voids = try await fixture.store.revocation(channel: channel.id, user: "carol", tokenID: "any",
+                                                           issuedAt: Date().addingTimeInterval(-1))
+            #expect(voids?.reason == "removed by an administrator", "the tokens carol holds stop working")
+
+            let unknown = try await client.send(.delete, "/v1/channels/\(channel.id)/members/dave")
+            #expect(unknown.status == .notFound, "neither the store nor the hub knows dave")
+            #expect(hub.events.count == 1)
         }
     }
 
