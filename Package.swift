@@ -217,6 +217,7 @@ let package = Package(
             "PTTServer", "APNsSimulator", "ChannelStore", "ChannelProtocol", "ParticipantTokens", "Wire", "WireNIO", "WireTesting",
             "SquelchTesting", "KeyFiles", "APNs",
             .product(name: "Prometheus", package: "swift-prometheus"),
+            .product(name: "GRDB", package: "GRDB.swift"),
             .product(name: "NIOCore", package: "swift-nio"),
             .product(name: "Crypto", package: "swift-crypto"),
             .product(name: "Hummingbird", package: "hummingbird"),

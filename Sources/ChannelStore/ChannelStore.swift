@@ -193,6 +193,11 @@ public enum StoreError: Error, Sendable, Equatable, CustomStringConvertible {
     case memberNotFound(channel: UUID, user: String)
     /// The database could not be opened or migrated, or a statement failed.
     case database(String)
+    /// The database could not take the statement just now, for a reason an operator or time can
+    /// mend: another process held its lock too long, the disk is full, an I/O error, or the file
+    /// turned read-only. The same statement can succeed later, so the server's store writer keeps
+    /// such writes and tries them again.
+    case unavailable(String)
 
     public var description: String {
         switch self {
@@ -200,7 +205,13 @@ public enum StoreError: Error, Sendable, Equatable, CustomStringConvertible {
         case .channelNotFound(let id): return "no channel \(id); 'squelchd channel list' shows the channels"
         case .memberNotFound(let channel, let user): return "user '\(user)' is not a member of channel \(channel)"
         case .database(let why): return "database error: \(why)"
+        case .unavailable(let why): return "database unavailable: \(why)"
         }
+    }
+
+    /// Whether the same operation can succeed later without anything about it changing.
+    public var isTransient: Bool {
+        if case .unavailable = self { true } else { false }
     }
 }
 

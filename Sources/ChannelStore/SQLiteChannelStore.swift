@@ -23,7 +23,7 @@ public final class SQLiteChannelStore: ChannelStore {
     let pool: DatabasePool
 
     /// Opens (or creates) `directory/squelch.sqlite`, creating the directory (mode 0700) if missing.
-    public convenience init(directory: String) throws(StoreError) {
+    public convenience init(directory: String, busyTimeout: TimeInterval = busyTimeoutSeconds) throws(StoreError) {
         if !FileManager.default.fileExists(atPath: directory) {
             do {
                 try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true,
@@ -32,26 +32,27 @@ public final class SQLiteChannelStore: ChannelStore {
                 throw .database("cannot create the data directory \(directory) (\(error.localizedDescription)); create it or pass another --data-dir")
             }
         }
-        try self.init(path: URL(fileURLWithPath: directory).appendingPathComponent(Self.defaultFileName).path)
+        try self.init(path: URL(fileURLWithPath: directory).appendingPathComponent(Self.defaultFileName).path, busyTimeout: busyTimeout)
     }
 
     /// Opens (or creates) the database at `path` and brings its schema up to date.
     ///
     /// Refuses a file that is not a SQLite database, and one whose schema was written by a newer
-    /// squelchd (it has migrations this build does not know).
-    public init(path: String) throws(StoreError) {
+    /// squelchd (it has migrations this build does not know). `busyTimeout` is how long a statement
+    /// waits for another connection's lock before it fails with `StoreError.unavailable`.
+    public init(path: String, busyTimeout: TimeInterval = busyTimeoutSeconds) throws(StoreError) {
         self.path = path
         createPrivateFileIfAbsent(path)
 
         var config = Configuration()
         config.label = "squelch"
         config.foreignKeysEnabled = true
-        config.busyMode = .timeout(Self.busyTimeoutSeconds)
+        config.busyMode = .timeout(busyTimeout)
         // Several processes may open a new file at once (a server and the CLI started together). One
         // of them can get SQLITE_BUSY at once, without the busy handler (switching a new file to WAL,
         // or upgrading a read to a write while another commits), or find the other's migrations half
         // done (each runs in its own transaction): then it tries again until the other is through.
-        let deadline = Date().addingTimeInterval(Self.busyTimeoutSeconds)
+        let deadline = Date().addingTimeInterval(busyTimeout)
         while true {
             do throws(OpenFailure) {
                 pool = try Self.openAndMigrate(path, config)
@@ -419,21 +420,27 @@ public final class SQLiteChannelStore: ChannelStore {
         }
         let what = error.message ?? "SQLite error \(error.extendedResultCode.rawValue)"
         let hint: String
+        // Conditions that pass on their own or once space is freed are `unavailable`: the same
+        // statement can succeed later. Permissions and damage need an operator's change first.
+        var transient = false
         switch error.resultCode {
         case .SQLITE_NOTADB, .SQLITE_CORRUPT:
             hint = "; the file is damaged or not a Squelch database: restore a backup, or move it aside to start empty"
         case .SQLITE_BUSY, .SQLITE_LOCKED:
-            hint = "; another process held the database locked for over \(Int(busyTimeoutSeconds)) s: try again"
+            hint = "; another process held the database locked for longer than this one waits: try again once it is done"
+            transient = true
         case .SQLITE_CANTOPEN:
             hint = "; check that the directory exists and is writable"
         case .SQLITE_READONLY, .SQLITE_PERM, .SQLITE_AUTH:
             hint = "; check the permissions of the file and its directory"
         case .SQLITE_FULL, .SQLITE_IOERR:
             hint = "; check the disk (space, health)"
+            transient = true
         default:
             hint = ""
         }
-        return .database("\(context): \(what) (SQLite code \(error.extendedResultCode.rawValue))\(hint)")
+        let text = "\(context): \(what) (SQLite code \(error.extendedResultCode.rawValue))\(hint)"
+        return transient ? .unavailable(text) : .database(text)
     }
 }
 

@@ -486,6 +486,7 @@ struct AdminError: HTTPResponseError, CustomStringConvertible {
         case .channelNotFound(let id): self.init(.notFound, "no channel \(id); GET /v1/channels lists the channels")
         case .memberNotFound: self.init(.notFound, error.description + "; GET /v1/channels/<id>/members lists the members")
         case .database: self.init(.internalServerError, error.description + "; check the server log and the data directory")
+        case .unavailable: self.init(.serviceUnavailable, error.description + "; nothing was changed, try again shortly")
         }
     }
 }
@@ -498,7 +499,10 @@ struct JSONErrorMiddleware<Context: RequestContext>: RouterMiddleware {
         do { return try await next(request, context) } catch let error as AdminError {
             throw error
         } catch let error as StoreError {
-            if case .database = error { context.logger.error("admin API: \(error)") }
+            switch error {
+            case .database, .unavailable: context.logger.error("admin API: \(error)")
+            case .invalid, .channelNotFound, .memberNotFound: break
+            }
             throw AdminError(error)
         } catch let error as any HTTPResponseError {
             // Hummingbird's own (for example a missing route parameter): keep the status, say it in JSON.

@@ -23,6 +23,7 @@ public final class ServerMetrics: Sendable {
     let bytesOut: Counter
     let drops: [Counter]
     let storeFailures: Counter
+    let storeRetries: Counter
     let storeFolded: Counter
     let storeRefused: Counter
     let storeWaiting: Gauge
@@ -55,7 +56,8 @@ public final class ServerMetrics: Sendable {
         bytesIn = counter("bytes_in", "Audio datagram bytes received (header and payload).")
         bytesOut = counter("bytes_out", "Audio datagram bytes forwarded (header and payload).")
         drops = DropReason.allCases.map { counter("drops", "Audio datagrams dropped, by reason.", labels: [("reason", $0.label)]) }
-        storeFailures = counter("store_failures", "Database writes that failed.")
+        storeFailures = counter("store_failures", "Database writes given up: refused by the database, or still failing when the server stopped.")
+        storeRetries = counter("store_retries", "Database writes tried again after a failure that passes (locked too long, disk full, I/O error).")
         storeFolded = counter("store_folded", "Database writes folded into a waiting write of the same member (a newer last-seen time, push token or record, or a second removal).")
         storeRefused = counter("store_refused", "Transmission-log records not written because too many were already waiting for the database.")
         storeWaiting = gauge("store_waiting", "Database writes waiting for the database.")

@@ -8,14 +8,19 @@ import NIOConcurrencyHelpers
 /// until `finish`, so a graceful shutdown writes everything before the database closes.
 ///
 /// The writes wait in a `StoreQueue`, which folds a member's repeated writes together, so a slow or
-/// stalled database holds one write per member and change, not one per event.
+/// stalled database holds one write per member and change, not one per event. A write that fails for
+/// a reason that passes (lock, full disk, I/O error) is tried again, in order, as `StoreRetryPolicy`
+/// says; one the database refuses outright is logged and dropped.
 public final class StoreWriter: Sendable {
     let store: any ChannelStore
     let metrics: ServerMetrics?
     let logger: Logger
+    let retry: StoreRetryPolicy
     private struct State {
         var queue: StoreQueue
         var finished = false
+        /// When `finish` was called, for the retry policy's shutdown budget.
+        var finishedAt: ContinuousClock.Instant?
         /// The drain has ended: later writes can only be counted as lost.
         var drained = false
         /// Log records refused since no log record last waited (the current stall); reported at powers
@@ -27,10 +32,12 @@ public final class StoreWriter: Sendable {
     private let doorbell: AsyncStream<Void>
     private let ring: AsyncStream<Void>.Continuation
 
-    public init(store: any ChannelStore, metrics: ServerMetrics?, logger: Logger, maxWaitingLogRecords: Int = 100_000) {
+    public init(store: any ChannelStore, metrics: ServerMetrics?, logger: Logger, maxWaitingLogRecords: Int = 100_000,
+                retry: StoreRetryPolicy = StoreRetryPolicy()) {
         self.store = store
         self.metrics = metrics
         self.logger = logger
+        self.retry = retry
         state = NIOLockedValueBox(State(queue: StoreQueue(maxWaitingLogRecords: maxWaitingLogRecords)))
         (doorbell, ring) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
     }
@@ -66,7 +73,10 @@ public final class StoreWriter: Sendable {
 
     /// No more writes will come; `run` returns once the queue is empty.
     public func finish() {
-        state.withLockedValue { $0.finished = true }
+        state.withLockedValue { state in
+            if !state.finished { state.finishedAt = .now }
+            state.finished = true
+        }
         ring.finish()
     }
 
@@ -92,6 +102,7 @@ public final class StoreWriter: Sendable {
 
     private func drainQueue() async {
         var bell = doorbell.makeAsyncIterator()
+        var abandoned = 0
         while true {
             while let operation = state.withLockedValue({ state -> StoreOperation? in
                 let operation = state.queue.pop()
@@ -100,22 +111,65 @@ public final class StoreWriter: Sendable {
                 if state.queue.waitingLogRecords == 0 { state.refusals = 0 }
                 return operation
             }) {
-                do {
-                    try await apply(operation)
-                } catch {
-                    // A failed write is logged and counted; the live state is still right, and the next
-                    // write for this member carries the same fields again.
-                    metrics?.storeFailures.increment()
-                    logger.error("store write failed", metadata: ["operation": "\(operation)", "error": "\(error)"])
+                if abandoned > 0 {
+                    abandoned += 1
+                    continue
                 }
+                if await !write(operation) { abandoned = 1 }
             }
             let done = state.withLockedValue { state in
                 state.drained = state.finished && state.queue.isEmpty
                 return state.drained
             }
-            if done { return }
+            if done {
+                if abandoned > 0 {
+                    metrics?.storeFailures.increment(by: Int64(abandoned))
+                    logger.critical("the database failed for the whole shutdown: writes were not saved",
+                                    metadata: ["lost": "\(abandoned)",
+                                               "next": "check the data directory's disk (space, I/O errors) before starting squelchd again"])
+                }
+                return
+            }
             // Nil once finished: the loop then takes what is left and returns.
             _ = await bell.next()
+        }
+    }
+
+    /// Applies one write, trying it again while it fails for a reason that passes. False when the
+    /// server is stopping and the retry budget is spent: this write and every later one are given up.
+    private func write(_ operation: StoreOperation) async -> Bool {
+        var failures = 0
+        while true {
+            do {
+                try await apply(operation)
+                if failures > 0 {
+                    logger.notice("database writes resumed", metadata: ["attempts": "\(failures + 1)"])
+                }
+                return true
+            } catch {
+                failures += 1
+                let stoppingFor = state.withLockedValue { $0.finishedAt }.map { ContinuousClock.now - $0 }
+                switch retry.decide(error, failures: failures, stoppingFor: stoppingFor) {
+                case .retry(let delay):
+                    metrics?.storeRetries.increment()
+                    // Powers of two: a disk full for an hour logs a dozen lines, not one per attempt.
+                    if failures & (failures - 1) == 0 {
+                        logger.warning("store write failed; it is kept and tried again",
+                                       metadata: ["error": "\(error)", "attempts": "\(failures)", "next in": "\(delay)",
+                                                  "waiting": "\(state.withLockedValue { $0.queue.count })"])
+                    }
+                    try? await Task.sleep(for: delay)
+                case .drop:
+                    // Refused outright (its channel was deleted meanwhile, a value is refused): trying
+                    // again cannot help. The live state is still right.
+                    metrics?.storeFailures.increment()
+                    logger.error("store write failed", metadata: ["operation": "\(operation)", "error": "\(error)"])
+                    return true
+                case .abandon:
+                    logger.error("store write failed while stopping; giving up", metadata: ["operation": "\(operation)", "error": "\(error)"])
+                    return false
+                }
+            }
         }
     }
 

@@ -227,11 +227,16 @@ extension Channel {
 }
 
 /// Prints `squelchd: <error>` on stderr and returns the exit code: 78 (EX_CONFIG) when the database
-/// itself is the problem, 1 for a missing channel or a refused value.
+/// itself is the problem, 75 (EX_TEMPFAIL) when it could not take the command just now (locked by
+/// the server for too long, disk full) and the same command can be run again, 1 for a missing channel
+/// or a refused value.
 func fail(_ error: StoreError) -> ExitCode {
     standardError("squelchd: \(error)")
-    if case .database = error { return ExitCode(78) }
-    return ExitCode(1)
+    switch error {
+    case .database: return ExitCode(78)
+    case .unavailable: return ExitCode(75)
+    case .invalid, .channelNotFound, .memberNotFound: return ExitCode(1)
+    }
 }
 
 func standardError(_ line: String) {

@@ -55,10 +55,10 @@ struct AdminFixture {
     let registry = PrometheusCollectorRegistry()
     let context: AdminContext
 
-    init(hub: RecordingHub? = RecordingHub(),
+    init(hub: RecordingHub? = RecordingHub(), busyTimeout: TimeInterval = SQLiteChannelStore.busyTimeoutSeconds,
          readiness: @escaping @Sendable () async -> AdminContext.Readiness = { .ready }) async throws {
         directory = FileManager.default.temporaryDirectory.appendingPathComponent("squelch-admin-\(UUID())").path
-        store = try SQLiteChannelStore(directory: directory)
+        store = try SQLiteChannelStore(directory: directory, busyTimeout: busyTimeout)
         tokens = try await TokenAuthority.loadOrCreate(in: directory)
         self.hub = hub
         context = AdminContext(store: store, tokens: tokens, adminKey: Self.key, hub: hub, registry: registry,
@@ -347,6 +347,23 @@ extension TestResponse {
 
             let unknownChannel = try await client.send(.get, "/v1/channels/\(UUID())/members")
             #expect(unknownChannel.status == .notFound)
+        }
+    }
+
+    /// A database locked by another process past the busy timeout is a 503 that says to try again, and
+    /// the same request then succeeds.
+    @Test func aLockedDatabaseIsA503ThatSaysToTryAgain() async throws {
+        let fixture = try await AdminFixture(busyTimeout: 0.05)
+        defer { Task { await fixture.cleanUp() } }
+        try await fixture.application.test(.router) { client in
+            let lock = try WriteLockHolder(path: fixture.store.path)
+            let busy = try await client.send(.post, "/v1/channels", json: #"{"name":"Ops"}"#)
+            lock.unlock()
+            #expect(busy.status == .serviceUnavailable, "\(busy.text)")
+            #expect(busy.errorMessage.contains("locked") && busy.errorMessage.contains("try again"), "\(busy.errorMessage)")
+            #expect(try await fixture.store.channels().isEmpty)
+            let created = try await client.send(.post, "/v1/channels", json: #"{"name":"Ops"}"#)
+            #expect(created.status == .created, "\(created.text)")
         }
     }
 

@@ -1,0 +1,182 @@
+import ChannelHub
+import ChannelStore
+import Foundation
+import GRDB
+import Logging
+import Synchronization
+@testable import PTTServer
+import Testing
+
+/// A second, real SQLite connection that holds the database's write lock until told to let go, as
+/// another process could (the `squelchd channel` CLI in a long transaction, a backup tool). The
+/// store's statements then really fail with SQLITE_BUSY once their busy timeout passes.
+final class WriteLockHolder: Sendable {
+    private let release = DispatchSemaphore(value: 0)
+    private let done = DispatchSemaphore(value: 0)
+
+    init(path: String) throws {
+        let queue = try DatabaseQueue(path: path)
+        let locked = DispatchSemaphore(value: 0)
+        let failure = Mutex<(any Error)?>(nil)
+        Thread { [release, done] in
+            do {
+                try queue.inDatabase { db in
+                    try db.execute(sql: "BEGIN EXCLUSIVE")
+                    locked.signal()
+                    release.wait()
+                    try db.execute(sql: "COMMIT")
+                }
+            } catch {
+                failure.withLock { $0 = error }
+                locked.signal()
+            }
+            done.signal()
+        }.start()
+        locked.wait()
+        if let error = failure.withLock({ $0 }) { throw error }
+    }
+
+    func unlock() {
+        release.signal()
+        done.wait()
+    }
+}
+
+@Suite struct StoreRetryTests {
+    let channel = UUID()
+    let t0 = Date(timeIntervalSince1970: 1_800_000_000)
+    let quiet = Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() })
+
+    func record(_ user: String) -> MemberRecord {
+        MemberRecord(channelID: channel, userID: user, displayName: user, joinedAt: t0, lastSeen: t0)
+    }
+
+    func log(_ user: String, _ seconds: Double) -> StoreOperation {
+        .logTransmission(TransmissionRecord(channelID: channel, userID: user, startedAt: t0 + seconds, durationMilliseconds: 1_000,
+                                            endReason: "released"))
+    }
+
+    /// A counter's value as `/metrics` shows it.
+    func value(_ name: String, in metrics: ServerMetrics) -> Int {
+        var bytes: [UInt8] = []
+        metrics.registry.emit(into: &bytes)
+        let line = String(decoding: bytes, as: UTF8.self).split(separator: "\n").first { $0.hasPrefix(name + " ") }
+        return line.flatMap { Int($0.split(separator: " ")[1]) } ?? -1
+    }
+
+    func temporaryDirectory() -> String {
+        FileManager.default.temporaryDirectory.appendingPathComponent("store-retry-\(UUID())").path
+    }
+
+    @Test func delaysDoubleUpToTheCapAndOnlyPassingFailuresAreRetried() {
+        let policy = StoreRetryPolicy(firstDelay: .milliseconds(50), maxDelay: .seconds(2), shutdownBudget: .seconds(10))
+        let busy = StoreError.unavailable("locked")
+        #expect((1...7).map { policy.decide(busy, failures: $0, stoppingFor: nil) }
+                == [50, 100, 200, 400, 800, 1_600, 2_000].map { .retry(after: .milliseconds($0)) })
+        #expect(policy.decide(busy, failures: 10_000, stoppingFor: nil) == .retry(after: .seconds(2)), "no overflow after many failures")
+        #expect(policy.decide(.database("constraint"), failures: 1, stoppingFor: nil) == .drop)
+        #expect(policy.decide(.channelNotFound(channel), failures: 1, stoppingFor: nil) == .drop)
+        #expect(policy.decide(.invalid("too long"), failures: 1, stoppingFor: nil) == .drop)
+        // Stopping: never past the budget, and then every write is given up.
+        #expect(policy.decide(busy, failures: 7, stoppingFor: .milliseconds(9_500)) == .retry(after: .milliseconds(500)))
+        #expect(policy.decide(busy, failures: 1, stoppingFor: .seconds(10)) == .abandon)
+        #expect(policy.decide(.database("constraint"), failures: 1, stoppingFor: .seconds(60)) == .drop)
+    }
+
+    @Test func sqliteWordsALockHeldTooLongAsUnavailable() async throws {
+        let directory = temporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let store = try SQLiteChannelStore(directory: directory, busyTimeout: 0.05)
+        try await store.createChannel(ChannelRecord(id: channel, name: "Ops"))
+        let lock = try WriteLockHolder(path: store.path)
+        var thrown: StoreError?
+        do { try await store.upsertMember(record("ann")) } catch { thrown = error }
+        lock.unlock()
+        #expect(thrown?.isTransient == true, "\(String(describing: thrown))")
+        #expect(thrown?.description.contains("locked") == true, "\(String(describing: thrown))")
+        try await store.upsertMember(record("ann"))
+        #expect(try await store.member(channel: channel, user: "ann") != nil, "the same write succeeds once the lock is gone")
+        try await store.close()
+    }
+
+    /// While another connection holds the lock, the writer keeps the writes, tries again, and writes
+    /// them in order once it can: nothing is lost.
+    @Test func writesThatMeetALockedDatabaseAreKeptAndWrittenInOrderOnceItIsFree() async throws {
+        let directory = temporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let store = try SQLiteChannelStore(directory: directory, busyTimeout: 0.02)
+        try await store.createChannel(ChannelRecord(id: channel, name: "Ops"))
+        let metrics = ServerMetrics()
+        let writer = StoreWriter(store: store, metrics: metrics, logger: quiet,
+                                 retry: StoreRetryPolicy(firstDelay: .milliseconds(10), maxDelay: .milliseconds(50)))
+        let lock = try WriteLockHolder(path: store.path)
+        let running = Task { await writer.run() }
+        writer.enqueue(.upsertMember(record("ann")))
+        writer.enqueue(log("ann", 1))
+        writer.enqueue(.upsertMember(record("bob")))
+        writer.enqueue(.removeMember(channel: channel, user: "bob"))
+        var polls = 0
+        while value("squelch_store_retries_total", in: metrics) < 3, polls < 500 {
+            try await Task.sleep(for: .milliseconds(10))
+            polls += 1
+        }
+        #expect(value("squelch_store_retries_total", in: metrics) >= 3)
+        #expect(try await store.members(of: channel).isEmpty, "nothing can be written while the lock is held")
+        lock.unlock()
+        writer.finish()
+        await running.value
+        #expect(try await store.members(of: channel).map(\.userID) == ["ann"], "bob's removal came after his row")
+        #expect(try await store.transmissions(of: channel, limit: 10).count == 1)
+        #expect(value("squelch_store_failures_total", in: metrics) == 0)
+        try await store.close()
+    }
+
+    /// A write the database refuses outright (its channel is gone) is dropped and counted; the writes
+    /// behind it go on.
+    @Test func aWriteTheDatabaseRefusesIsDroppedAndTheRestGoOn() async throws {
+        let directory = temporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let store = try SQLiteChannelStore(directory: directory)
+        try await store.createChannel(ChannelRecord(id: channel, name: "Ops"))
+        let metrics = ServerMetrics()
+        let writer = StoreWriter(store: store, metrics: metrics, logger: quiet)
+        let running = Task { await writer.run() }
+        let elsewhere = MemberRecord(channelID: UUID(), userID: "ghost", displayName: "Ghost", joinedAt: t0, lastSeen: t0)
+        writer.enqueue(.upsertMember(elsewhere))
+        writer.enqueue(.upsertMember(record("ann")))
+        writer.finish()
+        await running.value
+        #expect(try await store.members(of: channel).map(\.userID) == ["ann"])
+        #expect(value("squelch_store_failures_total", in: metrics) == 1)
+        #expect(value("squelch_store_retries_total", in: metrics) == 0)
+        try await store.close()
+    }
+
+    /// Stopping while the database stays locked: the writer tries for the shutdown budget, then gives
+    /// up what is left, counted, instead of holding the shutdown forever.
+    @Test func aDatabaseLockedThroughTheShutdownCostsTheBudgetNotForever() async throws {
+        let directory = temporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let store = try SQLiteChannelStore(directory: directory, busyTimeout: 0.02)
+        try await store.createChannel(ChannelRecord(id: channel, name: "Ops"))
+        let metrics = ServerMetrics()
+        let writer = StoreWriter(store: store, metrics: metrics, logger: quiet,
+                                 retry: StoreRetryPolicy(firstDelay: .milliseconds(10), maxDelay: .milliseconds(50),
+                                                         shutdownBudget: .milliseconds(300)))
+        let lock = try WriteLockHolder(path: store.path)
+        let running = Task { await writer.run() }
+        for step in 1...5 { writer.enqueue(log("ann", Double(step))) }
+        writer.enqueue(.upsertMember(record("ann")))
+        let stopped = ContinuousClock.now
+        writer.finish()
+        await running.value
+        let took = ContinuousClock.now - stopped
+        #expect(took >= .milliseconds(300) && took < .seconds(5), "\(took)")
+        #expect(value("squelch_store_failures_total", in: metrics) == 6, "every write given up is counted")
+        writer.enqueue(.upsertMember(record("bob")))
+        #expect(value("squelch_store_failures_total", in: metrics) == 7, "and one that comes after the writer stopped")
+        lock.unlock()
+        #expect(try await store.members(of: channel).isEmpty)
+        try await store.close()
+    }
+}
