@@ -245,17 +245,25 @@ struct EndToEnd: AsyncParsableCommand {
         await talker.invalidate()
         let statistics = await finished.value
         guard let origin = ear.origin.withLockedValue({ $0 }) else { throw ValidationError("the late listener never played anything") }
-        // The first loud period in the recording after the resume is the first frame played.
+        // The first loud 10 ms in the recording after the resume is the speech's first loud 10 ms. The
+        // burst is played from its first frame at real speed, so the first frame was played as long
+        // before that as the speech's own lead-in of silence lasts (bench/make_speech.sh pads 0.3 s).
+        // Before 2026-11-23 that lead-in was counted as waiting, which put 300-odd ms into the figure.
+        func firstLoud(_ audio: [Int16], from: Int) -> Int? {
+            for start in stride(from: max(0, from), to: audio.count - 480, by: 480) {
+                var sum = 0.0
+                for s in audio[start ..< start + 480] { let v = Double(s) / 32768; sum += v * v }
+                if (sum / 480).squareRoot() > 0.003 { return start }
+            }
+            return nil
+        }
         let heard = try WAVAudio.read(path: recording).pipelineSamples(resampler: Resampler())
         let resumedAt = Int((Double(resumed) - Double(origin)) / 1e9 * 48_000)
-        var first: Int?
-        for start in stride(from: max(0, resumedAt), to: heard.count - 480, by: 480) {
-            var sum = 0.0
-            for s in heard[start ..< start + 480] { let v = Double(s) / 32768; sum += v * v }
-            if (sum / 480).squareRoot() > 0.003 { first = start; break }
-        }
-        guard let first else { throw ValidationError("the late listener's recording is silent after the resume") }
-        let milliseconds = Double(first - resumedAt) / 48.0
+        guard let first = firstLoud(heard, from: resumedAt) else { throw ValidationError("the late listener's recording is silent after the resume") }
+        guard let leadIn = firstLoud(samples, from: 0) else { throw ValidationError("the speech file is silent") }
+        let milliseconds = Double(first - resumedAt - leadIn) / 48.0
+        print(String(format: "late entry: first speech heard %.0f ms after the resume; the speech starts %.0f ms into the burst",
+                     Double(first - resumedAt) / 48.0, Double(leadIn) / 48.0))
         let lost = statistics.map { $0.lost > 0 || $0.played + $0.fecRecovered < sent } ?? true
         return (milliseconds, lost)
     }
