@@ -68,6 +68,19 @@ final class WriteLockHolder: Sendable {
         FileManager.default.temporaryDirectory.appendingPathComponent("store-retry-\(UUID())").path
     }
 
+    /// A store with a short busy timeout and a channel, a writer with short retry delays, and another
+    /// connection holding the write lock.
+    func lockedWriter(in directory: String, shutdownBudget: Duration) async throws
+        -> (SQLiteChannelStore, ServerMetrics, StoreWriter, WriteLockHolder) {
+        let store = try SQLiteChannelStore(directory: directory, busyTimeout: 0.02)
+        try await store.createChannel(ChannelRecord(id: channel, name: "Ops"))
+        let metrics = ServerMetrics()
+        let writer = StoreWriter(store: store, metrics: metrics, logger: quiet,
+                                 retry: StoreRetryPolicy(firstDelay: .milliseconds(10), maxDelay: .milliseconds(50),
+                                                         shutdownBudget: shutdownBudget))
+        return (store, metrics, writer, try WriteLockHolder(path: store.path))
+    }
+
     @Test func delaysDoubleUpToTheCapAndOnlyPassingFailuresAreRetried() {
         let policy = StoreRetryPolicy(firstDelay: .milliseconds(50), maxDelay: .seconds(2), shutdownBudget: .seconds(10))
         let busy = StoreError.unavailable("locked")
@@ -104,12 +117,7 @@ final class WriteLockHolder: Sendable {
     @Test func writesThatMeetALockedDatabaseAreKeptAndWrittenInOrderOnceItIsFree() async throws {
         let directory = temporaryDirectory()
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        let store = try SQLiteChannelStore(directory: directory, busyTimeout: 0.02)
-        try await store.createChannel(ChannelRecord(id: channel, name: "Ops"))
-        let metrics = ServerMetrics()
-        let writer = StoreWriter(store: store, metrics: metrics, logger: quiet,
-                                 retry: StoreRetryPolicy(firstDelay: .milliseconds(10), maxDelay: .milliseconds(50)))
-        let lock = try WriteLockHolder(path: store.path)
+        let (store, metrics, writer, lock) = try await lockedWriter(in: directory, shutdownBudget: .seconds(10))
         let running = Task { await writer.run() }
         writer.enqueue(.upsertMember(record("ann")))
         writer.enqueue(log("ann", 1))
@@ -157,13 +165,7 @@ final class WriteLockHolder: Sendable {
     @Test func aDatabaseLockedThroughTheShutdownCostsTheBudgetNotForever() async throws {
         let directory = temporaryDirectory()
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        let store = try SQLiteChannelStore(directory: directory, busyTimeout: 0.02)
-        try await store.createChannel(ChannelRecord(id: channel, name: "Ops"))
-        let metrics = ServerMetrics()
-        let writer = StoreWriter(store: store, metrics: metrics, logger: quiet,
-                                 retry: StoreRetryPolicy(firstDelay: .milliseconds(10), maxDelay: .milliseconds(50),
-                                                         shutdownBudget: .milliseconds(300)))
-        let lock = try WriteLockHolder(path: store.path)
+        let (store, metrics, writer, lock) = try await lockedWriter(in: directory, shutdownBudget: .milliseconds(300))
         let running = Task { await writer.run() }
         for step in 1...5 { writer.enqueue(log("ann", Double(step))) }
         writer.enqueue(.upsertMember(record("ann")))
