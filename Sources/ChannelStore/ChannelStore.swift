@@ -193,10 +193,10 @@ public enum StoreError: Error, Sendable, Equatable, CustomStringConvertible {
     case memberNotFound(channel: UUID, user: String)
     /// The database could not be opened or migrated, or a statement failed.
     case database(String)
-    /// The database could not take the statement just now, for a reason an operator or time can
-    /// mend: another process held its lock too long, the disk is full, an I/O error, or the file
-    /// turned read-only. The same statement can succeed later, so the server's store writer keeps
-    /// such writes and tries them again.
+    /// The database could not take the statement just now, for a reason that passes or that freeing
+    /// space mends: another process held its lock too long, the disk is full, an I/O error (other than
+    /// data that reads back damaged). The same statement can succeed later, so the server's store
+    /// writer keeps such writes and tries them again.
     case unavailable(String)
 
     public var description: String {

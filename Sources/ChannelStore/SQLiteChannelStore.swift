@@ -421,21 +421,23 @@ public final class SQLiteChannelStore: ChannelStore {
         let what = error.message ?? "SQLite error \(error.extendedResultCode.rawValue)"
         let hint: String
         // Conditions that pass on their own or once space is freed are `unavailable`: the same
-        // statement can succeed later. Permissions and damage need an operator's change first.
+        // statement can succeed later. Permissions and damage need an operator's change first, and
+        // SQLITE_LOCKED is contention inside this process (a programming error), not another's lock.
         var transient = false
         switch error.resultCode {
         case .SQLITE_NOTADB, .SQLITE_CORRUPT:
             hint = "; the file is damaged or not a Squelch database: restore a backup, or move it aside to start empty"
         case .SQLITE_BUSY, .SQLITE_LOCKED:
             hint = "; another process held the database locked for longer than this one waits: try again once it is done"
-            transient = true
+            transient = error.resultCode == .SQLITE_BUSY
         case .SQLITE_CANTOPEN:
             hint = "; check that the directory exists and is writable"
         case .SQLITE_READONLY, .SQLITE_PERM, .SQLITE_AUTH:
             hint = "; check the permissions of the file and its directory"
         case .SQLITE_FULL, .SQLITE_IOERR:
             hint = "; check the disk (space, health)"
-            transient = true
+            // A page that reads back wrong stays wrong: retrying it would hold every later write.
+            transient = error.extendedResultCode != .SQLITE_IOERR_DATA && error.extendedResultCode != .SQLITE_IOERR_CORRUPTFS
         default:
             hint = ""
         }

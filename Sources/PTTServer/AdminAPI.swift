@@ -486,7 +486,7 @@ struct AdminError: HTTPResponseError, CustomStringConvertible {
         case .channelNotFound(let id): self.init(.notFound, "no channel \(id); GET /v1/channels lists the channels")
         case .memberNotFound: self.init(.notFound, error.description + "; GET /v1/channels/<id>/members lists the members")
         case .database: self.init(.internalServerError, error.description + "; check the server log and the data directory")
-        case .unavailable: self.init(.serviceUnavailable, error.description + "; nothing was changed, try again shortly")
+        case .unavailable: self.init(.serviceUnavailable, error.description + "; the request is safe to repeat: try again shortly")
         }
     }
 }

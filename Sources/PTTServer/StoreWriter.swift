@@ -152,8 +152,10 @@ public final class StoreWriter: Sendable {
                 switch retry.decide(error, failures: failures, stoppingFor: stoppingFor) {
                 case .retry(let delay):
                     metrics?.storeRetries.increment()
-                    // Powers of two: a disk full for an hour logs a dozen lines, not one per attempt.
-                    if failures & (failures - 1) == 0 {
+                    // Powers of two, then every 30th (about a minute at the longest delay): a disk full
+                    // for an hour logs about seventy lines, not one per attempt, and still shows it is
+                    // not over.
+                    if failures & (failures - 1) == 0 || failures % 30 == 0 {
                         logger.warning("store write failed; it is kept and tried again",
                                        metadata: ["error": "\(error)", "attempts": "\(failures)", "next in": "\(delay)",
                                                   "waiting": "\(state.withLockedValue { $0.queue.count })"])

@@ -360,7 +360,7 @@ extension TestResponse {
             let busy = try await client.send(.post, "/v1/channels", json: #"{"name":"Ops"}"#)
             lock.unlock()
             #expect(busy.status == .serviceUnavailable, "\(busy.text)")
-            #expect(busy.errorMessage.contains("locked") && busy.errorMessage.contains("try again"), "\(busy.errorMessage)")
+            #expect(busy.errorMessage.contains("locked") && busy.errorMessage.contains("safe to repeat"), "\(busy.errorMessage)")
             #expect(try await fixture.store.channels().isEmpty)
             let created = try await client.send(.post, "/v1/channels", json: #"{"name":"Ops"}"#)
             #expect(created.status == .created, "\(created.text)")

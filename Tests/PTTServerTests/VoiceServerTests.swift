@@ -204,6 +204,14 @@ func slot(of member: TestMember) -> UInt16? {
         #expect(try await admin("DELETE", "/members/bob").status == 204)
         let told = await bob.waitFor { if case .refused(.removedByAdmin, _) = $0 { true } else { false } }
         #expect(told != nil, "\(bob.messages)")
+        // His row is gone for good, even if the join's own write reached the database after the API
+        // deleted it: the hub queued a removal behind that write.
+        var polls = 0
+        while try await admin("GET", "/members").body.contains("\"bob\""), polls < 200 {
+            try await Task.sleep(for: .milliseconds(10))
+            polls += 1
+        }
+        #expect(try await !admin("GET", "/members").body.contains("\"bob\""))
         let (_, again) = try await join(bobToken)
         #expect(refusal(again) == .tokenRevoked, "\(String(describing: again))")
         try await Task.sleep(for: .milliseconds(20))  // a token issued after the removal, not in its millisecond
