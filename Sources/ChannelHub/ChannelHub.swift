@@ -402,6 +402,7 @@ public final class ChannelHub {
                 let pace = channel.members[slot]?.audioPace
                     ?? TokenBucket(tokens: Double(configuration.audioPacketBurst), refilledAt: time.instant)
                 channel.startRecording(talker: slot, burst: burst16, pace: pace)
+                addToCatchUps(channel, talker: slot)
                 sendGrant(channel, slot: slot, burst: burst16)
             case .confirmed(let slot, let burst, _):
                 sendGrant(channel, slot: slot, burst: UInt16(truncatingIfNeeded: burst))
@@ -549,6 +550,18 @@ public final class ChannelHub {
         catchingUp.append((channel, slot))
         // The first packets go out at once (the next timeout, which is now).
         nextCatchUpTick = time.instant
+    }
+
+    /// A burst that starts while members are still being replayed earlier ones: they are off the
+    /// live fan-out until their replay ends, so without a cursor of their own they would miss its
+    /// start. They get it from its first packet, after what they are being replayed.
+    func addToCatchUps(_ channel: ChannelState, talker slot: UInt16) {
+        guard !catchingUp.isEmpty, let talker = channel.members[slot], let recording = channel.recording(of: slot) else { return }
+        for (other, member) in catchingUp where other === channel && member != slot {
+            guard let listener = channel.members[member], !listener.catchUp.isEmpty, listener.hears(talker) else { continue }
+            recording.readers += 1
+            channel.members[member]!.catchUp.append(CatchUpCursor(recording: recording, next: 0))
+        }
     }
 
     func stopCatchUp(_ member: inout Member) {

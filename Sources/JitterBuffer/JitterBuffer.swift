@@ -45,6 +45,9 @@ public enum ArrivalOutcome: Sendable, Equatable {
     case resynced
     /// The catch-up backlog is full.
     case backlogFull
+    /// Of a later burst, arrived while a catch-up burst is still being played: kept, and played
+    /// after it (from its first frame) instead of cutting it short.
+    case deferred
     /// Too large to be one of our frames.
     case malformed
 }
@@ -146,6 +149,20 @@ public struct JitterBuffer: Sendable {
     private var storage: [UInt8]
     private var burst: Burst?
     private var pendingEnd: (BurstStatistics, BurstEndReason)?
+    /// Packets of later bursts that arrived while a catch-up burst was playing, in arrival order,
+    /// their payloads one after another in `deferredBytes`. A listener that is behind hears every
+    /// burst whole, one after the other; a live listener still switches to a new burst at once.
+    private var deferred: [DeferredPacket] = []
+    private var deferredBytes: [UInt8] = []
+
+    struct DeferredPacket {
+        var slot: UInt16
+        var burst: UInt16
+        var sequence: UInt16
+        var endOfBurst: Bool
+        var offset: Int
+        var count: Int
+    }
     /// Bursts that ended lately, so that their stragglers (repeated end markers) don't start them again.
     private var finished: [UInt32] = []
     // Delay histogram: 10 ms buckets to 500 ms, kept across bursts with forgetting.
@@ -193,6 +210,8 @@ public struct JitterBuffer: Sendable {
         for i in slots.indices { slots[i].filled = false }
         burst = nil
         pendingEnd = nil
+        deferred.removeAll()
+        deferredBytes.removeAll()
     }
 
     // MARK: Arrivals
@@ -204,7 +223,15 @@ public struct JitterBuffer: Sendable {
         var outcome = ArrivalOutcome.accepted
         if burst == nil || burst!.stats.slot != slot || burst!.stats.burst != number {
             if finished.contains(id) { return .late }
-            if let old = burst { finish(old, reason: old.endSequence != nil ? .endOfBurst : .superseded) }
+            if let old = burst, old.catchUp {
+                // Behind already: this burst waits its turn rather than cut the one being caught up.
+                guard deferred.count < configuration.maxBacklogFrames else { return .backlogFull }
+                deferred.append(DeferredPacket(slot: slot, burst: number, sequence: sequence, endOfBurst: endOfBurst,
+                                               offset: deferredBytes.count, count: payload.count))
+                deferredBytes.append(contentsOf: payload)
+                return .deferred
+            }
+            if let old = burst { finish(old, reason: old.endSequence != nil ? .endOfBurst : .superseded, now: now) }
             start(slot: slot, burst: number, sequence: sequence, catchUp: catchUp, now: now)
             outcome = .newBurst
         }
@@ -346,12 +373,15 @@ public struct JitterBuffer: Sendable {
             return .ended(stats, reason)
         }
         guard var b = burst else { return .idle }
-        if b.endSequence == nil && now > b.lastArrival + configuration.burstTimeoutNanoseconds {
-            finish(b, reason: .timeout)
+        // A catch-up burst arrives faster than it plays: its last packet can be long past while
+        // frames are still waiting, and those are played before it may time out.
+        if b.endSequence == nil && now > b.lastArrival + configuration.burstTimeoutNanoseconds
+            && !(b.catchUp && slots.contains { $0.filled }) {
+            finish(b, reason: .timeout, now: now)
             return takeEnd()
         }
         if let end = b.endSequence, Self.distance(b.nextToPlay, end) <= 0 {
-            finish(b, reason: .endOfBurst)
+            finish(b, reason: .endOfBurst, now: now)
             return takeEnd()
         }
         if !b.started {
@@ -398,7 +428,7 @@ public struct JitterBuffer: Sendable {
         return .conceal
     }
 
-    private mutating func finish(_ b: Burst, reason: BurstEndReason) {
+    private mutating func finish(_ b: Burst, reason: BurstEndReason, now: UInt64) {
         var stats = b.stats
         stats.bufferedFrames = 0
         for i in slots.indices { slots[i].filled = false }
@@ -406,6 +436,18 @@ public struct JitterBuffer: Sendable {
         burst = nil
         finished.append(UInt32(b.stats.slot) << 16 | UInt32(b.stats.burst))
         if finished.count > 8 { finished.removeFirst() }
+        guard !deferred.isEmpty else { return }
+        // The next burst starts now, as catch-up: it is played whole from its first frame. Packets of
+        // a third burst among them are deferred again behind it.
+        let packets = deferred, bytes = deferredBytes
+        deferred.removeAll(keepingCapacity: true)
+        deferredBytes.removeAll(keepingCapacity: true)
+        bytes.withUnsafeBytes { all in
+            for p in packets {
+                _ = insert(slot: p.slot, burst: p.burst, sequence: p.sequence, endOfBurst: p.endOfBurst, catchUp: true,
+                           payload: UnsafeRawBufferPointer(rebasing: all[p.offset ..< p.offset + p.count]), now: now)
+            }
+        }
     }
 
     private mutating func takeEnd() -> PlayoutDecision {

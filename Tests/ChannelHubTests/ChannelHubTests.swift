@@ -278,6 +278,35 @@ final class Harness {
         #expect(h.audio(to: bob.link).count == 42)
     }
 
+    /// A burst that starts while a late joiner is still being replayed the previous one reaches it
+    /// from its first packet, after the replay, and then live: nothing of it is skipped.
+    @Test func aBurstStartedDuringAReplayIsReplayedFromItsFirstPacketToo() throws {
+        let h = Harness()
+        let ann = h.join("ann"), bob = h.join("bob"), cy = h.join("cy")
+        h.send(.floorRequest, from: ann.link)
+        let first = h.grantedBurst(ann.link)!
+        for sequence in 0..<100 { h.audio(from: ann.link, burst: first, sequence: UInt16(sequence), payload: [1, UInt8(sequence)]) }
+        let late = h.join("late")
+        h.advance(0)
+        #expect(h.audio(to: late.link).count == 25, "the first batch of the replay")
+        h.send(.floorRelease, from: ann.link)
+        // Bob takes the floor while the late joiner is 75 packets short of the end of ann's burst.
+        h.send(.floorRequest, from: bob.link)
+        let second = try #require(h.grantedBurst(bob.link))
+        for sequence in 0..<5 { h.audio(from: bob.link, burst: second, sequence: UInt16(sequence), payload: [2, UInt8(sequence)]) }
+        #expect(h.audio(to: cy.link).filter { $0.payload.first == 2 }.count == 5, "members on the fan-out hear bob at once")
+        for _ in 0..<10 { h.advance(10 * ms) }
+        for sequence in 5..<8 { h.audio(from: bob.link, burst: second, sequence: UInt16(sequence), payload: [2, UInt8(sequence)]) }
+        let got = h.audio(to: late.link)
+        let ann1 = got.filter { $0.payload.first == 1 }, bob2 = got.filter { $0.payload.first == 2 }
+        #expect(ann1.map(\.header.sequence) == (0..<100).map { UInt16($0) }, "ann's burst whole")
+        #expect(bob2.map(\.header.sequence) == (0..<8).map { UInt16($0) }, "bob's from its first packet, no gap, no duplicate")
+        #expect(got.firstIndex { $0.payload.first == 2 }! > got.lastIndex { $0.payload.first == 1 }!, "bob's after ann's")
+        #expect(bob2.prefix(5).allSatisfy { $0.header.flags.contains(.catchUp) } && bob2.prefix(5).allSatisfy { $0.header.slot == bob.slot })
+        #expect(!bob2.last!.header.flags.contains(.catchUp), "then live")
+        #expect(h.audio(to: bob.link).filter { $0.payload.first == 2 }.isEmpty, "never back to the talker")
+    }
+
     @Test func aTalkerSendingFasterThanAnyOpusSenderIsHeldToItsRate() {
         let h = Harness()
         let ann = h.join("ann"), bob = h.join("bob")

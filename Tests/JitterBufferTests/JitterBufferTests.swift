@@ -181,6 +181,40 @@ func burst(frames: Int, start: UInt64 = 0, burst: UInt16 = 7, slot: UInt16 = 1, 
         #expect(!run.outcomes.contains(.backlogFull) && !run.outcomes.contains(.resynced))
     }
 
+    /// A listener replaying one burst when the next begins (its talker started while the listener
+    /// was still behind) plays the first whole, then the second from its first frame.
+    @Test func aBurstArrivingDuringACatchUpWaitsItsTurnInsteadOfCuttingIt() throws {
+        var buffer = JitterBuffer()
+        // Burst 7 of slot 1: 100 frames replayed within 400 ms, with its end; burst 3 of slot 2 live
+        // from 300 ms, while the first still has over a second to play.
+        var arrivals: [Arrival] = []
+        for i in 0..<100 { arrivals.append(Arrival(at: UInt64(i) * 4 * ms, sequence: UInt16(i), catchUp: true)) }
+        arrivals.append(Arrival(at: 400 * ms, sequence: 100, end: true, catchUp: true))
+        arrivals += burst(frames: 50, start: 300 * ms, burst: 3, slot: 2)
+        let run = simulate(&buffer, arrivals, until: 6_000 * ms)
+        #expect(run.outcomes.filter { $0 == .deferred }.count > 0)
+        #expect(run.played == (0..<100).map { UInt16($0) } + (0..<50).map { UInt16($0) }, "\(run.played)")
+        try #require(run.endings.count == 2)
+        let (first, firstReason) = run.endings[0], (second, secondReason) = run.endings[1]
+        #expect(first.slot == 1 && firstReason == .endOfBurst && first.played == 100 && first.lost == 0)
+        #expect(second.slot == 2 && secondReason == .endOfBurst && second.played == 50 && second.lost == 0)
+        // A live listener still switches to a new burst at once.
+        var live = JitterBuffer()
+        let switched = simulate(&live, burst(frames: 50) + burst(frames: 20, start: 300 * ms, burst: 3, slot: 2), until: 3_000 * ms)
+        #expect(switched.endings.first?.1 == .superseded)
+        #expect(!switched.outcomes.contains(.deferred))
+    }
+
+    @Test func aCatchUpBurstWithoutItsEndPlaysWhatItHasBeforeTimingOut() {
+        var buffer = JitterBuffer()
+        // 100 frames replayed within 100 ms and no end marker (all three were lost upstream): 2 s of
+        // audio that must not be cut one second after the last arrival.
+        let arrivals = (0..<100).map { Arrival(at: UInt64($0) * ms, sequence: UInt16($0), catchUp: true) }
+        let run = simulate(&buffer, arrivals, until: 5_000 * ms)
+        #expect(run.played == (0..<100).map { UInt16($0) })
+        #expect(run.ended?.1 == .timeout)
+    }
+
     @Test func aLiveBurstFarBehindResyncs() {
         var buffer = JitterBuffer()
         // Frames 0-4 normal, then 45-60 arrive at once: more than the 32-frame window ahead of playout.
