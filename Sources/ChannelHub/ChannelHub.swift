@@ -547,7 +547,11 @@ public final class ChannelHub {
         }
         guard !cursors.isEmpty else { return }
         channel.members[slot]?.catchUp = cursors
-        catchingUp.append((channel, slot))
+        // A member that rejoined on a new connection mid-replay is still listed: once is enough, or
+        // it would be served twice per tick and given every new burst twice.
+        if !catchingUp.contains(where: { $0.channel === channel && $0.slot == slot }) {
+            catchingUp.append((channel, slot))
+        }
         // The first packets go out at once (the next timeout, which is now).
         nextCatchUpTick = time.instant
     }
@@ -599,7 +603,10 @@ public final class ChannelHub {
                     recording.readers -= 1
                     member.catchUp.remove(at: cursorIndex)
                 } else {
-                    cursorIndex += 1
+                    // Strictly in order: a later cursor is looked at only once every earlier one is
+                    // done. A burst granted during the replay has an empty recording until its first
+                    // packet, and would otherwise be taken as caught up and dropped.
+                    break
                 }
             }
             channel.members[slot] = member

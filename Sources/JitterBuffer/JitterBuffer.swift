@@ -390,6 +390,23 @@ public struct JitterBuffer: Sendable {
         }
         defer { burst = b }
         let mask = slots.count - 1
+        if b.catchUp, b.consecutiveMisses >= configuration.concealmentLimitFrames,
+           now > b.lastArrival + configuration.burstTimeoutNanoseconds {
+            // A catch-up burst no longer arriving, with a gap before the frames it still holds: skip
+            // the gap instead of playing silence through it (a stray frame far ahead could otherwise
+            // hold playout, and every burst waiting behind it, for a minute).
+            var nearest: UInt16?
+            for slot in slots where slot.filled && Self.distance(b.nextToPlay, slot.sequence) > 0 {
+                if nearest.map({ Self.distance(b.nextToPlay, slot.sequence) < Self.distance(b.nextToPlay, $0) }) ?? true {
+                    nearest = slot.sequence
+                }
+            }
+            if let nearest {
+                b.stats.lost += Self.distance(b.nextToPlay, nearest)
+                b.nextToPlay = nearest
+                b.consecutiveMisses = 0
+            }
+        }
         let n = b.nextToPlay
         let index = Int(n) & mask
         if slots[index].filled && slots[index].sequence == n {
@@ -437,16 +454,24 @@ public struct JitterBuffer: Sendable {
         finished.append(UInt32(b.stats.slot) << 16 | UInt32(b.stats.burst))
         if finished.count > 8 { finished.removeFirst() }
         guard !deferred.isEmpty else { return }
-        // The next burst starts now, as catch-up: it is played whole from its first frame. Packets of
-        // a third burst among them are deferred again behind it.
-        let packets = deferred, bytes = deferredBytes
-        deferred.removeAll(keepingCapacity: true)
-        deferredBytes.removeAll(keepingCapacity: true)
+        // The next burst starts now, as catch-up: it is played whole from its first frame, with no
+        // jitter cushion of its own (the listener is behind anyway). Packets of a third burst among
+        // them are deferred again behind it.
+        var packets: [DeferredPacket] = [], bytes: [UInt8] = []
+        swap(&packets, &deferred)
+        swap(&bytes, &deferredBytes)
         bytes.withUnsafeBytes { all in
             for p in packets {
                 _ = insert(slot: p.slot, burst: p.burst, sequence: p.sequence, endOfBurst: p.endOfBurst, catchUp: true,
                            payload: UnsafeRawBufferPointer(rebasing: all[p.offset ..< p.offset + p.count]), now: now)
             }
+        }
+        if deferred.isEmpty {
+            // Keep the storage for the next time.
+            packets.removeAll(keepingCapacity: true)
+            bytes.removeAll(keepingCapacity: true)
+            deferred = packets
+            deferredBytes = bytes
         }
     }
 

@@ -290,12 +290,14 @@ final class Harness {
         h.advance(0)
         #expect(h.audio(to: late.link).count == 25, "the first batch of the replay")
         h.send(.floorRelease, from: ann.link)
-        // Bob takes the floor while the late joiner is 75 packets short of the end of ann's burst.
+        // Bob takes the floor while the late joiner is 75 packets short of the end of ann's burst; a
+        // catch-up tick passes before his first packet (his recording is empty until then).
         h.send(.floorRequest, from: bob.link)
         let second = try #require(h.grantedBurst(bob.link))
+        h.advance(10 * ms)
         for sequence in 0..<5 { h.audio(from: bob.link, burst: second, sequence: UInt16(sequence), payload: [2, UInt8(sequence)]) }
         #expect(h.audio(to: cy.link).filter { $0.payload.first == 2 }.count == 5, "members on the fan-out hear bob at once")
-        for _ in 0..<10 { h.advance(10 * ms) }
+        for _ in 0..<9 { h.advance(10 * ms) }
         for sequence in 5..<8 { h.audio(from: bob.link, burst: second, sequence: UInt16(sequence), payload: [2, UInt8(sequence)]) }
         let got = h.audio(to: late.link)
         let ann1 = got.filter { $0.payload.first == 1 }, bob2 = got.filter { $0.payload.first == 2 }
@@ -305,6 +307,27 @@ final class Harness {
         #expect(bob2.prefix(5).allSatisfy { $0.header.flags.contains(.catchUp) } && bob2.prefix(5).allSatisfy { $0.header.slot == bob.slot })
         #expect(!bob2.last!.header.flags.contains(.catchUp), "then live")
         #expect(h.audio(to: bob.link).filter { $0.payload.first == 2 }.isEmpty, "never back to the talker")
+    }
+
+    /// A member that rejoins on a new connection while it is being replayed is served once, not twice.
+    @Test func aRejoinDuringTheReplayIsServedOnce() throws {
+        let h = Harness()
+        let ann = h.join("ann"), bob = h.join("bob")
+        h.send(.floorRequest, from: ann.link)
+        let first = try #require(h.grantedBurst(ann.link))
+        for sequence in 0..<100 { h.audio(from: ann.link, burst: first, sequence: UInt16(sequence), payload: [1, UInt8(sequence)]) }
+        _ = h.join("late")
+        h.advance(0)
+        let again = h.join("late")  // the same user from another connection: the first is replaced
+        #expect(h.hub.catchingUp.filter { $0.slot == again.slot }.count == 1)
+        h.send(.floorRelease, from: ann.link)
+        h.send(.floorRequest, from: bob.link)
+        let second = try #require(h.grantedBurst(bob.link))
+        for sequence in 0..<5 { h.audio(from: bob.link, burst: second, sequence: UInt16(sequence), payload: [2, UInt8(sequence)]) }
+        for _ in 0..<12 { h.advance(10 * ms) }
+        let got = h.audio(to: again.link)
+        #expect(got.filter { $0.payload.first == 1 }.map(\.header.sequence) == (0..<100).map { UInt16($0) })
+        #expect(got.filter { $0.payload.first == 2 }.map(\.header.sequence) == (0..<5).map { UInt16($0) }, "bob's burst once")
     }
 
     @Test func aTalkerSendingFasterThanAnyOpusSenderIsHeldToItsRate() {

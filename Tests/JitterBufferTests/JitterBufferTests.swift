@@ -215,6 +215,20 @@ func burst(frames: Int, start: UInt64 = 0, burst: UInt16 = 7, slot: UInt16 = 1, 
         #expect(run.ended?.1 == .timeout)
     }
 
+    /// A catch-up burst that stopped arriving with a stray frame far ahead skips the gap after the
+    /// timeout instead of playing silence through it while the next burst waits.
+    @Test func aCatchUpBurstSkipsAGapToAStrayFrameOnceNothingMoreArrives() throws {
+        var buffer = JitterBuffer()
+        var arrivals = (0..<20).map { Arrival(at: UInt64($0) * ms, sequence: UInt16($0), catchUp: true) }
+        arrivals.append(Arrival(at: 20 * ms, sequence: 1_000, catchUp: true))
+        arrivals += burst(frames: 50, start: 100 * ms, burst: 3, slot: 2)
+        let run = simulate(&buffer, arrivals, until: 6_000 * ms)
+        #expect(run.played == (0..<20).map { UInt16($0) } + [1_000] + (0..<50).map { UInt16($0) }, "\(run.played.count)")
+        try #require(run.endings.count == 2)
+        #expect(run.endings[0].1 == .timeout && run.endings[0].0.lost == 980)
+        #expect(run.endings[1].0.slot == 2 && run.endings[1].0.played == 50)
+    }
+
     @Test func aLiveBurstFarBehindResyncs() {
         var buffer = JitterBuffer()
         // Frames 0-4 normal, then 45-60 arrive at once: more than the 32-frame window ahead of playout.
