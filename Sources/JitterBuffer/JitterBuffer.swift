@@ -196,6 +196,9 @@ public struct JitterBuffer: Sendable {
 
     public var activeSlot: UInt16? { burst?.stats.slot }
 
+    /// Whether the burst being played is a catch-up (played whole, later bursts waiting behind it).
+    public var isCatchingUp: Bool { burst?.catchUp ?? false }
+
     /// The target the next burst would start with (or the current burst's, grown).
     public var currentTargetMilliseconds: Int { burst?.targetMilliseconds ?? estimatedTarget }
 

@@ -169,17 +169,36 @@ final class Transmitter: Sendable {
     }
 }
 
-/// Audio datagrams → jitter buffer → Opus (FEC, then concealment) → the output, paced by the output:
-/// its blocking writes are the playout clock, so the buffer is asked for one frame per 20 ms of audio
-/// actually played.
+/// Audio datagrams → jitter buffers → Opus (FEC, then concealment) → mixed → the output, paced by the
+/// output: its blocking writes are the playout clock, so each buffer is asked for one frame per 20 ms
+/// of audio actually played.
+///
+/// One jitter buffer and decoder per talker heard at once (up to `maxTracks`), mixed. In a full-duplex
+/// channel several members talk together; a single buffer would switch to whichever talker's packet
+/// came last and drop the other's as late. A talker's packets go to the track playing it; a new
+/// talker's go behind a catch-up burst if one is playing (a listener who is behind hears the bursts
+/// one after the other: `JitterBuffer`'s deferral), else to a free track, else to the first.
 final class Receiver: Sendable {
+    /// Talkers mixed at once: the server's default limit of simultaneous talkers in full duplex.
+    static let maxTracks = 4
+
     struct State {
-        var buffer: JitterBuffer
+        var tracks = [JitterBuffer]()
         var muted = false
         var flush = false
         var lastStatistics: BurstStatistics?
         var finished: [BurstStatistics] = []
         var malformed = 0
+        /// Bursts that ended lately on any track (slot << 16 | burst), so that their stragglers (the
+        /// repeated end markers) can't start them again on another track.
+        var recentlyFinished: [UInt32] = []
+
+        /// The track a packet of `slot` goes to.
+        func track(for slot: UInt16) -> Int {
+            if let i = tracks.firstIndex(where: { $0.activeSlot == slot }) { return i }
+            if let i = tracks.firstIndex(where: { $0.isCatchingUp }) { return i }
+            return tracks.firstIndex { $0.activeSlot == nil } ?? 0
+        }
     }
 
     let state: NIOLockedValueBox<State>
@@ -195,7 +214,9 @@ final class Receiver: Sendable {
     init(configuration: AudioConfiguration, onEvent: @escaping @Sendable (ReceiverEvent) -> Void) {
         self.configuration = configuration
         self.onEvent = onEvent
-        state = NIOLockedValueBox(State(buffer: JitterBuffer(configuration: configuration.jitterBuffer)))
+        var state = State()
+        state.tracks = (0..<Self.maxTracks).map { _ in JitterBuffer(configuration: configuration.jitterBuffer) }
+        self.state = NIOLockedValueBox(state)
     }
 
     var isPlaying: Bool { configuration.makeOutput != nil && thread.isRunning }
@@ -210,14 +231,18 @@ final class Receiver: Sendable {
         }
         let payload = UnsafeRawBufferPointer(rebasing: bytes[AudioHeader.size...])
         state.withLockedValue { state in
-            _ = state.buffer.insert(slot: header.slot, burst: header.burst, sequence: header.sequence,
-                                    endOfBurst: header.flags.contains(.endOfBurst), catchUp: header.flags.contains(.catchUp),
-                                    payload: payload, now: now)
+            guard !state.recentlyFinished.contains(UInt32(header.slot) << 16 | UInt32(header.burst)) else { return }
+            let track = state.track(for: header.slot)
+            _ = state.tracks[track].insert(slot: header.slot, burst: header.burst, sequence: header.sequence,
+                                           endOfBurst: header.flags.contains(.endOfBurst), catchUp: header.flags.contains(.catchUp),
+                                           payload: payload, now: now)
         }
     }
 
     var statistics: (current: BurstStatistics?, target: Int) {
-        state.withLockedValue { ($0.buffer.current ?? $0.lastStatistics, $0.buffer.currentTargetMilliseconds) }
+        state.withLockedValue { state in
+            (state.tracks.lazy.compactMap(\.current).first ?? state.lastStatistics, state.tracks[0].currentTargetMilliseconds)
+        }
     }
 
     func setMuted(_ muted: Bool) { state.withLockedValue { $0.muted = muted } }
@@ -233,68 +258,83 @@ final class Receiver: Sendable {
 
     private func run(makeOutput: @Sendable () throws -> any AudioSink) {
         let sink: any AudioSink
-        let decoder: OpusDecoder
+        let decoders: [OpusDecoder]
         do {
             sink = try makeOutput()
-            decoder = try OpusDecoder()
+            decoders = try (0..<Self.maxTracks).map { _ in try OpusDecoder() }
         } catch {
             onEvent(.outputFailed("could not open the audio output: \(error); check --output, or use --output-file"))
             return
         }
         let period = PipelineAudio.periodFrames
         let frame = 2 * period
-        var pcm = [Int16](repeating: 0, count: decoder.maximumFrameSamples)
-        var payload = [UInt8](repeating: 0, count: AudioHeader.maxPayload)
-        var payloadCount = 0
+        var pcm = [Int16](repeating: 0, count: decoders[0].maximumFrameSamples)
+        var mix = [Int32](repeating: 0, count: frame)
+        var out = [Int16](repeating: 0, count: frame)
+        // Per track, reused every tick: what to do, the payload it needs, and a burst that just ended.
         enum Step { case decode, fec, conceal, silence }
+        var steps = [Step](repeating: .silence, count: Self.maxTracks)
+        var payloads = [[UInt8]](repeating: [UInt8](repeating: 0, count: AudioHeader.maxPayload), count: Self.maxTracks)
+        var payloadCounts = [Int](repeating: 0, count: Self.maxTracks)
+        var ended = [BurstStatistics?](repeating: nil, count: Self.maxTracks)
         while !thread.stopRequested {
             let now = monotonicNanoseconds()
-            var ended: BurstStatistics?
-            let (step, muted) = state.withLockedValue { state -> (Step, Bool) in
+            let muted = state.withLockedValue { state -> Bool in
                 if state.flush {
                     state.flush = false
-                    state.buffer.reset()
+                    for t in state.tracks.indices { state.tracks[t].reset() }
                 }
-                let decision = state.buffer.nextFrame(now: now)
-                switch decision {
-                case .play(let ref), .recoverWithFEC(next: let ref):
-                    payloadCount = state.buffer.withPayload(of: ref) { bytes in
-                        payload.withUnsafeMutableBytes { $0.copyMemory(from: bytes) }
-                        return bytes.count
+                for t in state.tracks.indices {
+                    let decision = state.tracks[t].nextFrame(now: now)
+                    switch decision {
+                    case .play(let ref), .recoverWithFEC(next: let ref):
+                        payloadCounts[t] = state.tracks[t].withPayload(of: ref) { bytes in
+                            payloads[t].withUnsafeMutableBytes { $0.copyMemory(from: bytes) }
+                            return bytes.count
+                        }
+                        if case .play = decision { steps[t] = .decode } else { steps[t] = .fec }
+                    case .conceal: steps[t] = .conceal
+                    case .silence, .idle, .waiting: steps[t] = .silence
+                    case .ended(let statistics, _):
+                        state.lastStatistics = statistics
+                        state.recentlyFinished.append(UInt32(statistics.slot) << 16 | UInt32(statistics.burst))
+                        if state.recentlyFinished.count > 16 { state.recentlyFinished.removeFirst() }
+                        ended[t] = statistics
+                        steps[t] = .silence
                     }
-                    if case .play = decision { return (.decode, state.muted) }
-                    return (.fec, state.muted)
-                case .conceal: return (.conceal, state.muted)
-                case .silence, .idle, .waiting: return (.silence, state.muted)
-                case .ended(let statistics, _):
-                    state.lastStatistics = statistics
-                    ended = statistics
-                    return (.silence, state.muted)
                 }
+                return state.muted
             }
-            if let ended {
-                decoder.reset()
-                onEvent(.burstFinished(ended))
+            for t in 0..<Self.maxTracks {
+                guard let statistics = ended[t] else { continue }
+                ended[t] = nil
+                decoders[t].reset()
+                onEvent(.burstFinished(statistics))
             }
-            var produced = 0
-            pcm.withUnsafeMutableBufferPointer { out in
-                let target = UnsafeMutableBufferPointer(rebasing: out[0..<frame])
-                switch step {
-                case .decode where payloadCount > 0:
-                    produced = (try? payload.withUnsafeBytes { try decoder.decode(UnsafeRawBufferPointer(rebasing: $0[0..<payloadCount]), into: target) }) ?? 0
-                case .fec where payloadCount > 0:
-                    produced = (try? payload.withUnsafeBytes {
-                        try decoder.decodeFEC(from: UnsafeRawBufferPointer(rebasing: $0[0..<payloadCount]), frameSamples: frame, into: target)
-                    }) ?? 0
-                case .conceal, .decode, .fec:
-                    produced = (try? decoder.decodeMissing(frameSamples: frame, into: target)) ?? 0
-                case .silence:
-                    produced = 0
+            for i in 0..<frame { mix[i] = 0 }
+            for t in 0..<Self.maxTracks where steps[t] != .silence {
+                var produced = 0
+                pcm.withUnsafeMutableBufferPointer { buffer in
+                    let target = UnsafeMutableBufferPointer(rebasing: buffer[0..<frame])
+                    let count = payloadCounts[t]
+                    switch steps[t] {
+                    case .decode where count > 0:
+                        produced = (try? payloads[t].withUnsafeBytes { try decoders[t].decode(UnsafeRawBufferPointer(rebasing: $0[0..<count]), into: target) }) ?? 0
+                    case .fec where count > 0:
+                        produced = (try? payloads[t].withUnsafeBytes {
+                            try decoders[t].decodeFEC(from: UnsafeRawBufferPointer(rebasing: $0[0..<count]), frameSamples: frame, into: target)
+                        }) ?? 0
+                    case .conceal, .decode, .fec:
+                        produced = (try? decoders[t].decodeMissing(frameSamples: frame, into: target)) ?? 0
+                    case .silence:
+                        produced = 0
+                    }
                 }
-                if produced < frame || muted { for i in (muted ? 0 : produced)..<frame { out[i] = 0 } }
+                for i in 0..<min(produced, frame) { mix[i] += Int32(pcm[i]) }
             }
+            for i in 0..<frame { out[i] = muted ? 0 : Int16(clamping: mix[i]) }
             do {
-                try pcm.withUnsafeBufferPointer { all in
+                try out.withUnsafeBufferPointer { all in
                     try sink.write(UnsafeBufferPointer(rebasing: all[0..<period]))
                     try sink.write(UnsafeBufferPointer(rebasing: all[period..<frame]))
                 }

@@ -285,6 +285,58 @@ import X509
         await fixture.stop()
     }
 
+    /// Full duplex: two members talk at once and a listener hears both, mixed. Ann speaks a 440 Hz
+    /// tone, Cy a 1,000 Hz one from 300 ms later; each must be heard for most of its second and a
+    /// half. (A single jitter buffer switched to whichever talker's packet came last and dropped the
+    /// other's as late: Ann's tone was then heard for 300 ms.)
+    @Test func aListenerHearsTwoTalkersAtOnceInFullDuplex() async throws {
+        let fixture = try await ClientFixture(mode: .fullDuplex, pushes: false)
+        let id = fixture.channel.id
+        func tone(_ frequency: Double) -> AudioConfiguration {
+            let samples = (0..<72_000).map { Int16(8_000 * sin(2 * .pi * frequency * Double($0) / 48_000)) }
+            return AudioConfiguration(makeInput: { WAVFileSource(pipelineSamples: samples, pacer: RealTimePacer()) })
+        }
+        let heard = fixture.directory + "/duplex.wav"
+        let annDelegate = RecordingDelegate(), cyDelegate = RecordingDelegate(), bobDelegate = RecordingDelegate()
+        let ann = try await manager(fixture, "fd-ann", annDelegate, audio: tone(440), pushes: false)
+        let cy = try await manager(fixture, "fd-cy", cyDelegate, audio: tone(1_000), pushes: false)
+        let bob = try await manager(fixture, "fd-bob", bobDelegate, audio: recorder(heard), pushes: false)
+        let bobEvents = EventLog(bob)
+        for (name, member, delegate) in [("ann", ann, annDelegate), ("cy", cy, cyDelegate), ("bob", bob, bobDelegate)] {
+            member.requestJoinChannel(channelUUID: id, descriptor: ChannelDescriptor(name: "Ops"), credentials: fixture.credentials(try await fixture.token(name)))
+            #expect(await delegate.wait(for: .didJoin(.developerRequest)))
+        }
+        #expect(await eventually { bob.roster.count == 3 })
+        ann.requestBeginTransmitting(channelUUID: id)
+        #expect(await annDelegate.wait(for: .didBegin(.developerRequest)))
+        try await Task.sleep(for: .milliseconds(300))
+        cy.requestBeginTransmitting(channelUUID: id)
+        #expect(await cyDelegate.wait(for: .didBegin(.developerRequest)), "full duplex grants a second talker")
+        try await Task.sleep(for: .seconds(1.8))
+        ann.stopTransmitting(channelUUID: id)
+        cy.stopTransmitting(channelUUID: id)
+        #expect(await eventually { bobEvents.finishedBursts.count == 2 })
+        await ann.invalidate()
+        await cy.invalidate()
+        await bob.invalidate()
+        // 20 ms windows in which each tone is present (a one-bin DFT at its frequency).
+        let audio = try WAVAudio.read(path: heard).pipelineSamples(resampler: Resampler())
+        func windows(_ frequency: Double) -> Int {
+            stride(from: 0, to: audio.count - 960, by: 960).filter { start in
+                var re = 0.0, im = 0.0
+                for i in 0..<960 {
+                    let phase = 2 * .pi * frequency * Double(i) / 48_000
+                    re += Double(audio[start + i]) * cos(phase)
+                    im -= Double(audio[start + i]) * sin(phase)
+                }
+                return (re * re + im * im).squareRoot() * 2 / 960 > 2_000
+            }.count
+        }
+        let annWindows = windows(440), cyWindows = windows(1_000)
+        #expect(annWindows >= 55 && cyWindows >= 55, "ann's tone in \(annWindows) windows, cy's in \(cyWindows) (75 each spoken)")
+        await fixture.stop()
+    }
+
     @Test func theSubscriptionStrategyKeepsUnwantedTalkersOffTheWire() async throws {
         let fixture = try await ClientFixture(pushes: false)
         let id = fixture.channel.id
