@@ -585,25 +585,34 @@ public final class ChannelHub {
             }
             var budget = member.catchUp.allSatisfy({ $0.next == 0 }) ? configuration.catchUpInitialPackets
                                                                       : configuration.catchUpPacketsPerTick
-            // Strictly in order: a later cursor is looked at only once every earlier one is done. A
-            // burst granted during the replay has an empty recording until its first packet, and
-            // would otherwise be taken as caught up and dropped.
-            while let cursor = member.catchUp.first {
-                let recording = cursor.recording
-                while budget > 0, member.catchUp[0].next < recording.count {
-                    let length = recording.write(member.catchUp[0].next, into: scratch)
+            // Strictly in order: a later cursor is served only once every earlier one is at its end.
+            // A cursor at the live edge of a burst still going is kept (and sent that burst's new
+            // packets on later ticks) until every cursor is there: only then does the fan-out take
+            // over, so neither a burst granted during the replay (empty until its first packet) nor
+            // one already caught up with loses packets while the others are replayed.
+            var cursorIndex = 0
+            while cursorIndex < member.catchUp.count {
+                let recording = member.catchUp[cursorIndex].recording
+                while budget > 0, member.catchUp[cursorIndex].next < recording.count {
+                    let length = recording.write(member.catchUp[cursorIndex].next, into: scratch)
                     if send(UnsafeRawBufferPointer(rebasing: scratch[..<length]), link) {
                         counters.catchUpPacketsOut &+= 1
                         counters.bytesOut &+= length
                     }
-                    member.catchUp[0].next += 1
+                    member.catchUp[cursorIndex].next += 1
                     budget -= 1
                 }
-                // Caught up with a recording: done if its burst ended; if it is still live, the live
-                // packets come through the fan-out from now on (its cursor is at the live edge).
-                guard member.catchUp[0].next >= recording.count else { break }
-                recording.readers -= 1
-                member.catchUp.removeFirst()
+                if member.catchUp[cursorIndex].next < recording.count { break }
+                if recording.ended {
+                    recording.readers -= 1
+                    member.catchUp.remove(at: cursorIndex)
+                } else {
+                    cursorIndex += 1
+                }
+            }
+            if member.catchUp.allSatisfy({ $0.next >= $0.recording.count && !$0.recording.ended }) {
+                for cursor in member.catchUp { cursor.recording.readers -= 1 }
+                member.catchUp.removeAll()
             }
             channel.members[slot] = member
             if member.catchUp.isEmpty {

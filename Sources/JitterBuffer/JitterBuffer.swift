@@ -196,8 +196,12 @@ public struct JitterBuffer: Sendable {
 
     public var activeSlot: UInt16? { burst?.stats.slot }
 
-    /// Whether the burst being played is a catch-up (played whole, later bursts waiting behind it).
-    public var isCatchingUp: Bool { burst?.catchUp ?? false }
+    /// Whether the burst being played is a catch-up whose end is known: a burst that ended before
+    /// this listener caught up, which later bursts are best played after (JitterBuffer defers them).
+    public var isReplayingAnEndedBurst: Bool { burst.map { $0.catchUp && $0.endSequence != nil } ?? false }
+
+    /// Whether the burst being played has its end marker: it will finish on its own.
+    public var endKnown: Bool { burst?.endSequence != nil }
 
     /// The target the next burst would start with (or the current burst's, grown).
     public var currentTargetMilliseconds: Int { burst?.targetMilliseconds ?? estimatedTarget }
@@ -208,11 +212,13 @@ public struct JitterBuffer: Sendable {
         try storage.withUnsafeBytes { try body(UnsafeRawBufferPointer(rebasing: $0[frame.index * configuration.maxPayloadBytes ..< frame.index * configuration.maxPayloadBytes + frame.count])) }
     }
 
-    /// Drops everything buffered (leaving a channel); the delay history stays.
+    /// Drops everything buffered (leaving a channel); the delay history stays. The bursts that ended
+    /// are forgotten too: burst numbers start again in another channel or after a server restart.
     public mutating func reset() {
         for i in slots.indices { slots[i].filled = false }
         burst = nil
         pendingEnd = nil
+        finished.removeAll()
         deferred.removeAll()
         deferredBytes.removeAll()
     }

@@ -193,11 +193,19 @@ final class Receiver: Sendable {
         /// repeated end markers) can't start them again on another track.
         var recentlyFinished: [UInt32] = []
 
-        /// The track a packet of `slot` goes to.
-        func track(for slot: UInt16) -> Int {
-            if let i = tracks.firstIndex(where: { $0.activeSlot == slot }) { return i }
-            if let i = tracks.firstIndex(where: { $0.isCatchingUp }) { return i }
-            return tracks.firstIndex { $0.activeSlot == nil } ?? 0
+        /// Packets dropped because every track was playing another talker's burst.
+        var tooManyTalkers = 0
+
+        /// The track a packet of `slot` goes to, nil when none can take it. The track playing this
+        /// talker; else one replaying a burst that had ended (a listener catching up hears the next
+        /// burst after it, as in half duplex); else a free one; else one whose burst has its end
+        /// marker (cutting its last buffered frames). A live talker is never cut off.
+        func track(for slot: UInt16) -> Int? {
+            for i in tracks.indices where tracks[i].activeSlot == slot { return i }
+            for i in tracks.indices where tracks[i].isReplayingAnEndedBurst { return i }
+            for i in tracks.indices where tracks[i].activeSlot == nil { return i }
+            for i in tracks.indices where tracks[i].endKnown { return i }
+            return nil
         }
     }
 
@@ -232,7 +240,10 @@ final class Receiver: Sendable {
         let payload = UnsafeRawBufferPointer(rebasing: bytes[AudioHeader.size...])
         state.withLockedValue { state in
             guard !state.recentlyFinished.contains(UInt32(header.slot) << 16 | UInt32(header.burst)) else { return }
-            let track = state.track(for: header.slot)
+            guard let track = state.track(for: header.slot) else {
+                state.tooManyTalkers += 1
+                return
+            }
             _ = state.tracks[track].insert(slot: header.slot, burst: header.burst, sequence: header.sequence,
                                            endOfBurst: header.flags.contains(.endOfBurst), catchUp: header.flags.contains(.catchUp),
                                            payload: payload, now: now)
@@ -241,7 +252,10 @@ final class Receiver: Sendable {
 
     var statistics: (current: BurstStatistics?, target: Int) {
         state.withLockedValue { state in
-            (state.tracks.lazy.compactMap(\.current).first ?? state.lastStatistics, state.tracks[0].currentTargetMilliseconds)
+            for track in state.tracks.indices {
+                if let current = state.tracks[track].current { return (current, state.tracks[track].currentTargetMilliseconds) }
+            }
+            return (state.lastStatistics, state.tracks[0].currentTargetMilliseconds)
         }
     }
 
@@ -274,7 +288,7 @@ final class Receiver: Sendable {
         // Per track, reused every tick: what to do, the payload it needs, and a burst that just ended.
         enum Step { case decode, fec, conceal, silence }
         var steps = [Step](repeating: .silence, count: Self.maxTracks)
-        var payloads = [[UInt8]](repeating: [UInt8](repeating: 0, count: AudioHeader.maxPayload), count: Self.maxTracks)
+        var payloads = (0..<Self.maxTracks).map { _ in [UInt8](repeating: 0, count: AudioHeader.maxPayload) }
         var payloadCounts = [Int](repeating: 0, count: Self.maxTracks)
         var ended = [BurstStatistics?](repeating: nil, count: Self.maxTracks)
         while !thread.stopRequested {
@@ -283,6 +297,7 @@ final class Receiver: Sendable {
                 if state.flush {
                     state.flush = false
                     for t in state.tracks.indices { state.tracks[t].reset() }
+                    state.recentlyFinished.removeAll()
                 }
                 for t in state.tracks.indices {
                     let decision = state.tracks[t].nextFrame(now: now)

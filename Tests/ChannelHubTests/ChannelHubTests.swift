@@ -309,6 +309,32 @@ final class Harness {
         #expect(h.audio(to: bob.link).filter { $0.payload.first == 2 }.isEmpty, "never back to the talker")
     }
 
+    /// Full duplex, two bursts live when a member joins: it is replayed both, and the packets of the
+    /// one it caught up with first keep reaching it while the other is replayed; then both live.
+    @Test func aReplayOfTwoLiveBurstsLosesNothingOfEither() throws {
+        let h = Harness(mode: .fullDuplex)
+        let ann = h.join("ann"), cy = h.join("cy")
+        h.send(.floorRequest, from: ann.link)
+        h.send(.floorRequest, from: cy.link)
+        let a = try #require(h.grantedBurst(ann.link)), c = try #require(h.grantedBurst(cy.link))
+        for sequence in 0..<10 { h.audio(from: ann.link, burst: a, sequence: UInt16(sequence), payload: [1, UInt8(sequence)]) }
+        for sequence in 0..<60 { h.audio(from: cy.link, burst: c, sequence: UInt16(sequence), payload: [3, UInt8(sequence)]) }
+        let late = h.join("late")
+        var annNext: UInt16 = 10, cyNext: UInt16 = 60
+        for _ in 0..<12 {
+            h.advance(10 * ms)
+            h.audio(from: ann.link, burst: a, sequence: annNext, payload: [1, UInt8(truncatingIfNeeded: annNext)])
+            h.audio(from: cy.link, burst: c, sequence: cyNext, payload: [3, UInt8(truncatingIfNeeded: cyNext)])
+            annNext += 1
+            cyNext += 1
+        }
+        let got = h.audio(to: late.link)
+        #expect(got.filter { $0.payload.first == 1 }.map(\.header.sequence) == (0..<annNext).map { $0 }, "ann's burst without a gap")
+        #expect(got.filter { $0.payload.first == 3 }.map(\.header.sequence) == (0..<cyNext).map { $0 }, "cy's burst without a gap")
+        #expect(!got.last!.header.flags.contains(.catchUp), "live by the end")
+        #expect(h.hub.catchingUp.isEmpty)
+    }
+
     /// A member that rejoins on a new connection while it is being replayed is served once, not twice.
     @Test func aRejoinDuringTheReplayIsServedOnce() throws {
         let h = Harness()
