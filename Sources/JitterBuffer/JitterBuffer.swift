@@ -200,6 +200,12 @@ public struct JitterBuffer: Sendable {
     /// this listener caught up, which later bursts are best played after (JitterBuffer defers them).
     public var isReplayingAnEndedBurst: Bool { burst.map { $0.catchUp && $0.endSequence != nil } ?? false }
 
+    /// Whether this buffer ended that burst lately: its stragglers (repeated end markers) must not
+    /// start it again, here or on another buffer.
+    public func hasFinished(slot: UInt16, burst number: UInt16) -> Bool {
+        finished.contains(UInt32(slot) << 16 | UInt32(number))
+    }
+
     /// Whether the burst being played has its end marker: it will finish on its own.
     public var endKnown: Bool { burst?.endSequence != nil }
 

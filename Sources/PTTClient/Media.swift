@@ -177,7 +177,8 @@ final class Transmitter: Sendable {
 /// channel several members talk together; a single buffer would switch to whichever talker's packet
 /// came last and drop the other's as late. A talker's packets go to the track playing it; a new
 /// talker's go behind a catch-up burst if one is playing (a listener who is behind hears the bursts
-/// one after the other: `JitterBuffer`'s deferral), else to a free track, else to the first.
+/// one after the other: `JitterBuffer`'s deferral), else to a free track, else to one whose burst has
+/// its end marker; with none, the packet is dropped rather than cut a live talker off.
 final class Receiver: Sendable {
     /// Talkers mixed at once: the server's default limit of simultaneous talkers in full duplex.
     static let maxTracks = 4
@@ -187,11 +188,7 @@ final class Receiver: Sendable {
         var muted = false
         var flush = false
         var lastStatistics: BurstStatistics?
-        var finished: [BurstStatistics] = []
         var malformed = 0
-        /// Bursts that ended lately on any track (slot << 16 | burst), so that their stragglers (the
-        /// repeated end markers) can't start them again on another track.
-        var recentlyFinished: [UInt32] = []
 
         /// Packets dropped because every track was playing another talker's burst.
         var tooManyTalkers = 0
@@ -239,7 +236,9 @@ final class Receiver: Sendable {
         }
         let payload = UnsafeRawBufferPointer(rebasing: bytes[AudioHeader.size...])
         state.withLockedValue { state in
-            guard !state.recentlyFinished.contains(UInt32(header.slot) << 16 | UInt32(header.burst)) else { return }
+            // A burst that ended on any track stays ended: its repeated end markers must not start it
+            // again on a free one.
+            for track in state.tracks.indices where state.tracks[track].hasFinished(slot: header.slot, burst: header.burst) { return }
             guard let track = state.track(for: header.slot) else {
                 state.tooManyTalkers += 1
                 return
@@ -297,7 +296,6 @@ final class Receiver: Sendable {
                 if state.flush {
                     state.flush = false
                     for t in state.tracks.indices { state.tracks[t].reset() }
-                    state.recentlyFinished.removeAll()
                 }
                 for t in state.tracks.indices {
                     let decision = state.tracks[t].nextFrame(now: now)
@@ -312,8 +310,6 @@ final class Receiver: Sendable {
                     case .silence, .idle, .waiting: steps[t] = .silence
                     case .ended(let statistics, _):
                         state.lastStatistics = statistics
-                        state.recentlyFinished.append(UInt32(statistics.slot) << 16 | UInt32(statistics.burst))
-                        if state.recentlyFinished.count > 16 { state.recentlyFinished.removeFirst() }
                         ended[t] = statistics
                         steps[t] = .silence
                     }

@@ -229,6 +229,18 @@ func burst(frames: Int, start: UInt64 = 0, burst: UInt16 = 7, slot: UInt16 = 1, 
         #expect(run.endings[1].0.slot == 2 && run.endings[1].0.played == 50)
     }
 
+    /// The receiver asks every buffer whether a burst ended there, so that its repeated end markers
+    /// don't start it again on another; leaving a channel forgets (burst numbers start again).
+    @Test func aFinishedBurstIsKnownUntilReset() {
+        var buffer = JitterBuffer()
+        #expect(!buffer.hasFinished(slot: 1, burst: 7))
+        let run = simulate(&buffer, burst(frames: 10), until: 1_000 * ms)
+        #expect(run.ended?.1 == .endOfBurst)
+        #expect(buffer.hasFinished(slot: 1, burst: 7) && !buffer.hasFinished(slot: 2, burst: 7) && !buffer.hasFinished(slot: 1, burst: 8))
+        buffer.reset()
+        #expect(!buffer.hasFinished(slot: 1, burst: 7))
+    }
+
     @Test func aLiveBurstFarBehindResyncs() {
         var buffer = JitterBuffer()
         // Frames 0-4 normal, then 45-60 arrive at once: more than the 32-frame window ahead of playout.
