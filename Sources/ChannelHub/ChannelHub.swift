@@ -42,6 +42,11 @@ public final class ChannelHub {
     var reconnecting: [(channel: ChannelState, slot: UInt16)] = []
     var catchingUp: [(channel: ChannelState, slot: UInt16)] = []
     var nextCatchUpTick: WireInstant?
+    /// When each connected member's token expires (an entry is stale once the member has left, closed
+    /// or joined again with another token), and the earliest of them, so that `nextDeadline` reads
+    /// one value.
+    var expiries: [(channel: ChannelState, slot: UInt16, tokenID: String, at: WireInstant)] = []
+    var nextExpiry: WireInstant?
 
     public init(configuration: HubConfiguration = HubConfiguration()) {
         self.configuration = configuration
@@ -58,8 +63,9 @@ public final class ChannelHub {
 
     // MARK: Channels (startup and admin)
 
-    /// Adds a channel, or updates it: members connected to it get the new descriptor.
-    public func upsertChannel(_ record: ChannelRecord, members stored: [MemberRecord] = []) {
+    /// Adds a channel, or updates it: members connected to it get the new descriptor, and the floor
+    /// takes the new mode and maximum burst at once (a channel turned half duplex keeps one talker).
+    public func upsertChannel(_ record: ChannelRecord, members stored: [MemberRecord] = [], at time: HubTime) {
         // Records are validated when written through squelchd, but a row edited in the database
         // (or another store) may hold any number; the floor's limit must not trap on it.
         var record = record
@@ -69,9 +75,11 @@ public final class ChannelHub {
             guard channel.record != record else { return }
             let before = channel.info
             channel.record = record
-            channel.floor.configuration = ChannelState.floorConfiguration(record, configuration)
-            // Only what members see is announced (not, say, a new `updatedAt`).
+            // Only what members see is announced (not, say, a new `updatedAt`), and before any
+            // revocation the change causes, so that clients read the new mode first.
             if channel.info != before { outputs.append(.send(.descriptor(channel.info), to: channel.connectedLinks)) }
+            channel.floor.reconfigure(ChannelState.floorConfiguration(record, configuration), now: time.instant.nanoseconds)
+            applyFloorEvents(channel, at: time)
             return
         }
         let channel = ChannelState(record: record, configuration: configuration)
@@ -327,7 +335,17 @@ public final class ChannelHub {
         reconnecting.removeAll { $0.channel === channel && $0.slot == slot }
         sessions[link] = .joined(channel, slot: slot)
         counters.joins += 1
+        // The token was checked at the door; the session must not outlive it either (a shift's token
+        // kept connected for days, or resumed across networks, would otherwise never end).
+        let left = max(0, claims.expiresAt.timeIntervalSince(time.date))
+        let expiry = time.instant + UInt64(min(left, 10 * 365 * 86_400) * 1e9)
+        expiries.removeAll { $0.channel === channel && $0.slot == slot }
+        expiries.append((channel, slot, claims.tokenID, expiry))
+        nextExpiry = nextExpiry.map { min($0, expiry) } ?? expiry
         channel.floor.reconnected(slot)
+        // Rights are the token's: a talker back with a listen-only token stops being relayed, and a new
+        // priority counts for the floor it holds or waits for.
+        channel.floor.rightsChanged(slot, priority: member.priority, canTalk: member.canTalk, now: time.instant.nanoseconds)
 
         outputs.append(.store(.upsertMember(member.record(channel: channel.record.id, lastSeen: time.date))))
         // A big roster goes in chunks, so that no control message nears the size limit.
@@ -337,7 +355,9 @@ public final class ChannelHub {
         for start in stride(from: ControlLimits.rosterChunk, to: roster.count, by: ControlLimits.rosterChunk) {
             outputs.append(.send(.roster(Array(roster[start ..< min(roster.count, start + ControlLimits.rosterChunk)])), to: [link]))
         }
-        outputs.append(.send(.participant(member.participant), to: channel.links(except: slot)))
+        // After `joined`: a client hears nothing about its channel's floor before it.
+        applyFloorEvents(channel, at: time)
+        outputs.append(.send(.participant(channel.members[slot]!.participant), to: channel.links(except: slot)))
         if member.canListen { startCatchUp(channel, slot: slot, at: time) }
         channel.rebuildListeners()
     }
@@ -454,6 +474,14 @@ public final class ChannelHub {
                     cause = .disconnected
                     text = "the connection was lost"
                     channel.endReasons[slot] = "disconnected"
+                case .notAllowed:
+                    cause = .notAllowed
+                    text = "you joined again with a token that allows listening only"
+                    channel.endReasons[slot] = "notAllowed"
+                case .channelChanged:
+                    cause = .channelChanged
+                    text = "the channel was switched to \(channel.record.mode == .halfDuplex ? "half duplex" : "fewer simultaneous talkers"); someone else kept the floor"
+                    channel.endReasons[slot] = "channelChanged"
                 }
                 if let link = channel.members[slot]?.link {
                     outputs.append(.send(.floor(FloorEvent(kind: .revoked, slot: slot, cause: cause, reason: text)), to: [link]))
@@ -597,7 +625,9 @@ public final class ChannelHub {
                     let length = recording.write(member.catchUp[cursorIndex].next, into: scratch)
                     if send(UnsafeRawBufferPointer(rebasing: scratch[..<length]), link) {
                         counters.catchUpPacketsOut &+= 1
-                        counters.bytesOut &+= length
+                        counters.catchUpBytesOut &+= length
+                    } else {
+                        drop(.sendFailed)
                     }
                     member.catchUp[cursorIndex].next += 1
                     budget -= 1
@@ -626,10 +656,56 @@ public final class ChannelHub {
         nextCatchUpTick = catchingUp.isEmpty ? nil : time.instant + configuration.catchUpInterval
     }
 
+    // MARK: Token expiry
+
+    /// Ends the sessions whose token has expired; returns nothing, the outputs say it all.
+    func expireTokens(at time: HubTime) {
+        var earliest: WireInstant?
+        var index = 0
+        while index < expiries.count {
+            let entry = expiries[index]
+            guard let member = entry.channel.members[entry.slot], member.link != nil, member.token?.id == entry.tokenID,
+                  channels[entry.channel.record.id] === entry.channel else {
+                expiries.remove(at: index)
+                continue
+            }
+            if entry.at <= time.instant {
+                expiries.remove(at: index)
+                expire(entry.channel, slot: entry.slot, at: time)
+            } else {
+                earliest = earliest.map { min($0, entry.at) } ?? entry.at
+                index += 1
+            }
+        }
+        nextExpiry = earliest
+    }
+
+    /// The member's token expired while it was connected: it is told so and disconnected, and stays a
+    /// member (offline, its push token kept): a new token lets it back in, as after any absence.
+    func expire(_ channel: ChannelState, slot: UInt16, at time: HubTime) {
+        guard var member = channel.members[slot], let link = member.link else { return }
+        counters.tokenExpiries += 1
+        sessions[link] = .refused
+        outputs.append(.send(.refused(code: .tokenExpired, reason: "your participant token expired; ask the channel's administrator for a new one, then join again"), to: [link]))
+        outputs.append(.close(link, code: .refused, reason: "token expired"))
+        member.link = nil
+        member.connection = .offline
+        member.reconnectingUntil = nil
+        stopCatchUp(&member)
+        channel.members[slot] = member
+        if channel.floor.mayTalk(slot) { channel.endReasons[slot] = "tokenExpired" }
+        channel.floor.release(slot, now: time.instant.nanoseconds)
+        applyFloorEvents(channel, at: time)
+        channel.rebuildListeners()
+        outputs.append(.send(.participant(channel.members[slot]!.participant), to: channel.connectedLinks))
+        outputs.append(.store(.touchMember(channel: channel.record.id, user: member.userID, lastSeen: time.date)))
+    }
+
     // MARK: Time
 
     public var nextDeadline: WireInstant? {
         var deadline = nextCatchUpTick
+        if let nextExpiry { deadline = deadline.map { min($0, nextExpiry) } ?? nextExpiry }
         for channel in channels.values {
             if let floorDeadline = channel.floor.nextDeadline {
                 let instant = WireInstant(nanoseconds: floorDeadline)
@@ -643,7 +719,7 @@ public final class ChannelHub {
     }
 
     /// Runs whatever is due: maximum-burst and disconnect revocations, reconnecting members going
-    /// offline, and catch-up packets (through `send`, like `receiveAudio`).
+    /// offline, sessions whose token expired, and catch-up packets (through `send`, like `receiveAudio`).
     public func handleTimeout(at time: HubTime, send: (UnsafeRawBufferPointer, Link) -> Bool) {
         for channel in channels.values {
             if let due = channel.floor.nextDeadline, due <= time.instant.nanoseconds {
@@ -668,6 +744,7 @@ public final class ChannelHub {
                 index += 1
             }
         }
+        if let expiry = nextExpiry, expiry <= time.instant { expireTokens(at: time) }
         if let tick = nextCatchUpTick, tick <= time.instant { serveCatchUp(at: time, send: send) }
     }
 }

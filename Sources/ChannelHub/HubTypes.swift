@@ -132,6 +132,7 @@ public struct HubCounters: Sendable, Equatable {
     public var packetsOut = 0
     public var bytesOut = 0
     public var catchUpPacketsOut = 0
+    public var catchUpBytesOut = 0
     /// Indexed by `DropReason.rawValue`.
     public var drops = [Int](repeating: 0, count: DropReason.allCases.count)
     public var bursts = 0
@@ -143,6 +144,8 @@ public struct HubCounters: Sendable, Equatable {
     public var controlErrors = 0
     /// Control messages dropped because their connection sent more than its rate allows.
     public var controlRateLimited = 0
+    /// Sessions ended because their participant token expired while connected.
+    public var tokenExpiries = 0
 
     public init() {}
 

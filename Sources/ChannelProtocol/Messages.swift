@@ -136,6 +136,9 @@ public enum FloorCause: UInt16, Codable, Sendable {
     case serviceUnavailable = 104
     /// The request came faster than the server allows control messages (`RefusalCode.rateLimited`).
     case rateLimited = 105
+    /// (`revoked` only) an administrator changed the channel so that fewer members may talk at once
+    /// (full duplex to half duplex), and this talker's burst was the one to end.
+    case channelChanged = 106
 }
 
 /// A floor event. Which optional fields are set depends on `kind` (docs/protocol.md §16.3).

@@ -53,6 +53,11 @@ public struct FloorArbiter<Member: Hashable & Sendable> {
         case maxBurstReached
         /// The talker stayed disconnected past the grace period.
         case disconnected
+        /// The talker joined again with a token that does not allow talking (`rightsChanged`).
+        case notAllowed
+        /// The channel now allows fewer simultaneous talkers (an administrator switched it from full to
+        /// half duplex), and this talker was the weakest: lowest priority, then most recently granted.
+        case channelChanged
     }
 
     public enum Event: Sendable, Equatable {
@@ -176,6 +181,54 @@ public struct FloorArbiter<Member: Hashable & Sendable> {
             queue.remove(at: index)
             reorderQueue()
         }
+    }
+
+    /// The member joined again with another token (new capabilities or priority) while holding or
+    /// waiting for the floor. Without `talk` it loses the floor (revoked, `.notAllowed`) or its place in
+    /// the queue (denied, `.listenOnly`): rights are the token's, not the connection's. A new priority
+    /// applies to what it holds from now on, for pre-emption and the queue's order.
+    public mutating func rightsChanged(_ member: Member, priority: UInt8, canTalk: Bool, now: UInt64) {
+        if let index = talkers.firstIndex(where: { $0.member == member }) {
+            guard !canTalk else { talkers[index].priority = priority; return }
+            let talker = talkers.remove(at: index)
+            pending.append(.revoked(member, .notAllowed))
+            pending.append(.ended(member, burst: talker.burst, duration: now - talker.since))
+            refill(now: now)
+        } else if let index = queue.firstIndex(where: { $0.member == member }) {
+            if canTalk {
+                guard queue[index].priority != priority else { return }
+                queue[index].priority = priority
+            } else {
+                queue.remove(at: index)
+                pending.append(.denied(member, .listenOnly))
+            }
+            reorderQueue()
+        }
+    }
+
+    /// Replaces the configuration while the floor may be in use (an administrator edited the channel).
+    /// A new maximum burst applies to the talkers already granted. If fewer talkers are allowed now,
+    /// the weakest lose the floor (lowest priority, then the most recently granted: the conversation
+    /// already under way carries on); if more are, waiting members are granted; a shorter queue denies
+    /// its tail.
+    public mutating func reconfigure(_ new: Configuration, now: UInt64) {
+        configuration = new
+        var changed = false
+        while talkers.count > new.maxTalkers {
+            let weakest = talkers.indices.min { a, b in
+                (talkers[a].priority, talkers[b].since) < (talkers[b].priority, talkers[a].since)
+            }!
+            let loser = talkers.remove(at: weakest)
+            pending.append(.revoked(loser.member, .channelChanged))
+            pending.append(.ended(loser.member, burst: loser.burst, duration: now - loser.since))
+            changed = true
+        }
+        if queue.count > new.maxQueue {
+            for waiting in queue[new.maxQueue...] { pending.append(.denied(waiting.member, .queueFull)) }
+            queue.removeSubrange(new.maxQueue...)
+            reorderQueue()
+        }
+        if changed || (talkers.count < new.maxTalkers && !queue.isEmpty) { refill(now: now) }
     }
 
     /// The member is back (fast resume): a talker in its grace period carries on.

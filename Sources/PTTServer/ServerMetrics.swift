@@ -16,11 +16,13 @@ public final class ServerMetrics: Sendable {
     let refusals: Counter
     let controlErrors: Counter
     let controlRateLimited: Counter
+    let tokenExpiries: Counter
     let packetsIn: Counter
     let packetsOut: Counter
     let catchUpPacketsOut: Counter
     let bytesIn: Counter
     let bytesOut: Counter
+    let catchUpBytesOut: Counter
     let drops: [Counter]
     let storeFailures: Counter
     let storeRetries: Counter
@@ -50,11 +52,13 @@ public final class ServerMetrics: Sendable {
         refusals = counter("join_refusals", "Joins refused (bad token, unknown channel).")
         controlErrors = counter("control_errors", "Control messages that could not be read.")
         controlRateLimited = counter("control_rate_limited", "Control messages dropped because their connection sent them too fast.")
+        tokenExpiries = counter("token_expiries", "Sessions ended because the member's participant token expired while it was connected.")
         packetsIn = counter("packets_in", "Audio datagrams received.")
         packetsOut = counter("packets_out", "Audio datagrams forwarded live to listeners.")
         catchUpPacketsOut = counter("catchup_packets_out", "Audio datagrams replayed to late joiners.")
         bytesIn = counter("bytes_in", "Audio datagram bytes received (header and payload).")
-        bytesOut = counter("bytes_out", "Audio datagram bytes forwarded (header and payload).")
+        bytesOut = counter("bytes_out", "Audio datagram bytes forwarded live to listeners (header and payload).")
+        catchUpBytesOut = counter("catchup_bytes_out", "Audio datagram bytes replayed to late joiners (header and payload).")
         drops = DropReason.allCases.map { counter("drops", "Audio datagrams dropped, by reason.", labels: [("reason", $0.label)]) }
         storeFailures = counter("store_failures", "Database writes given up: refused by the database, or still failing when the server stopped.")
         storeRetries = counter("store_retries", "Database writes tried again after a failure that passes (locked too long, disk full, I/O error).")
@@ -80,11 +84,13 @@ public final class ServerMetrics: Sendable {
         add(refusals, old.refusals, new.refusals)
         add(controlErrors, old.controlErrors, new.controlErrors)
         add(controlRateLimited, old.controlRateLimited, new.controlRateLimited)
+        add(tokenExpiries, old.tokenExpiries, new.tokenExpiries)
         add(packetsIn, old.packetsIn, new.packetsIn)
         add(packetsOut, old.packetsOut, new.packetsOut)
         add(catchUpPacketsOut, old.catchUpPacketsOut, new.catchUpPacketsOut)
         add(bytesIn, old.bytesIn, new.bytesIn)
         add(bytesOut, old.bytesOut, new.bytesOut)
+        add(catchUpBytesOut, old.catchUpBytesOut, new.catchUpBytesOut)
         for reason in DropReason.allCases { add(drops[reason.rawValue], old.drops[reason.rawValue], new.drops[reason.rawValue]) }
         self.connections.set(Int64(connections))
         self.channels.set(Int64(channels))

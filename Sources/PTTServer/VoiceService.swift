@@ -72,7 +72,7 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
         // later, by any process, reach live sessions through the revision poll.
         let initialRevocation = try await store.revocations(after: 0, channel: nil).last?.sequence ?? 0
         for channel in try await store.channels() {
-            hub.upsertChannel(channel, members: try await store.members(of: channel.id))
+            hub.upsertChannel(channel, members: try await store.members(of: channel.id), at: HubDriver.now())
         }
         let channelCount = hub.channelCount
         let eventLoop = MultiThreadedEventLoopGroup.singleton.next()
@@ -147,7 +147,7 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
             let now = HubDriver.now()
             let ids = Set(records.map(\.id))
             for id in driver.hub.channelIDs where !ids.contains(id) { driver.hub.deleteChannel(id, at: now) }
-            for record in records { driver.hub.upsertChannel(record, members: fetched[record.id] ?? []) }
+            for record in records { driver.hub.upsertChannel(record, members: fetched[record.id] ?? [], at: now) }
             driver.flush()
         }
     }
@@ -176,7 +176,7 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
 
     public func channelChanged(_ id: UUID) async {
         guard let record = try? await store.channel(id) else { return }
-        _ = await onLoop { $0.hub.upsertChannel(record) }
+        _ = await onLoop { $0.hub.upsertChannel(record, at: HubDriver.now()) }
     }
 
     public func channelDeleted(_ id: UUID) async {

@@ -29,7 +29,7 @@ final class Harness {
         hub = ChannelHub(configuration: configuration)
         var record = channel
         record.mode = mode
-        hub.upsertChannel(record)
+        hub.upsertChannel(record, at: time)
     }
 
     var time: HubTime { HubTime(instant: now, date: epoch.addingTimeInterval(Double(now.nanoseconds) / 1e9)) }
@@ -59,7 +59,8 @@ final class Harness {
     /// Connects and admits a member; returns its link and slot.
     @discardableResult
     func join(_ user: String, capabilities: Set<Capability> = [.talk, .listen], priority: UInt8 = 0,
-              channel: UUID? = nil, tokenID: String = UUID().uuidString, issuedAt: Date? = nil) -> (link: Link, slot: UInt16) {
+              channel: UUID? = nil, tokenID: String = UUID().uuidString, issuedAt: Date? = nil,
+              expiresAt: Date? = nil) -> (link: Link, slot: UInt16) {
         nextIndex += 1
         let link = Link(index: nextIndex, generation: 1)
         hub.connected(link)
@@ -67,11 +68,11 @@ final class Harness {
         send(.join(token: "t", channel: target, reason: .developerRequest), from: link)
         hub.admit(link, claims: ParticipantClaims(userID: user, name: user.capitalized, channel: target,
                                                   capabilities: capabilities, priority: priority, issuedAt: issuedAt ?? time.date,
-                                                  expiresAt: epoch.addingTimeInterval(3600), tokenID: tokenID),
+                                                  expiresAt: expiresAt ?? epoch.addingTimeInterval(3600), tokenID: tokenID),
                   reason: .developerRequest, at: time)
         drain()
-        guard case .joined(_, let you, _, _)? = lastMessage(to: link) else { return (link, 0) }
-        return (link, you)
+        for case .joined(_, let you, _, _) in messages(to: link) { return (link, you) }
+        return (link, 0)
     }
 
     func send(_ message: ClientMessage, from link: Link) {
@@ -98,6 +99,91 @@ final class Harness {
 }
 
 @Suite struct ChannelHubTests {
+    @Test func aTalkerBackWithAListenOnlyTokenLosesTheFloor() {
+        let h = Harness()
+        let ann = h.join("ann"), bob = h.join("bob")
+        h.send(.floorRequest, from: ann.link)
+        let burst = try! #require(h.grantedBurst(ann.link))
+        // Ann's phone rejoins on a new connection with a listen-only token, mid-burst.
+        let again = h.join("ann", capabilities: [.listen])
+        #expect(again.slot == ann.slot)
+        // `joined` first, then the revocation, to the new connection.
+        let toAnn = h.messages(to: again.link)
+        let joinedAt = toAnn.firstIndex { if case .joined = $0 { return true } else { return false } }
+        let revokedAt = toAnn.firstIndex { if case .floor(let e) = $0 { return e.kind == .revoked && e.cause == .notAllowed } else { return false } }
+        #expect(joinedAt != nil && revokedAt != nil && joinedAt! < revokedAt!)
+        #expect(h.floorEvents(to: bob.link).contains { $0.kind == .ended && $0.slot == ann.slot })
+        // Its audio is no longer relayed.
+        h.audio(from: again.link, burst: burst, sequence: 1, payload: [1, 2, 3])
+        #expect(h.audio(to: bob.link).isEmpty)
+        #expect(h.hub.counters.drops(.notFloorHolder) == 1)
+        #expect(h.stored.contains { if case .logTransmission(let r) = $0 { return r.endReason == "notAllowed" } else { return false } })
+    }
+
+    @Test func switchingAFullDuplexChannelToHalfDuplexLeavesOneTalker() {
+        let h = Harness(mode: .fullDuplex)
+        let ann = h.join("ann"), bob = h.join("bob"), cy = h.join("cy", capabilities: [.listen])
+        h.send(.floorRequest, from: ann.link)
+        h.advance(10 * ms)
+        h.send(.floorRequest, from: bob.link)
+        let bobBurst = try! #require(h.grantedBurst(bob.link))
+        var record = h.channel
+        record.mode = .halfDuplex
+        h.hub.upsertChannel(record, at: h.time)
+        h.drain()
+        // Bob, granted last, loses the floor; everyone hears of the new mode first.
+        #expect(h.floorEvents(to: bob.link).last { $0.kind == .revoked }?.cause == .channelChanged)
+        #expect(h.floorEvents(to: ann.link).last { $0.kind == .revoked } == nil)
+        let toCy = h.messages(to: cy.link)
+        let descriptorAt = toCy.firstIndex { if case .descriptor(let info) = $0 { return info.mode == .halfDuplex } else { return false } }
+        let endedAt = toCy.firstIndex { if case .floor(let e) = $0 { return e.kind == .ended && e.slot == bob.slot } else { return false } }
+        #expect(descriptorAt != nil && endedAt != nil && descriptorAt! < endedAt!)
+        h.audio(from: bob.link, burst: bobBurst, sequence: 0, payload: [9])
+        #expect(h.audio(to: cy.link).isEmpty)
+        // And a new request now waits, as in any half-duplex channel.
+        h.send(.floorRequest, from: bob.link)
+        #expect(h.floorEvents(to: bob.link).last?.kind == .queued)
+    }
+
+    @Test func aSessionEndsWhenItsTokenExpires() {
+        let h = Harness()
+        let ann = h.join("ann", expiresAt: h.time.date.addingTimeInterval(30))
+        let bob = h.join("bob")
+        h.send(.floorRequest, from: ann.link)
+        #expect(h.grantedBurst(ann.link) != nil)
+        h.advance(29_999 * ms)
+        #expect(h.closes.isEmpty)
+        h.advance(1 * ms)
+        #expect(h.messages(to: ann.link).contains { if case .refused(.tokenExpired, _) = $0 { return true } else { return false } })
+        #expect(h.closes.map(\.0) == [ann.link])
+        #expect(h.hub.counters.tokenExpiries == 1)
+        // The floor is free, the burst is logged, and ann stays a member, offline.
+        #expect(h.floorEvents(to: bob.link).contains { $0.kind == .ended && $0.slot == ann.slot })
+        #expect(h.floorEvents(to: bob.link).last?.kind == .idle)
+        #expect(h.stored.contains { if case .logTransmission(let r) = $0 { return r.endReason == "tokenExpired" } else { return false } })
+        #expect(h.hub.roster(of: h.channel.id).first { $0.userID == "ann" }?.connection == .offline)
+        // Control messages on the closing connection count for nothing.
+        let before = h.messages.count
+        h.send(.floorRequest, from: ann.link)
+        #expect(h.messages.count == before)
+    }
+
+    @Test func aRejoinWithAFreshTokenOutlivesTheOldOnesExpiry() {
+        let h = Harness()
+        let first = h.join("ann", expiresAt: h.time.date.addingTimeInterval(30))
+        h.advance(20_000 * ms)
+        let second = h.join("ann", expiresAt: h.time.date.addingTimeInterval(3600))
+        h.advance(20_000 * ms)  // past the first token's expiry
+        #expect(h.closes.map(\.0) == [first.link])  // replaced, not expired
+        #expect(!h.messages(to: second.link).contains { if case .refused = $0 { return true } else { return false } })
+        #expect(h.hub.counters.tokenExpiries == 0)
+        // A member that closed before its token expired is not "expired" later either.
+        let cy = h.join("cy", expiresAt: h.time.date.addingTimeInterval(5))
+        h.hub.closed(cy.link, at: h.time)
+        h.advance(10_000 * ms)
+        #expect(h.hub.counters.tokenExpiries == 0)
+    }
+
     @Test func joinedMemberGetsChannelRosterAndOthersHearOfIt() {
         let h = Harness()
         let ann = h.join("ann")
@@ -230,7 +316,7 @@ final class Harness {
         let h = Harness(configuration: configuration)
         var record = h.channel
         record.maxBurstSeconds = 5
-        h.hub.upsertChannel(record)
+        h.hub.upsertChannel(record, at: h.time)
         let ann = h.join("ann")
         h.send(.floorRequest, from: ann.link)
         h.advance(4_999 * ms)
@@ -245,7 +331,7 @@ final class Harness {
         for (seconds, expected) in [(-1, 1), (0, 1), (Int.max, 600)] {
             var record = h.channel
             record.maxBurstSeconds = seconds
-            h.hub.upsertChannel(record)
+            h.hub.upsertChannel(record, at: h.time)
             let ann = h.join("ann\(seconds)")
             h.send(.floorRequest, from: ann.link)
             let granted = h.floorEvents(to: ann.link).last { $0.kind == .granted }
@@ -529,7 +615,7 @@ final class Harness {
         let ann = h.join("ann")
         var record = h.channel
         record.name = "Ops North"
-        h.hub.upsertChannel(record)
+        h.hub.upsertChannel(record, at: h.time)
         h.drain()
         #expect(h.lastMessage(to: ann.link) == .descriptor(ChannelInfo(id: record.id, name: "Ops North", image: nil,
                                                                        mode: .halfDuplex, maxBurstSeconds: 60)))

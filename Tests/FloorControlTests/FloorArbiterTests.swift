@@ -112,20 +112,94 @@ let second: UInt64 = 1_000_000_000
         #expect(floor.takeEvents() == [.confirmed("a", burst: 1, until: 60 * second)])
     }
 
+    @Test func aTokenWithoutTalkTakesTheFloorAndTheQueuePlaceAway() {
+        var floor = Arbiter()
+        floor.request("ann", priority: 1, canTalk: true, now: 0)
+        floor.request("bob", priority: 1, canTalk: true, now: 1)
+        floor.request("cy", priority: 1, canTalk: true, now: 2)
+        _ = floor.takeEvents()
+        // Cy rejoins listen-only while waiting: out of the queue, told why.
+        floor.rightsChanged("cy", priority: 1, canTalk: false, now: 3)
+        #expect(floor.takeEvents() == [.denied("cy", .listenOnly), .queued("bob", position: 1)])
+        // Ann rejoins listen-only while talking: revoked, and the queue's head gets the floor.
+        floor.rightsChanged("ann", priority: 1, canTalk: false, now: 4 * second)
+        #expect(floor.takeEvents() == [
+            .revoked("ann", .notAllowed), .ended("ann", burst: 1, duration: 4 * second),
+            .granted("bob", burst: 2, until: 64 * second), .taken(by: "bob", burst: 2, priority: 1),
+        ])
+        #expect(floor.currentTalkers == ["bob"] && floor.queuedMembers.isEmpty)
+        // The same rights again change nothing.
+        floor.rightsChanged("bob", priority: 1, canTalk: true, now: 5 * second)
+        floor.rightsChanged("nobody", priority: 9, canTalk: false, now: 5 * second)
+        #expect(floor.takeEvents().isEmpty)
+    }
+
+    @Test func aNewPriorityCountsForTheFloorAlreadyHeld() {
+        var floor = Arbiter()
+        floor.request("dispatch", priority: 200, canTalk: true, now: 0)
+        _ = floor.takeEvents()
+        // Dispatch's new token has priority 10: a crew member at 50 now pre-empts it.
+        floor.rightsChanged("dispatch", priority: 10, canTalk: true, now: 1)
+        floor.request("crew", priority: 50, canTalk: true, now: 2)
+        #expect(floor.takeEvents().first == .revoked("dispatch", .preempted(by: "crew", priority: 50)))
+        // And a waiting member's new priority reorders the queue.
+        floor.request("a", priority: 5, canTalk: true, now: 3)
+        floor.request("b", priority: 5, canTalk: true, now: 4)
+        _ = floor.takeEvents()
+        floor.rightsChanged("b", priority: 9, canTalk: true, now: 5)
+        #expect(floor.queuedMembers == ["b", "a"])
+    }
+
+    @Test func switchingToHalfDuplexKeepsTheStrongestOldestTalker() {
+        var floor = Arbiter(configuration: .fullDuplex(maxTalkers: 4))
+        floor.request("a", priority: 1, canTalk: true, now: 0)
+        floor.request("b", priority: 5, canTalk: true, now: 1)
+        floor.request("c", priority: 1, canTalk: true, now: 2)
+        _ = floor.takeEvents()
+        floor.reconfigure(.halfDuplex, now: 10)
+        #expect(floor.takeEvents() == [
+            .revoked("c", .channelChanged), .ended("c", burst: 3, duration: 8),
+            .revoked("a", .channelChanged), .ended("a", burst: 1, duration: 10),
+        ])
+        #expect(floor.currentTalkers == ["b"])
+        floor.request("a", priority: 1, canTalk: true, now: 11)
+        #expect(floor.takeEvents() == [.queued("a", position: 1)])
+        // Back to full duplex: the waiting member is granted at once.
+        floor.reconfigure(.fullDuplex(maxTalkers: 2), now: 12)
+        #expect(floor.takeEvents() == [.granted("a", burst: 4, until: 12 + 60 * second), .taken(by: "a", burst: 4, priority: 1)])
+        #expect(floor.currentTalkers == ["b", "a"])
+    }
+
+    @Test func aShorterQueueDeniesItsTail() {
+        var floor = Arbiter()
+        for (i, name) in ["t", "q1", "q2", "q3"].enumerated() { floor.request(name, priority: 1, canTalk: true, now: UInt64(i)) }
+        _ = floor.takeEvents()
+        floor.reconfigure(.init(maxQueue: 1), now: 10)
+        #expect(floor.takeEvents() == [.denied("q2", .queueFull), .denied("q3", .queueFull), .queued("q1", position: 1)])
+        #expect(floor.queuedMembers == ["q1"])
+        // A new maximum burst applies to the burst under way.
+        floor.reconfigure(.init(maxBurst: 5 * second, maxQueue: 1), now: 11)
+        #expect(floor.nextDeadline == 5 * second)
+    }
+
     /// Random command sequences: the invariants hold whatever the order.
     @Test func invariantsHoldUnderRandomCommands() {
         var rng = SystemRandomNumberGenerator()
         for trial in 0..<200 {
-            let maxTalkers = trial % 3 + 1
+            var maxTalkers = trial % 3 + 1
             var floor = Arbiter(configuration: .init(maxTalkers: maxTalkers, maxBurst: 5 * second, maxQueue: 3))
             var now: UInt64 = 0
             for _ in 0..<200 {
                 now += UInt64.random(in: 0...second, using: &rng)
                 let member = "m\(Int.random(in: 0..<6, using: &rng))"
-                switch Int.random(in: 0..<5, using: &rng) {
+                switch Int.random(in: 0..<7, using: &rng) {
                 case 0, 1: floor.request(member, priority: UInt8.random(in: 0...3, using: &rng), canTalk: true, now: now)
                 case 2: floor.release(member, now: now)
                 case 3: floor.disconnected(member, now: now)
+                case 4: floor.rightsChanged(member, priority: UInt8.random(in: 0...3, using: &rng), canTalk: Bool.random(using: &rng), now: now)
+                case 5 where Int.random(in: 0..<10, using: &rng) == 0:
+                    maxTalkers = Int.random(in: 1...3, using: &rng)
+                    floor.reconfigure(.init(maxTalkers: maxTalkers, maxBurst: 5 * second, maxQueue: 3), now: now)
                 default: floor.handleTimeout(now: now)
                 }
                 _ = floor.takeEvents()
