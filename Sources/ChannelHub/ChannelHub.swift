@@ -87,11 +87,16 @@ public final class ChannelHub {
             let slot = channel.nextSlot
             channel.nextSlot &+= 1
             channel.slotsByUser[stored.userID] = slot
-            // Capabilities and priority come with the member's next token; until then it only listens.
-            channel.members[slot] = Member(
-                slot: slot, userID: stored.userID, name: stored.displayName, role: nil, priority: 0, canTalk: false,
-                canListen: true, joinedAt: stored.joinedAt, link: nil, connection: .offline, pushToken: stored.pushToken,
-                pushEnvironment: stored.pushEnvironment, pushRegisteredAt: stored.pushRegisteredAt)
+            // What its last token allowed, as stored. A row from before the store kept it: the member
+            // only listens until its next token says more.
+            let grant = stored.grant
+            var member = Member(
+                slot: slot, userID: stored.userID, name: stored.displayName, role: grant?.role, priority: grant?.priority ?? 0,
+                canTalk: grant?.canTalk ?? false, canListen: grant?.canListen ?? true, joinedAt: stored.joinedAt, link: nil,
+                connection: .offline, pushToken: stored.pushToken, pushEnvironment: stored.pushEnvironment,
+                pushRegisteredAt: stored.pushRegisteredAt)
+            member.token = grant.map { ($0.tokenID, $0.tokenIssuedAt, $0.tokenExpiresAt) }
+            channel.members[slot] = member
         }
         channels[record.id] = channel
     }
@@ -327,7 +332,7 @@ public final class ChannelHub {
         member.priority = claims.priority
         member.canTalk = claims.capabilities.contains(.talk)
         member.canListen = claims.capabilities.contains(.listen)
-        member.token = (claims.tokenID, claims.issuedAt)
+        member.token = (claims.tokenID, claims.issuedAt, claims.expiresAt)
         member.link = link
         member.connection = .connected
         member.reconnectingUntil = nil

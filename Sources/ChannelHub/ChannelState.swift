@@ -31,10 +31,10 @@ struct Member {
     var burstStartedAt: Date?
     /// User ids this member chose not to hear (`setSubscriptions`).
     var unheard: Set<String> = []
-    /// The token it joined with, so that revoking that token, or removing the member from another
-    /// process, reaches a live session. Nil for members loaded from the store that have not joined
-    /// since the server started.
-    var token: (id: String, issuedAt: Date)?
+    /// The token it last joined with, so that revoking that token, or removing the member from another
+    /// process, reaches its session, or its stored membership while it is offline. Nil only for members
+    /// stored before the store kept tokens (schema v3) that have not joined since.
+    var token: (id: String, issuedAt: Date, expiresAt: Date)?
     /// What is left of the member's audio budget when its last burst ended. The next burst starts
     /// from it (refilled for the time between), so releasing and requesting the floor again doesn't
     /// buy a full bucket.
@@ -50,7 +50,9 @@ struct Member {
 
     func record(channel: UUID, lastSeen: Date) -> MemberRecord {
         MemberRecord(channelID: channel, userID: userID, displayName: name, joinedAt: joinedAt, lastSeen: lastSeen,
-                     pushToken: pushToken, pushEnvironment: pushEnvironment, pushRegisteredAt: pushRegisteredAt)
+                     pushToken: pushToken, pushEnvironment: pushEnvironment, pushRegisteredAt: pushRegisteredAt,
+                     grant: token.map { MemberGrant(canTalk: canTalk, canListen: canListen, role: role, priority: priority,
+                                                    tokenID: $0.id, tokenIssuedAt: $0.issuedAt, tokenExpiresAt: $0.expiresAt) })
     }
 }
 

@@ -62,9 +62,13 @@ public struct MemberRecord: Codable, Sendable, Equatable {
     public var pushToken: String?
     public var pushEnvironment: PushEnvironment?
     public var pushRegisteredAt: Date?
+    /// What the token the member last joined with allows, and which token it was. Nil for a member
+    /// stored before the store kept it (schema v3), until it joins again.
+    public var grant: MemberGrant?
 
     public init(channelID: UUID, userID: String, displayName: String, joinedAt: Date = Date(), lastSeen: Date = Date(),
-                pushToken: String? = nil, pushEnvironment: PushEnvironment? = nil, pushRegisteredAt: Date? = nil) {
+                pushToken: String? = nil, pushEnvironment: PushEnvironment? = nil, pushRegisteredAt: Date? = nil,
+                grant: MemberGrant? = nil) {
         self.channelID = channelID
         self.userID = userID
         self.displayName = displayName
@@ -73,6 +77,32 @@ public struct MemberRecord: Codable, Sendable, Equatable {
         self.pushToken = pushToken
         self.pushEnvironment = pushEnvironment
         self.pushRegisteredAt = pushRegisteredAt
+        self.grant = grant
+    }
+}
+
+/// The claims of a member's last participant token that outlive its connection. Kept so that after a
+/// restart an offline member is shown with its real role, priority and capabilities, is woken only
+/// if it may listen, and is removed when its token is revoked by id.
+public struct MemberGrant: Codable, Sendable, Equatable {
+    public var canTalk: Bool
+    public var canListen: Bool
+    public var role: String?
+    public var priority: UInt8
+    /// The token's `jti`, `iat` and `exp`.
+    public var tokenID: String
+    public var tokenIssuedAt: Date
+    public var tokenExpiresAt: Date
+
+    public init(canTalk: Bool, canListen: Bool, role: String?, priority: UInt8, tokenID: String, tokenIssuedAt: Date,
+                tokenExpiresAt: Date) {
+        self.canTalk = canTalk
+        self.canListen = canListen
+        self.role = role
+        self.priority = priority
+        self.tokenID = tokenID
+        self.tokenIssuedAt = tokenIssuedAt
+        self.tokenExpiresAt = tokenExpiresAt
     }
 }
 
@@ -86,6 +116,11 @@ public struct MemberSummary: Codable, Sendable, Equatable {
     public var hasPushToken: Bool
     public var pushEnvironment: PushEnvironment?
     public var pushRegisteredAt: Date?
+    /// From the member's last token (all nil for a member stored before the store kept them).
+    public var capabilities: [String]?
+    public var role: String?
+    public var priority: Int?
+    public var tokenExpiresAt: Date?
 
     public init(_ member: MemberRecord) {
         userID = member.userID
@@ -95,6 +130,12 @@ public struct MemberSummary: Codable, Sendable, Equatable {
         hasPushToken = member.pushToken != nil
         pushEnvironment = member.pushToken != nil ? member.pushEnvironment : nil
         pushRegisteredAt = member.pushToken != nil ? member.pushRegisteredAt : nil
+        if let grant = member.grant {
+            capabilities = (grant.canTalk ? ["talk"] : []) + (grant.canListen ? ["listen"] : [])
+            role = grant.role
+            priority = Int(grant.priority)
+            tokenExpiresAt = grant.tokenExpiresAt
+        }
     }
 
     /// Absent push fields are written as `null`, so every member has the same JSON shape.
@@ -107,6 +148,10 @@ public struct MemberSummary: Codable, Sendable, Equatable {
         try container.encode(hasPushToken, forKey: .hasPushToken)
         try container.encode(pushEnvironment, forKey: .pushEnvironment)
         try container.encode(pushRegisteredAt, forKey: .pushRegisteredAt)
+        try container.encode(capabilities, forKey: .capabilities)
+        try container.encode(role, forKey: .role)
+        try container.encode(priority, forKey: .priority)
+        try container.encode(tokenExpiresAt, forKey: .tokenExpiresAt)
     }
 }
 

@@ -186,6 +186,18 @@ public final class SQLiteChannelStore: ChannelStore {
                 CREATE TRIGGER revocation_inserted AFTER INSERT ON revocation BEGIN \(revisionBump) END;
                 """)
         }
+        migrator.registerMigration("v3-member-grants") { db in
+            // Nullable: rows from before keep working, and fill in at the member's next join.
+            try db.alter(table: "member") { t in
+                t.add(column: "can_talk", .boolean)
+                t.add(column: "can_listen", .boolean)
+                t.add(column: "role", .text)
+                t.add(column: "priority", .integer)
+                t.add(column: "token_id", .text)
+                t.add(column: "token_issued_at", .integer)  // unix milliseconds
+                t.add(column: "token_expires_at", .integer)
+            }
+        }
         return migrator
     }
 
@@ -248,10 +260,13 @@ public final class SQLiteChannelStore: ChannelStore {
         try await write("store member '\(member.userID)' of channel \(member.channelID)") { db in
             var row = newRow
             guard try ChannelRow.exists(db, key: row.channelID) else { throw StoreError.channelNotFound(member.channelID) }
-            if row.pushToken == nil, let existing = try MemberRow.fetchOne(db, key: row.key) {
-                row.pushToken = existing.pushToken
-                row.pushEnvironment = existing.pushEnvironment
-                row.pushRegisteredAt = existing.pushRegisteredAt
+            if row.pushToken == nil || row.tokenID == nil, let existing = try MemberRow.fetchOne(db, key: row.key) {
+                if row.pushToken == nil {
+                    row.pushToken = existing.pushToken
+                    row.pushEnvironment = existing.pushEnvironment
+                    row.pushRegisteredAt = existing.pushRegisteredAt
+                }
+                if row.tokenID == nil { row.takeGrant(of: existing) }
             }
             try row.save(db)
         }
@@ -521,11 +536,30 @@ private struct MemberRow: Codable, FetchableRecord, PersistableRecord {
     var pushToken: String?
     var pushEnvironment: String?
     var pushRegisteredAt: Int64?
+    var canTalk: Bool?
+    var canListen: Bool?
+    var role: String?
+    var priority: Int64?
+    var tokenID: String?
+    var tokenIssuedAt: Int64?
+    var tokenExpiresAt: Int64?
 
     enum CodingKeys: String, CodingKey {
         case channelID = "channel_id", userID = "user_id", displayName = "display_name", joinedAt = "joined_at"
         case lastSeen = "last_seen", pushToken = "push_token", pushEnvironment = "push_environment"
         case pushRegisteredAt = "push_registered_at"
+        case canTalk = "can_talk", canListen = "can_listen", role, priority, tokenID = "token_id"
+        case tokenIssuedAt = "token_issued_at", tokenExpiresAt = "token_expires_at"
+    }
+
+    mutating func takeGrant(of other: MemberRow) {
+        canTalk = other.canTalk
+        canListen = other.canListen
+        role = other.role
+        priority = other.priority
+        tokenID = other.tokenID
+        tokenIssuedAt = other.tokenIssuedAt
+        tokenExpiresAt = other.tokenExpiresAt
     }
 
     enum Columns {
@@ -555,6 +589,25 @@ private struct MemberRow: Codable, FetchableRecord, PersistableRecord {
         pushToken = record.pushToken
         pushEnvironment = record.pushEnvironment?.rawValue
         pushRegisteredAt = record.pushRegisteredAt?.unixMilliseconds
+        if let grant = record.grant {
+            canTalk = grant.canTalk
+            canListen = grant.canListen
+            role = grant.role
+            priority = Int64(grant.priority)
+            tokenID = grant.tokenID
+            tokenIssuedAt = grant.tokenIssuedAt.unixMilliseconds
+            tokenExpiresAt = grant.tokenExpiresAt.unixMilliseconds
+        }
+    }
+
+    /// The grant, if the row has one. A row edited by hand into something half-filled or out of range
+    /// counts as having none (the member shows as listen-only until it joins again), rather than as an
+    /// error that would keep its channel from loading.
+    var grant: MemberGrant? {
+        guard let canTalk, let canListen, let priority, (0...255).contains(priority), let tokenID,
+              let tokenIssuedAt, let tokenExpiresAt else { return nil }
+        return MemberGrant(canTalk: canTalk, canListen: canListen, role: role, priority: UInt8(priority), tokenID: tokenID,
+                           tokenIssuedAt: Date(unixMilliseconds: tokenIssuedAt), tokenExpiresAt: Date(unixMilliseconds: tokenExpiresAt))
     }
 
     func record() throws(StoreError) -> MemberRecord {
@@ -568,7 +621,7 @@ private struct MemberRow: Codable, FetchableRecord, PersistableRecord {
         return MemberRecord(channelID: try uuid(channelID, in: "member"), userID: userID, displayName: displayName,
                             joinedAt: Date(unixMilliseconds: joinedAt), lastSeen: Date(unixMilliseconds: lastSeen),
                             pushToken: pushToken, pushEnvironment: environment,
-                            pushRegisteredAt: pushRegisteredAt.map(Date.init(unixMilliseconds:)))
+                            pushRegisteredAt: pushRegisteredAt.map(Date.init(unixMilliseconds:)), grant: grant)
     }
 }
 

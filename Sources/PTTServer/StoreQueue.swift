@@ -119,6 +119,7 @@ struct StoreQueue {
                 later.pushEnvironment = earlier.pushEnvironment
                 later.pushRegisteredAt = earlier.pushRegisteredAt
             }
+            if later.grant == nil { later.grant = earlier.grant }
             return .upsertMember(later)
         case (.removeMember, .removeMember):
             return last

@@ -803,6 +803,61 @@ final class Harness {
         #expect(h.messages(to: bob.link).count == count && h.floorEvents(to: ann.link).isEmpty)
     }
 
+    @Test func aStoredMemberComesBackWithItsRightsAndItsTokenCanBeRevoked() {
+        // After a restart: members loaded from the store, offline, with what their last token allowed.
+        let hub = ChannelHub()
+        let channel = ChannelRecord(id: UUID(), name: "Ops", maxBurstSeconds: 60)
+        let date = Date(timeIntervalSince1970: 1_800_000_000)
+        let time = HubTime(instant: WireInstant(nanoseconds: 1_000 * ms), date: date)
+        func grant(_ id: String, talk: Bool, listen: Bool) -> MemberGrant {
+            MemberGrant(canTalk: talk, canListen: listen, role: "crew", priority: 7, tokenID: id,
+                        tokenIssuedAt: date.addingTimeInterval(-60), tokenExpiresAt: date.addingTimeInterval(3600))
+        }
+        let stored = [
+            MemberRecord(channelID: channel.id, userID: "ann", displayName: "Ann", pushToken: "aa", pushEnvironment: .sandbox,
+                         grant: grant("ann-1", talk: true, listen: true)),
+            MemberRecord(channelID: channel.id, userID: "tom", displayName: "Tom", pushToken: "bb", pushEnvironment: .sandbox,
+                         grant: grant("tom-1", talk: true, listen: false)),
+            MemberRecord(channelID: channel.id, userID: "old", displayName: "Old", pushToken: "cc", pushEnvironment: .sandbox),
+        ]
+        hub.upsertChannel(channel, members: stored, at: time)
+        let roster = Dictionary(uniqueKeysWithValues: hub.roster(of: channel.id).map { ($0.userID, $0) })
+        #expect(roster["ann"]?.role == "crew" && roster["ann"]?.priority == 7 && roster["ann"]?.canTalk == true)
+        #expect(roster["tom"]?.canListen == false)
+        #expect(roster["old"]?.canTalk == false && roster["old"]?.canListen == true && roster["old"]?.role == nil)
+
+        // A talk burst wakes only members that may listen: not talk-only tom.
+        let link = Link(index: 1, generation: 1)
+        hub.connected(link)
+        hub.control(link, bytes: MessageCodec().encode(.join(token: "t", channel: channel.id, reason: .developerRequest)), at: time)
+        hub.admit(link, claims: ParticipantClaims(userID: "cy", name: "Cy", channel: channel.id, capabilities: [.talk, .listen],
+                                                  issuedAt: date, expiresAt: date.addingTimeInterval(60), tokenID: "cy-1"),
+                  reason: .developerRequest, at: time)
+        hub.control(link, bytes: MessageCodec().encode(.floorRequest), at: time)
+        let woken = hub.takeOutputs().compactMap { output -> [String]? in
+            if case .burstStarted(_, _, let wake, _) = output { return wake.map(\.userID).sorted() } else { return nil }
+        }
+        #expect(woken == [["ann", "old"]])
+
+        // Revoking ann's token by id removes her although she has not joined since the restart, and
+        // tells her device to leave.
+        hub.apply(.token("ann-1", channel: channel.id, user: nil, expiresAt: nil, at: date, reason: "phone lost"), at: time)
+        let outputs = hub.takeOutputs()
+        #expect(!hub.isMember(channel: channel.id, user: "ann"))
+        #expect(outputs.contains { if case .memberGone(_, let m) = $0 { return m.userID == "ann" } else { return false } })
+        #expect(outputs.contains(.store(.removeMember(channel: channel.id, user: "ann"))))
+        #expect(hub.isMember(channel: channel.id, user: "tom"))
+    }
+
+    @Test func aJoinStoresWhatTheTokenAllows() {
+        let h = Harness()
+        h.join("ann", capabilities: [.listen], priority: 9, tokenID: "ann-7")
+        let upsert = h.stored.compactMap { if case .upsertMember(let m) = $0 { return m } else { return nil } }.last
+        #expect(upsert?.grant?.tokenID == "ann-7" && upsert?.grant?.priority == 9)
+        #expect(upsert?.grant?.canTalk == false && upsert?.grant?.canListen == true)
+        #expect(upsert?.grant?.tokenExpiresAt == h.epoch.addingTimeInterval(3600))
+    }
+
     @Test func aMemberRevocationSparesATokenIssuedAfterIt() {
         let h = Harness()
         let cut = h.time.date

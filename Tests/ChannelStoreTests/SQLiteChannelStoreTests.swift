@@ -154,6 +154,47 @@ private func message(_ error: StoreError?) -> String {
         #expect(await storeError { try await store.upsertMember(stranger) } == .channelNotFound(stranger.channelID))
     }
 
+    @Test func aMembersGrantIsStoredAndKeptByAWriteWithoutOne() async throws {
+        let store = try open()
+        let channel = makeChannel()
+        try await store.createChannel(channel)
+        let joined = ms()
+        let grant = MemberGrant(canTalk: false, canListen: true, role: "dispatcher", priority: 200, tokenID: "jti-1",
+                                tokenIssuedAt: joined, tokenExpiresAt: joined.addingTimeInterval(3600))
+        var ann = MemberRecord(channelID: channel.id, userID: "u1", displayName: "Ann", joinedAt: joined, lastSeen: joined, grant: grant)
+        try await store.upsertMember(ann)
+        #expect(try await store.member(channel: channel.id, user: "u1")?.grant == grant)
+        // A write that doesn't know the grant (or the push token) keeps what is stored.
+        try await store.upsertMember(MemberRecord(channelID: channel.id, userID: "u1", displayName: "Ann", joinedAt: joined, lastSeen: joined))
+        #expect(try await store.member(channel: channel.id, user: "u1")?.grant == grant)
+        // A new token's grant replaces it.
+        ann.grant = MemberGrant(canTalk: true, canListen: false, role: nil, priority: 0, tokenID: "jti-2",
+                                tokenIssuedAt: joined, tokenExpiresAt: joined.addingTimeInterval(60))
+        try await store.upsertMember(ann)
+        #expect(try await store.member(channel: channel.id, user: "u1") == ann)
+        // A row edited by hand into an impossible priority reads as having no grant, not as an error.
+        try await DatabaseQueue(path: path).write { db in try db.execute(sql: "UPDATE member SET priority = 999") }
+        #expect(try await store.member(channel: channel.id, user: "u1")?.grant == nil)
+    }
+
+    @Test func aVersion2MemberRowReadsWithoutAGrant() async throws {
+        let channel = makeChannel()
+        do {
+            let pool = try DatabasePool(path: path)
+            try SQLiteChannelStore.migrator.migrate(pool, upTo: "v2-revocations")
+            try await pool.write { db in
+                try db.execute(sql: "INSERT INTO channel (id, name, mode, max_burst_seconds, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?)",
+                               arguments: [channel.id.uuidString, "Ops", "halfDuplex", 45, 0, 0])
+                try db.execute(sql: "INSERT INTO member (channel_id, user_id, display_name, joined_at, last_seen, push_token) VALUES (?, 'ann', 'Ann', 0, 0, 'abcd')",
+                               arguments: [channel.id.uuidString])
+            }
+            try pool.close()
+        }
+        let store = try open()
+        let ann = try #require(try await store.member(channel: channel.id, user: "ann"))
+        #expect(ann.grant == nil && ann.pushToken == "abcd")
+    }
+
     @Test func deletingAChannelDeletesItsMembers() async throws {
         let store = try open()
         let channel = makeChannel(), other = makeChannel("Other")
@@ -394,7 +435,7 @@ private func message(_ error: StoreError?) -> String {
         let applied = try await DatabaseQueue(path: path).read { db in
             try String.fetchAll(db, sql: "SELECT identifier FROM grdb_migrations ORDER BY identifier")
         }
-        #expect(applied == ["v1", "v2-revocations"])
+        #expect(applied == ["v1", "v2-revocations", "v3-member-grants"])
     }
 
     @Test func filesArePrivateAndCommitsAreFullySynced() async throws {
