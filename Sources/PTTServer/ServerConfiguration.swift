@@ -30,6 +30,10 @@ public struct ServerConfiguration: Sendable, Equatable {
     public var adminKey: String?
     /// A file holding the admin key (its whitespace trimmed), for keys kept out of the environment.
     public var adminKeyFile: String?
+    /// The participant-token signing key (P-256, PEM). Nil: `<dataDirectory>/token-key.pem`, made on
+    /// first run. Set, it must exist: a configured key that is missing is a mistake to report, not a
+    /// reason to sign with a new key that no token issued so far matches.
+    public var tokenKeyPath: String?
     /// PEM chain the transport presents (leaf first).
     public var certificateChainPath: String = "certs/server-chain.pem"
     /// PEM private key of the leaf certificate.
@@ -85,6 +89,12 @@ public struct ServerConfiguration: Sendable, Equatable {
     public static let minimumAdminKeyLength = 16
     /// File name of the generated admin key inside the data directory.
     public static let adminKeyFileName = "admin-key"
+    public static let tokenKeyFileName = "token-key.pem"
+
+    /// Where the participant-token key is: `tokenKeyPath`, or its default in the data directory.
+    public var resolvedTokenKeyPath: String {
+        tokenKeyPath ?? URL(fileURLWithPath: dataDirectory).appendingPathComponent(Self.tokenKeyFileName).path
+    }
 
     public init() {}
 
@@ -158,6 +168,8 @@ public struct ServerConfiguration: Sendable, Equatable {
                     defaultDescription: "generated into <data-dir>/\(adminKeyFileName)", kind: .string(\.adminKey)),
             Setting(key: "adminKeyFile", environment: "SQUELCH_ADMIN_KEY_FILE", flag: "--admin-key-file",
                     defaultDescription: "none", kind: .string(\.adminKeyFile)),
+            Setting(key: "tokenKeyPath", environment: "SQUELCH_TOKEN_KEY", flag: "--token-key",
+                    defaultDescription: "<data-dir>/\(tokenKeyFileName), made on first run", kind: .string(\.tokenKeyPath)),
             Setting(key: "certificateChainPath", environment: "SQUELCH_CERT", flag: "--cert",
                     defaultDescription: defaults.certificateChainPath, kind: .string(\.certificateChainPath)),
             Setting(key: "privateKeyPath", environment: "SQUELCH_KEY", flag: "--key",
@@ -246,6 +258,7 @@ public struct ServerConfiguration: Sendable, Equatable {
         }
         if let value = layer.adminKey { adminKey = value; adminKeyFile = nil }
         if let value = layer.adminKeyFile { adminKeyFile = value; adminKey = nil }
+        if let value = layer.tokenKeyPath { tokenKeyPath = value }
         if let value = layer.certificateChainPath { certificateChainPath = value }
         if let value = layer.privateKeyPath { privateKeyPath = value }
         if let value = layer.maxConnections { maxConnections = value }
@@ -394,6 +407,7 @@ public struct ServerConfiguration: Sendable, Equatable {
                       "the admin key must be printable ASCII without spaces (it travels in an HTTP header)")
         }
         if let adminKeyFile { try check(!adminKeyFile.isEmpty, "adminKeyFile", "the admin key file path is empty") }
+        if let tokenKeyPath { try check(!tokenKeyPath.isEmpty, "tokenKeyPath", "the token key path is empty; leave it unset to use <data-dir>/\(Self.tokenKeyFileName)") }
         try check(!certificateChainPath.isEmpty, "certificateChainPath", "the certificate chain path is empty")
         try check(!privateKeyPath.isEmpty, "privateKeyPath", "the private key path is empty")
         try check(Self.handshakeRateRange.contains(handshakesPerSecondPerAddress), "handshakesPerSecondPerAddress",
@@ -533,6 +547,7 @@ public struct ConfigurationOverrides: Sendable, Equatable {
     public var adminPort: Int?
     public var adminKey: String?
     public var adminKeyFile: String?
+    public var tokenKeyPath: String?
     public var certificateChainPath: String?
     public var privateKeyPath: String?
     public var maxConnections: Int?

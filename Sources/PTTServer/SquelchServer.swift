@@ -68,7 +68,14 @@ public struct SquelchServer: Sendable {
             "data": .string(configuration.dataDirectory), "certificate": .string(identity.summary),
         ])
         let store = try SQLiteChannelStore(directory: configuration.dataDirectory)
-        let tokens = try await TokenAuthority.loadOrCreate(in: configuration.dataDirectory)
+        let tokens: TokenAuthority
+        if let path = configuration.tokenKeyPath {
+            do { tokens = try await TokenAuthority.load(from: path) } catch let error as TokenKeyError {
+                throw TokenKeyError(message: "\(error.message); point \(ServerConfiguration.setting("tokenKeyPath").howToSet) at the key the channel's tokens were signed with, or unset it to use <data-dir>/\(ServerConfiguration.tokenKeyFileName)")
+            }
+        } else {
+            tokens = try await TokenAuthority.loadOrCreate(in: configuration.dataDirectory)
+        }
         let metrics = ServerMetrics()
         let writer = StoreWriter(store: store, metrics: metrics, logger: logger)
         let push = try await PushSetup.make(configuration: configuration, logger: logger)

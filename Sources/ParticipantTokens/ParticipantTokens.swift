@@ -149,9 +149,13 @@ public struct TokenAuthority: Sendable {
     /// can't be read is an error to fix, and a new key appears under its name all at once (written
     /// beside it, then linked), so a second process starting at the same moment reads the winner's.
     public static func loadOrCreate(in directory: String) async throws -> TokenAuthority {
-        let path = (directory as NSString).appendingPathComponent("token-key.pem")
+        try await loadOrCreate(at: (directory as NSString).appendingPathComponent("token-key.pem"))
+    }
+
+    /// The token key at `path`, made (with its directory) if there is none yet. See `loadOrCreate(in:)`.
+    public static func loadOrCreate(at path: String) async throws -> TokenAuthority {
         if FileManager.default.fileExists(atPath: path) { return try await load(path) }
-        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        try FileManager.default.createDirectory(atPath: (path as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
         let pem = P256.Signing.PrivateKey().pemRepresentation
         let outcome: KeyFiles.Outcome
         do { outcome = try KeyFiles.createOnce(at: path, contents: Array(pem.utf8)) } catch {
@@ -160,6 +164,15 @@ public struct TokenAuthority: Sendable {
         // Another process may have made the key a moment ago: then its key is the one to use.
         if outcome == .exists { return try await load(path) }
         return try await TokenAuthority(privateKeyPEM: pem)
+    }
+
+    /// The token key at `path`, which must exist: for a key that was configured, or that a tool
+    /// other than the server must not make.
+    public static func load(from path: String) async throws -> TokenAuthority {
+        guard FileManager.default.fileExists(atPath: path) else {
+            throw TokenKeyError(message: "there is no token key at \(path)")
+        }
+        return try await load(path)
     }
 
     static func load(_ path: String) async throws -> TokenAuthority {
@@ -221,6 +234,7 @@ public struct TokenAuthority: Sendable {
 public struct TokenKeyError: Error, CustomStringConvertible {
     public let message: String
     public var description: String { message }
+    public init(message: String) { self.message = message }
 }
 
 /// Parses a lifetime such as "90s", "30m", "12h" or "7d".

@@ -165,20 +165,42 @@ extension Channel {
         var mode: TransmissionMode { self == .half ? .halfDuplex : .fullDuplex }
     }
 
-    /// The data directory, and opening the store in it.
+    /// The server's data directory, found as the server finds it (flag, then `SQUELCH_DATA_DIR`, then
+    /// the config file's `dataDirectory`), and opening the store in it.
     struct StoreOptions: ParsableArguments {
-        @Option(help: "Data directory holding the database (the server's --data-dir).")
-        var dataDir = ServerConfiguration().dataDirectory
+        @Option(help: ArgumentHelp("The server's JSON config file (env: \(ServerConfiguration.configFileEnvironment)), read for its data directory and token key.",
+                                   valueName: "path"))
+        var config: String?
+
+        @Option(help: ArgumentHelp(ServerConfiguration.help("dataDirectory", "Data directory holding the database (the server's --data-dir)."),
+                                   valueName: "path"))
+        var dataDir: String?
 
         init() {}
 
-        /// For commands that take the data directory as their own option.
-        init(dataDir: String) { self.dataDir = dataDir }
+        /// The server's settings as far as these commands need them; a bad one exits 78, as the
+        /// server would.
+        func configuration(tokenKey: String? = nil) throws -> ServerConfiguration {
+            var overrides = ConfigurationOverrides(dataDirectory: dataDir)
+            overrides.tokenKeyPath = tokenKey
+            do {
+                return try ServerConfiguration.load(file: config, environment: ProcessInfo.processInfo.environment, overrides: overrides)
+            } catch {
+                standardError("squelchd: \(error)")
+                throw ExitCode(78)
+            }
+        }
 
-        var databasePath: String { URL(fileURLWithPath: dataDir).appendingPathComponent(SQLiteChannelStore.defaultFileName).path }
+        /// The database file in `directory`.
+        static func databasePath(in directory: String) -> String {
+            URL(fileURLWithPath: directory).appendingPathComponent(SQLiteChannelStore.defaultFileName).path
+        }
 
-        /// Repeats a non-default --data-dir in hints, so a copied command acts on the same database.
-        var dataDirFlag: String { dataDir == ServerConfiguration().dataDirectory ? "" : " --data-dir \(dataDir)" }
+        /// Repeats a --data-dir or --config given on the command line in hints, so a copied command acts
+        /// on the same database.
+        var dataDirFlag: String {
+            (config.map { " --config \($0)" } ?? "") + (dataDir.map { " --data-dir \($0)" } ?? "")
+        }
 
         /// Opens the store, runs `body`, closes the store. Failures print one line and become the exit code.
         ///
@@ -186,12 +208,13 @@ extension Channel {
         /// a `list` run from the wrong directory should say so rather than leave an empty database there.
         func withStore<T: Sendable>(creating: Bool = false,
                                     _ body: (SQLiteChannelStore) async throws(StoreError) -> T) async throws -> T {
-            let file = databasePath
+            let directory = try configuration().dataDirectory
+            let file = Self.databasePath(in: directory)
             guard creating || FileManager.default.fileExists(atPath: file) else {
-                throw fail(.database("no database at \(file); pass the server's --data-dir, or create a channel first"))
+                throw fail(.database("no database at \(file); pass the server's --data-dir or --config (or set SQUELCH_DATA_DIR), or create a channel first"))
             }
             let store: SQLiteChannelStore
-            do { store = try SQLiteChannelStore(directory: dataDir) } catch { throw fail(error) }
+            do { store = try SQLiteChannelStore(directory: directory) } catch { throw fail(error) }
             do {
                 let result = try await body(store)
                 // The writes are already durable; closing only folds the WAL into the main file.

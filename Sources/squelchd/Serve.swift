@@ -38,6 +38,9 @@ struct Serve: AsyncParsableCommand {
     @Option(help: ArgumentHelp(ServerConfiguration.help("adminKeyFile", "File holding the admin API key (SQUELCH_ADMIN_KEY sets the key itself; without either, one is generated into <data-dir>/admin-key)."), valueName: "path"))
     var adminKeyFile: String?
 
+    @Option(help: ArgumentHelp(ServerConfiguration.help("tokenKeyPath", "Participant-token signing key (P-256 private key, PEM); must exist when set. The token commands take the same setting."), valueName: "path"))
+    var tokenKey: String?
+
     @Option(help: ArgumentHelp(ServerConfiguration.help("certificateChainPath", "PEM certificate chain the server presents, leaf first."), valueName: "path"))
     var cert: String?
 
@@ -112,6 +115,7 @@ struct Serve: AsyncParsableCommand {
             apnsSimulatorControlPort: apnsSimulatorControlPort, apnsSimulatorCertPath: apnsSimulatorCert,
             apnsSimulatorKeyPath: apnsSimulatorKey, pushWakeSilenceSeconds: pushWakeSilenceSeconds)
         overrides.controlMessagesPerSecond = controlMessagesPerSecond
+        overrides.tokenKeyPath = tokenKey
         return overrides
     }
 

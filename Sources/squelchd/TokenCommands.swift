@@ -4,7 +4,9 @@ import Foundation
 import ParticipantTokens
 import PTTServer
 
-/// `squelchd token …`: participant tokens, signed with the token key in the data directory.
+/// `squelchd token …`: participant tokens, signed with the server's token key, found as the server
+/// finds it (`--token-key`, `SQUELCH_TOKEN_KEY` or the config file's `tokenKeyPath`; else
+/// `<data-dir>/token-key.pem`).
 struct Token: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Issue, inspect and revoke participant tokens.",
@@ -13,7 +15,12 @@ struct Token: AsyncParsableCommand {
     struct Issue: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
             abstract: "Print a participant token (an ES256 JWT signed with the server's token key).",
-            discussion: "The token key is <data-dir>/token-key.pem, made on first use. Give the token to the member's app; it joins with it.")
+            discussion: """
+                Signs with the server's token key: --token-key (or SQUELCH_TOKEN_KEY, or "tokenKeyPath" in --config), else \
+                <data-dir>/token-key.pem. That one is made here on first use if the data directory already holds the server's \
+                database (after 'squelchd channel create' or a first 'squelchd serve'), and never anywhere else, so a token \
+                is not signed with a stray key by mistake. Give the token to the member's app; it joins with it.
+                """)
 
         @Option(help: "Channel UUID the token admits to.") var channel: String
         @Option(help: "User id (the token's subject, 1-\(ParticipantClaims.maxUserIDBytes) bytes).") var user: String
@@ -22,7 +29,9 @@ struct Token: AsyncParsableCommand {
         @Option(help: "Floor priority 0-255; a higher one pre-empts a lower one.") var priority = 0
         @Option(help: "Role attribute (free text up to \(ParticipantClaims.maxRoleBytes) bytes, e.g. dispatcher).") var role: String?
         @Option(help: "Lifetime: 90s, 30m, 12h, 7d.") var ttl = "12h"
-        @Option(help: "Data directory holding the token key.") var dataDir = ServerConfiguration().dataDirectory
+        @OptionGroup var store: Channel.StoreOptions
+        @Option(help: ArgumentHelp(ServerConfiguration.help("tokenKeyPath", "The server's token key (PEM), if not in the data directory."), valueName: "path"))
+        var tokenKey: String?
 
         func run() async throws {
             guard let channelID = UUID(uuidString: channel) else {
@@ -41,7 +50,7 @@ struct Token: AsyncParsableCommand {
             let claims = ParticipantClaims(userID: user, name: name, channel: channelID, capabilities: capabilities, role: role,
                                            priority: UInt8(priority), issuedAt: now, expiresAt: now.addingTimeInterval(lifetime))
             do throws(InvalidClaims) { try claims.validate() } catch { throw ValidationError(error.message) }
-            print(try await loadAuthority(dataDir).issue(claims))
+            print(try await loadAuthority(try store.configuration(tokenKey: tokenKey), creating: true).issue(claims))
         }
     }
 
@@ -52,7 +61,9 @@ struct Token: AsyncParsableCommand {
 
         @Argument(help: "The token.") var token: String
         @Flag(help: "Print JSON instead of lines.") var json = false
-        @Option(help: "Data directory holding the token key and the database.") var dataDir = ServerConfiguration().dataDirectory
+        @OptionGroup var store: Channel.StoreOptions
+        @Option(help: ArgumentHelp(ServerConfiguration.help("tokenKeyPath", "The server's token key (PEM), if not in the data directory."), valueName: "path"))
+        var tokenKey: String?
 
         struct Report: Encodable {
             var tokenID: String
@@ -70,7 +81,7 @@ struct Token: AsyncParsableCommand {
         }
 
         func run() async throws {
-            let authority = try await loadAuthority(dataDir)
+            let authority = try await loadAuthority(try store.configuration(tokenKey: tokenKey), creating: false)
             let claims: ParticipantClaims
             do throws(TokenError) { claims = try await authority.inspect(token) } catch {
                 standardError("squelchd: \(error)")
@@ -101,8 +112,9 @@ struct Token: AsyncParsableCommand {
 
         /// The revocation voiding `claims`, if the database exists (a token can be read without one).
         func revocationIfStored(_ claims: ParticipantClaims) async throws -> RevocationRecord? {
-            let store = Channel.StoreOptions(dataDir: dataDir)
-            guard FileManager.default.fileExists(atPath: store.databasePath) else { return nil }
+            guard FileManager.default.fileExists(atPath: Channel.StoreOptions.databasePath(in: try store.configuration().dataDirectory)) else {
+                return nil
+            }
             return try await store.withStore { db throws(StoreError) in
                 try await db.revocation(channel: claims.channel, user: claims.userID, tokenID: claims.tokenID, issuedAt: claims.issuedAt)
             }
@@ -122,7 +134,9 @@ struct Token: AsyncParsableCommand {
         @Option(help: "Channel UUID of the token (with --id).") var channel: String?
         @Option(help: "Token id, the token's jti (with --channel).") var id: String?
         @Option(help: "Why, for the log and the member (up to \(RevocationRecord.maxReasonBytes) bytes).") var reason = "revoked by an administrator"
-        @Option(help: "Data directory holding the token key and the database.") var dataDir = ServerConfiguration().dataDirectory
+        @OptionGroup var store: Channel.StoreOptions
+        @Option(help: ArgumentHelp(ServerConfiguration.help("tokenKeyPath", "The server's token key (PEM), if not in the data directory."), valueName: "path"))
+        var tokenKey: String?
 
         func validate() throws {
             switch (token, channel, id) {
@@ -135,7 +149,7 @@ struct Token: AsyncParsableCommand {
             let revocation: RevocationRecord
             let now = Date()
             if let token {
-                let authority = try await loadAuthority(dataDir)
+                let authority = try await loadAuthority(try store.configuration(tokenKey: tokenKey), creating: false)
                 let claims: ParticipantClaims
                 do throws(TokenError) { claims = try await authority.inspect(token) } catch {
                     standardError("squelchd: \(error)")
@@ -146,15 +160,30 @@ struct Token: AsyncParsableCommand {
             } else {
                 revocation = .token(id ?? "", channel: try parseChannelID(channel ?? ""), user: nil, expiresAt: nil, at: now, reason: reason)
             }
-            let stored = try await Channel.StoreOptions(dataDir: dataDir).withStore { db throws(StoreError) in try await db.revoke(revocation) }
+            let stored = try await store.withStore { db throws(StoreError) in try await db.revoke(revocation) }
             print("revoked token \(stored.tokenID ?? "") on channel \(stored.channelID.uuidString)")
         }
     }
 }
 
-/// The token key in `dataDir`; a broken one is a configuration error (exit 78) with its fix.
-func loadAuthority(_ dataDir: String) async throws -> TokenAuthority {
-    do { return try await TokenAuthority.loadOrCreate(in: dataDir) } catch {
+/// The server's token key. A broken or missing one is a configuration error (exit 78) with its fix.
+///
+/// Only `issue` may make the default key, and only beside the server's database: run from the wrong
+/// directory, or without the server's `SQUELCH_DATA_DIR`, it would otherwise print a token signed by
+/// a key of its own that the server refuses as forged, with nothing to say why.
+func loadAuthority(_ configuration: ServerConfiguration, creating: Bool) async throws -> TokenAuthority {
+    let path = configuration.resolvedTokenKeyPath
+    let database = Channel.StoreOptions.databasePath(in: configuration.dataDirectory)
+    do {
+        if FileManager.default.fileExists(atPath: path) { return try await TokenAuthority.load(from: path) }
+        if configuration.tokenKeyPath != nil {
+            throw TokenKeyError(message: "there is no token key at \(path); point --token-key (or SQUELCH_TOKEN_KEY, or \"tokenKeyPath\" in the config file) at the server's key")
+        }
+        guard creating, FileManager.default.fileExists(atPath: database) else {
+            throw TokenKeyError(message: "there is no token key at \(path), and no server database beside it (\(database)); pass the server's --data-dir or --config (or set SQUELCH_DATA_DIR as the server has it). On a new server, create a channel first ('squelchd channel create')")
+        }
+        return try await TokenAuthority.loadOrCreate(at: path)
+    } catch {
         standardError("squelchd: \(error)")
         throw ExitCode(78)
     }

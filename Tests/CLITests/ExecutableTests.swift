@@ -80,10 +80,16 @@ enum Executables {
     }
 
     /// Runs to completion; returns exit status, stdout and stderr.
-    static func run(_ name: String, _ arguments: [String]) throws -> (status: Int32, out: String, err: String) {
+    /// Runs `name` to its end. `environment` adds to (or, with an empty value, unsets in) this process's.
+    static func run(_ name: String, _ arguments: [String], environment: [String: String] = [:]) throws -> (status: Int32, out: String, err: String) {
         let process = Process()
         process.executableURL = url(name)
         process.arguments = arguments
+        if !environment.isEmpty {
+            var merged = ProcessInfo.processInfo.environment
+            for (key, value) in environment { merged[key] = value.isEmpty ? nil : value }
+            process.environment = merged
+        }
         let out = Pipe(), err = Pipe()
         process.standardOutput = out
         process.standardError = err

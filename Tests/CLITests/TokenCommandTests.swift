@@ -5,6 +5,7 @@ import Testing
 @Suite struct TokenCommandTests {
     @Test func squelchdIssuesATokenTheServerKeyVerifies() async throws {
         let dir = FileManager.default.temporaryDirectory.appendingPathComponent("token-cli-\(UUID())").path
+        #expect(try Executables.run("squelchd", ["channel", "create", "--name", "Ops", "--data-dir", dir]).status == 0)
         let channel = UUID()
         let result = try Executables.run("squelchd", ["token", "issue", "--channel", channel.uuidString, "--user", "u1", "--name", "Ann",
                                                       "--capability", "listen", "--priority", "7", "--ttl", "1h", "--data-dir", dir])
@@ -13,6 +14,49 @@ import Testing
         let claims = try await TokenAuthority.loadOrCreate(in: dir).verify(token, channel: channel)
         #expect(claims.userID == "u1" && claims.name == "Ann" && claims.capabilities == [.listen] && claims.priority == 7)
         #expect(claims.expiresAt.timeIntervalSinceNow > 3_500 && claims.expiresAt.timeIntervalSinceNow <= 3_600)
+    }
+
+    @Test func issuingOutsideTheServersDataDirectoryIsRefusedNotSignedWithANewKey() throws {
+        let empty = FileManager.default.temporaryDirectory.appendingPathComponent("token-nowhere-\(UUID())").path
+        let result = try Executables.run("squelchd", ["token", "issue", "--channel", UUID().uuidString, "--user", "u", "--name", "n",
+                                                      "--data-dir", empty], environment: ["SQUELCH_DATA_DIR": "", "SQUELCH_CONFIG": ""])
+        #expect(result.status == 78)
+        #expect(result.err.contains("no server database") && result.err.contains("--data-dir"), "\(result.err)")
+        #expect(result.out.isEmpty)
+        #expect(!FileManager.default.fileExists(atPath: empty + "/token-key.pem"))
+    }
+
+    @Test func theTokenCommandsFindTheKeyAsTheServerDoes() async throws {
+        let base = FileManager.default.temporaryDirectory.appendingPathComponent("token-env-\(UUID())").path
+        let data = base + "/data"
+        #expect(try Executables.run("squelchd", ["channel", "create", "--name", "Ops", "--data-dir", data]).status == 0)
+        let channel = UUID()
+        let issue = ["token", "issue", "--channel", channel.uuidString, "--user", "u1", "--name", "Ann"]
+        // SQUELCH_DATA_DIR, as the server has it, with no --data-dir.
+        let viaEnvironment = try Executables.run("squelchd", issue, environment: ["SQUELCH_DATA_DIR": data])
+        #expect(viaEnvironment.status == 0, "\(viaEnvironment.err)")
+        let serverKey = try await TokenAuthority.load(from: data + "/token-key.pem")
+        _ = try await serverKey.verify(viaEnvironment.out.trimmingCharacters(in: .whitespacesAndNewlines), channel: channel)
+        // The config file's dataDirectory.
+        let config = base + "/squelchd.json"
+        try #"{"dataDirectory": "\#(data)"}"#.write(toFile: config, atomically: true, encoding: .utf8)
+        let viaConfig = try Executables.run("squelchd", issue + ["--config", config], environment: ["SQUELCH_DATA_DIR": ""])
+        #expect(viaConfig.status == 0, "\(viaConfig.err)")
+        _ = try await serverKey.verify(viaConfig.out.trimmingCharacters(in: .whitespacesAndNewlines), channel: channel)
+        // A configured key: used when it exists, never made when it doesn't.
+        let other = base + "/keys/other.pem"
+        let missing = try Executables.run("squelchd", issue + ["--data-dir", data, "--token-key", other])
+        #expect(missing.status == 78 && missing.err.contains("no token key at \(other)"), "\(missing.err)")
+        #expect(!FileManager.default.fileExists(atPath: other))
+        let otherKey = try await TokenAuthority.loadOrCreate(at: other)
+        let viaKey = try Executables.run("squelchd", issue + ["--data-dir", data], environment: ["SQUELCH_TOKEN_KEY": other])
+        #expect(viaKey.status == 0, "\(viaKey.err)")
+        let token = viaKey.out.trimmingCharacters(in: .whitespacesAndNewlines)
+        _ = try await otherKey.verify(token, channel: channel)
+        await #expect(throws: TokenError.self) { try await serverKey.verify(token, channel: channel) }
+        // inspect reads the same key.
+        let inspected = try Executables.run("squelchd", ["token", "inspect", token, "--data-dir", data, "--token-key", other])
+        #expect(inspected.status == 0 && inspected.out.contains("valid"), "\(inspected.err)")
     }
 
     @Test(arguments: [

@@ -128,6 +128,7 @@ import Testing
         }
         // A token for another server (signed by another key): refused as forged.
         let elsewhere = world.dir + "/elsewhere"
+        _ = try Executables.run("squelchd", ["channel", "create", "--name", "Elsewhere", "--data-dir", elsewhere])
         let other = try Executables.run("squelchd", ["token", "issue", "--channel", world.channel.uuidString, "--user", "eve", "--name", "Eve", "--data-dir", elsewhere])
         let forged = other.out.trimmingCharacters(in: .whitespacesAndNewlines)
         try check(["talk", "--server", "127.0.0.1:\(world.server.voicePort)", "--token", forged, "--ca", world.certs + "/ca.pem",

@@ -146,7 +146,20 @@ import Testing
         #expect(Set(settings.map(\.key)).count == settings.count)
         #expect(Set(settings.map(\.environment)).count == settings.count)
         #expect(settings.allSatisfy { $0.environment.hasPrefix("SQUELCH_") && !$0.defaultDescription.isEmpty })
-        #expect(settings.count == 28, "a new ServerConfiguration field needs a row in settings and a flag in Serve")
+        #expect(settings.count == 29, "a new ServerConfiguration field needs a row in settings and a flag in Serve")
+    }
+
+    @Test func theTokenKeyDefaultsToTheDataDirectoryAndCanBeSetAnywhere() throws {
+        let plain = try ServerConfiguration.load(file: nil, environment: ["SQUELCH_DATA_DIR": "/var/lib/squelch"])
+        #expect(plain.tokenKeyPath == nil && plain.resolvedTokenKeyPath == "/var/lib/squelch/token-key.pem")
+        let set = try ServerConfiguration.load(file: nil, environment: ["SQUELCH_TOKEN_KEY": "/etc/squelch/token.pem"])
+        #expect(set.resolvedTokenKeyPath == "/etc/squelch/token.pem")
+        var flag = ConfigurationOverrides()
+        flag.tokenKeyPath = ""
+        let error = #expect(throws: ServerConfiguration.ConfigurationError.self) {
+            try ServerConfiguration.load(file: nil, environment: [:], overrides: flag)
+        }
+        #expect(String(describing: try #require(error)).contains("--token-key"))
     }
 
     @Test func configurationRefusesBadValuesWithAdvice() throws {
