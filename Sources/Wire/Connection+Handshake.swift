@@ -139,7 +139,9 @@ extension Connection {
             : (serverApplicationSecret, clientApplicationSecret)
         appSeal = try? PacketKey(secret: sealSecret, suite: suite, sealing: true)
         appOpen = try? PacketKey(secret: openSecret, suite: suite, sealing: false)
-        appOpenNext = try? appOpen?.nextGeneration()
+        // The next read key is made when the peer first uses it (`receiveShort`), not now: most
+        // connections never update keys, and a key costs about 2 KB of cipher state.
+        appOpenNext = nil
     }
 
     // MARK: Server
@@ -197,7 +199,9 @@ extension Connection {
             } catch {
                 throw .malformed("key setup failed")
             }
-            installApplicationKeys()
+            // The application keys wait for the client's Finished: nothing is sealed or opened with
+            // them before it (1-RTT packets that come first are dropped), and made after the
+            // handshake keys are freed, they reuse that memory instead of pinning a hole beside it.
             initialSpace.flight = serverHello
             handshakeSpace.flight = extensions + certificate + verify + finished
             handshakeRetransmitAt = now + rtt.probeTimeout(maxAckDelay: 0)
@@ -213,9 +217,17 @@ extension Connection {
             path.validated = true
             handshakeDeadline = nil
             handshakeRetransmitAt = nil
-            // Handshake done: the Initial and Handshake keys are no longer needed.
+            // Handshake done: the Initial and Handshake keys are no longer needed, nor, once the
+            // application keys are made from them, are the handshake's secrets (key updates derive
+            // from the keys). Dropping them keeps every idle connection smaller and
+            // the secrets out of a later memory disclosure.
             initialSpace = HandshakeSpace()
             handshakeSpace = HandshakeSpace()
+            installApplicationKeys()
+            self.secrets = nil
+            serverFinishedHash = []
+            clientApplicationSecret = []
+            serverApplicationSecret = []
             pendingHandshakeDone = true
             issueConnectionIDs()
             if let token = serverSecrets.map({ AddressToken.seal(address: path.address, original: nil, secrets: $0, now: now) }) {

@@ -48,7 +48,7 @@ struct ReceivedRanges {
     static let maximumRanges = 32
     private(set) var ranges: [ClosedRange<UInt64>] = []
 
-    init() { ranges.reserveCapacity(Self.maximumRanges + 1) }
+    init() {}
 
     var largest: UInt64? { ranges.first?.upperBound }
 
@@ -112,7 +112,15 @@ struct SentPacket {
 struct SentPackets {
     /// The most packets tracked at once; one more displaces the oldest, which is then lost.
     static let capacity = 1024
-    static let initialCapacity = 32
+    /// Eight slots: an idle connection (most of a big channel's members) needs no more, and a
+    /// listener acknowledging every tenth packet grows it once, to 32.
+    static let initialCapacity = 8
+    /// A ring larger than this goes back to `initialCapacity` once nothing in it is live. A listener's
+    /// steady state (ten packets between acknowledgements) stays at or below it, so the audio path
+    /// never reallocates; what shrinks is the peak of a burst of control traffic (a joiner's roster
+    /// of a thousand members is about 80 packets in flight), which an idle member would otherwise
+    /// keep for the rest of its connection.
+    static let shrinkAbove = 32
     private var slots: [SentPacket]
     /// No live packet has a number below this.
     private(set) var oldest: UInt64 = 0
@@ -144,8 +152,12 @@ struct SentPackets {
         let index = index(number)
         guard slots[index].live, slots[index].number == number else { return nil }
         slots[index].live = false
-        if number == oldest { advanceOldest() }
-        return slots[index]
+        let taken = slots[index]
+        if number == oldest {
+            advanceOldest()
+            if oldest == next, slots.count > Self.shrinkAbove { slots = Array(repeating: .empty, count: Self.initialCapacity) }
+        }
+        return taken
     }
 
     func peek(_ number: UInt64) -> SentPacket? {

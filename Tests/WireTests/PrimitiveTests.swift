@@ -153,7 +153,8 @@ import Testing
             #expect(sent.record(packet(number)) == nil)
             if number % 10 == 9 { for acked in number - 9...number { #expect(sent.take(acked)?.number == acked) } }
         }
-        #expect(sent.allocated == SentPackets.initialCapacity)
+        // Ten in flight between acknowledgements fit 16 slots: the ring grew once, and no further.
+        #expect(sent.allocated == 16)
         // 100 unacknowledged packets: the ring doubles to 128, keeping every one of them.
         for number: UInt64 in 5_000..<5_100 { #expect(sent.record(packet(number)) == nil) }
         #expect(sent.allocated == 128)
@@ -163,6 +164,19 @@ import Testing
         for number: UInt64 in 5_100..<(5_000 + UInt64(SentPackets.capacity)) { #expect(sent.record(packet(number)) == nil) }
         #expect(sent.record(packet(5_000 + UInt64(SentPackets.capacity)))?.number == 5_000)
         #expect(sent.oldest == 5_001)
+        // Once all of them are acknowledged (out of order, the oldest last), the peak is given back.
+        let last = 5_000 + UInt64(SentPackets.capacity)
+        for number in (5_002...last).reversed() { #expect(sent.take(number)?.number == number) }
+        #expect(sent.allocated == SentPackets.capacity)
+        #expect(sent.take(5_001)?.number == 5_001)
+        #expect(sent.allocated == SentPackets.initialCapacity)
+        #expect(sent.record(packet(last + 1)) == nil && sent.peek(last + 1)?.number == last + 1)
+        // A listener's steady state never shrinks it (the audio path does not reallocate).
+        for number in (last + 2)..<(last + 1_000) {
+            _ = sent.record(packet(number))
+            if number % 10 == 0 { for acked in sent.oldest...number { _ = sent.take(acked) } }
+        }
+        #expect(sent.allocated == 16)
     }
 
     @Test func sendStreamRetransmitsOnlyWhatIsLostAndUnacknowledged() throws {
