@@ -125,6 +125,7 @@ public final class ChannelHub {
         }
         reconnecting.removeAll { $0.channel === channel }
         catchingUp.removeAll { $0.channel === channel }
+        dropExpiry { $0.channel === channel }
     }
 
     /// Whether `user` is a member of the channel here: connected, reconnecting, or known from the store.
@@ -209,6 +210,7 @@ public final class ChannelHub {
         stopCatchUp(&member)
         channel.members[slot] = member
         reconnecting.append((channel, slot))
+        dropExpiry { $0.channel === channel && $0.slot == slot }
         channel.floor.disconnected(slot, now: time.instant.nanoseconds)
         applyFloorEvents(channel, at: time)
         channel.rebuildListeners()
@@ -344,13 +346,10 @@ public final class ChannelHub {
         // kept connected for days, or resumed across networks, would otherwise never end).
         let left = max(0, claims.expiresAt.timeIntervalSince(time.date))
         let expiry = time.instant + UInt64(min(left, 10 * 365 * 86_400) * 1e9)
-        expiries.removeAll { $0.channel === channel && $0.slot == slot }
+        dropExpiry { $0.channel === channel && $0.slot == slot }
         expiries.append((channel, slot, claims.tokenID, expiry))
         nextExpiry = nextExpiry.map { min($0, expiry) } ?? expiry
         channel.floor.reconnected(slot)
-        // Rights are the token's: a talker back with a listen-only token stops being relayed, and a new
-        // priority counts for the floor it holds or waits for.
-        channel.floor.rightsChanged(slot, priority: member.priority, canTalk: member.canTalk, now: time.instant.nanoseconds)
 
         outputs.append(.store(.upsertMember(member.record(channel: channel.record.id, lastSeen: time.date))))
         // A big roster goes in chunks, so that no control message nears the size limit.
@@ -360,7 +359,10 @@ public final class ChannelHub {
         for start in stride(from: ControlLimits.rosterChunk, to: roster.count, by: ControlLimits.rosterChunk) {
             outputs.append(.send(.roster(Array(roster[start ..< min(roster.count, start + ControlLimits.rosterChunk)])), to: [link]))
         }
-        // After `joined`: a client hears nothing about its channel's floor before it.
+        // Rights are the token's: a talker back with a listen-only token stops being relayed, and a new
+        // priority counts for the floor it holds or waits for. After `joined`, whose snapshot shows the
+        // floor as it was: the events that follow describe the change.
+        channel.floor.rightsChanged(slot, priority: member.priority, canTalk: member.canTalk, now: time.instant.nanoseconds)
         applyFloorEvents(channel, at: time)
         outputs.append(.send(.participant(channel.members[slot]!.participant), to: channel.links(except: slot)))
         if member.canListen { startCatchUp(channel, slot: slot, at: time) }
@@ -394,6 +396,7 @@ public final class ChannelHub {
         channel.members[slot] = nil
         channel.slotsByUser[member.userID] = nil
         reconnecting.removeAll { $0.channel === channel && $0.slot == slot }
+        dropExpiry { $0.channel === channel && $0.slot == slot }
         applyFloorEvents(channel, at: time)
         channel.rebuildListeners()
         outputs.append(.send(.participantLeft(slot: slot, userID: member.userID), to: channel.connectedLinks))
@@ -662,6 +665,14 @@ public final class ChannelHub {
     }
 
     // MARK: Token expiry
+
+    /// Forgets the expiries of sessions that ended (closed, left, removed, channel deleted), so the list
+    /// holds only live sessions and no deleted channel's state. `nextExpiry` may then be early, which
+    /// only costs a wake-up that finds nothing due.
+    func dropExpiry(where ended: ((channel: ChannelState, slot: UInt16, tokenID: String, at: WireInstant)) -> Bool) {
+        expiries.removeAll(where: ended)
+        if expiries.isEmpty { nextExpiry = nil }
+    }
 
     /// Ends the sessions whose token has expired; returns nothing, the outputs say it all.
     func expireTokens(at time: HubTime) {

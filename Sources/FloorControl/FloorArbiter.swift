@@ -189,7 +189,11 @@ public struct FloorArbiter<Member: Hashable & Sendable> {
     /// applies to what it holds from now on, for pre-emption and the queue's order.
     public mutating func rightsChanged(_ member: Member, priority: UInt8, canTalk: Bool, now: UInt64) {
         if let index = talkers.firstIndex(where: { $0.member == member }) {
-            guard !canTalk else { talkers[index].priority = priority; return }
+            guard !canTalk else {
+                talkers[index].priority = priority
+                preemptForQueueHead(now: now)
+                return
+            }
             let talker = talkers.remove(at: index)
             pending.append(.revoked(member, .notAllowed))
             pending.append(.ended(member, burst: talker.burst, duration: now - talker.since))
@@ -203,7 +207,22 @@ public struct FloorArbiter<Member: Hashable & Sendable> {
                 pending.append(.denied(member, .listenOnly))
             }
             reorderQueue()
+            preemptForQueueHead(now: now)
         }
+    }
+
+    /// After a priority changed: a waiting member that now outranks the weakest talker takes the
+    /// floor from it, as a new request with that priority would have.
+    mutating func preemptForQueueHead(now: UInt64) {
+        guard configuration.preemption, talkers.count >= configuration.maxTalkers, let head = queue.first,
+              let weakest = talkers.indices.min(by: { talkers[$0].priority < talkers[$1].priority }),
+              talkers[weakest].priority < head.priority else { return }
+        queue.removeFirst()
+        let loser = talkers.remove(at: weakest)
+        pending.append(.revoked(loser.member, .preempted(by: head.member, priority: head.priority)))
+        pending.append(.ended(loser.member, burst: loser.burst, duration: now - loser.since))
+        grant(head.member, priority: head.priority, now: now)
+        reorderQueue()
     }
 
     /// Replaces the configuration while the floor may be in use (an administrator edited the channel).

@@ -68,12 +68,17 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
         hubConfiguration.controlMessageBurst = 2 * configuration.controlMessagesPerSecond
         let hub = ChannelHub(configuration: hubConfiguration)
         let initialRevision = try await store.revision()
-        // Joins check the store, so revocations made before this start need no replay; the ones made
-        // later, by any process, reach live sessions through the revision poll.
-        let initialRevocation = try await store.revocations(after: 0, channel: nil).last?.sequence ?? 0
+        // Joins check the store. Stored members carry the token they last joined with, so the
+        // revocations already stored (some made by the CLI while the server was down) are applied to
+        // them now: a revoked offline member leaves, and is told to by push. `apply` spares a member
+        // that joined with a newer token, so replaying all of them is safe. Later ones, by any
+        // process, reach the hub through the revision poll.
+        let storedRevocations = try await store.revocations(after: 0, channel: nil)
+        let initialRevocation = storedRevocations.last?.sequence ?? 0
         for channel in try await store.channels() {
             hub.upsertChannel(channel, members: try await store.members(of: channel.id), at: HubDriver.now())
         }
+        for revocation in storedRevocations { hub.apply(revocation, at: HubDriver.now()) }
         let channelCount = hub.channelCount
         let eventLoop = MultiThreadedEventLoopGroup.singleton.next()
         let driver = HubDriver(hub: hub, eventLoop: eventLoop, tokens: tokens, writer: writer, metrics: metrics, logger: logger)

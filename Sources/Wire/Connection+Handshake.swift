@@ -199,9 +199,7 @@ extension Connection {
             } catch {
                 throw .malformed("key setup failed")
             }
-            // The application keys wait for the client's Finished: nothing is sealed or opened with
-            // them before it (1-RTT packets that come first are dropped), and made after the
-            // handshake keys are freed, they reuse that memory instead of pinning a hole beside it.
+            // The application keys wait for the client's Finished (below).
             initialSpace.flight = serverHello
             handshakeSpace.flight = extensions + certificate + verify + finished
             handshakeRetransmitAt = now + rtt.probeTimeout(maxAckDelay: 0)
@@ -210,6 +208,11 @@ extension Connection {
             guard HandshakeCrypto.finishedIsValid(mac, baseSecret: secrets.clientHandshake, transcriptHash: transcript.current) else {
                 throw .badFinished
             }
+            // Made now, not at ClientHello: nothing is sealed or opened with them before (1-RTT
+            // packets that come first are dropped). Checked before the handshake keys go, so that a
+            // failure (libcrypto out of memory) can still be closed in the Handshake space.
+            installApplicationKeys()
+            guard appSeal != nil, appOpen != nil else { throw .malformed("key setup failed") }
             transcript.add(bytes)
             peerFinished = true
             handshakeConfirmed = true
@@ -217,13 +220,11 @@ extension Connection {
             path.validated = true
             handshakeDeadline = nil
             handshakeRetransmitAt = nil
-            // Handshake done: the Initial and Handshake keys are no longer needed, nor, once the
-            // application keys are made from them, are the handshake's secrets (key updates derive
-            // from the keys). Dropping them keeps every idle connection smaller and
-            // the secrets out of a later memory disclosure.
+            // Handshake done: the Initial and Handshake keys are no longer needed, nor are the
+            // handshake's secrets (key updates derive from the application keys). Dropping them keeps
+            // every idle connection smaller and the secrets out of a later memory disclosure.
             initialSpace = HandshakeSpace()
             handshakeSpace = HandshakeSpace()
-            installApplicationKeys()
             self.secrets = nil
             serverFinishedHash = []
             clientApplicationSecret = []

@@ -61,6 +61,9 @@ struct ReceivedRanges {
         var index = 0
         while index < ranges.count, ranges[index].lowerBound > pn { index += 1 }
         if index < ranges.count, ranges[index].contains(pn) { return }
+        // The one insert past the limit (undone below) must not double a full array's capacity for
+        // the rest of the connection: grow it by exactly one slot, once.
+        if ranges.count == Self.maximumRanges, ranges.capacity <= Self.maximumRanges { ranges.reserveCapacity(Self.maximumRanges + 1) }
         ranges.insert(pn...pn, at: index)
         // Merge with neighbours.
         if index + 1 < ranges.count, ranges[index + 1].upperBound + 1 == pn {
@@ -113,13 +116,15 @@ struct SentPackets {
     /// The most packets tracked at once; one more displaces the oldest, which is then lost.
     static let capacity = 1024
     /// Eight slots: an idle connection (most of a big channel's members) needs no more, and a
-    /// listener acknowledging every tenth packet grows it once, to 32.
+    /// listener acknowledging every tenth packet grows it once, to 16.
     static let initialCapacity = 8
-    /// A ring larger than this goes back to `initialCapacity` once nothing in it is live. A listener's
-    /// steady state (ten packets between acknowledgements) stays at or below it, so the audio path
-    /// never reallocates; what shrinks is the peak of a burst of control traffic (a joiner's roster
-    /// of a thousand members is about 80 packets in flight), which an idle member would otherwise
-    /// keep for the rest of its connection.
+    /// A ring larger than this goes back to `initialCapacity` once nothing in it is live (acknowledged
+    /// or declared lost). What shrinks is the peak of a burst of control traffic (a joiner's roster of
+    /// a thousand members is about 80 packets in flight), which an idle member would otherwise keep
+    /// for the rest of its connection. A listener whose unacknowledged audio fits 32 slots (ten
+    /// packets between acknowledgements plus a round trip: under about 400 ms with one talker) never
+    /// reallocates; beyond that, the ring regrows at the start of each talk spurt, three allocations
+    /// per listener per spurt, never per packet.
     static let shrinkAbove = 32
     private var slots: [SentPacket]
     /// No live packet has a number below this.

@@ -174,13 +174,22 @@ struct Token: AsyncParsableCommand {
 func loadAuthority(_ configuration: ServerConfiguration, creating: Bool) async throws -> TokenAuthority {
     let path = configuration.resolvedTokenKeyPath
     let database = Channel.StoreOptions.databasePath(in: configuration.dataDirectory)
+    let elsewhere = "pass the server's --data-dir or --config (or set SQUELCH_DATA_DIR as the server has it)"
     do {
-        if FileManager.default.fileExists(atPath: path) { return try await TokenAuthority.load(from: path) }
-        if configuration.tokenKeyPath != nil {
-            throw TokenKeyError(message: "there is no token key at \(path); point --token-key (or SQUELCH_TOKEN_KEY, or \"tokenKeyPath\" in the config file) at the server's key")
+        if let configured = configuration.tokenKeyPath {
+            guard FileManager.default.fileExists(atPath: configured) else {
+                throw TokenKeyError(message: "there is no token key at \(configured); point --token-key (or SQUELCH_TOKEN_KEY, or \"tokenKeyPath\" in the config file) at the server's key")
+            }
+            return try await TokenAuthority.load(from: configured)
         }
-        guard creating, FileManager.default.fileExists(atPath: database) else {
-            throw TokenKeyError(message: "there is no token key at \(path), and no server database beside it (\(database)); pass the server's --data-dir or --config (or set SQUELCH_DATA_DIR as the server has it). On a new server, create a channel first ('squelchd channel create')")
+        // The default key counts only beside the server's database: a key file alone may be a stray
+        // one from a command run in the wrong directory.
+        guard FileManager.default.fileExists(atPath: database) else {
+            throw TokenKeyError(message: "there is no server database at \(database), so \(path) is not known to be the server's token key; \(elsewhere). On a new server, create a channel first ('squelchd channel create')")
+        }
+        if FileManager.default.fileExists(atPath: path) { return try await TokenAuthority.load(from: path) }
+        guard creating else {
+            throw TokenKeyError(message: "there is no token key at \(path) (the server makes it when it first starts); if the server keeps its key elsewhere, pass its --token-key or --config")
         }
         return try await TokenAuthority.loadOrCreate(at: path)
     } catch {

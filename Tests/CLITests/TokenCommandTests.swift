@@ -16,7 +16,7 @@ import Testing
         #expect(claims.expiresAt.timeIntervalSinceNow > 3_500 && claims.expiresAt.timeIntervalSinceNow <= 3_600)
     }
 
-    @Test func issuingOutsideTheServersDataDirectoryIsRefusedNotSignedWithANewKey() throws {
+    @Test func issuingOutsideTheServersDataDirectoryIsRefusedNotSignedWithANewKey() async throws {
         let empty = FileManager.default.temporaryDirectory.appendingPathComponent("token-nowhere-\(UUID())").path
         let result = try Executables.run("squelchd", ["token", "issue", "--channel", UUID().uuidString, "--user", "u", "--name", "n",
                                                       "--data-dir", empty], environment: ["SQUELCH_DATA_DIR": "", "SQUELCH_CONFIG": ""])
@@ -24,6 +24,11 @@ import Testing
         #expect(result.err.contains("no server database") && result.err.contains("--data-dir"), "\(result.err)")
         #expect(result.out.isEmpty)
         #expect(!FileManager.default.fileExists(atPath: empty + "/token-key.pem"))
+        // A stray key file there, without the database, is not used either.
+        _ = try await TokenAuthority.loadOrCreate(in: empty)
+        let stray = try Executables.run("squelchd", ["token", "issue", "--channel", UUID().uuidString, "--user", "u", "--name", "n",
+                                                     "--data-dir", empty], environment: ["SQUELCH_DATA_DIR": "", "SQUELCH_CONFIG": ""])
+        #expect(stray.status == 78 && stray.out.isEmpty, "\(stray.err)")
     }
 
     @Test func theTokenCommandsFindTheKeyAsTheServerDoes() async throws {

@@ -362,6 +362,9 @@ final class Harness {
         #expect(!got.last!.header.flags.contains(.catchUp))
         #expect(got.map(\.payload) == (0...41).map { [UInt8($0)] })
         #expect(h.audio(to: bob.link).count == 42)
+        // Catch-up has counters of its own; the live ones count the relay alone.
+        #expect(h.hub.counters.catchUpPacketsOut == 41 && h.hub.counters.catchUpBytesOut == 41 * (AudioHeader.size + 1))
+        #expect(h.hub.counters.packetsOut == 42 + 1 && h.hub.counters.bytesOut == 43 * (AudioHeader.size + 1))
     }
 
     /// A burst that starts while a late joiner is still being replayed the previous one reaches it

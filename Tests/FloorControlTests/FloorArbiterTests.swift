@@ -148,6 +148,17 @@ let second: UInt64 = 1_000_000_000
         _ = floor.takeEvents()
         floor.rightsChanged("b", priority: 9, canTalk: true, now: 5)
         #expect(floor.queuedMembers == ["b", "a"])
+        // A talker whose priority drops below a waiting member's loses the floor to it at once.
+        _ = floor.takeEvents()
+        floor.rightsChanged("crew", priority: 1, canTalk: true, now: 6)
+        #expect(floor.takeEvents().prefix(3) == [
+            .revoked("crew", .preempted(by: "b", priority: 9)), .ended("crew", burst: 2, duration: 4),
+            .granted("b", burst: 3, until: 6 + 60 * second),
+        ])
+        #expect(floor.currentTalkers == ["b"] && floor.queuedMembers == ["a"])
+        // So does a waiting member whose priority rises above the talker's.
+        floor.rightsChanged("a", priority: 10, canTalk: true, now: 7)
+        #expect(floor.currentTalkers == ["a"])
     }
 
     @Test func switchingToHalfDuplexKeepsTheStrongestOldestTalker() {

@@ -59,6 +59,14 @@ import Testing
         var expected = record("ann", name: "Ann B.", token: "aa")
         expected.pushRegisteredAt = t0
         #expect(drain(&queue) == [.upsertMember(expected)])
+        // Likewise the token's grant.
+        var granted = record("cy", name: "Cy")
+        granted.grant = MemberGrant(canTalk: true, canListen: false, role: "lead", priority: 3, tokenID: "cy-1",
+                                    tokenIssuedAt: t0, tokenExpiresAt: t0.addingTimeInterval(60))
+        #expect(queue.push(.upsertMember(granted)) == .queued)
+        #expect(queue.push(.upsertMember(record("cy", name: "Cy B."))) == .folded)
+        guard case .upsertMember(let folded)? = drain(&queue).first else { Issue.record("nothing folded"); return }
+        #expect(folded.grant == granted.grant && folded.displayName == "Cy B.")
     }
 
     @Test func writesOfDifferentKindsWaitInOrder() {

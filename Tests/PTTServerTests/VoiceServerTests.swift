@@ -299,6 +299,34 @@ func slot(of member: TestMember) -> UInt16? {
         try await store.close()
     }
 
+    /// `squelchd token revoke` while the server is down: the offline member whose token it voids is gone
+    /// once the server is back (not left in the roster, woken by every burst), and one with another
+    /// token stays.
+    @Test func aTokenRevokedWhileTheServerWasDownRemovesItsOfflineMember() async throws {
+        let fixture = try await ServerFixture()
+        let store = try SQLiteChannelStore(directory: fixture.dataDirectory)
+        let now = Date()
+        for (user, tokenID) in [("lost", "lost-1"), ("kept", "kept-1")] {
+            try await store.upsertMember(MemberRecord(
+                channelID: fixture.channel.id, userID: user, displayName: user.capitalized, pushToken: "0a1b", pushEnvironment: .sandbox,
+                grant: MemberGrant(canTalk: true, canListen: true, role: nil, priority: 0, tokenID: tokenID,
+                                   tokenIssuedAt: now.addingTimeInterval(-60), tokenExpiresAt: now.addingTimeInterval(3600))))
+        }
+        _ = try await store.revoke(.token("lost-1", channel: fixture.channel.id, user: "lost", expiresAt: now.addingTimeInterval(3600),
+                                          at: now, reason: "phone lost"))
+        try await store.close()
+
+        let (task, listening) = try await fixture.start()
+        let bob = try await fixture.member("bob", port: listening.voicePort)
+        guard case .joined(_, _, let roster, _)? = bob.messages.first else { Issue.record("no joined"); return }
+        #expect(Set(roster.map(\.userID)) == ["kept", "bob"])
+        await listening.shutdown()
+        try await task.value
+        let reopened = try SQLiteChannelStore(directory: fixture.dataDirectory)
+        #expect(Set(try await reopened.members(of: fixture.channel.id).map(\.userID)) == ["kept", "bob"])
+        try await reopened.close()
+    }
+
     /// A service group is cancelled, not shut down, when one of its services fails. The hub's last
     /// writes (members' last-seen times, the burst in progress) must still reach the database.
     @Test func aCancelledServerStillWritesItsLastUpdates() async throws {

@@ -111,6 +111,9 @@ import Testing
         for pn in stride(from: UInt64(100), to: 300, by: 2) { ranges.insert(pn) }
         #expect(ranges.ranges.count == ReceivedRanges.maximumRanges)
         #expect(ranges.largest == 298)
+        // A lossy connection lives at the limit: the insert past it must not double the array's
+        // memory for good.
+        #expect(ranges.ranges.capacity < 2 * ReceivedRanges.maximumRanges)
     }
 
     /// `oldest` is where ACK processing and loss detection start their walks; if it ever passed a
