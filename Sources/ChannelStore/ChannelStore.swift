@@ -104,6 +104,9 @@ public struct MemberGrant: Codable, Sendable, Equatable {
         self.tokenIssuedAt = tokenIssuedAt
         self.tokenExpiresAt = tokenExpiresAt
     }
+
+    /// The token's capabilities as its claim spells them, "talk" first.
+    public var capabilities: [String] { (canTalk ? ["talk"] : []) + (canListen ? ["listen"] : []) }
 }
 
 /// A member as operators see it (admin API, `squelchd channel show`): the push token itself never
@@ -131,7 +134,7 @@ public struct MemberSummary: Codable, Sendable, Equatable {
         pushEnvironment = member.pushToken != nil ? member.pushEnvironment : nil
         pushRegisteredAt = member.pushToken != nil ? member.pushRegisteredAt : nil
         if let grant = member.grant {
-            capabilities = (grant.canTalk ? ["talk"] : []) + (grant.canListen ? ["listen"] : [])
+            capabilities = grant.capabilities
             role = grant.role
             priority = Int(grant.priority)
             tokenExpiresAt = grant.tokenExpiresAt

@@ -266,7 +266,7 @@ public final class SQLiteChannelStore: ChannelStore {
                     row.pushEnvironment = existing.pushEnvironment
                     row.pushRegisteredAt = existing.pushRegisteredAt
                 }
-                if row.tokenID == nil { row.takeGrant(of: existing) }
+                if row.tokenID == nil { row.grant = existing.grant }
             }
             try row.save(db)
         }
@@ -552,16 +552,6 @@ private struct MemberRow: Codable, FetchableRecord, PersistableRecord {
         case tokenIssuedAt = "token_issued_at", tokenExpiresAt = "token_expires_at"
     }
 
-    mutating func takeGrant(of other: MemberRow) {
-        canTalk = other.canTalk
-        canListen = other.canListen
-        role = other.role
-        priority = other.priority
-        tokenID = other.tokenID
-        tokenIssuedAt = other.tokenIssuedAt
-        tokenExpiresAt = other.tokenExpiresAt
-    }
-
     enum Columns {
         static let channelID = Column(CodingKeys.channelID)
         static let userID = Column(CodingKeys.userID)
@@ -589,25 +579,28 @@ private struct MemberRow: Codable, FetchableRecord, PersistableRecord {
         pushToken = record.pushToken
         pushEnvironment = record.pushEnvironment?.rawValue
         pushRegisteredAt = record.pushRegisteredAt?.unixMilliseconds
-        if let grant = record.grant {
-            canTalk = grant.canTalk
-            canListen = grant.canListen
-            role = grant.role
-            priority = Int64(grant.priority)
-            tokenID = grant.tokenID
-            tokenIssuedAt = grant.tokenIssuedAt.unixMilliseconds
-            tokenExpiresAt = grant.tokenExpiresAt.unixMilliseconds
-        }
+        grant = record.grant
     }
 
     /// The grant, if the row has one. A row edited by hand into something half-filled or out of range
     /// counts as having none (the member shows as listen-only until it joins again), rather than as an
     /// error that would keep its channel from loading.
     var grant: MemberGrant? {
-        guard let canTalk, let canListen, let priority, (0...255).contains(priority), let tokenID,
-              let tokenIssuedAt, let tokenExpiresAt else { return nil }
-        return MemberGrant(canTalk: canTalk, canListen: canListen, role: role, priority: UInt8(priority), tokenID: tokenID,
-                           tokenIssuedAt: Date(unixMilliseconds: tokenIssuedAt), tokenExpiresAt: Date(unixMilliseconds: tokenExpiresAt))
+        get {
+            guard let canTalk, let canListen, let priority, (0...255).contains(priority), let tokenID,
+                  let tokenIssuedAt, let tokenExpiresAt else { return nil }
+            return MemberGrant(canTalk: canTalk, canListen: canListen, role: role, priority: UInt8(priority), tokenID: tokenID,
+                               tokenIssuedAt: Date(unixMilliseconds: tokenIssuedAt), tokenExpiresAt: Date(unixMilliseconds: tokenExpiresAt))
+        }
+        set {
+            canTalk = newValue?.canTalk
+            canListen = newValue?.canListen
+            role = newValue?.role
+            priority = newValue.map { Int64($0.priority) }
+            tokenID = newValue?.tokenID
+            tokenIssuedAt = newValue?.tokenIssuedAt.unixMilliseconds
+            tokenExpiresAt = newValue?.tokenExpiresAt.unixMilliseconds
+        }
     }
 
     func record() throws(StoreError) -> MemberRecord {

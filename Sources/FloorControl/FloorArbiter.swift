@@ -232,7 +232,6 @@ public struct FloorArbiter<Member: Hashable & Sendable> {
     /// its tail.
     public mutating func reconfigure(_ new: Configuration, now: UInt64) {
         configuration = new
-        var changed = false
         while talkers.count > new.maxTalkers {
             let weakest = talkers.indices.min { a, b in
                 (talkers[a].priority, talkers[b].since) < (talkers[b].priority, talkers[a].since)
@@ -240,14 +239,15 @@ public struct FloorArbiter<Member: Hashable & Sendable> {
             let loser = talkers.remove(at: weakest)
             pending.append(.revoked(loser.member, .channelChanged))
             pending.append(.ended(loser.member, burst: loser.burst, duration: now - loser.since))
-            changed = true
         }
         if queue.count > new.maxQueue {
             for waiting in queue[new.maxQueue...] { pending.append(.denied(waiting.member, .queueFull)) }
             queue.removeSubrange(new.maxQueue...)
             reorderQueue()
         }
-        if changed || (talkers.count < new.maxTalkers && !queue.isEmpty) { refill(now: now) }
+        // After trimming, the floor is full (nothing to grant, nobody to tell it is idle); otherwise
+        // there may be room for waiting members.
+        if talkers.count < new.maxTalkers && !queue.isEmpty { refill(now: now) }
     }
 
     /// The member is back (fast resume): a talker in its grace period carries on.

@@ -91,8 +91,8 @@ struct Channel: AsyncParsableCommand {
             print("")
             print(table(["USER", "NAME", "MAY", "PRIORITY", "ROLE", "LAST SEEN", "PUSH TOKEN"], members.map {
                 let grant = $0.grant
-                let may = grant.map { [$0.canTalk ? "talk" : nil, $0.canListen ? "listen" : nil].compactMap { $0 }.joined(separator: ",") }
-                return [$0.userID, $0.displayName, may.map { $0.isEmpty ? "-" : $0 } ?? "?", grant.map { "\($0.priority)" } ?? "?",
+                let may = grant.map { $0.capabilities.isEmpty ? "-" : $0.capabilities.joined(separator: ",") }
+                return [$0.userID, $0.displayName, may ?? "?", grant.map { "\($0.priority)" } ?? "?",
                         grant?.role ?? "-", dates.string(from: $0.lastSeen),
                         $0.pushToken == nil ? "no" : "yes (\($0.pushEnvironment?.rawValue ?? "unknown environment"))"]
             }))

@@ -435,6 +435,8 @@ final class LocalPushTransport: PushTransport {
         for _ in 0..<7 { transport.deliver(update) }
         transport.deliver(update, highPriority: false)
         #expect(await d.wait(for: .serviceUpdate(true, 0), count: 2))
+        // The low-priority one comes last (it spends no budget): wait for it too, not just the others.
+        #expect(await d.wait(for: .serviceUpdate(false, 0)))
         #expect(d.all.compactMap { if case .serviceUpdate(let high, let left) = $0 { return high ? left : -1 } else { return nil } }
                 == [5, 4, 3, 2, 1, 0, 0, -1])
         #expect(!d.all.contains(.push(nil)), "service updates don't go to incomingPushResult")
