@@ -42,11 +42,21 @@ public final class ChannelHub {
     var reconnecting: [(channel: ChannelState, slot: UInt16)] = []
     var catchingUp: [(channel: ChannelState, slot: UInt16)] = []
     var nextCatchUpTick: WireInstant?
-    /// When each connected member's token expires (an entry is stale once the member has left, closed
-    /// or joined again with another token), and the earliest of them, so that `nextDeadline` reads
-    /// one value.
-    var expiries: [(channel: ChannelState, slot: UInt16, tokenID: String, at: WireInstant)] = []
+    /// When each connected member's token expires, and when it is to be told so (an entry is stale
+    /// once the member has left, closed or joined again with another token), and the earliest of
+    /// those times, so that `nextDeadline` reads one value.
+    var expiries: [TokenDeadline] = []
     var nextExpiry: WireInstant?
+
+    struct TokenDeadline {
+        var channel: ChannelState
+        var slot: UInt16
+        var tokenID: String
+        var at: WireInstant
+        /// When to send `tokenExpiring`; nil once sent (or if it went with the join).
+        var notice: WireInstant?
+        var next: WireInstant { notice ?? at }
+    }
 
     public init(configuration: HubConfiguration = HubConfiguration()) {
         self.configuration = configuration
@@ -294,6 +304,8 @@ public final class ChannelHub {
             channel.members[slot]!.unheard = Set(unheard)
             channel.rebuildListeners()
             outputs.append(.send(.subscriptions(unheard: unheard), to: [link]))
+        case .renewToken(let token):
+            outputs.append(.verifyRenewal(link, token: token, channel: channel.record.id))
         }
     }
 
@@ -329,12 +341,7 @@ public final class ChannelHub {
             outputs.append(.close(old, code: .replaced, reason: "replaced by a newer connection"))
             stopCatchUp(&member)
         }
-        member.name = claims.name
-        member.role = claims.role
-        member.priority = claims.priority
-        member.canTalk = claims.capabilities.contains(.talk)
-        member.canListen = claims.capabilities.contains(.listen)
-        member.token = (claims.tokenID, claims.issuedAt, claims.expiresAt)
+        Self.take(claims, into: &member)
         member.link = link
         member.connection = .connected
         member.reconnectingUntil = nil
@@ -342,13 +349,6 @@ public final class ChannelHub {
         reconnecting.removeAll { $0.channel === channel && $0.slot == slot }
         sessions[link] = .joined(channel, slot: slot)
         counters.joins += 1
-        // The token was checked at the door; the session must not outlive it either (a shift's token
-        // kept connected for days, or resumed across networks, would otherwise never end).
-        let left = max(0, claims.expiresAt.timeIntervalSince(time.date))
-        let expiry = time.instant + UInt64(min(left, 10 * 365 * 86_400) * 1e9)
-        dropExpiry { $0.channel === channel && $0.slot == slot }
-        expiries.append((channel, slot, claims.tokenID, expiry))
-        nextExpiry = nextExpiry.map { min($0, expiry) } ?? expiry
         channel.floor.reconnected(slot)
 
         outputs.append(.store(.upsertMember(member.record(channel: channel.record.id, lastSeen: time.date))))
@@ -359,6 +359,7 @@ public final class ChannelHub {
         for start in stride(from: ControlLimits.rosterChunk, to: roster.count, by: ControlLimits.rosterChunk) {
             outputs.append(.send(.roster(Array(roster[start ..< min(roster.count, start + ControlLimits.rosterChunk)])), to: [link]))
         }
+        scheduleExpiry(channel, slot: slot, link: link, claims: claims, at: time)
         // Rights are the token's: a talker back with a listen-only token stops being relayed, and a new
         // priority counts for the floor it holds or waits for. After `joined`, whose snapshot shows the
         // floor as it was: the events that follow describe the change.
@@ -376,6 +377,56 @@ public final class ChannelHub {
         counters.refusals += 1
         outputs.append(.send(.refused(code: code, reason: reason), to: [link]))
         outputs.append(.close(link, code: .refused, reason: reason))
+    }
+
+    /// What a token says about its member (at a join, or a renewal): name, role, priority, rights.
+    static func take(_ claims: ParticipantClaims, into member: inout Member) {
+        member.name = claims.name
+        member.role = claims.role
+        member.priority = claims.priority
+        member.canTalk = claims.capabilities.contains(.talk)
+        member.canListen = claims.capabilities.contains(.listen)
+        member.token = (claims.tokenID, claims.issuedAt, claims.expiresAt)
+    }
+
+    /// The token a joined member sent with `renewToken` checked out: the session goes on under it,
+    /// with its expiry, and with its claims as at a join (a new priority or a lost `talk` counts at
+    /// once, for the floor too).
+    public func renew(_ link: Link, claims: ParticipantClaims, at time: HubTime) {
+        // Closed, replaced or expired while the token was being checked: too late.
+        guard case .joined(let channel, let slot)? = sessions[link], var member = channel.members[slot], member.link == link else { return }
+        guard claims.channel == channel.record.id else {
+            renewalRefused(link, code: .tokenWrongChannel, reason: "the token is for channel \(claims.channel), not this one; renew with a token for \(channel.record.id)")
+            return
+        }
+        guard claims.userID == member.userID else {
+            renewalRefused(link, code: .tokenWrongUser, reason: "the token is for user '\(claims.userID)', not '\(member.userID)'; renew with a token issued to this member")
+            return
+        }
+        let before = member.participant
+        Self.take(claims, into: &member)
+        if !member.canListen { stopCatchUp(&member) }
+        channel.members[slot] = member
+        counters.tokenRenewals += 1
+        outputs.append(.store(.upsertMember(member.record(channel: channel.record.id, lastSeen: time.date))))
+        outputs.append(.send(.tokenRenewed(expiresAt: claims.expiresAt), to: [link]))
+        scheduleExpiry(channel, slot: slot, link: link, claims: claims, at: time)
+        channel.floor.rightsChanged(slot, priority: member.priority, canTalk: member.canTalk, now: time.instant.nanoseconds)
+        applyFloorEvents(channel, at: time)
+        // Everyone, the member too, sees new claims (its own entry decides its transmission mode).
+        // `talking` is left out of the comparison: a floor change above has announced itself.
+        var after = channel.members[slot]!.participant
+        after.talking = before.talking
+        if after != before { outputs.append(.send(.participant(channel.members[slot]!.participant), to: channel.connectedLinks)) }
+        channel.rebuildListeners()
+    }
+
+    /// The token sent with `renewToken` was refused: the member is told why, and the session carries
+    /// on under its old token until that expires.
+    public func renewalRefused(_ link: Link, code: RefusalCode, reason: String) {
+        guard case .joined? = sessions[link] else { return }
+        counters.tokenRenewalsRefused += 1
+        outputs.append(.send(.error(code: code, reason: reason), to: [link]))
     }
 
     func allocateSlot(in channel: ChannelState) -> UInt16 {
@@ -669,29 +720,51 @@ public final class ChannelHub {
     /// Forgets the expiries of sessions that ended (closed, left, removed, channel deleted), so the list
     /// holds only live sessions and no deleted channel's state. `nextExpiry` may then be early, which
     /// only costs a wake-up that finds nothing due.
-    func dropExpiry(where ended: ((channel: ChannelState, slot: UInt16, tokenID: String, at: WireInstant)) -> Bool) {
+    func dropExpiry(where ended: (TokenDeadline) -> Bool) {
         expiries.removeAll(where: ended)
         if expiries.isEmpty { nextExpiry = nil }
     }
 
-    /// Ends the sessions whose token has expired; returns nothing, the outputs say it all.
+    /// The token was checked at the door (or at a renewal); the session must not outlive it either (a
+    /// shift's token kept connected for days, or resumed across networks, would otherwise never end).
+    /// The member hears `tokenRenewalNotice` before the end, at once if less than that is left.
+    func scheduleExpiry(_ channel: ChannelState, slot: UInt16, link: Link, claims: ParticipantClaims, at time: HubTime) {
+        let left = UInt64((min(max(0, claims.expiresAt.timeIntervalSince(time.date)), 10 * 365 * 86_400) * 1e9).rounded())
+        let expiry = time.instant + left
+        var notice: WireInstant?
+        if left > configuration.tokenRenewalNotice {
+            notice = time.instant + (left - configuration.tokenRenewalNotice)
+        } else if left > 0 {
+            outputs.append(.send(.tokenExpiring(expiresAt: claims.expiresAt), to: [link]))
+        }
+        dropExpiry { $0.channel === channel && $0.slot == slot }
+        let deadline = TokenDeadline(channel: channel, slot: slot, tokenID: claims.tokenID, at: expiry, notice: notice)
+        expiries.append(deadline)
+        nextExpiry = nextExpiry.map { min($0, deadline.next) } ?? deadline.next
+    }
+
+    /// Ends the sessions whose token has expired, and warns those whose token is about to.
     func expireTokens(at time: HubTime) {
         var earliest: WireInstant?
         var index = 0
         while index < expiries.count {
             let entry = expiries[index]
-            guard let member = entry.channel.members[entry.slot], member.link != nil, member.token?.id == entry.tokenID,
-                  channels[entry.channel.record.id] === entry.channel else {
+            guard let member = entry.channel.members[entry.slot], let link = member.link, let token = member.token,
+                  token.id == entry.tokenID, channels[entry.channel.record.id] === entry.channel else {
                 expiries.remove(at: index)
                 continue
             }
             if entry.at <= time.instant {
                 expiries.remove(at: index)
                 expire(entry.channel, slot: entry.slot, at: time)
-            } else {
-                earliest = earliest.map { min($0, entry.at) } ?? entry.at
-                index += 1
+                continue
             }
+            if let notice = entry.notice, notice <= time.instant {
+                expiries[index].notice = nil
+                outputs.append(.send(.tokenExpiring(expiresAt: token.expiresAt), to: [link]))
+            }
+            earliest = earliest.map { min($0, expiries[index].next) } ?? expiries[index].next
+            index += 1
         }
         nextExpiry = earliest
     }

@@ -54,6 +54,11 @@ public struct HubConfiguration: Sendable {
     /// and a half of packets held up by the network and then delivered at once.
     public var audioPacketsPerSecond = 150
     public var audioPacketBurst = 150
+    /// How long before its participant token expires a connected member is told so (`tokenExpiring`),
+    /// so that its app can fetch a new token and `renewToken` without the session ending: five minutes
+    /// is room for an app to ask its backend a few times over a poor network. A token with less than
+    /// this left at the join is announced at once.
+    public var tokenRenewalNotice: UInt64 = 300_000_000_000
 
     public init() {}
 }
@@ -66,6 +71,8 @@ public enum HubOutput: Sendable, Equatable {
     case close(Link, code: CloseCode, reason: String)
     /// Check a join token (asynchronously), then call `admit` or `refuse`.
     case verify(Link, token: String, channel: UUID, reason: JoinReason)
+    /// Check a `renewToken` token for `channel` the same way, then call `renew` or `renewalRefused`.
+    case verifyRenewal(Link, token: String, channel: UUID)
     /// Write to the store (asynchronously, in order; the relay never waits for it).
     case store(StoreOperation)
     /// A talk burst started. Members in `wake` have a push token and no connection; those in `connected`
@@ -146,6 +153,9 @@ public struct HubCounters: Sendable, Equatable {
     public var controlRateLimited = 0
     /// Sessions ended because their participant token expired while connected.
     public var tokenExpiries = 0
+    /// `renewToken` requests that gave a session a new token, and those refused.
+    public var tokenRenewals = 0
+    public var tokenRenewalsRefused = 0
 
     public init() {}
 

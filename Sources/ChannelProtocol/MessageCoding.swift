@@ -6,7 +6,7 @@ import Foundation
 
 private enum Keys: String, CodingKey {
     case type, token, channel, reason, muted, environment, you, roster, talkers, code, participant, slot,
-         userID, event, descriptor, status, participants, unheard
+         userID, event, descriptor, status, participants, unheard, expiresAt
 }
 
 extension ClientMessage: Codable {
@@ -24,6 +24,7 @@ extension ClientMessage: Codable {
             self = .registerPushToken(token: try c.decode(String.self, forKey: .token),
                                       environment: try c.decode(PushEnvironment.self, forKey: .environment))
         case "setSubscriptions": self = .setSubscriptions(unheard: try c.decode([String].self, forKey: .unheard))
+        case "renewToken": self = .renewToken(token: try c.decode(String.self, forKey: .token))
         case let other:
             throw DecodingError.dataCorruptedError(forKey: .type, in: c, debugDescription: "unknown client message type '\(other)'")
         }
@@ -50,6 +51,9 @@ extension ClientMessage: Codable {
         case .setSubscriptions(let unheard):
             try c.encode("setSubscriptions", forKey: .type)
             try c.encode(unheard, forKey: .unheard)
+        case .renewToken(let token):
+            try c.encode("renewToken", forKey: .type)
+            try c.encode(token, forKey: .token)
         }
     }
 }
@@ -77,6 +81,8 @@ extension ServerMessage: Codable {
         case "subscriptions": self = .subscriptions(unheard: try c.decode([String].self, forKey: .unheard))
         case "error":
             self = .error(code: try c.decode(RefusalCode.self, forKey: .code), reason: try c.decode(String.self, forKey: .reason))
+        case "tokenExpiring": self = .tokenExpiring(expiresAt: try Self.decodeTime(c))
+        case "tokenRenewed": self = .tokenRenewed(expiresAt: try Self.decodeTime(c))
         case let other:
             throw DecodingError.dataCorruptedError(forKey: .type, in: c, debugDescription: "unknown server message type '\(other)'")
         }
@@ -123,7 +129,28 @@ extension ServerMessage: Codable {
             try c.encode("error", forKey: .type)
             try c.encode(code, forKey: .code)
             try c.encode(reason, forKey: .reason)
+        case .tokenExpiring(let expiresAt):
+            try c.encode("tokenExpiring", forKey: .type)
+            try c.encode(Self.unixSeconds(expiresAt), forKey: .expiresAt)
+        case .tokenRenewed(let expiresAt):
+            try c.encode("tokenRenewed", forKey: .type)
+            try c.encode(Self.unixSeconds(expiresAt), forKey: .expiresAt)
         }
+    }
+
+    /// Times travel as whole Unix seconds, like a JWT's `exp` (JSONEncoder's default for `Date`, seconds
+    /// since 2001 as a float, means nothing outside Foundation).
+    static func unixSeconds(_ date: Date) -> Int64 {
+        let seconds = date.timeIntervalSince1970.rounded(.down)
+        return seconds.isFinite ? Int64(max(min(seconds, 1e12), -1e12)) : 0
+    }
+
+    private static func decodeTime(_ c: KeyedDecodingContainer<Keys>) throws -> Date {
+        let seconds = try c.decode(Int64.self, forKey: .expiresAt)
+        guard abs(seconds) <= 1_000_000_000_000 else {
+            throw DecodingError.dataCorruptedError(forKey: .expiresAt, in: c, debugDescription: "expiresAt \(seconds) is not a plausible Unix time")
+        }
+        return Date(timeIntervalSince1970: TimeInterval(seconds))
     }
 }
 
@@ -140,6 +167,8 @@ public struct MessageCodec: Sendable {
         switch message {
         case .join(let token, _, _) where token.utf8.count > ControlLimits.maxTokenBytes:
             throw MessageError("join token is \(token.utf8.count) bytes; at most \(ControlLimits.maxTokenBytes)")
+        case .renewToken(let token) where token.utf8.count > ControlLimits.maxTokenBytes:
+            throw MessageError("renewToken token is \(token.utf8.count) bytes; at most \(ControlLimits.maxTokenBytes)")
         case .registerPushToken(let token, _):
             guard (2...ControlLimits.maxPushTokenHexLength).contains(token.utf8.count), token.utf8.count % 2 == 0,
                   token.utf8.allSatisfy({ (0x30...0x39).contains($0) || (0x61...0x66).contains($0) || (0x41...0x46).contains($0) })

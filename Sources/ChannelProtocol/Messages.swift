@@ -104,6 +104,17 @@ public enum RefusalCode: UInt16, Codable, Sendable {
     /// (`error` only) the connection sent control messages faster than the server allows; the
     /// message was dropped.
     case rateLimited = 15
+    /// (`error` only) a `renewToken` token names another user than the member renewing it.
+    case tokenWrongUser = 16
+
+    /// The codes that say what is wrong with a participant token (the answer to `join` or
+    /// `renewToken`), as opposed to the channel, the membership or the request.
+    public var isTokenProblem: Bool {
+        switch self {
+        case .tokenExpired, .tokenForged, .tokenMalformed, .tokenWrongChannel, .tokenNotYetValid, .tokenRevoked, .tokenWrongUser: true
+        default: false
+        }
+    }
 }
 
 /// A floor-control outcome or announcement (after MCPTT TS 24.380).
@@ -161,6 +172,23 @@ public struct FloorEvent: Codable, Sendable, Equatable {
         self.maxBurstSeconds = maxBurstSeconds
         self.reason = reason
     }
+
+    private enum CodingKeys: String, CodingKey {
+        case kind, slot, burst, cause, position, maxBurstSeconds, reason
+    }
+
+    /// A `cause` this version doesn't know reads as absent rather than failing the whole message:
+    /// servers add causes (106 came after the first clients), and a client acts on `kind` first.
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: CodingKeys.self)
+        kind = try c.decode(FloorEventKind.self, forKey: .kind)
+        slot = try c.decodeIfPresent(UInt16.self, forKey: .slot)
+        burst = try c.decodeIfPresent(UInt16.self, forKey: .burst)
+        cause = try c.decodeIfPresent(UInt16.self, forKey: .cause).flatMap(FloorCause.init(rawValue:))
+        position = try c.decodeIfPresent(Int.self, forKey: .position)
+        maxBurstSeconds = try c.decodeIfPresent(Int.self, forKey: .maxBurstSeconds)
+        reason = try c.decodeIfPresent(String.self, forKey: .reason)
+    }
 }
 
 /// Who holds the floor right now.
@@ -194,6 +222,10 @@ public enum ClientMessage: Sendable, Equatable {
     /// from them, live or catch-up, and wakes nobody for them for their bursts. The server keeps it with
     /// the membership while it runs, not on disk, so a client sends it again after every join.
     case setSubscriptions(unheard: [String])
+    /// A newer participant token for the same user and channel, so that the session outlives the token
+    /// it joined with. The reply is `tokenRenewed`, or `error` with a token code (the session carries
+    /// on with the old token until that expires).
+    case renewToken(token: String)
 }
 
 /// Server → client.
@@ -216,8 +248,14 @@ public enum ServerMessage: Sendable, Equatable {
     case pushTokenRegistered
     /// The subscription list now in force (the answer to `setSubscriptions`).
     case subscriptions(unheard: [String])
-    /// A request that made no sense in the current state; the connection stays.
+    /// A request that made no sense in the current state, or a `renewToken` whose token was refused;
+    /// the connection stays.
     case error(code: RefusalCode, reason: String)
+    /// The session's participant token expires at `expiresAt` (within the server's notice period, five
+    /// minutes by default): send `renewToken` with a new one before then, or the session ends.
+    case tokenExpiring(expiresAt: Date)
+    /// The token sent with `renewToken` is the session's now; it expires at `expiresAt`.
+    case tokenRenewed(expiresAt: Date)
 }
 
 /// A control message that could not be read.

@@ -199,6 +199,21 @@ public final class ChannelManager: Sendable {
         }
     }
 
+    // MARK: Participant tokens (Squelch's own)
+
+    /// Hands the channel a new participant token for the same user. Apple's framework leaves
+    /// credentials to the app's server; here the server ends a session when its token expires, so an
+    /// app renews when it sees `ChannelManagerEvent.tokenExpiring`, and the session carries on without
+    /// a gap. A joined channel sends it at once (answered by `tokenRenewed` or `tokenRenewalFailed`);
+    /// one whose session ended (`tokenExpired`) joins again with it; the restoration record keeps it.
+    public func renewToken(_ token: String, channelUUID: UUID) async throws(ChannelError) {
+        try await engine.set { session throws(ChannelError) in try session.renewToken(token, channelUUID) }
+    }
+
+    public func renewToken(_ token: String, channelUUID: UUID, completionHandler: (@Sendable ((any Error)?) -> Void)? = nil) {
+        complete(completionHandler) { try await self.renewToken(token, channelUUID: channelUUID) }
+    }
+
     // MARK: What iOS does for the app, as API
 
     /// The app moved to the foreground or background; joining and transmitting need the foreground.

@@ -94,6 +94,11 @@ struct ChannelSession {
     /// Failed connection attempts in a row, for the backoff.
     private(set) var reconnectAttempts = 0
     private(set) var unheard: Set<String> = []
+    /// The server ended the session because the participant token expired: no connection is tried
+    /// until the app hands over a new token (`renewToken`), since every join would be refused.
+    private(set) var tokenExpired = false
+    /// The token the server last got (with `join` or `renewToken`), to tell whether the app renewed since.
+    private var sentToken: String?
     private var unheardSent: Set<String>?
     private var strategyDecisions: [String: SubscribeType] = [:]
 
@@ -180,6 +185,8 @@ struct ChannelSession {
             // A suspended client wakes to talk: the request goes out once the channel is rejoined.
             transmit = .requesting(source)
             connect()
+        case .down where tokenExpired:
+            emit(.failedToBegin(uuid, ChannelError(.transmissionNotAllowed, "the participant token expired; hand the channel a new one with renewToken to talk again")))
         case .down, .connecting, .joining:
             emit(.failedToBegin(uuid, ChannelError(.transmissionNotAllowed, "not connected to the channel yet; wait for the service to be ready")))
         }
@@ -274,6 +281,47 @@ struct ChannelSession {
         connect()
     }
 
+    // MARK: Participant token
+
+    /// The app has a new participant token for the channel (Squelch's own: Apple's framework leaves
+    /// credentials to the app's server). A joined session takes it at once (`renewToken`); otherwise
+    /// the next join carries it, and a session that ended because its token expired joins again now.
+    mutating func renewToken(_ token: String, _ uuid: UUID) throws(ChannelError) {
+        guard channel == uuid, var credentials else { throw ChannelError(.channelNotFound, "no active channel \(uuid)") }
+        credentials.token = token
+        self.credentials = credentials
+        // A restart restores the channel with the token that still works.
+        if joinReported { saveRecord() }
+        switch link {
+        case .joined:
+            sentToken = token
+            outputs.append(.send(.renewToken(token: token)))
+        case .down where tokenExpired:
+            tokenExpired = false
+            connect()
+        case .down, .connecting, .joining, .suspended:
+            break  // the next join carries it; one already sent is followed by a renewal once joined
+        }
+    }
+
+    /// The server ended the session because its token expired. The channel stays (the server keeps
+    /// the membership and the push token, so the device can still be woken): the app renews the token
+    /// and the channel comes back.
+    private mutating func sessionTokenExpired(_ reason: String) {
+        lostConnection()
+        outputs.append(.disconnect)
+        link = .down
+        // The app renewed while this session was ending, or while its join was being checked: join
+        // again with the new token rather than wait for another.
+        if let sentToken, let credentials, credentials.token != sentToken {
+            connect()
+            return
+        }
+        tokenExpired = true
+        updateStatus(.unavailable)
+        outputs.append(.event(.tokenExpired(reason)))
+    }
+
     // MARK: Push
 
     /// The delegate's answer to a `pushtotalk` push.
@@ -285,7 +333,7 @@ struct ChannelSession {
         case .activeRemoteParticipant(let participant):
             if case .active = transmit, transmissionMode == .halfDuplex { endTransmission(source: .unknown, release: true) }
             showRemote(participant)
-            if link == .suspended || link == .down { connect() }
+            if link == .suspended || link == .down { connect() }  // not while the token is expired: see `connect`
         }
     }
 
@@ -325,6 +373,7 @@ struct ChannelSession {
     mutating func transportConnected() {
         guard link == .connecting, let channel, let credentials else { return }
         link = .joining
+        sentToken = credentials.token
         outputs.append(.send(.join(token: credentials.token, channel: channel,
                                    reason: joinReported ? .developerRequest : (joinReason == .channelRestoration ? .channelRestoration : .developerRequest))))
     }
@@ -390,6 +439,11 @@ struct ChannelSession {
             outputs.append(.event(.roster(rosterEntries)))
             for talker in talkers where talker.slot != slot { remoteTalkStarted(slot: talker.slot, burst: talker.burst) }
             if case .requesting = transmit { outputs.append(.send(.floorRequest)) }
+            // The app renewed the token while this join was on its way.
+            if credentials?.token != sentToken, let token = credentials?.token {
+                sentToken = token
+                outputs.append(.send(.renewToken(token: token)))
+            }
         case .roster(let more):
             for p in more { roster[p.slot] = p }
             outputs.append(.event(.roster(rosterEntries)))
@@ -413,15 +467,24 @@ struct ChannelSession {
             if let reason { outputs.append(.event(.notice(reason))) }
         case .pushTokenRegistered, .subscriptions:
             break
+        case .error(let code, let reason) where code.isTokenProblem:
+            // Only `renewToken` is answered with a token's error on a joined connection.
+            outputs.append(.event(.tokenRenewalFailed(code, reason)))
         case .error(_, let reason):
             outputs.append(.event(.notice("server: \(reason)")))
+        case .tokenExpiring(let expiresAt):
+            outputs.append(.event(.tokenExpiring(expiresAt)))
+        case .tokenRenewed(let expiresAt):
+            outputs.append(.event(.tokenRenewed(expiresAt)))
         }
     }
 
     // MARK: Internals
 
     private mutating func connect() {
-        guard let credentials else { return }
+        // With an expired token every join would be refused; a push or a transmit request waits for
+        // the app's new token (`renewToken`).
+        guard let credentials, !tokenExpired else { return }
         link = .connecting
         updateStatus(.connecting)
         outputs.append(.connect(credentials))
@@ -577,6 +640,10 @@ struct ChannelSession {
             outputs.append(.forgetRestoration)
             return
         }
+        if code == .tokenExpired {
+            sessionTokenExpired(reason)
+            return
+        }
         outputs.append(.event(.notice(reason)))
         switch code {
         case .removedByAdmin, .channelDeleted, .tokenRevoked: finish(reason: .systemPolicy)
@@ -618,6 +685,8 @@ struct ChannelSession {
         unheardSent = nil
         serviceStatus = .ready
         reconnectAttempts = 0
+        tokenExpired = false
+        sentToken = nil
     }
 
     private mutating func registerToken() {

@@ -25,6 +25,17 @@ public enum ChannelManagerEvent: Sendable, Equatable {
     case inputEnded
     /// A received burst finished playing.
     case burstFinished(BurstStatistics)
+    /// The participant token expires at this time (the server's notice, five minutes ahead by
+    /// default): fetch a new one and call `renewToken`, or the session ends then.
+    case tokenExpiring(Date)
+    /// The server took the token from `renewToken`; the session now lasts until this time.
+    case tokenRenewed(Date)
+    /// The server refused the token from `renewToken` (expired, forged, another user's, revoked…);
+    /// the session carries on under the old token until it expires.
+    case tokenRenewalFailed(RefusalCode, String)
+    /// The token expired and the server ended the session. The channel stays joined but unavailable
+    /// (the server keeps the membership and push token) until `renewToken` brings it back.
+    case tokenExpired(String)
 }
 
 /// Figures for a UI's status line, read with `ChannelManager.statistics()`.

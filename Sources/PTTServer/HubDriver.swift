@@ -92,7 +92,19 @@ final class HubDriver: WireServerDelegate {
                     server?.close(link, code: code.rawValue, reason: reason)
                 }
             case .verify(let link, let token, let channel, let reason):
-                verify(link, token: token, channel: channel, reason: reason)
+                verify(link, token: token, channel: channel) { hub, outcome in
+                    switch outcome {
+                    case .success(let claims): hub.admit(link, claims: claims, reason: reason, at: HubDriver.now())
+                    case .failure(let refusal): hub.refuse(link, code: refusal.code, reason: refusal.reason)
+                    }
+                }
+            case .verifyRenewal(let link, let token, let channel):
+                verify(link, token: token, channel: channel) { hub, outcome in
+                    switch outcome {
+                    case .success(let claims): hub.renew(link, claims: claims, at: HubDriver.now())
+                    case .failure(let refusal): hub.renewalRefused(link, code: refusal.code, reason: refusal.reason)
+                    }
+                }
             case .store(let operation):
                 writer.enqueue(operation)
             case .burstStarted(let channel, let talker, let wake, let connected):
@@ -134,9 +146,10 @@ final class HubDriver: WireServerDelegate {
         }
     }
 
-    /// Checks a join token off the event loop (ECDSA verification takes ~100 µs, the revocation
-    /// lookup a SQLite read), then admits or refuses on it.
-    func verify(_ link: Link, token: String, channel: UUID, reason: JoinReason) {
+    /// Checks a join or renewal token off the event loop (ECDSA verification takes ~100 µs, the
+    /// revocation lookup a SQLite read), then hands the outcome to the hub back on the loop.
+    func verify(_ link: Link, token: String, channel: UUID,
+                then apply: @escaping @Sendable (ChannelHub, Result<ParticipantClaims, Refusal>) -> Void) {
         let tokens = self.tokens
         let store = writer.store
         let logger = self.logger
@@ -146,10 +159,7 @@ final class HubDriver: WireServerDelegate {
             let outcome = await HubDriver.check(token, channel: channel, with: tokens, store: store, logger: logger)
             loop.execute {
                 let driver = this.value
-                switch outcome {
-                case .success(let claims): driver.hub.admit(link, claims: claims, reason: reason, at: HubDriver.now())
-                case .failure(let refusal): driver.hub.refuse(link, code: refusal.code, reason: refusal.reason)
-                }
+                apply(driver.hub, outcome)
                 driver.flush()
             }
         }

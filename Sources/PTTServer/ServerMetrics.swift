@@ -17,6 +17,8 @@ public final class ServerMetrics: Sendable {
     let controlErrors: Counter
     let controlRateLimited: Counter
     let tokenExpiries: Counter
+    let tokenRenewals: Counter
+    let tokenRenewalsRefused: Counter
     let packetsIn: Counter
     let packetsOut: Counter
     let catchUpPacketsOut: Counter
@@ -53,6 +55,8 @@ public final class ServerMetrics: Sendable {
         controlErrors = counter("control_errors", "Control messages that could not be read.")
         controlRateLimited = counter("control_rate_limited", "Control messages dropped because their connection sent them too fast.")
         tokenExpiries = counter("token_expiries", "Sessions ended because the member's participant token expired while it was connected.")
+        tokenRenewals = counter("token_renewals", "Sessions that took a new participant token (renewToken).", labels: [("outcome", "renewed")])
+        tokenRenewalsRefused = counter("token_renewals", "Sessions that took a new participant token (renewToken).", labels: [("outcome", "refused")])
         packetsIn = counter("packets_in", "Audio datagrams received.")
         packetsOut = counter("packets_out", "Audio datagrams forwarded live to listeners.")
         catchUpPacketsOut = counter("catchup_packets_out", "Audio datagrams replayed to late joiners.")
@@ -85,6 +89,8 @@ public final class ServerMetrics: Sendable {
         add(controlErrors, old.controlErrors, new.controlErrors)
         add(controlRateLimited, old.controlRateLimited, new.controlRateLimited)
         add(tokenExpiries, old.tokenExpiries, new.tokenExpiries)
+        add(tokenRenewals, old.tokenRenewals, new.tokenRenewals)
+        add(tokenRenewalsRefused, old.tokenRenewalsRefused, new.tokenRenewalsRefused)
         add(packetsIn, old.packetsIn, new.packetsIn)
         add(packetsOut, old.packetsOut, new.packetsOut)
         add(catchUpPacketsOut, old.catchUpPacketsOut, new.catchUpPacketsOut)

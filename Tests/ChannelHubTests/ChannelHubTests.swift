@@ -184,6 +184,150 @@ final class Harness {
         #expect(h.hub.counters.tokenExpiries == 0)
     }
 
+    func claims(_ h: Harness, _ user: String, capabilities: Set<Capability> = [.talk, .listen], priority: UInt8 = 0,
+                channel: UUID? = nil, expiresIn: TimeInterval, tokenID: String = UUID().uuidString) -> ParticipantClaims {
+        ParticipantClaims(userID: user, name: user.capitalized, channel: channel ?? h.channel.id, capabilities: capabilities,
+                          priority: priority, issuedAt: h.time.date, expiresAt: h.time.date.addingTimeInterval(expiresIn), tokenID: tokenID)
+    }
+
+    func expiringNotices(_ h: Harness, _ link: Link) -> [Date] {
+        h.messages(to: link).compactMap { if case .tokenExpiring(let at) = $0 { return at } else { return nil } }
+    }
+
+    @Test func aMemberIsWarnedBeforeItsTokenExpiresAndARenewalCarriesTheSessionOn() {
+        let h = Harness()
+        let expiry = h.time.date.addingTimeInterval(600)
+        let ann = h.join("ann", expiresAt: expiry)
+        let bob = h.join("bob", expiresAt: h.time.date.addingTimeInterval(86_400))
+        h.advance(299_999 * ms)
+        #expect(expiringNotices(h, ann.link).isEmpty)
+        h.advance(1 * ms)  // five minutes before the end
+        #expect(expiringNotices(h, ann.link) == [expiry])
+        #expect(expiringNotices(h, bob.link).isEmpty)
+        h.advance(60_000 * ms)
+        #expect(expiringNotices(h, ann.link).count == 1, "said once")
+
+        // The renewal is checked by the driver, as a join is.
+        h.send(.renewToken(token: "fresh"), from: ann.link)
+        #expect(h.other.last == .verifyRenewal(ann.link, token: "fresh", channel: h.channel.id))
+        let fresh = claims(h, "ann", expiresIn: 3600)
+        let storedBefore = h.stored.count, messagesBefore = h.messages.count
+        h.hub.renew(ann.link, claims: fresh, at: h.time)
+        h.drain()
+        #expect(h.lastMessage(to: ann.link) == .tokenRenewed(expiresAt: fresh.expiresAt))
+        #expect(h.hub.counters.tokenRenewals == 1)
+        // The new token is written with the member, so a restart keeps it.
+        let written = h.stored[storedBefore...].compactMap { if case .upsertMember(let m) = $0 { return m } else { return nil } }
+        #expect(written.map(\.grant?.tokenID) == [fresh.tokenID])
+        #expect(written.first?.grant?.tokenExpiresAt == fresh.expiresAt)
+        // Nothing the others see of ann changed, so they hear nothing.
+        #expect(!h.messages[messagesBefore...].contains { $0.link == bob.link })
+
+        h.advance(300_000 * ms)  // past the old token's expiry
+        #expect(h.closes.isEmpty && h.hub.counters.tokenExpiries == 0)
+        h.advance(3_000_000 * ms)  // 55 minutes after the renewal: the new token's notice
+        #expect(expiringNotices(h, ann.link) == [expiry, fresh.expiresAt])
+        h.advance(300_000 * ms)
+        #expect(h.closes.map(\.0) == [ann.link] && h.hub.counters.tokenExpiries == 1)
+    }
+
+    @Test func aTokenWithLessThanTheNoticeLeftIsAnnouncedWithTheJoin() {
+        let h = Harness()
+        let expiry = h.time.date.addingTimeInterval(90)
+        let ann = h.join("ann", expiresAt: expiry)
+        let toAnn = h.messages(to: ann.link)
+        let joinedAt = toAnn.firstIndex { if case .joined = $0 { return true } else { return false } }
+        let noticeAt = toAnn.firstIndex { if case .tokenExpiring = $0 { return true } else { return false } }
+        #expect(joinedAt != nil && noticeAt != nil && joinedAt! < noticeAt!)
+        #expect(expiringNotices(h, ann.link) == [expiry])
+        h.advance(89_000 * ms)
+        #expect(expiringNotices(h, ann.link).count == 1 && h.closes.isEmpty)
+        h.advance(1_000 * ms)
+        #expect(h.closes.map(\.0) == [ann.link])
+    }
+
+    @Test func aRenewedTokenBringsItsRightsAtOnce() {
+        let h = Harness()
+        let ann = h.join("ann"), bob = h.join("bob")
+        h.send(.floorRequest, from: ann.link)
+        let burst = try! #require(h.grantedBurst(ann.link))
+        h.audio(from: ann.link, burst: burst, sequence: 0, payload: [0])
+        #expect(h.audio(to: bob.link).map(\.payload) == [[0]])
+        // Bob's new token drops `listen`: ann's burst stops reaching him at once.
+        h.hub.renew(bob.link, claims: claims(h, "bob", capabilities: [.talk], expiresIn: 3600), at: h.time)
+        h.drain()
+        h.audio(from: ann.link, burst: burst, sequence: 1, payload: [1])
+        #expect(h.audio(to: bob.link).map(\.payload) == [[0]])
+        #expect(h.hub.roster(of: h.channel.id).first { $0.userID == "bob" }?.canListen == false)
+        // Ann's new token lets her listen only, with a role: she loses the floor, and everyone (ann too)
+        // gets her new entry.
+        var listenOnly = claims(h, "ann", capabilities: [.listen], expiresIn: 3600)
+        listenOnly.role = "observer"
+        h.hub.renew(ann.link, claims: listenOnly, at: h.time)
+        h.drain()
+        #expect(h.floorEvents(to: ann.link).last { $0.kind == .revoked }?.cause == .notAllowed)
+        for link in [ann.link, bob.link] {
+            let entry = h.messages(to: link).compactMap { if case .participant(let p) = $0, p.userID == "ann" { return p } else { return nil } }.last
+            #expect(entry?.canTalk == false && entry?.role == "observer" && entry?.talking == false)
+        }
+        h.send(.floorRequest, from: bob.link)
+        let bobBurst = try! #require(h.grantedBurst(bob.link))
+        h.audio(from: bob.link, burst: bobBurst, sequence: 0, payload: [2])
+        #expect(h.audio(to: ann.link).map(\.payload) == [[2]])
+        // A higher priority pre-empts at once.
+        h.send(.floorRequest, from: ann.link)
+        #expect(h.floorEvents(to: ann.link).last?.kind == .denied)
+        h.hub.renew(ann.link, claims: claims(h, "ann", priority: 9, expiresIn: 3600), at: h.time)
+        h.drain()
+        h.send(.floorRequest, from: ann.link)
+        #expect(h.floorEvents(to: bob.link).last { $0.kind == .revoked }?.cause == .preempted)
+        #expect(h.grantedBurst(ann.link) != nil)
+    }
+
+    @Test func aRenewalThatIsNotTheMembersIsRefusedAndTheSessionCarriesOn() {
+        let h = Harness()
+        let ann = h.join("ann", expiresAt: h.time.date.addingTimeInterval(3600))
+        h.hub.renew(ann.link, claims: claims(h, "bob", expiresIn: 7200), at: h.time)
+        h.drain()
+        guard case .error(.tokenWrongUser, let reason)? = h.lastMessage(to: ann.link) else {
+            Issue.record("no tokenWrongUser error: \(String(describing: h.lastMessage(to: ann.link)))"); return
+        }
+        #expect(reason.contains("bob") && reason.contains("ann"))
+        h.hub.renew(ann.link, claims: claims(h, "ann", channel: UUID(), expiresIn: 7200), at: h.time)
+        h.drain()
+        #expect(h.lastMessage(to: ann.link).map { if case .error(.tokenWrongChannel, _) = $0 { return true } else { return false } } == true)
+        // What the driver found wrong with the token goes back as it is.
+        h.hub.renewalRefused(ann.link, code: .tokenRevoked, reason: "revoked: lost phone")
+        h.drain()
+        #expect(h.lastMessage(to: ann.link) == .error(code: .tokenRevoked, reason: "revoked: lost phone"))
+        #expect(h.hub.counters.tokenRenewalsRefused == 3 && h.hub.counters.tokenRenewals == 0)
+        #expect(h.closes.isEmpty)
+        #expect(h.hub.roster(of: h.channel.id).map(\.userID) == ["ann"])
+        // The old token still ends the session.
+        h.advance(3_600_000 * ms)
+        #expect(h.closes.map(\.0) == [ann.link] && h.hub.counters.tokenExpiries == 1)
+    }
+
+    @Test func aRenewalCheckedAfterTheSessionEndedChangesNothing() {
+        let h = Harness()
+        let ann = h.join("ann")
+        h.send(.renewToken(token: "fresh"), from: ann.link)
+        h.hub.closed(ann.link, at: h.time)
+        h.drain()
+        let before = h.messages.count
+        h.hub.renew(ann.link, claims: claims(h, "ann", capabilities: [.listen], expiresIn: 7200), at: h.time)
+        h.hub.renewalRefused(ann.link, code: .tokenForged, reason: "forged")
+        h.drain()
+        #expect(h.messages.count == before)
+        #expect(h.hub.counters.tokenRenewals == 0 && h.hub.counters.tokenRenewalsRefused == 0)
+        #expect(h.hub.roster(of: h.channel.id).first?.canTalk == true)
+        // And before joining there is nothing to renew.
+        let link = Link(index: 99, generation: 1)
+        h.hub.connected(link)
+        h.send(.renewToken(token: "x"), from: link)
+        #expect(h.lastMessage(to: link).map { if case .error(.notJoined, _) = $0 { return true } else { return false } } == true)
+    }
+
     @Test func joinedMemberGetsChannelRosterAndOthersHearOfIt() {
         let h = Harness()
         let ann = h.join("ann")

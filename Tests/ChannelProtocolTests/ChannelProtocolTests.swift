@@ -10,6 +10,7 @@ import Testing
         let messages: [ClientMessage] = [
             .join(token: "abc.def.ghi", channel: channel, reason: .channelRestoration), .leave, .floorRequest, .floorRelease,
             .setMuted(true), .registerPushToken(token: "00aaff", environment: .sandbox), .setSubscriptions(unheard: ["ann", "bob"]),
+            .renewToken(token: "abc.def.ghj"),
         ]
         for message in messages { #expect(try codec.decodeClientMessage(codec.encode(message)) == message) }
         let json = String(decoding: codec.encode(ClientMessage.floorRequest), as: UTF8.self)
@@ -25,8 +26,37 @@ import Testing
             .participantLeft(slot: 2, userID: "b"), .roster([Participant(slot: 4, userID: "d", name: "D", connection: .offline)]), .floor(FloorEvent(kind: .queued, slot: 2, position: 1)),
             .descriptor(info), .serviceStatus(.unavailable, reason: "shutting down"), .serviceStatus(.ready, reason: nil),
             .pushTokenRegistered, .subscriptions(unheard: ["ann"]), .error(code: .notJoined, reason: "join first"),
+            .error(code: .tokenWrongUser, reason: "not yours"), .tokenExpiring(expiresAt: Date(timeIntervalSince1970: 1_795_000_000)),
+            .tokenRenewed(expiresAt: Date(timeIntervalSince1970: 1_795_043_200)),
         ]
         for message in messages { #expect(try codec.decodeServerMessage(codec.encode(message)) == message) }
+    }
+
+    @Test func tokenTimesTravelAsWholeUnixSeconds() throws {
+        let text = String(decoding: codec.encode(ServerMessage.tokenExpiring(expiresAt: Date(timeIntervalSince1970: 1_795_000_000.9))), as: UTF8.self)
+        #expect(text == #"{"expiresAt":1795000000,"type":"tokenExpiring"}"#)
+        #expect(try codec.decodeServerMessage(Array(#"{"type":"tokenRenewed","expiresAt":1795043200.0}"#.utf8))
+            == .tokenRenewed(expiresAt: Date(timeIntervalSince1970: 1_795_043_200)))
+        for bad in [#"{"type":"tokenRenewed"}"#, #"{"type":"tokenRenewed","expiresAt":"soon"}"#,
+                    #"{"type":"tokenExpiring","expiresAt":99999999999999}"#] {
+            #expect(throws: MessageError.self) { try codec.decodeServerMessage(Array(bad.utf8)) }
+        }
+        let long = "{\"type\":\"renewToken\",\"token\":\"" + String(repeating: "t", count: ControlLimits.maxTokenBytes + 1) + "\"}"
+        #expect(throws: MessageError("renewToken token is \(ControlLimits.maxTokenBytes + 1) bytes; at most \(ControlLimits.maxTokenBytes)")) {
+            try codec.decodeClientMessage(Array(long.utf8))
+        }
+    }
+
+    /// A cause added by a later server must not make an older client drop the whole floor event.
+    @Test func anUnknownFloorCauseReadsAsAbsent() throws {
+        let text = #"{"event":{"cause":250,"kind":"revoked","reason":"a new reason","slot":3},"type":"floor"}"#
+        #expect(try codec.decodeServerMessage(Array(text.utf8))
+            == .floor(FloorEvent(kind: .revoked, slot: 3, reason: "a new reason")))
+        #expect(try codec.decodeServerMessage(Array(#"{"event":{"cause":106,"kind":"revoked"},"type":"floor"}"#.utf8))
+            == .floor(FloorEvent(kind: .revoked, cause: .channelChanged)))
+        #expect(throws: MessageError.self) {
+            try codec.decodeServerMessage(Array(#"{"event":{"cause":"soon","kind":"revoked"},"type":"floor"}"#.utf8))
+        }
     }
 
     @Test func badMessagesAreRefusedWithAReason() {

@@ -83,6 +83,52 @@ import X509
         await fixture.stop()
     }
 
+    /// A shift outlasts its token: the server warns, the app renews, and the session never drops. And
+    /// a token left to expire ends the session but not the channel, which a new token brings back.
+    @Test func aSessionOutlivesItsTokenWhenTheAppRenewsIt() async throws {
+        let fixture = try await ClientFixture(pushes: false)
+        let id = fixture.channel.id
+        let d = RecordingDelegate()
+        let m = try await manager(fixture, "renewal", d, pushes: false)
+        let events = EventLog(m)
+        func seen(_ match: (ChannelManagerEvent) -> Bool) -> Int { events.all.filter(match).count }
+        let expiring: (ChannelManagerEvent) -> Bool = { if case .tokenExpiring = $0 { true } else { false } }
+        let expired: (ChannelManagerEvent) -> Bool = { if case .tokenExpired = $0 { true } else { false } }
+        let renewed: (ChannelManagerEvent) -> Bool = { if case .tokenRenewed = $0 { true } else { false } }
+
+        m.requestJoinChannel(channelUUID: id, descriptor: ChannelDescriptor(name: "Ops"),
+                             credentials: fixture.credentials(try await fixture.token("ann", ttl: 3)))
+        #expect(await d.wait(for: .didJoin(.developerRequest)))
+        // Less than the notice period left: the server says so with the join.
+        #expect(await eventually { seen(expiring) == 1 })
+        // Left to expire: the session ends; the channel stays, unavailable.
+        #expect(await eventually(seconds: 8) { seen(expired) == 1 })
+        #expect(m.activeChannelUUID == id && m.serviceStatus == .unavailable)
+        #expect(!d.all.contains { if case .didLeave = $0 { true } else { false } })
+        // A new token brings it back, without a second didJoin.
+        try await m.renewToken(try await fixture.token("ann", ttl: 3), channelUUID: id)
+        #expect(await eventually { m.serviceStatus == .ready })
+        #expect(await eventually { seen(expiring) == 2 })
+        // This time renewed in the session, before its end: it carries on past the old token's expiry.
+        let long = try await fixture.token("ann", ttl: 3600)
+        try await m.renewToken(long, channelUUID: id)
+        #expect(await eventually { seen(renewed) == 1 })
+        #expect(try RestorationStore(directory: m.stateDirectory).load()?.credentials.token == long)
+        try await Task.sleep(for: .seconds(4))
+        #expect(seen(expired) == 1 && m.serviceStatus == .ready)
+        m.requestBeginTransmitting(channelUUID: id)
+        #expect(await d.wait(for: .didBegin(.developerRequest)))
+        m.stopTransmitting(channelUUID: id)
+        #expect(await d.wait(for: .didEnd(.developerRequest)))
+        // Another user's token is refused, and the session goes on.
+        try await m.renewToken(try await fixture.token("bob", ttl: 3600), channelUUID: id)
+        #expect(await eventually { events.all.contains { if case .tokenRenewalFailed(.tokenWrongUser, _) = $0 { true } else { false } } })
+        #expect(m.serviceStatus == .ready)
+        #expect(d.all.filter { $0 == .didJoin(.developerRequest) }.count == 1)
+        await m.invalidate()
+        await fixture.stop()
+    }
+
     @Test func everyErrorPathAgainstARealServer() async throws {
         let fixture = try await ClientFixture(pushes: false)
         let id = fixture.channel.id

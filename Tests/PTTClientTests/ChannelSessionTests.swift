@@ -200,6 +200,76 @@ func sent(_ outputs: [SessionOutput]) -> [ClientMessage] {
         #expect(delegateCalls(out).last == .didLeave(channelID, .systemPolicy))
     }
 
+    @Test func aTokenIsRenewedInSessionAndAnExpiredSessionWaitsForANewOne() throws {
+        var s = joinedSession()
+        let soon = Date(timeIntervalSince1970: 1_800_000_300), later = Date(timeIntervalSince1970: 1_800_043_200)
+        s.received(.tokenExpiring(expiresAt: soon))
+        #expect(s.takeOutputs() == [.event(.tokenExpiring(soon))])
+        try s.renewToken("t2", channelID)
+        var out = s.takeOutputs()
+        #expect(sent(out) == [.renewToken(token: "t2")])
+        // Saved at once: a restart restores the channel with the token that still works.
+        #expect(out.contains { if case .save(let r) = $0 { return r.credentials.token == "t2" } else { return false } })
+        s.received(.tokenRenewed(expiresAt: later))
+        #expect(s.takeOutputs() == [.event(.tokenRenewed(later))])
+        s.received(.error(code: .tokenRevoked, reason: "revoked: lost phone"))
+        #expect(s.takeOutputs() == [.event(.tokenRenewalFailed(.tokenRevoked, "revoked: lost phone"))])
+        s.received(.error(code: .notJoined, reason: "join first"))
+        #expect(s.takeOutputs() == [.event(.notice("server: join first"))])
+        #expect(throws: ChannelError.self) { try s.renewToken("t9", UUID()) }
+
+        // The token runs out: the session ends, the channel stays (the server keeps the membership and
+        // its push token), and nothing reconnects until a new token comes.
+        s.received(.refused(code: .tokenExpired, reason: "your participant token expired"))
+        out = s.takeOutputs()
+        #expect(delegateCalls(out).isEmpty)
+        #expect(out.contains(.disconnect) && out.contains(.event(.tokenExpired("your participant token expired"))))
+        #expect(out.contains(.event(.serviceStatus(.unavailable))))
+        #expect(!out.contains(.forgetRestoration) && !out.contains(.invalidatePushToken(Data([0xAB, 0xCD]))))
+        #expect(s.channel == channelID && s.tokenExpired)
+        let ann = try Participant(name: "Ann")
+        s.pushResult(.activeRemoteParticipant(ann), channelID)
+        #expect(!s.takeOutputs().contains { if case .connect = $0 { return true } else { return false } })
+        s.beginTransmitting(channelID, source: .userRequest)
+        #expect(delegateCalls(s.takeOutputs()).contains { if case .failedToBegin(_, let e) = $0 { return e.message.contains("renewToken") } else { return false } })
+        s.transportFailed("closed by the server")
+        #expect(!s.takeOutputs().contains { if case .scheduleReconnect = $0 { return true } else { return false } })
+
+        try s.renewToken("t3", channelID)
+        var renewed = credentials
+        renewed.token = "t3"
+        #expect(s.takeOutputs().contains(.connect(renewed)))
+        s.transportConnected()
+        #expect(sent(s.takeOutputs()) == [.join(token: "t3", channel: channelID, reason: .developerRequest)])
+        #expect(!s.tokenExpired)
+    }
+
+    @Test func aTokenRenewedWhileJoiningIsNotLost() throws {
+        // Renewed while the join (with the old token) is on its way: sent once joined.
+        var s = joinedSession()
+        s.transportReconnecting()
+        s.transportConnected()
+        #expect(sent(s.takeOutputs()) == [.join(token: "t", channel: channelID, reason: .developerRequest)])
+        try s.renewToken("t2", channelID)
+        #expect(sent(s.takeOutputs()).isEmpty)
+        s.received(.joined(channel: ChannelInfo(id: channelID, name: "Ops", image: nil, mode: .halfDuplex, maxBurstSeconds: 60), you: 1,
+                           roster: [participant(1, "Ann")], talkers: []))
+        #expect(sent(s.takeOutputs()).contains(.renewToken(token: "t2")))
+
+        // Renewed while the old token's join is refused as expired: joins again with the new one at once.
+        var t = joinedSession()
+        t.transportReconnecting()
+        t.transportConnected()
+        try t.renewToken("t2", channelID)
+        _ = t.takeOutputs()
+        t.received(.refused(code: .tokenExpired, reason: "expired"))
+        let out = t.takeOutputs()
+        var renewed = credentials
+        renewed.token = "t2"
+        #expect(out.contains(.connect(renewed)) && !out.contains(.event(.tokenExpired("expired"))))
+        #expect(!t.tokenExpired)
+    }
+
     @Test func reconnectingBlocksTransmitAndRejoinsWithoutASecondDidJoin() {
         var s = joinedSession()
         s.transportReconnecting()
