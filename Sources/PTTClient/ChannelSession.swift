@@ -311,12 +311,6 @@ struct ChannelSession {
         lostConnection()
         outputs.append(.disconnect)
         link = .down
-        // The app renewed while this session was ending, or while its join was being checked: join
-        // again with the new token rather than wait for another.
-        if let sentToken, let credentials, credentials.token != sentToken {
-            connect()
-            return
-        }
         tokenExpired = true
         updateStatus(.unavailable)
         outputs.append(.event(.tokenExpired(reason)))
@@ -627,6 +621,15 @@ struct ChannelSession {
 
     private mutating func refused(_ code: RefusalCode, _ reason: String) {
         guard let channel else { return }
+        // The app renewed the token while the old one was being refused (a restored channel whose
+        // saved token ran out, a session ending as the new token came): join again with the new one.
+        if code.isTokenProblem, let sentToken, let credentials, credentials.token != sentToken {
+            lostConnection()
+            outputs.append(.disconnect)
+            link = .down
+            connect()
+            return
+        }
         if !joinReported {
             let error: ChannelError
             switch code {

@@ -83,7 +83,10 @@ struct TokenClaims: Decodable {
 extension ServerOptions {
     /// The credentials for this server and token.
     func credentials() throws(WalkieFailure) -> (ChannelCredentials, UUID) {
-        guard let token else { throw .usage("give a token with --token (from 'squelchd token issue')") }
+        if token != nil && tokenFile != nil { throw .usage("give either --token or --token-file, not both") }
+        guard let token = try tokenFile.map(readTokenFile) ?? token else {
+            throw .usage("give a token with --token or --token-file (from 'squelchd token issue')")
+        }
         let claims = try TokenClaims.read(token)
         guard let colon = server.lastIndex(of: ":"), let port = Int(server[server.index(after: colon)...]), (1...65535).contains(port) else {
             throw .usage("--server must be HOST:PORT, like 127.0.0.1:7700")
@@ -194,4 +197,50 @@ func awaitJoin(_ delegate: WalkieDelegate, server: String, seconds: Double = 20)
         return first
     }
     if let outcome { throw outcome }
+}
+
+/// The token in a `--token-file`: its content without surrounding whitespace (an editor's newline).
+func readTokenFile(_ path: String) throws(WalkieFailure) -> String {
+    guard let data = FileManager.default.contents(atPath: path) else {
+        throw .usage("can't read the token file \(path); check the path and its permissions")
+    }
+    let token = String(decoding: data, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+    guard !token.isEmpty else { throw .token("the token file \(path) is empty; put the output of 'squelchd token issue' in it") }
+    return token
+}
+
+/// Hands the manager every new token that appears in `path`, so that a session outlives its first
+/// token (the server ends a session when its token expires). The file is read once a second: it is
+/// replaced far less often than that, and polling works on any filesystem. An unreadable or
+/// half-written file is skipped until the next read; a token the server refuses is reported by the
+/// manager (`tokenRenewalFailed`) and not sent again until the file changes.
+func watchTokenFile(_ path: String, current: String, manager: ChannelManager, channel: UUID) -> Task<Void, Never> {
+    Task {
+        var last = current
+        while !Task.isCancelled {
+            if let token = try? readTokenFile(path), token != last, (try? TokenClaims.read(token)) != nil {
+                last = token
+                try? await manager.renewToken(token, channelUUID: channel)
+            }
+            try? await Task.sleep(for: .seconds(1))
+        }
+    }
+}
+
+/// What a token event means for the person at the terminal: a line, and whether it is a problem.
+func describe(_ event: ChannelManagerEvent, tokenFile: String?) -> (line: String, isError: Bool)? {
+    let clock = Date.FormatStyle(date: .omitted, time: .standard)
+    let renew = tokenFile.map { "put a new token in \($0)" } ?? "restart with a new token (use --token-file to renew without a break)"
+    switch event {
+    case .tokenExpiring(let at):
+        return ("token expires at \(at.formatted(clock)); \(renew)", false)
+    case .tokenRenewed(let at):
+        return ("token renewed; valid until \(at.formatted(clock))", false)
+    case .tokenRenewalFailed(_, let reason):
+        return ("new token refused: \(reason); \(renew)", true)
+    case .tokenExpired:
+        return ("token expired and the server closed the session; \(renew)", true)
+    default:
+        return nil
+    }
 }

@@ -113,14 +113,19 @@ struct Listen: AsyncParsableCommand {
         manager.requestJoinChannel(channelUUID: channel, descriptor: ChannelDescriptor(name: "walkie listen"), credentials: credentials)
         try await awaitJoin(delegate, server: server.server)
         say("listening; recording into \(record)")
+        let tokenFile = server.tokenFile
+        let renewals = tokenFile.map { watchTokenFile($0, current: credentials.token, manager: manager, channel: channel) }
         let bursts = Task {
             for await event in manager.events {
                 if case .burstFinished(let s) = event {
                     say("heard a burst: \(s.played + s.fecRecovered + s.concealed) frames, \(s.lost) lost")
+                } else if let (line, _) = describe(event, tokenFile: tokenFile) {
+                    say(line)
                 }
             }
         }
         await waitForEnd(seconds: duration)
+        renewals?.cancel()
         bursts.cancel()
         manager.leaveChannel(channelUUID: channel)
         try? await Task.sleep(for: .milliseconds(300))

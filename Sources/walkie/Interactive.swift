@@ -43,7 +43,9 @@ struct Join: AsyncParsableCommand {
                 manager.requestJoinChannel(channelUUID: channel, descriptor: ChannelDescriptor(name: "Channel"), credentials: credentials)
             }
             try await awaitJoin(delegate, server: server.server)
-            try await Interactive.run(manager: manager, delegate: delegate, options: interactive)
+            let renewals = server.tokenFile.map { watchTokenFile($0, current: credentials.token, manager: manager, channel: channel) }
+            defer { renewals?.cancel() }
+            try await Interactive.run(manager: manager, delegate: delegate, options: interactive, tokenFile: server.tokenFile)
         } catch let failure as WalkieFailure {
             fail(failure)
         }
@@ -59,6 +61,8 @@ struct Resume: AsyncParsableCommand {
     @OptionGroup var state: StateOptions
     @Option(help: "The APNs simulator's control port, for wake-up pushes (0: no pushes).")
     var pushPort: Int = 2198
+    @Option(help: "Renew the session whenever this file holds a new participant token (as 'walkie join --token-file').")
+    var tokenFile: String?
 
     func run() async throws {
         do {
@@ -75,8 +79,12 @@ struct Resume: AsyncParsableCommand {
             guard manager.activeChannelUUID != nil, let saved else {
                 throw WalkieFailure.usage("no channel to restore; join one with 'walkie join --server HOST:PORT --token T'")
             }
+            // A token put in the file while walkie was stopped is handed over at once: the saved one
+            // may have expired meanwhile.
+            let renewals = tokenFile.map { watchTokenFile($0, current: saved.credentials.token, manager: manager, channel: saved.channel) }
+            defer { renewals?.cancel() }
             try await awaitJoin(delegate, server: "\(saved.credentials.host):\(saved.credentials.port)")
-            try await Interactive.run(manager: manager, delegate: delegate, options: interactive)
+            try await Interactive.run(manager: manager, delegate: delegate, options: interactive, tokenFile: tokenFile)
         } catch let failure as WalkieFailure {
             fail(failure)
         }
@@ -94,7 +102,7 @@ enum Interactive {
         var lastBurst: String?
     }
 
-    static func run(manager: ChannelManager, delegate: WalkieDelegate, options: InteractiveOptions) async throws {
+    static func run(manager: ChannelManager, delegate: WalkieDelegate, options: InteractiveOptions, tokenFile: String?) async throws {
         guard let key = Key(name: options.key) else {
             throw WalkieFailure.usage("--key \(options.key) is not a key name; try space, a letter, or f1-f12")
         }
@@ -128,7 +136,8 @@ enum Interactive {
                     case .notice(let text): state.status = .init(text)
                     case .burstFinished(let s):
                         state.lastBurst = "\(s.played + s.fecRecovered) frames, \(s.lost) lost"
-                    default: break
+                    default:
+                        if let (line, isError) = describe(event, tokenFile: tokenFile) { state.status = .init(line, isError: isError) }
                     }
                 }
             }

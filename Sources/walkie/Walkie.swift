@@ -53,6 +53,9 @@ struct ServerOptions: ParsableArguments {
     var server: String = "127.0.0.1:7700"
     @Option(help: "A participant token from 'squelchd token issue'.")
     var token: String?
+    @Option(help: ArgumentHelp("Read the participant token from this file instead, and renew the session whenever the file holds a new one.",
+                               discussion: "A session ends when its token expires; put a fresh token in the file (by hand or from a cron job) and walkie carries on without a break. It also keeps the token out of the process list."))
+    var tokenFile: String?
     @Option(help: "The CA that signed the server's certificate.")
     var ca: String = "certs/ca.pem"
     @Option(help: "The APNs simulator's control port, for wake-up pushes (0: no pushes).")

@@ -117,6 +117,43 @@ import Testing
         #expect(loudHeard >= loudSaid * 9 / 10 && loudHeard <= loudSaid + 10, "loud periods: said \(loudSaid), heard \(loudHeard)")
     }
 
+    /// A recorder left running past its token's expiry keeps its session when a new token lands in
+    /// its --token-file, and still hears the channel after the old token has run out.
+    @Test func aListenerRenewsItsSessionFromItsTokenFile() async throws {
+        let world = try await World()
+        defer { world.finish() }
+        func issue(_ ttl: String) throws -> String {
+            try Executables.run("squelchd", ["token", "issue", "--channel", world.channel.uuidString, "--user", "bob", "--name", "Bob",
+                                             "--ttl", ttl, "--data-dir", world.data]).out.trimmingCharacters(in: .whitespacesAndNewlines)
+        }
+        let tokenFile = world.dir + "/bob.token"
+        try (try issue("4s") + "\n").write(toFile: tokenFile, atomically: true, encoding: .utf8)
+        let server = ["--server", "127.0.0.1:\(world.server.voicePort)", "--ca", world.certs + "/ca.pem", "--push-port", "0"]
+        let heard = world.dir + "/heard.wav"
+        let listener = try Running(["listen"] + server + ["--token-file", tokenFile, "--record", heard, "--duration", "10"], reaper: world.reaper)
+        #expect(await listener.out.wait(for: "listening", seconds: 20) != nil, "\(listener.err.contents)")
+        // Less than five minutes left: the server warns at once, and walkie says what to do.
+        #expect(await listener.out.wait(for: "token expires at .*; put a new token in", seconds: 10) != nil, "\(listener.out.contents)")
+        try issue("1h").write(toFile: tokenFile, atomically: true, encoding: .utf8)
+        #expect(await listener.out.wait(for: "token renewed; valid until", seconds: 10) != nil, "\(listener.out.contents)")
+        try await Task.sleep(for: .seconds(4))  // the first token has expired by now
+        let talk = try Executables.run("walkie", ["talk"] + world.arguments("ann") + ["--file", world.speech, "--push-port", "0"])
+        #expect(talk.status == 0, "\(talk.err)")
+        #expect(await listener.process.waitForExit(seconds: 20))
+        #expect(listener.process.terminationStatus == 0, "\(listener.err.contents)")
+        #expect(listener.out.contents.contains("heard a burst"), "\(listener.out.contents)")
+        #expect(!listener.out.contents.contains("token expired"), "\(listener.out.contents)")
+
+        // The option's own mistakes.
+        let both = try Executables.run("walkie", ["listen"] + server + ["--token", "x", "--token-file", tokenFile, "--record", heard])
+        #expect(both.status == 2 && both.err.contains("either --token or --token-file"), "\(both.err)")
+        try "\n".write(toFile: tokenFile, atomically: true, encoding: .utf8)
+        let empty = try Executables.run("walkie", ["listen"] + server + ["--token-file", tokenFile, "--record", heard])
+        #expect(empty.status == 4 && empty.err.contains("is empty"), "\(empty.err)")
+        let missing = try Executables.run("walkie", ["listen"] + server + ["--token-file", world.dir + "/nothing", "--record", heard])
+        #expect(missing.status == 2 && missing.err.contains("can't read the token file"), "\(missing.err)")
+    }
+
     @Test func everyFailureIsOneLineWithItsExitCode() async throws {
         let world = try await World()
         defer { world.finish() }

@@ -268,6 +268,18 @@ func sent(_ outputs: [SessionOutput]) -> [ClientMessage] {
         renewed.token = "t2"
         #expect(out.contains(.connect(renewed)) && !out.contains(.event(.tokenExpired("expired"))))
         #expect(!t.tokenExpired)
+
+        // A restored channel whose saved token ran out, renewed before the refusal came: no failed join.
+        var r = ChannelSession()
+        r.requestJoin(channelID, descriptor: descriptor, credentials: credentials, reason: .channelRestoration)
+        r.transportConnected()
+        try r.renewToken("t2", channelID)
+        _ = r.takeOutputs()
+        r.received(.refused(code: .tokenExpired, reason: "expired"))
+        let restored = r.takeOutputs()
+        #expect(delegateCalls(restored).isEmpty && restored.contains(.connect(renewed)) && !restored.contains(.forgetRestoration))
+        r.transportConnected()
+        #expect(sent(r.takeOutputs()) == [.join(token: "t2", channel: channelID, reason: .channelRestoration)])
     }
 
     @Test func reconnectingBlocksTransmitAndRejoinsWithoutASecondDidJoin() {
