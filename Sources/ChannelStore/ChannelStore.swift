@@ -309,6 +309,9 @@ public protocol ChannelStore: Sendable {
     /// Stores `value` under `name` unless a key of that name exists; returns the stored key either way,
     /// so two processes starting at once agree.
     func storeServerKeyIfAbsent(named name: String, value: [UInt8]) async throws(StoreError) -> [UInt8]
+    /// Stores `value` under `name`, replacing what was there: for what the server records about itself
+    /// at each start (the public half of its token key), which other processes then check against.
+    func setServerKey(named name: String, value: [UInt8]) async throws(StoreError)
 
     // Transmission log
     func logTransmission(_ record: TransmissionRecord) async throws(StoreError)

@@ -387,6 +387,12 @@ public final class SQLiteChannelStore: ChannelStore {
         }
     }
 
+    public func setServerKey(named name: String, value: [UInt8]) async throws(StoreError) {
+        guard !name.isEmpty, !value.isEmpty else { throw .invalid("a server key needs a name and a non-empty value") }
+        let row = ServerKeyRow(name: name, value: Data(value), createdAt: Date().unixMilliseconds)
+        try await write("store server key '\(name)'") { db in try row.upsert(db) }
+    }
+
     // MARK: Transmission log
 
     public func logTransmission(_ record: TransmissionRecord) async throws(StoreError) {

@@ -76,6 +76,14 @@ public struct SquelchServer: Sendable {
         } else {
             tokens = try await TokenAuthority.loadOrCreate(in: configuration.dataDirectory)
         }
+        // What `squelchd token issue` checks its key against: a token command not given the server's
+        // tokenKeyPath would otherwise sign with a default key that every join refuses as forged.
+        do {
+            try await store.setServerKey(named: TokenAuthority.publicKeyRecordName, value: Array(tokens.publicKeyPEM.utf8))
+        } catch {
+            logger.warning("could not record the token key's public half; 'squelchd token issue' cannot check its key against it",
+                           metadata: ["error": "\(error)"])
+        }
         let metrics = ServerMetrics()
         let writer = StoreWriter(store: store, metrics: metrics, logger: logger)
         let push = try await PushSetup.make(configuration: configuration, logger: logger)

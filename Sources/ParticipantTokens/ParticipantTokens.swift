@@ -135,6 +135,9 @@ public struct TokenAuthority: Sendable {
     public let publicKeyPEM: String
     /// Accepted clock difference between issuer and verifier.
     public var clockSkew: TimeInterval = 60
+    /// The server-key name under which squelchd records `publicKeyPEM` at every start, so that
+    /// `squelchd token issue` can refuse to sign with any other key.
+    public static let publicKeyRecordName = "token-public-key"
 
     public init(privateKeyPEM: String) async throws {
         let key = try ES256PrivateKey(pem: privateKeyPEM)

@@ -171,27 +171,51 @@ struct Token: AsyncParsableCommand {
 /// Only `issue` may make the default key, and only beside the server's database: run from the wrong
 /// directory, or without the server's `SQUELCH_DATA_DIR`, it would otherwise print a token signed by
 /// a key of its own that the server refuses as forged, with nothing to say why.
+/// The public half of the token key the server recorded at its last start (nil: no database, or a
+/// server from before it recorded one).
+func recordedTokenKey(database: String, dataDirectory: String) async throws -> String? {
+    guard FileManager.default.fileExists(atPath: database) else { return nil }
+    let store = try SQLiteChannelStore(directory: dataDirectory)
+    let recorded = try await store.serverKey(named: TokenAuthority.publicKeyRecordName).map { String(decoding: $0, as: UTF8.self) }
+    try? await store.close()
+    return recorded
+}
+
 func loadAuthority(_ configuration: ServerConfiguration, creating: Bool) async throws -> TokenAuthority {
     let path = configuration.resolvedTokenKeyPath
     let database = Channel.StoreOptions.databasePath(in: configuration.dataDirectory)
     let elsewhere = "pass the server's --data-dir or --config (or set SQUELCH_DATA_DIR as the server has it)"
     do {
+        // The key squelchd last started with, if it has started since it began recording it.
+        let serverKey = try await recordedTokenKey(database: database, dataDirectory: configuration.dataDirectory)
+        let authority: TokenAuthority
         if let configured = configuration.tokenKeyPath {
             guard FileManager.default.fileExists(atPath: configured) else {
                 throw TokenKeyError(message: "there is no token key at \(configured); point --token-key (or SQUELCH_TOKEN_KEY, or \"tokenKeyPath\" in the config file) at the server's key")
             }
-            return try await TokenAuthority.load(from: configured)
+            authority = try await TokenAuthority.load(from: configured)
+        } else {
+            // The default key counts only beside the server's database: a key file alone may be a stray
+            // one from a command run in the wrong directory.
+            guard FileManager.default.fileExists(atPath: database) else {
+                throw TokenKeyError(message: "there is no server database at \(database), so \(path) is not known to be the server's token key; \(elsewhere). On a new server, create a channel first ('squelchd channel create')")
+            }
+            if FileManager.default.fileExists(atPath: path) {
+                authority = try await TokenAuthority.load(from: path)
+            } else if serverKey != nil {
+                // The server signs with a key kept elsewhere (its tokenKeyPath): a new default key here
+                // would only make tokens it refuses.
+                throw TokenKeyError(message: "squelchd runs with a token key that is not in \(configuration.dataDirectory); pass the server's --token-key, or the --config it runs with")
+            } else if creating {
+                authority = try await TokenAuthority.loadOrCreate(at: path)
+            } else {
+                throw TokenKeyError(message: "there is no token key at \(path) (the server makes it when it first starts); if the server keeps its key elsewhere, pass its --token-key or --config")
+            }
         }
-        // The default key counts only beside the server's database: a key file alone may be a stray
-        // one from a command run in the wrong directory.
-        guard FileManager.default.fileExists(atPath: database) else {
-            throw TokenKeyError(message: "there is no server database at \(database), so \(path) is not known to be the server's token key; \(elsewhere). On a new server, create a channel first ('squelchd channel create')")
+        if let serverKey, serverKey != authority.publicKeyPEM {
+            throw TokenKeyError(message: "the token key at \(configuration.tokenKeyPath ?? path) is not the one squelchd last started with, so the server would refuse its tokens as forged; pass the server's --token-key, or the --config it runs with")
         }
-        if FileManager.default.fileExists(atPath: path) { return try await TokenAuthority.load(from: path) }
-        guard creating else {
-            throw TokenKeyError(message: "there is no token key at \(path) (the server makes it when it first starts); if the server keeps its key elsewhere, pass its --token-key or --config")
-        }
-        return try await TokenAuthority.loadOrCreate(at: path)
+        return authority
     } catch {
         standardError("squelchd: \(error)")
         throw ExitCode(78)

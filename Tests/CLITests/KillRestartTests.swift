@@ -31,12 +31,13 @@ import Wire
     }
 
     /// Starts `squelchd serve` and waits until both listeners have logged their ports.
-    func startServer(data: String, certs: String, port: Int = 0, adminPort: Int = 0, reaper: Reaper) async throws -> Server {
+    func startServer(data: String, certs: String, port: Int = 0, adminPort: Int = 0, extraArguments: [String] = [],
+                     reaper: Reaper) async throws -> Server {
         let process = Process()
         process.executableURL = Executables.url("squelchd")
         process.arguments = ["serve", "--data-dir", data, "--port", "\(port)", "--admin-port", "\(adminPort)",
                              "--cert", certs + "/server-chain.pem", "--key", certs + "/server.key"]
-            + Executables.simulatorArguments(certs: certs)
+            + Executables.simulatorArguments(certs: certs) + extraArguments
         process.standardOutput = FileHandle.nullDevice
         let err = Pipe()
         process.standardError = err

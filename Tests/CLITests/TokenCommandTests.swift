@@ -31,6 +31,31 @@ import Testing
         #expect(stray.status == 78 && stray.out.isEmpty, "\(stray.err)")
     }
 
+    /// The server runs with a key kept outside its data directory, and someone issues a token without
+    /// saying so: refused, rather than signed with a key the server would call forged.
+    @Test func tokenIssueRefusesAKeyTheServerDoesNotSignWith() async throws {
+        let base = FileManager.default.temporaryDirectory.appendingPathComponent("token-record-\(UUID())").path
+        defer { try? FileManager.default.removeItem(atPath: base) }
+        let data = base + "/data", certs = base + "/certs", key = base + "/keys/token.pem"
+        try Executables.makeDevCertificates(into: certs)
+        let serverKey = try await TokenAuthority.loadOrCreate(at: key)
+        let reaper = KillRestartTests.Reaper()
+        defer { reaper.killAll() }
+        _ = try await KillRestartTests().startServer(data: data, certs: certs, extraArguments: ["--token-key", key], reaper: reaper)
+        let issue = ["token", "issue", "--channel", UUID().uuidString, "--user", "u1", "--name", "Ann", "--data-dir", data]
+        let clean = ["SQUELCH_DATA_DIR": "", "SQUELCH_CONFIG": "", "SQUELCH_TOKEN_KEY": ""]
+        let unsaid = try Executables.run("squelchd", issue, environment: clean)
+        #expect(unsaid.status == 78 && unsaid.out.isEmpty && unsaid.err.contains("--token-key"), "\(unsaid.err)")
+        #expect(!FileManager.default.fileExists(atPath: data + "/token-key.pem"), "no default key made")
+        // A default key that is there (from before the server was given its own) is not the server's.
+        _ = try await TokenAuthority.loadOrCreate(at: data + "/token-key.pem")
+        let stray = try Executables.run("squelchd", issue, environment: clean)
+        #expect(stray.status == 78 && stray.err.contains("not the one squelchd last started with"), "\(stray.err)")
+        let right = try Executables.run("squelchd", issue + ["--token-key", key], environment: clean)
+        #expect(right.status == 0, "\(right.err)")
+        _ = try await serverKey.inspect(right.out.trimmingCharacters(in: .whitespacesAndNewlines))
+    }
+
     @Test func theTokenCommandsFindTheKeyAsTheServerDoes() async throws {
         let base = FileManager.default.temporaryDirectory.appendingPathComponent("token-env-\(UUID())").path
         let data = base + "/data"

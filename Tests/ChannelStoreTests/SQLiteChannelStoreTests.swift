@@ -249,6 +249,14 @@ private func message(_ error: StoreError?) -> String {
         #expect(await storeError { _ = try await first.storeServerKeyIfAbsent(named: "empty", value: []) } != nil)
     }
 
+    @Test func aRecordedServerKeyIsReplacedAtEachStart() async throws {
+        let first = try open(), second = try open()
+        try await first.setServerKey(named: "token-public-key", value: [1])
+        try await second.setServerKey(named: "token-public-key", value: [2, 3])
+        #expect(try await first.serverKey(named: "token-public-key") == [2, 3])
+        #expect(await storeError { try await first.setServerKey(named: "", value: [1]) } != nil)
+    }
+
     @Test func transmissionsNewestFirstAndKeptAfterDeletion() async throws {
         let store = try open()
         let channel = makeChannel(), other = makeChannel("Other")
