@@ -69,6 +69,25 @@ public final class SQLiteChannelStore: ChannelStore {
         }
     }
 
+    /// One server key, read without opening the store for writing: for a command that only checks
+    /// what the server recorded, and must not migrate a database under a server older than itself.
+    /// Nil when the database or its `server_key` table has no such key.
+    public static func recordedServerKey(named name: String, inDirectory directory: String) throws(StoreError) -> [UInt8]? {
+        let path = URL(fileURLWithPath: directory).appendingPathComponent(defaultFileName).path
+        var config = Configuration()
+        config.readonly = true
+        config.busyMode = .timeout(busyTimeoutSeconds)
+        do {
+            let queue = try DatabaseQueue(path: path, configuration: config)
+            return try queue.read { db -> [UInt8]? in
+                guard try db.tableExists("server_key") else { return nil }
+                return try Data.fetchOne(db, sql: "SELECT value FROM server_key WHERE name = ?", arguments: [name]).map { [UInt8]($0) }
+            }
+        } catch {
+            throw .database("cannot read \(path) (\(error)); check that it is squelchd's database and readable by this user")
+        }
+    }
+
     private enum OpenFailure: Error {
         /// Possibly another process's open in progress; worth another try.
         case retry(any Error, context: String)

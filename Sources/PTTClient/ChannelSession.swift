@@ -97,8 +97,15 @@ struct ChannelSession {
     /// The server ended the session because the participant token expired: no connection is tried
     /// until the app hands over a new token (`renewToken`), since every join would be refused.
     private(set) var tokenExpired = false
-    /// The token the server last got (with `join` or `renewToken`), to tell whether the app renewed since.
-    private var sentToken: String?
+    /// The newest token from `renewToken` that the server has not taken yet. `credentials` keep the
+    /// token the server last accepted until it takes this one, so that a token it refuses (forged,
+    /// another user's) never replaces one that works, in memory or in the restoration record.
+    private(set) var pendingToken: String?
+    /// The renewal sent and not yet answered: one at a time, so each answer is known to be its answer.
+    private var renewalInFlight: String?
+    /// The join under way uses a token the server has not accepted yet (tried because the one before
+    /// it was refused): if this one is refused too, the channel waits for another rather than ending.
+    private var tryingNewToken = false
     private var unheardSent: Set<String>?
     private var strategyDecisions: [String: SubscribeType] = [:]
 
@@ -288,20 +295,38 @@ struct ChannelSession {
     /// the next join carries it, and a session that ended because its token expired joins again now.
     mutating func renewToken(_ token: String, _ uuid: UUID) throws(ChannelError) {
         guard channel == uuid, var credentials else { throw ChannelError(.channelNotFound, "no active channel \(uuid)") }
-        credentials.token = token
-        self.credentials = credentials
-        // A restart restores the channel with the token that still works.
-        if joinReported { saveRecord() }
-        switch link {
-        case .joined:
-            sentToken = token
-            outputs.append(.send(.renewToken(token: token)))
-        case .down where tokenExpired:
+        if link == .down && tokenExpired {
+            // Nothing to lose: the old token is dead. Join with this one; a refusal comes back as
+            // `tokenRenewalFailed` and the channel waits again.
+            credentials.token = token
+            self.credentials = credentials
+            pendingToken = nil
             tokenExpired = false
+            tryingNewToken = true
             connect()
-        case .down, .connecting, .joining, .suspended:
-            break  // the next join carries it; one already sent is followed by a renewal once joined
+            return
         }
+        // Otherwise the session (or the next join) goes on with the accepted token, and this one is
+        // offered with `renewToken` once joined; if the old one is refused first, this one is tried.
+        pendingToken = token
+        sendPendingRenewal()
+    }
+
+    private mutating func sendPendingRenewal() {
+        guard link == .joined, renewalInFlight == nil, let pendingToken else { return }
+        renewalInFlight = pendingToken
+        outputs.append(.send(.renewToken(token: pendingToken)))
+    }
+
+    /// The server took the renewal in flight: it is the session's token now, and the one to restore.
+    private mutating func renewalAccepted() {
+        guard let accepted = renewalInFlight, var credentials else { return }
+        renewalInFlight = nil
+        credentials.token = accepted
+        self.credentials = credentials
+        if pendingToken == accepted { pendingToken = nil }
+        saveRecord()
+        sendPendingRenewal()
     }
 
     /// The server ended the session because its token expired. The channel stays (the server keeps
@@ -312,6 +337,7 @@ struct ChannelSession {
         outputs.append(.disconnect)
         link = .down
         tokenExpired = true
+        tryingNewToken = false
         updateStatus(.unavailable)
         outputs.append(.event(.tokenExpired(reason)))
     }
@@ -324,6 +350,9 @@ struct ChannelSession {
         switch result {
         case .leaveChannel:
             leave(uuid, reason: .developerRequest)
+        case .activeRemoteParticipant where tokenExpired:
+            // Nothing can be heard until a new token comes: no speaker shown, no audio held.
+            outputs.append(.event(.notice("a push says someone is talking, but the participant token expired; renewToken to hear the channel")))
         case .activeRemoteParticipant(let participant):
             if case .active = transmit, transmissionMode == .halfDuplex { endTransmission(source: .unknown, release: true) }
             showRemote(participant)
@@ -367,7 +396,6 @@ struct ChannelSession {
     mutating func transportConnected() {
         guard link == .connecting, let channel, let credentials else { return }
         link = .joining
-        sentToken = credentials.token
         outputs.append(.send(.join(token: credentials.token, channel: channel,
                                    reason: joinReported ? .developerRequest : (joinReason == .channelRestoration ? .channelRestoration : .developerRequest))))
     }
@@ -433,19 +461,25 @@ struct ChannelSession {
             outputs.append(.event(.roster(rosterEntries)))
             for talker in talkers where talker.slot != slot { remoteTalkStarted(slot: talker.slot, burst: talker.burst) }
             if case .requesting = transmit { outputs.append(.send(.floorRequest)) }
-            // The app renewed the token while this join was on its way.
-            if credentials?.token != sentToken, let token = credentials?.token {
-                sentToken = token
-                outputs.append(.send(.renewToken(token: token)))
+            if tryingNewToken {
+                // The token tried after the last one ran out works: it is the one to restore.
+                tryingNewToken = false
+                saveRecord()
             }
+            // A renewal in flight died with the old connection; the newest token is offered again.
+            renewalInFlight = nil
+            sendPendingRenewal()
         case .roster(let more):
             for p in more { roster[p.slot] = p }
             outputs.append(.event(.roster(rosterEntries)))
         case .refused(let code, let reason):
             refused(code, reason)
         case .participant(let p):
+            let mode = transmissionMode
             roster[p.slot] = p
             outputs.append(.event(.roster(rosterEntries)))
+            // A renewed token may take `talk` away (or give it): the mode follows the member's own entry.
+            if transmissionMode != mode { outputs.append(.event(.transmissionMode(transmissionMode))) }
         case .participantLeft(let slot, _):
             roster[slot] = nil
             if remoteTalkers[slot] != nil { remoteTalkEnded(slot: slot) }
@@ -461,14 +495,24 @@ struct ChannelSession {
             if let reason { outputs.append(.event(.notice(reason))) }
         case .pushTokenRegistered, .subscriptions:
             break
-        case .error(let code, let reason) where code.isTokenProblem:
-            // Only `renewToken` is answered with a token's error on a joined connection.
+        case .error(let code, let reason) where renewalInFlight != nil && (code.isTokenProblem || code == .internalError):
+            // The answer to the renewal in flight. A token the server could not check (its database
+            // failed) stays pending: it is offered again after a reconnect, or tried if the old one
+            // runs out first. A refused one is dropped.
+            let refused = renewalInFlight
+            renewalInFlight = nil
+            if code != .internalError, pendingToken == refused { pendingToken = nil }
             outputs.append(.event(.tokenRenewalFailed(code, reason)))
+            if pendingToken != refused { sendPendingRenewal() }
+        case .error(.rateLimited, _) where renewalInFlight != nil:
+            // Perhaps the renewal was the message dropped; asking again is harmless.
+            outputs.append(.send(.renewToken(token: renewalInFlight!)))
         case .error(_, let reason):
             outputs.append(.event(.notice("server: \(reason)")))
         case .tokenExpiring(let expiresAt):
             outputs.append(.event(.tokenExpiring(expiresAt)))
         case .tokenRenewed(let expiresAt):
+            renewalAccepted()
             outputs.append(.event(.tokenRenewed(expiresAt)))
         }
     }
@@ -621,13 +665,25 @@ struct ChannelSession {
 
     private mutating func refused(_ code: RefusalCode, _ reason: String) {
         guard let channel else { return }
-        // The app renewed the token while the old one was being refused (a restored channel whose
-        // saved token ran out, a session ending as the new token came): join again with the new one.
-        if code.isTokenProblem, let sentToken, let credentials, credentials.token != sentToken {
+        // A newer token is waiting (a restored channel whose saved token ran out, a session whose
+        // token expired while the new one was being checked): try it before giving up.
+        if code.isTokenProblem, let pending = pendingToken, var credentials {
+            credentials.token = pending
+            self.credentials = credentials
+            pendingToken = nil
+            renewalInFlight = nil
+            tryingNewToken = true
             lostConnection()
             outputs.append(.disconnect)
             link = .down
             connect()
+            return
+        }
+        // That token, tried after the old one was refused, is refused too: the channel waits for
+        // another, as after an expiry, rather than ending.
+        if code.isTokenProblem, tryingNewToken, joinReported {
+            sessionTokenExpired(reason)
+            outputs.append(.event(.tokenRenewalFailed(code, reason)))
             return
         }
         if !joinReported {
@@ -689,7 +745,9 @@ struct ChannelSession {
         serviceStatus = .ready
         reconnectAttempts = 0
         tokenExpired = false
-        sentToken = nil
+        pendingToken = nil
+        renewalInFlight = nil
+        tryingNewToken = false
     }
 
     private mutating func registerToken() {

@@ -188,7 +188,7 @@ final class HubDriver: WireServerDelegate {
                 return .failure(Refusal(code: .tokenRevoked, reason: error.description))
             }
         } catch {
-            logger.error("join refused: revocations could not be read", metadata: ["error": "\(error)"])
+            logger.error("token refused: revocations could not be read", metadata: ["error": "\(error)"])
             return .failure(Refusal(code: .internalError, reason: "the server could not check the token (its database is failing); try again shortly"))
         }
         return .success(claims)

@@ -171,23 +171,17 @@ struct Token: AsyncParsableCommand {
 /// Only `issue` may make the default key, and only beside the server's database: run from the wrong
 /// directory, or without the server's `SQUELCH_DATA_DIR`, it would otherwise print a token signed by
 /// a key of its own that the server refuses as forged, with nothing to say why.
-/// The public half of the token key the server recorded at its last start (nil: no database, or a
-/// server from before it recorded one).
-func recordedTokenKey(database: String, dataDirectory: String) async throws -> String? {
-    guard FileManager.default.fileExists(atPath: database) else { return nil }
-    let store = try SQLiteChannelStore(directory: dataDirectory)
-    let recorded = try await store.serverKey(named: TokenAuthority.publicKeyRecordName).map { String(decoding: $0, as: UTF8.self) }
-    try? await store.close()
-    return recorded
-}
-
 func loadAuthority(_ configuration: ServerConfiguration, creating: Bool) async throws -> TokenAuthority {
     let path = configuration.resolvedTokenKeyPath
     let database = Channel.StoreOptions.databasePath(in: configuration.dataDirectory)
     let elsewhere = "pass the server's --data-dir or --config (or set SQUELCH_DATA_DIR as the server has it)"
     do {
-        // The key squelchd last started with, if it has started since it began recording it.
-        let serverKey = try await recordedTokenKey(database: database, dataDirectory: configuration.dataDirectory)
+        // The key squelchd last started with (nil: no database yet, or no server start since the
+        // server began recording it).
+        let serverKey = try FileManager.default.fileExists(atPath: database)
+            ? SQLiteChannelStore.recordedServerKey(named: TokenAuthority.publicKeyRecordName, inDirectory: configuration.dataDirectory)
+                .map { String(decoding: $0, as: UTF8.self) }
+            : nil
         let authority: TokenAuthority
         if let configured = configuration.tokenKeyPath {
             guard FileManager.default.fileExists(atPath: configured) else {
@@ -213,7 +207,7 @@ func loadAuthority(_ configuration: ServerConfiguration, creating: Bool) async t
             }
         }
         if let serverKey, serverKey != authority.publicKeyPEM {
-            throw TokenKeyError(message: "the token key at \(configuration.tokenKeyPath ?? path) is not the one squelchd last started with, so the server would refuse its tokens as forged; pass the server's --token-key, or the --config it runs with")
+            throw TokenKeyError(message: "the token key at \(configuration.tokenKeyPath ?? path) is not the one squelchd last started with, so the server would refuse its tokens as forged; pass the server's --token-key, or the --config it runs with (if you have just given the server a new key, restart squelchd first)")
         }
         return authority
     } catch {

@@ -41,6 +41,10 @@ struct Join: AsyncParsableCommand {
             }
             if manager.activeChannelUUID == nil {
                 manager.requestJoinChannel(channelUUID: channel, descriptor: ChannelDescriptor(name: "Channel"), credentials: credentials)
+            } else {
+                // The saved channel is this one and is being restored with the saved token, which may
+                // have run out: the token given now is offered (and tried if the saved one is refused).
+                try? await manager.renewToken(credentials.token, channelUUID: channel)
             }
             try await awaitJoin(delegate, server: server.server)
             let renewals = server.tokenFile.map { watchTokenFile($0, current: credentials.token, manager: manager, channel: channel) }

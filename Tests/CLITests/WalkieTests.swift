@@ -127,16 +127,16 @@ import Testing
                                              "--ttl", ttl, "--data-dir", world.data]).out.trimmingCharacters(in: .whitespacesAndNewlines)
         }
         let tokenFile = world.dir + "/bob.token"
-        try (try issue("4s") + "\n").write(toFile: tokenFile, atomically: true, encoding: .utf8)
+        try (try issue("10s") + "\n").write(toFile: tokenFile, atomically: true, encoding: .utf8)
         let server = ["--server", "127.0.0.1:\(world.server.voicePort)", "--ca", world.certs + "/ca.pem", "--push-port", "0"]
         let heard = world.dir + "/heard.wav"
-        let listener = try Running(["listen"] + server + ["--token-file", tokenFile, "--record", heard, "--duration", "10"], reaper: world.reaper)
+        let listener = try Running(["listen"] + server + ["--token-file", tokenFile, "--record", heard, "--duration", "22"], reaper: world.reaper)
         #expect(await listener.out.wait(for: "listening", seconds: 20) != nil, "\(listener.err.contents)")
         // Less than five minutes left: the server warns at once, and walkie says what to do.
         #expect(await listener.out.wait(for: "token expires at .*; put a new token in", seconds: 10) != nil, "\(listener.out.contents)")
         try issue("1h").write(toFile: tokenFile, atomically: true, encoding: .utf8)
         #expect(await listener.out.wait(for: "token renewed; valid until", seconds: 10) != nil, "\(listener.out.contents)")
-        try await Task.sleep(for: .seconds(4))  // the first token has expired by now
+        try await Task.sleep(for: .seconds(10))  // the first token has expired by now
         let talk = try Executables.run("walkie", ["talk"] + world.arguments("ann") + ["--file", world.speech, "--push-port", "0"])
         #expect(talk.status == 0, "\(talk.err)")
         #expect(await listener.process.waitForExit(seconds: 20))

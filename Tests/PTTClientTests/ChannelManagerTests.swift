@@ -106,7 +106,7 @@ import X509
         #expect(m.activeChannelUUID == id && m.serviceStatus == .unavailable)
         #expect(!d.all.contains { if case .didLeave = $0 { true } else { false } })
         // A new token brings it back, without a second didJoin.
-        try await m.renewToken(try await fixture.token("ann", ttl: 3), channelUUID: id)
+        try await m.renewToken(try await fixture.token("ann", ttl: 8), channelUUID: id)
         #expect(await eventually { m.serviceStatus == .ready })
         #expect(await eventually { seen(expiring) == 2 })
         // This time renewed in the session, before its end: it carries on past the old token's expiry.
@@ -114,7 +114,7 @@ import X509
         try await m.renewToken(long, channelUUID: id)
         #expect(await eventually { seen(renewed) == 1 })
         #expect(try RestorationStore(directory: m.stateDirectory).load()?.credentials.token == long)
-        try await Task.sleep(for: .seconds(4))
+        try await Task.sleep(for: .seconds(9))
         #expect(seen(expired) == 1 && m.serviceStatus == .ready)
         m.requestBeginTransmitting(channelUUID: id)
         #expect(await d.wait(for: .didBegin(.developerRequest)))

@@ -200,6 +200,11 @@ func sent(_ outputs: [SessionOutput]) -> [ClientMessage] {
         #expect(delegateCalls(out).last == .didLeave(channelID, .systemPolicy))
     }
 
+    func token(of s: ChannelSession) -> String? { s.credentials?.token }
+    func saved(_ outputs: [SessionOutput]) -> [String] {
+        outputs.compactMap { if case .save(let r) = $0 { return r.credentials.token } else { return nil } }
+    }
+
     @Test func aTokenIsRenewedInSessionAndAnExpiredSessionWaitsForANewOne() throws {
         var s = joinedSession()
         let soon = Date(timeIntervalSince1970: 1_800_000_300), later = Date(timeIntervalSince1970: 1_800_043_200)
@@ -208,14 +213,12 @@ func sent(_ outputs: [SessionOutput]) -> [ClientMessage] {
         try s.renewToken("t2", channelID)
         var out = s.takeOutputs()
         #expect(sent(out) == [.renewToken(token: "t2")])
-        // Saved at once: a restart restores the channel with the token that still works.
-        #expect(out.contains { if case .save(let r) = $0 { return r.credentials.token == "t2" } else { return false } })
+        // Not the session's token until the server takes it.
+        #expect(saved(out).isEmpty && token(of: s) == "t")
         s.received(.tokenRenewed(expiresAt: later))
-        #expect(s.takeOutputs() == [.event(.tokenRenewed(later))])
-        s.received(.error(code: .tokenRevoked, reason: "revoked: lost phone"))
-        #expect(s.takeOutputs() == [.event(.tokenRenewalFailed(.tokenRevoked, "revoked: lost phone"))])
-        s.received(.error(code: .notJoined, reason: "join first"))
-        #expect(s.takeOutputs() == [.event(.notice("server: join first"))])
+        out = s.takeOutputs()
+        #expect(saved(out) == ["t2"] && token(of: s) == "t2" && s.pendingToken == nil)
+        #expect(out.last == .event(.tokenRenewed(later)))
         #expect(throws: ChannelError.self) { try s.renewToken("t9", UUID()) }
 
         // The token runs out: the session ends, the channel stays (the server keeps the membership and
@@ -227,25 +230,91 @@ func sent(_ outputs: [SessionOutput]) -> [ClientMessage] {
         #expect(out.contains(.event(.serviceStatus(.unavailable))))
         #expect(!out.contains(.forgetRestoration) && !out.contains(.invalidatePushToken(Data([0xAB, 0xCD]))))
         #expect(s.channel == channelID && s.tokenExpired)
-        let ann = try Participant(name: "Ann")
-        s.pushResult(.activeRemoteParticipant(ann), channelID)
-        #expect(!s.takeOutputs().contains { if case .connect = $0 { return true } else { return false } })
+        // A push can't be heard now: no speaker, no audio held for nothing.
+        s.pushResult(.activeRemoteParticipant(try Participant(name: "Ann")), channelID)
+        out = s.takeOutputs()
+        #expect(!out.contains { if case .connect = $0 { return true } else { return false } })
+        #expect(s.activeRemoteParticipant == nil && delegateCalls(out).isEmpty)
         s.beginTransmitting(channelID, source: .userRequest)
         #expect(delegateCalls(s.takeOutputs()).contains { if case .failedToBegin(_, let e) = $0 { return e.message.contains("renewToken") } else { return false } })
         s.transportFailed("closed by the server")
         #expect(!s.takeOutputs().contains { if case .scheduleReconnect = $0 { return true } else { return false } })
 
+        // A new token that is refused too: the channel waits again, it does not end.
+        try s.renewToken("bad", channelID)
+        var tried = credentials
+        tried.token = "bad"
+        #expect(s.takeOutputs().contains(.connect(tried)))
+        s.transportConnected()
+        #expect(sent(s.takeOutputs()) == [.join(token: "bad", channel: channelID, reason: .developerRequest)])
+        s.received(.refused(code: .tokenForged, reason: "forged"))
+        out = s.takeOutputs()
+        #expect(delegateCalls(out).isEmpty && out.contains(.event(.tokenRenewalFailed(.tokenForged, "forged"))))
+        #expect(s.tokenExpired && s.channel == channelID && saved(out).isEmpty)
+
+        // A good one brings the channel back, and is what a restart restores.
         try s.renewToken("t3", channelID)
-        var renewed = credentials
-        renewed.token = "t3"
-        #expect(s.takeOutputs().contains(.connect(renewed)))
+        tried.token = "t3"
+        #expect(s.takeOutputs().contains(.connect(tried)))
         s.transportConnected()
         #expect(sent(s.takeOutputs()) == [.join(token: "t3", channel: channelID, reason: .developerRequest)])
+        s.received(.joined(channel: ChannelInfo(id: channelID, name: "Ops", image: nil, mode: .halfDuplex, maxBurstSeconds: 60), you: 1,
+                           roster: [participant(1, "Ann")], talkers: []))
+        out = s.takeOutputs()
+        #expect(saved(out) == ["t3"] && !s.tokenExpired && s.serviceStatus == .ready)
+        #expect(!delegateCalls(out).contains(.didJoin(channelID, .developerRequest)))
+    }
+
+    @Test func aRefusedRenewalNeverReplacesTheTokenThatWorks() throws {
+        var s = joinedSession()
+        // Another user's token: refused, and the session's own token stays, for this session and the
+        // next join (a join does not check the user, so taking it would make this device someone else).
+        try s.renewToken("bobs", channelID)
+        _ = s.takeOutputs()
+        s.received(.error(code: .tokenWrongUser, reason: "not yours"))
+        #expect(s.takeOutputs() == [.event(.tokenRenewalFailed(.tokenWrongUser, "not yours"))])
+        #expect(token(of: s) == "t" && s.pendingToken == nil)
+        s.transportReconnecting()
+        s.transportConnected()
+        #expect(sent(s.takeOutputs()) == [.join(token: "t", channel: channelID, reason: .developerRequest)])
+        // Errors that are not the renewal's answer are notices.
+        var j = joinedSession()
+        j.received(.error(code: .notJoined, reason: "join first"))
+        #expect(j.takeOutputs() == [.event(.notice("server: join first"))])
+    }
+
+    @Test func renewalsGoOneAtATimeAndSurviveWhatCanHappenToThem() throws {
+        var s = joinedSession()
+        try s.renewToken("t2", channelID)
+        try s.renewToken("t3", channelID)  // while t2 is being checked: waits for t2's answer
+        #expect(sent(s.takeOutputs()) == [.renewToken(token: "t2")])
+        s.received(.tokenRenewed(expiresAt: Date(timeIntervalSince1970: 1_800_001_000)))
+        var out = s.takeOutputs()
+        #expect(token(of: s) == "t2" && sent(out) == [.renewToken(token: "t3")])
+        // The server could not check t3 (its database): t3 stays pending, offered again after a reconnect.
+        s.received(.error(code: .internalError, reason: "database failing"))
+        out = s.takeOutputs()
+        #expect(out == [.event(.tokenRenewalFailed(.internalError, "database failing"))] && s.pendingToken == "t3")
+        s.transportReconnecting()
+        s.transportConnected()
+        _ = s.takeOutputs()
+        s.received(.joined(channel: ChannelInfo(id: channelID, name: "Ops", image: nil, mode: .halfDuplex, maxBurstSeconds: 60), you: 1,
+                           roster: [participant(1, "Ann")], talkers: []))
+        #expect(sent(s.takeOutputs()).contains(.renewToken(token: "t3")))
+        // Maybe rate-limited away: asked again.
+        s.received(.error(code: .rateLimited, reason: "slow down"))
+        #expect(sent(s.takeOutputs()) == [.renewToken(token: "t3")])
+        // The old token expires before t3's check comes back: t3 is tried at once, not given up on.
+        s.received(.refused(code: .tokenExpired, reason: "expired"))
+        out = s.takeOutputs()
+        var renewed = credentials
+        renewed.token = "t3"
+        #expect(out.contains(.connect(renewed)) && !out.contains(.event(.tokenExpired("expired"))))
         #expect(!s.tokenExpired)
     }
 
     @Test func aTokenRenewedWhileJoiningIsNotLost() throws {
-        // Renewed while the join (with the old token) is on its way: sent once joined.
+        // Renewed while the join (with the old token) is on its way: offered once joined.
         var s = joinedSession()
         s.transportReconnecting()
         s.transportConnected()
@@ -256,20 +325,9 @@ func sent(_ outputs: [SessionOutput]) -> [ClientMessage] {
                            roster: [participant(1, "Ann")], talkers: []))
         #expect(sent(s.takeOutputs()).contains(.renewToken(token: "t2")))
 
-        // Renewed while the old token's join is refused as expired: joins again with the new one at once.
-        var t = joinedSession()
-        t.transportReconnecting()
-        t.transportConnected()
-        try t.renewToken("t2", channelID)
-        _ = t.takeOutputs()
-        t.received(.refused(code: .tokenExpired, reason: "expired"))
-        let out = t.takeOutputs()
+        // A restored channel whose saved token ran out, renewed before the refusal came: no failed join.
         var renewed = credentials
         renewed.token = "t2"
-        #expect(out.contains(.connect(renewed)) && !out.contains(.event(.tokenExpired("expired"))))
-        #expect(!t.tokenExpired)
-
-        // A restored channel whose saved token ran out, renewed before the refusal came: no failed join.
         var r = ChannelSession()
         r.requestJoin(channelID, descriptor: descriptor, credentials: credentials, reason: .channelRestoration)
         r.transportConnected()
@@ -280,6 +338,15 @@ func sent(_ outputs: [SessionOutput]) -> [ClientMessage] {
         #expect(delegateCalls(restored).isEmpty && restored.contains(.connect(renewed)) && !restored.contains(.forgetRestoration))
         r.transportConnected()
         #expect(sent(r.takeOutputs()) == [.join(token: "t2", channel: channelID, reason: .channelRestoration)])
+    }
+
+    @Test func losingTalkByANewTokenChangesTheTransmissionMode() {
+        var s = joinedSession()
+        #expect(s.transmissionMode == .halfDuplex)
+        s.received(.participant(participant(1, "Ann", talk: false)))
+        #expect(s.takeOutputs().contains(.event(.transmissionMode(.listenOnly))))
+        s.received(.participant(participant(2, "Bob", talk: false)))
+        #expect(!s.takeOutputs().contains { if case .event(.transmissionMode) = $0 { return true } else { return false } })
     }
 
     @Test func reconnectingBlocksTransmitAndRejoinsWithoutASecondDidJoin() {
