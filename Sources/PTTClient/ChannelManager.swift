@@ -204,8 +204,10 @@ public final class ChannelManager: Sendable {
     /// Hands the channel a new participant token for the same user. Apple's framework leaves
     /// credentials to the app's server; here the server ends a session when its token expires, so an
     /// app renews when it sees `ChannelManagerEvent.tokenExpiring`, and the session carries on without
-    /// a gap. A joined channel sends it at once (answered by `tokenRenewed` or `tokenRenewalFailed`);
-    /// one whose session ended (`tokenExpired`) joins again with it; the restoration record keeps it.
+    /// a gap. A joined channel sends it at once (answered by `tokenRenewed` or `tokenRenewalFailed`),
+    /// and the restoration record keeps it once the server has taken it; one whose session ended
+    /// (`tokenExpired`) joins again with it. Throws `channelNotFound` for another channel, and an error
+    /// with refusal `tokenWrongUser` for a token that names another user than the current one.
     public func renewToken(_ token: String, channelUUID: UUID) async throws(ChannelError) {
         try await engine.set { session throws(ChannelError) in try session.renewToken(token, channelUUID) }
     }

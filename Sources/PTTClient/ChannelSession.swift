@@ -291,10 +291,17 @@ struct ChannelSession {
     // MARK: Participant token
 
     /// The app has a new participant token for the channel (Squelch's own: Apple's framework leaves
-    /// credentials to the app's server). A joined session takes it at once (`renewToken`); otherwise
-    /// the next join carries it, and a session that ended because its token expired joins again now.
+    /// credentials to the app's server). A joined session offers it to the server (`renewToken`) at
+    /// once, any other once it is joined again; a session that ended because its token expired joins
+    /// again with it now.
     mutating func renewToken(_ token: String, _ uuid: UUID) throws(ChannelError) {
         guard channel == uuid, var credentials else { throw ChannelError(.channelNotFound, "no active channel \(uuid)") }
+        // A join doesn't check the user as a renewal does, and a pending token may be joined with: a
+        // token for someone else must not get that far. (Read without verifying; the server verifies.)
+        if let now = Self.subject(of: credentials.token), let new = Self.subject(of: token), now != new {
+            throw ChannelError(.unknown, "the token is for user '\(new)', but this channel was joined as '\(now)'; renew with a token issued to '\(now)'",
+                               refusal: .tokenWrongUser)
+        }
         if link == .down && tokenExpired {
             // Nothing to lose: the old token is dead. Join with this one; a refusal comes back as
             // `tokenRenewalFailed` and the channel waits again.
@@ -310,6 +317,17 @@ struct ChannelSession {
         // offered with `renewToken` once joined; if the old one is refused first, this one is tried.
         pendingToken = token
         sendPendingRenewal()
+    }
+
+    /// A participant token's `sub`, read without verifying it; nil if it isn't a readable JWT.
+    static func subject(of token: String) -> String? {
+        let parts = token.split(separator: ".", omittingEmptySubsequences: false)
+        guard parts.count == 3 else { return nil }
+        var payload = parts[1].replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")
+        while payload.count % 4 != 0 { payload += "=" }
+        struct Claims: Decodable { var sub: String? }
+        guard let data = Data(base64Encoded: payload) else { return nil }
+        return (try? JSONDecoder().decode(Claims.self, from: data))?.sub
     }
 
     private mutating func sendPendingRenewal() {
@@ -332,14 +350,14 @@ struct ChannelSession {
     /// The server ended the session because its token expired. The channel stays (the server keeps
     /// the membership and the push token, so the device can still be woken): the app renews the token
     /// and the channel comes back.
-    private mutating func sessionTokenExpired(_ reason: String) {
+    private mutating func sessionTokenExpired(_ reason: String, announce: Bool = true) {
         lostConnection()
         outputs.append(.disconnect)
         link = .down
         tokenExpired = true
         tryingNewToken = false
         updateStatus(.unavailable)
-        outputs.append(.event(.tokenExpired(reason)))
+        if announce { outputs.append(.event(.tokenExpired(reason))) }
     }
 
     // MARK: Push
@@ -417,6 +435,10 @@ struct ChannelSession {
         link = .down
         updateStatus(.unavailable)
         outputs.append(.event(.notice(message)))
+        scheduleReconnect()
+    }
+
+    private mutating func scheduleReconnect() {
         let delay = min(30_000, 500 << min(reconnectAttempts, 6))
         reconnectAttempts += 1
         outputs.append(.scheduleReconnect(milliseconds: delay))
@@ -448,6 +470,12 @@ struct ChannelSession {
             roster = Dictionary(participants.map { ($0.slot, $0) }, uniquingKeysWith: { $1 })
             remoteTalkers = [:]
             updateStatus(.ready)
+            if tryingNewToken {
+                // The token tried after the last one ran out works: it is the one to restore (a first
+                // join saves it below anyway).
+                tryingNewToken = false
+                if joinReported { saveRecord() }
+            }
             if !joinReported {
                 joinReported = true
                 saveRecord()
@@ -461,11 +489,6 @@ struct ChannelSession {
             outputs.append(.event(.roster(rosterEntries)))
             for talker in talkers where talker.slot != slot { remoteTalkStarted(slot: talker.slot, burst: talker.burst) }
             if case .requesting = transmit { outputs.append(.send(.floorRequest)) }
-            if tryingNewToken {
-                // The token tried after the last one ran out works: it is the one to restore.
-                tryingNewToken = false
-                saveRecord()
-            }
             // A renewal in flight died with the old connection; the newest token is offered again.
             renewalInFlight = nil
             sendPendingRenewal()
@@ -504,9 +527,6 @@ struct ChannelSession {
             if code != .internalError, pendingToken == refused { pendingToken = nil }
             outputs.append(.event(.tokenRenewalFailed(code, reason)))
             if pendingToken != refused { sendPendingRenewal() }
-        case .error(.rateLimited, _) where renewalInFlight != nil:
-            // Perhaps the renewal was the message dropped; asking again is harmless.
-            outputs.append(.send(.renewToken(token: renewalInFlight!)))
         case .error(_, let reason):
             outputs.append(.event(.notice("server: \(reason)")))
         case .tokenExpiring(let expiresAt):
@@ -682,8 +702,19 @@ struct ChannelSession {
         // That token, tried after the old one was refused, is refused too: the channel waits for
         // another, as after an expiry, rather than ending.
         if code.isTokenProblem, tryingNewToken, joinReported {
-            sessionTokenExpired(reason)
+            sessionTokenExpired(reason, announce: false)
             outputs.append(.event(.tokenRenewalFailed(code, reason)))
+            return
+        }
+        // The server could not check the token (its database is failing) or is full: that passes, so
+        // a channel the user is in tries again with backoff, as after a failed connection.
+        if joinReported, code == .internalError || code == .serverBusy {
+            lostConnection()
+            outputs.append(.disconnect)
+            link = .down
+            updateStatus(.unavailable)
+            outputs.append(.event(.notice(reason)))
+            scheduleReconnect()
             return
         }
         if !joinReported {

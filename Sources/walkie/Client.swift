@@ -213,14 +213,18 @@ func readTokenFile(_ path: String) throws(WalkieFailure) -> String {
 /// token (the server ends a session when its token expires). The file is read once a second: it is
 /// replaced far less often than that, and polling works on any filesystem. An unreadable or
 /// half-written file is skipped until the next read; a token the server refuses is reported by the
-/// manager (`tokenRenewalFailed`) and not sent again until the file changes.
-func watchTokenFile(_ path: String, current: String, manager: ChannelManager, channel: UUID) -> Task<Void, Never> {
+/// manager (`tokenRenewalFailed`) and not sent again until the file changes. `problem` hears of a
+/// token the manager won't even offer (another user's).
+func watchTokenFile(_ path: String, current: String, manager: ChannelManager, channel: UUID,
+                    problem: @escaping @Sendable (String) -> Void) -> Task<Void, Never> {
     Task {
         var last = current
         while !Task.isCancelled {
             if let token = try? readTokenFile(path), token != last, (try? TokenClaims.read(token)) != nil {
                 last = token
-                try? await manager.renewToken(token, channelUUID: channel)
+                do throws(ChannelError) { try await manager.renewToken(token, channelUUID: channel) } catch {
+                    problem("the token in \(path) was not used: \(error.message)")
+                }
             }
             try? await Task.sleep(for: .seconds(1))
         }

@@ -114,7 +114,7 @@ struct Listen: AsyncParsableCommand {
         try await awaitJoin(delegate, server: server.server)
         say("listening; recording into \(record)")
         let tokenFile = server.tokenFile
-        let renewals = tokenFile.map { watchTokenFile($0, current: credentials.token, manager: manager, channel: channel) }
+        let renewals = tokenFile.map { watchTokenFile($0, current: credentials.token, manager: manager, channel: channel, problem: say) }
         let bursts = Task {
             for await event in manager.events {
                 if case .burstFinished(let s) = event {

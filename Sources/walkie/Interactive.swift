@@ -41,15 +41,20 @@ struct Join: AsyncParsableCommand {
             }
             if manager.activeChannelUUID == nil {
                 manager.requestJoinChannel(channelUUID: channel, descriptor: ChannelDescriptor(name: "Channel"), credentials: credentials)
-            } else {
+            } else if (try? RestorationStore(directory: manager.stateDirectory).load())??.credentials.token != credentials.token {
                 // The saved channel is this one and is being restored with the saved token, which may
                 // have run out: the token given now is offered (and tried if the saved one is refused).
-                try? await manager.renewToken(credentials.token, channelUUID: channel)
+                do throws(ChannelError) { try await manager.renewToken(credentials.token, channelUUID: channel) } catch {
+                    throw WalkieFailure.token("\(error.message); or 'walkie leave' first to join as someone else")
+                }
             }
             try await awaitJoin(delegate, server: server.server)
-            let renewals = server.tokenFile.map { watchTokenFile($0, current: credentials.token, manager: manager, channel: channel) }
+            let shared = Interactive.SharedBox()
+            let renewals = server.tokenFile.map { path in
+                watchTokenFile(path, current: credentials.token, manager: manager, channel: channel) { text in shared.report(text) }
+            }
             defer { renewals?.cancel() }
-            try await Interactive.run(manager: manager, delegate: delegate, options: interactive, tokenFile: server.tokenFile)
+            try await Interactive.run(manager: manager, delegate: delegate, options: interactive, tokenFile: server.tokenFile, shared: shared)
         } catch let failure as WalkieFailure {
             fail(failure)
         }
@@ -85,10 +90,13 @@ struct Resume: AsyncParsableCommand {
             }
             // A token put in the file while walkie was stopped is handed over at once: the saved one
             // may have expired meanwhile.
-            let renewals = tokenFile.map { watchTokenFile($0, current: saved.credentials.token, manager: manager, channel: saved.channel) }
+            let shared = Interactive.SharedBox()
+            let renewals = tokenFile.map { path in
+                watchTokenFile(path, current: saved.credentials.token, manager: manager, channel: saved.channel) { text in shared.report(text) }
+            }
             defer { renewals?.cancel() }
             try await awaitJoin(delegate, server: "\(saved.credentials.host):\(saved.credentials.port)")
-            try await Interactive.run(manager: manager, delegate: delegate, options: interactive, tokenFile: tokenFile)
+            try await Interactive.run(manager: manager, delegate: delegate, options: interactive, tokenFile: tokenFile, shared: shared)
         } catch let failure as WalkieFailure {
             fail(failure)
         }
@@ -106,13 +114,20 @@ enum Interactive {
         var lastBurst: String?
     }
 
-    static func run(manager: ChannelManager, delegate: WalkieDelegate, options: InteractiveOptions, tokenFile: String?) async throws {
+    /// `Shared` behind its lock, made before the screen so that the token-file watcher can report to it.
+    final class SharedBox: Sendable {
+        let box = NIOLockedValueBox(Shared())
+        func report(_ text: String) { box.withLockedValue { $0.status = .init(text, isError: true) } }
+    }
+
+    static func run(manager: ChannelManager, delegate: WalkieDelegate, options: InteractiveOptions, tokenFile: String?,
+                    shared sharedBox: SharedBox = SharedBox()) async throws {
         guard let key = Key(name: options.key) else {
             throw WalkieFailure.usage("--key \(options.key) is not a key name; try space, a letter, or f1-f12")
         }
         let session: TerminalSession
         do { session = try TerminalSession() } catch { throw WalkieFailure.usage("\(error)") }
-        let shared = NIOLockedValueBox(Shared())
+        let shared = sharedBox.box
         let listener = Task {
             for await event in delegate.stream {
                 shared.withLockedValue { state in

@@ -250,6 +250,7 @@ func sent(_ outputs: [SessionOutput]) -> [ClientMessage] {
         s.received(.refused(code: .tokenForged, reason: "forged"))
         out = s.takeOutputs()
         #expect(delegateCalls(out).isEmpty && out.contains(.event(.tokenRenewalFailed(.tokenForged, "forged"))))
+        #expect(!out.contains(.event(.tokenExpired("forged"))), "not an expiry, and not said to be one")
         #expect(s.tokenExpired && s.channel == channelID && saved(out).isEmpty)
 
         // A good one brings the channel back, and is what a restart restores.
@@ -301,9 +302,9 @@ func sent(_ outputs: [SessionOutput]) -> [ClientMessage] {
         s.received(.joined(channel: ChannelInfo(id: channelID, name: "Ops", image: nil, mode: .halfDuplex, maxBurstSeconds: 60), you: 1,
                            roster: [participant(1, "Ann")], talkers: []))
         #expect(sent(s.takeOutputs()).contains(.renewToken(token: "t3")))
-        // Maybe rate-limited away: asked again.
+        // An error about another message is not the renewal's answer.
         s.received(.error(code: .rateLimited, reason: "slow down"))
-        #expect(sent(s.takeOutputs()) == [.renewToken(token: "t3")])
+        #expect(sent(s.takeOutputs()).isEmpty && s.pendingToken == "t3")
         // The old token expires before t3's check comes back: t3 is tried at once, not given up on.
         s.received(.refused(code: .tokenExpired, reason: "expired"))
         out = s.takeOutputs()
@@ -338,6 +339,42 @@ func sent(_ outputs: [SessionOutput]) -> [ClientMessage] {
         #expect(delegateCalls(restored).isEmpty && restored.contains(.connect(renewed)) && !restored.contains(.forgetRestoration))
         r.transportConnected()
         #expect(sent(r.takeOutputs()) == [.join(token: "t2", channel: channelID, reason: .channelRestoration)])
+    }
+
+    @Test func aTokenForAnotherUserIsNotEvenOffered() throws {
+        func jwt(_ sub: String) -> String {
+            let payload = Data(#"{"sub":"\#(sub)","exp":1800000000}"#.utf8).base64EncodedString()
+                .replacingOccurrences(of: "+", with: "-").replacingOccurrences(of: "/", with: "_").replacingOccurrences(of: "=", with: "")
+            return "eyJhbGciOiJFUzI1NiJ9.\(payload).c2ln"
+        }
+        var ann = credentials
+        ann.token = jwt("ann")
+        var s = ChannelSession()
+        s.requestJoin(channelID, descriptor: descriptor, credentials: ann, reason: .developerRequest)
+        s.transportConnected()
+        s.received(.joined(channel: ChannelInfo(id: channelID, name: "Ops", image: nil, mode: .halfDuplex, maxBurstSeconds: 60), you: 1,
+                           roster: [participant(1, "Ann")], talkers: []))
+        _ = s.takeOutputs()
+        #expect(ChannelSession.subject(of: jwt("bob")) == "bob" && ChannelSession.subject(of: "t") == nil)
+        #expect(throws: ChannelError.self) { try s.renewToken(jwt("bob"), channelID) }
+        do { try s.renewToken(jwt("bob"), channelID) } catch { #expect(error.refusal == .tokenWrongUser && error.message.contains("'ann'")) }
+        #expect(sent(s.takeOutputs()).isEmpty && s.pendingToken == nil)
+        try s.renewToken(jwt("ann") + "x", channelID)
+        #expect(sent(s.takeOutputs()) == [.renewToken(token: jwt("ann") + "x")])
+    }
+
+    @Test func aJoinRefusedForAPassingReasonIsTriedAgainNotLeft() {
+        var s = joinedSession()
+        s.transportReconnecting()
+        s.transportConnected()
+        _ = s.takeOutputs()
+        s.received(.refused(code: .internalError, reason: "the server could not check the token; try again shortly"))
+        let out = s.takeOutputs()
+        #expect(delegateCalls(out).isEmpty && !out.contains(.forgetRestoration))
+        #expect(out.contains { if case .scheduleReconnect = $0 { return true } else { return false } })
+        #expect(s.channel == channelID && s.serviceStatus == .unavailable)
+        s.reconnectDue()
+        #expect(s.takeOutputs().contains(.connect(credentials)))
     }
 
     @Test func losingTalkByANewTokenChangesTheTransmissionMode() {
