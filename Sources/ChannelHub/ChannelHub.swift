@@ -535,7 +535,7 @@ public final class ChannelHub {
                     channel.endReasons[slot] = "disconnected"
                 case .notAllowed:
                     cause = .notAllowed
-                    text = "you joined again with a token that allows listening only"
+                    text = "your new participant token allows listening only"
                     channel.endReasons[slot] = "notAllowed"
                 case .channelChanged:
                     cause = .channelChanged
