@@ -150,6 +150,9 @@ enum Executables {
         let line = await log.wait(for: #"listening on http://127\.0\.0\.1:\d+"#, seconds: 20)
         let portText = try #require(line?.split(separator: ":").last, "no port in log: \(log.contents)")
         let bound = try #require(Int(portText))
+        // The admin API may answer before the voice transport is up, and /healthz rightly says 503
+        // until it is: ask once both are listening.
+        #expect(await log.wait(for: #"voice transport listening"#, seconds: 20) != nil, "\(log.contents)")
         let url = try #require(URL(string: "http://127.0.0.1:\(bound)/healthz"))
         let (body, response) = try await URLSession.shared.data(from: url)
         #expect((response as? HTTPURLResponse)?.statusCode == 200)
