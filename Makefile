@@ -110,7 +110,7 @@ fuzz-build: deps
 	  $(FUZZ_DIR)/APNsRequestFuzz.swift Sources/APNsSimulator/APNsRequestValidation.swift \
 	  -o $(FUZZ_BIN)/apns-request
 	$(SWIFT)c -sanitize=fuzzer,address -parse-as-library -g -O -use-ld=lld -module-name JitterBufferFuzz \
-	  $(FUZZ_DIR)/JitterBufferFuzz.swift Sources/JitterBuffer/JitterBuffer.swift Sources/ChannelProtocol/AudioHeader.swift \
+	  $(FUZZ_DIR)/JitterBufferFuzz.swift Sources/JitterBuffer/JitterBuffer.swift Sources/JitterBuffer/ReceptionLossMeter.swift Sources/ChannelProtocol/AudioHeader.swift \
 	  -o $(FUZZ_BIN)/jitter-buffer
 	$(SWIFT)c -sanitize=fuzzer,address -parse-as-library -g -O -use-ld=lld -module-name PushPayloadFuzz \
 	  $(FUZZ_DIR)/PushPayloadFuzz.swift Sources/PTTClient/PushValue.swift \

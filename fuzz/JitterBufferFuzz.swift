@@ -3,7 +3,7 @@
 // playout ticks in between. Whatever arrives (forged sequences, bursts that flip back and forth, end
 // markers in any order, catch-up floods), the buffer must not crash, must hand out each frame of a
 // burst at most once and in increasing order (between resyncs), and must never hand out a payload it
-// did not store.
+// did not store. The loss meter fed from it must only ever report a percentage.
 // Built by `make fuzz-build` with Sources/JitterBuffer and Sources/ChannelProtocol/AudioHeader.swift.
 
 @_cdecl("LLVMFuzzerTestOneInput")
@@ -14,6 +14,7 @@ public func fuzzJitterBuffer(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt 
     var now: UInt64 = 0
     var offset = 0
     var lastPlayed: (burst: UInt32, sequence: UInt16)?
+    var meter = ReceptionLossMeter(tracks: 1, windowFrames: 20, firstWindowFrames: 5)
     while offset + 2 <= size {
         // [length][step][datagram bytes…]
         let length = Int(data[offset]) % 64
@@ -34,7 +35,14 @@ public func fuzzJitterBuffer(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt 
         }
         if step & 1 == 0 {
             let burst = buffer.current.map { UInt32($0.slot) << 16 | UInt32($0.burst) }
-            switch buffer.nextFrame(now: now) {
+            let decision = buffer.nextFrame(now: now)
+            let report = if case .ended(let statistics, _) = decision {
+                meter.observe(track: 0, statistics, ended: true)
+            } else {
+                meter.observe(track: 0, buffer.current)
+            }
+            if let report { precondition((0...100).contains(report), "loss \(report) %") }
+            switch decision {
             case .play(let frame):
                 let count = buffer.withPayload(of: frame) { $0.count }
                 precondition(count <= configuration.maxPayloadBytes)

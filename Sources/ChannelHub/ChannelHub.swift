@@ -217,13 +217,14 @@ public final class ChannelHub {
         member.link = nil
         member.connection = .reconnecting
         member.reconnectingUntil = time.instant + configuration.disconnectGrace
+        member.receptionLoss = 0
         stopCatchUp(&member)
         channel.members[slot] = member
         reconnecting.append((channel, slot))
         dropExpiry { $0.channel === channel && $0.slot == slot }
         channel.floor.disconnected(slot, now: time.instant.nanoseconds)
         applyFloorEvents(channel, at: time)
-        channel.rebuildListeners()
+        listenersChanged(channel)
         outputs.append(.send(.participant(member.participant), to: channel.links(except: slot)))
         outputs.append(.store(.touchMember(channel: channel.record.id, user: member.userID, lastSeen: time.date)))
     }
@@ -302,10 +303,15 @@ public final class ChannelHub {
             outputs.append(.send(.pushTokenRegistered, to: [link]))
         case .setSubscriptions(let unheard):
             channel.members[slot]!.unheard = Set(unheard)
-            channel.rebuildListeners()
+            listenersChanged(channel)
             outputs.append(.send(.subscriptions(unheard: unheard), to: [link]))
         case .renewToken(let token):
             outputs.append(.verifyRenewal(link, token: token, channel: channel.record.id))
+        case .receptionReport(let percent):
+            guard channel.members[slot]!.canListen, channel.members[slot]!.receptionLoss != percent else { return }
+            channel.members[slot]!.receptionLoss = percent
+            counters.receptionReports += 1
+            updateListenerLoss(channel)
         }
     }
 
@@ -345,6 +351,9 @@ public final class ChannelHub {
         member.link = link
         member.connection = .connected
         member.reconnectingUntil = nil
+        // A new session: the client starts both loss figures at 0.
+        member.receptionLoss = 0
+        member.listenerLossTold = 0
         channel.members[slot] = member
         reconnecting.removeAll { $0.channel === channel && $0.slot == slot }
         sessions[link] = .joined(channel, slot: slot)
@@ -367,7 +376,7 @@ public final class ChannelHub {
         applyFloorEvents(channel, at: time)
         outputs.append(.send(.participant(channel.members[slot]!.participant), to: channel.links(except: slot)))
         if member.canListen { startCatchUp(channel, slot: slot, at: time) }
-        channel.rebuildListeners()
+        listenersChanged(channel)
     }
 
     /// The token on `link` was refused (or the join failed): tell the client why and close.
@@ -418,7 +427,7 @@ public final class ChannelHub {
         var after = channel.members[slot]!.participant
         after.talking = before.talking
         if after != before { outputs.append(.send(.participant(channel.members[slot]!.participant), to: channel.connectedLinks)) }
-        channel.rebuildListeners()
+        listenersChanged(channel)
     }
 
     /// The token sent with `renewToken` was refused: the member is told why, and the session carries
@@ -449,7 +458,7 @@ public final class ChannelHub {
         reconnecting.removeAll { $0.channel === channel && $0.slot == slot }
         dropExpiry { $0.channel === channel && $0.slot == slot }
         applyFloorEvents(channel, at: time)
-        channel.rebuildListeners()
+        listenersChanged(channel)
         outputs.append(.send(.participantLeft(slot: slot, userID: member.userID), to: channel.connectedLinks))
         outputs.append(.store(.removeMember(channel: channel.record.id, user: member.userID)))
     }
@@ -470,6 +479,8 @@ public final class ChannelHub {
     // MARK: Floor
 
     func applyFloorEvents(_ channel: ChannelState, at time: HubTime) {
+        var granted = false
+        defer { if granted { updateListenerLoss(channel) } }
         for event in channel.floor.takeEvents() {
             switch event {
             case .granted(let slot, let burst, _):
@@ -483,8 +494,10 @@ public final class ChannelHub {
                 channel.startRecording(talker: slot, burst: burst16, pace: pace)
                 addToCatchUps(channel, talker: slot)
                 sendGrant(channel, slot: slot, burst: burst16)
+                granted = true
             case .confirmed(let slot, let burst, _):
                 sendGrant(channel, slot: slot, burst: UInt16(truncatingIfNeeded: burst))
+                granted = true
             case .taken(let slot, let burst, _):
                 guard let member = channel.members[slot] else { break }
                 outputs.append(.send(.floor(FloorEvent(kind: .taken, slot: slot, burst: UInt16(truncatingIfNeeded: burst))),
@@ -560,6 +573,31 @@ public final class ChannelHub {
             case .idle:
                 outputs.append(.send(.floor(FloorEvent(kind: .idle)), to: channel.connectedLinks))
             }
+        }
+    }
+
+    /// Who hears whom changed (a member came, went, changed rights or subscriptions): the relay's list
+    /// is rebuilt, and talkers learn their listeners' worst loss if that moved.
+    func listenersChanged(_ channel: ChannelState) {
+        channel.rebuildListeners()
+        updateListenerLoss(channel)
+    }
+
+    /// Tells each talker the worst loss reported by the connected members who hear it, where that
+    /// differs from what it was last told. The talker's encoder adds FEC from it (docs/protocol.md
+    /// §16.4.4), so one listener on a bad link is enough: FEC is for the worst link, and costs the
+    /// others only a little of the clean quality. O(members × talkers), on reports and membership
+    /// changes only, never per packet.
+    func updateListenerLoss(_ channel: ChannelState) {
+        for talker in channel.floor.currentTalkers {
+            guard let member = channel.members[talker], let link = member.link else { continue }
+            var worst = 0
+            for other in channel.members.values where other.slot != talker && other.link != nil && other.hears(member) {
+                worst = max(worst, other.receptionLoss)
+            }
+            guard worst != member.listenerLossTold else { continue }
+            channel.members[talker]!.listenerLossTold = worst
+            outputs.append(.send(.receptionLoss(lossPercent: worst), to: [link]))
         }
     }
 
@@ -706,7 +744,7 @@ public final class ChannelHub {
             channel.members[slot] = member
             if member.catchUp.isEmpty {
                 catchingUp.remove(at: index)
-                channel.rebuildListeners()
+                listenersChanged(channel)
                 channel.recycleRecordings()
             } else {
                 index += 1
@@ -785,7 +823,7 @@ public final class ChannelHub {
         if channel.floor.mayTalk(slot) { channel.endReasons[slot] = "tokenExpired" }
         channel.floor.release(slot, now: time.instant.nanoseconds)
         applyFloorEvents(channel, at: time)
-        channel.rebuildListeners()
+        listenersChanged(channel)
         outputs.append(.send(.participant(channel.members[slot]!.participant), to: channel.connectedLinks))
         outputs.append(.store(.touchMember(channel: channel.record.id, user: member.userID, lastSeen: time.date)))
     }

@@ -39,6 +39,10 @@ struct Member {
     /// from it (refilled for the time between), so releasing and requesting the floor again doesn't
     /// buy a full bucket.
     var audioPace: TokenBucket?
+    /// The share of audio (percent) this member last reported missing (`receptionReport`), this session.
+    var receptionLoss = 0
+    /// The worst listener loss this member was last told while talking (`receptionLoss`), this session.
+    var listenerLossTold = 0
 
     /// Whether this member takes audio from `talker` at all: it may listen and has not unsubscribed.
     func hears(_ talker: Member) -> Bool { canListen && !unheard.contains(talker.userID) }

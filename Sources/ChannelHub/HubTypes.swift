@@ -156,6 +156,8 @@ public struct HubCounters: Sendable, Equatable {
     /// `renewToken` requests that gave a session a new token, and those refused.
     public var tokenRenewals = 0
     public var tokenRenewalsRefused = 0
+    /// `receptionReport`s that changed a listener's loss figure.
+    public var receptionReports = 0
 
     public init() {}
 

@@ -6,7 +6,7 @@ import Foundation
 
 private enum Keys: String, CodingKey {
     case type, token, channel, reason, muted, environment, you, roster, talkers, code, participant, slot,
-         userID, event, descriptor, status, participants, unheard, expiresAt
+         userID, event, descriptor, status, participants, unheard, expiresAt, loss
 }
 
 extension ClientMessage: Codable {
@@ -25,6 +25,7 @@ extension ClientMessage: Codable {
                                       environment: try c.decode(PushEnvironment.self, forKey: .environment))
         case "setSubscriptions": self = .setSubscriptions(unheard: try c.decode([String].self, forKey: .unheard))
         case "renewToken": self = .renewToken(token: try c.decode(String.self, forKey: .token))
+        case "receptionReport": self = .receptionReport(lossPercent: try decodePercent(c))
         case let other:
             throw DecodingError.dataCorruptedError(forKey: .type, in: c, debugDescription: "unknown client message type '\(other)'")
         }
@@ -54,6 +55,9 @@ extension ClientMessage: Codable {
         case .renewToken(let token):
             try c.encode("renewToken", forKey: .type)
             try c.encode(token, forKey: .token)
+        case .receptionReport(let lossPercent):
+            try c.encode("receptionReport", forKey: .type)
+            try c.encode(lossPercent, forKey: .loss)
         }
     }
 }
@@ -83,6 +87,7 @@ extension ServerMessage: Codable {
             self = .error(code: try c.decode(RefusalCode.self, forKey: .code), reason: try c.decode(String.self, forKey: .reason))
         case "tokenExpiring": self = .tokenExpiring(expiresAt: try Self.decodeTime(c))
         case "tokenRenewed": self = .tokenRenewed(expiresAt: try Self.decodeTime(c))
+        case "receptionLoss": self = .receptionLoss(lossPercent: try decodePercent(c))
         case let other:
             throw DecodingError.dataCorruptedError(forKey: .type, in: c, debugDescription: "unknown server message type '\(other)'")
         }
@@ -135,6 +140,9 @@ extension ServerMessage: Codable {
         case .tokenRenewed(let expiresAt):
             try c.encode("tokenRenewed", forKey: .type)
             try c.encode(Self.unixSeconds(expiresAt), forKey: .expiresAt)
+        case .receptionLoss(let lossPercent):
+            try c.encode("receptionLoss", forKey: .type)
+            try c.encode(lossPercent, forKey: .loss)
         }
     }
 
@@ -152,6 +160,15 @@ extension ServerMessage: Codable {
         }
         return Date(timeIntervalSince1970: TimeInterval(seconds))
     }
+}
+
+/// A loss figure: a whole percentage, 0 to 100.
+private func decodePercent(_ c: KeyedDecodingContainer<Keys>) throws -> Int {
+    let percent = try c.decode(Int.self, forKey: .loss)
+    guard (0...100).contains(percent) else {
+        throw DecodingError.dataCorruptedError(forKey: .loss, in: c, debugDescription: "loss \(percent) is not a percentage (0 to 100)")
+    }
+    return percent
 }
 
 /// Encodes and decodes control messages. Decoding checks the size first, and turns every failure

@@ -226,6 +226,10 @@ public enum ClientMessage: Sendable, Equatable {
     /// it joined with. The reply is `tokenRenewed`, or `error` with a token code (the session carries
     /// on with the old token until that expires).
     case renewToken(token: String)
+    /// How much of the talkers' audio this listener missed on arrival (before FEC or concealment), in
+    /// percent, over its last few seconds of listening. Sent when the figure moves, not periodically;
+    /// the server tells talkers the worst (`receptionLoss`) so that they can add redundancy.
+    case receptionReport(lossPercent: Int)
 }
 
 /// Server → client.
@@ -256,6 +260,10 @@ public enum ServerMessage: Sendable, Equatable {
     case tokenExpiring(expiresAt: Date)
     /// The token sent with `renewToken` is the session's now; it expires at `expiresAt`.
     case tokenRenewed(expiresAt: Date)
+    /// To a talker: the worst loss the members who hear it reported (`receptionReport`), in percent.
+    /// Sent when it changes while the member holds the floor, and with a grant when it differs from
+    /// what the member was last told in this session. A client starts each session at 0.
+    case receptionLoss(lossPercent: Int)
 }
 
 /// A control message that could not be read.

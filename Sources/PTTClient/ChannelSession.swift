@@ -28,6 +28,8 @@ enum SessionOutput: Sendable, Equatable {
     case startSending(burst: UInt16)
     /// Stop capturing; send the end-of-burst marker (three times) before anything that follows.
     case stopSending
+    /// The worst loss among this member's listeners (percent): the encoder adds FEC from 2 %.
+    case adaptToListenerLoss(Int)
     /// Mute or unmute playback (a system call holds the audio).
     case mutePlayback(Bool)
     /// Drop whatever is buffered for playback (leaving a channel).
@@ -103,6 +105,10 @@ struct ChannelSession {
     private(set) var pendingToken: String?
     /// The renewal sent and not yet answered: one at a time, so each answer is known to be its answer.
     private var renewalInFlight: String?
+    /// The reception loss last reported to the server in this session (it starts every session at 0).
+    private(set) var reportedLoss = 0
+    /// The worst loss among this member's listeners, as the server last said in this session.
+    private(set) var listenerLoss = 0
     /// The join under way uses a token the server has not accepted yet (tried because the one before
     /// it was refused): if this one is refused too, the channel waits for another rather than ending.
     private var tryingNewToken = false
@@ -465,6 +471,9 @@ struct ChannelSession {
             roster = Dictionary(participants.map { ($0.slot, $0) }, uniquingKeysWith: { $1 })
             remoteTalkers = [:]
             updateStatus(.ready)
+            // The server keeps neither figure across sessions.
+            reportedLoss = 0
+            setListenerLoss(0)
             if tryingNewToken {
                 // The token tried after the last one ran out works: it is the one to restore (a first
                 // join saves it below anyway).
@@ -529,7 +538,26 @@ struct ChannelSession {
         case .tokenRenewed(let expiresAt):
             renewalAccepted()
             outputs.append(.event(.tokenRenewed(expiresAt)))
+        case .receptionLoss(let percent):
+            setListenerLoss(percent)
         }
+    }
+
+    /// The receiver finished a window of heard audio, `percent` of it missing on arrival. The server
+    /// hears of it when it moved by 2 points or more (or came back to 0), so a steady link costs no
+    /// messages and a noisy one at most one per window.
+    mutating func receptionMeasured(_ percent: Int) {
+        guard link == .joined, percent != reportedLoss,
+              abs(percent - reportedLoss) >= 2 || percent == 0 else { return }
+        reportedLoss = percent
+        outputs.append(.send(.receptionReport(lossPercent: percent)))
+    }
+
+    private mutating func setListenerLoss(_ percent: Int) {
+        guard percent != listenerLoss else { return }
+        listenerLoss = percent
+        outputs.append(.adaptToListenerLoss(percent))
+        outputs.append(.event(.listenerLoss(percent)))
     }
 
     // MARK: Internals
@@ -774,6 +802,8 @@ struct ChannelSession {
         pendingToken = nil
         renewalInFlight = nil
         tryingNewToken = false
+        reportedLoss = 0
+        setListenerLoss(0)
     }
 
     private mutating func registerToken() {

@@ -1,6 +1,7 @@
 import ChannelProtocol
 import Foundation
 import JitterBuffer
+import Opus
 
 /// What the manager reports beyond Apple's delegate: the state a UI draws (status, roster, speaker,
 /// levels, network figures). Apple's apps get these from the system UI; a Linux app draws its own.
@@ -36,6 +37,9 @@ public enum ChannelManagerEvent: Sendable, Equatable {
     /// The token expired and the server ended the session. The channel stays joined but unavailable
     /// (the server keeps the membership and push token) until `renewToken` brings it back.
     case tokenExpired(String)
+    /// The worst loss (percent) among the members who hear you, as the server reports it. From 2 %
+    /// your encoder codes FEC, at 40 kbps or more; at 0 it is back to the plain settings.
+    case listenerLoss(Int)
 }
 
 /// Figures for a UI's status line, read with `ChannelManager.statistics()`.
@@ -54,4 +58,8 @@ public struct ChannelStatistics: Sendable, Equatable {
     /// The loudest sample of that frame, 0...1.
     public var inputPeak: Double
     public var framesSent: Int
+    /// The settings of the encoder sending now, nil while not transmitting: the configured ones,
+    /// adapted to the listeners' loss (FEC and its bitrate on from 2 %;
+    /// `OpusConfiguration.adapted(toListenerLoss:)`).
+    public var encoder: OpusConfiguration?
 }

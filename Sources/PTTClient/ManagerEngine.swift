@@ -36,6 +36,7 @@ actor ManagerEngine {
         case notice(String)
         case reconnectDue
         case playbackMuted(Bool)
+        case receptionMeasured(Int)
     }
 
     let configuration: ChannelManagerConfiguration
@@ -88,6 +89,7 @@ actor ManagerEngine {
         receiver = Receiver(configuration: configuration.audio) { event in
             switch event {
             case .burstFinished(let statistics): eventSink.yield(.burstFinished(statistics))
+            case .receptionLoss(let percent): sink.yield(.receptionMeasured(percent))
             case .outputFailed(let message): sink.yield(.notice(message))
             }
         }
@@ -201,6 +203,8 @@ actor ManagerEngine {
         case .playbackMuted(let muted):
             playbackMuted = muted
             receiver.setMuted(muted || session.callActive)
+        case .receptionMeasured(let percent):
+            session.receptionMeasured(percent)
         }
         await perform()
     }
@@ -275,6 +279,8 @@ actor ManagerEngine {
             transmitter.start(burst: burst, client: client)
         case .stopSending:
             await transmitter.stop()
+        case .adaptToListenerLoss(let percent):
+            transmitter.setListenerLoss(percent)
         case .mutePlayback(let muted):
             receiver.setMuted(muted || playbackMuted)
         case .flushPlayback:
@@ -425,7 +431,7 @@ actor ManagerEngine {
     func statistics() async -> ChannelStatistics {
         var result = ChannelStatistics(roundTripMilliseconds: nil, packetsLost: 0, packetsSent: 0, reception: nil,
                                        jitterTargetMilliseconds: 0, inputLevel: transmitter.level, inputPeak: transmitter.peak,
-                                       framesSent: transmitter.framesSent)
+                                       framesSent: transmitter.framesSent, encoder: transmitter.encoderConfiguration)
         if let client {
             let figures = try? await client.withClient { client -> (Double?, Int, Int)? in
                 guard let connection = client?.connection else { return nil }

@@ -74,6 +74,10 @@ final class Transmitter: Sendable {
         var framesSent = 0
         var level = 0.0
         var peak = 0.0
+        /// The worst loss among this talker's listeners, as the server last said (`receptionLoss`).
+        var listenerLoss = 0
+        /// The settings of the encoder sending now, set by the capture thread; nil between bursts.
+        var encoder: OpusConfiguration?
     }
 
     let state = NIOLockedValueBox(State())
@@ -93,6 +97,10 @@ final class Transmitter: Sendable {
     }
 
     var framesSent: Int { state.withLockedValue { $0.framesSent } }
+    /// The settings of the encoder sending now (nil while not transmitting).
+    var encoderConfiguration: OpusConfiguration? { state.withLockedValue { $0.encoder } }
+    /// Takes effect at the next frame, also in the middle of a burst.
+    func setListenerLoss(_ percent: Int) { state.withLockedValue { $0.listenerLoss = percent } }
     var level: Double { state.withLockedValue { $0.level } }
     var peak: Double { state.withLockedValue { $0.peak } }
 
@@ -116,13 +124,15 @@ final class Transmitter: Sendable {
             client.eventLoop.execute {
                 for _ in 0..<3 { end.withUnsafeBytes { _ = client.sendDatagram($0) } }
             }
-            state.withLockedValue { $0.level = 0; $0.peak = 0 }
+            state.withLockedValue { $0.level = 0; $0.peak = 0; $0.encoder = nil }
         }
         let source: any AudioSource
         let encoder: OpusEncoder
+        var listenerLoss = state.withLockedValue { $0.listenerLoss }
         do {
             source = try makeInput()
-            encoder = try OpusEncoder(configuration: opus)
+            encoder = try OpusEncoder(configuration: opus.adapted(toListenerLoss: listenerLoss))
+            state.withLockedValue { $0.encoder = encoder.configuration }
         } catch {
             onEvent(.inputFailed("could not open the audio input: \(error); check --input, or use --input-file"))
             return
@@ -147,7 +157,21 @@ final class Transmitter: Sendable {
                 client.eventLoop.execute { datagram.withUnsafeBytes { _ = client.sendDatagram($0) } }
                 sequence &+= 1
                 let (level, peak) = Self.levels(pcm)
-                state.withLockedValue { $0.framesSent += 1; $0.level = level; $0.peak = peak }
+                let loss = state.withLockedValue { state in
+                    state.framesSent += 1
+                    state.level = level
+                    state.peak = peak
+                    return state.listenerLoss
+                }
+                if loss != listenerLoss {
+                    // Bitrate and FEC can change between any two frames; the decoder needs nothing. The
+                    // settings are valid by construction: should libopus still refuse, the old ones stay.
+                    listenerLoss = loss
+                    let adapted = opus.adapted(toListenerLoss: loss)
+                    if adapted != encoder.configuration, (try? encoder.reconfigure(adapted)) != nil {
+                        state.withLockedValue { $0.encoder = encoder.configuration }
+                    }
+                }
                 if second == nil { onEvent(.inputEnded); return }
             } catch {
                 onEvent(.inputFailed("the audio input failed: \(error)"))
@@ -213,6 +237,8 @@ final class Receiver: Sendable {
 
     enum ReceiverEvent: Sendable {
         case burstFinished(BurstStatistics)
+        /// A window of heard audio is complete: this share (percent) of its frames was missing on arrival.
+        case receptionLoss(Int)
         case outputFailed(String)
     }
 
@@ -290,6 +316,8 @@ final class Receiver: Sendable {
         var payloads = (0..<Self.maxTracks).map { _ in [UInt8](repeating: 0, count: AudioHeader.maxPayload) }
         var payloadCounts = [Int](repeating: 0, count: Self.maxTracks)
         var ended = [BurstStatistics?](repeating: nil, count: Self.maxTracks)
+        var meter = ReceptionLossMeter(tracks: Self.maxTracks)
+        var measuredLoss: Int?
         while !thread.stopRequested {
             let now = monotonicNanoseconds()
             let muted = state.withLockedValue { state -> Bool in
@@ -313,8 +341,17 @@ final class Receiver: Sendable {
                         ended[t] = statistics
                         steps[t] = .silence
                     }
+                    if let statistics = ended[t] {
+                        measuredLoss = meter.observe(track: t, statistics, ended: true) ?? measuredLoss
+                    } else {
+                        measuredLoss = meter.observe(track: t, state.tracks[t].current) ?? measuredLoss
+                    }
                 }
                 return state.muted
+            }
+            if let loss = measuredLoss {
+                measuredLoss = nil
+                onEvent(.receptionLoss(loss))
             }
             for t in 0..<Self.maxTracks {
                 guard let statistics = ended[t] else { continue }

@@ -19,6 +19,7 @@ public final class ServerMetrics: Sendable {
     let tokenExpiries: Counter
     let tokenRenewals: Counter
     let tokenRenewalsRefused: Counter
+    let receptionReports: Counter
     let packetsIn: Counter
     let packetsOut: Counter
     let catchUpPacketsOut: Counter
@@ -57,6 +58,7 @@ public final class ServerMetrics: Sendable {
         tokenExpiries = counter("token_expiries", "Sessions ended because the member's participant token expired while it was connected.")
         tokenRenewals = counter("token_renewals", "Participant-token renewals (renewToken), by outcome: renewed, or refused.", labels: [("outcome", "renewed")])
         tokenRenewalsRefused = counter("token_renewals", "Participant-token renewals (renewToken), by outcome: renewed, or refused.", labels: [("outcome", "refused")])
+        receptionReports = counter("reception_reports", "Listeners' loss reports (receptionReport) that changed their figure; talkers are told the worst.")
         packetsIn = counter("packets_in", "Audio datagrams received.")
         packetsOut = counter("packets_out", "Audio datagrams forwarded live to listeners.")
         catchUpPacketsOut = counter("catchup_packets_out", "Audio datagrams replayed to late joiners.")
@@ -91,6 +93,7 @@ public final class ServerMetrics: Sendable {
         add(tokenExpiries, old.tokenExpiries, new.tokenExpiries)
         add(tokenRenewals, old.tokenRenewals, new.tokenRenewals)
         add(tokenRenewalsRefused, old.tokenRenewalsRefused, new.tokenRenewalsRefused)
+        add(receptionReports, old.receptionReports, new.receptionReports)
         add(packetsIn, old.packetsIn, new.packetsIn)
         add(packetsOut, old.packetsOut, new.packetsOut)
         add(catchUpPacketsOut, old.catchUpPacketsOut, new.catchUpPacketsOut)

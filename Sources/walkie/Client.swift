@@ -2,6 +2,7 @@ import Audio
 import ChannelProtocol
 import Foundation
 import NIOConcurrencyHelpers
+import Opus
 import PTTClient
 
 /// What walkie learns from the channel manager's delegate, kept for the commands and the screen.
@@ -227,7 +228,8 @@ func watchTokenFile(_ path: String, current: String, manager: ChannelManager, ch
     }
 }
 
-/// What a token event means for the person at the terminal: a line, and whether it is a problem.
+/// What a session event (the token's, the listeners' loss) means for the person at the terminal: a
+/// line, and whether it is a problem.
 func describe(_ event: ChannelManagerEvent, tokenFile: String?) -> (line: String, isError: Bool)? {
     let clock = Date.FormatStyle(date: .omitted, time: .standard)
     let renew = tokenFile.map { "put a new token in \($0)" } ?? "restart with a new token (use --token-file to renew without a break)"
@@ -240,6 +242,10 @@ func describe(_ event: ChannelManagerEvent, tokenFile: String?) -> (line: String
         return ("new token refused: \(reason); \(renew)", true)
     case .tokenExpired:
         return ("token expired and the server closed the session; \(renew)", true)
+    case .listenerLoss(let percent) where percent >= OpusConfiguration.fecLossThreshold:
+        return ("listeners are missing up to \(percent) % of your audio; sending it with error correction", false)
+    case .listenerLoss:
+        return ("listeners hear you without loss; error correction off", false)
     default:
         return nil
     }

@@ -703,6 +703,61 @@ final class Harness {
         #expect(!h.floorEvents(to: again.link).contains { $0.kind == .revoked })
     }
 
+    func lossTold(_ h: Harness, _ link: Link) -> [Int] {
+        h.messages(to: link).compactMap { if case .receptionLoss(let percent) = $0 { return percent } else { return nil } }
+    }
+
+    @Test func theTalkerIsToldTheWorstLossAmongItsListeners() {
+        let h = Harness()
+        let ann = h.join("ann"), bob = h.join("bob"), cat = h.join("cat")
+        // Reported before anyone talks: kept, and told with the next grant.
+        h.send(.receptionReport(lossPercent: 8), from: bob.link)
+        #expect(lossTold(h, ann.link).isEmpty)
+        h.send(.floorRequest, from: ann.link)
+        #expect(h.floorEvents(to: ann.link).last?.kind == .granted)
+        #expect(h.lastMessage(to: ann.link) == .receptionLoss(lossPercent: 8))
+        // A better listener changes nothing; the worse one recovering leaves the next worst.
+        h.send(.receptionReport(lossPercent: 3), from: cat.link)
+        #expect(lossTold(h, ann.link) == [8])
+        h.send(.receptionReport(lossPercent: 0), from: bob.link)
+        #expect(lossTold(h, ann.link) == [8, 3])
+        // A listener that drops takes its figure along; listeners never hear about it.
+        h.hub.closed(cat.link, at: h.time)
+        h.drain()
+        #expect(lossTold(h, ann.link) == [8, 3, 0])
+        #expect(lossTold(h, bob.link).isEmpty && lossTold(h, cat.link).isEmpty)
+        #expect(h.hub.counters.receptionReports == 3)
+        // The same figure again is no change, and a member who may not listen has nothing to report.
+        h.send(.receptionReport(lossPercent: 0), from: bob.link)
+        let dan = h.join("dan", capabilities: [.talk])
+        h.send(.receptionReport(lossPercent: 40), from: dan.link)
+        #expect(lossTold(h, ann.link) == [8, 3, 0])
+        #expect(h.hub.counters.receptionReports == 3)
+    }
+
+    @Test func eachTalkerHearsOnlyOfItsOwnListenersAndASessionStartsAtZero() {
+        let h = Harness(mode: .fullDuplex)
+        let ann = h.join("ann"), bob = h.join("bob"), cat = h.join("cat")
+        h.send(.setSubscriptions(unheard: ["bob"]), from: cat.link)
+        h.send(.receptionReport(lossPercent: 20), from: cat.link)
+        h.send(.floorRequest, from: ann.link)
+        h.send(.floorRequest, from: bob.link)
+        // Cat, the lossy one, hears Ann but not Bob: only Ann's encoder needs FEC for her.
+        #expect(lossTold(h, ann.link) == [20])
+        #expect(lossTold(h, bob.link).isEmpty)
+        // Ann's connection drops and she rejoins within the grace, still talking: her new session
+        // starts at 0 on both sides, so she is told again.
+        h.hub.closed(ann.link, at: h.time)
+        h.drain()
+        let again = h.join("ann")
+        #expect(lossTold(h, again.link) == [20])
+        // A listener that drops takes its figure along, and comes back at 0.
+        h.hub.closed(cat.link, at: h.time)
+        h.drain()
+        _ = h.join("cat")
+        #expect(lossTold(h, again.link) == [20, 0])
+    }
+
     @Test func sameUserOnANewConnectionReplacesTheOld() {
         let h = Harness()
         let first = h.join("ann")

@@ -10,7 +10,7 @@ import Testing
         let messages: [ClientMessage] = [
             .join(token: "abc.def.ghi", channel: channel, reason: .channelRestoration), .leave, .floorRequest, .floorRelease,
             .setMuted(true), .registerPushToken(token: "00aaff", environment: .sandbox), .setSubscriptions(unheard: ["ann", "bob"]),
-            .renewToken(token: "abc.def.ghj"),
+            .renewToken(token: "abc.def.ghj"), .receptionReport(lossPercent: 0), .receptionReport(lossPercent: 100),
         ]
         for message in messages { #expect(try codec.decodeClientMessage(codec.encode(message)) == message) }
         let json = String(decoding: codec.encode(ClientMessage.floorRequest), as: UTF8.self)
@@ -27,9 +27,21 @@ import Testing
             .descriptor(info), .serviceStatus(.unavailable, reason: "shutting down"), .serviceStatus(.ready, reason: nil),
             .pushTokenRegistered, .subscriptions(unheard: ["ann"]), .error(code: .notJoined, reason: "join first"),
             .error(code: .tokenWrongUser, reason: "not yours"), .tokenExpiring(expiresAt: Date(timeIntervalSince1970: 1_795_000_000)),
-            .tokenRenewed(expiresAt: Date(timeIntervalSince1970: 1_795_043_200)),
+            .tokenRenewed(expiresAt: Date(timeIntervalSince1970: 1_795_043_200)), .receptionLoss(lossPercent: 12),
         ]
         for message in messages { #expect(try codec.decodeServerMessage(codec.encode(message)) == message) }
+    }
+
+    @Test func lossFiguresAreWholePercentages() throws {
+        #expect(String(decoding: codec.encode(ClientMessage.receptionReport(lossPercent: 7)), as: UTF8.self)
+            == #"{"loss":7,"type":"receptionReport"}"#)
+        #expect(String(decoding: codec.encode(ServerMessage.receptionLoss(lossPercent: 7)), as: UTF8.self)
+            == #"{"loss":7,"type":"receptionLoss"}"#)
+        for bad in [#"{"type":"receptionReport","loss":101}"#, #"{"type":"receptionReport","loss":-1}"#,
+                    #"{"type":"receptionReport","loss":7.5}"#, #"{"type":"receptionReport"}"#] {
+            #expect(throws: MessageError.self) { try codec.decodeClientMessage(Array(bad.utf8)) }
+        }
+        #expect(throws: MessageError.self) { try codec.decodeServerMessage(Array(#"{"type":"receptionLoss","loss":1000}"#.utf8)) }
     }
 
     @Test func tokenTimesTravelAsWholeUnixSeconds() throws {

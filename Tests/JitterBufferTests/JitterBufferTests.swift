@@ -307,3 +307,58 @@ func burst(frames: Int, start: UInt64 = 0, burst: UInt16 = 7, slot: UInt16 = 1, 
         #expect(buffer.nextFrame(now: 0) == .idle)
     }
 }
+
+@Suite struct ReceptionLossMeterTests {
+    /// Plays `arrivals` through a buffer and feeds the meter each tick, as the receiver does.
+    func measure(_ meter: inout ReceptionLossMeter, _ buffer: inout JitterBuffer, _ arrivals: [Arrival], until: UInt64) -> [Int] {
+        var reports: [Int] = []
+        let sorted = arrivals.sorted { $0.at < $1.at }
+        var next = 0
+        var tick: UInt64 = 0
+        while tick <= until {
+            while next < sorted.count && sorted[next].at <= tick {
+                let a = sorted[next]
+                _ = a.payload.withUnsafeBytes {
+                    buffer.insert(slot: a.slot, burst: a.burst, sequence: a.sequence, endOfBurst: a.end, catchUp: false, payload: $0, now: a.at)
+                }
+                next += 1
+            }
+            let report: Int?
+            if case .ended(let statistics, _) = buffer.nextFrame(now: tick) {
+                report = meter.observe(track: 0, statistics, ended: true)
+            } else {
+                report = meter.observe(track: 0, buffer.current)
+            }
+            if let report { reports.append(report) }
+            tick += 20 * ms
+        }
+        return reports
+    }
+
+    @Test func eachWindowReportsTheShareOfItsFramesThatNeverArrived() {
+        var rng = SplitMix64(state: 7)
+        var lostSet = Set<Int>()
+        for i in 0..<300 where rng.next() % 10 == 0 { lostSet.insert(i) }
+        var buffer = JitterBuffer()
+        var meter = ReceptionLossMeter(tracks: 1, windowFrames: 100, firstWindowFrames: 100)
+        let reports = measure(&meter, &buffer, burst(frames: 300, delay: { lostSet.contains($0) ? nil : 10 * ms }), until: 8_000 * ms)
+        // Frames fall due in sequence order, so window k is frames 100k ..< 100k + 100.
+        let expected = (0..<3).map { k in lostSet.filter { (k * 100 ..< k * 100 + 100).contains($0) }.count }
+        #expect(expected.contains { $0 > 0 })
+        #expect(reports == expected)
+    }
+
+    @Test func windowsSpanBurstsAndACleanLinkReportsZero() {
+        var buffer = JitterBuffer()
+        var meter = ReceptionLossMeter(tracks: 1, windowFrames: 100, firstWindowFrames: 100)
+        // 60 frames with 6 lost, then a second burst of 60 clean ones: the first window (100 frames
+        // due) holds all 6 losses, whichever burst its frames came from.
+        var arrivals = burst(frames: 60, burst: 1, delay: { $0 % 10 == 5 ? nil : 10 * ms })
+        arrivals += burst(frames: 60, start: 2_000 * ms, burst: 2)
+        #expect(measure(&meter, &buffer, arrivals, until: 4_000 * ms) == [6])
+        // The first window is shorter, so a bad link is reported within a second or so.
+        var clean = ReceptionLossMeter(tracks: 1, windowFrames: 100, firstWindowFrames: 50)
+        var other = JitterBuffer()
+        #expect(measure(&clean, &other, burst(frames: 250, delay: { $0 == 10 ? nil : 10 * ms }), until: 6_000 * ms) == [2, 0, 0])
+    }
+}

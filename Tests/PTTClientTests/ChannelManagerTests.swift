@@ -8,6 +8,7 @@ import ImpairmentKit
 import JitterBuffer
 import enum NIOCore.SocketAddress
 import NIOConcurrencyHelpers
+import Opus
 import PTTClient
 import Testing
 import Wire
@@ -501,6 +502,55 @@ final class LocalPushTransport: PushTransport {
 /// FEC and concealment, and a NAT rebinding in the middle of a burst, which the connection survives
 /// by migrating to the new address without a new handshake.
 @Suite(.serialized, .timeLimit(.minutes(2))) struct ImpairedLinkTests {
+    /// The loop of §16.4.4 with real parts: a listener behind a lossy link measures its loss, reports
+    /// it, the server tells the talker, and the talker's encoder turns FEC on within the burst, and
+    /// starts its next burst with it.
+    @Test func aLossyListenerGetsTheTalkerToAddFEC() async throws {
+        let fixture = try await ClientFixture(pushes: false)
+        let id = fixture.channel.id
+        let proxy = ImpairmentProxy(upstream: try SocketAddress(ipAddress: "127.0.0.1", port: fixture.listening.voicePort),
+                                    clientToServer: Impairment(seed: 3), serverToClient: Impairment(lossPercent: 15, seed: 4))
+        let port = try await proxy.start()
+        let annDelegate = RecordingDelegate(), bobDelegate = RecordingDelegate()
+        let helpers = ChannelManagerTests()
+        let ann = try await helpers.manager(fixture, "fec-ann", annDelegate, audio: helpers.speech(6), pushes: false)
+        let bob = try await helpers.manager(fixture, "fec-bob", bobDelegate, audio: helpers.recorder(fixture.directory + "/fec.wav"), pushes: false)
+        let annEvents = EventLog(ann), bobEvents = EventLog(bob)
+        ann.requestJoinChannel(channelUUID: id, descriptor: ChannelDescriptor(name: "Ops"), credentials: fixture.credentials(try await fixture.token("ann")))
+        var lossy = fixture.credentials(try await fixture.token("bob"))
+        lossy.port = port
+        bob.requestJoinChannel(channelUUID: id, descriptor: ChannelDescriptor(name: "Ops"), credentials: lossy)
+        #expect(await annDelegate.wait(for: .didJoin(.developerRequest)))
+        #expect(await bobDelegate.wait(for: .didJoin(.developerRequest)))
+        #expect(await ann.statistics().encoder == nil, "no encoder before the first burst")
+        ann.requestBeginTransmitting(channelUUID: id)
+        #expect(await annDelegate.wait(for: .didBegin(.developerRequest)))
+        #expect(await eventually { await ann.statistics().encoder == OpusConfiguration.pushToTalk }, "a clean start: no FEC")
+        func toldLoss() -> [Int] { annEvents.all.compactMap { if case .listenerLoss(let p) = $0 { return p } else { return nil } } }
+        // Bob's first window is 1 s of audio; the report, the server and Ann's next frame take a moment.
+        #expect(await eventually(seconds: 6) { toldLoss().contains { $0 >= 5 } }, "told \(toldLoss())")
+        // The capture thread reports what its encoder was reconfigured to, in the middle of the burst.
+        func protected(_ c: OpusConfiguration?) -> Bool { c.map { $0.inbandFEC && $0.expectedPacketLossPercent >= 10 && $0.bitrate == 40_000 } ?? false }
+        let adapted = await eventually(seconds: 2) { protected(await ann.statistics().encoder) }
+        let now = await ann.statistics().encoder
+        #expect(adapted, "encoder now: \(String(describing: now))")
+        ann.stopTransmitting(channelUUID: id)
+        #expect(await annDelegate.wait(for: .didEnd(.developerRequest)))
+        #expect(await eventually { !bobEvents.finishedBursts.isEmpty })
+        #expect(await eventually { await ann.statistics().encoder == nil })
+        // The next burst's encoder is made protected: the figure outlives the burst.
+        ann.requestBeginTransmitting(channelUUID: id)
+        #expect(await eventually { await ann.statistics().encoder != nil })
+        #expect(protected(await ann.statistics().encoder), "the next burst starts protected")
+        ann.stopTransmitting(channelUUID: id)
+        // Bob never hears his own figure: it is for talkers only.
+        #expect(!bobEvents.all.contains { if case .listenerLoss = $0 { return true } else { return false } })
+        await ann.invalidate()
+        await bob.invalidate()
+        await proxy.stop()
+        await fixture.stop()
+    }
+
     @Test func aListenerBehindALossyRebindingNATStillHearsTheBurst() async throws {
         let fixture = try await ClientFixture(pushes: false)
         let id = fixture.channel.id

@@ -401,6 +401,33 @@ func sent(_ outputs: [SessionOutput]) -> [ClientMessage] {
         #expect(s.serviceStatus == .ready && s.activeRemoteParticipant != nil, "a burst in progress shows its talker")
     }
 
+    @Test func receptionIsReportedWhenItMovesAndListenerLossAdaptsTheEncoder() {
+        var s = joinedSession()
+        func reported(_ percent: Int) -> [ClientMessage] {
+            s.receptionMeasured(percent)
+            return sent(s.takeOutputs())
+        }
+        #expect(reported(0).isEmpty, "a clean link says nothing")
+        #expect(reported(1).isEmpty, "nor does noise under 2 points")
+        #expect(reported(6) == [.receptionReport(lossPercent: 6)])
+        #expect(reported(7).isEmpty)
+        #expect(reported(4) == [.receptionReport(lossPercent: 4)])
+        #expect(reported(0) == [.receptionReport(lossPercent: 0)], "back to clean is always said")
+        // The server's figure for this member's listeners drives the encoder, and the app hears of it.
+        s.received(.receptionLoss(lossPercent: 9))
+        let out = s.takeOutputs()
+        #expect(out.contains(.adaptToListenerLoss(9)) && out.contains(.event(.listenerLoss(9))))
+        // A new session starts both figures at 0 on this side as on the server's.
+        _ = reported(5)
+        s.transportReconnecting()
+        #expect(reported(20).isEmpty, "nothing is reported while not joined")
+        s.transportConnected()
+        s.received(.joined(channel: ChannelInfo(id: channelID, name: "Ops", image: nil, mode: .halfDuplex, maxBurstSeconds: 60), you: 1,
+                           roster: [participant(1, "Ann")], talkers: []))
+        #expect(s.takeOutputs().contains(.adaptToListenerLoss(0)))
+        #expect(reported(5) == [.receptionReport(lossPercent: 5)], "5 again: the server forgot the old figure")
+    }
+
     @Test func aLostOrUnreachableServerIsRetriedWithBackoffButAFreshJoinFails() {
         // Restored after a restart, maybe before the network is up: keep the channel and retry.
         var r = ChannelSession()
