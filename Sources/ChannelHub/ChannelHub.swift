@@ -308,7 +308,9 @@ public final class ChannelHub {
         case .renewToken(let token):
             outputs.append(.verifyRenewal(link, token: token, channel: channel.record.id))
         case .receptionReport(let percent):
-            guard channel.members[slot]!.canListen, channel.members[slot]!.receptionLoss != percent else { return }
+            // Kept even from a member that may not listen now: `hears` leaves it out until a renewal
+            // lets it listen again, and then its figure is the client's, as the client believes.
+            guard channel.members[slot]!.receptionLoss != percent else { return }
             channel.members[slot]!.receptionLoss = percent
             counters.receptionReports += 1
             updateListenerLoss(channel)

@@ -36,7 +36,9 @@ public struct ReceptionLossMeter: Sendable {
     /// statistics. Returns the loss in percent when this completes a window.
     public mutating func observe(track: Int, _ statistics: BurstStatistics?, ended: Bool = false) -> Int? {
         guard seen.indices.contains(track) else { return nil }
-        guard let statistics else {
+        // A burst replayed to a late joiner measures the replay (its backlog limit, a gap skipped
+        // at once), not the link: it is left out, live part included.
+        guard let statistics, statistics.catchUpFrames == 0 else {
             seen[track] = nil
             return nil
         }

@@ -2,8 +2,9 @@
 /// 20 ms frames, VBR at 32 kbps, in-band FEC allowed with 5 % expected loss, complexity 6, DTX off.
 ///
 /// Why these: DTX is off because push-to-talk already stops sending when the key is released. FEC
-/// (LBRR) is allowed, but at 32 kbps and 5 % expected loss libopus 1.3 codes none: its bitrate
-/// threshold for FEC is not met, so a clean network gets every bit for the speech itself. Real FEC
+/// (LBRR) is allowed, but at 32 kbps and 5 % expected loss libopus 1.3.1 codes none (measured:
+/// recovering a frame from the next packet gives exactly what concealment gives), so a clean network
+/// gets every bit for the speech itself. Real FEC
 /// is what `adapted(toListenerLoss:)` turns on once listeners report loss: it takes bits from the
 /// speech, so it is worth paying only when packets are really lost (docs/benchmarks.md has the
 /// PESQ-WB figures both ways).

@@ -107,6 +107,13 @@ struct ChannelSession {
     private var renewalInFlight: String?
     /// The reception loss last reported to the server in this session (it starts every session at 0).
     private(set) var reportedLoss = 0
+    /// The receiver's latest figure, kept across reconnects: a link bad enough to drop the
+    /// connection is still bad after it, so the new session is told at once rather than after the
+    /// next window of audio.
+    private var measuredLoss = 0
+    /// The server did not know `receptionReport` (a server older than the message): no more reports
+    /// in this session, and no notice each time the figure moves.
+    private var reportsRefused = false
     /// The worst loss among this member's listeners, as the server last said in this session.
     private(set) var listenerLoss = 0
     /// The join under way uses a token the server has not accepted yet (tried because the one before
@@ -471,9 +478,12 @@ struct ChannelSession {
             roster = Dictionary(participants.map { ($0.slot, $0) }, uniquingKeysWith: { $1 })
             remoteTalkers = [:]
             updateStatus(.ready)
-            // The server keeps neither figure across sessions.
+            // The server keeps neither figure across sessions: the talker side starts at 0 again, and
+            // this member's own figure goes out at once if it matters.
             reportedLoss = 0
+            reportsRefused = false
             setListenerLoss(0)
+            if measuredLoss >= 2 { receptionMeasured(measuredLoss) }
             if tryingNewToken {
                 // The token tried after the last one ran out works: it is the one to restore (a first
                 // join saves it below anyway).
@@ -531,6 +541,9 @@ struct ChannelSession {
             if code != .internalError, pendingToken == refused { pendingToken = nil }
             outputs.append(.event(.tokenRenewalFailed(code, reason)))
             if pendingToken != refused { sendPendingRenewal() }
+        case .error(.protocolError, let reason) where reason.contains("'receptionReport'"):
+            // An older server: it can't use the figure, and the user can't act on the error.
+            reportsRefused = true
         case .error(_, let reason):
             outputs.append(.event(.notice("server: \(reason)")))
         case .tokenExpiring(let expiresAt):
@@ -547,17 +560,19 @@ struct ChannelSession {
     /// hears of it when it moved by 2 points or more (or came back to 0), so a steady link costs no
     /// messages and a noisy one at most one per window.
     mutating func receptionMeasured(_ percent: Int) {
-        guard link == .joined, percent != reportedLoss,
+        measuredLoss = percent
+        guard link == .joined, !reportsRefused, percent != reportedLoss,
               abs(percent - reportedLoss) >= 2 || percent == 0 else { return }
         reportedLoss = percent
         outputs.append(.send(.receptionReport(lossPercent: percent)))
     }
 
-    private mutating func setListenerLoss(_ percent: Int) {
+    /// `announce`: tell the app too. Not when the channel is left: nobody is listening then.
+    private mutating func setListenerLoss(_ percent: Int, announce: Bool = true) {
         guard percent != listenerLoss else { return }
         listenerLoss = percent
         outputs.append(.adaptToListenerLoss(percent))
-        outputs.append(.event(.listenerLoss(percent)))
+        if announce { outputs.append(.event(.listenerLoss(percent))) }
     }
 
     // MARK: Internals
@@ -803,7 +818,9 @@ struct ChannelSession {
         renewalInFlight = nil
         tryingNewToken = false
         reportedLoss = 0
-        setListenerLoss(0)
+        measuredLoss = 0
+        reportsRefused = false
+        setListenerLoss(0, announce: false)
     }
 
     private mutating func registerToken() {

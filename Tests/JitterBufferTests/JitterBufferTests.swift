@@ -362,3 +362,19 @@ func burst(frames: Int, start: UInt64 = 0, burst: UInt16 = 7, slot: UInt16 = 1, 
         #expect(measure(&clean, &other, burst(frames: 250, delay: { $0 == 10 ? nil : 10 * ms }), until: 6_000 * ms) == [2, 0, 0])
     }
 }
+
+extension ReceptionLossMeterTests {
+    @Test func aBurstReplayedToALateJoinerIsLeftOut() {
+        var meter = ReceptionLossMeter(tracks: 2, windowFrames: 10, firstWindowFrames: 10)
+        var replay = BurstStatistics(slot: 1, burst: 1)
+        replay.catchUpFrames = 30
+        replay.played = 20
+        replay.lost = 40  // a gap skipped at once: the replay's, not the link's
+        #expect(meter.observe(track: 0, replay) == nil)
+        #expect(meter.observe(track: 0, replay, ended: true) == nil)
+        var live = BurstStatistics(slot: 2, burst: 1)
+        live.played = 9
+        live.lost = 1
+        #expect(meter.observe(track: 1, live) == 10, "only the live burst's 10 frames count")
+    }
+}

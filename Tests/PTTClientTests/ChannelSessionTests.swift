@@ -424,8 +424,28 @@ func sent(_ outputs: [SessionOutput]) -> [ClientMessage] {
         s.transportConnected()
         s.received(.joined(channel: ChannelInfo(id: channelID, name: "Ops", image: nil, mode: .halfDuplex, maxBurstSeconds: 60), you: 1,
                            roster: [participant(1, "Ann")], talkers: []))
-        #expect(s.takeOutputs().contains(.adaptToListenerLoss(0)))
-        #expect(reported(5) == [.receptionReport(lossPercent: 5)], "5 again: the server forgot the old figure")
+        let rejoined = s.takeOutputs()
+        #expect(rejoined.contains(.adaptToListenerLoss(0)))
+        #expect(sent(rejoined).contains(.receptionReport(lossPercent: 20)), "the latest figure goes out with the new session")
+        #expect(reported(20).isEmpty)
+        // A server that doesn't know the message refuses it once; no more reports, and no notice.
+        s.received(.error(code: .protocolError, reason: "unknown client message type 'receptionReport'"))
+        let refused = s.takeOutputs()
+        #expect(!refused.contains { if case .event(.notice) = $0 { return true } else { return false } })
+        #expect(reported(0).isEmpty && reported(30).isEmpty)
+        // Leaving resets the encoder quietly: no figure for a channel that is gone.
+        s.leave(channelID)
+        _ = s.takeOutputs()
+    }
+
+    @Test func leavingPutsTheEncoderBackWithoutAnnouncingIt() {
+        var s = joinedSession()
+        s.received(.receptionLoss(lossPercent: 9))
+        _ = s.takeOutputs()
+        s.leave(channelID)
+        let out = s.takeOutputs()
+        #expect(out.contains(.adaptToListenerLoss(0)))
+        #expect(!out.contains { if case .event(.listenerLoss) = $0 { return true } else { return false } })
     }
 
     @Test func aLostOrUnreachableServerIsRetriedWithBackoffButAFreshJoinFails() {
