@@ -4,10 +4,9 @@
 /// Why these: DTX is off because push-to-talk already stops sending when the key is released. FEC
 /// (LBRR) is allowed, but at 32 kbps and 5 % expected loss libopus 1.3.1 codes none (measured:
 /// recovering a frame from the next packet gives exactly what concealment gives), so a clean network
-/// gets every bit for the speech itself. Real FEC
-/// is what `adapted(toListenerLoss:)` turns on once listeners report loss: it takes bits from the
-/// speech, so it is worth paying only when packets are really lost (docs/benchmarks.md has the
-/// PESQ-WB figures both ways).
+/// gets every bit for the speech itself. Real FEC is what `adapted(toListenerLoss:)` turns on once
+/// listeners report loss: it takes bits from the speech, so it is worth paying only when packets are
+/// really lost (docs/benchmarks.md has the PESQ-WB figures both ways).
 public struct OpusConfiguration: Sendable, Hashable {
     /// Frame durations a PTT sender may use. Opus also allows 2.5 and 5 ms, but those carry no FEC.
     public enum FrameDuration: Int, Sendable, CaseIterable {
@@ -55,9 +54,10 @@ public struct OpusConfiguration: Sendable, Hashable {
 
     /// The settings for a talker whose worst listener misses `percent` % of its frames (the server's
     /// `receptionLoss`). Below `fecLossThreshold` they are these settings, unchanged. From it, FEC is
-    /// coded for real: expected loss `percent`, at least 10 (the least at which libopus 1.3 codes FEC
-    /// at these rates) and at most 25 (where its redundancy is already at its strongest), at no less
-    /// than `fecMinimumBitrate` (neither ever below this configuration's own). A configuration with FEC off stays off.
+    /// coded for real: expected loss `percent`, at least 10 (5 codes none with libopus 1.3.1; 10 does,
+    /// measured) and at most 25 (so that a terrible link can't take all of the speech's bits), at no
+    /// less than `fecMinimumBitrate`, neither ever below this configuration's own. A configuration
+    /// with FEC off stays off.
     public func adapted(toListenerLoss percent: Int) -> OpusConfiguration {
         guard inbandFEC, percent >= Self.fecLossThreshold else { return self }
         var adapted = self

@@ -38,7 +38,7 @@ public enum ChannelManagerEvent: Sendable, Equatable {
     /// (the server keeps the membership and push token) until `renewToken` brings it back.
     case tokenExpired(String)
     /// The worst loss (percent) among the members who hear you, as the server reports it. From 2 %
-    /// your encoder codes FEC, at 40 kbps or more; at 0 it is back to the plain settings.
+    /// your encoder codes FEC, at 40 kbps or more; below 2 % it is back to the plain settings.
     case listenerLoss(Int)
 }
 

@@ -245,7 +245,7 @@ func describe(_ event: ChannelManagerEvent, tokenFile: String?) -> (line: String
     case .listenerLoss(let percent) where percent >= OpusConfiguration.fecLossThreshold:
         return ("listeners are missing up to \(percent) % of your audio; sending it with error correction", false)
     case .listenerLoss:
-        return ("listeners hear you without loss; error correction off", false)
+        return ("no listener reports losing your audio now; error correction off", false)
     default:
         return nil
     }
