@@ -121,7 +121,7 @@ let package = Package(
             .product(name: "NIOPosix", package: "swift-nio"),
         ], swiftSettings: swift6),
         .target(name: "PTTClient", dependencies: [
-            "Wire", "WireNIO", "Audio", "Opus", "ChannelProtocol", "JitterBuffer", "APNsDevice",
+            "Wire", "WireNIO", "Audio", "Opus", "ChannelProtocol", "JitterBuffer", "APNsDevice", "ParticipantTokens",
             .product(name: "NIOCore", package: "swift-nio"),
             .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
         ], swiftSettings: swift6),
@@ -145,7 +145,7 @@ let package = Package(
             .product(name: "Logging", package: "swift-log"),
         ], swiftSettings: swift6),
         .executableTarget(name: "walkie", dependencies: [
-            "PTTClient", "Audio", "Opus", "SquelchInfo", "TerminalUI", "ChannelProtocol", "JitterBuffer",
+            "PTTClient", "ParticipantTokens", "Audio", "Opus", "SquelchInfo", "TerminalUI", "ChannelProtocol", "JitterBuffer",
             .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
         ], swiftSettings: swift6),

@@ -217,7 +217,6 @@ public final class ChannelHub {
         member.link = nil
         member.connection = .reconnecting
         member.reconnectingUntil = time.instant + configuration.disconnectGrace
-        member.receptionLoss = 0
         stopCatchUp(&member)
         channel.members[slot] = member
         reconnecting.append((channel, slot))
@@ -353,7 +352,8 @@ public final class ChannelHub {
         member.link = link
         member.connection = .connected
         member.reconnectingUntil = nil
-        // A new session: the client starts both loss figures at 0.
+        // A new session: the client starts both loss figures at 0. (Until then the member has no
+        // link, which keeps its old figure out of every talker's worst.)
         member.receptionLoss = 0
         member.listenerLossTold = 0
         channel.members[slot] = member

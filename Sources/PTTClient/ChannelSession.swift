@@ -1,5 +1,6 @@
 import ChannelProtocol
 import Foundation
+import ParticipantTokens
 
 /// A delegate callback the session wants made, in order.
 enum DelegateCall: Sendable, Equatable {
@@ -332,11 +333,8 @@ struct ChannelSession {
         sendPendingRenewal()
     }
 
-    /// A participant token's `sub`, read without verifying it; nil if it isn't a readable JWT.
-    static func subject(of token: String) -> String? {
-        struct Claims: Decodable { var sub: String? }
-        return UnverifiedToken.claims(Claims.self, in: token)?.sub
-    }
+    /// A participant token's user, read without verifying it; nil if it isn't a participant token.
+    static func subject(of token: String) -> String? { (try? TokenAuthority.unverifiedClaims(of: token))?.userID }
 
     private mutating func sendPendingRenewal() {
         guard link == .joined, renewalInFlight == nil, let pendingToken else { return }

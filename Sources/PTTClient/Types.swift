@@ -151,18 +151,3 @@ public struct SubscribeToAll: SubscriptionStrategy {
     public init() {}
     public func subscribeType(for participant: RosterEntry) -> SubscribeType { .audio }
 }
-
-/// A participant token's claims (it is an ES256 JWT), read without checking its signature: for showing
-/// who a token is for and until when, or catching a token for the wrong user early, never for trusting
-/// it. The server verifies.
-public enum UnverifiedToken {
-    /// The JWT payload of `token` decoded as `type`; nil if `token` is not a JWT or its payload isn't that.
-    public static func claims<T: Decodable>(_ type: T.Type, in token: String) -> T? {
-        let parts = token.split(separator: ".", omittingEmptySubsequences: false)
-        guard parts.count == 3 else { return nil }
-        var payload = parts[1].replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")
-        while payload.count % 4 != 0 { payload += "=" }
-        guard let data = Data(base64Encoded: payload) else { return nil }
-        return try? JSONDecoder().decode(type, from: data)
-    }
-}

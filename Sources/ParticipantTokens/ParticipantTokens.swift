@@ -219,6 +219,23 @@ public struct TokenAuthority: Sendable {
         } catch {
             throw .malformed("\(error)")
         }
+        return try Self.claims(from: payload)
+    }
+
+    /// What `token` states, read with jwt-kit's parser but without checking its signature, times or
+    /// channel: for showing who a token is for and until when, or catching another user's token
+    /// early. Never for trusting it: the server verifies (`verify`).
+    public static func unverifiedClaims(of token: String) throws(TokenError) -> ParticipantClaims {
+        let payload: TokenPayload
+        do { payload = try DefaultJWTParser().parse(Array(token.utf8), as: TokenPayload.self).payload } catch let error as JWTError {
+            throw .malformed(error.reason ?? "\(error.errorType)")
+        } catch {
+            throw .malformed("\(error)")
+        }
+        return try claims(from: payload)
+    }
+
+    static func claims(from payload: TokenPayload) throws(TokenError) -> ParticipantClaims {
         guard let tokenChannel = UUID(uuidString: payload.channel) else { throw .malformed("channel is not a UUID") }
         guard (0...255).contains(payload.attributes.priority) else { throw .malformed("priority must be 0–255") }
         var capabilities = Set<Capability>()

@@ -3,6 +3,7 @@ import ChannelProtocol
 import Foundation
 import NIOConcurrencyHelpers
 import Opus
+import ParticipantTokens
 import PTTClient
 
 /// What walkie learns from the channel manager's delegate, kept for the commands and the screen.
@@ -63,17 +64,10 @@ final class WalkieDelegate: ChannelManagerDelegate, ChannelRestorationDelegate {
 
 /// The claims walkie reads from a participant token, unverified (the server verifies): which channel
 /// to join, and who we are, for messages.
-struct TokenClaims: Decodable {
-    var channel: UUID
-    var name: String?
-    var sub: String?
-    var exp: Double?
-
-    static func read(_ token: String) throws(WalkieFailure) -> TokenClaims {
-        guard let claims = UnverifiedToken.claims(TokenClaims.self, in: token) else {
-            throw .token("the token is not a participant token; copy the whole output of 'squelchd token issue'")
-        }
-        return claims
+func tokenClaims(_ token: String) throws(WalkieFailure) -> ParticipantClaims {
+    do throws(TokenError) { return try TokenAuthority.unverifiedClaims(of: token) } catch {
+        // "…is not a valid token (why); copy it again in full"
+        throw .token(error.description)
     }
 }
 
@@ -84,7 +78,7 @@ extension ServerOptions {
         guard let token = try tokenFile.map(readTokenFile) ?? token else {
             throw .usage("give a token with --token or --token-file (from 'squelchd token issue')")
         }
-        let claims = try TokenClaims.read(token)
+        let claims = try tokenClaims(token)
         guard let colon = server.lastIndex(of: ":"), let port = Int(server[server.index(after: colon)...]), (1...65535).contains(port) else {
             throw .usage("--server must be HOST:PORT, like 127.0.0.1:7700")
         }
@@ -217,7 +211,7 @@ func watchTokenFile(_ path: String, current: String, manager: ChannelManager, ch
     Task {
         var last = current
         while !Task.isCancelled {
-            if let token = try? readTokenFile(path), token != last, (try? TokenClaims.read(token)) != nil {
+            if let token = try? readTokenFile(path), token != last, (try? tokenClaims(token)) != nil {
                 last = token
                 do throws(ChannelError) { try await manager.renewToken(token, channelUUID: channel) } catch {
                     problem("the token in \(path) was not used: \(error.message)")

@@ -1,6 +1,7 @@
 import ArgumentParser
 import Audio
 import Foundation
+import ParticipantTokens
 import PTTClient
 
 /// A one-shot client (talk, listen) keeps its manager in a directory of its own, so that it never
@@ -166,14 +167,12 @@ struct Status: AsyncParsableCommand {
             say("no saved channel in \(store.directory); join one with 'walkie join --server HOST:PORT --token T'")
             throw ExitCode(2)
         }
-        let claims = try? TokenClaims.read(record.credentials.token)
+        let claims = try? tokenClaims(record.credentials.token)
         say("channel   \(record.descriptor?.name ?? "?") (\(record.channel))")
         say("server    \(record.credentials.host):\(record.credentials.port), CA \(record.credentials.caPath)")
         if let claims {
-            let expiry = claims.exp.map { Date(timeIntervalSince1970: $0) }
-            let expired = expiry.map { $0 < Date() } ?? false
-            say("you       \(claims.name ?? claims.sub ?? "?")")
-            say("token     " + (expiry.map { (expired ? "expired " : "valid until ") + $0.formatted(.iso8601) } ?? "no expiry"))
+            say("you       \(claims.name) (\(claims.userID))")
+            say("token     " + (claims.expiresAt < Date() ? "expired " : "valid until ") + claims.expiresAt.formatted(.iso8601))
         }
         say("push      " + (record.pushToken == nil ? "no push token yet" : "registered (\(record.pushToken!.count)-byte token)"))
         say("run 'walkie' to rejoin, 'walkie leave' to leave")
