@@ -26,7 +26,8 @@ public struct AdminContext: Sendable {
     /// When the server started, for uptime.
     public var started: Date
     /// Whether the server can serve right now; `/healthz` answers 503 with the reason when it can't.
-    /// The store is checked as well (a cheap `revision()`), so a broken database shows up here too.
+    /// squelchd's covers the voice transport and the store writer (`StoreWriter.unhealthyReason`).
+    /// `/healthz` also reads the store (a cheap `revision()`), so a database that fails reads shows too.
     public var readiness: @Sendable () async -> Readiness
 
     public enum Readiness: Sendable, Equatable {

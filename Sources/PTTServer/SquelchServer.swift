@@ -101,7 +101,10 @@ public struct SquelchServer: Sendable {
         let admin = AdminContext(
             store: store, tokens: tokens, adminKey: try configuration.resolveAdminKey(), hub: voice,
             registry: metrics.registry, identitySummary: identity.summary,
-            readiness: { voice.isRunning ? .ready : .unavailable(reason: "the voice transport is not running") })
+            readiness: {
+                guard voice.isRunning else { return .unavailable(reason: "the voice transport is not running") }
+                return writer.unhealthyReason().map { .unavailable(reason: $0) } ?? .ready
+            })
         // Services stop in reverse order: the admin API, then the voice transport (no new bursts), then the
         // pushes already queued, then the simulator they may be going to, and the database last.
         var services: [ServiceGroupConfiguration.ServiceConfiguration] = [

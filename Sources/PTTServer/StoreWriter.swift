@@ -26,6 +26,10 @@ public final class StoreWriter: Sendable {
         /// Log records refused since no log record last waited (the current stall); reported at powers
         /// of two, so a stalled database logs a handful of lines, not one per burst.
         var refusals = 0
+        /// Since the last write the database failed, until one succeeds.
+        var failing: WriteFailure?
+        /// When the write in hand was first tried; nil between writes.
+        var writingSince: ContinuousClock.Instant?
     }
     private let state: NIOLockedValueBox<State>
     /// Rung when a write is queued or on `finish`; one pending ring is enough.
@@ -40,6 +44,37 @@ public final class StoreWriter: Sendable {
         self.retry = retry
         state = NIOLockedValueBox(State(queue: StoreQueue(maxWaitingLogRecords: maxWaitingLogRecords)))
         (doorbell, ring) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
+    }
+
+    /// The database failing the writer's writes: since when, how often in a row, and the last error.
+    public struct WriteFailure: Sendable, Equatable {
+        public var since: ContinuousClock.Instant
+        public var attempts: Int
+        public var error: String
+    }
+
+    /// What `/healthz` says of the writes: nil while the database takes them. A write that has failed
+    /// and not yet succeeded, or one that has waited on the database for `stuckAfter` (a hung disk or
+    /// network file system fails nothing, it just never returns), makes the server unhealthy: talk goes
+    /// on, but what changes is kept only in memory and a restart now would lose it.
+    public func unhealthyReason(now: ContinuousClock.Instant = .now, stuckAfter: Duration = .seconds(15)) -> String? {
+        // The write in hand counts: it was taken off the queue but is not in the database either.
+        let (failing, writingSince, waiting) = state.withLockedValue {
+            ($0.failing, $0.writingSince, $0.queue.count + ($0.writingSince == nil ? 0 : 1))
+        }
+        let held = "\(waiting) \(waiting == 1 ? "write waits" : "writes wait") in memory and will be written once it recovers, but a restart now loses them"
+        let next = "check the data directory's disk (space, I/O errors, permissions) and whether another process holds the database locked"
+        if let failing {
+            return "database writes have failed for \(Self.seconds(now - failing.since)) (\(failing.attempts) \(failing.attempts == 1 ? "attempt" : "attempts")): \(failing.error); \(held); \(next)"
+        }
+        if let writingSince, now - writingSince >= stuckAfter {
+            return "a database write has not returned for \(Self.seconds(now - writingSince)); \(held); \(next)"
+        }
+        return nil
+    }
+
+    private static func seconds(_ duration: Duration) -> String {
+        "\(Int(duration.components.seconds)) s"
     }
 
     func enqueue(_ operation: StoreOperation) {
@@ -139,15 +174,23 @@ public final class StoreWriter: Sendable {
     /// server is stopping and the retry budget is spent: this write and every later one are given up.
     private func write(_ operation: StoreOperation) async -> Bool {
         var failures = 0
+        state.withLockedValue { $0.writingSince = .now }
+        defer { state.withLockedValue { $0.writingSince = nil } }
         while true {
             do {
                 try await apply(operation)
+                noteDatabaseAnswered()
                 if failures > 0 {
                     logger.notice("database writes resumed", metadata: ["attempts": "\(failures + 1)"])
                 }
                 return true
             } catch {
                 failures += 1
+                switch error {
+                case .database(let why), .unavailable(let why): noteDatabaseFailed(why)
+                // The database answered; the write itself is refused.
+                case .invalid, .channelNotFound, .memberNotFound: noteDatabaseAnswered()
+                }
                 let stoppingFor = state.withLockedValue { $0.finishedAt }.map { ContinuousClock.now - $0 }
                 switch retry.decide(error, failures: failures, stoppingFor: stoppingFor) {
                 case .retry(let delay):
@@ -173,6 +216,23 @@ public final class StoreWriter: Sendable {
                 }
             }
         }
+    }
+
+    private func noteDatabaseFailed(_ why: String) {
+        let started = state.withLockedValue { state -> Bool in
+            let started = state.failing == nil
+            state.failing = WriteFailure(since: state.failing?.since ?? .now, attempts: (state.failing?.attempts ?? 0) + 1, error: why)
+            return started
+        }
+        if started { metrics?.storeFailing.set(Int64(1)) }
+    }
+
+    private func noteDatabaseAnswered() {
+        let ended = state.withLockedValue { state -> Bool in
+            defer { state.failing = nil }
+            return state.failing != nil
+        }
+        if ended { metrics?.storeFailing.set(Int64(0)) }
     }
 
     func apply(_ operation: StoreOperation) async throws(StoreError) {

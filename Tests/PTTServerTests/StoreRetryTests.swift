@@ -139,6 +139,73 @@ final class WriteLockHolder: Sendable {
         try await store.close()
     }
 
+    /// A gauge's value as `/metrics` shows it (the registry prints gauges as floating point).
+    func gauge(_ name: String, in metrics: ServerMetrics) -> Double? {
+        var bytes: [UInt8] = []
+        metrics.registry.emit(into: &bytes)
+        let line = String(decoding: bytes, as: UTF8.self).split(separator: "\n").first { $0.hasPrefix(name + " ") }
+        return line.flatMap { Double($0.split(separator: " ")[1]) }
+    }
+
+    /// While the database fails writes the writer says why (for `/healthz`) and the gauge is 1; the
+    /// first write that succeeds clears both.
+    @Test func aFailingDatabaseIsReportedUntilAWriteSucceeds() async throws {
+        let directory = temporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let (store, metrics, writer, lock) = try await lockedWriter(in: directory, shutdownBudget: .seconds(10))
+        #expect(writer.unhealthyReason() == nil)
+        let running = Task { await writer.run() }
+        writer.enqueue(.upsertMember(record("ann")))
+        writer.enqueue(log("ann", 1))
+        var polls = 0
+        while value("squelch_store_retries_total", in: metrics) < 2, polls < 500 {
+            try await Task.sleep(for: .milliseconds(10))
+            polls += 1
+        }
+        let reason = try #require(writer.unhealthyReason())
+        #expect(reason.contains("database writes have failed"), "\(reason)")
+        #expect(reason.contains("locked"), "the database's own error: \(reason)")
+        #expect(reason.contains("2 writes wait in memory"), "\(reason)")
+        #expect(gauge("squelch_store_failing", in: metrics) == 1)
+        lock.unlock()
+        polls = 0
+        while writer.unhealthyReason() != nil, polls < 500 {
+            try await Task.sleep(for: .milliseconds(10))
+            polls += 1
+        }
+        #expect(writer.unhealthyReason() == nil, "a write went through")
+        #expect(gauge("squelch_store_failing", in: metrics) == 0)
+        writer.finish()
+        await running.value
+        #expect(try await store.members(of: channel).map(\.userID) == ["ann"])
+        try await store.close()
+    }
+
+    /// A write that neither fails nor returns (a hung disk) is reported once it has waited too long.
+    @Test func aWriteThatHangsIsReported() async throws {
+        let directory = temporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        // A busy timeout far longer than the test: the write waits on the lock and never fails.
+        let store = try SQLiteChannelStore(directory: directory, busyTimeout: 60)
+        try await store.createChannel(ChannelRecord(id: channel, name: "Ops"))
+        let metrics = ServerMetrics()
+        let writer = StoreWriter(store: store, metrics: metrics, logger: quiet)
+        let lock = try WriteLockHolder(path: store.path)
+        let running = Task { await writer.run() }
+        writer.enqueue(.upsertMember(record("ann")))
+        try await Task.sleep(for: .milliseconds(300))
+        #expect(writer.unhealthyReason(stuckAfter: .seconds(30)) == nil, "waiting less than the limit is not reported")
+        let reason = try #require(writer.unhealthyReason(stuckAfter: .milliseconds(200)))
+        #expect(reason.contains("a database write has not returned"), "\(reason)")
+        #expect(gauge("squelch_store_failing", in: metrics) == 0, "nothing has failed")
+        lock.unlock()
+        writer.finish()
+        await running.value
+        #expect(writer.unhealthyReason(stuckAfter: .milliseconds(200)) == nil)
+        #expect(try await store.members(of: channel).map(\.userID) == ["ann"])
+        try await store.close()
+    }
+
     /// A write the database refuses outright (its channel is gone) is dropped and counted; the writes
     /// behind it go on.
     @Test func aWriteTheDatabaseRefusesIsDroppedAndTheRestGoOn() async throws {

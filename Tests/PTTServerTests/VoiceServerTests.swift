@@ -329,6 +329,44 @@ func slot(of member: TestMember) -> UInt16? {
 
     /// A service group is cancelled, not shut down, when one of its services fails. The hub's last
     /// writes (members' last-seen times, the burst in progress) must still reach the database.
+    /// Another process holds the database's write lock for longer than squelchd waits: talk goes on,
+    /// `/healthz` says the writes are failing and why, and recovers once the writes go through.
+    @Test func healthzReportsDatabaseWritesThatFailAndRecovers() async throws {
+        let fixture = try await ServerFixture()
+        let (task, listening) = try await fixture.start()
+        defer { task.cancel() }
+        func health() async throws -> (status: Int, body: String) {
+            let url = try #require(URL(string: "http://127.0.0.1:\(listening.adminPort)/healthz"))
+            let (body, response) = try await URLSession.shared.data(from: url)
+            return ((response as? HTTPURLResponse)?.statusCode ?? 0, String(decoding: body, as: UTF8.self))
+        }
+        #expect(try await health().status == 200)
+        let lock = try WriteLockHolder(path: "\(fixture.dataDirectory)/\(SQLiteChannelStore.defaultFileName)")
+        // Joining reads the store (revocations), which the lock allows, and queues the member's row.
+        let ann = try await fixture.member("ann", port: listening.voicePort)
+        let bob = try await fixture.member("bob", port: listening.voicePort)
+        // The first write fails once squelchd's busy timeout (5 s) passes.
+        var answer = try await health()
+        let deadline = ContinuousClock.now + .seconds(20)
+        while answer.status == 200, ContinuousClock.now < deadline {
+            try await Task.sleep(for: .milliseconds(200))
+            answer = try await health()
+        }
+        #expect(answer.status == 503)
+        #expect(answer.body.contains("database writes have failed"), "\(answer.body)")
+        #expect(answer.body.contains("locked"), "\(answer.body)")
+        try await ann.send(.floorRequest)
+        #expect(await ann.waitForFloor(.granted) != nil, "talk goes on while the database is failing")
+        #expect(await bob.waitForFloor(.taken) != nil)
+        lock.unlock()
+        let recovered = ContinuousClock.now + .seconds(20)
+        while answer.status != 200, ContinuousClock.now < recovered {
+            try await Task.sleep(for: .milliseconds(100))
+            answer = try await health()
+        }
+        #expect(answer.status == 200, "\(answer.body)")
+    }
+
     @Test func aCancelledServerStillWritesItsLastUpdates() async throws {
         let fixture = try await ServerFixture()
         let (task, listening) = try await fixture.start()
