@@ -119,6 +119,15 @@ public final class ChannelHub {
     /// The roster as members see it.
     public func roster(of id: UUID) -> [Participant] { channels[id]?.roster ?? [] }
 
+    /// The roster as an operator sees it, with each connected listener's reported loss.
+    public func liveRoster(of id: UUID) -> [LiveMember] {
+        guard let channel = channels[id] else { return [] }
+        return channel.members.values.sorted { $0.slot < $1.slot }.map { member in
+            LiveMember(participant: member.participant,
+                       receptionLoss: member.link != nil && member.canListen ? member.receptionLoss : nil)
+        }
+    }
+
     /// Removes a channel: its members are told and disconnected; a burst in progress is logged.
     public func deleteChannel(_ id: UUID, at time: HubTime) {
         guard let channel = channels.removeValue(forKey: id) else { return }

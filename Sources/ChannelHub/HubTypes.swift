@@ -188,3 +188,31 @@ struct TokenBucket {
         return true
     }
 }
+
+/// A member as an operator sees it (`GET /v1/channels/:id/roster`): its roster entry, flattened into
+/// the same JSON object, and what only the server knows of it.
+public struct LiveMember: Codable, Sendable, Equatable {
+    public var participant: Participant
+    /// The share of the audio (percent) the member last reported missing on its way in, this session:
+    /// a dispatcher's lead to a bad radio link. Nil while it is not connected or may not listen; 0 as
+    /// well when it has reported nothing (clients report a move of 2 points, older ones never).
+    public var receptionLoss: Int?
+
+    public init(participant: Participant, receptionLoss: Int? = nil) {
+        self.participant = participant
+        self.receptionLoss = receptionLoss
+    }
+
+    private enum Keys: String, CodingKey { case receptionLoss }
+
+    public init(from decoder: any Decoder) throws {
+        participant = try Participant(from: decoder)
+        receptionLoss = try decoder.container(keyedBy: Keys.self).decodeIfPresent(Int.self, forKey: .receptionLoss)
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        try participant.encode(to: encoder)
+        var container = encoder.container(keyedBy: Keys.self)
+        try container.encodeIfPresent(receptionLoss, forKey: .receptionLoss)
+    }
+}

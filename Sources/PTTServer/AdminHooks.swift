@@ -1,3 +1,4 @@
+import ChannelHub
 import ChannelProtocol
 import ChannelStore
 import Foundation
@@ -17,7 +18,7 @@ public protocol AdminHubHooks: Sendable {
     /// A token was revoked: a member connected with it is told and removed.
     func tokenRevoked(_ revocation: RevocationRecord) async
     /// The live roster of a channel (connected and recently disconnected members), empty if unknown.
-    func roster(of channel: UUID) async -> [Participant]
+    func roster(of channel: UUID) async -> [LiveMember]
     /// Number of live connections, for /healthz.
     func connectionCount() async -> Int
 }

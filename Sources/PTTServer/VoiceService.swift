@@ -205,8 +205,8 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
         _ = await onLoop { $0.hub.pushTokenRejected(channel: channel, user: user, token: token) }
     }
 
-    public func roster(of channel: UUID) async -> [Participant] {
-        await onLoop { $0.hub.roster(of: channel) } ?? []
+    public func roster(of channel: UUID) async -> [LiveMember] {
+        await onLoop { $0.hub.liveRoster(of: channel) } ?? []
     }
 
     public func connectionCount() async -> Int {

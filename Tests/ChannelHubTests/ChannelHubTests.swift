@@ -736,6 +736,27 @@ final class Harness {
         #expect(h.hub.counters.receptionReports == 4)
     }
 
+    /// What an operator's roster shows: each connected listener's last figure, none for a member who
+    /// may not listen or is not connected, and a new session's figure starts again at 0.
+    @Test func theOperatorsRosterShowsEachConnectedListenersLoss() {
+        let h = Harness()
+        h.join("ann")
+        let bob = h.join("bob"), dan = h.join("dan", capabilities: [.talk])
+        h.send(.receptionReport(lossPercent: 14), from: bob.link)
+        h.send(.receptionReport(lossPercent: 30), from: dan.link)
+        func loss() -> [String: Int?] {
+            Dictionary(uniqueKeysWithValues: h.hub.liveRoster(of: h.channel.id).map { ($0.participant.userID, $0.receptionLoss) })
+        }
+        #expect(loss() == ["ann": 0, "bob": 14, "dan": nil])
+        #expect(h.hub.liveRoster(of: h.channel.id).map(\.participant) == h.hub.roster(of: h.channel.id))
+        h.hub.closed(bob.link, at: h.time)
+        h.drain()
+        #expect(loss() == ["ann": 0, "bob": nil, "dan": nil], "bob is reconnecting: no figure")
+        _ = h.join("bob")
+        #expect(loss()["bob"] == 0)
+        #expect(h.hub.liveRoster(of: UUID()).isEmpty)
+    }
+
     @Test func eachTalkerHearsOnlyOfItsOwnListenersAndASessionStartsAtZero() {
         let h = Harness(mode: .fullDuplex)
         let ann = h.join("ann"), bob = h.join("bob"), cat = h.join("cat")

@@ -1,3 +1,4 @@
+import ChannelHub
 import ChannelProtocol
 import ChannelStore
 import Foundation
@@ -20,12 +21,12 @@ final class RecordingHub: AdminHubHooks {
     }
 
     private let recorded = Mutex<[Event]>([])
-    let rosterEntries: [Participant]
+    let rosterEntries: [LiveMember]
     let connections: Int
     /// Users the hub holds whose rows the store may not have yet.
     let liveMembers: Set<String>
 
-    init(roster: [Participant] = [], connections: Int = 0, liveMembers: Set<String> = []) {
+    init(roster: [LiveMember] = [], connections: Int = 0, liveMembers: Set<String> = []) {
         rosterEntries = roster
         self.connections = connections
         self.liveMembers = liveMembers
@@ -40,7 +41,7 @@ final class RecordingHub: AdminHubHooks {
     func tokenRevoked(_ revocation: RevocationRecord) async {
         recorded.withLock { $0.append(.revoked(revocation.channelID, revocation.tokenID)) }
     }
-    func roster(of channel: UUID) async -> [Participant] { rosterEntries }
+    func roster(of channel: UUID) async -> [LiveMember] { rosterEntries }
     func connectionCount() async -> Int { connections }
 }
 
@@ -443,14 +444,20 @@ extension TestResponse {
 
     @Test func rosterComesFromTheHubAndIsEmptyWithoutOne() async throws {
         let participant = Participant(slot: 7, userID: "alice", name: "Alice", role: "dispatcher", priority: 9, talking: true)
-        let fixture = try await AdminFixture(hub: RecordingHub(roster: [participant]))
+        let offline = Participant(slot: 8, userID: "bob", name: "Bob", connection: .offline)
+        let entries = [LiveMember(participant: participant, receptionLoss: 12), LiveMember(participant: offline)]
+        let fixture = try await AdminFixture(hub: RecordingHub(roster: entries))
         defer { Task { await fixture.cleanUp() } }
         let channel = ChannelRecord(name: "Ops")
         try await fixture.store.createChannel(channel)
         try await fixture.application.test(.router) { client in
             let roster = try await client.send(.get, "/v1/channels/\(channel.id)/roster")
             #expect(roster.status == .ok)
-            #expect(try roster.decode([Participant].self) == [participant])
+            // The roster entry's own fields, as members see them, with the server's figure beside them.
+            #expect(try roster.decode([Participant].self) == [participant, offline])
+            #expect(try roster.decode([LiveMember].self) == entries)
+            #expect(roster.text.contains("\"receptionLoss\":12"), "\(roster.text)")
+            #expect(roster.text.components(separatedBy: "receptionLoss").count == 2, "absent, not null, for bob: \(roster.text)")
             let unknown = try await client.send(.get, "/v1/channels/\(UUID())/roster")
             #expect(unknown.status == .notFound)
         }
