@@ -447,6 +447,8 @@ actor ManagerEngine {
         let reception = receiver.statistics
         result.reception = reception.current
         result.jitterTargetMilliseconds = reception.target
+        result.malformedDatagrams = reception.malformed
+        result.droppedTooManyTalkers = reception.tooManyTalkers
         return result
     }
 }

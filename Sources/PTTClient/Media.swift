@@ -275,12 +275,14 @@ final class Receiver: Sendable {
         }
     }
 
-    var statistics: (current: BurstStatistics?, target: Int) {
+    var statistics: (current: BurstStatistics?, target: Int, malformed: Int, tooManyTalkers: Int) {
         state.withLockedValue { state in
             for track in state.tracks.indices {
-                if let current = state.tracks[track].current { return (current, state.tracks[track].currentTargetMilliseconds) }
+                if let current = state.tracks[track].current {
+                    return (current, state.tracks[track].currentTargetMilliseconds, state.malformed, state.tooManyTalkers)
+                }
             }
-            return (state.lastStatistics, state.tracks[0].currentTargetMilliseconds)
+            return (state.lastStatistics, state.tracks[0].currentTargetMilliseconds, state.malformed, state.tooManyTalkers)
         }
     }
 
