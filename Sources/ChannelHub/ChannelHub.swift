@@ -240,19 +240,32 @@ public final class ChannelHub {
     /// A control message arrived on `link`.
     public func control(_ link: Link, bytes: [UInt8], at time: HubTime) {
         guard let session = sessions[link] else { return }
-        guard controlBudget[link, default: TokenBucket(tokens: Double(configuration.controlMessageBurst), refilledAt: time.instant)]
+        let withinBudget = controlBudget[link, default: TokenBucket(tokens: Double(configuration.controlMessageBurst), refilledAt: time.instant)]
             .take(at: time.instant, perSecond: configuration.controlMessagesPerSecond, burst: configuration.controlMessageBurst)
-        else {
-            rateLimited(link, bytes: bytes, at: time)
-            return
-        }
         let message: ClientMessage
         do {
             message = try codec.decodeClientMessage(bytes)
         } catch {
+            if !withinBudget {
+                rateLimited(link, nil, at: time)
+                return
+            }
             counters.controlErrors += 1
             outputs.append(.send(.error(code: .protocolError, reason: error.description), to: [link]))
             return
+        }
+        if !withinBudget {
+            switch message {
+            // Always taken: dropping a release would hold the floor until the maximum burst length
+            // while everyone waits (a bouncing button can spend the budget), and dropping a leave
+            // would keep a member the device has left. Neither makes work for anyone else when
+            // repeated: a release from a member without the floor or a place in the queue changes
+            // nothing, and a leave ends the session.
+            case .floorRelease, .leave: break
+            default:
+                rateLimited(link, message, at: time)
+                return
+            }
         }
         if case .join(let token, let channel, let reason) = message {
             switch session {
@@ -449,11 +462,15 @@ public final class ChannelHub {
         outputs.append(.send(.error(code: code, reason: reason), to: [link]))
     }
 
+    /// The next free slot after the last one given, wrapping past 65535 to 1: slot 0 is not a
+    /// member's (protocol §16.2.2).
     func allocateSlot(in channel: ChannelState) -> UInt16 {
+        var slot: UInt16
         repeat {
+            slot = channel.nextSlot
             channel.nextSlot &+= 1
-        } while channel.nextSlot == 0 || channel.members[channel.nextSlot &- 1] != nil
-        return channel.nextSlot &- 1
+        } while slot == 0 || channel.members[slot] != nil
+        return slot
     }
 
     /// Removes a member from the channel for good: floor, roster, store.
@@ -474,12 +491,13 @@ public final class ChannelHub {
         outputs.append(.store(.removeMember(channel: channel.record.id, user: member.userID)))
     }
 
-    /// A message over the connection's rate is dropped. A floor request is denied, so that the
-    /// client's request ends; anything else gets an `error`, at most one a second.
-    func rateLimited(_ link: Link, bytes: [UInt8], at time: HubTime) {
+    /// A message over the connection's rate (nil: one that could not be read) is dropped. A floor
+    /// request is denied, so that the client's request ends; anything else gets an `error`, at most
+    /// one a second. Releases and leaves never come here.
+    func rateLimited(_ link: Link, _ message: ClientMessage?, at time: HubTime) {
         counters.controlRateLimited += 1
         let text = "more than \(configuration.controlMessagesPerSecond) control messages a second from this connection; the message was dropped, slow down"
-        if case .floorRequest? = try? codec.decodeClientMessage(bytes) {
+        if case .floorRequest? = message {
             outputs.append(.send(.floor(FloorEvent(kind: .denied, cause: .rateLimited, reason: text)), to: [link]))
             return
         }

@@ -415,12 +415,14 @@ final class Harness {
             h.send(.floorRequest, from: ann.link)
             h.send(.floorRelease, from: ann.link)
         }
-        #expect(h.hub.counters.controlRateLimited == 21)
+        // The requests over the rate are dropped; releases are always taken.
+        #expect(h.hub.counters.controlRateLimited == 10)
         let annEvents = h.floorEvents(to: ann.link)
         #expect(annEvents.filter { $0.kind == .granted }.count == 20)
         #expect(annEvents.filter { $0.kind == .denied && $0.cause == .rateLimited }.count == 10, "each dropped request is denied")
         #expect(h.floorEvents(to: bob.link).filter { $0.kind == .taken }.count == 20, "the others hear only what was let through")
-        // Other messages over the rate (the dropped releases, these) get one error a second, not one each.
+        #expect(h.floorEvents(to: bob.link).filter { $0.kind == .ended }.count == 20, "and every burst that was let through ended")
+        // Other messages over the rate get one error a second, not one each.
         for _ in 0..<5 { h.send(.setMuted(true), from: ann.link) }
         let errors = h.messages.filter { if $0.link == ann.link, case .error(.rateLimited, _) = $0.message { return true } else { return false } }
         #expect(errors.count == 1)
@@ -431,6 +433,41 @@ final class Harness {
         // Another connection has its own allowance.
         h.send(.floorRequest, from: bob.link)
         #expect(h.floorEvents(to: bob.link).last?.kind == .queued)
+    }
+
+    /// A talker whose button bounced (or whose app looped) has spent its allowance: its release still
+    /// frees the floor, and its leave still leaves, rather than hold everyone up until the maximum
+    /// burst length.
+    @Test func releaseAndLeaveAreTakenOverTheRate() {
+        var configuration = HubConfiguration()
+        configuration.controlMessagesPerSecond = 20
+        configuration.controlMessageBurst = 40
+        let h = Harness(configuration: configuration)
+        let ann = h.join("ann"), bob = h.join("bob")
+        h.send(.floorRequest, from: ann.link)
+        #expect(h.grantedBurst(ann.link) != nil)
+        for index in 0..<60 { h.send(.setMuted(index % 2 == 0), from: ann.link) }
+        #expect(h.hub.counters.controlRateLimited > 0)
+        h.send(.floorRelease, from: ann.link)
+        #expect(h.floorEvents(to: bob.link).suffix(2).map(\.kind) == [.ended, .idle], "the release freed the floor")
+        h.send(.floorRequest, from: bob.link)
+        #expect(h.floorEvents(to: bob.link).last?.kind == .granted)
+        for _ in 0..<60 { h.send(.setMuted(true), from: bob.link) }
+        h.send(.leave, from: bob.link)
+        #expect(h.closes.contains { $0.0 == bob.link && $0.1 == .normal }, "the leave was taken")
+        #expect(h.hub.roster(of: h.channel.id).map(\.userID) == ["ann"])
+        #expect(h.floorEvents(to: ann.link).suffix(2).map(\.kind) == [.ended, .idle], "and ended bob's burst")
+    }
+
+    /// Slots wrap past 65535 to 1: slot 0 is never a member's, and the last slot is used.
+    @Test func slotsWrapWithoutZero() {
+        let h = Harness()
+        h.hub.channels[h.channel.id]!.nextSlot = 65_534
+        let ann = h.join("ann"), bob = h.join("bob"), cat = h.join("cat")
+        #expect([ann.slot, bob.slot, cat.slot] == [65_534, 65_535, 1])
+        // A slot still held is skipped.
+        h.hub.channels[h.channel.id]!.nextSlot = 65_535
+        #expect(h.join("dan").slot == 2, "65535 (bob) and 1 (cat) are taken")
     }
 
     @Test func higherPriorityPreemptsWithAReason() {
