@@ -85,7 +85,7 @@ final class ChannelState {
     init(record: ChannelRecord, configuration: HubConfiguration) {
         self.record = record
         spareRecordingCapacity = configuration.spareRecordingCapacity
-        floor = FloorArbiter(configuration: Self.floorConfiguration(record, configuration))
+        floor = FloorArbiter(configuration: Self.floorConfiguration(record, configuration), firstBurst: configuration.firstBurst(record.id))
     }
 
     static func floorConfiguration(_ record: ChannelRecord, _ configuration: HubConfiguration) -> FloorArbiter<UInt16>.Configuration {

@@ -59,6 +59,16 @@ public struct HubConfiguration: Sendable {
     /// is room for an app to ask its backend a few times over a poor network. A token with less than
     /// this left at the join is announced at once.
     public var tokenRenewalNotice: UInt64 = 300_000_000_000
+    /// Where each channel's burst numbers start (the low 16 bits are what audio headers carry). A
+    /// listener remembers the last bursts it finished so that their repeated end markers can't start
+    /// them again; after a restart, a talker that gets its old slot and numbering from 1 again would
+    /// have its first bursts taken for those and not played. squelchd therefore starts each channel
+    /// at a random number (`randomFirstBurst`); the hub itself draws nothing (tests start at 1).
+    public var firstBurst: @Sendable (UUID) -> UInt64 = { _ in 1 }
+
+    /// A uniformly random start in 1...65535, for `firstBurst`: the chance that a restarted
+    /// channel's next burst repeats one of the 8 a listener remembers is 8 in 65535.
+    public static let randomFirstBurst: @Sendable (UUID) -> UInt64 = { _ in UInt64.random(in: 1...0xFFFF) }
 
     public init() {}
 }

@@ -102,8 +102,10 @@ public struct FloorArbiter<Member: Hashable & Sendable> {
     var arrivals: UInt64 = 0
     var pending: [Event] = []
 
-    public init(configuration: Configuration = .halfDuplex) {
+    /// - Parameter firstBurst: the number of the first burst granted; each grant after it takes the next.
+    public init(configuration: Configuration = .halfDuplex, firstBurst: UInt64 = 1) {
         self.configuration = configuration
+        nextBurst = firstBurst
     }
 
     /// Members holding the floor, oldest grant first.

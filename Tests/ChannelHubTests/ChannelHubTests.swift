@@ -459,6 +459,22 @@ final class Harness {
         #expect(h.floorEvents(to: ann.link).suffix(2).map(\.kind) == [.ended, .idle], "and ended bob's burst")
     }
 
+    /// Burst numbers start where the configuration says, per channel, and wrap in the header's 16 bits.
+    @Test func burstNumbersStartWhereConfiguredAndWrap() throws {
+        var configuration = HubConfiguration()
+        configuration.firstBurst = { _ in 65_535 }
+        let h = Harness(configuration: configuration)
+        let ann = h.join("ann"), bob = h.join("bob")
+        h.send(.floorRequest, from: ann.link)
+        #expect(h.grantedBurst(ann.link) == 65_535)
+        h.send(.floorRelease, from: ann.link)
+        h.send(.floorRequest, from: ann.link)
+        let wrapped = try #require(h.grantedBurst(ann.link))
+        #expect(wrapped == 0)
+        h.audio(from: ann.link, burst: wrapped, sequence: 0, payload: [1, 2, 3])
+        #expect(h.audio(to: bob.link).map(\.payload) == [[1, 2, 3]], "audio of the wrapped burst is relayed")
+    }
+
     /// Slots wrap past 65535 to 1: slot 0 is never a member's, and the last slot is used.
     @Test func slotsWrapWithoutZero() {
         let h = Harness()

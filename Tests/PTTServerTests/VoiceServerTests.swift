@@ -268,7 +268,7 @@ func slot(of member: TestMember) -> UInt16? {
         #expect(await ann.waitFor { $0 == .pushTokenRegistered } != nil)
         let bob = try await fixture.member("bob", port: listening.voicePort)
         try await ann.send(.floorRequest)
-        #expect(await ann.waitForFloor(.granted) != nil)
+        let before = try #require(await ann.waitForFloor(.granted)?.burst)
         try await ann.send(.floorRelease)
         #expect(await bob.waitForFloor(.idle) != nil)
 
@@ -286,6 +286,12 @@ func slot(of member: TestMember) -> UInt16? {
         let again = try await fixture.member("bob", port: listening.voicePort)
         guard case .joined(_, _, let roster, _)? = again.messages.first else { Issue.record("no joined"); return }
         #expect(roster.first { $0.userID == "ann" }?.connection == .offline)
+        // Bob got his old slot back; were burst numbers to start again at 1, his listeners would take
+        // his first burst for the one they finished before the restart (a random start repeats it
+        // once in 65535 restarts).
+        try await again.send(.floorRequest)
+        let after = try #require(await again.waitForFloor(.granted)?.burst)
+        #expect(after != before, "burst \(after) again after the restart")
         await listening.shutdown()
         try await task.value
 
@@ -295,7 +301,8 @@ func slot(of member: TestMember) -> UInt16? {
         #expect(members.first { $0.userID == "ann" }?.pushToken == "0a1b2c3d")
         #expect(members.first { $0.userID == "ann" }?.pushEnvironment == .sandbox)
         let log = try await store.transmissions(of: fixture.channel.id, limit: 10)
-        #expect(log.first?.userID == "ann" && log.first?.endReason == "released")
+        #expect(log.map(\.userID) == ["bob", "ann"], "newest first: \(log)")
+        #expect(log.last?.endReason == "released" && log.first?.endReason == "shutdown", "\(log)")
         try await store.close()
     }
 
