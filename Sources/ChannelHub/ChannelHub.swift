@@ -386,12 +386,9 @@ public final class ChannelHub {
 
         outputs.append(.store(.upsertMember(member.record(channel: channel.record.id, lastSeen: time.date))))
         // A big roster goes in chunks, so that no control message nears the size limit.
-        let roster = channel.roster
-        outputs.append(.send(.joined(channel: channel.info, you: slot, roster: Array(roster.prefix(ControlLimits.rosterChunk)),
-                                     talkers: channel.talkers), to: [link]))
-        for start in stride(from: ControlLimits.rosterChunk, to: roster.count, by: ControlLimits.rosterChunk) {
-            outputs.append(.send(.roster(Array(roster[start ..< min(roster.count, start + ControlLimits.rosterChunk)])), to: [link]))
-        }
+        let chunks = ControlLimits.rosterChunks(channel.roster)
+        outputs.append(.send(.joined(channel: channel.info, you: slot, roster: Array(chunks[0]), talkers: channel.talkers), to: [link]))
+        for chunk in chunks.dropFirst() { outputs.append(.send(.roster(Array(chunk)), to: [link])) }
         scheduleExpiry(channel, slot: slot, link: link, claims: claims, at: time)
         // Rights are the token's: a talker back with a listen-only token stops being relayed, and a new
         // priority counts for the floor it holds or waits for. After `joined`, whose snapshot shows the

@@ -234,7 +234,7 @@ public enum ClientMessage: Sendable, Equatable {
 
 /// Server → client.
 public enum ServerMessage: Sendable, Equatable {
-    /// `roster` holds at most `ControlLimits.rosterChunk` entries; a larger roster continues in
+    /// `roster` holds the first of `ControlLimits.rosterChunks`; a larger roster continues in
     /// `roster` messages right after it.
     case joined(channel: ChannelInfo, you: UInt16, roster: [Participant], talkers: [Talker])
     /// More roster entries, following `joined` (large channels).
@@ -279,7 +279,7 @@ public enum ControlLimits {
     /// Longest token or string field we accept.
     public static let maxTokenBytes = 8 * 1024
     public static let maxPushTokenHexLength = 200
-    /// Roster entries per message: about 150 bytes each, so a chunk stays far below `maxMessageBytes`.
+    /// Most roster entries per message; `rosterChunkBytes` may make a chunk shorter.
     public static let rosterChunk = 128
     /// Most user ids in one `setSubscriptions`.
     public static let maxUnheard = 1_024

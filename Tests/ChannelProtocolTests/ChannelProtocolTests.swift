@@ -102,4 +102,40 @@ import Testing
                               [0x41, 0, 0, 0, 0, 0, 0, 0] + [UInt8](repeating: 0, count: AudioHeader.maxPayload + 1)]
         for bytes in bad { #expect(bytes.withUnsafeBytes { AudioHeader(parsing: $0) } == nil) }
     }
+
+    /// Entries with every text field at its limit, and full of the characters JSON escapes: each chunk
+    /// still fits a control message next to the largest inline image, and no entry is lost or moved.
+    @Test func rosterChunksFitAControlMessageWhateverTheEntries() throws {
+        let nasty = String(repeating: "/\"\\\u{1}é", count: 200)
+        func clipped(_ text: String, _ bytes: Int) -> String {
+            var out = ""
+            for character in text where out.utf8.count + String(character).utf8.count <= bytes { out.append(character) }
+            return out
+        }
+        let roster = (1...400).map { index in
+            Participant(slot: UInt16(index), userID: clipped("\(index)" + nasty, ControlLimits.maxUserIDBytes),
+                        name: clipped(nasty, 64), role: clipped(nasty, 64), priority: 255, canTalk: false, canListen: false,
+                        connection: .reconnecting)
+        }
+        let codec = MessageCodec()
+        let image = "data:image/png;base64," + String(repeating: "A/", count: 8_180)
+        let info = ChannelInfo(id: UUID(), name: String(repeating: "n", count: 64), image: image, mode: .halfDuplex, maxBurstSeconds: 60)
+        let chunks = ControlLimits.rosterChunks(roster)
+        #expect(chunks.count > 4, "the old rule, 128 a message, would have made 4 of over 64 KiB each")
+        #expect(Array(chunks.joined()) == roster)
+        for (index, chunk) in chunks.enumerated() {
+            let bound = chunk.reduce(0) { $0 + $1.encodedSizeBound }
+            let rosterBytes = codec.encode(.roster(Array(chunk))).count
+            #expect(rosterBytes <= bound + 40, "the bound holds: \(rosterBytes) bytes against \(bound)")
+            let message: ServerMessage = index == 0 ? .joined(channel: info, you: 1, roster: Array(chunk), talkers: [])
+                                                    : .roster(Array(chunk))
+            let bytes = codec.encode(message)
+            #expect(bytes.count < ControlLimits.maxMessageBytes, "chunk \(index): \(bytes.count) bytes")
+            #expect(try codec.decodeServerMessage(bytes) == message)
+        }
+        // Ordinary entries still go 128 to a message.
+        let plain = (1...300).map { Participant(slot: UInt16($0), userID: "member-\($0)", name: "Member \($0)") }
+        #expect(ControlLimits.rosterChunks(plain).map(\.count) == [128, 128, 44])
+        #expect(ControlLimits.rosterChunks([]).map(\.count) == [0])
+    }
 }

@@ -1,0 +1,61 @@
+extension ControlLimits {
+    /// Roster bytes one `joined` or `roster` message carries at most (an upper bound of the entries'
+    /// JSON, `Participant.encodedSizeBound`): half of `maxMessageBytes`, which leaves `joined` room
+    /// for an inline channel image (16 KB) and the talkers.
+    public static let rosterChunkBytes = maxMessageBytes / 2
+
+    /// Splits `roster` into the chunks that `joined` and the `roster` messages after it carry: in
+    /// order, each at most `rosterChunk` entries and `rosterChunkBytes`. A count alone isn't enough:
+    /// 128 entries with user ids, names and roles at their limits would exceed `maxMessageBytes`, and
+    /// a message over it is refused by the transport, so the joiner would never get `joined`.
+    public static func rosterChunks(_ roster: [Participant]) -> [ArraySlice<Participant>] {
+        var chunks: [ArraySlice<Participant>] = []
+        var start = roster.startIndex
+        var bytes = 0
+        for index in roster.indices {
+            let size = roster[index].encodedSizeBound
+            if index > start, index - start == rosterChunk || bytes + size > rosterChunkBytes {
+                chunks.append(roster[start..<index])
+                start = index
+                bytes = 0
+            }
+            bytes += size
+        }
+        if start < roster.endIndex || chunks.isEmpty { chunks.append(roster[start...]) }
+        return chunks
+    }
+}
+
+extension Participant {
+    /// Bytes of JSON this entry takes in a roster at most. The fixed part is measured once, with the
+    /// longest values every other field can have; each byte of the user id, name and role counts as
+    /// the most its escaping can make of it: 6 for a control character (`\u001f`), 2 for `"`, `\` and
+    /// `/`, 3 for a byte of a character beyond ASCII (in case an encoder writes `\uXXXX`, or a pair of
+    /// them), else 1.
+    public var encodedSizeBound: Int {
+        Self.fixedEncodedBytes + Self.escapedBound(userID) + Self.escapedBound(name) + Self.escapedBound(role ?? "")
+    }
+
+    static let fixedEncodedBytes: Int = {
+        let codec = MessageCodec()
+        let longest = Participant(slot: .max, userID: "", name: "", role: "", priority: .max, canTalk: false, canListen: false,
+                                  connection: .reconnecting, talking: false, muted: false)
+        // The comma between two entries is in it: two entries minus none, halved, rounded up.
+        let none = codec.encode(.roster([])).count
+        let two = codec.encode(.roster([longest, longest])).count
+        return (two - none + 1) / 2
+    }()
+
+    static func escapedBound(_ text: String) -> Int {
+        var total = 0
+        for byte in text.utf8 {
+            switch byte {
+            case 0..<0x20: total += 6
+            case 0x22, 0x5C, 0x2F: total += 2
+            case 0x80...: total += 3
+            default: total += 1
+            }
+        }
+        return total
+    }
+}
