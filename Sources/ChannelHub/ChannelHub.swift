@@ -532,6 +532,8 @@ public final class ChannelHub {
                 var wake: [MemberRecord] = []
                 var connected: [WakeCandidate] = []
                 for other in channel.members.values where other.pushToken != nil && other.hears(member) && other.slot != slot {
+                    if other.link == nil, let token = other.token,
+                       time.date.timeIntervalSince(token.expiresAt) > configuration.wakeAfterTokenExpiry { continue }
                     let record = other.record(channel: channel.record.id, lastSeen: time.date)
                     if let link = other.link { connected.append(WakeCandidate(member: record, link: link)) } else { wake.append(record) }
                 }

@@ -59,6 +59,12 @@ public struct HubConfiguration: Sendable {
     /// is room for an app to ask its backend a few times over a poor network. A token with less than
     /// this left at the join is announced at once.
     public var tokenRenewalNotice: UInt64 = 300_000_000_000
+    /// How long after its participant token expired an offline member is still woken by push when a
+    /// burst starts. Within it, the woken app can fetch a new token from its backend and renew
+    /// (docs/architecture.md, "A token left to expire"); past it, a device nobody renews for is
+    /// left alone instead of being woken, with the speaker's name, by every burst for good. The
+    /// membership and push token stay, so a join with a new token wakes it again.
+    public var wakeAfterTokenExpiry: TimeInterval = 7 * 86_400
     /// Where each channel's burst numbers start (the low 16 bits are what audio headers carry). A
     /// listener remembers the last bursts it finished so that their repeated end markers can't start
     /// them again; after a restart, a talker that gets its old slot and numbering from 1 again would

@@ -1003,6 +1003,33 @@ final class Harness {
         #expect(wake.first?.1.map(\.pushToken) == ["00ff"])
     }
 
+    /// A member whose token expired is still woken for a while (its app may renew), but not for good.
+    @Test func anExpiredMemberIsWokenOnlyForAWhileAfterItsTokenExpired() {
+        let h = Harness()
+        let day: UInt64 = 86_400_000_000_000
+        let ann = h.join("ann", expiresAt: h.epoch.addingTimeInterval(30 * 86_400))
+        let bob = h.join("bob", expiresAt: h.epoch.addingTimeInterval(60))
+        h.send(.registerPushToken(token: "00ff", environment: .production), from: bob.link)
+        h.hub.closed(bob.link, at: h.time)
+        h.drain()
+        func woken() -> [String] {
+            h.other.removeAll()
+            h.send(.floorRequest, from: ann.link)
+            h.send(.floorRelease, from: ann.link)
+            return h.other.flatMap { if case .burstStarted(_, _, let wake, _) = $0 { return wake.map(\.userID) } else { return [] } }
+        }
+        #expect(woken() == ["bob"], "before the token expired")
+        h.advance(6 * day)
+        #expect(woken() == ["bob"], "six days after: the app may still renew")
+        h.advance(2 * day)
+        #expect(woken().isEmpty, "eight days after: left alone")
+        // A join with a new token makes it wakeable again.
+        let again = h.join("bob", expiresAt: h.time.date.addingTimeInterval(3_600))
+        h.hub.closed(again.link, at: h.time)
+        h.drain()
+        #expect(woken() == ["bob"])
+    }
+
     @Test func unsubscribedTalkersAreNeitherRelayedNorReplayedNorWakeTheListener() {
         let h = Harness()
         let ann = h.join("ann"), bob = h.join("bob"), cat = h.join("cat")
