@@ -163,7 +163,7 @@ public final class ChannelHub {
             outputs.append(.send(.refused(code: code, reason: reason), to: [link]))
             outputs.append(.close(link, code: .removed, reason: code == .tokenRevoked ? "token revoked" : "removed"))
         }
-        forget(channel, slot: slot, at: time)
+        forget(channel, slot: slot, at: time, endReason: code == .tokenRevoked ? "tokenRevoked" : "removedByAdmin")
         if member.pushToken != nil { outputs.append(.memberGone(channel: id, member: member.record(channel: id, lastSeen: time.date))) }
     }
 
@@ -471,12 +471,13 @@ public final class ChannelHub {
     }
 
     /// Removes a member from the channel for good: floor, roster, store.
-    func forget(_ channel: ChannelState, slot: UInt16, at time: HubTime) {
+    /// - Parameter endReason: what the transmission log says of a burst this cuts short.
+    func forget(_ channel: ChannelState, slot: UInt16, at time: HubTime, endReason: String = "left") {
         guard var member = channel.members[slot] else { return }
         stopCatchUp(&member)
         // The member's row is gone by the time the floor's `.ended` is applied below, and the log
         // entry needs it: a burst cut short by leaving is logged here.
-        if channel.floor.mayTalk(slot) { logBurstEnd(channel, slot: slot, reason: "left", at: time) }
+        if channel.floor.mayTalk(slot) { logBurstEnd(channel, slot: slot, reason: endReason, at: time) }
         channel.floor.release(slot, now: time.instant.nanoseconds)
         channel.members[slot] = nil
         channel.slotsByUser[member.userID] = nil

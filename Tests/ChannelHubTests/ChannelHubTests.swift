@@ -929,6 +929,20 @@ final class Harness {
         #expect(joined != nil && removed != nil && joined! < removed!, "\(h.stored)")
     }
 
+    /// A burst cut short by a removal or a revocation says so in the transmission log, not "left".
+    @Test func aRemovedTalkersBurstIsLoggedWithTheReason() {
+        let h = Harness()
+        let ann = h.join("ann"), bob = h.join("bob")
+        h.send(.floorRequest, from: ann.link)
+        h.hub.removeMember(channel: h.channel.id, user: "ann", at: h.time)
+        h.send(.floorRequest, from: bob.link)
+        h.hub.removeMember(channel: h.channel.id, user: "bob", at: h.time, code: .tokenRevoked, reason: "lost phone")
+        h.drain()
+        let logged = h.stored.compactMap { if case .logTransmission(let t) = $0 { return t } else { return nil } }
+        #expect(logged.map(\.userID) == ["ann", "bob"])
+        #expect(logged.map(\.endReason) == ["removedByAdmin", "tokenRevoked"])
+    }
+
     @Test func leaveForgetsTheMemberAndItsToken() {
         let h = Harness()
         let ann = h.join("ann"), bob = h.join("bob")
