@@ -404,11 +404,16 @@ final class Harness {
         #expect(h.floorEvents(to: bob.link).contains { $0.kind == .ended && $0.slot == ann.slot })
     }
 
-    @Test func aConnectionThatFloodsControlMessagesIsHeldToItsRate() {
+    /// A hub allowing 20 control messages a second, in bursts of 40.
+    func rateLimitedHarness() -> Harness {
         var configuration = HubConfiguration()
         configuration.controlMessagesPerSecond = 20
         configuration.controlMessageBurst = 40
-        let h = Harness(configuration: configuration)
+        return Harness(configuration: configuration)
+    }
+
+    @Test func aConnectionThatFloodsControlMessagesIsHeldToItsRate() {
+        let h = rateLimitedHarness()
         let ann = h.join("ann"), bob = h.join("bob")
         // The join was one message; 39 more fit the burst, then every message is over the rate.
         for _ in 0..<30 {
@@ -439,10 +444,7 @@ final class Harness {
     /// frees the floor, and its leave still leaves, rather than hold everyone up until the maximum
     /// burst length.
     @Test func releaseAndLeaveAreTakenOverTheRate() {
-        var configuration = HubConfiguration()
-        configuration.controlMessagesPerSecond = 20
-        configuration.controlMessageBurst = 40
-        let h = Harness(configuration: configuration)
+        let h = rateLimitedHarness()
         let ann = h.join("ann"), bob = h.join("bob")
         h.send(.floorRequest, from: ann.link)
         #expect(h.grantedBurst(ann.link) != nil)
