@@ -255,13 +255,14 @@ public final class ChannelHub {
             return
         }
         if !withinBudget {
-            switch message {
-            // Always taken: dropping a release would hold the floor until the maximum burst length
-            // while everyone waits (a bouncing button can spend the budget), and dropping a leave
-            // would keep a member the device has left. Neither makes work for anyone else when
-            // repeated: a release from a member without the floor or a place in the queue changes
-            // nothing, and a leave ends the session.
-            case .floorRelease, .leave: break
+            switch (message, session) {
+            // Always taken from a joined member: dropping a release would hold the floor until the
+            // maximum burst length while everyone waits (a bouncing button can spend the budget), and
+            // dropping a leave would keep a member the device has left. Neither makes work for anyone
+            // else when repeated: a release from a member without the floor or a place in the queue
+            // changes nothing, and a leave ends the session. From a connection that hasn't joined,
+            // each would only earn an error, so those stay limited.
+            case (.floorRelease, .joined), (.leave, .joined): break
             default:
                 rateLimited(link, message, at: time)
                 return
@@ -385,9 +386,12 @@ public final class ChannelHub {
         channel.floor.reconnected(slot)
 
         outputs.append(.store(.upsertMember(member.record(channel: channel.record.id, lastSeen: time.date))))
-        // A big roster goes in chunks, so that no control message nears the size limit.
-        let chunks = ControlLimits.rosterChunks(channel.roster)
-        outputs.append(.send(.joined(channel: channel.info, you: slot, roster: Array(chunks[0]), talkers: channel.talkers), to: [link]))
+        // A big roster goes in chunks, so that no control message nears the size limit. `joined`'s
+        // own share is measured: an image URL full of characters JSON escapes can take most of it.
+        let info = channel.info, talkers = channel.talkers
+        let head = codec.encode(.joined(channel: info, you: slot, roster: [], talkers: talkers)).count
+        let chunks = ControlLimits.rosterChunks(channel.roster, firstChunkBytes: ControlLimits.maxMessageBytes - head - 1_024)
+        outputs.append(.send(.joined(channel: info, you: slot, roster: Array(chunks[0]), talkers: talkers), to: [link]))
         for chunk in chunks.dropFirst() { outputs.append(.send(.roster(Array(chunk)), to: [link])) }
         scheduleExpiry(channel, slot: slot, link: link, claims: claims, at: time)
         // Rights are the token's: a talker back with a listen-only token stops being relayed, and a new

@@ -1,23 +1,29 @@
 extension ControlLimits {
     /// Roster bytes one `joined` or `roster` message carries at most (an upper bound of the entries'
-    /// JSON, `Participant.encodedSizeBound`): half of `maxMessageBytes`, which leaves `joined` room
-    /// for an inline channel image (16 KB) and the talkers.
+    /// JSON, `Participant.encodedSizeBound`): half of `maxMessageBytes`, so that nothing near the
+    /// limit depends on the bound being tight.
     public static let rosterChunkBytes = maxMessageBytes / 2
 
     /// Splits `roster` into the chunks that `joined` and the `roster` messages after it carry: in
-    /// order, each at most `rosterChunk` entries and `rosterChunkBytes`. A count alone isn't enough:
-    /// 128 entries with user ids, names and roles at their limits would exceed `maxMessageBytes`, and
-    /// a message over it is refused by the transport, so the joiner would never get `joined`.
-    public static func rosterChunks(_ roster: [Participant]) -> [ArraySlice<Participant>] {
+    /// order, each at most `rosterChunk` entries and `rosterChunkBytes`, and the first at most
+    /// `firstChunkBytes` (what `joined` has room for besides its channel, with its image, and its
+    /// talkers; it may be empty). A count alone isn't enough: 128 entries with user ids, names and
+    /// roles at their limits would exceed `maxMessageBytes`, and a message over it is refused by the
+    /// transport, so the joiner would never get `joined`.
+    public static func rosterChunks(_ roster: [Participant], firstChunkBytes: Int = rosterChunkBytes) -> [ArraySlice<Participant>] {
         var chunks: [ArraySlice<Participant>] = []
         var start = roster.startIndex
         var bytes = 0
+        var limit = min(rosterChunkBytes, firstChunkBytes)
         for index in roster.indices {
             let size = roster[index].encodedSizeBound
-            if index > start, index - start == rosterChunk || bytes + size > rosterChunkBytes {
+            // Only the first chunk may close empty; later ones hold at least one entry, which always
+            // fits `rosterChunkBytes`, so the split moves on.
+            if index - start == rosterChunk || bytes + size > limit, index > start || chunks.isEmpty {
                 chunks.append(roster[start..<index])
                 start = index
                 bytes = 0
+                limit = rosterChunkBytes
             }
             bytes += size
         }

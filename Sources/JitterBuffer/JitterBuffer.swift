@@ -219,7 +219,8 @@ public struct JitterBuffer: Sendable {
     }
 
     /// Drops everything buffered (leaving a channel); the delay history stays. The bursts that ended
-    /// are forgotten too: burst numbers start again in another channel or after a server restart.
+    /// are forgotten too: another channel numbers its bursts its own way. (A rejoin after a server
+    /// restart keeps them: the server starts each channel's numbering at random, protocol §16.4.1.)
     public mutating func reset() {
         for i in slots.indices { slots[i].filled = false }
         burst = nil

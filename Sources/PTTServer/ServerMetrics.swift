@@ -72,7 +72,7 @@ public final class ServerMetrics: Sendable {
         storeFolded = counter("store_folded", "Database writes folded into a waiting write of the same member (a newer last-seen time, push token or record, or a second removal).")
         storeRefused = counter("store_refused", "Transmission-log records not written because too many were already waiting for the database.")
         storeWaiting = gauge("store_waiting", "Database writes waiting for the database.")
-        storeFailing = gauge("store_failing", "1 while the database fails the server's writes (from a failed write until one succeeds), else 0; /healthz then answers 503.")
+        storeFailing = gauge("store_failing", "1 while a write the database failed for a reason that passes is being tried again (until a write succeeds), else 0. /healthz also reports hung writes and writes lost for good; squelch_store_failures_total counts the latter.")
         relayFanout = registry.makeDurationHistogram(
             descriptor: MetricNameDescriptor(namespace: "squelch", metricName: "relay_fanout", unitName: "seconds",
                                              helpText: "Time from a talker packet reaching the relay to its last listener's copy handed to the kernel."),

@@ -30,6 +30,9 @@ public final class StoreWriter: Sendable {
         var failing: WriteFailure?
         /// When the write in hand was first tried; nil between writes.
         var writingSince: ContinuousClock.Instant?
+        /// Writes the database failed for good (not a reason that passes), the last one's time and
+        /// error; reported for `lostWritesReported` after the last.
+        var lost: (count: Int, last: ContinuousClock.Instant, error: String)?
     }
     private let state: NIOLockedValueBox<State>
     /// Rung when a write is queued or on `finish`; one pending ring is enough.
@@ -54,13 +57,14 @@ public final class StoreWriter: Sendable {
     }
 
     /// What `/healthz` says of the writes: nil while the database takes them. A write that has failed
-    /// and not yet succeeded, or one that has waited on the database for `stuckAfter` (a hung disk or
-    /// network file system fails nothing, it just never returns), makes the server unhealthy: talk goes
-    /// on, but what changes is kept only in memory and a restart now would lose it.
+    /// and is being tried again, or one that has waited on the database for `stuckAfter` (a hung disk
+    /// or network file system fails nothing, it just never returns), makes the server unhealthy: talk
+    /// goes on, but what changes is kept only in memory and a restart now would lose it. So does a
+    /// write the database failed for good, for `lostWritesReported` after the last one.
     public func unhealthyReason(now: ContinuousClock.Instant = .now, stuckAfter: Duration = .seconds(15)) -> String? {
         // The write in hand counts: it was taken off the queue but is not in the database either.
-        let (failing, writingSince, waiting) = state.withLockedValue {
-            ($0.failing, $0.writingSince, $0.queue.count + ($0.writingSince == nil ? 0 : 1))
+        let (failing, writingSince, waiting, lost) = state.withLockedValue {
+            ($0.failing, $0.writingSince, $0.queue.count + ($0.writingSince == nil ? 0 : 1), $0.lost)
         }
         let held = "\(waiting) \(waiting == 1 ? "write waits" : "writes wait") in memory and will be written once it recovers, but a restart now loses them"
         let next = "check the data directory's disk (space, I/O errors, permissions) and whether another process holds the database locked"
@@ -70,8 +74,16 @@ public final class StoreWriter: Sendable {
         if let writingSince, now - writingSince >= stuckAfter {
             return "a database write has not returned for \(Self.seconds(now - writingSince)); \(held); \(next)"
         }
+        if let lost, now - lost.last < Self.lostWritesReported {
+            return "the database refused \(lost.count) \(lost.count == 1 ? "write" : "writes") for good, the last \(Self.seconds(now - lost.last)) ago: \(lost.error); what \(lost.count == 1 ? "it" : "they") changed is not saved (the live state is right until a restart); check the data directory (file permissions, a damaged file) and the server log"
+        }
         return nil
     }
+
+    /// How long `/healthz` reports writes the database failed for good (SQLITE_READONLY, data that
+    /// reads back damaged): long enough for a monitor's few probes to see it, after which a quiet
+    /// server, with nothing left to write, is not held unhealthy for hours by a write long gone.
+    static let lostWritesReported: Duration = .seconds(300)
 
     private static func seconds(_ duration: Duration) -> String {
         "\(Int(duration.components.seconds)) s"
@@ -186,13 +198,19 @@ public final class StoreWriter: Sendable {
                 return true
             } catch {
                 failures += 1
-                switch error {
-                case .database(let why), .unavailable(let why): noteDatabaseFailed(why)
-                // The database answered; the write itself is refused.
-                case .invalid, .channelNotFound, .memberNotFound: noteDatabaseAnswered()
-                }
                 let stoppingFor = state.withLockedValue { $0.finishedAt }.map { ContinuousClock.now - $0 }
-                switch retry.decide(error, failures: failures, stoppingFor: stoppingFor) {
+                let decision = retry.decide(error, failures: failures, stoppingFor: stoppingFor)
+                switch (error, decision) {
+                case (.database(let why), .drop):
+                    // Nothing waits on it any more: the failure is a loss now, reported for a while.
+                    noteWriteLost(why)
+                case (.database(let why), _), (.unavailable(let why), _):
+                    noteDatabaseFailed(why)
+                case (.invalid, _), (.channelNotFound, _), (.memberNotFound, _):
+                    // The database answered; the write itself is refused.
+                    noteDatabaseAnswered()
+                }
+                switch decision {
                 case .retry(let delay):
                     metrics?.storeRetries.increment()
                     // Powers of two, then every 30th (about a minute at the longest delay): a disk full
@@ -225,6 +243,15 @@ public final class StoreWriter: Sendable {
             return started
         }
         if started { metrics?.storeFailing.set(Int64(1)) }
+    }
+
+    private func noteWriteLost(_ why: String) {
+        noteDatabaseAnswered()
+        state.withLockedValue { state in
+            let now = ContinuousClock.now
+            let earlier = state.lost.flatMap { now - $0.last < Self.lostWritesReported ? $0.count : nil } ?? 0
+            state.lost = (earlier + 1, now, why)
+        }
     }
 
     private func noteDatabaseAnswered() {

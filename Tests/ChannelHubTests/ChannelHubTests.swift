@@ -459,6 +459,12 @@ final class Harness {
         #expect(h.closes.contains { $0.0 == bob.link && $0.1 == .normal }, "the leave was taken")
         #expect(h.hub.roster(of: h.channel.id).map(\.userID) == ["ann"])
         #expect(h.floorEvents(to: ann.link).suffix(2).map(\.kind) == [.ended, .idle], "and ended bob's burst")
+        // A connection that never joined gets no exemption: one error a second, not one per leave.
+        let stranger = Link(index: 999, generation: 1)
+        h.hub.connected(stranger)
+        for _ in 0..<100 { h.send(.leave, from: stranger) }
+        let errors = h.messages(to: stranger).filter { if case .error = $0 { return true } else { return false } }
+        #expect(errors.count == 41, "\(errors.count) errors: the 40 within the budget and one notice")
     }
 
     /// Burst numbers start where the configuration says, per channel, and wrap in the header's 16 bits.

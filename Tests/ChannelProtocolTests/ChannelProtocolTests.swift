@@ -104,7 +104,8 @@ import Testing
     }
 
     /// Entries with every text field at its limit, and full of the characters JSON escapes: each chunk
-    /// still fits a control message next to the largest inline image, and no entry is lost or moved.
+    /// still fits a control message, the first next to an image that escapes to twice its size, and
+    /// no entry is lost or moved.
     @Test func rosterChunksFitAControlMessageWhateverTheEntries() throws {
         let nasty = String(repeating: "/\"\\\u{1}é", count: 200)
         func clipped(_ text: String, _ bytes: Int) -> String {
@@ -117,10 +118,13 @@ import Testing
                         name: clipped(nasty, 64), role: clipped(nasty, 64), priority: 255, canTalk: false, canListen: false,
                         connection: .reconnecting)
         }
-        let codec = MessageCodec()
-        let image = "data:image/png;base64," + String(repeating: "A/", count: 8_180)
+        // A 16 KB image URL that JSON escapes to twice its size: joined's own share is measured, as
+        // the hub does, and its roster chunk is smaller for it.
+        let image = "https://example.com/" + String(repeating: "\"", count: 16_000)
         let info = ChannelInfo(id: UUID(), name: String(repeating: "n", count: 64), image: image, mode: .halfDuplex, maxBurstSeconds: 60)
-        let chunks = ControlLimits.rosterChunks(roster)
+        let head = codec.encode(.joined(channel: info, you: 1, roster: [], talkers: [])).count
+        #expect(head > 32_000)
+        let chunks = ControlLimits.rosterChunks(roster, firstChunkBytes: ControlLimits.maxMessageBytes - head - 1_024)
         #expect(chunks.count > 4, "the old rule, 128 a message, would have made 4 of over 64 KiB each")
         #expect(Array(chunks.joined()) == roster)
         for (index, chunk) in chunks.enumerated() {
@@ -137,5 +141,7 @@ import Testing
         let plain = (1...300).map { Participant(slot: UInt16($0), userID: "member-\($0)", name: "Member \($0)") }
         #expect(ControlLimits.rosterChunks(plain).map(\.count) == [128, 128, 44])
         #expect(ControlLimits.rosterChunks([]).map(\.count) == [0])
+        // No room in joined at all: its roster is empty and everyone follows in roster messages.
+        #expect(ControlLimits.rosterChunks(plain, firstChunkBytes: 100).map(\.count) == [0, 128, 128, 44])
     }
 }

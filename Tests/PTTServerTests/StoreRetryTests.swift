@@ -181,6 +181,37 @@ final class WriteLockHolder: Sendable {
         try await store.close()
     }
 
+    /// A write the database fails for good is lost, not waiting: `/healthz` says so for a while, and
+    /// the gauge (writes being tried again) stays 0. A trigger makes SQLite itself refuse the row.
+    @Test func aWriteLostForGoodIsReportedForAWhile() async throws {
+        let directory = temporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let store = try SQLiteChannelStore(directory: directory)
+        try await store.createChannel(ChannelRecord(id: channel, name: "Ops"))
+        let other = try DatabaseQueue(path: store.path)
+        try await other.write { db in
+            try db.execute(sql: "CREATE TRIGGER refuse BEFORE INSERT ON member BEGIN SELECT RAISE(ABORT, 'refused by test trigger'); END")
+        }
+        let metrics = ServerMetrics()
+        let writer = StoreWriter(store: store, metrics: metrics, logger: quiet)
+        let running = Task { await writer.run() }
+        writer.enqueue(.upsertMember(record("ann")))
+        var polls = 0
+        while value("squelch_store_failures_total", in: metrics) < 1, polls < 500 {
+            try await Task.sleep(for: .milliseconds(10))
+            polls += 1
+        }
+        let reason = try #require(writer.unhealthyReason())
+        #expect(reason.contains("refused 1 write for good") && reason.contains("refused by test trigger"), "\(reason)")
+        #expect(!reason.contains("wait in memory"), "nothing waits: \(reason)")
+        #expect(gauge("squelch_store_failing", in: metrics) == 0)
+        #expect(writer.unhealthyReason(now: .now + .seconds(301)) == nil, "a quiet server is healthy again after five minutes")
+        try await other.write { db in try db.execute(sql: "DROP TRIGGER refuse") }
+        writer.finish()
+        await running.value
+        try await store.close()
+    }
+
     /// A write that neither fails nor returns (a hung disk) is reported once it has waited too long.
     @Test func aWriteThatHangsIsReported() async throws {
         let directory = temporaryDirectory()

@@ -286,9 +286,9 @@ func slot(of member: TestMember) -> UInt16? {
         let again = try await fixture.member("bob", port: listening.voicePort)
         guard case .joined(_, _, let roster, _)? = again.messages.first else { Issue.record("no joined"); return }
         #expect(roster.first { $0.userID == "ann" }?.connection == .offline)
-        // Bob got his old slot back; were burst numbers to start again at 1, his listeners would take
-        // his first burst for the one they finished before the restart (a random start repeats it
-        // once in 65535 restarts).
+        // Were each channel's burst numbers to start again at 1, a talker given its old slot would have
+        // its first burst taken by listeners for the one they finished before the restart (a random
+        // start repeats it once in 65535 restarts).
         try await again.send(.floorRequest)
         let after = try #require(await again.waitForFloor(.granted)?.burst)
         #expect(after != before, "burst \(after) again after the restart")
@@ -334,8 +334,6 @@ func slot(of member: TestMember) -> UInt16? {
         try await reopened.close()
     }
 
-    /// A service group is cancelled, not shut down, when one of its services fails. The hub's last
-    /// writes (members' last-seen times, the burst in progress) must still reach the database.
     /// Another process holds the database's write lock for longer than squelchd waits: talk goes on,
     /// `/healthz` says the writes are failing and why, and recovers once the writes go through.
     @Test func healthzReportsDatabaseWritesThatFailAndRecovers() async throws {
@@ -374,6 +372,8 @@ func slot(of member: TestMember) -> UInt16? {
         #expect(answer.status == 200, "\(answer.body)")
     }
 
+    /// A service group is cancelled, not shut down, when one of its services fails. The hub's last
+    /// writes (members' last-seen times, the burst in progress) must still reach the database.
     @Test func aCancelledServerStillWritesItsLastUpdates() async throws {
         let fixture = try await ServerFixture()
         let (task, listening) = try await fixture.start()
