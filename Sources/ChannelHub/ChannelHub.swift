@@ -495,7 +495,7 @@ public final class ChannelHub {
 
     /// A message over the connection's rate (nil: one that could not be read) is dropped. A floor
     /// request is denied, so that the client's request ends; anything else gets an `error`, at most
-    /// one a second. Releases and leaves never come here.
+    /// one a second. Releases and leaves from joined members never come here.
     func rateLimited(_ link: Link, _ message: ClientMessage?, at time: HubTime) {
         counters.controlRateLimited += 1
         let text = "more than \(configuration.controlMessagesPerSecond) control messages a second from this connection; the message was dropped, slow down"

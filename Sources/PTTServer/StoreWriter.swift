@@ -50,10 +50,10 @@ public final class StoreWriter: Sendable {
     }
 
     /// The database failing the writer's writes: since when, how often in a row, and the last error.
-    public struct WriteFailure: Sendable, Equatable {
-        public var since: ContinuousClock.Instant
-        public var attempts: Int
-        public var error: String
+    struct WriteFailure: Sendable, Equatable {
+        var since: ContinuousClock.Instant
+        var attempts: Int
+        var error: String
     }
 
     /// What `/healthz` says of the writes: nil while the database takes them. A write that has failed
