@@ -103,16 +103,6 @@ import Wire
         return try JSONSerialization.jsonObject(with: body) as? [[String: Any]] ?? []
     }
 
-    /// Polls `condition` every 50 ms for up to `seconds`.
-    func eventually(seconds: Double = 5, _ condition: () async throws -> Bool) async rethrows -> Bool {
-        let deadline = Date().addingTimeInterval(seconds)
-        repeat {
-            if try await condition() { return true }
-            try? await Task.sleep(for: .milliseconds(50))
-        } while Date() < deadline
-        return false
-    }
-
     /// A connected member that sent `join`; returns its answer.
     func join(_ token: String, channel: UUID, port: Int, configuration: ClientConfiguration) async throws -> (TestMember, ServerMessage?) {
         let member = try TestMember(port: port, configuration: configuration)

@@ -10,6 +10,7 @@ import enum NIOCore.SocketAddress
 import NIOConcurrencyHelpers
 import Opus
 import PTTClient
+import SquelchTesting
 import Testing
 import Wire
 import WireTesting

@@ -151,16 +151,6 @@ final class RecordingDelegate: ChannelManagerDelegate, ChannelRestorationDelegat
     }
 }
 
-/// Waits for `condition`, polling.
-func eventually(seconds: Double = 10, _ condition: () async -> Bool) async -> Bool {
-    let deadline = Date().addingTimeInterval(seconds)
-    while Date() < deadline {
-        if await condition() { return true }
-        try? await Task.sleep(for: .milliseconds(10))
-    }
-    return false
-}
-
 /// Collects a manager's events.
 final class EventLog: Sendable {
     let events = NIOLockedValueBox<[ChannelManagerEvent]>([])

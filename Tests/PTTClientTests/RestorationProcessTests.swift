@@ -1,6 +1,7 @@
 import Foundation
 import NIOConcurrencyHelpers
 import PTTClient
+import SquelchTesting
 import Testing
 
 /// Restoration across a real process restart: `ptt-example` (an app on the public API) joins, is

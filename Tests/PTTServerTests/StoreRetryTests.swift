@@ -3,6 +3,7 @@ import ChannelStore
 import Foundation
 import GRDB
 import Logging
+import SquelchTesting
 import Synchronization
 @testable import PTTServer
 import Testing
@@ -68,12 +69,18 @@ final class WriteLockHolder: Sendable {
         FileManager.default.temporaryDirectory.appendingPathComponent("store-retry-\(UUID())").path
     }
 
+    /// A real SQLite store in `directory` holding this suite's channel.
+    func storeWithChannel(in directory: String, busyTimeout: TimeInterval = SQLiteChannelStore.busyTimeoutSeconds) async throws -> SQLiteChannelStore {
+        let store = try SQLiteChannelStore(directory: directory, busyTimeout: busyTimeout)
+        try await store.createChannel(ChannelRecord(id: channel, name: "Ops"))
+        return store
+    }
+
     /// A store with a short busy timeout and a channel, a writer with short retry delays, and another
     /// connection holding the write lock.
     func lockedWriter(in directory: String, shutdownBudget: Duration) async throws
         -> (SQLiteChannelStore, ServerMetrics, StoreWriter, WriteLockHolder) {
-        let store = try SQLiteChannelStore(directory: directory, busyTimeout: 0.02)
-        try await store.createChannel(ChannelRecord(id: channel, name: "Ops"))
+        let store = try await storeWithChannel(in: directory, busyTimeout: 0.02)
         let metrics = ServerMetrics()
         let writer = StoreWriter(store: store, metrics: metrics, logger: quiet,
                                  retry: StoreRetryPolicy(firstDelay: .milliseconds(10), maxDelay: .milliseconds(50),
@@ -99,8 +106,7 @@ final class WriteLockHolder: Sendable {
     @Test func sqliteWordsALockHeldTooLongAsUnavailable() async throws {
         let directory = temporaryDirectory()
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        let store = try SQLiteChannelStore(directory: directory, busyTimeout: 0.05)
-        try await store.createChannel(ChannelRecord(id: channel, name: "Ops"))
+        let store = try await storeWithChannel(in: directory, busyTimeout: 0.05)
         let lock = try WriteLockHolder(path: store.path)
         var thrown: StoreError?
         do { try await store.upsertMember(record("ann")) } catch { thrown = error }
@@ -123,12 +129,7 @@ final class WriteLockHolder: Sendable {
         writer.enqueue(log("ann", 1))
         writer.enqueue(.upsertMember(record("bob")))
         writer.enqueue(.removeMember(channel: channel, user: "bob"))
-        var polls = 0
-        while value("squelch_store_retries_total", in: metrics) < 3, polls < 500 {
-            try await Task.sleep(for: .milliseconds(10))
-            polls += 1
-        }
-        #expect(value("squelch_store_retries_total", in: metrics) >= 3)
+        #expect(await eventually(seconds: 5) { value("squelch_store_retries_total", in: metrics) >= 3 })
         #expect(try await store.members(of: channel).isEmpty, "nothing can be written while the lock is held")
         lock.unlock()
         writer.finish()
@@ -157,23 +158,14 @@ final class WriteLockHolder: Sendable {
         let running = Task { await writer.run() }
         writer.enqueue(.upsertMember(record("ann")))
         writer.enqueue(log("ann", 1))
-        var polls = 0
-        while value("squelch_store_retries_total", in: metrics) < 2, polls < 500 {
-            try await Task.sleep(for: .milliseconds(10))
-            polls += 1
-        }
+        #expect(await eventually(seconds: 5) { value("squelch_store_retries_total", in: metrics) >= 2 })
         let reason = try #require(writer.unhealthyReason())
         #expect(reason.contains("database writes have failed"), "\(reason)")
         #expect(reason.contains("locked"), "the database's own error: \(reason)")
         #expect(reason.contains("2 writes wait in memory"), "\(reason)")
         #expect(gauge("squelch_store_failing", in: metrics) == 1)
         lock.unlock()
-        polls = 0
-        while writer.unhealthyReason() != nil, polls < 500 {
-            try await Task.sleep(for: .milliseconds(10))
-            polls += 1
-        }
-        #expect(writer.unhealthyReason() == nil, "a write went through")
+        #expect(await eventually(seconds: 5) { writer.unhealthyReason() == nil }, "a write went through")
         #expect(gauge("squelch_store_failing", in: metrics) == 0)
         writer.finish()
         await running.value
@@ -186,8 +178,7 @@ final class WriteLockHolder: Sendable {
     @Test func aWriteLostForGoodIsReportedForAWhile() async throws {
         let directory = temporaryDirectory()
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        let store = try SQLiteChannelStore(directory: directory)
-        try await store.createChannel(ChannelRecord(id: channel, name: "Ops"))
+        let store = try await storeWithChannel(in: directory)
         let other = try DatabaseQueue(path: store.path)
         try await other.write { db in
             try db.execute(sql: "CREATE TRIGGER refuse BEFORE INSERT ON member BEGIN SELECT RAISE(ABORT, 'refused by test trigger'); END")
@@ -196,11 +187,7 @@ final class WriteLockHolder: Sendable {
         let writer = StoreWriter(store: store, metrics: metrics, logger: quiet)
         let running = Task { await writer.run() }
         writer.enqueue(.upsertMember(record("ann")))
-        var polls = 0
-        while value("squelch_store_failures_total", in: metrics) < 1, polls < 500 {
-            try await Task.sleep(for: .milliseconds(10))
-            polls += 1
-        }
+        #expect(await eventually(seconds: 5) { value("squelch_store_failures_total", in: metrics) >= 1 })
         let reason = try #require(writer.unhealthyReason())
         #expect(reason.contains("refused 1 write for good") && reason.contains("refused by test trigger"), "\(reason)")
         #expect(!reason.contains("wait in memory"), "nothing waits: \(reason)")
@@ -217,8 +204,7 @@ final class WriteLockHolder: Sendable {
         let directory = temporaryDirectory()
         defer { try? FileManager.default.removeItem(atPath: directory) }
         // A busy timeout far longer than the test: the write waits on the lock and never fails.
-        let store = try SQLiteChannelStore(directory: directory, busyTimeout: 60)
-        try await store.createChannel(ChannelRecord(id: channel, name: "Ops"))
+        let store = try await storeWithChannel(in: directory, busyTimeout: 60)
         let metrics = ServerMetrics()
         let writer = StoreWriter(store: store, metrics: metrics, logger: quiet)
         let lock = try WriteLockHolder(path: store.path)
@@ -242,8 +228,7 @@ final class WriteLockHolder: Sendable {
     @Test func aWriteTheDatabaseRefusesIsDroppedAndTheRestGoOn() async throws {
         let directory = temporaryDirectory()
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        let store = try SQLiteChannelStore(directory: directory)
-        try await store.createChannel(ChannelRecord(id: channel, name: "Ops"))
+        let store = try await storeWithChannel(in: directory)
         let metrics = ServerMetrics()
         let writer = StoreWriter(store: store, metrics: metrics, logger: quiet)
         let running = Task { await writer.run() }

@@ -352,24 +352,20 @@ func slot(of member: TestMember) -> UInt16? {
         let bob = try await fixture.member("bob", port: listening.voicePort)
         // The first write fails once squelchd's busy timeout (5 s) passes.
         var answer = try await health()
-        let deadline = ContinuousClock.now + .seconds(20)
-        while answer.status == 200, ContinuousClock.now < deadline {
-            try await Task.sleep(for: .milliseconds(200))
+        #expect(try await eventually(seconds: 20, every: .milliseconds(200)) {
             answer = try await health()
-        }
-        #expect(answer.status == 503)
+            return answer.status == 503
+        })
         #expect(answer.body.contains("database writes have failed"), "\(answer.body)")
         #expect(answer.body.contains("locked"), "\(answer.body)")
         try await ann.send(.floorRequest)
         #expect(await ann.waitForFloor(.granted) != nil, "talk goes on while the database is failing")
         #expect(await bob.waitForFloor(.taken) != nil)
         lock.unlock()
-        let recovered = ContinuousClock.now + .seconds(20)
-        while answer.status != 200, ContinuousClock.now < recovered {
-            try await Task.sleep(for: .milliseconds(100))
+        #expect(try await eventually(seconds: 20, every: .milliseconds(100)) {
             answer = try await health()
-        }
-        #expect(answer.status == 200, "\(answer.body)")
+            return answer.status == 200
+        }, "\(answer.body)")
     }
 
     /// A service group is cancelled, not shut down, when one of its services fails. The hub's last
