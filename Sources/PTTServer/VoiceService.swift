@@ -31,6 +31,9 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
     let onListening: @Sendable (SocketAddress) async -> Void
     let pushes: PushDispatcher?
     let running = NIOLockedValueBox<Running?>(nil)
+    /// The revision poll's reloads and the admin API's channel hooks, one at a time (see
+    /// `AsyncSerialQueue`): whichever runs last read the store last.
+    let channelSync = AsyncSerialQueue()
 
     /// Store names of the transport keys that must outlive a restart: the reset key (so a restarted
     /// server resets its clients' old sessions at once) and the address-token key (so Retry tokens
@@ -140,21 +143,25 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
     }
 
     /// Brings the hub in line with the store after another process (the `squelchd channel` CLI)
-    /// changed channels.
-    func reloadChannels() async throws {
-        let records = try await store.channels()
-        var members: [UUID: [MemberRecord]] = [:]
-        guard let running = running.withLockedValue({ $0 }) else { return }
-        let known = try await running.server.submit { _ in running.driver.value.hub.channelIDs }
-        for record in records where !known.contains(record.id) { members[record.id] = try await store.members(of: record.id) }
-        let fetched = members
-        try await running.server.submit { _ in
-            let driver = running.driver.value
-            let now = HubDriver.now()
-            let ids = Set(records.map(\.id))
-            for id in driver.hub.channelIDs where !ids.contains(id) { driver.hub.deleteChannel(id, at: now) }
-            for record in records { driver.hub.upsertChannel(record, members: fetched[record.id] ?? [], at: now) }
-            driver.flush()
+    /// changed channels. `afterRead` runs between the store read and the hub's update: tests use it
+    /// to land an admin change in that gap.
+    func reloadChannels(afterRead: @escaping @Sendable () async -> Void = {}) async throws {
+        try await channelSync.run {
+            let records = try await self.store.channels()
+            var members: [UUID: [MemberRecord]] = [:]
+            guard let running = self.running.withLockedValue({ $0 }) else { return }
+            let known = try await running.server.submit { _ in running.driver.value.hub.channelIDs }
+            for record in records where !known.contains(record.id) { members[record.id] = try await self.store.members(of: record.id) }
+            let fetched = members
+            await afterRead()
+            try await running.server.submit { _ in
+                let driver = running.driver.value
+                let now = HubDriver.now()
+                let ids = Set(records.map(\.id))
+                for id in driver.hub.channelIDs where !ids.contains(id) { driver.hub.deleteChannel(id, at: now) }
+                for record in records { driver.hub.upsertChannel(record, members: fetched[record.id] ?? [], at: now) }
+                driver.flush()
+            }
         }
     }
 
@@ -181,12 +188,18 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
     }
 
     public func channelChanged(_ id: UUID) async {
-        guard let record = try? await store.channel(id) else { return }
-        _ = await onLoop { $0.hub.upsertChannel(record, at: HubDriver.now()) }
+        // The store is read inside the queue, so that of two changes in a row the later one is
+        // applied last, whichever hook call ran first.
+        await channelSync.run {
+            guard let record = try? await self.store.channel(id) else { return }
+            _ = await self.onLoop { $0.hub.upsertChannel(record, at: HubDriver.now()) }
+        }
     }
 
     public func channelDeleted(_ id: UUID) async {
-        _ = await onLoop { $0.hub.deleteChannel(id, at: HubDriver.now()) }
+        await channelSync.run {
+            _ = await self.onLoop { $0.hub.deleteChannel(id, at: HubDriver.now()) }
+        }
     }
 
     public func memberRemoved(channel: UUID, user: String) async {

@@ -1,0 +1,87 @@
+import ChannelStore
+import Foundation
+import Logging
+import ParticipantTokens
+@testable import PTTServer
+import Synchronization
+import Testing
+
+/// The hub learns of channel changes twice: from the admin API's hooks at once, and from the
+/// revision poll a second later, which reads every channel and then applies what it read. These
+/// tests land an admin change in the poll's gap between its read and its apply (the poll's
+/// `afterRead` seam), on the real voice service, store and SQLite file; the change must survive.
+@Suite(.serialized, .timeLimit(.minutes(1))) struct ChannelSyncTests {
+    let quiet = Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() })
+
+    /// Runs `body` with a started voice service on the fixture's data directory (channel "Ops").
+    func withVoiceService(_ body: (ServerFixture, SQLiteChannelStore, VoiceService) async throws -> Void) async throws {
+        let fixture = try await ServerFixture()
+        let store = try SQLiteChannelStore(directory: fixture.dataDirectory)
+        var configuration = ServerConfiguration()
+        configuration.dataDirectory = fixture.dataDirectory
+        configuration.port = 0
+        let metrics = ServerMetrics()
+        let writer = StoreWriter(store: store, metrics: metrics, logger: quiet)
+        let (listening, continuation) = AsyncStream.makeStream(of: Void.self)
+        let voice = VoiceService(configuration: configuration, identity: fixture.identity, store: store,
+                                 tokens: try await TokenAuthority.loadOrCreate(in: fixture.dataDirectory),
+                                 writer: writer, metrics: metrics, logger: quiet,
+                                 onListening: { _ in continuation.yield() })
+        let writing = Task { await writer.run() }
+        let serving = Task { try await voice.run() }
+        var iterator = listening.makeAsyncIterator()
+        _ = await iterator.next()
+        try await body(fixture, store, voice)
+        serving.cancel()
+        try? await serving.value
+        await writing.value
+        try await store.close()
+    }
+
+    /// Reloads with `change` made in the gap: `change` writes the store and returns the admin hook's
+    /// call, which is given time to finish before the reload applies what it read, as it would
+    /// without the queue.
+    func reload(_ voice: VoiceService, change: @escaping @Sendable () async -> Task<Void, Never>) async throws {
+        let hook = Mutex<Task<Void, Never>?>(nil)
+        try await voice.reloadChannels(afterRead: {
+            let task = await change()
+            hook.withLock { $0 = task }
+            try? await Task.sleep(for: .milliseconds(300))
+        })
+        await hook.withLock { $0 }?.value
+    }
+
+    @Test func aRenameDuringAReloadIsNotUndone() async throws {
+        try await withVoiceService { fixture, store, voice in
+            var record = fixture.channel
+            record.name = "Ops North"
+            let renamed = record
+            try await reload(voice) {
+                _ = try? await store.updateChannel(renamed)
+                return Task { await voice.channelChanged(renamed.id) }
+            }
+            #expect(await voice.onLoop { $0.hub.channel(fixture.channel.id)?.name } == "Ops North")
+        }
+    }
+
+    @Test func aDeleteDuringAReloadIsNotUndone() async throws {
+        try await withVoiceService { fixture, store, voice in
+            try await reload(voice) {
+                try? await store.deleteChannel(fixture.channel.id)
+                return Task { await voice.channelDeleted(fixture.channel.id) }
+            }
+            #expect(await voice.onLoop { $0.hub.channel(fixture.channel.id) == nil } == true)
+        }
+    }
+
+    @Test func aChannelCreatedDuringAReloadStays() async throws {
+        try await withVoiceService { _, store, voice in
+            let created = ChannelRecord(name: "Gate 4", maxBurstSeconds: 60)
+            try await reload(voice) {
+                try? await store.createChannel(created)
+                return Task { await voice.channelChanged(created.id) }
+            }
+            #expect(await voice.onLoop { $0.hub.channel(created.id)?.name } == "Gate 4")
+        }
+    }
+}
