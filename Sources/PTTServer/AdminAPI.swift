@@ -58,7 +58,7 @@ public enum AdminAPI {
     /// Request bodies larger than this are refused with 413.
     public static let maxBodyBytes = 64 * 1024
     /// Longest participant token lifetime `POST /v1/channels/:id/tokens` issues.
-    public static let maxTokenLifetimeSeconds = 30 * 86_400
+    public static let maxTokenLifetimeSeconds = Int(ParticipantClaims.maxLifetime)
     public static let defaultTokenLifetimeSeconds = 12 * 3_600
     /// Longest user id and display name in an issued token.
     public static let maxUserFieldLength = 128

@@ -44,6 +44,10 @@ public struct ParticipantClaims: Sendable, Equatable {
     public static let maxNameBytes = 64
     public static let maxRoleBytes = 64
     public static let maxTokenIDBytes = 128
+    /// Longest lifetime squelchd's issuers (`squelchd token issue`, the admin API) sign: a stolen
+    /// token works until it expires or is revoked, and an app renews in place (`renew`), so long
+    /// lifetimes buy nothing. Verification does not check it, so tokens issued before stay valid.
+    public static let maxLifetime: TimeInterval = 30 * 86_400
 
     /// Checks the fields a token may carry; the message says which one and what is allowed.
     public func validate() throws(InvalidClaims) {

@@ -19,7 +19,8 @@ struct Token: AsyncParsableCommand {
                 Signs with the server's token key: --token-key (or SQUELCH_TOKEN_KEY, or "tokenKeyPath" in --config), else \
                 <data-dir>/token-key.pem. That one is made here on first use if the data directory already holds the server's \
                 database (after 'squelchd channel create' or a first 'squelchd serve'), and never anywhere else, so a token \
-                is not signed with a stray key by mistake. Give the token to the member's app; it joins with it.
+                is not signed with a stray key by mistake. The channel must exist in that database (when there is one here). \
+                Give the token to the member's app; it joins with it.
                 """)
 
         @Option(help: "Channel UUID the token admits to.") var channel: String
@@ -28,7 +29,7 @@ struct Token: AsyncParsableCommand {
         @Option(help: "Capabilities, comma-separated: talk, listen.") var capability = "talk,listen"
         @Option(help: "Floor priority 0-255; a higher one pre-empts a lower one.") var priority = 0
         @Option(help: "Role attribute (free text up to \(ParticipantClaims.maxRoleBytes) bytes, e.g. dispatcher).") var role: String?
-        @Option(help: "Lifetime: 90s, 30m, 12h, 7d.") var ttl = "12h"
+        @Option(help: "Lifetime: 90s, 30m, 12h, 7d; at most 30d.") var ttl = "12h"
         @OptionGroup var store: Channel.StoreOptions
         @Option(help: ArgumentHelp(ServerConfiguration.help("tokenKeyPath", "The server's token key (PEM), if not in the data directory."), valueName: "path"))
         var tokenKey: String?
@@ -39,6 +40,9 @@ struct Token: AsyncParsableCommand {
             }
             guard (0...255).contains(priority) else { throw ValidationError("--priority must be 0-255, not \(priority)") }
             guard let lifetime = parseLifetime(ttl) else { throw ValidationError("--ttl '\(ttl)' is not a lifetime; use e.g. 90s, 30m, 12h or 7d") }
+            guard lifetime <= ParticipantClaims.maxLifetime else {
+                throw ValidationError("--ttl \(ttl) is longer than \(Int(ParticipantClaims.maxLifetime / 86_400))d, the longest squelchd issues; give a shorter one and issue a new token (or renew in the app) before it expires")
+            }
             var capabilities = Set<Capability>()
             for name in capability.split(separator: ",").map({ $0.trimmingCharacters(in: .whitespaces) }) {
                 guard let parsed = Capability(rawValue: name) else {
@@ -50,7 +54,16 @@ struct Token: AsyncParsableCommand {
             let claims = ParticipantClaims(userID: user, name: name, channel: channelID, capabilities: capabilities, role: role,
                                            priority: UInt8(priority), issuedAt: now, expiresAt: now.addingTimeInterval(lifetime))
             do throws(InvalidClaims) { try claims.validate() } catch { throw ValidationError(error.message) }
-            print(try await loadAuthority(try store.configuration(tokenKey: tokenKey), creating: true).issue(claims))
+            let configuration = try store.configuration(tokenKey: tokenKey)
+            let authority = try await loadAuthority(configuration, creating: true)
+            // A token for a channel the server doesn't have is refused at every join, long after the
+            // typo; the check needs the database, which a host holding only the key (--token-key) lacks.
+            if FileManager.default.fileExists(atPath: Channel.StoreOptions.databasePath(in: configuration.dataDirectory)) {
+                try await store.withStore { db throws(StoreError) in
+                    guard try await db.channel(channelID) != nil else { throw StoreError.channelNotFound(channelID) }
+                }
+            }
+            print(try await authority.issue(claims))
         }
     }
 

@@ -3,10 +3,39 @@ import ParticipantTokens
 import Testing
 
 @Suite struct TokenCommandTests {
+    /// `squelchd channel create` in `dir`; returns the id it prints.
+    func createChannel(in dir: String) throws -> UUID {
+        let created = try Executables.run("squelchd", ["channel", "create", "--name", "Ops", "--data-dir", dir])
+        #expect(created.status == 0, "\(created.err)")
+        return try #require(UUID(uuidString: created.out.trimmingCharacters(in: .whitespacesAndNewlines)))
+    }
+
+    /// A token for a channel the database doesn't hold would be refused at every join: it is not
+    /// printed, and the message says where to find the ids. A host with only the key (no database)
+    /// still issues, as it cannot check.
+    @Test func aTokenForAChannelTheServerDoesNotHaveIsRefused() async throws {
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("token-unknown-\(UUID())").path
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let known = try createChannel(in: dir)
+        let unknown = UUID()
+        let refused = try Executables.run("squelchd", ["token", "issue", "--channel", unknown.uuidString, "--user", "u1", "--name", "Ann",
+                                                       "--data-dir", dir])
+        #expect(refused.status == 1 && refused.out.isEmpty, "\(refused.status) \(refused.err)")
+        #expect(refused.err.contains("no channel \(unknown)") && refused.err.contains("squelchd channel list"), "\(refused.err)")
+        let issued = try Executables.run("squelchd", ["token", "issue", "--channel", known.uuidString, "--user", "u1", "--name", "Ann",
+                                                      "--data-dir", dir])
+        #expect(issued.status == 0, "\(issued.err)")
+        let keyOnly = dir + "/key-host"
+        let key = try await TokenAuthority.loadOrCreate(at: keyOnly + "/token.pem")
+        let elsewhere = try Executables.run("squelchd", ["token", "issue", "--channel", unknown.uuidString, "--user", "u1", "--name", "Ann",
+                                                         "--data-dir", keyOnly, "--token-key", keyOnly + "/token.pem"])
+        #expect(elsewhere.status == 0, "\(elsewhere.err)")
+        _ = try await key.verify(elsewhere.out.trimmingCharacters(in: .whitespacesAndNewlines), channel: unknown)
+    }
+
     @Test func squelchdIssuesATokenTheServerKeyVerifies() async throws {
         let dir = FileManager.default.temporaryDirectory.appendingPathComponent("token-cli-\(UUID())").path
-        #expect(try Executables.run("squelchd", ["channel", "create", "--name", "Ops", "--data-dir", dir]).status == 0)
-        let channel = UUID()
+        let channel = try createChannel(in: dir)
         let result = try Executables.run("squelchd", ["token", "issue", "--channel", channel.uuidString, "--user", "u1", "--name", "Ann",
                                                       "--capability", "listen", "--priority", "7", "--ttl", "1h", "--data-dir", dir])
         #expect(result.status == 0, "\(result.err)")
@@ -51,7 +80,9 @@ import Testing
         _ = try await TokenAuthority.loadOrCreate(at: data + "/token-key.pem")
         let stray = try Executables.run("squelchd", issue, environment: clean)
         #expect(stray.status == 78 && stray.err.contains("not the one squelchd last started with"), "\(stray.err)")
-        let right = try Executables.run("squelchd", issue + ["--token-key", key], environment: clean)
+        let channel = try createChannel(in: data)
+        let right = try Executables.run("squelchd", ["token", "issue", "--channel", channel.uuidString, "--user", "u1", "--name", "Ann",
+                                                     "--data-dir", data, "--token-key", key], environment: clean)
         #expect(right.status == 0, "\(right.err)")
         _ = try await serverKey.inspect(right.out.trimmingCharacters(in: .whitespacesAndNewlines))
     }
@@ -59,8 +90,7 @@ import Testing
     @Test func theTokenCommandsFindTheKeyAsTheServerDoes() async throws {
         let base = FileManager.default.temporaryDirectory.appendingPathComponent("token-env-\(UUID())").path
         let data = base + "/data"
-        #expect(try Executables.run("squelchd", ["channel", "create", "--name", "Ops", "--data-dir", data]).status == 0)
-        let channel = UUID()
+        let channel = try createChannel(in: data)
         let issue = ["token", "issue", "--channel", channel.uuidString, "--user", "u1", "--name", "Ann"]
         // SQUELCH_DATA_DIR, as the server has it, with no --data-dir.
         let viaEnvironment = try Executables.run("squelchd", issue, environment: ["SQUELCH_DATA_DIR": data])
@@ -94,6 +124,7 @@ import Testing
         (["--ttl", "12y"], "not a lifetime"),
         (["--capability", "shout"], "unknown capability"),
         (["--priority", "300"], "0-255"),
+        (["--ttl", "31d"], "longer than 30d"),
     ] as [([String], String)])
     func badOptionsSayWhatIsWrong(options: [String], message: String) throws {
         var arguments = ["token", "issue", "--channel", UUID().uuidString, "--user", "u", "--name", "n",

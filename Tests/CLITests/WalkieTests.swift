@@ -1,5 +1,6 @@
 import Audio
 import Foundation
+import ParticipantTokens
 import PTTClient
 import Testing
 
@@ -164,10 +165,8 @@ import Testing
             #expect(lines.count == 1 && run.err.hasPrefix("walkie: ") && run.err.contains(mentions), "\(comment): \(run.err)")
         }
         // A token for another server (signed by another key): refused as forged.
-        let elsewhere = world.dir + "/elsewhere"
-        _ = try Executables.run("squelchd", ["channel", "create", "--name", "Elsewhere", "--data-dir", elsewhere])
-        let other = try Executables.run("squelchd", ["token", "issue", "--channel", world.channel.uuidString, "--user", "eve", "--name", "Eve", "--data-dir", elsewhere])
-        let forged = other.out.trimmingCharacters(in: .whitespacesAndNewlines)
+        let forged = try await TokenAuthority.loadOrCreate(in: world.dir + "/elsewhere").issue(ParticipantClaims(
+            userID: "eve", name: "Eve", channel: world.channel, capabilities: [.talk, .listen], expiresAt: Date().addingTimeInterval(3_600)))
         try check(["talk", "--server", "127.0.0.1:\(world.server.voicePort)", "--token", forged, "--ca", world.certs + "/ca.pem",
                    "--file", world.speech, "--push-port", "0"], code: 4, mentions: "token", "forged token")
         // A CA that did not sign the server's certificate.
