@@ -84,7 +84,8 @@ public struct Participant: Codable, Sendable, Equatable {
 }
 
 /// Why the server refused a join, or removed a member. Codes 1-5 and 14 are the participant token's
-/// own (`TokenError.code`), so a client can tell "expired" from "forged" from "revoked".
+/// own (`TokenError.code`), so a client can tell "expired" from "forged" from "revoked"; 16, a renewal
+/// with another user's token, is a token problem too (`isTokenProblem`).
 public enum RefusalCode: UInt16, Codable, Sendable {
     case tokenExpired = 1
     case tokenForged = 2
