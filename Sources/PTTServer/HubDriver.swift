@@ -25,6 +25,11 @@ final class HubDriver: WireServerDelegate {
     weak var server: WireServer?
     var timer = LoopTimer()
     var published = HubCounters()
+    /// Control messages waiting for room in their connection's stream (a large roster at a join).
+    var backlog = ControlBacklog()
+    var backlogDrain: Scheduled<Void>?
+    /// How often a backlog is offered the room its peer's acknowledgements made.
+    static let backlogRetry = TimeAmount.milliseconds(5)
 
     init(hub: ChannelHub, eventLoop: any EventLoop, tokens: TokenAuthority, writer: StoreWriter, metrics: ServerMetrics?,
          logger: Logger) {
@@ -49,6 +54,7 @@ final class HubDriver: WireServerDelegate {
         case .control(let bytes): hub.control(handle, bytes: bytes, at: Self.now())
         case .closed(let error):
             logger.debug("connection closed", metadata: ["link": "\(handle)", "why": "\(error)"])
+            backlog.remove(handle)
             hub.closed(handle, at: Self.now())
         default: return
         }
@@ -74,16 +80,13 @@ final class HubDriver: WireServerDelegate {
 
     /// Carries out what the hub asked for, then re-arms the hub's timer. Event loop only.
     func flush() {
+        if !backlog.isEmpty { drainBacklog() }
         for output in hub.takeOutputs() {
             switch output {
             case .send(let message, let links):
                 guard let server, !links.isEmpty else { continue }
                 let bytes = codec.encode(message)
-                for link in links {
-                    do { try server.sendControl(bytes, to: link) } catch {
-                        logger.debug("control message not sent", metadata: ["link": "\(link)", "error": "\(error)"])
-                    }
-                }
+                for link in links { sendControl(bytes, to: link, on: server) }
             case .close(let link, let code, let reason):
                 // A CONNECTION_CLOSE abandons the control stream, so the message that explains the
                 // close (`refused`, …) would be lost if it went out in the same flight. The close
@@ -118,6 +121,59 @@ final class HubDriver: WireServerDelegate {
         armTimer()
     }
 
+    /// Sends now if the link's control stream has room and nothing waits ahead of this message;
+    /// otherwise queues it behind what waits.
+    func sendControl(_ bytes: [UInt8], to link: Link, on server: WireServer) {
+        if !backlog.holds(link) {
+            // A connection that is gone has nothing to queue for.
+            guard let connection = server.endpoint.connection(link) else { return }
+            if Connection.framedControlSize(bytes.count) <= connection.controlSendSpace {
+                send(bytes, to: link, on: server)
+                return
+            }
+        }
+        guard backlog.append(bytes, for: link, now: WireNIO.now()) else {
+            giveUp(link, on: server, why: "more than \(backlog.maxBytes) bytes of control messages waited for it")
+            return
+        }
+        scheduleBacklogDrain()
+    }
+
+    private func send(_ bytes: [UInt8], to link: Link, on server: WireServer) {
+        do { try server.sendControl(bytes, to: link) } catch {
+            logger.debug("control message not sent", metadata: ["link": "\(link)", "error": "\(error)"])
+        }
+    }
+
+    /// Sends what the links' streams have room for now; closes the links that stopped acknowledging.
+    func drainBacklog() {
+        guard let server else { return }
+        let stalled = backlog.drain(now: WireNIO.now(), space: { server.endpoint.connection($0)?.controlSendSpace }) { link, bytes in
+            send(bytes, to: link, on: server)
+        }
+        for link in stalled {
+            giveUp(link, on: server, why: "its control messages waited \(backlog.maxStall / 1_000_000_000) s without an acknowledgement")
+        }
+        if !backlog.isEmpty { scheduleBacklogDrain() }
+    }
+
+    /// The peer can no longer be told what happens in its channel: closed, so that it reconnects and
+    /// joins afresh (`goingAway`: reconnect with backoff and rejoin) rather than go on with a roster
+    /// and floor state that are wrong.
+    private func giveUp(_ link: Link, on server: WireServer, why: String) {
+        logger.warning("closing a connection that is not taking its control messages",
+                       metadata: ["link": "\(link)", "why": .string(why)])
+        server.close(link, code: CloseCode.goingAway.rawValue, reason: "control messages not acknowledged; reconnect and join again")
+    }
+
+    private func scheduleBacklogDrain() {
+        guard backlogDrain == nil, !stopped else { return }
+        backlogDrain = eventLoop.assumeIsolated().scheduleTask(in: Self.backlogRetry) { [self] in
+            backlogDrain = nil
+            drainBacklog()
+        }
+    }
+
     /// A connection silent this long (ns) is asleep or gone as far as audio goes, even while its session
     /// is kept for a fast resume (`pushWakeSilenceSeconds`).
     var livenessWindow: UInt64 = 35_000_000_000
@@ -131,7 +187,12 @@ final class HubDriver: WireServerDelegate {
     var stopped = false
 
     func armTimer() {
-        guard !stopped else { timer.cancel(); return }
+        guard !stopped else {
+            timer.cancel()
+            backlogDrain?.cancel()
+            backlogDrain = nil
+            return
+        }
         timer.arm(hub.nextDeadline, on: eventLoop) { [self] in
             timer.fired()
             // Always let the hub pass its deadlines, even once the transport is gone: a deadline left in

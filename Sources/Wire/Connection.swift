@@ -267,7 +267,7 @@ public final class Connection {
         guard message.count <= config.maxControlMessage else {
             throw .local(code: TransportErrorCode.internalError.rawValue, reason: "control message of \(message.count) bytes exceeds \(config.maxControlMessage)")
         }
-        var framed = [UInt8](repeating: 0, count: WireWriter.varintLength(UInt64(message.count)) + message.count)
+        var framed = [UInt8](repeating: 0, count: Self.framedControlSize(message.count))
         framed.withUnsafeMutableBytes { buffer in
             var writer = WireWriter(buffer)
             writer.varint(UInt64(message.count))
@@ -277,6 +277,14 @@ public final class Connection {
             throw .local(code: TransportErrorCode.internalError.rawValue, reason: "control stream buffer full: the peer is not acknowledging")
         }
     }
+
+    /// Bytes `sendControl` can queue now, length prefixes included: the stream keeps what it sent
+    /// until the peer acknowledges it, up to `controlStreamLimit`. A sender with more to say (a large
+    /// roster) waits for this to grow rather than have messages refused.
+    public var controlSendSpace: Int { controlSend.limit - controlSend.unacknowledged }
+
+    /// What `message.count` bytes of control message take in the stream, with their length prefix.
+    public static func framedControlSize(_ count: Int) -> Int { WireWriter.varintLength(UInt64(count)) + count }
 
     /// Closes the connection with a CONNECTION_CLOSE carrying `code` and `reason`.
     public func close(code: UInt64 = 0, reason: String = "", application: Bool = true, now: WireInstant) {

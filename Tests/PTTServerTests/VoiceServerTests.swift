@@ -5,6 +5,7 @@ import Foundation
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
+import GRDB
 import ParticipantTokens
 import PTTServer
 import SquelchTesting
@@ -232,6 +233,51 @@ func slot(of member: TestMember) -> UInt16? {
         #expect(await bob2.waitFor(after: before) { $0 == .participantLeft(slot: annSlot, userID: "ann") } != nil)
         let (_, annAgain) = try await join(annToken)
         #expect(refusal(annAgain) == .tokenRevoked)
+        await listening.shutdown()
+        _ = await task.result
+    }
+
+    /// A channel's roster grows with everyone who ever joined it. 4,000 stored members with user ids,
+    /// names and roles near their longest come to about 1.7 MB of roster, more than a connection's
+    /// control stream buffers (1 MiB): the joiner still gets every entry, in order, as the stream
+    /// drains, and what the server sends after the roster reaches it too.
+    @Test func aRosterLargerThanTheControlStreamBufferArrivesWhole() async throws {
+        let fixture = try await ServerFixture()
+        let stored = 4_000
+        let database = try DatabaseQueue(path: fixture.dataDirectory + "/" + SQLiteChannelStore.defaultFileName)
+        try await database.write { db in
+            for index in 0..<stored {
+                try db.execute(sql: """
+                    INSERT INTO member (channel_id, user_id, display_name, joined_at, last_seen, can_talk, can_listen, role, priority)
+                    VALUES (?, ?, ?, 0, 0, 1, 1, ?, 0)
+                    """, arguments: [fixture.channel.id.uuidString, String(format: "%05d-", index) + String(repeating: "u", count: 240),
+                                     "Member " + String(repeating: "n", count: 50), String(repeating: "r", count: 60)])
+            }
+        }
+        try database.close()
+        let (task, listening) = try await fixture.start()
+        defer { task.cancel() }
+        let ann = try await fixture.member("ann", port: listening.voicePort)
+        func rosterSize() -> Int {
+            var users = Set<String>()
+            for message in ann.messages {
+                switch message {
+                case .joined(_, _, let roster, _), .roster(let roster): users.formUnion(roster.map(\.userID))
+                default: break
+                }
+            }
+            return users.count
+        }
+        #expect(await eventually(seconds: 30) { rosterSize() == stored + 1 }, "\(rosterSize()) of \(stored + 1) roster entries")
+        // Sent after the roster, so queued behind it: still delivered, and after it.
+        let bob = try await fixture.member("bob", port: listening.voicePort)
+        let joinedBob = await ann.waitFor { if case .participant(let p) = $0 { p.userID == "bob" } else { false } }
+        #expect(joinedBob != nil)
+        let messages = ann.messages
+        let lastRoster = messages.lastIndex { if case .roster = $0 { true } else { false } }
+        let bobAt = messages.firstIndex { if case .participant(let p) = $0 { p.userID == "bob" } else { false } }
+        #expect(lastRoster != nil && bobAt != nil && bobAt! > lastRoster!)
+        await bob.close()
         await listening.shutdown()
         _ = await task.result
     }
