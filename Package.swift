@@ -231,7 +231,7 @@ let package = Package(
             .product(name: "SwiftASN1", package: "swift-asn1"),
         ], swiftSettings: swift6),
         .testTarget(name: "WireNIOTests", dependencies: [
-            "WireNIO", "Wire", "WireTesting",
+            "WireNIO", "Wire", "WireTesting", "SquelchTesting",
             .product(name: "NIOCore", package: "swift-nio"),
             .product(name: "NIOPosix", package: "swift-nio"),
             .product(name: "Crypto", package: "swift-crypto"),

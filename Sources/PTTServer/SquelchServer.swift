@@ -103,6 +103,7 @@ public struct SquelchServer: Sendable {
             registry: metrics.registry, identitySummary: identity.summary,
             readiness: {
                 guard voice.isRunning else { return .unavailable(reason: "the voice transport is not running") }
+                if let problem = await voice.transportProblem() { return .unavailable(reason: problem) }
                 return writer.unhealthyReason().map { .unavailable(reason: $0) } ?? .ready
             })
         // Services stop in reverse order: the admin API, then the voice transport (no new bursts), then the

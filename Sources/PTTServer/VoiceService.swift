@@ -229,6 +229,13 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
 
     /// Whether the transport is up.
     public var isRunning: Bool { running.withLockedValue { $0 != nil } }
+
+    /// Why the running transport can't carry anything now (its socket was lost and is not bound
+    /// again yet), for `/healthz`; nil when it can.
+    public func transportProblem() async -> String? {
+        guard let running = running.withLockedValue({ $0 }) else { return nil }
+        return (try? await running.server.submit { $0.socketProblem }) ?? nil
+    }
 }
 
 /// The `WireServer` takes its delegate by `sending`; the driver itself is also reached from the

@@ -97,6 +97,18 @@ public final class WireServer: Sendable {
     /// The adapter's counters. Event loop only.
     public var stats: WireServerStats { core.value.stats }
 
+    /// Why nothing can be sent or received right now: the UDP socket closed under the server (NIO
+    /// closes it after a fatal socket error) and binding the port again has not worked yet (it backs
+    /// off up to every 2 s). Nil while the socket is there. Event loop only.
+    public var socketProblem: String? {
+        let core = core.value
+        guard let since = core.socketLostAt, core.channel == nil else { return nil }
+        let seconds = Double((NIODeadline.now() - since).nanoseconds) / 1e9
+        let port = core.port
+        let last = core.rebindError.map { "; binding it again fails with: \($0)" } ?? ""
+        return "the UDP socket on \(core.host) port \(port) closed \(String(format: "%.1f", seconds)) s ago and is not bound again yet\(last); check that no other process took the port and that the address is still on this host"
+    }
+
     /// Queues a control message for `handle`; it goes out with the current read cycle, or at the end
     /// of this event-loop tick. Event loop only.
     public func sendControl(_ message: [UInt8], to handle: Endpoint.Handle) throws(ConnectionError) {
@@ -199,6 +211,10 @@ final class ServerCore: DatagramDriver {
     var stats = WireServerStats()
     var lastError: (any Error)?
     var rebindDelay = TimeAmount.zero
+    /// When the socket closed under a running server, until a rebind succeeds.
+    var socketLostAt: NIODeadline?
+    /// Why the last attempt to bind again failed, while the socket is lost.
+    var rebindError: (any Error)?
     var stopPromise: EventLoopPromise<Void>?
 
     init(endpoint: Endpoint, delegate: (any WireServerDelegate)?, host: String, options: UDPOptions, eventLoop: any EventLoop) {
@@ -295,6 +311,7 @@ final class ServerCore: DatagramDriver {
         switch state {
         case .starting, .running:
             stats.rebinds += 1
+            if socketLostAt == nil { socketLostAt = .now() }
             scheduleRebind()
         case .stopping:
             finishStop()
@@ -310,11 +327,14 @@ final class ServerCore: DatagramDriver {
                 switch result {
                 case .success:
                     rebindDelay = .zero
+                    socketLostAt = nil
+                    rebindError = nil
                     if let delegate, let server { delegate.wireServer(server, didRebindAfter: lastError) }
                     // Output that queued in the endpoint while there was no socket goes out now.
                     flushOutput()
                 case .failure(let error):
                     lastError = error
+                    rebindError = error
                     // The port may be briefly taken or the interface gone: back off up to 2 s.
                     rebindDelay = min(max(rebindDelay * 2, .milliseconds(50)), .seconds(2))
                     scheduleRebind()

@@ -3,6 +3,7 @@ import Foundation
 import NIOCore
 import NIOPosix
 import SwiftASN1
+import Synchronization
 import Wire
 import WireNIO
 @_exported import WireTesting
@@ -165,3 +166,34 @@ extension [ClientEvent] {
 }
 
 func bytes(_ text: String) -> [UInt8] { Array(text.utf8) }
+
+/// A UDP socket bound to a port, from outside NIO, as another process would hold it.
+final class Squatter: Sendable {
+    private let fd = Mutex<CInt>(-1)
+
+    var descriptor: CInt { fd.withLock { $0 } }
+
+    func bind(port: Int) {
+        let socket = Glibc.socket(AF_INET, Int32(SOCK_DGRAM.rawValue), 0)
+        guard socket >= 0 else { return }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = in_port_t(UInt16(port).bigEndian)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        let bound = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { Glibc.bind(socket, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+        }
+        guard bound == 0 else {
+            _ = Glibc.close(socket)
+            return
+        }
+        fd.withLock { $0 = socket }
+    }
+
+    func release() {
+        fd.withLock { fd in
+            if fd >= 0 { _ = Glibc.close(fd) }
+            fd = -1
+        }
+    }
+}

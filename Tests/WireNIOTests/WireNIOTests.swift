@@ -1,6 +1,7 @@
 import Crypto
 import NIOCore
 import NIOPosix
+import SquelchTesting
 import Testing
 import Wire
 @testable import WireNIO
@@ -202,6 +203,38 @@ struct WireNIOTests {
             #expect(try await client.withClient { $0?.reconnects } == 1)
             await client.close()
             await second.stop()
+        }
+    }
+
+    /// Another process takes the port the moment the server's socket closes: the server says so
+    /// (squelchd's `/healthz` answers 503 with it) for as long as binding again fails, and is whole
+    /// again once the port is free.
+    @Test func aRebindThatKeepsFailingIsReportedUntilItWorks() async throws {
+        let pki = try TestPKI()
+        let secrets = try pki.secrets()
+        try await withEventLoopGroup { group in
+            let (server, _) = try await startServer(secrets: secrets, group: group)
+            let port = try #require(server.localAddress.port)
+            #expect(try await server.submit { $0.socketProblem } == nil)
+            let squatter = Squatter()
+            try await server.submit { server in
+                let channel = server.core.value.channel!
+                // Runs after the server's own close callback, added first, has released the port, and
+                // before its first rebind, which that callback scheduled.
+                channel.closeFuture.assumeIsolated().whenComplete { _ in squatter.bind(port: port) }
+                channel.close(promise: nil)
+            }
+            #expect(await eventually { squatter.descriptor >= 0 }, "the test could not take the port")
+            #expect(await eventually { (try? await server.submit { $0.socketProblem })??.contains("in use") == true })
+            let problem = try await server.submit { $0.socketProblem } ?? ""
+            #expect(problem.contains("port \(port)") && problem.contains("no other process took the port"), "\(problem)")
+            squatter.release()
+            // The rebind backs off to every 2 s at most.
+            #expect(await eventually(seconds: 5) { (try? await server.submit { $0.socketProblem }) == .some(nil) })
+            let client = try WireClientChannel(configuration: pki.client(), server: server.localAddress, group: group)
+            try await client.connect()
+            await client.close()
+            await server.stop()
         }
     }
 
