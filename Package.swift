@@ -76,6 +76,7 @@ let package = Package(
         .target(name: "ChannelProtocol", swiftSettings: swift6),
         .target(name: "SquelchTesting", dependencies: [
             "Wire", "WireNIO", "ChannelProtocol",
+            .product(name: "GRDB", package: "GRDB.swift"),
             .product(name: "NIOCore", package: "swift-nio"),
             .product(name: "NIOPosix", package: "swift-nio"),
             .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),

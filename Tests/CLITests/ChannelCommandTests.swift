@@ -1,4 +1,5 @@
 import Foundation
+import SquelchTesting
 import Testing
 
 @Suite struct ChannelCommandTests {
@@ -73,5 +74,19 @@ import Testing
         try Data("this is not a database, it is a shopping list".utf8).write(to: URL(fileURLWithPath: dataDir + "/squelch.sqlite"))
         let corrupt = try squelchd(["list"])
         #expect(corrupt.status == 78 && corrupt.err.contains("not a database"), "\(corrupt.err)")
+    }
+
+    /// Another process holds the database's write lock past the CLI's busy timeout (5 s): the CLI
+    /// exits 75 (EX_TEMPFAIL, "try again"), says so in one line, and writes nothing.
+    @Test func aLockedDatabaseExitsTempFailAndChangesNothing() throws {
+        defer { try? FileManager.default.removeItem(atPath: dataDir) }
+        #expect(try squelchd(["create", "--name", "Ops"]).status == 0)
+        let lock = try WriteLockHolder(path: dataDir + "/squelch.sqlite")
+        let locked = try squelchd(["create", "--name", "Gate 4"])
+        lock.unlock()
+        #expect(locked.status == 75, "\(locked.err)")
+        #expect(locked.err.split(separator: "\n").count == 1 && locked.err.contains("locked") && locked.err.contains("try again"), "\(locked.err)")
+        let list = try squelchd(["list"])
+        #expect(list.status == 0 && list.out.contains("Ops") && !list.out.contains("Gate 4"), "\(list.out)")
     }
 }

@@ -6,6 +6,7 @@ import Hummingbird
 import HummingbirdTesting
 import ParticipantTokens
 import Prometheus
+import SquelchTesting
 import Synchronization
 import Testing
 @testable import PTTServer
