@@ -317,6 +317,9 @@ public protocol ChannelStore: Sendable {
     func logTransmission(_ record: TransmissionRecord) async throws(StoreError)
     /// Newest first.
     func transmissions(of channel: UUID, limit: Int) async throws(StoreError) -> [TransmissionRecord]
+    /// Deletes at most `limit` transmission records, of any channel, that started before `cutoff`,
+    /// oldest first; returns how many. Batched so that no single write holds the database for long.
+    func pruneTransmissions(startedBefore cutoff: Date, limit: Int) async throws(StoreError) -> Int
 
     /// Makes every committed write durable in the main database file (a WAL checkpoint) and releases
     /// the database. Called on graceful shutdown.

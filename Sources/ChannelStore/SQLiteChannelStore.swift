@@ -217,6 +217,11 @@ public final class SQLiteChannelStore: ChannelStore {
                 t.add(column: "token_expires_at", .integer)
             }
         }
+        migrator.registerMigration("v4-transmission-by-time") { db in
+            // For pruning the log by age across channels: without it each prune scans the whole log
+            // while holding the write lock.
+            try db.create(index: "transmission_by_time", on: "transmission", columns: ["started_at"])
+        }
         return migrator
     }
 
@@ -425,6 +430,17 @@ public final class SQLiteChannelStore: ChannelStore {
                 .order(TransmissionRow.Columns.startedAt.desc, TransmissionRow.Columns.id.desc)
                 .limit(max(0, limit))
                 .fetchAll(db).map { row throws(StoreError) in try row.record() }
+        }
+    }
+
+    public func pruneTransmissions(startedBefore cutoff: Date, limit: Int) async throws(StoreError) -> Int {
+        let before = cutoff.unixMilliseconds
+        return try await write("prune the transmission log") { db in
+            try db.execute(sql: """
+                DELETE FROM transmission WHERE id IN
+                    (SELECT id FROM transmission WHERE started_at < ? ORDER BY started_at LIMIT ?)
+                """, arguments: [before, max(0, limit)])
+            return db.changesCount
         }
     }
 

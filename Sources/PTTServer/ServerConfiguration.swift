@@ -52,6 +52,9 @@ public struct ServerConfiguration: Sendable, Equatable {
     /// Control messages one connection may send per second (and twice as many in a burst); more are
     /// dropped. Raise it only for load tests that request the floor in a tight loop.
     public var controlMessagesPerSecond: Int = 20
+    /// Days the transmission log keeps each burst; older records are deleted every hour. 0 keeps them
+    /// for good (then the log grows with every burst: about 100 bytes each).
+    public var transmissionLogDays: Int = 365
     public var logLevel: Logger.Level = .info
     /// Where wake pushes go: `simulator` (a local APNs simulator started inside squelchd, the default),
     /// `apple` (api.push.apple.com, or the sandbox for sandbox tokens), `off`, or an `https://host:port`
@@ -86,6 +89,7 @@ public struct ServerConfiguration: Sendable, Equatable {
     public static let disconnectGraceRange: ClosedRange<Double> = 0...60
     public static let maxQueueRange = 0...256
     public static let controlMessageRateRange = 1...1_000_000
+    public static let transmissionLogDaysRange = 0...36_500
     public static let minimumAdminKeyLength = 16
     /// File name of the generated admin key inside the data directory.
     public static let adminKeyFileName = "admin-key"
@@ -187,6 +191,8 @@ public struct ServerConfiguration: Sendable, Equatable {
                     defaultDescription: "\(defaults.maxQueue)", kind: .int(\.maxQueue)),
             Setting(key: "controlMessagesPerSecond", environment: "SQUELCH_CONTROL_MESSAGES_PER_SECOND", flag: "--control-messages-per-second",
                     defaultDescription: "\(defaults.controlMessagesPerSecond)", kind: .int(\.controlMessagesPerSecond)),
+            Setting(key: "transmissionLogDays", environment: "SQUELCH_TRANSMISSION_LOG_DAYS", flag: "--transmission-log-days",
+                    defaultDescription: "\(defaults.transmissionLogDays)", kind: .int(\.transmissionLogDays)),
             Setting(key: "logLevel", environment: "SQUELCH_LOG_LEVEL", flag: "--log-level",
                     defaultDescription: defaults.logLevel.rawValue, kind: .string(\.logLevel)),
             Setting(key: "apns", environment: "SQUELCH_APNS", flag: "--apns",
@@ -267,6 +273,7 @@ public struct ServerConfiguration: Sendable, Equatable {
         if let value = layer.disconnectGraceSeconds { disconnectGraceSeconds = value }
         if let value = layer.maxQueue { maxQueue = value }
         if let value = layer.controlMessagesPerSecond { controlMessagesPerSecond = value }
+        if let value = layer.transmissionLogDays { transmissionLogDays = value }
         if let value = layer.apns { apns = value }
         if let value = layer.apnsKeyPath { apnsKeyPath = value }
         if let value = layer.apnsKeyID { apnsKeyID = value }
@@ -422,6 +429,8 @@ public struct ServerConfiguration: Sendable, Equatable {
                   "floor queue length \(maxQueue) is out of range; use \(Self.maxQueueRange.lowerBound)-\(Self.maxQueueRange.upperBound)")
         try check(Self.controlMessageRateRange.contains(controlMessagesPerSecond), "controlMessagesPerSecond",
                   "control message rate \(controlMessagesPerSecond) is out of range; use \(Self.controlMessageRateRange.lowerBound)-\(Self.controlMessageRateRange.upperBound) per second")
+        try check(Self.transmissionLogDaysRange.contains(transmissionLogDays), "transmissionLogDays",
+                  "transmission log retention \(transmissionLogDays) days is out of range; use 1-\(Self.transmissionLogDaysRange.upperBound) days, or 0 to keep the log for good")
         try validateAPNs()
     }
 
@@ -556,6 +565,7 @@ public struct ConfigurationOverrides: Sendable, Equatable {
     public var disconnectGraceSeconds: Double?
     public var maxQueue: Int?
     public var controlMessagesPerSecond: Int?
+    public var transmissionLogDays: Int?
     public var logLevel: String?
     public var apns: String?
     public var apnsKeyPath: String?

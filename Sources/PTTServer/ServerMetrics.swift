@@ -30,6 +30,7 @@ public final class ServerMetrics: Sendable {
     let storeFailures: Counter
     let storeRetries: Counter
     let storeFolded: Counter
+    let transmissionsPruned: Counter
     let storeRefused: Counter
     let storeWaiting: Gauge
     let storeFailing: Gauge
@@ -70,6 +71,7 @@ public final class ServerMetrics: Sendable {
         storeFailures = counter("store_failures", "Database writes given up: refused by the database, or still failing when the server stopped.")
         storeRetries = counter("store_retries", "Database writes tried again after a failure that passes (locked too long, disk full, I/O error).")
         storeFolded = counter("store_folded", "Database writes folded into a waiting write of the same member (a newer last-seen time, push token or record, or a second removal).")
+        transmissionsPruned = counter("transmissions_pruned", "Transmission-log records deleted for being older than transmissionLogDays.")
         storeRefused = counter("store_refused", "Transmission-log records not written because too many were already waiting for the database.")
         storeWaiting = gauge("store_waiting", "Database writes waiting for the database.")
         storeFailing = gauge("store_failing", "1 while a write the database failed for a reason that passes is being tried again (until a write succeeds), else 0. /healthz also reports hung writes and writes lost for good; squelch_store_failures_total counts the latter.")

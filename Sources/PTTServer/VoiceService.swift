@@ -103,7 +103,12 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
         try? await cancelWhenGracefulShutdown {
             var revision = initialRevision
             var revocation = initialRevocation
+            var nextPrune = ContinuousClock.now
             while !Task.isCancelled {
+                if ContinuousClock.now >= nextPrune {
+                    nextPrune = .now + Self.pruneInterval
+                    await self.pruneTransmissionLog()
+                }
                 try await Task.sleep(for: .seconds(1))
                 try? await eventLoop.submit { box.value.publish(to: self.metrics) }.get()
                 do {
@@ -133,6 +138,36 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
             box.value.stopped = true
             box.value.armTimer()
         }.get()
+    }
+
+    static let pruneInterval = Duration.seconds(3_600)
+    /// Records one prune statement deletes: small enough that the write lock is back within
+    /// milliseconds for the store writer and the CLI.
+    static let pruneBatch = 5_000
+
+    /// Deletes transmission records older than `transmissionLogDays` (0: none), in batches; returns
+    /// how many went. A failure is logged, and the next hour tries again.
+    @discardableResult
+    func pruneTransmissionLog(now: Date = Date()) async -> Int {
+        let days = configuration.transmissionLogDays
+        guard days > 0 else { return 0 }
+        let cutoff = now.addingTimeInterval(-Double(days) * 86_400)
+        var total = 0
+        do {
+            while !Task.isCancelled {
+                let deleted = try await store.pruneTransmissions(startedBefore: cutoff, limit: Self.pruneBatch)
+                total += deleted
+                metrics.transmissionsPruned.increment(by: Int64(deleted))
+                if deleted < Self.pruneBatch { break }
+            }
+        } catch {
+            logger.warning("could not prune the transmission log; trying again in an hour",
+                           metadata: ["error": "\(error)", "deleted": "\(total)", "next": "check the data directory's disk (space, I/O errors)"])
+        }
+        if total > 0 {
+            logger.notice("transmission log pruned", metadata: ["deleted": "\(total)", "older than days": "\(days)"])
+        }
+        return total
     }
 
     func persistentKey(_ name: String) async throws -> [UInt8] {

@@ -65,6 +65,9 @@ struct Serve: AsyncParsableCommand {
     @Option(help: ArgumentHelp(ServerConfiguration.help("controlMessagesPerSecond", "Control messages one connection may send per second, twice as many in a burst; more are dropped (floor requests are denied with cause rateLimited). 1-1000000."), valueName: "n"))
     var controlMessagesPerSecond: Int?
 
+    @Option(help: ArgumentHelp(ServerConfiguration.help("transmissionLogDays", "Days the transmission log keeps each burst (who talked, when, how long); older records are deleted hourly. 0 keeps them for good. 0-36500."), valueName: "days"))
+    var transmissionLogDays: Int?
+
     @Option(help: ArgumentHelp(ServerConfiguration.help("logLevel", "Log level: trace, debug, info, notice, warning, error, critical."), valueName: "level"))
     var logLevel: String?
 
@@ -115,6 +118,7 @@ struct Serve: AsyncParsableCommand {
             apnsSimulatorControlPort: apnsSimulatorControlPort, apnsSimulatorCertPath: apnsSimulatorCert,
             apnsSimulatorKeyPath: apnsSimulatorKey, pushWakeSilenceSeconds: pushWakeSilenceSeconds)
         overrides.controlMessagesPerSecond = controlMessagesPerSecond
+        overrides.transmissionLogDays = transmissionLogDays
         overrides.tokenKeyPath = tokenKey
         return overrides
     }

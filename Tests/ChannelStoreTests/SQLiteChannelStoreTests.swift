@@ -278,6 +278,29 @@ private func message(_ error: StoreError?) -> String {
         #expect(try await store.transmissions(of: channel.id, limit: 100).count == 5)
     }
 
+    /// Retention: records that started before the cut-off go, oldest first and at most `limit` a
+    /// call, from every channel (deleted ones included); the rest stay.
+    @Test func pruningDeletesOnlyOldTransmissionsInBatches() async throws {
+        let store = try open()
+        let channel = makeChannel(), gone = makeChannel("Gone")
+        try await store.createChannel(channel)
+        let now = ms()
+        for (index, days) in [40.0, 35, 31, 29, 1].enumerated() {
+            for id in [channel.id, gone.id] {
+                try await store.logTransmission(TransmissionRecord(channelID: id, userID: "u\(index)", startedAt: now.addingTimeInterval(-days * 86_400),
+                                                                   durationMilliseconds: 1_000, endReason: "released"))
+            }
+        }
+        let cutoff = now.addingTimeInterval(-30 * 86_400)
+        #expect(try await store.pruneTransmissions(startedBefore: cutoff, limit: 4) == 4)
+        // The oldest four went (u0 and u1 of both channels); u2, 31 days old, is next.
+        #expect(try await store.transmissions(of: channel.id, limit: 10).map(\.userID) == ["u4", "u3", "u2"])
+        #expect(try await store.pruneTransmissions(startedBefore: cutoff, limit: 4) == 2)
+        #expect(try await store.pruneTransmissions(startedBefore: cutoff, limit: 4) == 0)
+        #expect(try await store.transmissions(of: channel.id, limit: 10).map(\.userID) == ["u4", "u3"])
+        #expect(try await store.transmissions(of: gone.id, limit: 10).map(\.userID) == ["u4", "u3"])
+    }
+
     // MARK: Several processes, reopening, schema
 
     @Test func revisionSeesEditsFromAnotherConnection() async throws {
@@ -443,7 +466,7 @@ private func message(_ error: StoreError?) -> String {
         let applied = try await DatabaseQueue(path: path).read { db in
             try String.fetchAll(db, sql: "SELECT identifier FROM grdb_migrations ORDER BY identifier")
         }
-        #expect(applied == ["v1", "v2-revocations", "v3-member-grants"])
+        #expect(applied == ["v1", "v2-revocations", "v3-member-grants", "v4-transmission-by-time"])
     }
 
     @Test func filesArePrivateAndCommitsAreFullySynced() async throws {

@@ -37,7 +37,8 @@ final class ServerFixture: Sendable {
     /// Starts squelchd on free ports; returns once both listeners are up.
     /// With `pushCertificates` (a directory made by certs/make-dev-certs.sh), pushes go to the embedded
     /// APNs simulator on free ports; without, pushes are off.
-    func start(pushCertificates: String? = nil, wakeSilence: Double? = nil) async throws -> (task: Task<Void, any Error>, listening: SquelchServer.Listening) {
+    func start(pushCertificates: String? = nil, wakeSilence: Double? = nil,
+               transmissionLogDays: Int? = nil) async throws -> (task: Task<Void, any Error>, listening: SquelchServer.Listening) {
         var configuration = ServerConfiguration()
         configuration.dataDirectory = dataDirectory
         configuration.port = 0
@@ -54,6 +55,7 @@ final class ServerFixture: Sendable {
             configuration.apnsSimulatorControlPort = 0
         }
         if let wakeSilence { configuration.pushWakeSilenceSeconds = wakeSilence }
+        if let transmissionLogDays { configuration.transmissionLogDays = transmissionLogDays }
         let server = try SquelchServer(configuration: configuration, identity: identity)
         let (ready, continuation) = AsyncStream.makeStream(of: SquelchServer.Listening.self)
         let task = Task { try await server.run(onReady: { continuation.yield($0) }) }
@@ -278,6 +280,39 @@ func slot(of member: TestMember) -> UInt16? {
         let bobAt = messages.firstIndex { if case .participant(let p) = $0 { p.userID == "bob" } else { false } }
         #expect(lastRoster != nil && bobAt != nil && bobAt! > lastRoster!)
         await bob.close()
+        await listening.shutdown()
+        _ = await task.result
+    }
+
+    /// The transmission log keeps `transmissionLogDays`: a server starting with older records
+    /// deletes them (and counts them in /metrics); newer ones, and the log with retention 0, stay.
+    @Test func theTransmissionLogKeepsItsRetentionPeriod() async throws {
+        let fixture = try await ServerFixture()
+        let store = try SQLiteChannelStore(directory: fixture.dataDirectory)
+        let now = Date()
+        for (user, days) in [("old", 31.0), ("older", 400), ("recent", 29)] {
+            try await store.logTransmission(TransmissionRecord(channelID: fixture.channel.id, userID: user, startedAt: now.addingTimeInterval(-days * 86_400),
+                                                               durationMilliseconds: 2_000, endReason: "released"))
+        }
+        try await store.close()
+        func logged() async throws -> [String] {
+            let store = try SQLiteChannelStore(directory: fixture.dataDirectory)
+            let users = try await store.transmissions(of: fixture.channel.id, limit: 10).map(\.userID)
+            try await store.close()
+            return users
+        }
+        // 0 keeps everything.
+        var (task, listening) = try await fixture.start(transmissionLogDays: 0)
+        try await Task.sleep(for: .milliseconds(300))
+        #expect(try await logged() == ["recent", "old", "older"])
+        await listening.shutdown()
+        _ = await task.result
+        (task, listening) = try await fixture.start(transmissionLogDays: 30)
+        defer { task.cancel() }
+        #expect(try await eventually { try await logged() == ["recent"] })
+        let url = try #require(URL(string: "http://127.0.0.1:\(listening.adminPort)/metrics"))
+        let metrics = String(decoding: try await URLSession.shared.data(from: url).0, as: UTF8.self)
+        #expect(metrics.contains("squelch_transmissions_pruned_total 2"), "\(metrics)")
         await listening.shutdown()
         _ = await task.result
     }
