@@ -64,6 +64,15 @@ struct ControlBacklog {
         return stalled
     }
 
+    /// Drops all but the newest message waiting for `link`: the session is over, and only the
+    /// message that says so still matters.
+    mutating func keepNewest(_ link: Link) {
+        guard var queue = queues[link], queue.messages.count > 1, let newest = queue.messages.last else { return }
+        queue.messages = [newest]
+        queue.bytes = newest.count
+        queues[link] = queue
+    }
+
     /// The connection closed: what waited for it is dropped.
     mutating func remove(_ link: Link) {
         queues[link] = nil

@@ -88,12 +88,10 @@ final class HubDriver: WireServerDelegate {
                 let bytes = codec.encode(message)
                 for link in links { sendControl(bytes, to: link, on: server) }
             case .close(let link, let code, let reason):
-                // A CONNECTION_CLOSE abandons the control stream, so the message that explains the
-                // close (`refused`, …) would be lost if it went out in the same flight. The close
-                // waits a moment; the client usually closes first, having read why.
-                eventLoop.assumeIsolated().scheduleTask(in: Self.closeDelay) { [weak server] in
-                    server?.close(link, code: code.rawValue, reason: reason)
-                }
+                // What still waited for the session (the rest of a roster) is moot now; the newest
+                // message, the `refused` the hub sent just before the close, is what the client needs.
+                backlog.keepNewest(link)
+                closeOnceSaid(link, code: code, reason: reason, giveUpAt: .now() + Self.closeWaitLimit)
             case .verify(let link, let token, let channel, let reason):
                 verify(link, token: token, channel: channel) { hub, outcome in
                     switch outcome {
@@ -119,6 +117,25 @@ final class HubDriver: WireServerDelegate {
             }
         }
         armTimer()
+    }
+
+    /// Longest a close waits for its explanation to be acknowledged.
+    static let closeWaitLimit = TimeAmount.seconds(10)
+
+    /// A CONNECTION_CLOSE abandons the control stream, so the message that explains the close
+    /// (`refused`, …) would be lost if it were still queued, or sent and not yet acknowledged. The
+    /// close waits `closeDelay` (the client usually closes first, having read why), then for as long
+    /// as that message is still waiting or unacknowledged, up to `giveUpAt`.
+    func closeOnceSaid(_ link: Link, code: CloseCode, reason: String, giveUpAt: NIODeadline, after delay: TimeAmount = closeDelay) {
+        eventLoop.assumeIsolated().scheduleTask(in: delay) { [self] in
+            guard let server, let connection = server.endpoint.connection(link) else { return }
+            let unsaid = backlog.holds(link) || connection.controlSendSpace < connection.controlSendLimit
+            if unsaid && NIODeadline.now() < giveUpAt {
+                closeOnceSaid(link, code: code, reason: reason, giveUpAt: giveUpAt, after: .milliseconds(50))
+                return
+            }
+            server.close(link, code: code.rawValue, reason: reason)
+        }
     }
 
     /// Sends now if the link's control stream has room and nothing waits ahead of this message;

@@ -282,6 +282,8 @@ public final class Connection {
     /// until the peer acknowledges it, up to `controlStreamLimit`. A sender with more to say (a large
     /// roster) waits for this to grow rather than have messages refused.
     public var controlSendSpace: Int { controlSend.limit - controlSend.unacknowledged }
+    /// `controlSendSpace` when everything sent has been acknowledged.
+    public var controlSendLimit: Int { controlSend.limit }
 
     /// What `message.count` bytes of control message take in the stream, with their length prefix.
     public static func framedControlSize(_ count: Int) -> Int { WireWriter.varintLength(UInt64(count)) + count }

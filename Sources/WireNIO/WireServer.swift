@@ -102,7 +102,7 @@ public final class WireServer: Sendable {
     /// off up to every 2 s). Nil while the socket is there. Event loop only.
     public var socketProblem: String? {
         let core = core.value
-        guard let since = core.socketLostAt, core.channel == nil else { return nil }
+        guard core.state == .starting || core.state == .running, let since = core.socketLostAt, core.channel == nil else { return nil }
         let seconds = Double((NIODeadline.now() - since).nanoseconds) / 1e9
         let port = core.port
         let last = core.rebindError.map { "; binding it again fails with: \($0)" } ?? ""

@@ -55,15 +55,15 @@ struct Token: AsyncParsableCommand {
                                            priority: UInt8(priority), issuedAt: now, expiresAt: now.addingTimeInterval(lifetime))
             do throws(InvalidClaims) { try claims.validate() } catch { throw ValidationError(error.message) }
             let configuration = try store.configuration(tokenKey: tokenKey)
-            let authority = try await loadAuthority(configuration, creating: true)
             // A token for a channel the server doesn't have is refused at every join, long after the
             // typo; the check needs the database, which a host holding only the key (--token-key) lacks.
+            // Before the key is loaded, which may make it: a mistyped command leaves nothing behind.
             if FileManager.default.fileExists(atPath: Channel.StoreOptions.databasePath(in: configuration.dataDirectory)) {
                 try await store.withStore { db throws(StoreError) in
                     guard try await db.channel(channelID) != nil else { throw StoreError.channelNotFound(channelID) }
                 }
             }
-            print(try await authority.issue(claims))
+            print(try await loadAuthority(configuration, creating: true).issue(claims))
         }
     }
 

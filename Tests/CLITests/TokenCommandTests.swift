@@ -22,6 +22,7 @@ import Testing
                                                        "--data-dir", dir])
         #expect(refused.status == 1 && refused.out.isEmpty, "\(refused.status) \(refused.err)")
         #expect(refused.err.contains("no channel \(unknown)") && refused.err.contains("squelchd channel list"), "\(refused.err)")
+        #expect(!FileManager.default.fileExists(atPath: dir + "/token-key.pem"), "a refused issue made no key")
         let issued = try Executables.run("squelchd", ["token", "issue", "--channel", known.uuidString, "--user", "u1", "--name", "Ann",
                                                       "--data-dir", dir])
         #expect(issued.status == 0, "\(issued.err)")
@@ -71,7 +72,8 @@ import Testing
         let reaper = KillRestartTests.Reaper()
         defer { reaper.killAll() }
         _ = try await KillRestartTests().startServer(data: data, certs: certs, extraArguments: ["--token-key", key], reaper: reaper)
-        let issue = ["token", "issue", "--channel", UUID().uuidString, "--user", "u1", "--name", "Ann", "--data-dir", data]
+        let channel = try createChannel(in: data)
+        let issue = ["token", "issue", "--channel", channel.uuidString, "--user", "u1", "--name", "Ann", "--data-dir", data]
         let clean = ["SQUELCH_DATA_DIR": "", "SQUELCH_CONFIG": "", "SQUELCH_TOKEN_KEY": ""]
         let unsaid = try Executables.run("squelchd", issue, environment: clean)
         #expect(unsaid.status == 78 && unsaid.out.isEmpty && unsaid.err.contains("--token-key"), "\(unsaid.err)")
@@ -80,9 +82,7 @@ import Testing
         _ = try await TokenAuthority.loadOrCreate(at: data + "/token-key.pem")
         let stray = try Executables.run("squelchd", issue, environment: clean)
         #expect(stray.status == 78 && stray.err.contains("not the one squelchd last started with"), "\(stray.err)")
-        let channel = try createChannel(in: data)
-        let right = try Executables.run("squelchd", ["token", "issue", "--channel", channel.uuidString, "--user", "u1", "--name", "Ann",
-                                                     "--data-dir", data, "--token-key", key], environment: clean)
+        let right = try Executables.run("squelchd", issue + ["--token-key", key], environment: clean)
         #expect(right.status == 0, "\(right.err)")
         _ = try await serverKey.inspect(right.out.trimmingCharacters(in: .whitespacesAndNewlines))
     }

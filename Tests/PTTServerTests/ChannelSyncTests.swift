@@ -31,11 +31,14 @@ import Testing
         let serving = Task { try await voice.run() }
         var iterator = listening.makeAsyncIterator()
         _ = await iterator.next()
-        try await body(fixture, store, voice)
+        // Stopped whatever the body does, so that a failure leaves nothing running into the next test.
+        let outcome: Result<Void, any Error>
+        do { outcome = .success(try await body(fixture, store, voice)) } catch { outcome = .failure(error) }
         serving.cancel()
         try? await serving.value
         await writing.value
         try await store.close()
+        try outcome.get()
     }
 
     /// Reloads with `change` made in the gap: `change` writes the store and returns the admin hook's

@@ -51,4 +51,13 @@ import Wire
         #expect(Self.add(&backlog, message(6), for: bob, now: t0 + 6))
         #expect(backlog.queues[bob]?.bytes == 200 && backlog.queues[bob]?.movedAt == t0 + 5)
     }
+
+    /// A close drops what waited for the session but the newest message, the one that explains it.
+    @Test func aCloseKeepsOnlyTheNewestMessage() {
+        var backlog = ControlBacklog()
+        for tag in 1...3 { #expect(Self.add(&backlog, message(UInt8(tag), 100 * Int(tag)), for: ann, now: t0)) }
+        backlog.keepNewest(ann)
+        backlog.keepNewest(bob)  // nothing queued: nothing happens
+        #expect(backlog.queues[ann]?.messages.map { $0[0] } == [3] && backlog.queues[ann]?.bytes == 300 && !backlog.holds(bob))
+    }
 }

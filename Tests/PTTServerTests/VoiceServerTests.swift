@@ -242,7 +242,9 @@ func slot(of member: TestMember) -> UInt16? {
     /// A channel's roster grows with everyone who ever joined it. 4,000 stored members with user ids,
     /// names and roles near their longest come to about 1.7 MB of roster, more than a connection's
     /// control stream buffers (1 MiB): the joiner still gets every entry, in order, as the stream
-    /// drains, and what the server sends after the roster reaches it too.
+    /// drains, and what the server sends meanwhile comes after it. Loopback drains fast, so whether
+    /// the later message really waited, or the removal found roster to drop, depends on timing; the
+    /// order and the refusal are what must hold either way.
     @Test func aRosterLargerThanTheControlStreamBufferArrivesWhole() async throws {
         let fixture = try await ServerFixture()
         let stored = 4_000
@@ -260,6 +262,8 @@ func slot(of member: TestMember) -> UInt16? {
         let (task, listening) = try await fixture.start()
         defer { task.cancel() }
         let ann = try await fixture.member("ann", port: listening.voicePort)
+        // At once, while most of the roster still waits: the answer goes out behind it.
+        try await ann.send(.setMuted(true))
         func rosterSize() -> Int {
             var users = Set<String>()
             for message in ann.messages {
@@ -271,14 +275,24 @@ func slot(of member: TestMember) -> UInt16? {
             return users.count
         }
         #expect(await eventually(seconds: 30) { rosterSize() == stored + 1 }, "\(rosterSize()) of \(stored + 1) roster entries")
-        // Sent after the roster, so queued behind it: still delivered, and after it.
-        let bob = try await fixture.member("bob", port: listening.voicePort)
-        let joinedBob = await ann.waitFor { if case .participant(let p) = $0 { p.userID == "bob" } else { false } }
-        #expect(joinedBob != nil)
+        let muted = await ann.waitFor { if case .participant(let p) = $0 { p.userID == "ann" && p.muted } else { false } }
+        #expect(muted != nil)
         let messages = ann.messages
         let lastRoster = messages.lastIndex { if case .roster = $0 { true } else { false } }
-        let bobAt = messages.firstIndex { if case .participant(let p) = $0 { p.userID == "bob" } else { false } }
-        #expect(lastRoster != nil && bobAt != nil && bobAt! > lastRoster!)
+        let mutedAt = messages.firstIndex { if case .participant(let p) = $0 { p.muted } else { false } }
+        #expect(lastRoster != nil && mutedAt != nil && mutedAt! > lastRoster!)
+
+        // Removed while the roster waits: what waited is dropped, and the refusal arrives before the close.
+        let bob = try await fixture.member("bob", port: listening.voicePort)
+        let url = try #require(URL(string: "http://127.0.0.1:\(listening.adminPort)/v1/channels/\(fixture.channel.id)/members/bob"))
+        var request = URLRequest(url: url)
+        request.httpMethod = "DELETE"
+        request.setValue("Bearer test-admin-key-0123456789", forHTTPHeaderField: "Authorization")
+        let (_, response) = try await URLSession.shared.data(for: request)
+        #expect((response as? HTTPURLResponse)?.statusCode == 204)
+        let refusal = await bob.waitFor { if case .refused = $0 { true } else { false } }
+        guard case .refused(let code, _)? = refusal else { Issue.record("no refusal: \(bob.messages.count) messages"); return }
+        #expect(code == .removedByAdmin)
         await bob.close()
         await listening.shutdown()
         _ = await task.result
