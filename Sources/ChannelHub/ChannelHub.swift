@@ -47,6 +47,18 @@ public final class ChannelHub {
     /// those times, so that `nextDeadline` reads one value.
     var expiries: [TokenDeadline] = []
     var nextExpiry: WireInstant?
+    /// Joiners whose roster is still being sent: the slots it had at the join, in slot order, and how
+    /// far the sending got. A big channel's roster leaves a chunk at a time as the connection has room
+    /// (`continueRoster`), so a join holds no encoded roster in memory and no single step encodes
+    /// megabytes while audio waits on the event loop. Each chunk shows its members as they are when
+    /// it is made.
+    var rosterStreams: [Link: RosterStream] = [:]
+
+    struct RosterStream {
+        let channel: ChannelState
+        let slots: [UInt16]
+        var next: Int
+    }
 
     struct TokenDeadline {
         var channel: ChannelState
@@ -221,6 +233,7 @@ public final class ChannelHub {
     /// place, and the floor if it held it, for the grace period.
     public func closed(_ link: Link, at time: HubTime) {
         controlBudget[link] = nil
+        rosterStreams[link] = nil
         guard let session = sessions.removeValue(forKey: link) else { return }
         guard case .joined(let channel, let slot) = session, var member = channel.members[slot] else { return }
         member.link = nil
@@ -386,13 +399,15 @@ public final class ChannelHub {
         channel.floor.reconnected(slot)
 
         outputs.append(.store(.upsertMember(member.record(channel: channel.record.id, lastSeen: time.date))))
-        // A big roster goes in chunks, so that no control message nears the size limit. `joined`'s
-        // own share is measured: an image URL full of characters JSON escapes can take most of it.
+        // A big roster goes in chunks, so that no control message nears the size limit; `joined`
+        // carries the first, and the rest follow as the connection has room (`continueRoster`).
+        // `joined`'s own share is measured: an image URL full of characters JSON escapes can take most of it.
         let info = channel.info, talkers = channel.talkers
         let head = codec.encode(.joined(channel: info, you: slot, roster: [], talkers: talkers)).count
-        let chunks = ControlLimits.rosterChunks(channel.roster, firstChunkBytes: ControlLimits.maxMessageBytes - head - 1_024)
-        outputs.append(.send(.joined(channel: info, you: slot, roster: Array(chunks[0]), talkers: talkers), to: [link]))
-        for chunk in chunks.dropFirst() { outputs.append(.send(.roster(Array(chunk)), to: [link])) }
+        var stream = RosterStream(channel: channel, slots: channel.members.keys.sorted(), next: 0)
+        let first = nextRosterChunk(&stream, firstChunkBytes: ControlLimits.maxMessageBytes - head - 1_024)
+        outputs.append(.send(.joined(channel: info, you: slot, roster: first, talkers: talkers), to: [link]))
+        rosterStreams[link] = stream.next < stream.slots.count ? stream : nil
         scheduleExpiry(channel, slot: slot, link: link, claims: claims, at: time)
         // Rights are the token's: a talker back with a listen-only token stops being relayed, and a new
         // priority counts for the floor it holds or waits for. After `joined`, whose snapshot shows the
@@ -402,6 +417,41 @@ public final class ChannelHub {
         outputs.append(.send(.participant(channel.members[slot]!.participant), to: channel.links(except: slot)))
         if member.canListen { startCatchUp(channel, slot: slot, at: time) }
         listenersChanged(channel)
+    }
+
+    /// The entries of `stream`'s next chunk, as its members are now (one that left meanwhile is
+    /// skipped; one that joined meanwhile was announced with `participant`).
+    func nextRosterChunk(_ stream: inout RosterStream, firstChunkBytes: Int = ControlLimits.rosterChunkBytes) -> [Participant] {
+        var chunker = RosterChunker(firstChunkBytes: firstChunkBytes)
+        var chunk: [Participant] = []
+        while stream.next < stream.slots.count {
+            guard let member = stream.channel.members[stream.slots[stream.next]] else {
+                stream.next += 1
+                continue
+            }
+            let entry = member.participant
+            guard chunker.take(entry) else { break }
+            chunk.append(entry)
+            stream.next += 1
+        }
+        return chunk
+    }
+
+    /// Links with roster still to send, for the driver to offer room to.
+    public var linksAwaitingRoster: [Link] { rosterStreams.isEmpty ? [] : Array(rosterStreams.keys) }
+
+    /// Sends `link` its next `roster` chunk, at most `ControlLimits.maxMessageBytes` of control
+    /// message: the driver calls it when the connection's control stream has that much room. False
+    /// when nothing is left to send (the roster is complete, or the session over).
+    @discardableResult
+    public func continueRoster(_ link: Link) -> Bool {
+        guard var stream = rosterStreams.removeValue(forKey: link) else { return false }
+        guard case .joined(let channel, _)? = sessions[link], channel === stream.channel else { return false }
+        let chunk = nextRosterChunk(&stream)
+        if !chunk.isEmpty { outputs.append(.send(.roster(chunk), to: [link])) }
+        guard stream.next < stream.slots.count else { return false }
+        rosterStreams[link] = stream
+        return true
     }
 
     /// The token on `link` was refused (or the join failed): tell the client why and close.

@@ -235,10 +235,11 @@ public enum ClientMessage: Sendable, Equatable {
 
 /// Server → client.
 public enum ServerMessage: Sendable, Equatable {
-    /// `roster` holds the first of `ControlLimits.rosterChunks`; a larger roster continues in
-    /// `roster` messages right after it.
+    /// `roster` holds the first chunk (`RosterChunker`); a larger roster continues in `roster`
+    /// messages, made as the connection has room, with other messages possibly between them.
     case joined(channel: ChannelInfo, you: UInt16, roster: [Participant], talkers: [Talker])
-    /// More roster entries, following `joined` (large channels).
+    /// More roster entries, following `joined` (large channels), as they are when sent: replace
+    /// entries by slot.
     case roster([Participant])
     /// The join (or the membership) is refused or ended; the server closes the connection after it.
     case refused(code: RefusalCode, reason: String)

@@ -12,23 +12,51 @@ extension ControlLimits {
     /// transport, so the joiner would never get `joined`.
     public static func rosterChunks(_ roster: [Participant], firstChunkBytes: Int = rosterChunkBytes) -> [ArraySlice<Participant>] {
         var chunks: [ArraySlice<Participant>] = []
+        var chunker = RosterChunker(firstChunkBytes: firstChunkBytes)
         var start = roster.startIndex
-        var bytes = 0
-        var limit = min(rosterChunkBytes, firstChunkBytes)
-        for index in roster.indices {
-            let size = roster[index].encodedSizeBound
-            // Only the first chunk may close empty; later ones hold at least one entry, which always
-            // fits `rosterChunkBytes`, so the split moves on.
-            if index - start == rosterChunk || bytes + size > limit, index > start || chunks.isEmpty {
-                chunks.append(roster[start..<index])
-                start = index
-                bytes = 0
-                limit = rosterChunkBytes
-            }
-            bytes += size
+        for index in roster.indices where !chunker.take(roster[index]) {
+            chunks.append(roster[start..<index])
+            start = index
+            chunker.startNextChunk()
+            _ = chunker.take(roster[index])
         }
-        if start < roster.endIndex || chunks.isEmpty { chunks.append(roster[start...]) }
+        chunks.append(roster[start...])
         return chunks
+    }
+}
+
+/// Cuts a roster into chunks one entry at a time, by the rules of `ControlLimits.rosterChunks`, for a
+/// sender that builds each chunk only when the connection has room for it.
+public struct RosterChunker: Sendable {
+    private var entries = 0
+    private var bytes = 0
+    private var limit: Int
+    private var first = true
+
+    public init(firstChunkBytes: Int = ControlLimits.rosterChunkBytes) {
+        limit = min(ControlLimits.rosterChunkBytes, firstChunkBytes)
+    }
+
+    /// Counts `entry` into the chunk being built if it fits; false if the chunk is full without it.
+    /// Only the first chunk may close empty: a later one takes at least one entry, which always fits
+    /// `rosterChunkBytes`, so a split moves on.
+    public mutating func take(_ entry: Participant) -> Bool {
+        let size = entry.encodedSizeBound
+        if entries == ControlLimits.rosterChunk || bytes + size > limit, entries > 0 || first { return false }
+        entries += 1
+        bytes += size
+        return true
+    }
+
+    /// Whether the chunk being built has entries.
+    public var isEmpty: Bool { entries == 0 }
+
+    /// Starts the next chunk (a `roster` message), with the full `rosterChunkBytes`.
+    public mutating func startNextChunk() {
+        entries = 0
+        bytes = 0
+        limit = ControlLimits.rosterChunkBytes
+        first = false
     }
 }
 

@@ -5,10 +5,11 @@ import Wire
 /// Control messages that found a connection's control stream full, kept in order until it has room.
 ///
 /// A connection's control stream holds at most `controlStreamLimit` (1 MiB) of messages its peer
-/// has not acknowledged. A join into a channel of a few thousand members (the roster keeps everyone
-/// who ever joined) sends more than that at once; before this queue, whatever did not fit was
-/// dropped, and the joiner saw part of its roster for as long as it stayed. Once a link has a queue,
-/// every later message for it joins the queue too, so the order the hub sent them in is kept.
+/// has not acknowledged; a message that found it full used to be dropped, leaving the peer with a
+/// wrong roster or floor state for as long as it stayed. Rosters no longer come here (the hub makes
+/// each chunk when there is room, `ChannelHub.continueRoster`); what does is the rest, for a peer
+/// that acknowledges slowly or not at all. Once a link has a queue, every later message for it joins
+/// the queue too, so the order the hub sent them in is kept.
 ///
 /// A plain value: the driver offers it the stream's free space and a clock.
 struct ControlBacklog {
@@ -19,7 +20,7 @@ struct ControlBacklog {
         var movedAt: WireInstant
     }
 
-    /// Most a link may have waiting: a roster of about 20,000 members at their longest fields.
+    /// Most a link may have waiting: far more than a working peer ever lets pile up.
     var maxBytes = 8 << 20
     /// A queue that has not moved for this long belongs to a peer that stopped acknowledging.
     var maxStall: UInt64 = 30_000_000_000

@@ -27,9 +27,9 @@ final class HubDriver: WireServerDelegate {
     var published = HubCounters()
     /// Control messages waiting for room in their connection's stream (a large roster at a join).
     var backlog = ControlBacklog()
-    var backlogDrain: Scheduled<Void>?
+    var retryTask: Scheduled<Void>?
     /// How often a backlog is offered the room its peer's acknowledgements made.
-    static let backlogRetry = TimeAmount.milliseconds(5)
+    static let retryInterval = TimeAmount.milliseconds(5)
 
     init(hub: ChannelHub, eventLoop: any EventLoop, tokens: TokenAuthority, writer: StoreWriter, metrics: ServerMetrics?,
          logger: Logger) {
@@ -81,6 +81,7 @@ final class HubDriver: WireServerDelegate {
     /// Carries out what the hub asked for, then re-arms the hub's timer. Event loop only.
     func flush() {
         if !backlog.isEmpty { drainBacklog() }
+        pumpRosters()
         for output in hub.takeOutputs() {
             switch output {
             case .send(let message, let links):
@@ -88,7 +89,7 @@ final class HubDriver: WireServerDelegate {
                 let bytes = codec.encode(message)
                 for link in links { sendControl(bytes, to: link, on: server) }
             case .close(let link, let code, let reason):
-                // What still waited for the session (the rest of a roster) is moot now; the newest
+                // What still waited for the session is moot now; the newest
                 // message, the `refused` the hub sent just before the close, is what the client needs.
                 backlog.keepNewest(link)
                 closeOnceSaid(link, code: code, reason: reason, giveUpAt: .now() + Self.closeWaitLimit)
@@ -116,7 +117,23 @@ final class HubDriver: WireServerDelegate {
                 pushes?.leave(channel: channel, member: member)
             }
         }
+        if !backlog.isEmpty || !hub.linksAwaitingRoster.isEmpty { scheduleRetry() }
         armTimer()
+    }
+
+    /// Asks the hub for the next roster chunks of the joiners whose control stream has room for a
+    /// whole control message: nothing of a roster is made before it can be sent, so a joiner's
+    /// roster costs no memory while it waits (behind a slow link) and never lands in the backlog.
+    func pumpRosters() {
+        let links = hub.linksAwaitingRoster
+        guard !links.isEmpty, let server else { return }
+        let message = Connection.framedControlSize(ControlLimits.maxMessageBytes)
+        for link in links where !backlog.holds(link) {
+            // A connection that is gone has its close event on the way, which ends its stream.
+            guard let connection = server.endpoint.connection(link) else { continue }
+            var room = connection.controlSendSpace
+            while room >= message, hub.continueRoster(link) { room -= message }
+        }
     }
 
     /// Longest a close waits for its explanation to be acknowledged.
@@ -153,7 +170,7 @@ final class HubDriver: WireServerDelegate {
             giveUp(link, on: server, why: "more than \(backlog.maxBytes) bytes of control messages waited for it")
             return
         }
-        scheduleBacklogDrain()
+        scheduleRetry()
     }
 
     private func send(_ bytes: [UInt8], to link: Link, on server: WireServer) {
@@ -171,7 +188,6 @@ final class HubDriver: WireServerDelegate {
         for link in stalled {
             giveUp(link, on: server, why: "its control messages waited \(backlog.maxStall / 1_000_000_000) s without an acknowledgement")
         }
-        if !backlog.isEmpty { scheduleBacklogDrain() }
     }
 
     /// The peer can no longer be told what happens in its channel: closed, so that it reconnects and
@@ -183,11 +199,13 @@ final class HubDriver: WireServerDelegate {
         server.close(link, code: CloseCode.goingAway.rawValue, reason: "control messages not acknowledged; reconnect and join again")
     }
 
-    private func scheduleBacklogDrain() {
-        guard backlogDrain == nil, !stopped else { return }
-        backlogDrain = eventLoop.assumeIsolated().scheduleTask(in: Self.backlogRetry) { [self] in
-            backlogDrain = nil
-            drainBacklog()
+    /// Comes back in `retryInterval` to offer the backlog and the rosters being sent the room that
+    /// acknowledgements made meanwhile.
+    private func scheduleRetry() {
+        guard retryTask == nil, !stopped else { return }
+        retryTask = eventLoop.assumeIsolated().scheduleTask(in: Self.retryInterval) { [self] in
+            retryTask = nil
+            flush()
         }
     }
 
@@ -206,8 +224,8 @@ final class HubDriver: WireServerDelegate {
     func armTimer() {
         guard !stopped else {
             timer.cancel()
-            backlogDrain?.cancel()
-            backlogDrain = nil
+            retryTask?.cancel()
+            retryTask = nil
             return
         }
         timer.arm(hub.nextDeadline, on: eventLoop) { [self] in

@@ -851,10 +851,20 @@ final class Harness {
         #expect(h.hub.roster(of: h.channel.id).count == 1)
     }
 
+    /// `joined` carries the first chunk; the rest wait until the driver says the connection has room,
+    /// and then show the members as they are then: one that left meanwhile is not in them.
     @Test func aLargeRosterArrivesInChunksThatFitAControlMessage() {
         let h = Harness()
-        for index in 0..<300 { h.join("member-\(index)") }
+        let first = h.join("member-0")
+        for index in 1..<300 { h.join("member-\(index)") }
         let last = h.join("last")
+        #expect(h.messages(to: last.link).filter { if case .roster = $0 { true } else { false } }.isEmpty)
+        #expect(h.hub.linksAwaitingRoster.contains(last.link))
+        h.send(.leave, from: first.link)
+        var more = 0
+        while h.hub.continueRoster(last.link) { more += 1 }
+        h.drain()
+        #expect(more == 1 && !h.hub.linksAwaitingRoster.contains(last.link) && !h.hub.continueRoster(last.link))
         let sent = h.messages(to: last.link).filter {
             switch $0 { case .joined, .roster: return true; default: return false }
         }
@@ -869,7 +879,37 @@ final class Harness {
             }
         }
         #expect(sent.count == 3)
+        // member-0 went with the first chunk, in joined, before it left; its participantLeft followed.
         #expect(Set(entries.map(\.userID)).count == 301)
+        #expect(h.messages(to: last.link).contains(.participantLeft(slot: first.slot, userID: "member-0")))
+    }
+
+    /// A member that leaves before its chunk is made is not in it.
+    @Test func aRosterChunkLeavesOutWhoLeftMeanwhile() {
+        let h = Harness()
+        let members = (0..<300).map { h.join("member-\($0)") }
+        let last = h.join("last")
+        h.send(.leave, from: members[299].link)
+        while h.hub.continueRoster(last.link) {}
+        h.drain()
+        var entries: [String] = []
+        for message in h.messages(to: last.link) {
+            if case .joined(_, _, let roster, _) = message { entries += roster.map(\.userID) }
+            if case .roster(let roster) = message { entries += roster.map(\.userID) }
+        }
+        #expect(entries.count == 300 && !entries.contains("member-299") && entries.last == "last")
+    }
+
+    /// A session that ends stops its roster: nothing more is made for it.
+    @Test func aRosterStopsWithItsSession() {
+        let h = Harness()
+        for index in 0..<300 { h.join("member-\(index)") }
+        let last = h.join("last")
+        h.hub.closed(last.link, at: h.time)
+        #expect(!h.hub.linksAwaitingRoster.contains(last.link) && !h.hub.continueRoster(last.link))
+        let again = h.join("late")
+        h.send(.leave, from: again.link)
+        #expect(!h.hub.continueRoster(again.link) && !h.hub.linksAwaitingRoster.contains(again.link))
     }
 
     @Test func aRepeatedRequestFromTheTalkerIsTheSameBurst() {
