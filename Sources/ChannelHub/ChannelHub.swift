@@ -404,8 +404,12 @@ public final class ChannelHub {
         // `joined`'s own share is measured: an image URL full of characters JSON escapes can take most of it.
         let info = channel.info, talkers = channel.talkers
         let head = codec.encode(.joined(channel: info, you: slot, roster: [], talkers: talkers)).count
-        var stream = RosterStream(channel: channel, slots: channel.members.keys.sorted(), next: 0)
-        let first = nextRosterChunk(&stream, firstChunkBytes: ControlLimits.maxMessageBytes - head - 1_024)
+        // The joiner's own entry and the talkers' first, so that they ride in `joined`: the client
+        // takes its transmission mode from its own entry, and names a talker from its entry.
+        let early = [slot] + talkers.map(\.slot).filter { $0 != slot }
+        let rest = channel.members.keys.filter { !early.contains($0) }.sorted()
+        var stream = RosterStream(channel: channel, slots: early.filter { channel.members[$0] != nil } + rest, next: 0)
+        let first = nextRosterChunk(&stream, first: true, firstChunkBytes: ControlLimits.maxMessageBytes - head - 1_024)
         outputs.append(.send(.joined(channel: info, you: slot, roster: first, talkers: talkers), to: [link]))
         rosterStreams[link] = stream.next < stream.slots.count ? stream : nil
         scheduleExpiry(channel, slot: slot, link: link, claims: claims, at: time)
@@ -421,8 +425,10 @@ public final class ChannelHub {
 
     /// The entries of `stream`'s next chunk, as its members are now (one that left meanwhile is
     /// skipped; one that joined meanwhile was announced with `participant`).
-    func nextRosterChunk(_ stream: inout RosterStream, firstChunkBytes: Int = ControlLimits.rosterChunkBytes) -> [Participant] {
+    func nextRosterChunk(_ stream: inout RosterStream, first: Bool = false, firstChunkBytes: Int = ControlLimits.rosterChunkBytes) -> [Participant] {
         var chunker = RosterChunker(firstChunkBytes: firstChunkBytes)
+        // Only `joined`'s chunk may be empty: a later one takes at least one entry, so it moves on.
+        if !first { chunker.startNextChunk() }
         var chunk: [Participant] = []
         while stream.next < stream.slots.count {
             guard let member = stream.channel.members[stream.slots[stream.next]] else {

@@ -505,16 +505,15 @@ struct ChannelSession {
             renewalInFlight = nil
             sendPendingRenewal()
         case .roster(let more):
+            let mode = transmissionMode
             for p in more { roster[p.slot] = p }
-            outputs.append(.event(.roster(rosterEntries)))
+            entriesArrived(more, modeBefore: mode)
         case .refused(let code, let reason):
             refused(code, reason)
         case .participant(let p):
             let mode = transmissionMode
             roster[p.slot] = p
-            outputs.append(.event(.roster(rosterEntries)))
-            // A renewed token may take `talk` away (or give it): the mode follows the member's own entry.
-            if transmissionMode != mode { outputs.append(.event(.transmissionMode(transmissionMode))) }
+            entriesArrived([p], modeBefore: mode)
         case .participantLeft(let slot, _):
             roster[slot] = nil
             if remoteTalkers[slot] != nil { remoteTalkEnded(slot: slot) }
@@ -646,8 +645,8 @@ struct ChannelSession {
     private mutating func remoteTalkStarted(slot: UInt16, burst: UInt16) {
         remoteTalkers[slot] = burst
         guard !unheardSlot(slot) else { return }
-        let name = roster[slot]?.name ?? "member \(slot)"
-        if let participant = try? Participant(name: name.isEmpty ? "member \(slot)" : name) {
+        let name = roster[slot]?.name ?? Self.placeholderName(slot)
+        if let participant = try? Participant(name: name.isEmpty ? Self.placeholderName(slot) : name) {
             if case .active = transmit, transmissionMode == .halfDuplex { return }
             showRemote(participant)
         }
@@ -662,6 +661,26 @@ struct ChannelSession {
             clearRemote()
         }
     }
+
+    /// Roster entries arrived (a chunk, or a `participant`). The mode follows this member's own entry
+    /// (a renewed token may take `talk` away, and in a big channel the entry may come after `joined`).
+    /// A talker announced before its entry (a big roster still coming in) gets its name shown, or
+    /// stops being shown if it turns out to be a user this member does not hear.
+    private mutating func entriesArrived(_ entries: [ChannelProtocol.Participant], modeBefore: TransmissionMode) {
+        outputs.append(.event(.roster(rosterEntries)))
+        if transmissionMode != modeBefore { outputs.append(.event(.transmissionMode(transmissionMode))) }
+        for entry in entries where remoteTalkers[entry.slot] != nil {
+            if unheardSlot(entry.slot) {
+                remoteTalkEnded(slot: entry.slot)
+            } else if activeRemoteParticipant?.name == Self.placeholderName(entry.slot), !entry.name.isEmpty,
+                      let participant = try? Participant(name: entry.name) {
+                showRemote(participant)
+            }
+        }
+    }
+
+    /// What a talker is called until its roster entry arrives.
+    static func placeholderName(_ slot: UInt16) -> String { "member \(slot)" }
 
     private func unheardSlot(_ slot: UInt16) -> Bool {
         guard let user = roster[slot]?.userID else { return false }

@@ -55,6 +55,7 @@ final class HubDriver: WireServerDelegate {
         case .closed(let error):
             logger.debug("connection closed", metadata: ["link": "\(handle)", "why": "\(error)"])
             backlog.remove(handle)
+            rosterWaits[handle] = nil
             hub.closed(handle, at: Self.now())
         default: return
         }
@@ -80,9 +81,17 @@ final class HubDriver: WireServerDelegate {
 
     /// Carries out what the hub asked for, then re-arms the hub's timer. Event loop only.
     func flush() {
-        if !backlog.isEmpty { drainBacklog() }
-        pumpRosters()
-        for output in hub.takeOutputs() {
+        let drained = backlog.isEmpty ? false : drainBacklog()
+        carryOut(hub.takeOutputs())
+        // After the outputs, so that the room left counts what they sent (`joined` first of all).
+        let pumped = pumpRosters()
+        if pumped { carryOut(hub.takeOutputs()) }
+        if !backlog.isEmpty || !hub.linksAwaitingRoster.isEmpty { scheduleRetry(soon: drained || pumped) }
+        armTimer()
+    }
+
+    private func carryOut(_ outputs: [HubOutput]) {
+        for output in outputs {
             switch output {
             case .send(let message, let links):
                 guard let server, !links.isEmpty else { continue }
@@ -117,23 +126,50 @@ final class HubDriver: WireServerDelegate {
                 pushes?.leave(channel: channel, member: member)
             }
         }
-        if !backlog.isEmpty || !hub.linksAwaitingRoster.isEmpty { scheduleRetry() }
-        armTimer()
     }
+
+    /// Since when each joiner's roster has waited for room without a chunk going out.
+    var rosterWaits: [Link: NIODeadline] = [:]
 
     /// Asks the hub for the next roster chunks of the joiners whose control stream has room for a
     /// whole control message: nothing of a roster is made before it can be sent, so a joiner's
-    /// roster costs no memory while it waits (behind a slow link) and never lands in the backlog.
-    func pumpRosters() {
+    /// roster costs no memory while it waits behind a slow link. A roster that gets no room for
+    /// `backlog.maxStall` belongs to a peer that stopped acknowledging, which is closed as the
+    /// backlog's would be. True when a chunk was made.
+    func pumpRosters() -> Bool {
         let links = hub.linksAwaitingRoster
-        guard !links.isEmpty, let server else { return }
+        if links.isEmpty {
+            if !rosterWaits.isEmpty { rosterWaits.removeAll() }
+            return false
+        }
+        guard let server else { return false }
         let message = Connection.framedControlSize(ControlLimits.maxMessageBytes)
+        let now = NIODeadline.now()
+        var made = false
         for link in links where !backlog.holds(link) {
             // A connection that is gone has its close event on the way, which ends its stream.
             guard let connection = server.endpoint.connection(link) else { continue }
             var room = connection.controlSendSpace
-            while room >= message, hub.continueRoster(link) { room -= message }
+            var chunks = 0
+            while room >= message, hub.continueRoster(link) {
+                room -= message
+                chunks += 1
+            }
+            if chunks > 0 || room >= message {
+                // A chunk went, or the roster is done (`continueRoster` said so with room to spare).
+                rosterWaits[link] = nil
+                made = made || chunks > 0
+            } else if let since = rosterWaits[link] {
+                if now - since >= .nanoseconds(Int64(backlog.maxStall)) {
+                    rosterWaits[link] = nil
+                    giveUp(link, on: server, why: "its roster waited \(backlog.maxStall / 1_000_000_000) s for room in its control stream")
+                }
+            } else {
+                rosterWaits[link] = now
+            }
         }
+        if rosterWaits.count > links.count { rosterWaits = rosterWaits.filter { links.contains($0.key) } }
+        return made
     }
 
     /// Longest a close waits for its explanation to be acknowledged.
@@ -180,14 +216,19 @@ final class HubDriver: WireServerDelegate {
     }
 
     /// Sends what the links' streams have room for now; closes the links that stopped acknowledging.
-    func drainBacklog() {
-        guard let server else { return }
+    /// True when a message went out.
+    @discardableResult
+    func drainBacklog() -> Bool {
+        guard let server else { return false }
+        var moved = false
         let stalled = backlog.drain(now: WireNIO.now(), space: { server.endpoint.connection($0)?.controlSendSpace }) { link, bytes in
             send(bytes, to: link, on: server)
+            moved = true
         }
         for link in stalled {
             giveUp(link, on: server, why: "its control messages waited \(backlog.maxStall / 1_000_000_000) s without an acknowledgement")
         }
+        return moved
     }
 
     /// The peer can no longer be told what happens in its channel: closed, so that it reconnects and
@@ -199,11 +240,12 @@ final class HubDriver: WireServerDelegate {
         server.close(link, code: CloseCode.goingAway.rawValue, reason: "control messages not acknowledged; reconnect and join again")
     }
 
-    /// Comes back in `retryInterval` to offer the backlog and the rosters being sent the room that
-    /// acknowledgements made meanwhile.
-    private func scheduleRetry() {
+    /// Comes back to offer the backlog and the rosters being sent the room that acknowledgements
+    /// made meanwhile: in `retryInterval` while they move, ten times later while nothing could (a
+    /// slow or silent peer), so a stuck link doesn't wake the loop 200 times a second.
+    private func scheduleRetry(soon: Bool = true) {
         guard retryTask == nil, !stopped else { return }
-        retryTask = eventLoop.assumeIsolated().scheduleTask(in: Self.retryInterval) { [self] in
+        retryTask = eventLoop.assumeIsolated().scheduleTask(in: soon ? Self.retryInterval : Self.retryInterval * 10) { [self] in
             retryTask = nil
             flush()
         }

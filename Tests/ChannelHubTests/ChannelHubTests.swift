@@ -340,7 +340,7 @@ final class Harness {
         #expect(h.messages(to: ann.link).contains(.participant(Participant(
             slot: bob.slot, userID: "bob", name: "Bob", canTalk: false, canListen: true))))
         guard case .joined(_, _, let roster2, _)? = h.lastMessage(to: bob.link) else { Issue.record("no joined"); return }
-        #expect(roster2.map(\.userID) == ["ann", "bob"])
+        #expect(roster2.map(\.userID) == ["bob", "ann"], "the joiner's own entry first, then the rest in slot order")
         #expect(h.stored.contains { if case .upsertMember(let m) = $0 { return m.userID == "bob" } else { return false } })
         #expect(h.hub.counters.joins == 2)
     }
@@ -897,7 +897,24 @@ final class Harness {
             if case .joined(_, _, let roster, _) = message { entries += roster.map(\.userID) }
             if case .roster(let roster) = message { entries += roster.map(\.userID) }
         }
-        #expect(entries.count == 300 && !entries.contains("member-299") && entries.last == "last")
+        #expect(entries.count == 300 && !entries.contains("member-299") && entries.first == "last")
+    }
+
+    /// The joiner's own entry and the talkers' ride in `joined`, even when the roster takes several
+    /// messages: the client's transmission mode and the talker's name come from them.
+    @Test func joinedCarriesTheJoinersAndTheTalkersEntries() {
+        let h = Harness()
+        let talker = h.join("talker")
+        for index in 0..<300 { h.join("member-\(index)") }
+        h.send(.floorRequest, from: talker.link)
+        let last = h.join("last", capabilities: [.listen])
+        guard case .joined(_, let you, let roster, let talkers)? = h.messages(to: last.link).first(where: { if case .joined = $0 { true } else { false } }) else {
+            Issue.record("no joined")
+            return
+        }
+        #expect(talkers.map(\.slot) == [talker.slot])
+        #expect(roster.prefix(2).map(\.slot) == [you, talker.slot] && roster[0].canTalk == false)
+        #expect(roster.count < 302 && h.hub.linksAwaitingRoster.contains(last.link))
     }
 
     /// A session that ends stops its roster: nothing more is made for it.

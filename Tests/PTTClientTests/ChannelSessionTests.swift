@@ -490,6 +490,30 @@ func sent(_ outputs: [SessionOutput]) -> [ClientMessage] {
         #expect(s.activeRemoteParticipant == nil)
     }
 
+    /// In a big channel the roster comes in several messages, with floor events between them: the
+    /// mode follows this member's own entry when it arrives, and a talker announced before its
+    /// entry is named once the entry comes, or stops being shown if this member doesn't hear it.
+    @Test func entriesThatArriveAfterJoinedCorrectModeAndTalker() throws {
+        var s = ChannelSession()
+        s.requestJoin(channelID, descriptor: descriptor, credentials: credentials, reason: .developerRequest)
+        s.transportConnected()
+        s.received(.joined(channel: ChannelInfo(id: channelID, name: "Ops", image: nil, mode: .halfDuplex, maxBurstSeconds: 60), you: 1,
+                           roster: [], talkers: []))
+        _ = s.takeOutputs()
+        s.received(.roster([participant(1, "Ann", talk: false)]))
+        #expect(s.takeOutputs().contains(.event(.transmissionMode(.listenOnly))))
+        s.received(.floor(FloorEvent(kind: .taken, slot: 7, burst: 1)))
+        #expect(s.activeRemoteParticipant?.name == "member 7")
+        s.received(.roster([participant(7, "Cy")]))
+        #expect(s.activeRemoteParticipant == (try Participant(name: "Cy")))
+        s.received(.floor(FloorEvent(kind: .ended, slot: 7, burst: 1)))
+        s.applySubscriptions(["dan": .none])
+        s.received(.floor(FloorEvent(kind: .taken, slot: 8, burst: 1)))
+        #expect(s.activeRemoteParticipant?.name == "member 8")
+        s.received(.participant(participant(8, "Dan")))
+        #expect(s.activeRemoteParticipant == nil && s.remoteTalkers.isEmpty)
+    }
+
     @Test func serviceUpdateBudgetIsSixAnHourFromTheFirst() {
         var budget = ServiceUpdateBudget()
         let t0 = Date(timeIntervalSince1970: 1_000_000)

@@ -99,7 +99,7 @@ func slot(of member: TestMember) -> UInt16? {
         let cat = try await fixture.member("cat", port: listening.voicePort, capabilities: [.listen])
         guard case .joined(let info, _, let roster, _)? = cat.messages.first else { Issue.record("no joined"); return }
         #expect(info.name == "Ops" && info.id == fixture.channel.id)
-        #expect(roster.map(\.userID) == ["ann", "bob", "cat"])
+        #expect(roster.map(\.userID) == ["cat", "ann", "bob"], "its own entry first, then the rest in slot order")
         #expect(await ann.waitFor { if case .participant(let p) = $0 { return p.userID == "cat" } else { return false } } != nil)
 
         try await ann.send(.floorRequest)
