@@ -25,10 +25,11 @@ final class HubDriver: WireServerDelegate {
     weak var server: WireServer?
     var timer = LoopTimer()
     var published = HubCounters()
-    /// Control messages waiting for room in their connection's stream (a large roster at a join).
+    /// Control messages waiting for room in their connection's stream (a peer that acknowledges
+    /// slowly; rosters wait in the hub instead, `pumpRosters`).
     var backlog = ControlBacklog()
     var retryTask: Scheduled<Void>?
-    /// How often a backlog is offered the room its peer's acknowledgements made.
+    /// How often the backlog and the rosters under way are offered the room acknowledgements made.
     static let retryInterval = TimeAmount.milliseconds(5)
 
     init(hub: ChannelHub, eventLoop: any EventLoop, tokens: TokenAuthority, writer: StoreWriter, metrics: ServerMetrics?,
