@@ -118,6 +118,7 @@ public final class ChannelHub {
                 connection: .offline, pushToken: stored.pushToken, pushEnvironment: stored.pushEnvironment,
                 pushRegisteredAt: stored.pushRegisteredAt)
             member.token = grant.map { ($0.tokenID, $0.tokenIssuedAt, $0.tokenExpiresAt) }
+            member.lastSeen = stored.lastSeen
             channel.members[slot] = member
         }
         channels[record.id] = channel
@@ -179,6 +180,26 @@ public final class ChannelHub {
         if member.pushToken != nil { outputs.append(.memberGone(channel: id, member: member.record(channel: id, lastSeen: time.date))) }
     }
 
+    /// Forgets the members that have stayed away since before `cutoff` (`memberRetentionDays`):
+    /// offline now, and last connected before it. They leave the roster as if removed (everyone
+    /// connected is told, the row goes, a device with a push token is told to leave the channel), but
+    /// nothing is revoked: a token they still hold lets them join again. Returns how many went.
+    @discardableResult
+    public func forgetIdleMembers(seenBefore cutoff: Date, at time: HubTime) -> Int {
+        var forgotten = 0
+        for channel in channels.values {
+            for (slot, member) in channel.members {
+                guard member.link == nil, member.connection == .offline, let seen = member.lastSeen, seen < cutoff else { continue }
+                forget(channel, slot: slot, at: time)
+                if member.pushToken != nil {
+                    outputs.append(.memberGone(channel: channel.record.id, member: member.record(channel: channel.record.id, lastSeen: seen)))
+                }
+                forgotten += 1
+            }
+        }
+        return forgotten
+    }
+
     /// A revocation, possibly made by another process (`squelchd token revoke`): a member whose
     /// token it voids is removed, with its reason. A member revocation spares a member that has since
     /// joined with a token issued after it, and removes a stored member that has not joined since the
@@ -238,6 +259,7 @@ public final class ChannelHub {
         guard case .joined(let channel, let slot) = session, var member = channel.members[slot] else { return }
         member.link = nil
         member.connection = .reconnecting
+        member.lastSeen = time.date
         member.reconnectingUntil = time.instant + configuration.disconnectGrace
         stopCatchUp(&member)
         channel.members[slot] = member
@@ -387,6 +409,7 @@ public final class ChannelHub {
         Self.take(claims, into: &member)
         member.link = link
         member.connection = .connected
+        member.lastSeen = time.date
         member.reconnectingUntil = nil
         // A new session: the client starts both loss figures at 0. (Until then the member has no
         // link, which keeps its old figure out of every talker's worst.)

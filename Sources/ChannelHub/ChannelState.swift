@@ -20,6 +20,9 @@ struct Member {
     var reconnectingUntil: WireInstant?
     var talking = false
     var muted = false
+    /// When the member was last connected, as far as this server knows: stored, or the last join
+    /// or close here (nil: connected since the server started, not yet closed).
+    var lastSeen: Date?
     var pushToken: String?
     var pushEnvironment: PushEnvironment?
     var pushRegisteredAt: Date?

@@ -55,6 +55,10 @@ public struct ServerConfiguration: Sendable, Equatable {
     /// Days the transmission log keeps each burst; older records are deleted every hour. 0 keeps them
     /// for good (then the log grows with every burst: about 100 bytes each).
     public var transmissionLogDays: Int = 365
+    /// Days a member may stay away before it is forgotten (leaves the roster and the wake list; its
+    /// device is told to leave the channel; a token it still holds lets it join again). 0, the
+    /// default, keeps members until an administrator removes them.
+    public var memberRetentionDays: Int = 0
     public var logLevel: Logger.Level = .info
     /// Where wake pushes go: `simulator` (a local APNs simulator started inside squelchd, the default),
     /// `apple` (api.push.apple.com, or the sandbox for sandbox tokens), `off`, or an `https://host:port`
@@ -90,6 +94,7 @@ public struct ServerConfiguration: Sendable, Equatable {
     public static let maxQueueRange = 0...256
     public static let controlMessageRateRange = 1...1_000_000
     public static let transmissionLogDaysRange = 0...36_500
+    public static let memberRetentionDaysRange = 0...36_500
     public static let minimumAdminKeyLength = 16
     /// File name of the generated admin key inside the data directory.
     public static let adminKeyFileName = "admin-key"
@@ -193,6 +198,8 @@ public struct ServerConfiguration: Sendable, Equatable {
                     defaultDescription: "\(defaults.controlMessagesPerSecond)", kind: .int(\.controlMessagesPerSecond)),
             Setting(key: "transmissionLogDays", environment: "SQUELCH_TRANSMISSION_LOG_DAYS", flag: "--transmission-log-days",
                     defaultDescription: "\(defaults.transmissionLogDays)", kind: .int(\.transmissionLogDays)),
+            Setting(key: "memberRetentionDays", environment: "SQUELCH_MEMBER_RETENTION_DAYS", flag: "--member-retention-days",
+                    defaultDescription: "\(defaults.memberRetentionDays)", kind: .int(\.memberRetentionDays)),
             Setting(key: "logLevel", environment: "SQUELCH_LOG_LEVEL", flag: "--log-level",
                     defaultDescription: defaults.logLevel.rawValue, kind: .string(\.logLevel)),
             Setting(key: "apns", environment: "SQUELCH_APNS", flag: "--apns",
@@ -274,6 +281,7 @@ public struct ServerConfiguration: Sendable, Equatable {
         if let value = layer.maxQueue { maxQueue = value }
         if let value = layer.controlMessagesPerSecond { controlMessagesPerSecond = value }
         if let value = layer.transmissionLogDays { transmissionLogDays = value }
+        if let value = layer.memberRetentionDays { memberRetentionDays = value }
         if let value = layer.apns { apns = value }
         if let value = layer.apnsKeyPath { apnsKeyPath = value }
         if let value = layer.apnsKeyID { apnsKeyID = value }
@@ -431,6 +439,8 @@ public struct ServerConfiguration: Sendable, Equatable {
                   "control message rate \(controlMessagesPerSecond) is out of range; use \(Self.controlMessageRateRange.lowerBound)-\(Self.controlMessageRateRange.upperBound) per second")
         try check(Self.transmissionLogDaysRange.contains(transmissionLogDays), "transmissionLogDays",
                   "transmission log retention \(transmissionLogDays) days is out of range; use 1-\(Self.transmissionLogDaysRange.upperBound) days, or 0 to keep the log for good")
+        try check(Self.memberRetentionDaysRange.contains(memberRetentionDays), "memberRetentionDays",
+                  "member retention \(memberRetentionDays) days is out of range; use 1-\(Self.memberRetentionDaysRange.upperBound) days, or 0 to keep members until removed")
         try validateAPNs()
     }
 
@@ -566,6 +576,7 @@ public struct ConfigurationOverrides: Sendable, Equatable {
     public var maxQueue: Int?
     public var controlMessagesPerSecond: Int?
     public var transmissionLogDays: Int?
+    public var memberRetentionDays: Int?
     public var logLevel: String?
     public var apns: String?
     public var apnsKeyPath: String?

@@ -31,6 +31,7 @@ public final class ServerMetrics: Sendable {
     let storeRetries: Counter
     let storeFolded: Counter
     let transmissionsPruned: Counter
+    let membersForgotten: Counter
     let storeRefused: Counter
     let storeWaiting: Gauge
     let storeFailing: Gauge
@@ -72,6 +73,7 @@ public final class ServerMetrics: Sendable {
         storeRetries = counter("store_retries", "Database writes tried again after a failure that passes (locked too long, disk full, I/O error).")
         storeFolded = counter("store_folded", "Database writes folded into a waiting write of the same member (a newer last-seen time, push token or record, or a second removal).")
         transmissionsPruned = counter("transmissions_pruned", "Transmission-log records deleted for being older than transmissionLogDays.")
+        membersForgotten = counter("members_forgotten", "Members forgotten for staying away longer than memberRetentionDays.")
         storeRefused = counter("store_refused", "Transmission-log records not written because too many were already waiting for the database.")
         storeWaiting = gauge("store_waiting", "Database writes waiting for the database.")
         storeFailing = gauge("store_failing", "1 while a write the database failed for a reason that passes is being tried again (until a write succeeds), else 0. /healthz also reports hung writes and writes lost for good; squelch_store_failures_total counts the latter.")

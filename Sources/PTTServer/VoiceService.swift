@@ -108,6 +108,7 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
                 if ContinuousClock.now >= nextPrune {
                     nextPrune = .now + Self.pruneInterval
                     await self.pruneTransmissionLog()
+                    await self.forgetIdleMembers()
                 }
                 try await Task.sleep(for: .seconds(1))
                 try? await eventLoop.submit { box.value.publish(to: self.metrics) }.get()
@@ -168,6 +169,20 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
             logger.notice("transmission log pruned", metadata: ["deleted": "\(total)", "older than days": "\(days)"])
         }
         return total
+    }
+
+    /// Forgets members away longer than `memberRetentionDays` (0: none); returns how many.
+    @discardableResult
+    func forgetIdleMembers(now: Date = Date()) async -> Int {
+        let days = configuration.memberRetentionDays
+        guard days > 0 else { return 0 }
+        let cutoff = now.addingTimeInterval(-Double(days) * 86_400)
+        let forgotten = await onLoop { $0.hub.forgetIdleMembers(seenBefore: cutoff, at: HubDriver.now()) } ?? 0
+        if forgotten > 0 {
+            metrics.membersForgotten.increment(by: Int64(forgotten))
+            logger.notice("members forgotten after staying away", metadata: ["forgotten": "\(forgotten)", "away longer than days": "\(days)"])
+        }
+        return forgotten
     }
 
     func persistentKey(_ name: String) async throws -> [UInt8] {

@@ -1232,6 +1232,38 @@ final class Harness {
         #expect(hub.isMember(channel: channel.id, user: "tom"))
     }
 
+    /// Members away since before the cut-off are forgotten: offline ones only, whatever the store
+    /// says of the others; everyone connected hears they left, their rows go, and a device with a
+    /// push token is told to leave. A member that came back stays.
+    @Test func membersAwayTooLongAreForgotten() {
+        let h = Harness()
+        let day = 86_400.0
+        let channel = ChannelRecord(id: UUID(), name: "Field", maxBurstSeconds: 60)
+        func stored(_ user: String, daysAgo: Double, pushToken: String? = nil) -> MemberRecord {
+            MemberRecord(channelID: channel.id, userID: user, displayName: user.capitalized, lastSeen: h.epoch.addingTimeInterval(-daysAgo * day),
+                         pushToken: pushToken, pushEnvironment: pushToken == nil ? nil : .sandbox)
+        }
+        h.hub.upsertChannel(channel, members: [stored("gone", daysAgo: 40, pushToken: "aa"), stored("quiet", daysAgo: 40),
+                                               stored("recent", daysAgo: 10), stored("back", daysAgo: 40)], at: h.time)
+        let watcher = h.join("watcher", channel: channel.id)
+        let back = h.join("back", channel: channel.id)
+        h.hub.closed(back.link, at: h.time)  // reconnecting, not offline
+        _ = h.hub.takeOutputs()
+        #expect(h.hub.forgetIdleMembers(seenBefore: h.epoch.addingTimeInterval(-30 * day), at: h.time) == 2)
+        let outputs = h.hub.takeOutputs()
+        #expect(Set(h.hub.roster(of: channel.id).map(\.userID)) == ["recent", "back", "watcher"])
+        #expect(outputs.contains(.store(.removeMember(channel: channel.id, user: "gone"))))
+        #expect(outputs.contains(.store(.removeMember(channel: channel.id, user: "quiet"))))
+        #expect(outputs.contains { if case .send(.participantLeft(_, "gone"), let links) = $0 { return links.contains(watcher.link) } else { return false } })
+        let gone = outputs.compactMap { if case .memberGone(_, let m) = $0 { return m.userID } else { return nil } }
+        #expect(gone == ["gone"])
+        // The one that came back was seen just now: kept even once offline, until it is away long enough.
+        h.advance(h.hub.configuration.disconnectGrace + 1_000_000_000)
+        #expect(h.hub.forgetIdleMembers(seenBefore: h.epoch.addingTimeInterval(-30 * day), at: h.time) == 0)
+        #expect(h.hub.forgetIdleMembers(seenBefore: h.time.date.addingTimeInterval(1), at: h.time) == 2, "recent and back, both offline now")
+        #expect(h.hub.roster(of: channel.id).map(\.userID) == ["watcher"])
+    }
+
     @Test func aJoinStoresWhatTheTokenAllows() {
         let h = Harness()
         h.join("ann", capabilities: [.listen], priority: 9, tokenID: "ann-7")

@@ -146,7 +146,7 @@ import Testing
         #expect(Set(settings.map(\.key)).count == settings.count)
         #expect(Set(settings.map(\.environment)).count == settings.count)
         #expect(settings.allSatisfy { $0.environment.hasPrefix("SQUELCH_") && !$0.defaultDescription.isEmpty })
-        #expect(settings.count == 30, "a new ServerConfiguration field needs a row in settings and a flag in Serve")
+        #expect(settings.count == 31, "a new ServerConfiguration field needs a row in settings and a flag in Serve")
     }
 
     @Test func theTokenKeyDefaultsToTheDataDirectoryAndCanBeSetAnywhere() throws {
@@ -173,6 +173,10 @@ import Testing
         config.transmissionLogDays = -1
         let retention = #expect(throws: ServerConfiguration.ConfigurationError.self) { try config.prepare() }
         #expect(String(describing: try #require(retention)).contains("--transmission-log-days"))
+        config = ServerConfiguration()
+        config.memberRetentionDays = 40_000
+        let members = #expect(throws: ServerConfiguration.ConfigurationError.self) { try config.prepare() }
+        #expect(String(describing: try #require(members)).contains("--member-retention-days"))
 
         let file = Self.temporaryPath("notadir")
         _ = FileManager.default.createFile(atPath: file, contents: Data())

@@ -38,7 +38,7 @@ final class ServerFixture: Sendable {
     /// With `pushCertificates` (a directory made by certs/make-dev-certs.sh), pushes go to the embedded
     /// APNs simulator on free ports; without, pushes are off.
     func start(pushCertificates: String? = nil, wakeSilence: Double? = nil,
-               transmissionLogDays: Int? = nil) async throws -> (task: Task<Void, any Error>, listening: SquelchServer.Listening) {
+               transmissionLogDays: Int? = nil, memberRetentionDays: Int? = nil) async throws -> (task: Task<Void, any Error>, listening: SquelchServer.Listening) {
         var configuration = ServerConfiguration()
         configuration.dataDirectory = dataDirectory
         configuration.port = 0
@@ -56,6 +56,7 @@ final class ServerFixture: Sendable {
         }
         if let wakeSilence { configuration.pushWakeSilenceSeconds = wakeSilence }
         if let transmissionLogDays { configuration.transmissionLogDays = transmissionLogDays }
+        if let memberRetentionDays { configuration.memberRetentionDays = memberRetentionDays }
         let server = try SquelchServer(configuration: configuration, identity: identity)
         let (ready, continuation) = AsyncStream.makeStream(of: SquelchServer.Listening.self)
         let task = Task { try await server.run(onReady: { continuation.yield($0) }) }
@@ -326,6 +327,38 @@ func slot(of member: TestMember) -> UInt16? {
         let url = try #require(URL(string: "http://127.0.0.1:\(listening.adminPort)/metrics"))
         let metrics = String(decoding: try await URLSession.shared.data(from: url).0, as: UTF8.self)
         #expect(metrics.contains("squelch_transmissions_pruned_total 2"), "\(metrics)")
+        await listening.shutdown()
+        _ = await task.result
+    }
+
+    /// With memberRetentionDays, a server forgets the members that stayed away longer (row and
+    /// roster entry, counted in /metrics) and keeps the rest; the default keeps everyone.
+    @Test func membersAwayLongerThanTheRetentionAreForgotten() async throws {
+        let fixture = try await ServerFixture()
+        let store = try SQLiteChannelStore(directory: fixture.dataDirectory)
+        let now = Date()
+        for (user, days) in [("gone", 45.0), ("recent", 5)] {
+            try await store.upsertMember(MemberRecord(channelID: fixture.channel.id, userID: user, displayName: user.capitalized,
+                                                      joinedAt: now.addingTimeInterval(-90 * 86_400), lastSeen: now.addingTimeInterval(-days * 86_400)))
+        }
+        try await store.close()
+        func members() async throws -> [String] {
+            let store = try SQLiteChannelStore(directory: fixture.dataDirectory)
+            let users = try await store.members(of: fixture.channel.id).map(\.userID).sorted()
+            try await store.close()
+            return users
+        }
+        var (task, listening) = try await fixture.start()
+        try await Task.sleep(for: .milliseconds(300))
+        #expect(try await members() == ["gone", "recent"], "the default keeps members")
+        await listening.shutdown()
+        _ = await task.result
+        (task, listening) = try await fixture.start(memberRetentionDays: 30)
+        defer { task.cancel() }
+        #expect(try await eventually { try await members() == ["recent"] })
+        let url = try #require(URL(string: "http://127.0.0.1:\(listening.adminPort)/metrics"))
+        let metrics = String(decoding: try await URLSession.shared.data(from: url).0, as: UTF8.self)
+        #expect(metrics.contains("squelch_members_forgotten_total 1"), "\(metrics)")
         await listening.shutdown()
         _ = await task.result
     }
