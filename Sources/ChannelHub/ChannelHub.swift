@@ -180,15 +180,21 @@ public final class ChannelHub {
         if member.pushToken != nil { outputs.append(.memberGone(channel: id, member: member.record(channel: id, lastSeen: time.date))) }
     }
 
-    /// Forgets the members that have stayed away since before `cutoff` (`memberRetentionDays`):
-    /// offline now, and last connected before it. They leave the roster as if removed (everyone
-    /// connected is told, the row goes, a device with a push token is told to leave the channel), but
-    /// nothing is revoked: a token they still hold lets them join again. Returns how many went.
+    /// Forgets at most `limit` members that have stayed away since before `cutoff`
+    /// (`memberRetentionDays`): offline now, and last connected before it. They leave the roster as
+    /// if removed (everyone connected is told, the row goes, a device with a push token is told to
+    /// leave the channel), but nothing is revoked. A channel with a join being checked is skipped
+    /// this time, since that join may be one of them coming back. Each one costs a `participantLeft`
+    /// to everyone connected, hence the limit; the caller comes back for the rest. Returns how many
+    /// went.
     @discardableResult
-    public func forgetIdleMembers(seenBefore cutoff: Date, at time: HubTime) -> Int {
+    public func forgetIdleMembers(seenBefore cutoff: Date, limit: Int, at time: HubTime) -> Int {
+        var verifying = Set<UUID>()
+        for case .verifying(let channel) in sessions.values { verifying.insert(channel) }
         var forgotten = 0
-        for channel in channels.values {
+        for channel in channels.values where !verifying.contains(channel.record.id) {
             for (slot, member) in channel.members {
+                guard forgotten < limit else { return forgotten }
                 guard member.link == nil, member.connection == .offline, let seen = member.lastSeen, seen < cutoff else { continue }
                 forget(channel, slot: slot, at: time)
                 if member.pushToken != nil {
@@ -198,6 +204,16 @@ public final class ChannelHub {
             }
         }
         return forgotten
+    }
+
+    /// Writes every connected member's last-seen time now. The row is otherwise written at the join
+    /// and the close, so after a crash a member connected for weeks would load as last seen weeks ago.
+    public func touchConnectedMembers(at time: HubTime) {
+        for channel in channels.values {
+            for member in channel.members.values where member.link != nil {
+                outputs.append(.store(.touchMember(channel: channel.record.id, user: member.userID, lastSeen: time.date)))
+            }
+        }
     }
 
     /// A revocation, possibly made by another process (`squelchd token revoke`): a member whose
@@ -470,18 +486,22 @@ public final class ChannelHub {
     public var linksAwaitingRoster: [Link] { rosterStreams.isEmpty ? [] : Array(rosterStreams.keys) }
 
     /// Sends `link` its next `roster` chunk, at most `ControlLimits.maxMessageBytes` of control
-    /// message: the driver calls it when the connection's control stream has that much room. False
-    /// when nothing is left to send (the roster is complete, or the session over).
+    /// message: the driver calls it when the connection's control stream has that much room. True
+    /// when a chunk was made (perhaps the last: `isSendingRoster` says whether more follow); false
+    /// when there was nothing to send (the roster is complete, or the session over).
     @discardableResult
     public func continueRoster(_ link: Link) -> Bool {
         guard var stream = rosterStreams.removeValue(forKey: link) else { return false }
         guard case .joined(let channel, _)? = sessions[link], channel === stream.channel else { return false }
         let chunk = nextRosterChunk(&stream)
-        if !chunk.isEmpty { outputs.append(.send(.roster(chunk), to: [link])) }
-        guard stream.next < stream.slots.count else { return false }
-        rosterStreams[link] = stream
+        if stream.next < stream.slots.count { rosterStreams[link] = stream }
+        guard !chunk.isEmpty else { return false }
+        outputs.append(.send(.roster(chunk), to: [link]))
         return true
     }
+
+    /// Whether `link` has roster still to come.
+    public func isSendingRoster(to link: Link) -> Bool { rosterStreams[link] != nil }
 
     /// The token on `link` was refused (or the join failed): tell the client why and close.
     public func refuse(_ link: Link, code: RefusalCode, reason: String) {
@@ -929,6 +949,7 @@ public final class ChannelHub {
         outputs.append(.close(link, code: .refused, reason: "token expired"))
         member.link = nil
         member.connection = .offline
+        member.lastSeen = time.date
         member.reconnectingUntil = nil
         stopCatchUp(&member)
         channel.members[slot] = member

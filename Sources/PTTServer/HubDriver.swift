@@ -86,7 +86,7 @@ final class HubDriver: WireServerDelegate {
         carryOut(hub.takeOutputs())
         // After the outputs, so that the room left counts what they sent (`joined` first of all).
         let pumped = pumpRosters()
-        if pumped { carryOut(hub.takeOutputs()) }
+        carryOut(hub.takeOutputs())
         if !backlog.isEmpty || !hub.linksAwaitingRoster.isEmpty { scheduleRetry(soon: drained || pumped) }
         armTimer()
     }
@@ -156,8 +156,8 @@ final class HubDriver: WireServerDelegate {
                 room -= message
                 chunks += 1
             }
-            if chunks > 0 || room >= message {
-                // A chunk went, or the roster is done (`continueRoster` said so with room to spare).
+            if chunks > 0 || !hub.isSendingRoster(to: link) {
+                // A chunk went, or the roster is done (or its session over).
                 rosterWaits[link] = nil
                 made = made || chunks > 0
             } else if let since = rosterWaits[link] {

@@ -79,8 +79,17 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
         // process, reach the hub through the revision poll.
         let storedRevocations = try await store.revocations(after: 0, channel: nil)
         let initialRevocation = storedRevocations.last?.sequence ?? 0
+        // The time the server was down counts as presence: a member's stored last-seen time moves on
+        // by it, so a long outage (or a crash, after which connected members' rows are up to an hour
+        // old) doesn't make everyone look long gone to `memberRetentionDays`.
+        let downtime = try await aliveAt().map { max(0, Date().timeIntervalSince($0)) } ?? 0
         for channel in try await store.channels() {
-            hub.upsertChannel(channel, members: try await store.members(of: channel.id), at: HubDriver.now())
+            let members = try await store.members(of: channel.id).map { member in
+                var member = member
+                member.lastSeen = member.lastSeen.addingTimeInterval(downtime)
+                return member
+            }
+            hub.upsertChannel(channel, members: members, at: HubDriver.now())
         }
         for revocation in storedRevocations { hub.apply(revocation, at: HubDriver.now()) }
         let channelCount = hub.channelCount
@@ -104,10 +113,16 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
             var revision = initialRevision
             var revocation = initialRevocation
             var nextPrune = ContinuousClock.now
+            var nextForget = ContinuousClock.now
             while !Task.isCancelled {
                 if ContinuousClock.now >= nextPrune {
                     nextPrune = .now + Self.pruneInterval
                     await self.pruneTransmissionLog()
+                    _ = await self.onLoop { $0.hub.touchConnectedMembers(at: HubDriver.now()) }
+                    await self.recordAlive()
+                }
+                if ContinuousClock.now >= nextForget {
+                    nextForget = .now + Self.forgetInterval
                     await self.forgetIdleMembers()
                 }
                 try await Task.sleep(for: .seconds(1))
@@ -139,6 +154,26 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
             box.value.stopped = true
             box.value.armTimer()
         }.get()
+        await recordAlive()
+    }
+
+    /// Name of the server key under which the server keeps when it was last running (8 bytes, Unix
+    /// milliseconds, big-endian): written hourly and at a clean stop, read at start for the downtime.
+    static let aliveAtKeyName = "server-alive-at"
+
+    func aliveAt() async throws -> Date? {
+        guard let bytes = try await store.serverKey(named: Self.aliveAtKeyName), bytes.count == 8 else { return nil }
+        let milliseconds = bytes.reduce(UInt64(0)) { $0 << 8 | UInt64($1) }
+        return Date(timeIntervalSince1970: Double(milliseconds) / 1_000)
+    }
+
+    func recordAlive(_ now: Date = Date()) async {
+        let milliseconds = UInt64(max(0, now.timeIntervalSince1970 * 1_000))
+        let bytes = (0..<8).reversed().map { UInt8(truncatingIfNeeded: milliseconds >> (8 * UInt64($0))) }
+        do { try await store.setServerKey(named: Self.aliveAtKeyName, value: bytes) } catch {
+            logger.warning("could not record that the server is running; after a crash, members' absence may count from before it",
+                           metadata: ["error": "\(error)"])
+        }
     }
 
     static let pruneInterval = Duration.seconds(3_600)
@@ -171,13 +206,20 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
         return total
     }
 
-    /// Forgets members away longer than `memberRetentionDays` (0: none); returns how many.
+    /// How often members away too long are looked for, and how many go at a time: each costs a
+    /// `participantLeft` to everyone connected, so a backlog of thousands (the setting just turned
+    /// on) leaves over hours in small steps rather than in one long stall of the event loop.
+    static let forgetInterval = Duration.seconds(60)
+    static let forgetBatch = 20
+
+    /// Forgets members away longer than `memberRetentionDays` (0: none), at most `forgetBatch`;
+    /// returns how many.
     @discardableResult
     func forgetIdleMembers(now: Date = Date()) async -> Int {
         let days = configuration.memberRetentionDays
         guard days > 0 else { return 0 }
         let cutoff = now.addingTimeInterval(-Double(days) * 86_400)
-        let forgotten = await onLoop { $0.hub.forgetIdleMembers(seenBefore: cutoff, at: HubDriver.now()) } ?? 0
+        let forgotten = await onLoop { $0.hub.forgetIdleMembers(seenBefore: cutoff, limit: Self.forgetBatch, at: HubDriver.now()) } ?? 0
         if forgotten > 0 {
             metrics.membersForgotten.increment(by: Int64(forgotten))
             logger.notice("members forgotten after staying away", metadata: ["forgotten": "\(forgotten)", "away longer than days": "\(days)"])

@@ -363,6 +363,55 @@ func slot(of member: TestMember) -> UInt16? {
         _ = await task.result
     }
 
+    /// The time the server was down counts as presence: 44 days down, a member last seen 45 days
+    /// ago counts as seen 1 day ago and stays; one last seen 80 days ago (36) goes.
+    @Test func downtimeDoesNotCountAsAbsence() async throws {
+        let fixture = try await ServerFixture()
+        let store = try SQLiteChannelStore(directory: fixture.dataDirectory)
+        let now = Date()
+        for (user, days) in [("kept", 45.0), ("gone", 80)] {
+            try await store.upsertMember(MemberRecord(channelID: fixture.channel.id, userID: user, displayName: user.capitalized,
+                                                      joinedAt: now.addingTimeInterval(-90 * 86_400), lastSeen: now.addingTimeInterval(-days * 86_400)))
+        }
+        let downSince = UInt64(now.addingTimeInterval(-44 * 86_400).timeIntervalSince1970 * 1_000)
+        try await store.setServerKey(named: "server-alive-at", value: (0..<8).reversed().map { UInt8(truncatingIfNeeded: downSince >> (8 * UInt64($0))) })
+        try await store.close()
+        let (task, listening) = try await fixture.start(memberRetentionDays: 30)
+        defer { task.cancel() }
+        #expect(await eventually {
+            let store = try? SQLiteChannelStore(directory: fixture.dataDirectory)
+            let users = (try? await store?.members(of: fixture.channel.id).map(\.userID)) ?? []
+            try? await store?.close()
+            return users == ["kept"]
+        })
+        await listening.shutdown()
+        _ = await task.result
+    }
+
+    /// A joiner that sends nothing after `joined` still gets the last roster chunk: nothing else
+    /// happening on the server must be needed to send it.
+    @Test func aQuietJoinerGetsItsWholeRoster() async throws {
+        let fixture = try await ServerFixture()
+        let store = try SQLiteChannelStore(directory: fixture.dataDirectory)
+        for index in 0..<200 {
+            try await store.upsertMember(MemberRecord(channelID: fixture.channel.id, userID: "m\(index)", displayName: "M\(index)"))
+        }
+        try await store.close()
+        let (task, listening) = try await fixture.start()
+        defer { task.cancel() }
+        let quiet = try await fixture.member("quiet", port: listening.voicePort)
+        #expect(await eventually(seconds: 5) {
+            quiet.messages.reduce(0) { count, message in
+                switch message {
+                case .joined(_, _, let roster, _), .roster(let roster): return count + roster.count
+                default: return count
+                }
+            } == 201
+        })
+        await listening.shutdown()
+        _ = await task.result
+    }
+
     @Test func aLateJoinerHearsTheBurstFromItsFirstPacket() async throws {
         let fixture = try await ServerFixture()
         let (task, listening) = try await fixture.start()
