@@ -206,14 +206,17 @@ public final class ChannelHub {
         return forgotten
     }
 
-    /// Writes every connected member's last-seen time now. The row is otherwise written at the join
-    /// and the close, so after a crash a member connected for weeks would load as last seen weeks ago.
-    public func touchConnectedMembers(at time: HubTime) {
+    /// Every connected member, for the hourly write of their last-seen times: the row is otherwise
+    /// written at the join and the close, so after a crash a member connected for weeks would load
+    /// as last seen weeks ago.
+    public var connectedMembers: [MemberKey] {
+        var keys: [MemberKey] = []
         for channel in channels.values {
             for member in channel.members.values where member.link != nil {
-                outputs.append(.store(.touchMember(channel: channel.record.id, user: member.userID, lastSeen: time.date)))
+                keys.append(MemberKey(channel: channel.record.id, user: member.userID))
             }
         }
+        return keys
     }
 
     /// A revocation, possibly made by another process (`squelchd token revoke`): a member whose

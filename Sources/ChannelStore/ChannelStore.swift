@@ -263,6 +263,16 @@ public enum StoreError: Error, Sendable, Equatable, CustomStringConvertible {
     }
 }
 
+/// One membership: a channel and a user.
+public struct MemberKey: Hashable, Sendable {
+    public var channel: UUID
+    public var user: String
+    public init(channel: UUID, user: String) {
+        self.channel = channel
+        self.user = user
+    }
+}
+
 /// Where squelchd keeps what must survive a restart. SQLite (`SQLiteChannelStore`) is the embedded
 /// default; the protocol leaves room for PostgreSQL in a multi-node deployment.
 ///
@@ -294,6 +304,15 @@ public protocol ChannelStore: Sendable {
     func setPushToken(channel: UUID, user: String, token: String, environment: PushEnvironment,
                       registeredAt: Date) async throws(StoreError)
     func clearPushToken(channel: UUID, user: String) async throws(StoreError)
+
+    /// Sets the last-seen time of each member given (those still stored; none is created), in one
+    /// transaction, never moving a time back: what the server writes hourly for its connected members.
+    func touchMembers(_ members: [MemberKey], lastSeen: Date) async throws(StoreError)
+    /// Records that the server is running as of `now`, and returns when it last said so (nil: never).
+    /// With `creditingDowntime`, in the same transaction, every member's last-seen time moves on by the
+    /// time the server was down (since the later of that record and the newest last-seen time), at
+    /// most to `now`: an outage does not count as the members' absence, and is credited once.
+    func recordServerAlive(at now: Date, creditingDowntime: Bool) async throws(StoreError) -> Date?
 
     // Revocations
     /// Stores `revocation` and returns it with its sequence; also drops revocations whose tokens have

@@ -26,11 +26,6 @@ import Foundation
 struct StoreQueue {
     enum Pushed: Equatable { case queued, folded, refused }
 
-    struct MemberKey: Hashable {
-        let channel: UUID
-        let user: String
-    }
-
     let maxWaitingLogRecords: Int
     /// Waiting writes; `nil` marks one already handed out. `head` is the next to hand out.
     private var entries: [StoreOperation?] = []

@@ -79,17 +79,12 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
         // process, reach the hub through the revision poll.
         let storedRevocations = try await store.revocations(after: 0, channel: nil)
         let initialRevocation = storedRevocations.last?.sequence ?? 0
-        // The time the server was down counts as presence: a member's stored last-seen time moves on
-        // by it, so a long outage (or a crash, after which connected members' rows are up to an hour
-        // old) doesn't make everyone look long gone to `memberRetentionDays`.
-        let downtime = try await aliveAt().map { max(0, Date().timeIntervalSince($0)) } ?? 0
+        // The time the server was down counts as presence: every stored last-seen time moves on by
+        // it, in the store and once, so a long outage (or a crash, after which connected members'
+        // rows are up to an hour old) doesn't make everyone look long gone to `memberRetentionDays`.
+        _ = try await store.recordServerAlive(at: Date(), creditingDowntime: true)
         for channel in try await store.channels() {
-            let members = try await store.members(of: channel.id).map { member in
-                var member = member
-                member.lastSeen = member.lastSeen.addingTimeInterval(downtime)
-                return member
-            }
-            hub.upsertChannel(channel, members: members, at: HubDriver.now())
+            hub.upsertChannel(channel, members: try await store.members(of: channel.id), at: HubDriver.now())
         }
         for revocation in storedRevocations { hub.apply(revocation, at: HubDriver.now()) }
         let channelCount = hub.channelCount
@@ -118,7 +113,6 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
                 if ContinuousClock.now >= nextPrune {
                     nextPrune = .now + Self.pruneInterval
                     await self.pruneTransmissionLog()
-                    _ = await self.onLoop { $0.hub.touchConnectedMembers(at: HubDriver.now()) }
                     await self.recordAlive()
                 }
                 if ContinuousClock.now >= nextForget {
@@ -157,23 +151,23 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
         await recordAlive()
     }
 
-    /// Name of the server key under which the server keeps when it was last running (8 bytes, Unix
-    /// milliseconds, big-endian): written hourly and at a clean stop, read at start for the downtime.
-    static let aliveAtKeyName = "server-alive-at"
-
-    func aliveAt() async throws -> Date? {
-        guard let bytes = try await store.serverKey(named: Self.aliveAtKeyName), bytes.count == 8 else { return nil }
-        let milliseconds = bytes.reduce(UInt64(0)) { $0 << 8 | UInt64($1) }
-        return Date(timeIntervalSince1970: Double(milliseconds) / 1_000)
-    }
-
-    func recordAlive(_ now: Date = Date()) async {
-        let milliseconds = UInt64(max(0, now.timeIntervalSince1970 * 1_000))
-        let bytes = (0..<8).reversed().map { UInt8(truncatingIfNeeded: milliseconds >> (8 * UInt64($0))) }
-        do { try await store.setServerKey(named: Self.aliveAtKeyName, value: bytes) } catch {
-            logger.warning("could not record that the server is running; after a crash, members' absence may count from before it",
-                           metadata: ["error": "\(error)"])
-        }
+    /// Writes the connected members' last-seen times and records that the server is running (see
+    /// `ChannelStore.recordServerAlive`): hourly, and once more when the transport has stopped.
+    /// Detached, so that a cancelled service group (GRDB refuses work from a cancelled task) still
+    /// leaves a record that is up to date.
+    func recordAlive() async {
+        let connected = await onLoop { $0.hub.connectedMembers } ?? []
+        let store = store, logger = logger
+        await Task.detached {
+            let now = Date()
+            do {
+                try await store.touchMembers(connected, lastSeen: now)
+                _ = try await store.recordServerAlive(at: now, creditingDowntime: false)
+            } catch {
+                logger.warning("could not record that the server is running; after a crash, members' absence may count from before it",
+                               metadata: ["error": "\(error)"])
+            }
+        }.value
     }
 
     static let pruneInterval = Duration.seconds(3_600)

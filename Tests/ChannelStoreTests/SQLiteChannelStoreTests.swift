@@ -301,6 +301,37 @@ private func message(_ error: StoreError?) -> String {
         #expect(try await store.transmissions(of: gone.id, limit: 10).map(\.userID) == ["u4", "u3"])
     }
 
+    /// The hourly touch never moves a time back and creates no row; the alive record credits the
+    /// downtime once, from the later of itself and the newest last-seen time, capped at now.
+    @Test func touchesAndTheAliveRecordCreditDowntimeOnce() async throws {
+        let store = try open()
+        let channel = makeChannel()
+        try await store.createChannel(channel)
+        let t0 = ms().addingTimeInterval(-100 * 86_400)
+        func at(_ days: Double) -> Date { t0.addingTimeInterval(days * 86_400) }
+        for (user, days) in [("old", 0.0), ("newer", 10)] {
+            try await store.upsertMember(MemberRecord(channelID: channel.id, userID: user, displayName: user, joinedAt: t0, lastSeen: at(days)))
+        }
+        try await store.touchMembers([MemberKey(channel: channel.id, user: "newer"), MemberKey(channel: channel.id, user: "nobody")], lastSeen: at(5))
+        #expect(try await store.member(channel: channel.id, user: "newer")?.lastSeen == at(10), "never back")
+        #expect(try await store.member(channel: channel.id, user: "nobody") == nil)
+        try await store.touchMembers([MemberKey(channel: channel.id, user: "newer")], lastSeen: at(20))
+        #expect(try await store.member(channel: channel.id, user: "newer")?.lastSeen == at(20))
+
+        #expect(try await store.recordServerAlive(at: at(15), creditingDowntime: true) == nil, "no record yet: nothing credited")
+        #expect(try await store.member(channel: channel.id, user: "old")?.lastSeen == at(0))
+        // Down from day 20 (the newest last-seen time, later than the record of day 15) to day 50.
+        #expect(try await store.recordServerAlive(at: at(50), creditingDowntime: true) == at(15))
+        #expect(try await store.member(channel: channel.id, user: "old")?.lastSeen == at(30))
+        #expect(try await store.member(channel: channel.id, user: "newer")?.lastSeen == at(50), "capped at now")
+        // Once only: straight after, nothing more.
+        #expect(try await store.recordServerAlive(at: at(50), creditingDowntime: true) == at(50))
+        #expect(try await store.member(channel: channel.id, user: "old")?.lastSeen == at(30))
+        // A clock behind the record credits nothing.
+        _ = try await store.recordServerAlive(at: at(40), creditingDowntime: true)
+        #expect(try await store.member(channel: channel.id, user: "old")?.lastSeen == at(30))
+    }
+
     // MARK: Several processes, reopening, schema
 
     @Test func revisionSeesEditsFromAnotherConnection() async throws {
