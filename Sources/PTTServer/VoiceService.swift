@@ -170,6 +170,11 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
         }.value
     }
 
+    /// `days` before `now`; nil for 0, which the retention settings use for "keep for good".
+    static func cutoff(days: Int, before now: Date) -> Date? {
+        days > 0 ? now.addingTimeInterval(-Double(days) * 86_400) : nil
+    }
+
     static let pruneInterval = Duration.seconds(3_600)
     /// Records one prune statement deletes: small enough that the write lock is back within
     /// milliseconds for the store writer and the CLI.
@@ -180,8 +185,7 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
     @discardableResult
     func pruneTransmissionLog(now: Date = Date()) async -> Int {
         let days = configuration.transmissionLogDays
-        guard days > 0 else { return 0 }
-        let cutoff = now.addingTimeInterval(-Double(days) * 86_400)
+        guard let cutoff = Self.cutoff(days: days, before: now) else { return 0 }
         var total = 0
         do {
             while !Task.isCancelled {
@@ -211,8 +215,7 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
     @discardableResult
     func forgetIdleMembers(now: Date = Date()) async -> Int {
         let days = configuration.memberRetentionDays
-        guard days > 0 else { return 0 }
-        let cutoff = now.addingTimeInterval(-Double(days) * 86_400)
+        guard let cutoff = Self.cutoff(days: days, before: now) else { return 0 }
         let forgotten = await onLoop { $0.hub.forgetIdleMembers(seenBefore: cutoff, limit: Self.forgetBatch, at: HubDriver.now()) } ?? 0
         if forgotten > 0 {
             metrics.membersForgotten.increment(by: Int64(forgotten))
