@@ -58,6 +58,7 @@ public final class ChannelHub {
         let channel: ChannelState
         let slots: [UInt16]
         var next: Int
+        var isFinished: Bool { next == slots.count }
     }
 
     struct TokenDeadline {
@@ -450,10 +451,10 @@ public final class ChannelHub {
         // takes its transmission mode from its own entry, and names a talker from its entry.
         let early = [slot] + talkers.map(\.slot).filter { $0 != slot }
         let rest = channel.members.keys.filter { !early.contains($0) }.sorted()
-        var stream = RosterStream(channel: channel, slots: early.filter { channel.members[$0] != nil } + rest, next: 0)
-        let first = nextRosterChunk(&stream, first: true, firstChunkBytes: ControlLimits.maxMessageBytes - head - 1_024)
+        var stream = RosterStream(channel: channel, slots: early + rest, next: 0)
+        let first = nextRosterChunk(&stream, RosterChunker(firstChunkBytes: ControlLimits.maxMessageBytes - head - 1_024))
         outputs.append(.send(.joined(channel: info, you: slot, roster: first, talkers: talkers), to: [link]))
-        rosterStreams[link] = stream.next < stream.slots.count ? stream : nil
+        if !stream.isFinished { rosterStreams[link] = stream }
         scheduleExpiry(channel, slot: slot, link: link, claims: claims, at: time)
         // Rights are the token's: a talker back with a listen-only token stops being relayed, and a new
         // priority counts for the floor it holds or waits for. After `joined`, whose snapshot shows the
@@ -467,12 +468,10 @@ public final class ChannelHub {
 
     /// The entries of `stream`'s next chunk, as its members are now (one that left meanwhile is
     /// skipped; one that joined meanwhile was announced with `participant`).
-    func nextRosterChunk(_ stream: inout RosterStream, first: Bool = false, firstChunkBytes: Int = ControlLimits.rosterChunkBytes) -> [Participant] {
-        var chunker = RosterChunker(firstChunkBytes: firstChunkBytes)
-        // Only `joined`'s chunk may be empty: a later one takes at least one entry, so it moves on.
-        if !first { chunker.startNextChunk() }
+    func nextRosterChunk(_ stream: inout RosterStream, _ chunker: RosterChunker = RosterChunker()) -> [Participant] {
+        var chunker = chunker
         var chunk: [Participant] = []
-        while stream.next < stream.slots.count {
+        while !stream.isFinished {
             guard let member = stream.channel.members[stream.slots[stream.next]] else {
                 stream.next += 1
                 continue
@@ -497,7 +496,7 @@ public final class ChannelHub {
         guard var stream = rosterStreams.removeValue(forKey: link) else { return false }
         guard case .joined(let channel, _)? = sessions[link], channel === stream.channel else { return false }
         let chunk = nextRosterChunk(&stream)
-        if stream.next < stream.slots.count { rosterStreams[link] = stream }
+        if !stream.isFinished { rosterStreams[link] = stream }
         guard !chunk.isEmpty else { return false }
         outputs.append(.send(.roster(chunk), to: [link]))
         return true
@@ -505,6 +504,9 @@ public final class ChannelHub {
 
     /// Whether `link` has roster still to come.
     public func isSendingRoster(to link: Link) -> Bool { rosterStreams[link] != nil }
+
+    /// Whether any link has roster still to come.
+    public var isSendingRosters: Bool { !rosterStreams.isEmpty }
 
     /// The token on `link` was refused (or the join failed): tell the client why and close.
     public func refuse(_ link: Link, code: RefusalCode, reason: String) {

@@ -3,60 +3,40 @@ extension ControlLimits {
     /// JSON, `Participant.encodedSizeBound`): half of `maxMessageBytes`, so that nothing near the
     /// limit depends on the bound being tight.
     public static let rosterChunkBytes = maxMessageBytes / 2
-
-    /// Splits `roster` into the chunks that `joined` and the `roster` messages after it carry: in
-    /// order, each at most `rosterChunk` entries and `rosterChunkBytes`, and the first at most
-    /// `firstChunkBytes` (what `joined` has room for besides its channel, with its image, and its
-    /// talkers; it may be empty). A count alone isn't enough: 128 entries with user ids, names and
-    /// roles at their limits would exceed `maxMessageBytes`, and a message over it is refused by the
-    /// transport, so the joiner would never get `joined`.
-    public static func rosterChunks(_ roster: [Participant], firstChunkBytes: Int = rosterChunkBytes) -> [ArraySlice<Participant>] {
-        var chunks: [ArraySlice<Participant>] = []
-        var chunker = RosterChunker(firstChunkBytes: firstChunkBytes)
-        var start = roster.startIndex
-        for index in roster.indices where !chunker.take(roster[index]) {
-            chunks.append(roster[start..<index])
-            start = index
-            chunker.startNextChunk()
-            _ = chunker.take(roster[index])
-        }
-        chunks.append(roster[start...])
-        return chunks
-    }
 }
 
-/// Cuts a roster into chunks one entry at a time, by the rules of `ControlLimits.rosterChunks`, for a
-/// sender that builds each chunk only when the connection has room for it.
+/// Decides, one entry at a time, how many roster entries one `joined` or `roster` message carries:
+/// at most `rosterChunk` entries and `rosterChunkBytes` of them (by `encodedSizeBound`). A count
+/// alone isn't enough: 128 entries with user ids, names and roles at their limits would exceed
+/// `maxMessageBytes`, a message over it is refused by the transport, and the joiner would never get
+/// `joined`. The sender fills one chunk per message, as the connection has room for it.
 public struct RosterChunker: Sendable {
     private var entries = 0
     private var bytes = 0
-    private var limit: Int
-    private var first = true
+    private let limit: Int
+    private let mayBeEmpty: Bool
 
-    public init(firstChunkBytes: Int = ControlLimits.rosterChunkBytes) {
+    /// For `joined`'s chunk: at most `firstChunkBytes` too (what `joined` has room for besides its
+    /// channel, with its image, and its talkers), so it may close empty.
+    public init(firstChunkBytes: Int) {
         limit = min(ControlLimits.rosterChunkBytes, firstChunkBytes)
+        mayBeEmpty = true
     }
 
-    /// Counts `entry` into the chunk being built if it fits; false if the chunk is full without it.
-    /// Only the first chunk may close empty: a later one takes at least one entry, which always fits
-    /// `rosterChunkBytes`, so a split moves on.
+    /// For a `roster` message's chunk, which takes at least one entry (one always fits
+    /// `rosterChunkBytes`), so that sending moves on.
+    public init() {
+        limit = ControlLimits.rosterChunkBytes
+        mayBeEmpty = false
+    }
+
+    /// Counts `entry` into the chunk if it fits; false if the chunk is full without it.
     public mutating func take(_ entry: Participant) -> Bool {
         let size = entry.encodedSizeBound
-        if entries == ControlLimits.rosterChunk || bytes + size > limit, entries > 0 || first { return false }
+        if entries == ControlLimits.rosterChunk || bytes + size > limit, entries > 0 || mayBeEmpty { return false }
         entries += 1
         bytes += size
         return true
-    }
-
-    /// Whether the chunk being built has entries.
-    public var isEmpty: Bool { entries == 0 }
-
-    /// Starts the next chunk (a `roster` message), with the full `rosterChunkBytes`.
-    public mutating func startNextChunk() {
-        entries = 0
-        bytes = 0
-        limit = ControlLimits.rosterChunkBytes
-        first = false
     }
 }
 

@@ -332,10 +332,9 @@ public final class SQLiteChannelStore: ChannelStore {
     }
 
     public func recordServerAlive(at now: Date, creditingDowntime: Bool) async throws(StoreError) -> Date? {
-        let name = Self.aliveAtKeyName, time = now.unixMilliseconds
+        let time = now.unixMilliseconds
         return try await write("record that the server is running") { db -> Date? in
-            let stored = try Data.fetchOne(db, sql: "SELECT value FROM server_key WHERE name = ?", arguments: [name])
-            let alive = stored.flatMap { $0.count == 8 ? Int64(bitPattern: $0.reduce(UInt64(0)) { $0 << 8 | UInt64($1) }) : nil }
+            let alive = try Int64.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'alive_at'")
             if creditingDowntime, let alive {
                 // Rows written after the last record (a join, a close) show the server ran until then.
                 let newest = try Int64.fetchOne(db, sql: "SELECT MAX(last_seen) FROM member") ?? alive
@@ -344,18 +343,13 @@ public final class SQLiteChannelStore: ChannelStore {
                     try db.execute(sql: "UPDATE member SET last_seen = MIN(?, last_seen + ?)", arguments: [time, downtime])
                 }
             }
-            let bytes = Data((0..<8).reversed().map { UInt8(truncatingIfNeeded: UInt64(bitPattern: time) >> (8 * UInt64($0))) })
             try db.execute(sql: """
-                INSERT INTO server_key (name, value, created_at) VALUES (?, ?, ?)
-                ON CONFLICT(name) DO UPDATE SET value = excluded.value
-                """, arguments: [name, bytes, time])
+                INSERT INTO meta (key, value) VALUES ('alive_at', ?)
+                ON CONFLICT(key) DO UPDATE SET value = excluded.value
+                """, arguments: [time])
             return alive.map { Date(unixMilliseconds: $0) }
         }
     }
-
-    /// The server key under which the server keeps when it last said it was running (8 bytes, Unix
-    /// milliseconds, big-endian).
-    public static let aliveAtKeyName = "server-alive-at"
 
     public func setPushToken(channel: UUID, user: String, token: String, environment: PushEnvironment,
                              registeredAt: Date) async throws(StoreError) {

@@ -87,7 +87,7 @@ final class HubDriver: WireServerDelegate {
         // After the outputs, so that the room left counts what they sent (`joined` first of all).
         let pumped = pumpRosters()
         carryOut(hub.takeOutputs())
-        if !backlog.isEmpty || !hub.linksAwaitingRoster.isEmpty { scheduleRetry(soon: drained || pumped) }
+        if !backlog.isEmpty || hub.isSendingRosters { scheduleRetry(soon: drained || pumped) }
         armTimer()
     }
 

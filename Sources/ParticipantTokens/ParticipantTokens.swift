@@ -40,7 +40,7 @@ public struct ParticipantClaims: Sendable, Equatable {
     /// Longest user id, in UTF-8 bytes (the control protocol's own limit for user ids).
     public static let maxUserIDBytes = 256
     /// Longest display name and role, in UTF-8 bytes. These travel in every roster entry, so they are
-    /// kept short; the roster is split by size (`ControlLimits.rosterChunks`), so any fits.
+    /// kept short; the roster is split by size (`RosterChunker`), so any fits.
     public static let maxNameBytes = 64
     public static let maxRoleBytes = 64
     public static let maxTokenIDBytes = 128

@@ -72,11 +72,7 @@ import FoundationNetworking
         #expect(simulator.acceptedPushes().count == 1)
 
         // An administrator removes Bob: his device is told to leave.
-        var request = URLRequest(url: URL(string: "http://127.0.0.1:\(listening.adminPort)/v1/channels/\(fixture.channel.id)/members/bob")!)
-        request.httpMethod = "DELETE"
-        request.setValue("Bearer test-admin-key-0123456789", forHTTPHeaderField: "Authorization")
-        let (_, response) = try await URLSession.shared.data(for: request)
-        #expect((response as? HTTPURLResponse)?.statusCode == 204)
+        #expect(try await fixture.admin(listening, "DELETE", "/members/bob").status == 204)
         let all = await waitForPushes(simulator, count: 2)
         let leave = try #require(all.count == 2 ? all[1] : nil)
         #expect(leave.token == "b0b0b0b0b0b0")
@@ -87,8 +83,7 @@ import FoundationNetworking
 
         // Every push is counted by outcome and reason.
         try await Task.sleep(for: .milliseconds(100))
-        let (metrics, _) = try await URLSession.shared.data(from: URL(string: "http://127.0.0.1:\(listening.adminPort)/metrics")!)
-        let text = String(decoding: metrics, as: UTF8.self)
+        let text = try await fixture.metrics(listening)
         #expect(text.contains(#"squelch_pushes_total{outcome="delivered",reason="Success"} 1"#), "\(text.split(separator: "\n").filter { $0.contains("pushes") })")
         #expect(text.contains(#"squelch_pushes_total{outcome="delivered_leave",reason="Success"} 1"#))
 
@@ -171,8 +166,7 @@ import FoundationNetworking
         #expect(simulator.rejections().isEmpty)
 
         // The replaced wakes are counted.
-        let (metrics, _) = try await URLSession.shared.data(from: URL(string: "http://127.0.0.1:\(listening.adminPort)/metrics")!)
-        let text = String(decoding: metrics, as: UTF8.self)
+        let text = try await fixture.metrics(listening)
         #expect(text.contains(#"squelch_pushes_total{outcome="coalesced",reason="NewerPush"}"#))
 
         await listening.shutdown()

@@ -83,6 +83,52 @@ final class ServerFixture: Sendable {
     }
 
     enum FixtureError: Error { case notJoined(String, ServerMessage?) }
+
+    /// The data directory's store for `body`, as another process would open it; closed after.
+    func withStore<T>(_ body: (SQLiteChannelStore) async throws -> T) async throws -> T {
+        let store = try SQLiteChannelStore(directory: dataDirectory)
+        do {
+            let result = try await body(store)
+            try await store.close()
+            return result
+        } catch {
+            try? await store.close()
+            throw error
+        }
+    }
+
+    /// An admin API call on this fixture's channel (`path` after `/v1/channels/<id>`).
+    func admin(_ listening: SquelchServer.Listening, _ method: String, _ path: String, json: String? = nil) async throws -> (status: Int, body: String) {
+        var request = URLRequest(url: try #require(URL(string: "http://127.0.0.1:\(listening.adminPort)/v1/channels/\(channel.id)\(path)")))
+        request.httpMethod = method
+        request.setValue("Bearer test-admin-key-0123456789", forHTTPHeaderField: "Authorization")
+        if let json {
+            request.setValue("application/json", forHTTPHeaderField: "Content-Type")
+            request.httpBody = Data(json.utf8)
+        }
+        let (body, response) = try await URLSession.shared.data(for: request)
+        return ((response as? HTTPURLResponse)?.statusCode ?? 0, String(decoding: body, as: UTF8.self))
+    }
+
+    /// What `/metrics` shows now.
+    func metrics(_ listening: SquelchServer.Listening) async throws -> String {
+        let url = try #require(URL(string: "http://127.0.0.1:\(listening.adminPort)/metrics"))
+        return String(decoding: try await URLSession.shared.data(from: url).0, as: UTF8.self)
+    }
+}
+
+/// The roster as a client holds it: every message applied in order, entries replaced by slot.
+func rosterEntries(_ messages: [ServerMessage]) -> [UInt16: Participant] {
+    var entries: [UInt16: Participant] = [:]
+    for message in messages {
+        switch message {
+        case .joined(_, _, let chunk, _), .roster(let chunk): for entry in chunk { entries[entry.slot] = entry }
+        case .participant(let entry): entries[entry.slot] = entry
+        case .participantLeft(let slot, _): entries[slot] = nil
+        default: break
+        }
+    }
+    return entries
 }
 
 func slot(of member: TestMember) -> UInt16? {
@@ -183,15 +229,7 @@ func slot(of member: TestMember) -> UInt16? {
         let (task, listening) = try await fixture.start()
         defer { task.cancel() }
         func admin(_ method: String, _ path: String, json: String? = nil) async throws -> (status: Int, body: String) {
-            var request = URLRequest(url: try #require(URL(string: "http://127.0.0.1:\(listening.adminPort)/v1/channels/\(fixture.channel.id)\(path)")))
-            request.httpMethod = method
-            request.setValue("Bearer test-admin-key-0123456789", forHTTPHeaderField: "Authorization")
-            if let json {
-                request.setValue("application/json", forHTTPHeaderField: "Content-Type")
-                request.httpBody = Data(json.utf8)
-            }
-            let (body, response) = try await URLSession.shared.data(for: request)
-            return ((response as? HTTPURLResponse)?.statusCode ?? 0, String(decoding: body, as: UTF8.self))
+            try await fixture.admin(listening, method, path, json: json)
         }
         func join(_ token: String) async throws -> (TestMember, ServerMessage?) {
             let member = try TestMember(port: listening.voicePort, configuration: fixture.pki.client())
@@ -265,31 +303,14 @@ func slot(of member: TestMember) -> UInt16? {
         // At once, while most of the roster is still to come: the answer may arrive between roster
         // messages, and the roster, applied in order, must end up showing it.
         try await ann.send(.setMuted(true))
-        /// The roster as a client holds it: every message applied in order, entries replaced by slot.
-        func roster() -> [UInt16: Participant] {
-            var entries: [UInt16: Participant] = [:]
-            for message in ann.messages {
-                switch message {
-                case .joined(_, _, let chunk, _), .roster(let chunk): for entry in chunk { entries[entry.slot] = entry }
-                case .participant(let entry): entries[entry.slot] = entry
-                case .participantLeft(let slot, _): entries[slot] = nil
-                default: break
-                }
-            }
-            return entries
-        }
+        func roster() -> [UInt16: Participant] { rosterEntries(ann.messages) }
         #expect(await eventually(seconds: 30) { roster().count == stored + 1 }, "\(roster().count) of \(stored + 1) roster entries")
         #expect(await eventually { roster().values.first { $0.userID == "ann" }?.muted == true })
         #expect(Set(roster().values.map(\.userID)).count == stored + 1)
 
         // Removed while the roster waits: what waited is dropped, and the refusal arrives before the close.
         let bob = try await fixture.member("bob", port: listening.voicePort)
-        let url = try #require(URL(string: "http://127.0.0.1:\(listening.adminPort)/v1/channels/\(fixture.channel.id)/members/bob"))
-        var request = URLRequest(url: url)
-        request.httpMethod = "DELETE"
-        request.setValue("Bearer test-admin-key-0123456789", forHTTPHeaderField: "Authorization")
-        let (_, response) = try await URLSession.shared.data(for: request)
-        #expect((response as? HTTPURLResponse)?.statusCode == 204)
+        #expect(try await fixture.admin(listening, "DELETE", "/members/bob").status == 204)
         let refusal = await bob.waitFor { if case .refused = $0 { true } else { false } }
         guard case .refused(let code, _)? = refusal else { Issue.record("no refusal: \(bob.messages.count) messages"); return }
         #expect(code == .removedByAdmin)
@@ -302,20 +323,17 @@ func slot(of member: TestMember) -> UInt16? {
     /// deletes them (and counts them in /metrics); newer ones, and the log with retention 0, stay.
     @Test func theTransmissionLogKeepsItsRetentionPeriod() async throws {
         let fixture = try await ServerFixture()
-        let store = try SQLiteChannelStore(directory: fixture.dataDirectory)
         let now = Date()
-        for (user, days) in [("old", 31.0), ("older", 400), ("recent", 29)] {
-            try await store.logTransmission(TransmissionRecord(channelID: fixture.channel.id, userID: user, startedAt: now.addingTimeInterval(-days * 86_400),
-                                                               durationMilliseconds: 2_000, endReason: "released"))
+        try await fixture.withStore { store in
+            for (user, days) in [("old", 31.0), ("older", 400), ("recent", 29)] {
+                try await store.logTransmission(TransmissionRecord(channelID: fixture.channel.id, userID: user, startedAt: now.addingTimeInterval(-days * 86_400),
+                                                                   durationMilliseconds: 2_000, endReason: "released"))
+            }
         }
-        try await store.close()
         func logged() async throws -> [String] {
-            let store = try SQLiteChannelStore(directory: fixture.dataDirectory)
-            let users = try await store.transmissions(of: fixture.channel.id, limit: 10).map(\.userID)
-            try await store.close()
-            return users
+            try await fixture.withStore { try await $0.transmissions(of: fixture.channel.id, limit: 10).map(\.userID) }
         }
-        // 0 keeps everything.
+        // 0 keeps everything (the first pruning runs as soon as the server listens).
         var (task, listening) = try await fixture.start(transmissionLogDays: 0)
         try await Task.sleep(for: .milliseconds(300))
         #expect(try await logged() == ["recent", "old", "older"])
@@ -324,40 +342,40 @@ func slot(of member: TestMember) -> UInt16? {
         (task, listening) = try await fixture.start(transmissionLogDays: 30)
         defer { task.cancel() }
         #expect(try await eventually { try await logged() == ["recent"] })
-        let url = try #require(URL(string: "http://127.0.0.1:\(listening.adminPort)/metrics"))
-        let metrics = String(decoding: try await URLSession.shared.data(from: url).0, as: UTF8.self)
+        let metrics = try await fixture.metrics(listening)
         #expect(metrics.contains("squelch_transmissions_pruned_total 2"), "\(metrics)")
         await listening.shutdown()
         _ = await task.result
+    }
+
+    /// Stores members joined 90 days ago and last seen `daysAgo` before `now`.
+    func storeMembers(_ fixture: ServerFixture, lastSeen members: [(user: String, daysAgo: Double)], now: Date) async throws {
+        try await fixture.withStore { store in
+            for (user, days) in members {
+                try await store.upsertMember(MemberRecord(channelID: fixture.channel.id, userID: user, displayName: user.capitalized,
+                                                          joinedAt: now.addingTimeInterval(-90 * 86_400), lastSeen: now.addingTimeInterval(-days * 86_400)))
+            }
+        }
+    }
+
+    func storedMembers(_ fixture: ServerFixture) async throws -> [String] {
+        try await fixture.withStore { try await $0.members(of: fixture.channel.id).map(\.userID).sorted() }
     }
 
     /// With memberRetentionDays, a server forgets the members that stayed away longer (row and
     /// roster entry, counted in /metrics) and keeps the rest; the default keeps everyone.
     @Test func membersAwayLongerThanTheRetentionAreForgotten() async throws {
         let fixture = try await ServerFixture()
-        let store = try SQLiteChannelStore(directory: fixture.dataDirectory)
-        let now = Date()
-        for (user, days) in [("gone", 45.0), ("recent", 5)] {
-            try await store.upsertMember(MemberRecord(channelID: fixture.channel.id, userID: user, displayName: user.capitalized,
-                                                      joinedAt: now.addingTimeInterval(-90 * 86_400), lastSeen: now.addingTimeInterval(-days * 86_400)))
-        }
-        try await store.close()
-        func members() async throws -> [String] {
-            let store = try SQLiteChannelStore(directory: fixture.dataDirectory)
-            let users = try await store.members(of: fixture.channel.id).map(\.userID).sorted()
-            try await store.close()
-            return users
-        }
+        try await storeMembers(fixture, lastSeen: [("gone", 45), ("recent", 5)], now: Date())
         var (task, listening) = try await fixture.start()
         try await Task.sleep(for: .milliseconds(300))
-        #expect(try await members() == ["gone", "recent"], "the default keeps members")
+        #expect(try await storedMembers(fixture) == ["gone", "recent"], "the default keeps members")
         await listening.shutdown()
         _ = await task.result
         (task, listening) = try await fixture.start(memberRetentionDays: 30)
         defer { task.cancel() }
-        #expect(try await eventually { try await members() == ["recent"] })
-        let url = try #require(URL(string: "http://127.0.0.1:\(listening.adminPort)/metrics"))
-        let metrics = String(decoding: try await URLSession.shared.data(from: url).0, as: UTF8.self)
+        #expect(try await eventually { try await storedMembers(fixture) == ["recent"] })
+        let metrics = try await fixture.metrics(listening)
         #expect(metrics.contains("squelch_members_forgotten_total 1"), "\(metrics)")
         await listening.shutdown()
         _ = await task.result
@@ -367,30 +385,19 @@ func slot(of member: TestMember) -> UInt16? {
     /// ago counts as seen 1 day ago and stays; one last seen 80 days ago (36) goes.
     @Test func downtimeDoesNotCountAsAbsence() async throws {
         let fixture = try await ServerFixture()
-        let store = try SQLiteChannelStore(directory: fixture.dataDirectory)
         let now = Date()
-        for (user, days) in [("kept", 45.0), ("gone", 80)] {
-            try await store.upsertMember(MemberRecord(channelID: fixture.channel.id, userID: user, displayName: user.capitalized,
-                                                      joinedAt: now.addingTimeInterval(-90 * 86_400), lastSeen: now.addingTimeInterval(-days * 86_400)))
-        }
-        let downSince = UInt64(now.addingTimeInterval(-44 * 86_400).timeIntervalSince1970 * 1_000)
-        try await store.setServerKey(named: "server-alive-at", value: (0..<8).reversed().map { UInt8(truncatingIfNeeded: downSince >> (8 * UInt64($0))) })
-        try await store.close()
-        func members() async -> [String] {
-            let store = try? SQLiteChannelStore(directory: fixture.dataDirectory)
-            let users = (try? await store?.members(of: fixture.channel.id).map(\.userID)) ?? []
-            try? await store?.close()
-            return users
-        }
+        try await storeMembers(fixture, lastSeen: [("kept", 45), ("gone", 80)], now: now)
+        // The server last said it was running 44 days ago.
+        _ = try await fixture.withStore { try await $0.recordServerAlive(at: now.addingTimeInterval(-44 * 86_400), creditingDowntime: false) }
         var (task, listening) = try await fixture.start(memberRetentionDays: 30)
-        #expect(await eventually { await members() == ["kept"] })
+        #expect(await eventually { (try? await storedMembers(fixture)) == ["kept"] })
         await listening.shutdown()
         _ = await task.result
         // The credit is in the store: a restart straight after doesn't take it back.
         (task, listening) = try await fixture.start(memberRetentionDays: 30)
         defer { task.cancel() }
         try await Task.sleep(for: .milliseconds(500))
-        #expect(await members() == ["kept"])
+        #expect(try await storedMembers(fixture) == ["kept"])
         await listening.shutdown()
         _ = await task.result
     }
@@ -399,22 +406,15 @@ func slot(of member: TestMember) -> UInt16? {
     /// happening on the server must be needed to send it.
     @Test func aQuietJoinerGetsItsWholeRoster() async throws {
         let fixture = try await ServerFixture()
-        let store = try SQLiteChannelStore(directory: fixture.dataDirectory)
-        for index in 0..<200 {
-            try await store.upsertMember(MemberRecord(channelID: fixture.channel.id, userID: "m\(index)", displayName: "M\(index)"))
+        try await fixture.withStore { store in
+            for index in 0..<200 {
+                try await store.upsertMember(MemberRecord(channelID: fixture.channel.id, userID: "m\(index)", displayName: "M\(index)"))
+            }
         }
-        try await store.close()
         let (task, listening) = try await fixture.start()
         defer { task.cancel() }
         let quiet = try await fixture.member("quiet", port: listening.voicePort)
-        #expect(await eventually(seconds: 5) {
-            quiet.messages.reduce(0) { count, message in
-                switch message {
-                case .joined(_, _, let roster, _), .roster(let roster): return count + roster.count
-                default: return count
-                }
-            } == 201
-        })
+        #expect(await eventually(seconds: 5) { rosterEntries(quiet.messages).count == 201 })
         await listening.shutdown()
         _ = await task.result
     }
