@@ -439,7 +439,7 @@ public final class ChannelHub {
         reconnecting.removeAll { $0.channel === channel && $0.slot == slot }
         sessions[link] = .joined(channel, slot: slot)
         counters.joins += 1
-        channel.floor.reconnected(slot)
+        channel.floor.reconnected(slot, now: time.instant.nanoseconds)
 
         outputs.append(.store(.upsertMember(member.record(channel: channel.record.id, lastSeen: time.date))))
         // A big roster goes in chunks, so that no control message nears the size limit; `joined`
@@ -691,6 +691,12 @@ public final class ChannelHub {
                     cause = .channelChanged
                     text = "the channel was switched to \(channel.record.mode == .halfDuplex ? "half duplex" : "fewer simultaneous talkers"); someone else kept the floor"
                     channel.endReasons[slot] = "channelChanged"
+                case .silent:
+                    // The wire's `disconnected`: to the talker (if it still hears us) the outcome is the
+                    // same, and a client that predates `silent` understands it.
+                    cause = .disconnected
+                    text = "no audio arrived from you for \((configuration.talkerSilenceLimit / 1_000_000_000).formatted()) s"
+                    channel.endReasons[slot] = "silent"
                 }
                 if let link = channel.members[slot]?.link {
                     outputs.append(.send(.floor(FloorEvent(kind: .revoked, slot: slot, cause: cause, reason: text)), to: [link]))
@@ -768,6 +774,7 @@ public final class ChannelHub {
         guard case .joined(let channel, let slot)? = sessions[link] else { drop(.notJoined); return 0 }
         guard let burst = channel.floor.burst(of: slot) else { drop(.notFloorHolder); return 0 }
         guard UInt16(truncatingIfNeeded: burst) == header.burst else { drop(.staleBurst); return 0 }
+        channel.floor.heard(slot, now: now.nanoseconds)
 
         let payloadCount = datagram.count - AudioHeader.size
         let payload = UnsafeRawBufferPointer(rebasing: datagram[AudioHeader.size...])

@@ -96,7 +96,8 @@ final class ChannelState {
             maxTalkers: record.mode == .halfDuplex ? 1 : configuration.fullDuplexMaxTalkers,
             maxBurst: UInt64(record.maxBurstSeconds) * 1_000_000_000,
             disconnectGrace: configuration.disconnectGrace,
-            maxQueue: configuration.maxQueue)
+            maxQueue: configuration.maxQueue,
+            silenceLimit: configuration.talkerSilenceLimit)
     }
 
     var info: ChannelInfo {

@@ -23,6 +23,11 @@ public struct HubConfiguration: Sendable {
     public var fullDuplexMaxTalkers = 4
     /// How long a dropped member keeps its place (a talker keeps the floor) before it counts as gone.
     public var disconnectGrace: UInt64 = 2_000_000_000
+    /// A talker whose burst brings no audio for this long loses the floor (`FloorArbiter`'s
+    /// `silenceLimit`; 0: never): its phone died or lost its network, and nothing else would free the
+    /// floor before the maximum burst length. Five seconds rides out a cellular handover or a short
+    /// tunnel; 250 lost packets in a row are no conversation anyway.
+    public var talkerSilenceLimit: UInt64 = 5_000_000_000
     /// Floor requests that may wait in a channel's queue.
     public var maxQueue = 16
     /// Catch-up packets sent to a late joiner at once, before pacing starts.

@@ -164,7 +164,7 @@ public struct TransmissionRecord: Codable, Sendable, Equatable {
     public var userID: String
     public var startedAt: Date
     public var durationMilliseconds: Int
-    /// Why it ended: "released", "preempted", "maxBurst", "disconnected", "channelDeleted", …
+    /// Why it ended: "released", "preempted", "maxBurst", "disconnected", "silent", "channelDeleted", …
     public var endReason: String
 
     public init(channelID: UUID, userID: String, startedAt: Date, durationMilliseconds: Int, endReason: String) {

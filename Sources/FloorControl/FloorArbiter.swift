@@ -6,6 +6,7 @@
 /// pre-empts the lowest-priority talker; equal priorities wait in a queue ordered by priority, then
 /// arrival. A talk burst has a maximum length, and a talker that disconnects keeps the floor for a
 /// short grace period so that a quick reconnect (a phone changing networks) doesn't cut the burst.
+/// A talker that stops sending audio without disconnecting loses the floor after `silenceLimit`.
 ///
 /// Times are nanoseconds on any monotonic clock the caller chooses. Not Sendable by design: one
 /// channel's floor belongs to one event loop or actor.
@@ -21,14 +22,21 @@ public struct FloorArbiter<Member: Hashable & Sendable> {
         public var maxQueue: Int
         /// Whether a higher priority takes the floor from a lower one.
         public var preemption: Bool
+        /// A talker the caller has not reported `heard` for this long loses the floor (0: never).
+        /// A phone that dies, loses its network or is killed mid-burst closes nothing: its transport
+        /// notices only at the idle timeout, minutes later, and until then the floor would stay held
+        /// in silence. A sender keeps sending while the button is down (no DTX), so seconds of
+        /// silence mean it is gone.
+        public var silenceLimit: UInt64
 
         public init(maxTalkers: Int = 1, maxBurst: UInt64 = 60_000_000_000, disconnectGrace: UInt64 = 2_000_000_000,
-                    maxQueue: Int = 16, preemption: Bool = true) {
+                    maxQueue: Int = 16, preemption: Bool = true, silenceLimit: UInt64 = 0) {
             self.maxTalkers = max(1, maxTalkers)
             self.maxBurst = maxBurst
             self.disconnectGrace = disconnectGrace
             self.maxQueue = max(0, maxQueue)
             self.preemption = preemption
+            self.silenceLimit = silenceLimit
         }
 
         public static var halfDuplex: Configuration { Configuration() }
@@ -56,8 +64,10 @@ public struct FloorArbiter<Member: Hashable & Sendable> {
         /// The talker joined again with a token that does not allow talking (`rightsChanged`).
         case notAllowed
         /// The channel now allows fewer simultaneous talkers (an administrator switched it from full to
-        /// half duplex), and this talker was the weakest: lowest priority, then most recently granted.
+        /// half duplex), and this talker was the weakest: disconnected, or the lowest priority, then the most recently granted.
         case channelChanged
+        /// Nothing was heard from the talker for `silenceLimit` while its connection still seemed up.
+        case silent
     }
 
     public enum Event: Sendable, Equatable {
@@ -85,6 +95,8 @@ public struct FloorArbiter<Member: Hashable & Sendable> {
         var burst: UInt64
         var since: UInt64
         var disconnectedAt: UInt64?
+        /// When the talker was last heard (audio in its burst), or granted, confirmed or back.
+        var lastHeard: UInt64
     }
 
     struct Waiting: Equatable {
@@ -134,6 +146,7 @@ public struct FloorArbiter<Member: Hashable & Sendable> {
         if let index = talkers.firstIndex(where: { $0.member == member }) {
             // A repeated request (the grant was lost): confirm, and a reconnect ends the grace.
             talkers[index].disconnectedAt = nil
+            talkers[index].lastHeard = max(talkers[index].lastHeard, now)
             let talker = talkers[index]
             pending.append(.confirmed(member, burst: talker.burst, until: talker.since + configuration.maxBurst))
             return
@@ -229,14 +242,17 @@ public struct FloorArbiter<Member: Hashable & Sendable> {
 
     /// Replaces the configuration while the floor may be in use (an administrator edited the channel).
     /// A new maximum burst applies to the talkers already granted. If fewer talkers are allowed now,
-    /// the weakest lose the floor (lowest priority, then the most recently granted: the conversation
-    /// already under way carries on); if more are, waiting members are granted; a shorter queue denies
+    /// the weakest lose the floor (disconnected ones first, then the lowest priority, then the most
+    /// recently granted: the conversation already under way carries on); if more are, waiting members are granted; a shorter queue denies
     /// its tail.
     public mutating func reconfigure(_ new: Configuration, now: UInt64) {
         configuration = new
         while talkers.count > new.maxTalkers {
+            // A talker whose connection is gone goes first: keeping it would cut off someone who is
+            // talking, and then leave the floor idle when its grace runs out.
+            func rank(_ i: Int) -> (Int, UInt8) { (talkers[i].disconnectedAt == nil ? 1 : 0, talkers[i].priority) }
             let weakest = talkers.indices.min { a, b in
-                (talkers[a].priority, talkers[b].since) < (talkers[b].priority, talkers[a].since)
+                rank(a) != rank(b) ? rank(a) < rank(b) : talkers[a].since > talkers[b].since
             }!
             let loser = talkers.remove(at: weakest)
             pending.append(.revoked(loser.member, .channelChanged))
@@ -252,9 +268,22 @@ public struct FloorArbiter<Member: Hashable & Sendable> {
         if talkers.count < new.maxTalkers && !queue.isEmpty { refill(now: now) }
     }
 
-    /// The member is back (fast resume): a talker in its grace period carries on.
-    public mutating func reconnected(_ member: Member) {
-        if let index = talkers.firstIndex(where: { $0.member == member }) { talkers[index].disconnectedAt = nil }
+    /// The member is back (fast resume): a talker in its grace period carries on, and has a whole
+    /// `silenceLimit` to send again.
+    public mutating func reconnected(_ member: Member, now: UInt64) {
+        if let index = talkers.firstIndex(where: { $0.member == member }) {
+            talkers[index].disconnectedAt = nil
+            talkers[index].lastHeard = max(talkers[index].lastHeard, now)
+        }
+    }
+
+    /// Audio of `member`'s burst arrived: it is still there (`silenceLimit`). Called for every talker
+    /// packet, so it only stores a time; `talkers` holds at most `maxTalkers` entries.
+    public mutating func heard(_ member: Member, now: UInt64) {
+        for index in talkers.indices where talkers[index].member == member {
+            talkers[index].lastHeard = now
+            return
+        }
     }
 
     // MARK: Time
@@ -262,7 +291,8 @@ public struct FloorArbiter<Member: Hashable & Sendable> {
     public var nextDeadline: UInt64? {
         talkers.map { talker in
             let end = talker.since + configuration.maxBurst
-            return talker.disconnectedAt.map { min(end, $0 + configuration.disconnectGrace) } ?? end
+            if let gone = talker.disconnectedAt { return min(end, gone + configuration.disconnectGrace) }
+            return configuration.silenceLimit > 0 ? min(end, talker.lastHeard + configuration.silenceLimit) : end
         }.min()
     }
 
@@ -274,8 +304,10 @@ public struct FloorArbiter<Member: Hashable & Sendable> {
             let reason: RevokeReason?
             if now >= talker.since + configuration.maxBurst {
                 reason = .maxBurstReached
-            } else if let gone = talker.disconnectedAt, now >= gone + configuration.disconnectGrace {
-                reason = .disconnected
+            } else if let gone = talker.disconnectedAt {
+                reason = now >= gone + configuration.disconnectGrace ? .disconnected : nil
+            } else if configuration.silenceLimit > 0, now >= talker.lastHeard + configuration.silenceLimit {
+                reason = .silent
             } else {
                 reason = nil
             }
@@ -296,7 +328,7 @@ public struct FloorArbiter<Member: Hashable & Sendable> {
     mutating func grant(_ member: Member, priority: UInt8, now: UInt64) {
         let burst = nextBurst
         nextBurst += 1
-        talkers.append(Talker(member: member, priority: priority, burst: burst, since: now))
+        talkers.append(Talker(member: member, priority: priority, burst: burst, since: now, lastHeard: now))
         pending.append(.granted(member, burst: burst, until: now + configuration.maxBurst))
         pending.append(.taken(by: member, burst: burst, priority: priority))
     }

@@ -500,6 +500,13 @@ struct ChannelSession {
             sendSubscriptionsIfChanged()
             outputs.append(.event(.roster(rosterEntries)))
             for talker in talkers where talker.slot != slot { remoteTalkStarted(slot: talker.slot, burst: talker.burst) }
+            // A speaker shown from a push, whose burst ended before this join: nobody is talking now.
+            if remoteTalkers.keys.allSatisfy({ unheardSlot($0) }) { clearRemote() }
+            // This member held the floor when the connection dropped and is back within the grace
+            // period, so the server kept its burst going; the transmission ended here with the
+            // connection, so the floor goes back at once rather than staying held in silence until
+            // the maximum burst length. A press made meanwhile asks after it, for a burst of its own.
+            if talkers.contains(where: { $0.slot == slot }) { outputs.append(.send(.floorRelease)) }
             if case .requesting = transmit { outputs.append(.send(.floorRequest)) }
             // A renewal in flight died with the old connection; the newest token is offered again.
             renewalInFlight = nil

@@ -146,7 +146,11 @@ final class Harness {
     }
 
     @Test func aSessionEndsWhenItsTokenExpires() {
-        let h = Harness()
+        // Ann holds the floor without sending audio for 30 s: no silence limit here, so that the
+        // expiry is what ends her burst.
+        var configuration = HubConfiguration()
+        configuration.talkerSilenceLimit = 0
+        let h = Harness(configuration: configuration)
         let ann = h.join("ann", expiresAt: h.time.date.addingTimeInterval(30))
         let bob = h.join("bob")
         h.send(.floorRequest, from: ann.link)
@@ -762,6 +766,29 @@ final class Harness {
         #expect(talkers == [Talker(slot: ann.slot, burst: burst)])
         h.advance(3_000 * ms)
         #expect(!h.floorEvents(to: again.link).contains { $0.kind == .revoked })
+    }
+
+    @Test func aTalkerWhoseAudioStopsLosesTheFloorAndTheNextIsGranted() {
+        let h = Harness()
+        let ann = h.join("ann"), bob = h.join("bob")
+        h.send(.floorRequest, from: ann.link)
+        let burst = h.grantedBurst(ann.link)!
+        h.send(.floorRequest, from: bob.link)
+        #expect(h.floorEvents(to: bob.link).last?.kind == .queued)
+        // Audio every 20 ms for 6 s keeps the floor...
+        for sequence in 0 ..< 300 as Range<UInt16> {
+            h.advance(20 * ms)
+            h.audio(from: ann.link, burst: burst, sequence: sequence, payload: [1, 2, 3])
+        }
+        #expect(h.floorEvents(to: ann.link).last?.kind == .granted)
+        // ...then Ann's phone dies: no close, just silence.
+        h.advance(4_999 * ms)
+        #expect(!h.floorEvents(to: ann.link).contains { $0.kind == .revoked })
+        h.advance(1 * ms)
+        let revoked = h.floorEvents(to: ann.link).last { $0.kind == .revoked }
+        #expect(revoked?.cause == .disconnected && revoked?.reason == "no audio arrived from you for 5 s")
+        #expect(h.floorEvents(to: bob.link).last?.kind == .granted)
+        #expect(h.stored.contains { if case .logTransmission(let t) = $0 { t.endReason == "silent" } else { false } })
     }
 
     func lossTold(_ h: Harness, _ link: Link) -> [Int] {

@@ -87,12 +87,39 @@ let second: UInt64 = 1_000_000_000
         _ = floor.takeEvents()
         floor.disconnected("a", now: 10 * second)
         #expect(floor.nextDeadline == 12 * second)
-        floor.reconnected("a")  // a quick network change: the burst carries on
+        floor.reconnected("a", now: 11 * second)  // a quick network change: the burst carries on
         floor.handleTimeout(now: 13 * second)
         #expect(floor.mayTalk("a"))
         floor.disconnected("a", now: 20 * second)
         floor.handleTimeout(now: 22 * second)
         #expect(floor.takeEvents() == [.revoked("a", .disconnected), .ended("a", burst: 1, duration: 22 * second), .idle])
+    }
+
+    @Test func aTalkerThatFallsSilentLosesTheFloor() {
+        var floor = Arbiter(configuration: .init(silenceLimit: 5 * second))
+        floor.request("a", priority: 1, canTalk: true, now: 0)
+        floor.request("b", priority: 1, canTalk: true, now: 1)
+        _ = floor.takeEvents()
+        #expect(floor.nextDeadline == 5 * second, "counted from the grant")
+        floor.heard("a", now: 4 * second)
+        floor.heard("b", now: 4 * second + 1)  // not a talker: nothing to note
+        #expect(floor.nextDeadline == 9 * second)
+        floor.handleTimeout(now: 8 * second)
+        #expect(floor.takeEvents().isEmpty && floor.mayTalk("a"))
+        floor.handleTimeout(now: 9 * second)
+        #expect(floor.takeEvents() == [.revoked("a", .silent), .ended("a", burst: 1, duration: 9 * second),
+                                       .granted("b", burst: 2, until: 69 * second), .taken(by: "b", burst: 2, priority: 1)])
+        // A disconnected talker is judged by the grace period, not by its silence.
+        floor.disconnected("b", now: 13 * second)
+        #expect(floor.nextDeadline == 15 * second)
+        floor.reconnected("b", now: 14 * second)
+        #expect(floor.nextDeadline == 19 * second, "back within the grace: a whole limit to send again")
+        floor.request("b", priority: 1, canTalk: true, now: 18 * second)  // a repeated request counts too
+        #expect(floor.nextDeadline == 23 * second)
+        // Off (the default): only the maximum burst ends a silent burst.
+        var quiet = Arbiter()
+        quiet.request("a", priority: 1, canTalk: true, now: 0)
+        #expect(quiet.nextDeadline == 60 * second)
     }
 
     @Test func fullDuplexAllowsSeveralTalkers() {
@@ -179,6 +206,18 @@ let second: UInt64 = 1_000_000_000
         floor.reconfigure(.fullDuplex(maxTalkers: 2), now: 12)
         #expect(floor.takeEvents() == [.granted("a", burst: 4, until: 12 + 60 * second), .taken(by: "a", burst: 4, priority: 1)])
         #expect(floor.currentTalkers == ["b", "a"])
+    }
+
+    @Test func switchingToHalfDuplexEndsADisconnectedTalkerFirst() {
+        var floor = Arbiter(configuration: .fullDuplex(maxTalkers: 4))
+        floor.request("a", priority: 1, canTalk: true, now: 0)
+        floor.request("b", priority: 1, canTalk: true, now: 1 * second)
+        _ = floor.takeEvents()
+        floor.disconnected("a", now: 5 * second)
+        floor.reconfigure(.halfDuplex, now: 6 * second)
+        #expect(floor.takeEvents() == [.revoked("a", .channelChanged), .ended("a", burst: 1, duration: 6 * second)])
+        floor.handleTimeout(now: 7 * second)
+        #expect(floor.currentTalkers == ["b"], "the one talking carries on")
     }
 
     @Test func aShorterQueueDeniesItsTail() {

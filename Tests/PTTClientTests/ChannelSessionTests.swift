@@ -406,6 +406,54 @@ func sent(_ outputs: [SessionOutput]) -> [ClientMessage] {
         #expect(s.serviceStatus == .ready && s.activeRemoteParticipant != nil, "a burst in progress shows its talker")
     }
 
+    @Test func aTalkerBackWithinTheGraceGivesBackTheFloorItNoLongerUses() {
+        var s = joinedSession()
+        s.beginTransmitting(channelID, source: .userRequest)
+        s.received(.floor(FloorEvent(kind: .granted, burst: 5)))
+        _ = s.takeOutputs()
+        s.transportReconnecting()
+        var out = s.takeOutputs()
+        #expect(delegateCalls(out).contains(.didEndTransmitting(channelID, .unknown)))
+        #expect(!sent(out).contains(.floorRelease), "no connection to send it on")
+        s.transportConnected()
+        // The server kept the burst for the grace period: `joined` lists this member as talking.
+        s.received(.joined(channel: ChannelInfo(id: channelID, name: "Ops", image: nil, mode: .halfDuplex, maxBurstSeconds: 60), you: 1,
+                           roster: [participant(1, "Ann"), participant(2, "Bob")], talkers: [Talker(slot: 1, burst: 5)]))
+        out = s.takeOutputs()
+        #expect(sent(out).filter { $0 == .floorRelease }.count == 1)
+        #expect(s.activeRemoteParticipant == nil, "its own burst is not a remote talker")
+        // A rejoin without the floor gives nothing back.
+        s.transportReconnecting()
+        s.transportConnected()
+        s.received(.joined(channel: ChannelInfo(id: channelID, name: "Ops", image: nil, mode: .halfDuplex, maxBurstSeconds: 60), you: 1,
+                           roster: [participant(1, "Ann"), participant(2, "Bob")], talkers: [Talker(slot: 2, burst: 6)]))
+        #expect(!sent(s.takeOutputs()).contains(.floorRelease))
+    }
+
+    @Test func aSpeakerShownFromAPushGoesWhenTheJoinFindsTheBurstOver() {
+        var s = joinedSession()
+        s.suspend()
+        _ = s.takeOutputs()
+        s.pushResult(.activeRemoteParticipant(try! Participant(name: "Bob")), channelID)
+        _ = s.takeOutputs()
+        #expect(s.activeRemoteParticipant?.name == "Bob")
+        s.transportConnected()
+        s.received(.joined(channel: ChannelInfo(id: channelID, name: "Ops", image: nil, mode: .halfDuplex, maxBurstSeconds: 60), you: 1,
+                           roster: [participant(1, "Ann"), participant(2, "Bob")], talkers: []))
+        let out = s.takeOutputs()
+        #expect(s.activeRemoteParticipant == nil)
+        #expect(out.contains(.event(.activeRemoteParticipant(nil))))
+        #expect(delegateCalls(out).contains(.didDeactivate(AudioSession(isTransmitting: false, isReceiving: false))))
+        // Woken while the burst still runs: the speaker stays.
+        s.suspend()
+        s.pushResult(.activeRemoteParticipant(try! Participant(name: "Bob")), channelID)
+        s.transportConnected()
+        s.received(.joined(channel: ChannelInfo(id: channelID, name: "Ops", image: nil, mode: .halfDuplex, maxBurstSeconds: 60), you: 1,
+                           roster: [participant(1, "Ann"), participant(2, "Bob")], talkers: [Talker(slot: 2, burst: 7)]))
+        _ = s.takeOutputs()
+        #expect(s.activeRemoteParticipant?.name == "Bob")
+    }
+
     @Test func receptionIsReportedWhenItMovesAndListenerLossAdaptsTheEncoder() {
         var s = joinedSession()
         func reported(_ percent: Int) -> [ClientMessage] {
