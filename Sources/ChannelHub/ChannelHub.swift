@@ -281,7 +281,7 @@ public final class ChannelHub {
         member.connection = .reconnecting
         member.lastSeen = time.date
         member.reconnectingUntil = time.instant + configuration.disconnectGrace
-        stopCatchUp(&member)
+        stopCatchUp(&member, in: channel)
         channel.members[slot] = member
         reconnecting.append((channel, slot))
         dropExpiry { $0.channel === channel && $0.slot == slot }
@@ -424,7 +424,7 @@ public final class ChannelHub {
             sessions[old] = nil
             outputs.append(.send(.refused(code: .replaced, reason: "you joined this channel from another connection"), to: [old]))
             outputs.append(.close(old, code: .replaced, reason: "replaced by a newer connection"))
-            stopCatchUp(&member)
+            stopCatchUp(&member, in: channel)
         }
         Self.take(claims, into: &member)
         member.link = link
@@ -543,7 +543,7 @@ public final class ChannelHub {
         }
         let before = member.participant
         Self.take(claims, into: &member)
-        if !member.canListen { stopCatchUp(&member) }
+        if !member.canListen { stopCatchUp(&member, in: channel) }
         channel.members[slot] = member
         counters.tokenRenewals += 1
         outputs.append(.store(.upsertMember(member.record(channel: channel.record.id, lastSeen: time.date))))
@@ -582,7 +582,7 @@ public final class ChannelHub {
     /// - Parameter endReason: what the transmission log says of a burst this cuts short.
     func forget(_ channel: ChannelState, slot: UInt16, at time: HubTime, endReason: String = "left") {
         guard var member = channel.members[slot] else { return }
-        stopCatchUp(&member)
+        stopCatchUp(&member, in: channel)
         // The member's row is gone by the time the floor's `.ended` is applied below, and the log
         // entry needs it: a burst cut short by leaving is logged here.
         if channel.floor.mayTalk(slot) { logBurstEnd(channel, slot: slot, reason: endReason, at: time) }
@@ -837,9 +837,13 @@ public final class ChannelHub {
         }
     }
 
-    func stopCatchUp(_ member: inout Member) {
+    /// Ends a member's replay. A burst already over that only it was reading goes back to the spares
+    /// now: on a quiet channel no later burst would recycle it, and it may hold megabytes.
+    func stopCatchUp(_ member: inout Member, in channel: ChannelState) {
+        guard !member.catchUp.isEmpty else { return }
         for cursor in member.catchUp { cursor.recording.readers -= 1 }
         member.catchUp.removeAll()
+        channel.recycleRecordings()
     }
 
     /// Sends each late joiner its next catch-up packets; a joiner that reached the live edge of every
@@ -963,7 +967,7 @@ public final class ChannelHub {
         member.connection = .offline
         member.lastSeen = time.date
         member.reconnectingUntil = nil
-        stopCatchUp(&member)
+        stopCatchUp(&member, in: channel)
         channel.members[slot] = member
         if channel.floor.mayTalk(slot) { channel.endReasons[slot] = "tokenExpired" }
         channel.floor.release(slot, now: time.instant.nanoseconds)

@@ -634,6 +634,22 @@ final class Harness {
     }
 
     /// A member that rejoins on a new connection while it is being replayed is served once, not twice.
+    @Test func aFinishedBurstIsLetGoWhenItsLastReplayEndsEarly() throws {
+        let h = Harness()
+        let ann = h.join("ann")
+        h.send(.floorRequest, from: ann.link)
+        let burst = try #require(h.grantedBurst(ann.link))
+        for sequence in 0 ..< 200 as Range<UInt16> { h.audio(from: ann.link, burst: burst, sequence: sequence, payload: [UInt8](repeating: 7, count: 80)) }
+        let late = h.join("late")
+        h.send(.floorRelease, from: ann.link)
+        let channel = try #require(h.hub.channels[h.channel.id])
+        #expect(channel.recordings.count == 1, "the late joiner is still reading it")
+        h.hub.closed(late.link, at: h.time)
+        h.drain()
+        #expect(channel.recordings.isEmpty, "nobody reads it any more, and no later burst would recycle it")
+        #expect(channel.spareRecordings.count == 1)
+    }
+
     @Test func aRejoinDuringTheReplayIsServedOnce() throws {
         let h = Harness()
         let ann = h.join("ann"), bob = h.join("bob")
