@@ -35,7 +35,8 @@ enum SessionOutput: Sendable, Equatable {
     case mutePlayback(Bool)
     /// Drop whatever is buffered for playback (leaving a channel).
     case flushPlayback
-    /// Try the connection again after this long; answer with `reconnectDue`.
+    /// Try the connection again after at most this long (the engine waits a random time between half
+    /// and all of it); answer with `reconnectDue`.
     case scheduleReconnect(milliseconds: Int)
     /// Ask the push transport for an ephemeral token; answer with `pushTokenIssued`.
     case requestPushToken(UUID)

@@ -289,8 +289,11 @@ actor ManagerEngine {
         case .scheduleReconnect(let milliseconds):
             let sink = commandSink
             reconnectTask?.cancel()
+            // Between half and all of the backoff, at random: after a server restart or an outage,
+            // every client of a channel would otherwise knock at the same moments.
+            let wait = milliseconds / 2 + Int.random(in: 0 ... max(0, milliseconds - milliseconds / 2))
             reconnectTask = Task {
-                try? await Task.sleep(for: .milliseconds(milliseconds))
+                try? await Task.sleep(for: .milliseconds(wait))
                 if !Task.isCancelled { sink.yield(.reconnectDue) }
             }
         case .requestPushToken(let channel):
@@ -363,6 +366,11 @@ actor ManagerEngine {
                         sink.yield(.transportReconnecting(g))
                     case .connection(.connected):
                         sink.yield(.transportConnected(g))
+                    case .connection(.closed(let error)) where error.clientReconnects:
+                        // The client is already handshaking again; `.reconnecting` comes next and says
+                        // so. Taking this for a failure would mark the channel unavailable and open a
+                        // second connection after the backoff.
+                        break
                     case .connection(.closed(let error)):
                         sink.yield(.transportFailed(g, Self.describe(error, credentials)))
                     default:
@@ -400,7 +408,7 @@ actor ManagerEngine {
         let server = "\(credentials.host):\(credentials.port)"
         if let error = error as? ConnectionError {
             switch error {
-            case .handshakeTimeout, .idleTimeout:
+            case .handshakeTimeout, .idleTimeout, .peerUnresponsive:
                 return "no answer from squelchd at \(server); check that it runs and the address and port are right"
             default:
                 return "connection to \(server) failed: \(error.description)"

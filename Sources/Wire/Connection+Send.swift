@@ -213,6 +213,7 @@ extension Connection {
             }
             if !ackElicitingSentSinceReceive {
                 ackElicitingSentSinceReceive = true
+                unansweredSince = now
                 resetIdleTimer(now: now)
             }
         }

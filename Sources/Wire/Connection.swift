@@ -190,6 +190,8 @@ public final class Connection {
     /// When the peer was last heard from (any authenticated packet, keepalive PINGs included).
     @exclusivity(unchecked) public internal(set) var lastReceiveTime: WireInstant
     @exclusivity(unchecked) var ackElicitingSentSinceReceive = false
+    /// When the first ack-eliciting packet since the peer was last heard went out (`livenessTimeout`).
+    @exclusivity(unchecked) var unansweredSince: WireInstant?
     /// Whether to send keepalive PINGs (turn off while an app is in the background).
     @exclusivity(unchecked) public var keepAlive: Bool
 
@@ -324,6 +326,10 @@ public final class Connection {
         }
         startPathChallenge(now: now)
         lastReceiveTime = now
+        // Whatever went unanswered before the move (the last keepalive before the app slept) says
+        // nothing of the new path: its liveness counts from what is sent from here on.
+        ackElicitingSentSinceReceive = false
+        unansweredSince = nil
         resetIdleTimer(now: now)
     }
 
@@ -387,6 +393,13 @@ public final class Connection {
         return chosen == 0 ? 0 : max(chosen, 3 * currentPTO)
     }
 
+    /// When the peer counts as gone if it stays silent (`livenessTimeout`); only once established, so a
+    /// handshake is judged by the handshake timeout alone.
+    var livenessDeadline: WireInstant? {
+        guard state == .established, config.livenessTimeout > 0, let since = unansweredSince else { return nil }
+        return since + max(config.livenessTimeout, 3 * currentPTO)
+    }
+
     func resetIdleTimer(now: WireInstant) {
         idleDeadline = idleTimeout == 0 ? nil : now + idleTimeout
         keepAliveDeadline = config.keepAliveInterval == 0 ? nil : now + config.keepAliveInterval
@@ -408,6 +421,7 @@ public final class Connection {
         default: break
         }
         consider(idleDeadline)
+        consider(livenessDeadline)
         consider(handshakeDeadline)
         consider(handshakeRetransmitAt)
         consider(ackDeadline)
@@ -433,6 +447,11 @@ public final class Connection {
         if let deadline = idleDeadline, deadline <= now {
             state = .closed
             finish(.idleTimeout)
+            return
+        }
+        if let deadline = livenessDeadline, deadline <= now {
+            state = .closed
+            finish(.peerUnresponsive)
             return
         }
         if let deadline = handshakeDeadline, deadline <= now, state == .handshaking {

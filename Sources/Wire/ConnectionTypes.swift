@@ -32,6 +32,9 @@ public enum ConnectionError: Error, Sendable, Equatable, CustomStringConvertible
     case handshake(HandshakeFailure)
     case handshakeTimeout
     case idleTimeout
+    /// Nothing came back for `livenessTimeout` after this side sent something that needed an answer:
+    /// the peer is gone (crashed, unplugged) or the path is dead.
+    case peerUnresponsive
     /// The server no longer knows this connection (it restarted); a new handshake is needed.
     case statelessReset
     /// The server speaks none of the versions this client offered.
@@ -43,6 +46,11 @@ public enum ConnectionError: Error, Sendable, Equatable, CustomStringConvertible
         return false
     }
 
+    /// Whether `WireClient` starts a new handshake by itself after this (and reports `.reconnecting`).
+    public var clientReconnects: Bool {
+        self == .statelessReset || self == .idleTimeout || self == .peerUnresponsive || isInvalidToken
+    }
+
     public var description: String {
         switch self {
         case .local(let code, let reason): return "closed locally (code \(code)): \(reason)"
@@ -51,6 +59,7 @@ public enum ConnectionError: Error, Sendable, Equatable, CustomStringConvertible
         case .handshake(let failure): return "handshake failed: \(failure)"
         case .handshakeTimeout: return "no handshake response in time; check the server address and that squelchd is running"
         case .idleTimeout: return "the connection was idle too long"
+        case .peerUnresponsive: return "the other side stopped answering"
         case .statelessReset: return "the server no longer knows this connection (it restarted)"
         case .versionNegotiation(let versions):
             return "the server speaks only protocol versions \(versions.map { "0x" + String($0, radix: 16) }); upgrade this client"
@@ -112,6 +121,13 @@ public struct ConnectionConfiguration: Sendable {
     /// mappings alive; a backgrounded client turns it off (`Connection.keepAlive`).
     public var keepAliveInterval: UInt64 = 0
     public var handshakeTimeout: UInt64 = seconds(10)
+    /// Close with `peerUnresponsive` when nothing has come back this long after the first
+    /// ack-eliciting packet sent since the peer was last heard (0: never; the idle timeout still
+    /// applies). Clients use 20 s: with keepalives every 15 s, a server that crashed or a path that
+    /// died is noticed within 35 s instead of at the 300 s idle timeout, while the user still sees
+    /// the channel as ready. Servers leave it off: a backgrounded client answers nothing for minutes
+    /// and must still find its session for a fast resume.
+    public var livenessTimeout: UInt64 = 0
     /// Suites in order of preference.
     public var suites: [CipherSuite] = [.aes128GCMSHA256, .chacha20Poly1305SHA256]
     /// Packets sealed under one key before a key update; never more than the suite's limit allows.
@@ -134,6 +150,7 @@ public struct ConnectionConfiguration: Sendable {
     public static var client: ConnectionConfiguration {
         var c = ConnectionConfiguration()
         c.keepAliveInterval = seconds(15)
+        c.livenessTimeout = seconds(20)
         return c
     }
 }

@@ -78,7 +78,7 @@ public final class WireClient {
             case .newToken(let fresh):
                 token = fresh
                 events.append(.connection(event))
-            case .closed(let error) where error == .statelessReset || error == .idleTimeout || error.isInvalidToken:
+            case .closed(let error) where error.clientReconnects:
                 if error.isInvalidToken { token = [] }
                 events.append(.connection(event))
                 reconnects += 1

@@ -552,6 +552,40 @@ final class LocalPushTransport: PushTransport {
         await fixture.stop()
     }
 
+    @Test func aServerThatStopsAnsweringShowsAsConnectingThenReadyAgain() async throws {
+        let fixture = try await ClientFixture(pushes: false)
+        let id = fixture.channel.id
+        let proxy = ImpairmentProxy(upstream: try SocketAddress(ipAddress: "127.0.0.1", port: fixture.listening.voicePort),
+                                    clientToServer: Impairment(), serverToClient: Impairment())
+        let port = try await proxy.start()
+        // The client's timers shortened from 15 s and 20 s so that the test takes seconds.
+        var connection = ConnectionConfiguration.client
+        connection.keepAliveInterval = 500_000_000
+        connection.livenessTimeout = 1_500_000_000
+        let delegate = RecordingDelegate()
+        let ann = try await ChannelManager.channelManager(delegate: delegate, restorationDelegate: delegate, configuration: ChannelManagerConfiguration(
+            stateDirectory: fixture.stateDirectory("liveness"), connection: connection))
+        let events = EventLog(ann)
+        var credentials = fixture.credentials(try await fixture.token("ann"))
+        credentials.port = port
+        ann.requestJoinChannel(channelUUID: id, descriptor: ChannelDescriptor(name: "Ops"), credentials: credentials)
+        #expect(await delegate.wait(for: .didJoin(.developerRequest)))
+        #expect(ann.serviceStatus == .ready)
+        // The path dies for 3 s (a crashed server or a dead network look the same from here).
+        await proxy.blackhole(for: .seconds(3))
+        #expect(await eventually(seconds: 5) { ann.serviceStatus == .connecting }, "noticed long before the 300 s idle timeout")
+        #expect(await eventually(seconds: 15) { ann.serviceStatus == .ready }, "back once the path is")
+        let statuses = events.all.compactMap { if case .serviceStatus(let status) = $0 { return status } else { return nil } }
+        // The client reconnects by itself: no detour through `unavailable` (which would also mean a
+        // second connection opened after the backoff), and no second didJoin.
+        #expect(!statuses.contains(.unavailable), "\(statuses)")
+        #expect(statuses.suffix(2) == [.connecting, .ready], "\(statuses)")
+        #expect(delegate.calls.withLockedValue { $0.filter { $0 == .didJoin(.developerRequest) }.count } == 1)
+        await ann.invalidate()
+        await proxy.stop()
+        await fixture.stop()
+    }
+
     @Test func aListenerBehindALossyRebindingNATStillHearsTheBurst() async throws {
         let fixture = try await ClientFixture(pushes: false)
         let id = fixture.channel.id

@@ -269,6 +269,25 @@ import Testing
         #expect(sim.clients[1].reconnects == 0 && sim.connected(1), "keepalives hold the connection open")
     }
 
+    @Test func aServerThatStopsAnsweringIsNoticedInSecondsNotAtTheIdleTimeout() async throws {
+        let pki = try TestPKI()
+        let sim = Simulation(seed: 53, pki: pki, secrets: try pki.secrets())
+        sim.addClient()  // keepalive every 15 s, liveness 20 s, idle timeout 300 s
+        _ = try await sim.connect(0)
+        await sim.run(for: seconds(1))
+        // The server crashes, or the path dies: nothing the client sends gets through.
+        sim.network.blackhole.insert(sim.serverAddress)
+        let start = sim.network.now
+        await sim.run(for: seconds(60)) { sim.clientEvents[0].contains(.connection(.closed(.peerUnresponsive))) }
+        let noticed = sim.network.now.since(start)
+        #expect(sim.clientEvents[0].contains(.connection(.closed(.peerUnresponsive))))
+        // The first unanswered packet is the next keepalive (at most 15 s away), then 20 s.
+        #expect(noticed >= seconds(20) && noticed <= seconds(36), "noticed after \(noticed / 1_000_000) ms")
+        #expect(sim.clients[0].reconnects == 1, "and it handshakes again by itself")
+        #expect(sim.clientEvents[0].contains(.reconnecting(.peerUnresponsive)))
+        #expect(ConnectionError.peerUnresponsive.clientReconnects && !ConnectionError.handshakeTimeout.clientReconnects)
+    }
+
     @Test func aHandshakeWithNoAnswerTimesOutWithAHint() async throws {
         let pki = try TestPKI()
         let sim = Simulation(seed: 52, pki: pki, secrets: try pki.secrets())
