@@ -15,6 +15,12 @@ public struct SquelchServer: Sendable {
     public let configuration: ServerConfiguration
     public let identity: ServerIdentity
     private let logger: Logger
+    /// How long a graceful shutdown may take before the services still running are cancelled. Without
+    /// a limit an admin client that sends half a request, or a disk that stops answering, holds the
+    /// process until the service manager kills it (systemd after 90 s), and members are never told
+    /// the server is going away. 30 s covers the voice service's own waits (a close waits at most
+    /// 10 s for its `refused` to be acknowledged, the store writer 10 s for a failing database).
+    public var shutdownLimit: Duration = .seconds(30)
 
     /// Fails with an actionable error if the configuration, data directory or certificate is wrong.
     public init(configuration: ServerConfiguration, logger: Logger = Logger(label: "squelchd")) throws {
@@ -115,10 +121,10 @@ public struct SquelchServer: Sendable {
         if let dispatcher { services.append(.init(service: dispatcher)) }
         services.append(.init(service: voice))
         services.append(.init(service: adminApplication(context: admin, onListening: { await latch.admin($0) })))
-        let group = ServiceGroup(configuration: .init(
-            services: services,
-            gracefulShutdownSignals: [.sigterm, .sigint],
-            logger: logger))
+        var groupConfiguration = ServiceGroupConfiguration(services: services, gracefulShutdownSignals: [.sigterm, .sigint],
+                                                           logger: logger)
+        groupConfiguration.maximumGracefulShutdownDuration = shutdownLimit
+        let group = ServiceGroup(configuration: groupConfiguration)
         await latch.setGroup(group)
         try await group.run()
         logger.notice("squelchd stopped")

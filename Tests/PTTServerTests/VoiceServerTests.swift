@@ -38,7 +38,8 @@ final class ServerFixture: Sendable {
     /// With `pushCertificates` (a directory made by certs/make-dev-certs.sh), pushes go to the embedded
     /// APNs simulator on free ports; without, pushes are off.
     func start(pushCertificates: String? = nil, wakeSilence: Double? = nil,
-               transmissionLogDays: Int? = nil, memberRetentionDays: Int? = nil) async throws -> (task: Task<Void, any Error>, listening: SquelchServer.Listening) {
+               transmissionLogDays: Int? = nil, memberRetentionDays: Int? = nil,
+               shutdownLimit: Duration? = nil) async throws -> (task: Task<Void, any Error>, listening: SquelchServer.Listening) {
         var configuration = ServerConfiguration()
         configuration.dataDirectory = dataDirectory
         configuration.port = 0
@@ -57,9 +58,10 @@ final class ServerFixture: Sendable {
         if let wakeSilence { configuration.pushWakeSilenceSeconds = wakeSilence }
         if let transmissionLogDays { configuration.transmissionLogDays = transmissionLogDays }
         if let memberRetentionDays { configuration.memberRetentionDays = memberRetentionDays }
-        let server = try SquelchServer(configuration: configuration, identity: identity)
+        var server = try SquelchServer(configuration: configuration, identity: identity)
+        if let shutdownLimit { server.shutdownLimit = shutdownLimit }
         let (ready, continuation) = AsyncStream.makeStream(of: SquelchServer.Listening.self)
-        let task = Task { try await server.run(onReady: { continuation.yield($0) }) }
+        let task = Task { [server] in try await server.run(onReady: { continuation.yield($0) }) }
         var iterator = ready.makeAsyncIterator()
         let listening = try #require(await iterator.next(), "squelchd did not start")
         return (task, listening)
@@ -441,6 +443,37 @@ func slot(of member: TestMember) -> UInt16? {
         #expect(received.first.map { Array($0[AudioHeader.size...]) } == [0, 0xAA])
         await listening.shutdown()
         _ = await task.result
+    }
+
+    @Test(.timeLimit(.minutes(1))) func aHalfSentAdminRequestCannotHoldUpTheShutdown() async throws {
+        let fixture = try await ServerFixture()
+        let (task, listening) = try await fixture.start(shutdownLimit: .seconds(2))
+        let bob = try await fixture.member("bob", port: listening.voicePort)
+        // An admin client sends its headers and 10 of the 100 body bytes it announced, then stalls.
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = in_port_t(UInt16(listening.adminPort).bigEndian)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        let connected = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+        }
+        #expect(connected == 0)
+        defer { close(fd) }
+        let request = "POST /v1/channels HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer test-admin-key-0123456789\r\n"
+            + "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"name\": \"x"
+        #expect(Array(request.utf8).withUnsafeBytes { send(fd, $0.baseAddress, $0.count, 0) } == request.utf8.count)
+        try await Task.sleep(for: .milliseconds(200))
+        let start = ContinuousClock.now
+        await listening.shutdown()
+        _ = await task.result
+        let took = ContinuousClock.now - start
+        #expect(took < .seconds(10), "the shutdown took \(took)")
+        // The voice service still said goodbye.
+        let closed = await bob.waitForEvent {
+            if case .connection(.closed(.peer(let code, _, true))) = $0 { return code == CloseCode.goingAway.rawValue } else { return false }
+        }
+        #expect(closed != nil, "no going-away close")
     }
 
     @Test func aRestartKeepsChannelsMembersAndPushTokens() async throws {
