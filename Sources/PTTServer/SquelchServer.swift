@@ -3,6 +3,7 @@ import APNsSimulator
 import ChannelStore
 import Foundation
 import NIOConcurrencyHelpers
+import NIOCore
 import Hummingbird
 import Logging
 import ParticipantTokens
@@ -70,9 +71,16 @@ public struct SquelchServer: Sendable {
     /// admin API first, then the voice transport (members are told the server is going away), and
     /// the database last, once every pending write is in. `onReady` runs once both listeners are up.
     public func run(onReady: @escaping @Sendable (Listening) async -> Void = { _ in }) async throws {
+        // Absolute, because a relative data directory counts from wherever the server was started.
+        let dataDirectory = URL(fileURLWithPath: configuration.dataDirectory).standardizedFileURL.path
         logger.notice("squelchd starting", metadata: [
-            "data": .string(configuration.dataDirectory), "certificate": .string(identity.summary),
+            "data": .string(dataDirectory), "certificate": .string(identity.summary),
         ])
+        if !FileManager.default.fileExists(atPath: dataDirectory + "/" + SQLiteChannelStore.defaultFileName) {
+            // A server started from another working directory, or by a unit without one, would otherwise
+            // come up empty in silence: no channels, and a new token key that calls every token forged.
+            logger.warning("no database in \(dataDirectory): starting a new one, with no channels. If this server had channels, it kept them in another directory: stop it and pass that one with --data-dir (a relative path counts from the working directory)")
+        }
         let store = try SQLiteChannelStore(directory: configuration.dataDirectory)
         let tokens: TokenAuthority
         if let path = configuration.tokenKeyPath {
@@ -120,7 +128,14 @@ public struct SquelchServer: Sendable {
         if let (simulator, _) = push.simulator { services.append(.init(service: SimulatorService(simulator: simulator, logger: logger))) }
         if let dispatcher { services.append(.init(service: dispatcher)) }
         services.append(.init(service: voice))
-        services.append(.init(service: adminApplication(context: admin, onListening: { await latch.admin($0) })))
+        let adminStarted = NIOLockedValueBox(false)
+        let adminApp = adminApplication(context: admin, onListening: { port in
+            adminStarted.withLockedValue { $0 = true }
+            await latch.admin(port)
+        })
+        services.append(.init(service: NamedBindFailure(base: adminApp, started: adminStarted) { [configuration] error in
+            ListenError.admin(host: configuration.adminHost, port: configuration.adminPort, error)
+        }))
         var groupConfiguration = ServiceGroupConfiguration(services: services, gracefulShutdownSignals: [.sigterm, .sigint],
                                                            logger: logger)
         groupConfiguration.maximumGracefulShutdownDuration = shutdownLimit
@@ -128,6 +143,22 @@ public struct SquelchServer: Sendable {
         await latch.setGroup(group)
         try await group.run()
         logger.notice("squelchd stopped")
+    }
+}
+
+/// Runs `base`, and turns a socket error it throws before it was listening (a port in use, an address
+/// the machine lacks) into `name`'s error, which says which setting to change.
+struct NamedBindFailure<Base: Service>: Service {
+    let base: Base
+    let started: NIOLockedValueBox<Bool>
+    let name: @Sendable (any Error) -> any Error
+
+    func run() async throws {
+        do {
+            try await base.run()
+        } catch where (error is IOError || error is SocketAddressError || error is SocketAddressError.UnknownHost) && !started.withLockedValue({ $0 }) {
+            throw name(error)
+        }
     }
 }
 

@@ -96,9 +96,14 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
         var endpointConfiguration = EndpointConfiguration()
         endpointConfiguration.maxConnections = configuration.maxConnections
         endpointConfiguration.handshakesPerSecondPerAddress = configuration.handshakesPerSecondPerAddress
-        let server = try await WireServer.start(host: configuration.host, port: configuration.port,
+        let server: WireServer
+        do {
+            server = try await WireServer.start(host: configuration.host, port: configuration.port,
                                                 endpoint: Endpoint(secrets: secrets, configuration: endpointConfiguration),
                                                 delegate: ForwardingDelegate(driver: box), on: eventLoop)
+        } catch {
+            throw ListenError.voice(host: configuration.host, port: configuration.port, error)
+        }
         try await eventLoop.submit { box.value.server = server }.get()
         running.withLockedValue { $0 = Running(server: server, driver: box) }
         logger.notice("voice transport listening", metadata: ["address": "\(server.localAddress)", "channels": "\(channelCount)"])

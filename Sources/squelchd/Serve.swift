@@ -149,6 +149,8 @@ struct Serve: AsyncParsableCommand {
             throw Self.configurationFailure(error)  // the admin key file, found only once the data directory exists
         } catch let error as TokenKeyError {
             throw Self.configurationFailure(error)
+        } catch let error as ListenError {
+            throw Self.configurationFailure(error)  // a port in use, an address this machine lacks
         }
     }
 

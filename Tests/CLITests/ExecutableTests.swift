@@ -128,6 +128,34 @@ enum Executables {
         #expect(result.err.contains("/nonexistent/chain.pem") && result.err.contains("make certs"))
     }
 
+    @Test func squelchdNamesAPortInUseAndTheSettingToChange() throws {
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("squelchd-port-\(UUID())")
+        defer { try? FileManager.default.removeItem(at: dir) }
+        let certs = dir.appendingPathComponent("certs").path
+        try Executables.makeDevCertificates(into: certs)
+        // Another process holds the UDP port.
+        let fd = socket(AF_INET, Int32(SOCK_DGRAM.rawValue), 0)
+        defer { close(fd) }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        let bound = withUnsafeMutablePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, length) == 0 && getsockname(fd, $0, &length) == 0 }
+        }
+        #expect(bound)
+        let port = Int(UInt16(bigEndian: address.sin_port))
+        let result = try Executables.run("squelchd", ["serve", "--port", "\(port)", "--admin-port", "0", "--apns", "off",
+                                                      "--data-dir", dir.appendingPathComponent("data").path,
+                                                      "--cert", certs + "/server-chain.pem", "--key", certs + "/server.key"])
+        #expect(result.status == 78)
+        let last = result.err.split(separator: "\n").last.map(String.init) ?? ""
+        #expect(last == "squelchd: the voice transport (UDP) can't listen on 127.0.0.1:\(port): the port is in use (another squelchd?); "
+                + "stop that process or choose another port with --port, SQUELCH_PORT or \"port\" in the config file", "\(result.err)")
+        // It started from an empty directory, and said so, with the absolute path.
+        #expect(result.err.contains("no database in \(dir.appendingPathComponent("data").path)"))
+    }
+
     /// Starts the real server on a free port with certificates from the real script, asks /healthz,
     /// then stops it with SIGTERM and expects a clean exit.
     @Test func squelchdServesHealthAndStopsOnSIGTERM() async throws {
