@@ -229,7 +229,8 @@ public final class ChannelManager: Sendable {
     /// `handsfreeButton`, unless `setAccessoryButtonEventsEnabled(false)`. Works in the background.
     public func accessoryButton(pressed: Bool, channelUUID: UUID) { engine.submit(.accessory(pressed, channelUUID)) }
 
-    /// Silences (or unmutes) what the channel plays, without leaving it or touching the floor.
+    /// Silences (or unmutes) what the channel plays, without leaving it or touching the floor. The
+    /// roster shows every member that this one muted the channel (`RosterEntry.muted`).
     public func setPlaybackMuted(_ muted: Bool) { engine.submit(.playbackMuted(muted)) }
 
     /// Closes the voice connection to save power, as iOS does to a suspended app; the channel stays,

@@ -78,6 +78,8 @@ struct ChannelSession {
     private(set) var link = Link.down
     private(set) var appState = AppState.foreground
     private(set) var callActive = false
+    /// Playback silenced by the user (`setMuted`), as the roster should show it.
+    private(set) var muted = false
     private(set) var serviceStatus = ServiceStatus.ready
     private(set) var transmit = Transmit.idle
     private(set) var activeRemoteParticipant: Participant?
@@ -285,6 +287,15 @@ struct ChannelSession {
     mutating func accessoryButton(pressed: Bool, _ uuid: UUID) {
         guard accessoryButtonEventsEnabled, channel == uuid else { return }
         if pressed { beginTransmitting(uuid, source: .handsfreeButton) } else { stopTransmitting(uuid, source: .handsfreeButton) }
+    }
+
+    /// The user silenced the channel's playback (or turned it back on). The roster shows everyone that
+    /// this member muted the channel, so a dispatcher knows who will not hear a call; each new session
+    /// says it again, since the server forgets it across restarts.
+    mutating func setMuted(_ value: Bool) {
+        guard muted != value else { return }
+        muted = value
+        if link == .joined { outputs.append(.send(.setMuted(value))) }
     }
 
     /// The app closes the voice connection to save power; pushes wake it (`pushResult`).
@@ -497,6 +508,7 @@ struct ChannelSession {
             outputs.append(.event(.channelInfo(info)))
             outputs.append(.event(.transmissionMode(transmissionMode)))
             if pushToken == nil { outputs.append(.requestPushToken(channel)) } else { registerToken() }
+            if (roster[slot]?.muted ?? false) != muted { outputs.append(.send(.setMuted(muted))) }
             unheardSent = nil
             sendSubscriptionsIfChanged()
             outputs.append(.event(.roster(rosterEntries)))

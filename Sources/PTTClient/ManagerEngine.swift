@@ -203,6 +203,7 @@ actor ManagerEngine {
         case .playbackMuted(let muted):
             playbackMuted = muted
             receiver.setMuted(muted || session.callActive)
+            session.setMuted(muted)
         case .receptionMeasured(let percent):
             session.receptionMeasured(percent)
         }

@@ -389,6 +389,27 @@ import X509
         await fixture.stop()
     }
 
+    @Test func aMemberWhoMutesTheChannelShowsAsMutedToEveryone() async throws {
+        let fixture = try await ClientFixture(pushes: false)
+        let id = fixture.channel.id
+        let annDelegate = RecordingDelegate(), bobDelegate = RecordingDelegate()
+        let ann = try await manager(fixture, "mute-ann", annDelegate, pushes: false)
+        let bob = try await manager(fixture, "mute-bob", bobDelegate, pushes: false)
+        ann.requestJoinChannel(channelUUID: id, descriptor: ChannelDescriptor(name: "Ops"), credentials: fixture.credentials(try await fixture.token("ann")))
+        bob.requestJoinChannel(channelUUID: id, descriptor: ChannelDescriptor(name: "Ops"), credentials: fixture.credentials(try await fixture.token("bob")))
+        #expect(await annDelegate.wait(for: .didJoin(.developerRequest)))
+        #expect(await bobDelegate.wait(for: .didJoin(.developerRequest)))
+        #expect(await eventually { bob.roster.first { $0.userID == "ann" }?.muted == false })
+        ann.setPlaybackMuted(true)
+        #expect(await eventually { bob.roster.first { $0.userID == "ann" }?.muted == true }, "Bob sees that Ann will not hear him")
+        #expect(await eventually { ann.roster.first { $0.userID == "ann" }?.muted == true })
+        ann.setPlaybackMuted(false)
+        #expect(await eventually { bob.roster.first { $0.userID == "ann" }?.muted == false })
+        await ann.invalidate()
+        await bob.invalidate()
+        await fixture.stop()
+    }
+
     @Test func theSubscriptionStrategyKeepsUnwantedTalkersOffTheWire() async throws {
         let fixture = try await ClientFixture(pushes: false)
         let id = fixture.channel.id

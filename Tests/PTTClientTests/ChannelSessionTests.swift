@@ -454,6 +454,36 @@ func sent(_ outputs: [SessionOutput]) -> [ClientMessage] {
         #expect(s.activeRemoteParticipant?.name == "Bob")
     }
 
+    @Test func mutingPlaybackShowsInTheRosterAndEveryNewSessionSaysItAgain() {
+        var s = joinedSession()
+        s.setMuted(true)
+        #expect(sent(s.takeOutputs()) == [.setMuted(true)])
+        s.setMuted(true)
+        #expect(sent(s.takeOutputs()).isEmpty, "the same value again sends nothing")
+        // A new session (the server restarted and forgot): its own entry says unmuted, so it is said again.
+        s.transportReconnecting()
+        s.transportConnected()
+        s.received(.joined(channel: ChannelInfo(id: channelID, name: "Ops", image: nil, mode: .halfDuplex, maxBurstSeconds: 60), you: 1,
+                           roster: [participant(1, "Ann"), participant(2, "Bob")], talkers: []))
+        #expect(sent(s.takeOutputs()).contains(.setMuted(true)))
+        // Unmuted while the connection is down: nothing to send it on, so the next join says it.
+        s.transportReconnecting()
+        s.setMuted(false)
+        #expect(!sent(s.takeOutputs()).contains(.setMuted(false)))
+        s.transportConnected()
+        var ann = participant(1, "Ann")
+        ann.muted = true
+        s.received(.joined(channel: ChannelInfo(id: channelID, name: "Ops", image: nil, mode: .halfDuplex, maxBurstSeconds: 60), you: 1,
+                           roster: [ann, participant(2, "Bob")], talkers: []))
+        #expect(sent(s.takeOutputs()).contains(.setMuted(false)))
+        // A join whose entry already agrees sends nothing.
+        s.transportReconnecting()
+        s.transportConnected()
+        s.received(.joined(channel: ChannelInfo(id: channelID, name: "Ops", image: nil, mode: .halfDuplex, maxBurstSeconds: 60), you: 1,
+                           roster: [participant(1, "Ann"), participant(2, "Bob")], talkers: []))
+        #expect(!sent(s.takeOutputs()).contains { if case .setMuted = $0 { true } else { false } })
+    }
+
     @Test func receptionIsReportedWhenItMovesAndListenerLossAdaptsTheEncoder() {
         var s = joinedSession()
         func reported(_ percent: Int) -> [ClientMessage] {
