@@ -393,9 +393,28 @@ actor ManagerEngine {
         guard let client else { return }
         self.client = nil
         generation += 1
-        await client.close(code: CloseCode.normal.rawValue, reason: "client closed")
-        for task in connectionTasks { task.cancel() }
+        let tasks = connectionTasks
         connectionTasks = []
+        await Self.waitUntilControlAcknowledged(client, atMost: .milliseconds(1_500))
+        await client.close(code: CloseCode.normal.rawValue, reason: "client closed")
+        for task in tasks { task.cancel() }
+    }
+
+    /// Waits, at most `limit`, until the server has acknowledged everything sent on the control
+    /// stream. A closing connection sends nothing but CONNECTION_CLOSE, so a `leave` (or the
+    /// `floorRelease` before a suspend) lost on the way would be lost for good: the server would take
+    /// the close for a dropped connection and keep the member, and its push token, in the channel.
+    /// Returns at once when nothing waits or the connection is no longer up.
+    static func waitUntilControlAcknowledged(_ client: WireClientChannel, atMost limit: Duration) async {
+        let deadline = ContinuousClock.now + limit
+        while ContinuousClock.now < deadline {
+            let waiting = (try? await client.withClient { client -> Bool in
+                guard let connection = client?.connection, connection.state == .established else { return false }
+                return connection.controlSendSpace < connection.controlSendLimit
+            }) ?? false
+            guard waiting else { return }
+            try? await Task.sleep(for: .milliseconds(10))
+        }
     }
 
     static func describeSetup(_ error: any Error, _ credentials: ChannelCredentials) -> String {

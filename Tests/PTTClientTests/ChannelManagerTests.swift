@@ -607,6 +607,36 @@ final class LocalPushTransport: PushTransport {
         await fixture.stop()
     }
 
+    @Test func aLeaveLostOnTheWayIsSentAgainBeforeTheConnectionCloses() async throws {
+        let fixture = try await ClientFixture(pushes: false)
+        let id = fixture.channel.id
+        let proxy = ImpairmentProxy(upstream: try SocketAddress(ipAddress: "127.0.0.1", port: fixture.listening.voicePort),
+                                    clientToServer: Impairment(), serverToClient: Impairment())
+        let port = try await proxy.start()
+        let annDelegate = RecordingDelegate(), bobDelegate = RecordingDelegate()
+        let ann = try await ChannelManager.channelManager(delegate: annDelegate, restorationDelegate: annDelegate, configuration: ChannelManagerConfiguration(
+            stateDirectory: fixture.stateDirectory("leave-ann")))
+        let bob = try await ChannelManager.channelManager(delegate: bobDelegate, restorationDelegate: bobDelegate, configuration: ChannelManagerConfiguration(
+            stateDirectory: fixture.stateDirectory("leave-bob")))
+        var credentials = fixture.credentials(try await fixture.token("ann"))
+        credentials.port = port
+        ann.requestJoinChannel(channelUUID: id, descriptor: ChannelDescriptor(name: "Ops"), credentials: credentials)
+        bob.requestJoinChannel(channelUUID: id, descriptor: ChannelDescriptor(name: "Ops"), credentials: fixture.credentials(try await fixture.token("bob")))
+        #expect(await annDelegate.wait(for: .didJoin(.developerRequest)))
+        #expect(await bobDelegate.wait(for: .didJoin(.developerRequest)))
+        #expect(await eventually { bob.roster.contains { $0.userID == "ann" } })
+        // Ann's leave, and anything else she sends for the next 300 ms, is lost.
+        await proxy.blackhole(for: .milliseconds(300))
+        ann.leaveChannel(channelUUID: id)
+        #expect(await annDelegate.wait(for: .didLeave(.developerRequest)))
+        #expect(await eventually(seconds: 5) { !bob.roster.contains { $0.userID == "ann" } },
+                "the server heard the leave: Ann is out of the roster, not a connected member with a dead connection")
+        await ann.invalidate()
+        await bob.invalidate()
+        await proxy.stop()
+        await fixture.stop()
+    }
+
     @Test func aListenerBehindALossyRebindingNATStillHearsTheBurst() async throws {
         let fixture = try await ClientFixture(pushes: false)
         let id = fixture.channel.id
