@@ -20,6 +20,17 @@ public enum KeyFiles {
         public let description: String
     }
 
+    /// The mode of `path` (as "0644") if users other than its owner may read or write it, nil if only
+    /// the owner may (or it can't be read). A key made here is 0600; one restored from a backup, copied
+    /// with the wrong umask or mounted from a secret volume may not be, and whoever reads a token key
+    /// can sign tokens.
+    public static func looseMode(of path: String) -> String? {
+        var info = stat()
+        guard stat(path, &info) == 0, info.st_mode & 0o077 != 0 else { return nil }
+        let mode = info.st_mode & 0o7777
+        return "0" + String(mode, radix: 8)
+    }
+
     /// Writes `contents` to `path` (mode 0600) unless a file is there already; never replaces one.
     ///
     /// The contents go to a temporary file next to `path`, are synced, and the temporary file is linked

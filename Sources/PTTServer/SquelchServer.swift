@@ -5,6 +5,7 @@ import Foundation
 import NIOConcurrencyHelpers
 import NIOCore
 import Hummingbird
+import KeyFiles
 import Logging
 import ParticipantTokens
 import ServiceLifecycle
@@ -98,6 +99,12 @@ public struct SquelchServer: Sendable {
             logger.warning("could not record the token key's public half; 'squelchd token issue' cannot check its key against it",
                            metadata: ["error": "\(error)"])
         }
+        let adminKey = try configuration.resolveAdminKey()
+        warnIfLoose(configuration.resolvedTokenKeyPath, "the participant-token signing key", "anyone who reads it can sign tokens for every channel")
+        if configuration.adminKey == nil {
+            warnIfLoose(configuration.adminKeyFile ?? configuration.generatedAdminKeyPath, "the admin key",
+                        "anyone who reads it can use the admin API")
+        }
         let metrics = ServerMetrics()
         let writer = StoreWriter(store: store, metrics: metrics, logger: logger)
         let push = try await PushSetup.make(configuration: configuration, logger: logger)
@@ -113,7 +120,7 @@ public struct SquelchServer: Sendable {
                                  onListening: { address in await latch.voice(address.port ?? 0) })
         voiceBox.withLockedValue { $0 = voice }
         let admin = AdminContext(
-            store: store, tokens: tokens, adminKey: try configuration.resolveAdminKey(), hub: voice,
+            store: store, tokens: tokens, adminKey: adminKey, hub: voice,
             registry: metrics.registry, identitySummary: identity.summary,
             readiness: {
                 guard voice.isRunning else { return .unavailable(reason: "the voice transport is not running") }
@@ -143,6 +150,15 @@ public struct SquelchServer: Sendable {
         await latch.setGroup(group)
         try await group.run()
         logger.notice("squelchd stopped")
+    }
+}
+
+extension SquelchServer {
+    /// Warns (and goes on: a secret volume may be mounted 0644 on purpose) when a secret file is open to
+    /// other users.
+    func warnIfLoose(_ path: String, _ what: String, _ risk: String) {
+        guard let mode = KeyFiles.looseMode(of: path) else { return }
+        logger.warning("\(what) \(path) is open to other users (mode \(mode)): \(risk); run chmod 600 \(path)")
     }
 }
 

@@ -128,7 +128,7 @@ enum Executables {
         #expect(result.err.contains("/nonexistent/chain.pem") && result.err.contains("make certs"))
     }
 
-    @Test func squelchdNamesAPortInUseAndTheSettingToChange() throws {
+    @Test func squelchdNamesAPortInUseAndWarnsOfLooseSecrets() throws {
         let dir = FileManager.default.temporaryDirectory.appendingPathComponent("squelchd-port-\(UUID())")
         defer { try? FileManager.default.removeItem(at: dir) }
         let certs = dir.appendingPathComponent("certs").path
@@ -145,7 +145,12 @@ enum Executables {
         }
         #expect(bound)
         let port = Int(UInt16(bigEndian: address.sin_port))
+        // An admin key any local user can read (a backup restored with the wrong mode): a warning.
+        let keyFile = dir.appendingPathComponent("admin.key").path
+        try "a-key-long-enough-for-squelchd-0123456789\n".write(toFile: keyFile, atomically: true, encoding: .utf8)
+        try FileManager.default.setAttributes([.posixPermissions: 0o644], ofItemAtPath: keyFile)
         let result = try Executables.run("squelchd", ["serve", "--port", "\(port)", "--admin-port", "0", "--apns", "off",
+                                                      "--admin-key-file", keyFile,
                                                       "--data-dir", dir.appendingPathComponent("data").path,
                                                       "--cert", certs + "/server-chain.pem", "--key", certs + "/server.key"])
         #expect(result.status == 78)
@@ -154,6 +159,8 @@ enum Executables {
                 + "stop that process or choose another port with --port, SQUELCH_PORT or \"port\" in the config file", "\(result.err)")
         // It started from an empty directory, and said so, with the absolute path.
         #expect(result.err.contains("no database in \(dir.appendingPathComponent("data").path)"))
+        #expect(result.err.contains("the admin key \(keyFile) is open to other users (mode 0644)"), "\(result.err)")
+        #expect(!result.err.contains("token-key.pem is open"), "the key it made itself is 0600")
     }
 
     /// Starts the real server on a free port with certificates from the real script, asks /healthz,
