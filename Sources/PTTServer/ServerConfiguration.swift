@@ -34,6 +34,10 @@ public struct ServerConfiguration: Sendable, Equatable {
     /// first run. Set, it must exist: a configured key that is missing is a mistake to report, not a
     /// reason to sign with a new key that no token issued so far matches.
     public var tokenKeyPath: String?
+    /// The token key used before the current one (P-256, PEM), during a key rotation: tokens it signed
+    /// are still accepted until they expire (at most 30 days), while new ones are signed with the
+    /// current key. Nil: only the current key.
+    public var previousTokenKeyPath: String?
     /// PEM chain the transport presents (leaf first).
     public var certificateChainPath: String = "certs/server-chain.pem"
     /// PEM private key of the leaf certificate.
@@ -179,6 +183,8 @@ public struct ServerConfiguration: Sendable, Equatable {
                     defaultDescription: "none", kind: .string(\.adminKeyFile)),
             Setting(key: "tokenKeyPath", environment: "SQUELCH_TOKEN_KEY", flag: "--token-key",
                     defaultDescription: "<data-dir>/\(tokenKeyFileName), made on first run", kind: .string(\.tokenKeyPath)),
+            Setting(key: "previousTokenKeyPath", environment: "SQUELCH_PREVIOUS_TOKEN_KEY", flag: "--previous-token-key",
+                    defaultDescription: "none", kind: .string(\.previousTokenKeyPath)),
             Setting(key: "certificateChainPath", environment: "SQUELCH_CERT", flag: "--cert",
                     defaultDescription: defaults.certificateChainPath, kind: .string(\.certificateChainPath)),
             Setting(key: "privateKeyPath", environment: "SQUELCH_KEY", flag: "--key",
@@ -272,6 +278,7 @@ public struct ServerConfiguration: Sendable, Equatable {
         if let value = layer.adminKey { adminKey = value; adminKeyFile = nil }
         if let value = layer.adminKeyFile { adminKeyFile = value; adminKey = nil }
         if let value = layer.tokenKeyPath { tokenKeyPath = value }
+        if let value = layer.previousTokenKeyPath { previousTokenKeyPath = value }
         if let value = layer.certificateChainPath { certificateChainPath = value }
         if let value = layer.privateKeyPath { privateKeyPath = value }
         if let value = layer.maxConnections { maxConnections = value }
@@ -423,6 +430,11 @@ public struct ServerConfiguration: Sendable, Equatable {
         }
         if let adminKeyFile { try check(!adminKeyFile.isEmpty, "adminKeyFile", "the admin key file path is empty") }
         if let tokenKeyPath { try check(!tokenKeyPath.isEmpty, "tokenKeyPath", "the token key path is empty; leave it unset to use <data-dir>/\(Self.tokenKeyFileName)") }
+        if let previousTokenKeyPath {
+            try check(!previousTokenKeyPath.isEmpty, "previousTokenKeyPath", "the previous token key path is empty; leave it unset when no rotation is under way")
+            try check(previousTokenKeyPath != resolvedTokenKeyPath, "previousTokenKeyPath",
+                      "the previous token key is the current one (\(previousTokenKeyPath)); point it at the key used before the rotation")
+        }
         try check(!certificateChainPath.isEmpty, "certificateChainPath", "the certificate chain path is empty")
         try check(!privateKeyPath.isEmpty, "privateKeyPath", "the private key path is empty")
         try check(Self.handshakeRateRange.contains(handshakesPerSecondPerAddress), "handshakesPerSecondPerAddress",
@@ -567,6 +579,7 @@ public struct ConfigurationOverrides: Sendable, Equatable {
     public var adminKey: String?
     public var adminKeyFile: String?
     public var tokenKeyPath: String?
+    public var previousTokenKeyPath: String?
     public var certificateChainPath: String?
     public var privateKeyPath: String?
     public var maxConnections: Int?

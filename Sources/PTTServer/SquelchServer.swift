@@ -83,13 +83,19 @@ public struct SquelchServer: Sendable {
             logger.warning("no database in \(dataDirectory): starting a new one, with no channels. If this server had channels, it kept them in another directory: stop it and pass that one with --data-dir (a relative path counts from the working directory)")
         }
         let store = try SQLiteChannelStore(directory: configuration.dataDirectory)
-        let tokens: TokenAuthority
+        var tokens: TokenAuthority
         if let path = configuration.tokenKeyPath {
             do { tokens = try await TokenAuthority.load(from: path) } catch let error as TokenKeyError {
                 throw TokenKeyError(message: "\(error.message); point \(ServerConfiguration.setting("tokenKeyPath").howToSet) at the key the channel's tokens were signed with, or unset it to use <data-dir>/\(ServerConfiguration.tokenKeyFileName)")
             }
         } else {
             tokens = try await TokenAuthority.loadOrCreate(in: configuration.dataDirectory)
+        }
+        if let path = configuration.previousTokenKeyPath {
+            do { tokens = try await tokens.accepting(previousKeyAt: path) } catch let error as TokenKeyError {
+                throw TokenKeyError(message: "\(error.message); fix \(ServerConfiguration.setting("previousTokenKeyPath").howToSet), or unset it once the rotation is over")
+            }
+            logger.notice("token key rotation: tokens signed with the previous key are accepted until they expire", metadata: ["previous": .string(path)])
         }
         // What `squelchd token issue` checks its key against: a token command not given the server's
         // tokenKeyPath would otherwise sign with a default key that every join refuses as forged.
@@ -101,6 +107,9 @@ public struct SquelchServer: Sendable {
         }
         let adminKey = try configuration.resolveAdminKey()
         warnIfLoose(configuration.resolvedTokenKeyPath, "the participant-token signing key", "anyone who reads it can sign tokens for every channel")
+        if let previous = configuration.previousTokenKeyPath {
+            warnIfLoose(previous, "the previous token key", "anyone who reads it can sign tokens accepted during the rotation")
+        }
         if configuration.adminKey == nil {
             warnIfLoose(configuration.adminKeyFile ?? configuration.generatedAdminKeyPath, "the admin key",
                         "anyone who reads it can use the admin API")

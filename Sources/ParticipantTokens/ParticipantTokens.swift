@@ -135,6 +135,8 @@ struct TokenPayload: JWTPayload {
 /// Issues and verifies participant tokens: ES256 JWTs signed by the server's token key.
 public struct TokenAuthority: Sendable {
     let keys: JWTKeyCollection
+    /// Keys that signed tokens before a rotation: verified against, never signed with.
+    var previousKeys: [JWTKeyCollection] = []
     /// The public half, for operators who verify tokens elsewhere.
     public let publicKeyPEM: String
     /// Accepted clock difference between issuer and verifier.
@@ -192,6 +194,21 @@ public struct TokenAuthority: Sendable {
         }
     }
 
+    /// This authority, also accepting tokens signed with the key at `path` (the key before a rotation),
+    /// until they expire. It still signs with its own key only.
+    public func accepting(previousKeyAt path: String) async throws -> TokenAuthority {
+        guard FileManager.default.fileExists(atPath: path) else {
+            throw TokenKeyError(message: "there is no previous token key at \(path)")
+        }
+        let previous = try await Self.load(path)
+        guard previous.publicKeyPEM != publicKeyPEM else {
+            throw TokenKeyError(message: "the previous token key at \(path) is the current key; point it at the key used before the rotation")
+        }
+        var copy = self
+        copy.previousKeys.append(previous.keys)
+        return copy
+    }
+
     /// Signs `claims`, which must pass `ParticipantClaims.validate()`.
     public func issue(_ claims: ParticipantClaims) async throws -> String {
         try claims.validate()
@@ -216,13 +233,17 @@ public struct TokenAuthority: Sendable {
     /// The claims of a token this server signed, whatever its times and channel: for revoking a token,
     /// or telling an operator what one holds. `forged` or `malformed` otherwise.
     public func inspect(_ token: String) async throws(TokenError) -> ParticipantClaims {
-        let payload: TokenPayload
-        do { payload = try await keys.verify(token, as: TokenPayload.self) } catch let error as JWTError {
-            if error.errorType == .signatureVerificationFailed || error.errorType == .unknownKID { throw .forged }
-            throw .malformed(error.reason ?? "\(error.errorType)")
-        } catch {
-            throw .malformed("\(error)")
+        var payload: TokenPayload?
+        for collection in [keys] + previousKeys where payload == nil {
+            do { payload = try await collection.verify(token, as: TokenPayload.self) } catch let error as JWTError {
+                // Not this key's signature: the next key may have made it.
+                if error.errorType == .signatureVerificationFailed || error.errorType == .unknownKID { continue }
+                throw .malformed(error.reason ?? "\(error.errorType)")
+            } catch {
+                throw .malformed("\(error)")
+            }
         }
+        guard let payload else { throw .forged }
         return try Self.claims(from: payload)
     }
 

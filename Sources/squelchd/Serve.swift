@@ -41,6 +41,9 @@ struct Serve: AsyncParsableCommand {
     @Option(help: ArgumentHelp(ServerConfiguration.help("tokenKeyPath", "Participant-token signing key (P-256 private key, PEM); must exist when set. The token commands take the same setting."), valueName: "path"))
     var tokenKey: String?
 
+    @Option(help: ArgumentHelp(ServerConfiguration.help("previousTokenKeyPath", "During a key rotation: the token key used before --token-key's. Tokens it signed are accepted until they expire; new ones are signed with the current key."), valueName: "path"))
+    var previousTokenKey: String?
+
     @Option(help: ArgumentHelp(ServerConfiguration.help("certificateChainPath", "PEM certificate chain the server presents, leaf first."), valueName: "path"))
     var cert: String?
 
@@ -124,6 +127,7 @@ struct Serve: AsyncParsableCommand {
         overrides.transmissionLogDays = transmissionLogDays
         overrides.memberRetentionDays = memberRetentionDays
         overrides.tokenKeyPath = tokenKey
+        overrides.previousTokenKeyPath = previousTokenKey
         return overrides
     }
 

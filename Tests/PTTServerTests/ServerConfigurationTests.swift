@@ -146,7 +146,7 @@ import Testing
         #expect(Set(settings.map(\.key)).count == settings.count)
         #expect(Set(settings.map(\.environment)).count == settings.count)
         #expect(settings.allSatisfy { $0.environment.hasPrefix("SQUELCH_") && !$0.defaultDescription.isEmpty })
-        #expect(settings.count == 31, "a new ServerConfiguration field needs a row in settings and a flag in Serve")
+        #expect(settings.count == 32, "a new ServerConfiguration field needs a row in settings and a flag in Serve")
     }
 
     @Test func theTokenKeyDefaultsToTheDataDirectoryAndCanBeSetAnywhere() throws {
@@ -160,6 +160,13 @@ import Testing
             try ServerConfiguration.load(file: nil, environment: [:], overrides: flag)
         }
         #expect(String(describing: try #require(error)).contains("--token-key"))
+        // A rotation's previous key comes from any layer, and may not be the current key.
+        let rotating = try ServerConfiguration.load(file: nil, environment: ["SQUELCH_PREVIOUS_TOKEN_KEY": "/etc/squelch/old.pem"])
+        #expect(rotating.previousTokenKeyPath == "/etc/squelch/old.pem")
+        let same = #expect(throws: ServerConfiguration.ConfigurationError.self) {
+            try ServerConfiguration.load(file: nil, environment: ["SQUELCH_TOKEN_KEY": "/k.pem", "SQUELCH_PREVIOUS_TOKEN_KEY": "/k.pem"])
+        }
+        #expect(String(describing: try #require(same)).contains("--previous-token-key"))
     }
 
     @Test func configurationRefusesBadValuesWithAdvice() throws {

@@ -57,6 +57,31 @@ import Testing
         #expect(Set(codes).count == codes.count)
     }
 
+    @Test func aRotationAcceptsThePreviousKeysTokensAndSignsWithTheNewKey() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("rotation-\(UUID())").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let old = try await TokenAuthority.loadOrCreate(in: directory + "/old")
+        let oldToken = try await old.issue(claims())
+        let new = try await TokenAuthority.loadOrCreate(in: directory + "/new")
+        await #expect(throws: TokenError.forged) { try await new.verify(oldToken, channel: channel, now: now) }
+        let rotating = try await new.accepting(previousKeyAt: directory + "/old/token-key.pem")
+        #expect(try await rotating.verify(oldToken, channel: channel, now: now).userID == "u-17")
+        // New tokens carry the new key's signature: the old key alone refuses them.
+        let newToken = try await rotating.issue(claims())
+        #expect(try await new.verify(newToken, channel: channel, now: now).userID == "u-17")
+        await #expect(throws: TokenError.forged) { try await old.verify(newToken, channel: channel, now: now) }
+        // The previous key does not widen anything else: a stranger's token is still forged, and an
+        // old token still expires and still names its channel.
+        let strangerToken = try await self.authority().issue(claims())
+        await #expect(throws: TokenError.forged) { try await rotating.verify(strangerToken, channel: channel, now: now) }
+        await #expect(throws: TokenError.expired(at: now.addingTimeInterval(3_600))) {
+            try await rotating.verify(oldToken, channel: channel, now: now.addingTimeInterval(3_601))
+        }
+        // Mistakes an operator can make get a message, not a key accepted twice.
+        await #expect(throws: TokenKeyError.self) { try await new.accepting(previousKeyAt: directory + "/missing.pem") }
+        await #expect(throws: TokenKeyError.self) { try await new.accepting(previousKeyAt: directory + "/new/token-key.pem") }
+    }
+
     @Test func theKeyIsMadeOnceAndKeptPrivate() async throws {
         let dir = FileManager.default.temporaryDirectory.appendingPathComponent("tokens-\(UUID())").path
         let first = try await TokenAuthority.loadOrCreate(in: dir)
