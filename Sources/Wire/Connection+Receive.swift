@@ -38,8 +38,7 @@ extension Connection {
         }
         if authenticated {
             lastReceiveTime = now
-            ackElicitingSentSinceReceive = false
-            unansweredSince = nil
+            forgetUnanswered()
             if state == .handshaking || state == .established { resetIdleTimer(now: now) }
             if state == .closing, closeResends < 8 {
                 // Answer the peer's packets with the close again, so it learns even if one was lost.

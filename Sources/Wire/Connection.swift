@@ -192,8 +192,16 @@ public final class Connection {
     @exclusivity(unchecked) var ackElicitingSentSinceReceive = false
     /// When the first ack-eliciting packet since the peer was last heard went out (`livenessTimeout`).
     @exclusivity(unchecked) var unansweredSince: WireInstant?
+    /// When the last liveness probe (a PING while something is unanswered) went out.
+    @exclusivity(unchecked) var lastLivenessProbe: WireInstant?
     /// Whether to send keepalive PINGs (turn off while an app is in the background).
-    @exclusivity(unchecked) public var keepAlive: Bool
+    @exclusivity(unchecked) public var keepAlive: Bool {
+        didSet {
+            // Liveness is judged only while keepalives run (the foreground): what went unanswered
+            // while they were off counts from the next packet sent, not from before the app slept.
+            if keepAlive && !oldValue { forgetUnanswered() }
+        }
+    }
 
     @exclusivity(unchecked) var events = FIFOQueue<ConnectionEvent>()
 
@@ -314,7 +322,10 @@ public final class Connection {
     /// Client: continue after a long silence, from whatever address the socket now has. Switches to
     /// a fresh server connection ID (so the two paths can't be linked), retires the old one, and
     /// probes with PATH_CHALLENGE. The next packet can carry audio or a floor request at once.
-    public func migrate(now: WireInstant) {
+    ///
+    /// - Parameter newPath: false when only the socket was replaced after an error on the same network
+    ///   (`WireClientChannel`'s recovery): the liveness count then goes on.
+    public func migrate(now: WireInstant, newPath: Bool = true) {
         guard role == .client, state == .established else { return }
         if let next = peerIDs.first(where: { !$0.retired && $0.sequence != currentPeerSequence }) {
             if let index = peerIDs.firstIndex(where: { $0.sequence == currentPeerSequence }) {
@@ -326,11 +337,19 @@ public final class Connection {
         }
         startPathChallenge(now: now)
         lastReceiveTime = now
-        // Whatever went unanswered before the move (the last keepalive before the app slept) says
-        // nothing of the new path: its liveness counts from what is sent from here on.
+        // Whatever went unanswered before the app moved (the last keepalive before it slept) says
+        // nothing of the new path: its liveness counts from what is sent from here on. A socket
+        // replaced after a send error (no route, the network gone) is the same path, and the count
+        // goes on: otherwise a phone with no network would rebind every few seconds and never be
+        // told the server is unreachable.
+        if newPath { forgetUnanswered() }
+        resetIdleTimer(now: now)
+    }
+
+    func forgetUnanswered() {
         ackElicitingSentSinceReceive = false
         unansweredSince = nil
-        resetIdleTimer(now: now)
+        lastLivenessProbe = nil
     }
 
     /// Client: the certificate check came back. On success the client sends its Finished and the
@@ -396,8 +415,17 @@ public final class Connection {
     /// When the peer counts as gone if it stays silent (`livenessTimeout`); only once established, so a
     /// handshake is judged by the handshake timeout alone.
     var livenessDeadline: WireInstant? {
-        guard state == .established, config.livenessTimeout > 0, let since = unansweredSince else { return nil }
+        guard state == .established, keepAlive, config.livenessTimeout > 0, let since = unansweredSince else { return nil }
         return since + max(config.livenessTimeout, 3 * currentPTO)
+    }
+
+    /// While something is unanswered, a PING every second (or PTO, if longer), so that the verdict does
+    /// not rest on the one or two keepalives the window would otherwise hold: PINGs are never
+    /// retransmitted, and at 5 % loss each way two lost round trips in a row would close an idle,
+    /// healthy session about twice an hour.
+    var livenessProbeDeadline: WireInstant? {
+        guard livenessDeadline != nil, let since = unansweredSince else { return nil }
+        return (lastLivenessProbe ?? since) + max(seconds(1), currentPTO)
     }
 
     func resetIdleTimer(now: WireInstant) {
@@ -422,6 +450,7 @@ public final class Connection {
         }
         consider(idleDeadline)
         consider(livenessDeadline)
+        consider(livenessProbeDeadline)
         consider(handshakeDeadline)
         consider(handshakeRetransmitAt)
         consider(ackDeadline)
@@ -453,6 +482,10 @@ public final class Connection {
             state = .closed
             finish(.peerUnresponsive)
             return
+        }
+        if let at = livenessProbeDeadline, at <= now {
+            pendingPing = true
+            lastLivenessProbe = now
         }
         if let deadline = handshakeDeadline, deadline <= now, state == .handshaking {
             state = .closed

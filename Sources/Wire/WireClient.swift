@@ -7,8 +7,9 @@ public enum ClientEvent: Sendable, Equatable {
 }
 
 /// A client that keeps itself connected: on a stateless reset (the server restarted and forgot the
-/// session) or an idle timeout it starts a new handshake at once, within the same round trip, with no
-/// help from the application. Sans-I/O like `Connection`.
+/// session), an idle timeout, a server that stopped answering (`peerUnresponsive`) or a refused address
+/// token it starts a new handshake at once, with no help from the application
+/// (`ConnectionError.clientReconnects`). Sans-I/O like `Connection`.
 public final class WireClient {
     @exclusivity(unchecked) public private(set) var connection: Connection
     public let configuration: ClientConfiguration
@@ -63,8 +64,8 @@ public final class WireClient {
     }
 
     /// After the app wakes with a new local address or port: carry on the same session from there.
-    public func migrate(now: WireInstant) {
-        connection.migrate(now: now)
+    public func migrate(now: WireInstant, newPath: Bool = true) {
+        connection.migrate(now: now, newPath: newPath)
     }
 
     public func close(code: UInt64 = 0, reason: String = "", now: WireInstant) {

@@ -23,8 +23,8 @@ public enum WireClientError: Error, Sendable, Equatable {
 
 /// Drives a sans-I/O `WireClient` over a UDP socket of its own: the client side of Squelch.
 ///
-/// The client keeps itself connected: after a stateless reset (the server restarted) or an idle
-/// timeout it handshakes again by itself and reports `.reconnecting` then `.connection(.connected)`
+/// The client keeps itself connected: after a stateless reset (the server restarted), an idle
+/// timeout or a server that stopped answering (`ConnectionError.clientReconnects`) it handshakes again by itself and reports `.reconnecting` then `.connection(.connected)`
 /// on `events`. `rebind()` moves the session to a new local port without a new handshake, which is
 /// what an app does when it wakes on a new network (fast resume).
 ///
@@ -236,13 +236,14 @@ final class ClientCore: DatagramDriver {
         return bind().assumeIsolated().map { [self] _ in migrated(from: old) }.nonisolated()
     }
 
-    /// After a new socket replaced `old`: close the old one and carry the session over.
-    func migrated(from old: (any Channel)?) {
+    /// After a new socket replaced `old`: close the old one and carry the session over. `newPath` is
+    /// false after a recovery from a socket error, which is no news about the server.
+    func migrated(from old: (any Channel)?, newPath: Bool = true) {
         stats.rebinds += 1
         old?.close(promise: nil)
         guard state == .running, let client else { return }
         let now = WireNIO.now()
-        client.migrate(now: now)
+        client.migrate(now: now, newPath: newPath)
         inCycle = true
         finishCycle(now: now)
     }
@@ -317,7 +318,7 @@ final class ClientCore: DatagramDriver {
                 switch result {
                 case .success:
                     rebindDelay = .zero
-                    migrated(from: nil)
+                    migrated(from: nil, newPath: false)
                 case .failure:
                     rebindDelay = min(max(rebindDelay * 2, .milliseconds(50)), .seconds(2))
                     scheduleRecovery()

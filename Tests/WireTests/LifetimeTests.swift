@@ -288,6 +288,56 @@ import Testing
         #expect(ConnectionError.peerUnresponsive.clientReconnects && !ConnectionError.handshakeTimeout.clientReconnects)
     }
 
+    @Test func anIdleClientOnALossyLinkIsNotTakenForDead() async throws {
+        let pki = try TestPKI()
+        var conditions = SimulatedNetwork.Conditions()
+        conditions.loss = 0.2  // each way: a keepalive's round trip fails 36 % of the time
+        let sim = Simulation(seed: 54, conditions: conditions, pki: pki, secrets: try pki.secrets())
+        sim.addClient()
+        _ = try await sim.connect(0)
+        // Two idle hours: 480 keepalives. Were the verdict left to the next keepalive alone, two
+        // failed round trips in a row (13 % of them) would each have closed the session.
+        await sim.run(for: seconds(7_200))
+        #expect(sim.clients[0].reconnects == 0 && sim.connected(0), "\(sim.clientEvents[0].suffix(3))")
+    }
+
+    @Test func livenessIsJudgedOnlyWhileKeepalivesRunAndAcrossASocketReplacedInPlace() async throws {
+        let pki = try TestPKI()
+        let sim = Simulation(seed: 55, pki: pki, secrets: try pki.secrets())
+        sim.addClient()
+        _ = try await sim.connect(0)
+        await sim.run(for: seconds(1))
+        // In the background (keepalives off) something goes unanswered: no verdict, the session waits
+        // for the app to wake (and the idle timeout, 300 s).
+        sim.clients[0].connection.keepAlive = false
+        sim.network.blackhole.insert(sim.serverAddress)
+        try sim.clients[0].sendControl(Array("renewal".utf8))
+        await sim.run(for: seconds(120))
+        #expect(sim.clients[0].reconnects == 0 && !sim.clientEvents[0].contains(.connection(.closed(.peerUnresponsive))))
+        // Back in the foreground with the path still dead: counted from now, not from two minutes ago.
+        sim.clients[0].connection.keepAlive = true
+        var start = sim.network.now
+        await sim.run(for: seconds(60)) { sim.clientEvents[0].contains(.connection(.closed(.peerUnresponsive))) }
+        var noticed = sim.network.now.since(start)
+        #expect(noticed >= seconds(20) && noticed <= seconds(36), "noticed after \(noticed / 1_000_000) ms")
+
+        // The new connection's socket keeps failing (no route) and is replaced in place every 2 s:
+        // that is no news of the server, and the count goes on.
+        sim.network.blackhole.remove(sim.serverAddress)
+        await sim.run(for: seconds(10)) { sim.connected(0) }
+        #expect(sim.connected(0))
+        sim.network.blackhole.insert(sim.serverAddress)
+        start = sim.network.now
+        let closes = sim.clientEvents[0].filter { $0 == .connection(.closed(.peerUnresponsive)) }.count
+        for _ in 0 ..< 30 where sim.clientEvents[0].filter({ $0 == .connection(.closed(.peerUnresponsive)) }).count == closes {
+            await sim.run(for: seconds(2))
+            sim.clients[0].migrate(now: sim.network.now, newPath: false)
+        }
+        noticed = sim.network.now.since(start)
+        #expect(sim.clientEvents[0].filter { $0 == .connection(.closed(.peerUnresponsive)) }.count == closes + 1)
+        #expect(noticed <= seconds(38), "noticed after \(noticed / 1_000_000) ms")
+    }
+
     @Test func aHandshakeWithNoAnswerTimesOutWithAHint() async throws {
         let pki = try TestPKI()
         let sim = Simulation(seed: 52, pki: pki, secrets: try pki.secrets())
