@@ -824,11 +824,14 @@ struct ChannelSession {
         clearRemote()
         deactivateAudioIfIdle(force: true)
         outputs.append(.flushPlayback)
-        if link != .down { outputs.append(.disconnect) }
+        let connected = link != .down
         if let pushToken { outputs.append(.invalidatePushToken(pushToken)) }
         outputs.append(.forgetRestoration)
         reset()
         emit(.didLeave(channel, reason))
+        // Last: the engine may wait for the `leave` to be acknowledged before it closes, and an app
+        // that exits meanwhile must already have the channel forgotten on disk.
+        if connected { outputs.append(.disconnect) }
     }
 
     private mutating func reset() {

@@ -22,7 +22,8 @@ public enum ChannelManagerEvent: Sendable, Equatable {
     case suspended(Bool)
     /// Something worth a line in the UI.
     case notice(String)
-    /// The audio input ran out (a WAV file ended); the app decides when to stop transmitting.
+    /// The audio input ran out (a WAV file ended); the app decides when to stop transmitting. Nothing
+    /// is sent meanwhile, so squelchd takes the floor back after 5 s (`talkerSilenceLimit`).
     case inputEnded
     /// A received burst finished playing.
     case burstFinished(BurstStatistics)

@@ -130,7 +130,17 @@ actor ManagerEngine {
 
     func shutdown() async {
         commandSink.finish()
-        processor?.cancel()
+        // The commands already queued run to their end for a moment: a leave waiting for its
+        // acknowledgement (`closeConnection`) is what an app that leaves and exits needs finished.
+        if let processor {
+            await withTaskGroup(of: Void.self) { group in
+                group.addTask { await processor.value }
+                group.addTask { try? await Task.sleep(for: .seconds(2)) }
+                await group.next()
+                processor.cancel()
+                group.cancelAll()
+            }
+        }
         await transmitter.stop()
         await receiver.stop()
         pushTask?.cancel()
@@ -407,7 +417,7 @@ actor ManagerEngine {
     /// Returns at once when nothing waits or the connection is no longer up.
     static func waitUntilControlAcknowledged(_ client: WireClientChannel, atMost limit: Duration) async {
         let deadline = ContinuousClock.now + limit
-        while ContinuousClock.now < deadline {
+        while ContinuousClock.now < deadline, !Task.isCancelled {
             let waiting = (try? await client.withClient { client -> Bool in
                 guard let connection = client?.connection, connection.state == .established else { return false }
                 return connection.controlSendSpace < connection.controlSendLimit

@@ -625,13 +625,19 @@ final class LocalPushTransport: PushTransport {
         #expect(await annDelegate.wait(for: .didJoin(.developerRequest)))
         #expect(await bobDelegate.wait(for: .didJoin(.developerRequest)))
         #expect(await eventually { bob.roster.contains { $0.userID == "ann" } })
-        // Ann's leave, and anything else she sends for the next 300 ms, is lost.
+        // Ann's leave, and anything else she sends for the next 300 ms, is lost; and her app exits at
+        // once, as `walkie leave` does.
         await proxy.blackhole(for: .milliseconds(300))
         ann.leaveChannel(channelUUID: id)
-        #expect(await annDelegate.wait(for: .didLeave(.developerRequest)))
+        await ann.invalidate()
+        #expect(annDelegate.all.contains(.didLeave(.developerRequest)))
         #expect(await eventually(seconds: 5) { !bob.roster.contains { $0.userID == "ann" } },
                 "the server heard the leave: Ann is out of the roster, not a connected member with a dead connection")
-        await ann.invalidate()
+        // And the channel is forgotten on disk: the next start does not rejoin it.
+        let again = try await ChannelManager.channelManager(delegate: annDelegate, restorationDelegate: annDelegate, configuration: ChannelManagerConfiguration(
+            stateDirectory: fixture.stateDirectory("leave-ann")))
+        #expect(again.activeChannelUUID == nil)
+        await again.invalidate()
         await bob.invalidate()
         await proxy.stop()
         await fixture.stop()
