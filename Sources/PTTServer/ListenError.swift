@@ -14,6 +14,12 @@ public struct ListenError: Error, CustomStringConvertible {
     var hostKey: String
     var portKey: String
 
+    /// Whether `error` is one of a socket that could not be opened (NIO's `IOError`, or a host name
+    /// that does not resolve), rather than something else going wrong at start.
+    static func isBindFailure(_ error: any Error) -> Bool {
+        error is IOError || error is SocketAddressError || error is SocketAddressError.UnknownHost
+    }
+
     static func voice(host: String, port: Int, _ error: any Error) -> ListenError {
         ListenError(what: "the voice transport (UDP)", host: host, port: port, underlying: error, hostKey: "host", portKey: "port")
     }
@@ -23,7 +29,7 @@ public struct ListenError: Error, CustomStringConvertible {
     }
 
     public var description: String {
-        let at = "\(what) can't listen on \(host):\(port)"
+        let at = "\(what) can't listen on \(host.contains(":") ? "[\(host)]" : host):\(port)"
         let portHow = ServerConfiguration.setting(portKey).howToSet
         let hostHow = ServerConfiguration.setting(hostKey).howToSet
         if underlying is SocketAddressError.UnknownHost {
@@ -33,9 +39,9 @@ public struct ListenError: Error, CustomStringConvertible {
         case EADDRINUSE?:
             return "\(at): the port is in use (another squelchd?); stop that process or choose another port with \(portHow)"
         case EACCES?:
-            return "\(at): permission denied; ports below 1024 need root or CAP_NET_BIND_SERVICE, so choose a higher one with \(portHow)"
+            return "\(at): permission denied (ports below 1024 need root or CAP_NET_BIND_SERVICE; a security policy may forbid others); choose another port with \(portHow)"
         case EADDRNOTAVAIL?:
-            return "\(at): this machine has no such address; set one it has (or 0.0.0.0) with \(hostHow)"
+            return "\(at): this machine has no such address; set one it has (or 0.0.0.0, or :: for IPv6) with \(hostHow)"
         default:
             return "\(at): \(underlying); check \(hostHow) and \(portHow)"
         }

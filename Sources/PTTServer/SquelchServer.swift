@@ -20,8 +20,9 @@ public struct SquelchServer: Sendable {
     /// How long a graceful shutdown may take before the services still running are cancelled. Without
     /// a limit an admin client that sends half a request, or a disk that stops answering, holds the
     /// process until the service manager kills it (systemd after 90 s), and members are never told
-    /// the server is going away. 30 s covers the voice service's own waits (a close waits at most
-    /// 10 s for its `refused` to be acknowledged, the store writer 10 s for a failing database).
+    /// the server is going away. 30 s is far more than a healthy stop takes (well under a second);
+    /// after it, cancelled, the store writer may still spend up to its 10 s retry budget on a failing
+    /// database, so the worst case is about 40 s.
     public var shutdownLimit: Duration = .seconds(30)
 
     /// Fails with an actionable error if the configuration, data directory or certificate is wrong.
@@ -181,7 +182,7 @@ struct NamedBindFailure<Base: Service>: Service {
     func run() async throws {
         do {
             try await base.run()
-        } catch where (error is IOError || error is SocketAddressError || error is SocketAddressError.UnknownHost) && !started.withLockedValue({ $0 }) {
+        } catch where ListenError.isBindFailure(error) && !started.withLockedValue({ $0 }) {
             throw name(error)
         }
     }

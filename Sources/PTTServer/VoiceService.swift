@@ -101,7 +101,7 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
             server = try await WireServer.start(host: configuration.host, port: configuration.port,
                                                 endpoint: Endpoint(secrets: secrets, configuration: endpointConfiguration),
                                                 delegate: ForwardingDelegate(driver: box), on: eventLoop)
-        } catch {
+        } catch where ListenError.isBindFailure(error) {
             throw ListenError.voice(host: configuration.host, port: configuration.port, error)
         }
         try await eventLoop.submit { box.value.server = server }.get()

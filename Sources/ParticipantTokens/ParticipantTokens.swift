@@ -200,7 +200,13 @@ public struct TokenAuthority: Sendable {
         guard FileManager.default.fileExists(atPath: path) else {
             throw TokenKeyError(message: "there is no previous token key at \(path)")
         }
-        let previous = try await Self.load(path)
+        let previous: TokenAuthority
+        do {
+            let pem = try String(contentsOfFile: path, encoding: .utf8)
+            previous = try await TokenAuthority(privateKeyPEM: pem)
+        } catch {
+            throw TokenKeyError(message: "the previous token key at \(path) can't be read as a P-256 private key in PEM (\(error)); restore the key the server used before the rotation")
+        }
         guard previous.publicKeyPEM != publicKeyPEM else {
             throw TokenKeyError(message: "the previous token key at \(path) is the current key; point it at the key used before the rotation")
         }

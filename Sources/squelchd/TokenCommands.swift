@@ -222,6 +222,12 @@ func loadAuthority(_ configuration: ServerConfiguration, creating: Bool) async t
         if let serverKey, serverKey != authority.publicKeyPEM {
             throw TokenKeyError(message: "the token key at \(configuration.tokenKeyPath ?? path) is not the one squelchd last started with, so the server would refuse its tokens as forged; pass the server's --token-key, or the --config it runs with (if you have just given the server a new key, restart squelchd first)")
         }
+        // During a rotation the server still accepts the previous key's tokens, so inspect and revoke
+        // must read them too (a leaked old token is often why the key is rotated). Issue never signs
+        // with it.
+        if !creating, let previous = configuration.previousTokenKeyPath {
+            return try await authority.accepting(previousKeyAt: previous)
+        }
         return authority
     } catch {
         standardError("squelchd: \(error)")

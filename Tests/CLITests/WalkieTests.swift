@@ -33,8 +33,13 @@ import Testing
             server = try await KillRestartTests().startServer(data: data, certs: certs, reaper: reaper)
             let control = await server.log.wait(for: #"control=http://127\.0\.0\.1:\d+"#, seconds: 10)
             pushPort = control.flatMap { KillRestartTests.firstPort(in: $0) } ?? 0
-            let sink = try WAVFileSink(path: speech, pacer: VirtualPacer())
-            let samples = TestSignal.speechLike(seconds: Self.speechSeconds)
+            try Self.writeSpeech(seconds: Self.speechSeconds, to: speech)
+        }
+
+        /// A speech-like WAV file, the walkies' microphone.
+        static func writeSpeech(seconds: Double, to path: String) throws {
+            let sink = try WAVFileSink(path: path, pacer: VirtualPacer())
+            let samples = TestSignal.speechLike(seconds: seconds)
             try samples.withUnsafeBufferPointer { all in
                 for start in stride(from: 0, to: samples.count, by: PipelineAudio.periodFrames) {
                     try sink.write(UnsafeBufferPointer(rebasing: all[start ..< start + PipelineAudio.periodFrames]))
@@ -231,9 +236,13 @@ import Testing
         let tmux = Tmux()
         defer { tmux.stop() }
         let walkie = Executables.url("walkie").path
+        // The microphone outlasts every latch: once a file ends, a latched talker sends nothing, and
+        // squelchd takes the floor back after 5 s of silence (talkerSilenceLimit).
+        let longSpeech = world.dir + "/long-speech.wav"
+        try World.writeSpeech(seconds: 20, to: longSpeech)
         func join(_ user: String) -> [String] {
             [walkie, "join"] + world.arguments(user) + ["--state-dir", world.dir + "/state-\(user)", "--push-port", "\(world.pushPort)",
-                                                        "--input-file", world.speech, "--output-file", world.dir + "/\(user)-heard.wav"]
+                                                        "--input-file", longSpeech, "--output-file", world.dir + "/\(user)-heard.wav"]
         }
         try tmux.start("ann", join("ann"))
         try tmux.start("bob", join("bob"))

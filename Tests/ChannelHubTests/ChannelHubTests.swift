@@ -633,7 +633,6 @@ final class Harness {
         #expect(h.hub.catchingUp.isEmpty)
     }
 
-    /// A member that rejoins on a new connection while it is being replayed is served once, not twice.
     @Test func aFinishedBurstIsLetGoWhenItsLastReplayEndsEarly() throws {
         let h = Harness()
         let ann = h.join("ann")
@@ -650,6 +649,7 @@ final class Harness {
         #expect(channel.spareRecordings.count == 1)
     }
 
+    /// A member that rejoins on a new connection while it is being replayed is served once, not twice.
     @Test func aRejoinDuringTheReplayIsServedOnce() throws {
         let h = Harness()
         let ann = h.join("ann"), bob = h.join("bob")

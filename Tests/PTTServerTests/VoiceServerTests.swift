@@ -466,7 +466,7 @@ func slot(of member: TestMember) -> UInt16? {
         try await Task.sleep(for: .milliseconds(200))
         let start = ContinuousClock.now
         await listening.shutdown()
-        _ = await task.result
+        try await task.value  // a stop cut short by the limit is still a clean exit for `serve`
         let took = ContinuousClock.now - start
         #expect(took < .seconds(10), "the shutdown took \(took)")
         // The voice service still said goodbye.
