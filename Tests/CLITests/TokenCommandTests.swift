@@ -34,6 +34,27 @@ import Testing
         _ = try await key.verify(elsewhere.out.trimmingCharacters(in: .whitespacesAndNewlines), channel: unknown)
     }
 
+    /// During a key rotation the server accepts the old key's tokens, so inspect and revoke read them
+    /// too, while issue keeps signing with the current key.
+    @Test func inspectAndRevokeReadTheOldKeysTokensDuringARotation() async throws {
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("token-rotation-\(UUID())").path
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let channel = try createChannel(in: dir)
+        let issue = ["token", "issue", "--channel", channel.uuidString, "--user", "u1", "--name", "Ann", "--data-dir", dir]
+        let old = try Executables.run("squelchd", issue).out.trimmingCharacters(in: .whitespacesAndNewlines)
+        let newKey = dir + "/new-token-key.pem"
+        _ = try await TokenAuthority.loadOrCreate(at: newKey)
+        let rotating = ["SQUELCH_TOKEN_KEY": newKey, "SQUELCH_PREVIOUS_TOKEN_KEY": dir + "/token-key.pem"]
+        let withoutPrevious = try Executables.run("squelchd", ["token", "inspect", old, "--data-dir", dir], environment: ["SQUELCH_TOKEN_KEY": newKey])
+        #expect(withoutPrevious.status != 0, "the new key alone does not know it")
+        let inspected = try Executables.run("squelchd", ["token", "inspect", old, "--data-dir", dir], environment: rotating)
+        #expect(inspected.status == 0 && inspected.out.contains("valid"), "\(inspected.err)")
+        let revoked = try Executables.run("squelchd", ["token", "revoke", "--token", old, "--data-dir", dir], environment: rotating)
+        #expect(revoked.status == 0, "\(revoked.err)")
+        let fresh = try Executables.run("squelchd", issue, environment: rotating).out.trimmingCharacters(in: .whitespacesAndNewlines)
+        _ = try await TokenAuthority.load(from: newKey).verify(fresh, channel: channel)
+    }
+
     @Test func squelchdIssuesATokenTheServerKeyVerifies() async throws {
         let dir = FileManager.default.temporaryDirectory.appendingPathComponent("token-cli-\(UUID())").path
         let channel = try createChannel(in: dir)
