@@ -171,6 +171,7 @@ let package = Package(
         .testTarget(name: "APNsTests", dependencies: [
             "APNs", "APNsSimulator", "SquelchTesting",
             .product(name: "NIOCore", package: "swift-nio"),
+            .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
             .product(name: "NIOPosix", package: "swift-nio"),
             .product(name: "Crypto", package: "swift-crypto"),
             .product(name: "JWTKit", package: "jwt-kit"),

@@ -88,36 +88,39 @@ public actor APNsClient {
         } catch {
             return .failure(APNsPushFailure(reason: .request(error), attempts: 0))
         }
-        var jwt: (jwt: String, generation: Int)
-        do {
-            jwt = try await signer.token()
-        } catch {
-            return .failure(configurationFailure(APNsPushFailure(reason: .signing(String(describing: error)),
-                                                                 isConfigurationError: true, attempts: 0)))
-        }
         var attempts = APNsDeliveryAttempts(policy: configuration.retry, tokenRegisteredAt: tokenRegisteredAt)
+        // The connection and JWT generation of an attempt, to replace that JWT if APNs calls it expired.
+        var used: (connection: Int, generation: Int)?
+        var refresh = false
         while true {
             let remaining = configuration.retry.budget - (clock.now - start)
             let timeout = max(min(configuration.requestTimeout, remaining), .milliseconds(50))
             let result: APNsAttemptResult
             do {
                 let connection = try await pickConnection()
+                // Each connection has its own JWT (`ProviderTokenSchedule`).
+                let jwt: (jwt: String, generation: Int)
+                do {
+                    if refresh, let used, used.connection == connection.id {
+                        jwt = try await signer.replace(generation: used.generation, for: connection.id)
+                    } else {
+                        jwt = try await signer.token(for: connection.id)
+                    }
+                } catch {
+                    return .failure(configurationFailure(APNsPushFailure(
+                        reason: .signing(String(describing: error)), isConfigurationError: true, attempts: attempts.attempts)))
+                }
+                used = (connection.id, jwt.generation)
                 result = await connection.send(request, authorization: "bearer \(jwt.jwt)", timeout: timeout)
             } catch {
                 result = .transport(.connectFailed(String(describing: error)))
             }
+            refresh = false
             switch attempts.next(after: result, elapsed: clock.now - start, random: Double.random(in: 0..<1)) {
             case .delivered:
                 return .success(APNsDelivery(apnsID: request.apnsID, attempts: attempts.attempts))
-            case .retry(let delay, let refresh):
-                if refresh {
-                    do {
-                        jwt = try await signer.replace(generation: jwt.generation)
-                    } catch {
-                        return .failure(configurationFailure(APNsPushFailure(
-                            reason: .signing(String(describing: error)), isConfigurationError: true, attempts: attempts.attempts)))
-                    }
-                }
+            case .retry(let delay, let refreshJWT):
+                refresh = refreshJWT
                 if delay > .zero { try? await Task.sleep(for: delay) }
                 if isShutDown { return .failure(APNsPushFailure(reason: .shutdown, attempts: attempts.attempts)) }
             case .failed(let failure):

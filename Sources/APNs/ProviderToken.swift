@@ -1,11 +1,12 @@
 import Foundation
 import JWTKit
 
-/// When to mint a new provider JWT, as pure state (reference §3.4).
+/// When to mint a new provider JWT for one connection, as pure state (reference §3.4).
 ///
 /// APNs rejects a JWT older than an hour and punishes one that changes more than once in 20 minutes on a
-/// connection. One JWT serves every connection of the client, so reusing it for 50 minutes keeps both rules
-/// on every connection at once.
+/// connection. Each connection has its own JWT, minted when the connection first sends and replaced every
+/// 50 minutes, so both rules hold on every connection whenever it opened. (One JWT shared by the pool
+/// did not: a connection opened 45 minutes into its life had to change it 5 minutes later.)
 public struct ProviderTokenSchedule: Sendable, Equatable {
     public var refreshAfter: Duration
     public private(set) var issuedAt: Date?
@@ -58,7 +59,8 @@ public struct APNsProviderIdentity: Sendable {
     }
 }
 
-/// Mints and caches the provider JWT (`{alg: ES256, kid}` and `{iss, iat}`), following `ProviderTokenSchedule`.
+/// Mints and caches the provider JWT (`{alg: ES256, kid}` and `{iss, iat}`) of each connection, following
+/// `ProviderTokenSchedule`.
 actor ProviderTokenSigner {
     struct Claims: JWTPayload {
         var iss: IssuerClaim
@@ -69,13 +71,24 @@ actor ProviderTokenSigner {
     private let identity: APNsProviderIdentity
     private let keys: JWTKeyCollection
     private let now: @Sendable () -> Date
-    private var schedule: ProviderTokenSchedule
-    private var current: String?
+    private let refreshAfter: Duration
+
+    struct Entry {
+        var schedule: ProviderTokenSchedule
+        var current: String?
+        /// Signing suspends the actor, so pushes on this connection arriving meanwhile wait for this one
+        /// mint instead of each minting their own: two JWTs in a burst would be a provider-token change,
+        /// which APNs punishes with `TooManyProviderTokenUpdates`.
+        var minting: Task<(jwt: String, generation: Int), any Error>?
+    }
+
+    /// By connection id. Entries of connections gone an hour are dropped at the next mint.
+    private var entries: [Int: Entry] = [:]
 
     init(identity: APNsProviderIdentity, refreshAfter: Duration, now: @escaping @Sendable () -> Date) async throws(APNsConfigurationError) {
         self.identity = identity
         self.now = now
-        schedule = ProviderTokenSchedule(refreshAfter: refreshAfter)
+        self.refreshAfter = refreshAfter
         let keys = JWTKeyCollection()
         do {
             let key = try ES256PrivateKey(pem: identity.privateKeyPEM)
@@ -89,43 +102,52 @@ actor ProviderTokenSigner {
         }
     }
 
-    /// The JWT to send now, and its generation (to pass back to `replace` if APNs calls it expired).
-    func token() async throws -> (jwt: String, generation: Int) {
-        if let minting { return try await minting.value }
+    /// The JWT to send on connection `connection` now, and its generation (to pass back to `replace` if
+    /// APNs calls it expired).
+    func token(for connection: Int) async throws -> (jwt: String, generation: Int) {
+        if let minting = entries[connection]?.minting { return try await minting.value }
         let date = now()
-        if let current, !schedule.needsNewToken(now: date) { return (current, schedule.generation) }
-        return try await mint(at: date)
+        if let entry = entries[connection], let current = entry.current, !entry.schedule.needsNewToken(now: date) {
+            return (current, entry.schedule.generation)
+        }
+        return try await mint(for: connection, at: date)
     }
 
-    /// Replaces the JWT APNs rejected as expired, unless another push already did.
-    func replace(generation: Int) async throws -> (jwt: String, generation: Int) {
-        if let minting { return try await minting.value }
-        if let current, !schedule.shouldReplace(generation: generation) { return (current, schedule.generation) }
-        return try await mint(at: now())
+    /// Replaces the JWT APNs rejected as expired on `connection`, unless another push already did.
+    func replace(generation: Int, for connection: Int) async throws -> (jwt: String, generation: Int) {
+        if let minting = entries[connection]?.minting { return try await minting.value }
+        if let entry = entries[connection], let current = entry.current, !entry.schedule.shouldReplace(generation: generation) {
+            return (current, entry.schedule.generation)
+        }
+        return try await mint(for: connection, at: now())
     }
 
-    /// Signing suspends the actor, so callers arriving meanwhile wait for this one mint instead of each
-    /// minting their own: two JWTs in a burst would be a provider-token change, which APNs punishes with
-    /// `TooManyProviderTokenUpdates`.
-    private var minting: Task<(jwt: String, generation: Int), any Error>?
+    /// How many connections have a JWT cached (for tests).
+    var cachedConnections: Int { entries.count }
 
-    private func mint(at date: Date) async throws -> (jwt: String, generation: Int) {
+    private func mint(for connection: Int, at date: Date) async throws -> (jwt: String, generation: Int) {
+        // A JWT over an hour old is of no use to anyone: its connection is gone or will mint anew.
+        entries = entries.filter { _, entry in
+            entry.minting != nil || entry.schedule.issuedAt.map { date.timeIntervalSince($0) < 3_600 } ?? true
+        }
         // iat is whole seconds; APNs compares it against its own clock.
         let claims = Claims(iss: IssuerClaim(value: identity.teamID), iat: IssuedAtClaim(value: Date(timeIntervalSince1970: date.timeIntervalSince1970.rounded(.down))))
         let keys = self.keys
         let kid = JWKIdentifier(string: identity.keyID)
         let shared = Task { () async throws -> (jwt: String, generation: Int) in
             let jwt = try await keys.sign(claims, kid: kid)
-            return self.adopt(jwt, issuedAt: date)
+            return self.adopt(jwt, for: connection, issuedAt: date)
         }
-        minting = shared
-        defer { minting = nil }
+        entries[connection, default: Entry(schedule: ProviderTokenSchedule(refreshAfter: refreshAfter))].minting = shared
+        defer { entries[connection]?.minting = nil }
         return try await shared.value
     }
 
-    private func adopt(_ jwt: String, issuedAt date: Date) -> (jwt: String, generation: Int) {
-        current = jwt
-        schedule.issued(at: date)
-        return (jwt, schedule.generation)
+    private func adopt(_ jwt: String, for connection: Int, issuedAt date: Date) -> (jwt: String, generation: Int) {
+        var entry = entries[connection] ?? Entry(schedule: ProviderTokenSchedule(refreshAfter: refreshAfter))
+        entry.current = jwt
+        entry.schedule.issued(at: date)
+        entries[connection] = entry
+        return (jwt, entry.schedule.generation)
     }
 }

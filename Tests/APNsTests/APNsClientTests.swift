@@ -1,5 +1,6 @@
 import APNsSimulator
 import Foundation
+import NIOConcurrencyHelpers
 import SquelchTesting
 import Testing
 @testable import APNs
@@ -35,6 +36,13 @@ final class SimulatorFixture: Sendable {
 
 func notification(_ token: String = "0a1b2c3d4e5f", speaker: String? = "Alice", channel: UUID = UUID()) -> PushToTalkNotification {
     PushToTalkNotification(deviceToken: token, activeSpeaker: speaker, channel: channel)
+}
+
+/// A wall clock the test moves, shared by the client and the simulator.
+final class ManualDate: Sendable {
+    private let current = NIOLockedValueBox(Date(timeIntervalSince1970: 1_800_000_000))
+    var now: Date { current.withLockedValue { $0 } }
+    func advance(_ seconds: TimeInterval) { current.withLockedValue { $0 = $0.addingTimeInterval(seconds) } }
 }
 
 extension Result {
@@ -258,17 +266,54 @@ extension Result {
         let identity = try APNsProviderIdentity.load(p8Path: DevCertificates.p8, keyID: "DEVKEY0001", teamID: "DEVTEAM001")
         let signer = try await ProviderTokenSigner(identity: identity, refreshAfter: .seconds(3000), now: { Date() })
         let tokens = try await withThrowingTaskGroup(of: String.self) { group in
-            for _ in 0..<200 { group.addTask { try await signer.token().jwt } }
+            for _ in 0..<200 { group.addTask { try await signer.token(for: 1).jwt } }
             return try await group.reduce(into: Set<String>()) { $0.insert($1) }
         }
         #expect(tokens.count == 1)
-        let (jwt, generation) = try await signer.token()
+        let (jwt, generation) = try await signer.token(for: 1)
         #expect(tokens == [jwt] && generation == 1)
         let replaced = try await withThrowingTaskGroup(of: String.self) { group in
-            for _ in 0..<50 { group.addTask { try await signer.replace(generation: 1).jwt } }
+            for _ in 0..<50 { group.addTask { try await signer.replace(generation: 1, for: 1).jwt } }
             return try await group.reduce(into: Set<String>()) { $0.insert($1) }
         }
         #expect(replaced.count == 1 && !replaced.contains(jwt))
+        // Another connection has a JWT of its own.
+        #expect(try await signer.token(for: 2).jwt != replaced.first)
+        #expect(await signer.cachedConnections == 2)
+    }
+
+    /// APNs lets a connection change its JWT only 20 minutes after it first used the previous one. With
+    /// one JWT for the whole pool, a connection opened 45 minutes into that JWT's life had to change it at
+    /// 50, and every push on it failed with TooManyProviderTokenUpdates for a quarter of an hour.
+    @Test func aConnectionOpenedLateInAJWTsLifeKeepsWorkingPastTheRefresh() async throws {
+        let clock = ManualDate()
+        let key = try APNsProviderKey.load(p8Path: DevCertificates.p8, keyID: "DEVKEY0001", teamID: "DEVTEAM001")
+        var configuration = APNsSimulatorConfiguration(
+            certificateChainPath: DevCertificates.simulatorCertificate, privateKeyPath: DevCertificates.simulatorKey,
+            providerKeys: [key], allowedTopics: [SimulatorFixture.topic])
+        configuration.now = { clock.now }
+        let simulator = try APNsSimulator(configuration: configuration)
+        let endpoints = try await simulator.start()
+        let identity = try APNsProviderIdentity.load(p8Path: DevCertificates.p8, keyID: "DEVKEY0001", teamID: "DEVTEAM001")
+        let client = try await APNsClient(configuration: APNsConfiguration(
+            environment: .custom(host: "127.0.0.1", port: endpoints.port, caPath: DevCertificates.ca), identity: identity,
+            topic: SimulatorFixture.topic, poolSize: 1, now: { clock.now }))
+        #expect(await client.send(notification("0a01")).success != nil)
+        // 45 minutes on, APNs closes the connection (GOAWAY after the next request); the push after it
+        // opens a new one.
+        clock.advance(45 * 60)
+        simulator.setFaults(APNsFaultPlan(goAwayAfterRequests: 1))
+        #expect(await client.send(notification("0a02")).success != nil)
+        simulator.setFaults(APNsFaultPlan())
+        #expect(await client.send(notification("0a03")).success != nil)
+        #expect(await client.connectionsOpened == 2)
+        // Past the first JWT's 50 minutes: the new connection's own JWT is 6 minutes old and stays.
+        clock.advance(6 * 60)
+        let late = await client.send(notification("0a04"))
+        #expect(late.success != nil, "\(String(describing: late.failure))")
+        #expect(simulator.stats().rejectedByReason["TooManyProviderTokenUpdates"] == nil)
+        await client.shutdown()
+        try? await simulator.stop()
     }
 
     @Test func badConfigurationIsRefusedUpFront() async throws {
