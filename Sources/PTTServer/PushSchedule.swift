@@ -14,7 +14,10 @@ import NIOCore
 ///   `TooManyRequests` (which costs that token 30 s of silence), and a phone that was just woken is already
 ///   connecting. Leave pushes are never held back by this.
 /// - **At most `maxInFlight` pushes at once**, and one per member: the rest wait their turn in order.
-///   Jobs beyond `queueLimit` members are refused, and the caller counts them.
+///   Wakes beyond `queueLimit` members are refused, and the caller counts them. Leaves are not: one
+///   refused is lost for good (its token is deleted with the member, and `apns-expiration: 0` gives no
+///   second chance), leaving the phone showing a channel it is no longer in; and there are only as many
+///   as members removed, forgotten or leaving, not one per burst.
 struct PushSchedule {
     struct Key: Hashable {
         let channel: UUID
@@ -100,7 +103,7 @@ struct PushSchedule {
             if current.state == .held { release(key, now: now) }
             return .replaced
         }
-        guard waiting.count < queueLimit else { return .full }
+        guard waiting.count < queueLimit || job.isLeave else { return .full }
         waiting[key] = (job, .held)
         heldCount += 1
         release(key, now: now)

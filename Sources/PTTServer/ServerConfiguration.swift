@@ -493,6 +493,19 @@ public struct ServerConfiguration: Sendable, Equatable {
         try check(apnsTopic.hasSuffix(".voip-ptt") && apnsTopic.count > 9, "apnsTopic",
                   "the APNs topic '\(apnsTopic)' must be '<bundle id>.voip-ptt' for pushtotalk pushes")
         try check((1...64).contains(apnsPoolSize), "apnsPoolSize", "APNs pool size \(apnsPoolSize) is out of range; use 1-64")
+        if pushTarget == .apple {
+            // The development defaults only work against the simulator: Apple would refuse every push
+            // (InvalidProviderToken), logged once, while /healthz says ok and nobody is woken.
+            let defaults = ServerConfiguration()
+            try check(apnsKeyID != defaults.apnsKeyID, "apnsKeyID",
+                      "apns is apple but the key ID is the development one (\(defaults.apnsKeyID)); set the Key ID of your APNs key from the Apple Developer account")
+            try check(apnsTeamID != defaults.apnsTeamID, "apnsTeamID",
+                      "apns is apple but the team ID is the development one (\(defaults.apnsTeamID)); set your 10-character Team ID")
+            try check(apnsKeyPath != defaults.apnsKeyPath, "apnsKeyPath",
+                      "apns is apple but the key is the development one (\(defaults.apnsKeyPath)); point it at the .p8 key Apple issued")
+            try check(apnsTopic != defaults.apnsTopic, "apnsTopic",
+                      "apns is apple but the topic is the example app's (\(defaults.apnsTopic)); set '<your app's bundle id>.voip-ptt'")
+        }
         try check(Self.portRange.contains(apnsSimulatorPort), "apnsSimulatorPort", "simulator port \(apnsSimulatorPort) is out of range; use 1-65535, or 0")
         try check(Self.portRange.contains(apnsSimulatorControlPort), "apnsSimulatorControlPort",
                   "simulator control port \(apnsSimulatorControlPort) is out of range; use 1-65535, or 0")

@@ -131,6 +131,17 @@ import Testing
         #expect(schedule.enqueue(wake("dan"), now: at(1)) == .queued)
     }
 
+    @Test func aLeaveIsQueuedEvenWhenWakesFillTheQueue() {
+        var schedule = PushSchedule(queueLimit: 2)
+        #expect(schedule.enqueue(wake("bob"), now: at(0)) == .queued)
+        #expect(schedule.enqueue(wake("cat"), now: at(0)) == .queued)
+        #expect(schedule.enqueue(wake("dan"), now: at(0)) == .full)
+        // Dan was removed: his leave push is his phone's only way to learn it.
+        let leave = PushSchedule.Job.leave(channel: channel, member: member("dan"))
+        #expect(schedule.enqueue(leave, now: at(0)) == .queued)
+        #expect(drain(&schedule, at: at(0)).contains(leave))
+    }
+
     @Test func finishingSendsWhatIsWaitingAtOnceThenEnds() {
         var schedule = PushSchedule(wakeInterval: .seconds(1))
         _ = schedule.enqueue(wake("bob"), now: at(0))

@@ -131,7 +131,18 @@ import Testing
     @Test func pushTargetsParse() throws {
         #expect(try ServerConfiguration.load(file: nil, environment: [:]).pushTarget == .simulator)
         #expect(try ServerConfiguration.load(file: nil, environment: ["SQUELCH_APNS": "off"]).pushTarget == .off)
-        #expect(try ServerConfiguration.load(file: nil, environment: [:], overrides: ConfigurationOverrides(apns: "apple")).pushTarget == .apple)
+        let apple = ConfigurationOverrides(apns: "apple", apnsKeyPath: "/etc/squelch/AuthKey_ABC123DEFG.p8", apnsKeyID: "ABC123DEFG",
+                                           apnsTeamID: "TEAM123456", apnsTopic: "com.example.radio.voip-ptt")
+        #expect(try ServerConfiguration.load(file: nil, environment: [:], overrides: apple).pushTarget == .apple)
+        // Apple with any of the development defaults would refuse every push while /healthz said ok.
+        for leftAsDefault in [\ConfigurationOverrides.apnsKeyPath, \.apnsKeyID, \.apnsTeamID, \.apnsTopic] {
+            var overrides = apple
+            overrides[keyPath: leftAsDefault] = nil
+            let error = #expect(throws: ServerConfiguration.ConfigurationError.self) {
+                try ServerConfiguration.load(file: nil, environment: [:], overrides: overrides)
+            }
+            #expect(String(describing: error.map { $0 } as Any).contains("development") || String(describing: error as Any).contains("example app"))
+        }
         #expect(try ServerConfiguration.load(file: nil, environment: [:], overrides: ConfigurationOverrides(apns: "https://push.example:2197")).pushTarget
                 == .custom(host: "push.example", port: 2197))
         // With pushes off, the APNs identity isn't checked at all.
