@@ -1,5 +1,6 @@
 import Foundation
 import Logging
+import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
 import NIOSSL
@@ -97,7 +98,10 @@ public actor APNsClient {
             let timeout = max(min(configuration.requestTimeout, remaining), .milliseconds(50))
             let result: APNsAttemptResult
             do {
-                let connection = try await pickConnection()
+                // Getting a connection counts against the budget too: a wake that waited a minute for
+                // a stalled handshake and then went out would say "Alice is talking" long after she stopped.
+                let connection = try await pickConnection(within: remaining)
+                guard clock.now - start < configuration.retry.budget else { throw APNsBudgetSpent() }
                 // Each connection has its own JWT (`ProviderTokenSchedule`).
                 let jwt: (jwt: String, generation: Int)
                 do {
@@ -128,6 +132,11 @@ public actor APNsClient {
                 return .failure(failure.isConfigurationError ? configurationFailure(failure) : failure)
             }
         }
+    }
+
+    /// The retry budget ran out while a connection was being found.
+    struct APNsBudgetSpent: Error, CustomStringConvertible {
+        var description: String { "no APNs connection was ready within the push's time budget" }
     }
 
     /// Closes every connection. Pushes in flight end with `ClientShutdown` or a transport failure.
@@ -163,6 +172,30 @@ public actor APNsClient {
                                     "teamID": "\(configuration.identity.teamID)", "host": "\(configuration.environment.host)"])
         }
         return failure
+    }
+
+    /// `pickConnection`, given up after `limit` (the connection attempt carries on for later pushes).
+    private func pickConnection(within limit: Duration) async throws -> HTTP2Connection {
+        guard limit > .zero else { throw APNsBudgetSpent() }
+        // Not a task group: a group waits for every child, and awaiting a connecting task's value can't
+        // be cancelled, so the push would still wait for the whole connection attempt.
+        let settled = NIOLockedValueBox(false)
+        return try await withCheckedThrowingContinuation { continuation in
+            @Sendable func settle(_ result: Result<HTTP2Connection, any Error>) -> Bool {
+                guard settled.withLockedValue({ done in defer { done = true }; return !done }) else { return false }
+                continuation.resume(with: result)
+                return true
+            }
+            let timer = Task {
+                try await Task.sleep(for: limit)
+                _ = settle(.failure(APNsBudgetSpent()))
+            }
+            Task {
+                let result: Result<HTTP2Connection, any Error>
+                do { result = .success(try await self.pickConnection()) } catch { result = .failure(error) }
+                if settle(result) { timer.cancel() }
+            }
+        }
     }
 
     /// The least loaded usable connection; empty or dead slots are (re)connected on the way.

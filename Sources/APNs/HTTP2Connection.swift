@@ -76,6 +76,13 @@ final class HTTP2Connection: Sendable {
             handshake.fail(error)
             throw error
         }
+        // TCP is up; TLS and the server's SETTINGS get as long again. NIOSSL has no handshake timeout of
+        // its own, so a peer (a firewall, a stalled proxy) that accepts TCP and then says nothing would
+        // hold every push waiting for this connection until TCP keepalive gave up, many minutes later.
+        let stalled = channel.eventLoop.scheduleTask(in: TimeAmount(connectTimeout)) {
+            handshake.fail(APNsConnectionError.handshakeTimedOut)
+        }
+        defer { stalled.cancel() }
         do {
             try await handshake.futureResult.get()
         } catch {
@@ -127,7 +134,12 @@ final class HTTP2Connection: Sendable {
                     PushStreamHandler(headers: requestHeaders, body: body, timeout: timeout, connectionState: state, promise: promise))
             }
         }
-        return (try? await promise.futureResult.get()) ?? .transport(.connectionLost("no result"))
+        let result = (try? await promise.futureResult.get()) ?? .transport(.connectionLost("no result"))
+        // An unanswered request may mean a dead path (a NAT or load balancer that lost the flow): PING now
+        // rather than after a minute without reads, so that a dead connection is closed and replaced
+        // within the PING timeout.
+        if case .transport(.timeout) = result { channel.pipeline.fireUserInboundEventTriggered(ConnectionWatcher.ProbeNow()) }
+        return result
     }
 
     func close() async {
@@ -139,11 +151,13 @@ enum APNsConnectionError: Error, CustomStringConvertible {
     case setupFailed
     case noHTTP2(negotiated: String?)
     case pingTimedOut
+    case handshakeTimedOut
 
     var description: String {
         switch self {
         case .setupFailed: return "HTTP/2 pipeline setup failed"
         case .noHTTP2(let negotiated): return "the server did not negotiate HTTP/2 (ALPN: \(negotiated ?? "none"))"
+        case .handshakeTimedOut: return "TLS or HTTP/2 setup got no answer in time after TCP connected"
         case .pingTimedOut: return "PING unanswered; connection presumed dead"
         }
     }
@@ -200,7 +214,14 @@ final class ConnectionWatcher: ChannelInboundHandler {
         }
     }
 
+    /// Asks for a PING at once (unless one is outstanding): a request on this connection timed out.
+    struct ProbeNow {}
+
     func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        if event is ProbeNow {
+            ping(context: context)
+            return
+        }
         if let tls = event as? TLSUserEvent, case .handshakeCompleted(let negotiated) = tls {
             if negotiated == "h2" {
                 startKeepalive(context: context)
@@ -235,7 +256,12 @@ final class ConnectionWatcher: ChannelInboundHandler {
 
     private func tick(context: ChannelHandlerContext) {
         defer { readSinceLastTick = false }
-        guard !readSinceLastTick, !pingOutstanding else { return }
+        guard !readSinceLastTick else { return }
+        ping(context: context)
+    }
+
+    private func ping(context: ChannelHandlerContext) {
+        guard !pingOutstanding else { return }
         pingOutstanding = true
         pingCounter += 1
         context.writeAndFlush(wrapOutboundOut(HTTP2Frame(streamID: .rootStream,

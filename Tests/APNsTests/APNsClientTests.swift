@@ -1,6 +1,9 @@
 import APNsSimulator
 import Foundation
 import NIOConcurrencyHelpers
+import NIOCore
+import NIOEmbedded
+import NIOHTTP2
 import SquelchTesting
 import Testing
 @testable import APNs
@@ -205,6 +208,58 @@ extension Result {
         #expect(fixture.simulator.stats().goAwaysSent >= 3)
         await client.shutdown()
         await fixture.stop()
+    }
+
+    /// A peer that completes TCP and then says nothing (a stalled proxy or firewall): NIOSSL has no
+    /// handshake timeout, so the push used to wait for the connection without end.
+    @Test func aStalledHandshakeCostsAPushNoMoreThanItsBudget() async throws {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        defer { close(fd) }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        // Listening, never accepting: the kernel completes TCP handshakes into the backlog.
+        let listening = withUnsafeMutablePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, length) == 0 && listen(fd, 8) == 0 && getsockname(fd, $0, &length) == 0 }
+        }
+        #expect(listening)
+        let identity = try APNsProviderIdentity.load(p8Path: DevCertificates.p8, keyID: "DEVKEY0001", teamID: "DEVTEAM001")
+        let client = try await APNsClient(configuration: APNsConfiguration(
+            environment: .custom(host: "127.0.0.1", port: Int(UInt16(bigEndian: address.sin_port)), caPath: DevCertificates.ca),
+            identity: identity, topic: SimulatorFixture.topic, poolSize: 1, retry: APNsRetryPolicy(budget: .milliseconds(700))))
+        let clock = ContinuousClock()
+        let start = clock.now
+        let result = await client.send(notification())
+        let took = clock.now - start
+        #expect(result.failure != nil)
+        #expect(took < .milliseconds(1_500), "the push waited \(took) for a connection that never came")
+        // The connection attempt itself gives up after the connect timeout (3 s), TLS included, so the
+        // client can shut down; before, it waited on the silent peer for good.
+        await client.shutdown()
+        #expect(clock.now - start < .seconds(5), "shutdown waited on the handshake: \(clock.now - start)")
+    }
+
+    /// A timed-out request PINGs the connection at once (not after a minute without reads), and a PING
+    /// left unanswered closes it, so the pool replaces a dead connection within the PING timeout.
+    /// EmbeddedChannel: the watcher alone, with time moved by hand.
+    @Test func aTimedOutRequestProbesTheConnectionAndSilenceClosesIt() throws {
+        let loop = EmbeddedEventLoop()
+        let channel = EmbeddedChannel(loop: loop)
+        let state = NIOLockedValueBox(HTTP2Connection.State())
+        let watcher = ConnectionWatcher(state: state, handshake: loop.makePromise(), pingInterval: .seconds(60), pingTimeout: .seconds(5))
+        try channel.pipeline.syncOperations.addHandler(watcher)
+        try channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 1)).wait()
+        channel.pipeline.fireUserInboundEventTriggered(ConnectionWatcher.ProbeNow())
+        let ping = try #require(try channel.readOutbound(as: HTTP2Frame.self))
+        guard case .ping(_, ack: false) = ping.payload else { Issue.record("not a PING: \(ping.payload)"); return }
+        channel.pipeline.fireUserInboundEventTriggered(ConnectionWatcher.ProbeNow())
+        #expect(try channel.readOutbound(as: HTTP2Frame.self) == nil, "one PING outstanding at a time")
+        loop.advanceTime(by: .seconds(4))
+        #expect(channel.isActive)
+        loop.advanceTime(by: .seconds(2))
+        #expect(!channel.isActive, "an unanswered PING closes the connection")
+        _ = try? channel.finish()
     }
 
     @Test func aSlowAnswerTimesOutAndIsRetried() async throws {
