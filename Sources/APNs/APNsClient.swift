@@ -92,39 +92,46 @@ public actor APNsClient {
         var attempts = APNsDeliveryAttempts(policy: configuration.retry, tokenRegisteredAt: tokenRegisteredAt)
         // The connection and JWT generation of an attempt, to replace that JWT if APNs calls it expired.
         var used: (connection: Int, generation: Int)?
-        var refresh = false
+        var last: APNsAttemptResult?
         while true {
-            let remaining = configuration.retry.budget - (clock.now - start)
-            let timeout = max(min(configuration.requestTimeout, remaining), .milliseconds(50))
             let result: APNsAttemptResult
             do {
                 // Getting a connection counts against the budget too: a wake that waited a minute for
                 // a stalled handshake and then went out would say "Alice is talking" long after she stopped.
-                let connection = try await pickConnection(within: remaining)
-                guard clock.now - start < configuration.retry.budget else { throw APNsBudgetSpent() }
+                let connection = try await pickConnection(within: configuration.retry.budget - (clock.now - start))
+                let left = configuration.retry.budget - (clock.now - start)
+                if left < .milliseconds(50), let last {
+                    // Spent after a backoff: no attempt is left to make, and none is counted.
+                    return .failure(APNsPushFailure(reason: .budgetExhausted(last: last), attempts: attempts.attempts))
+                }
+                guard left >= .milliseconds(50) else { throw APNsBudgetSpent() }
                 // Each connection has its own JWT (`ProviderTokenSchedule`).
                 let jwt: (jwt: String, generation: Int)
                 do {
-                    if refresh, let used, used.connection == connection.id {
-                        jwt = try await signer.replace(generation: used.generation, for: connection.id)
-                    } else {
-                        jwt = try await signer.token(for: connection.id)
-                    }
+                    jwt = try await signer.token(for: connection.id)
                 } catch {
                     return .failure(configurationFailure(APNsPushFailure(
                         reason: .signing(String(describing: error)), isConfigurationError: true, attempts: attempts.attempts)))
                 }
                 used = (connection.id, jwt.generation)
-                result = await connection.send(request, authorization: "bearer \(jwt.jwt)", timeout: timeout)
+                result = await connection.send(request, authorization: "bearer \(jwt.jwt)", timeout: min(configuration.requestTimeout, left))
             } catch {
                 result = .transport(.connectFailed(String(describing: error)))
             }
-            refresh = false
+            last = result
             switch attempts.next(after: result, elapsed: clock.now - start, random: Double.random(in: 0..<1)) {
             case .delivered:
                 return .success(APNsDelivery(apnsID: request.apnsID, attempts: attempts.attempts))
             case .retry(let delay, let refreshJWT):
-                refresh = refreshJWT
+                // The connection whose JWT APNs called expired gets a new one now, wherever the retry goes.
+                if refreshJWT, let used {
+                    do {
+                        _ = try await signer.replace(generation: used.generation, for: used.connection)
+                    } catch {
+                        return .failure(configurationFailure(APNsPushFailure(
+                            reason: .signing(String(describing: error)), isConfigurationError: true, attempts: attempts.attempts)))
+                    }
+                }
                 if delay > .zero { try? await Task.sleep(for: delay) }
                 if isShutDown { return .failure(APNsPushFailure(reason: .shutdown, attempts: attempts.attempts)) }
             case .failed(let failure):

@@ -261,7 +261,7 @@ final class ConnectionWatcher: ChannelInboundHandler {
     }
 
     private func ping(context: ChannelHandlerContext) {
-        guard !pingOutstanding else { return }
+        guard !pingOutstanding, context.channel.isActive else { return }
         pingOutstanding = true
         pingCounter += 1
         context.writeAndFlush(wrapOutboundOut(HTTP2Frame(streamID: .rootStream,

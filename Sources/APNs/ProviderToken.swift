@@ -128,7 +128,7 @@ actor ProviderTokenSigner {
     private func mint(for connection: Int, at date: Date) async throws -> (jwt: String, generation: Int) {
         // A JWT over an hour old is of no use to anyone: its connection is gone or will mint anew.
         entries = entries.filter { _, entry in
-            entry.minting != nil || entry.schedule.issuedAt.map { date.timeIntervalSince($0) < 3_600 } ?? true
+            entry.minting != nil || entry.schedule.issuedAt.map { date.timeIntervalSince($0) < 3_600 } ?? false
         }
         // iat is whole seconds; APNs compares it against its own clock.
         let claims = Claims(iss: IssuerClaim(value: identity.teamID), iat: IssuedAtClaim(value: Date(timeIntervalSince1970: date.timeIntervalSince1970.rounded(.down))))

@@ -501,7 +501,7 @@ public struct ServerConfiguration: Sendable, Equatable {
                       "apns is apple but the key ID is the development one (\(defaults.apnsKeyID)); set the Key ID of your APNs key from the Apple Developer account")
             try check(apnsTeamID != defaults.apnsTeamID, "apnsTeamID",
                       "apns is apple but the team ID is the development one (\(defaults.apnsTeamID)); set your 10-character Team ID")
-            try check(apnsKeyPath != defaults.apnsKeyPath, "apnsKeyPath",
+            try check(URL(fileURLWithPath: apnsKeyPath).lastPathComponent != URL(fileURLWithPath: defaults.apnsKeyPath).lastPathComponent, "apnsKeyPath",
                       "apns is apple but the key is the development one (\(defaults.apnsKeyPath)); point it at the .p8 key Apple issued")
             try check(apnsTopic != defaults.apnsTopic, "apnsTopic",
                       "apns is apple but the topic is the example app's (\(defaults.apnsTopic)); set '<your app's bundle id>.voip-ptt'")
