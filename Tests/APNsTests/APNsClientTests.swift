@@ -213,20 +213,10 @@ extension Result {
     /// A peer that completes TCP and then says nothing (a stalled proxy or firewall): NIOSSL has no
     /// handshake timeout, so the push used to wait for the connection without end.
     @Test func aStalledHandshakeCostsAPushNoMoreThanItsBudget() async throws {
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        defer { close(fd) }
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        // Listening, never accepting: the kernel completes TCP handshakes into the backlog.
-        let listening = withUnsafeMutablePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, length) == 0 && listen(fd, 8) == 0 && getsockname(fd, $0, &length) == 0 }
-        }
-        #expect(listening)
+        let silent = try #require(HeldPort(tcpListening: true))
         let identity = try APNsProviderIdentity.load(p8Path: DevCertificates.p8, keyID: "DEVKEY0001", teamID: "DEVTEAM001")
         let client = try await APNsClient(configuration: APNsConfiguration(
-            environment: .custom(host: "127.0.0.1", port: Int(UInt16(bigEndian: address.sin_port)), caPath: DevCertificates.ca),
+            environment: .custom(host: "127.0.0.1", port: silent.port, caPath: DevCertificates.ca),
             identity: identity, topic: SimulatorFixture.topic, poolSize: 1, retry: APNsRetryPolicy(budget: .milliseconds(700))))
         let clock = ContinuousClock()
         let start = clock.now
@@ -239,6 +229,7 @@ extension Result {
         // client can shut down; before, it waited on the silent peer for good.
         await client.shutdown()
         #expect(clock.now - start < .seconds(6), "shutdown waited on the handshake: \(clock.now - start)")
+        withExtendedLifetime(silent) {}
     }
 
     /// A timed-out request PINGs the connection at once (not after a minute without reads), and a PING

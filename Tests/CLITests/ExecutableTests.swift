@@ -3,6 +3,7 @@ import Foundation
 import FoundationNetworking
 #endif
 import SquelchInfo
+import SquelchTesting
 import Synchronization
 import Testing
 
@@ -134,17 +135,8 @@ enum Executables {
         let certs = dir.appendingPathComponent("certs").path
         try Executables.makeDevCertificates(into: certs)
         // Another process holds the UDP port.
-        let fd = socket(AF_INET, Int32(SOCK_DGRAM.rawValue), 0)
-        defer { close(fd) }
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        let bound = withUnsafeMutablePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, length) == 0 && getsockname(fd, $0, &length) == 0 }
-        }
-        #expect(bound)
-        let port = Int(UInt16(bigEndian: address.sin_port))
+        let held = try #require(HeldPort(tcpListening: false))
+        let port = held.port
         // An admin key any local user can read (a backup restored with the wrong mode): a warning.
         let keyFile = dir.appendingPathComponent("admin.key").path
         try "a-key-long-enough-for-squelchd-0123456789\n".write(toFile: keyFile, atomically: true, encoding: .utf8)
@@ -161,6 +153,7 @@ enum Executables {
         #expect(result.err.contains("no database in \(dir.appendingPathComponent("data").path)"))
         #expect(result.err.contains("the admin key \(keyFile) is open to other users (mode 0644)"), "\(result.err)")
         #expect(!result.err.contains("token-key.pem is open"), "the key it made itself is 0600")
+        withExtendedLifetime(held) {}  // the port stays taken until squelchd has tried it
     }
 
     /// Starts the real server on a free port with certificates from the real script, asks /healthz,
