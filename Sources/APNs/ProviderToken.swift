@@ -82,7 +82,8 @@ actor ProviderTokenSigner {
         var minting: Task<(jwt: String, generation: Int), any Error>?
     }
 
-    /// By connection id. Entries of connections gone an hour are dropped at the next mint.
+    /// By connection id. Entries whose JWT is over an hour old (its connection is gone, or mints anew)
+    /// are dropped at the next mint.
     private var entries: [Int: Entry] = [:]
 
     init(identity: APNsProviderIdentity, refreshAfter: Duration, now: @escaping @Sendable () -> Date) async throws(APNsConfigurationError) {

@@ -143,6 +143,8 @@ public enum FloorCause: UInt16, Codable, Sendable {
     case queueFull = 7
     case preempted = 100
     case maxBurstReached = 101
+    /// (`revoked` only) the talker stayed disconnected past the grace period, or sent no audio for
+    /// `talkerSilenceLimit` (5 s).
     case disconnected = 102
     case notJoined = 103
     case serviceUnavailable = 104

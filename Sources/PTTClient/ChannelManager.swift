@@ -119,7 +119,8 @@ public final class ChannelManager: Sendable {
 
     /// Stops this manager as if the app quit: connections close and audio stops, but the channel is
     /// not left, so the next `channelManager(...)` for the same directory restores it. (Linux only:
-    /// on iOS the process simply ends.)
+    /// on iOS the process simply ends.) Commands already submitted get up to 2 s to finish first, so
+    /// that a `leaveChannel` just before is acknowledged by the server; this can take a few seconds.
     public func invalidate() async {
         await engine.shutdown()
         let key = stateDirectory
@@ -229,8 +230,8 @@ public final class ChannelManager: Sendable {
     /// `handsfreeButton`, unless `setAccessoryButtonEventsEnabled(false)`. Works in the background.
     public func accessoryButton(pressed: Bool, channelUUID: UUID) { engine.submit(.accessory(pressed, channelUUID)) }
 
-    /// Silences (or unmutes) what the channel plays, without leaving it or touching the floor. The
-    /// roster shows every member that this one muted the channel (`RosterEntry.muted`).
+    /// Silences (or unmutes) what the channel plays, without leaving it or touching the floor. Every
+    /// member's roster then shows this member as muted (`RosterEntry.muted`).
     public func setPlaybackMuted(_ muted: Bool) { engine.submit(.playbackMuted(muted)) }
 
     /// Closes the voice connection to save power, as iOS does to a suspended app; the channel stays,

@@ -438,7 +438,7 @@ actor ManagerEngine {
         let server = "\(credentials.host):\(credentials.port)"
         if let error = error as? ConnectionError {
             switch error {
-            case .handshakeTimeout, .idleTimeout, .peerUnresponsive:
+            case .handshakeTimeout:
                 return "no answer from squelchd at \(server); check that it runs and the address and port are right"
             default:
                 return "connection to \(server) failed: \(error.description)"

@@ -133,6 +133,7 @@ public struct RosterEntry: Sendable, Hashable {
     public var canListen: Bool
     public var connection: ConnectionState
     public var talking: Bool
+    /// They muted the channel's playback: they will not hear you.
     public var muted: Bool
     /// Whether this client hears them (always `.audio` for yourself, whom you never hear anyway).
     public var subscribe: SubscribeType

@@ -6,9 +6,12 @@ import NIOCore
 /// `squelchd serve` prints before exiting 78 (EX_CONFIG), instead of NIO's
 /// "bind(descriptor:ptr:bytes:): Address already in use".
 public struct ListenError: Error, CustomStringConvertible {
-    public var what: String
+    /// The listener, as the message names it: "the voice transport (UDP)".
+    public var listener: String
+    /// The address it was to listen on, as configured.
     public var host: String
     public var port: Int
+    /// What NIO reported (an `IOError` with its errno, or an unresolvable host name).
     public var underlying: any Error
     /// Settings keys (`ServerConfiguration.settings`) for the host and the port.
     var hostKey: String
@@ -21,15 +24,15 @@ public struct ListenError: Error, CustomStringConvertible {
     }
 
     static func voice(host: String, port: Int, _ error: any Error) -> ListenError {
-        ListenError(what: "the voice transport (UDP)", host: host, port: port, underlying: error, hostKey: "host", portKey: "port")
+        ListenError(listener: "the voice transport (UDP)", host: host, port: port, underlying: error, hostKey: "host", portKey: "port")
     }
 
     static func admin(host: String, port: Int, _ error: any Error) -> ListenError {
-        ListenError(what: "the admin API (TCP)", host: host, port: port, underlying: error, hostKey: "adminHost", portKey: "adminPort")
+        ListenError(listener: "the admin API (TCP)", host: host, port: port, underlying: error, hostKey: "adminHost", portKey: "adminPort")
     }
 
     public var description: String {
-        let at = "\(what) can't listen on \(host.contains(":") ? "[\(host)]" : host):\(port)"
+        let at = "\(listener) can't listen on \(host.contains(":") ? "[\(host)]" : host):\(port)"
         let portHow = ServerConfiguration.setting(portKey).howToSet
         let hostHow = ServerConfiguration.setting(hostKey).howToSet
         if underlying is SocketAddressError.UnknownHost {

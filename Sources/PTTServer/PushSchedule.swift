@@ -44,7 +44,7 @@ struct PushSchedule {
         case replaced
         /// It was dropped instead: a leave is waiting for the member, and a wake after it means nothing.
         case superfluous
-        /// `queueLimit` members are already waiting.
+        /// A wake, with `queueLimit` members already waiting (leaves are never refused).
         case full
         /// The schedule is finishing; no new jobs.
         case closed

@@ -150,7 +150,7 @@ public struct SquelchServer: Sendable {
             adminStarted.withLockedValue { $0 = true }
             await latch.admin(port)
         })
-        services.append(.init(service: NamedBindFailure(base: adminApp, started: adminStarted) { [configuration] error in
+        services.append(.init(service: ListenErrorNaming(base: adminApp, started: adminStarted) { [configuration] error in
             ListenError.admin(host: configuration.adminHost, port: configuration.adminPort, error)
         }))
         var groupConfiguration = ServiceGroupConfiguration(services: services, gracefulShutdownSignals: [.sigterm, .sigint],
@@ -173,17 +173,17 @@ extension SquelchServer {
 }
 
 /// Runs `base`, and turns a socket error it throws before it was listening (a port in use, an address
-/// the machine lacks) into `name`'s error, which says which setting to change.
-struct NamedBindFailure<Base: Service>: Service {
+/// the machine lacks) into `toListenError`'s error, which says which setting to change.
+struct ListenErrorNaming<Base: Service>: Service {
     let base: Base
     let started: NIOLockedValueBox<Bool>
-    let name: @Sendable (any Error) -> any Error
+    let toListenError: @Sendable (any Error) -> any Error
 
     func run() async throws {
         do {
             try await base.run()
         } catch where ListenError.isBindFailure(error) && !started.withLockedValue({ $0 }) {
-            throw name(error)
+            throw toListenError(error)
         }
     }
 }

@@ -64,6 +64,8 @@ public final class WireClient {
     }
 
     /// After the app wakes with a new local address or port: carry on the same session from there.
+    /// - Parameter newPath: false when only the socket was replaced on the same network after a send
+    ///   error; the liveness count then goes on (`Connection.migrate`).
     public func migrate(now: WireInstant, newPath: Bool = true) {
         connection.migrate(now: now, newPath: newPath)
     }

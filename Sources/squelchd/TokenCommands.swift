@@ -63,7 +63,7 @@ struct Token: AsyncParsableCommand {
                     guard try await db.channel(channelID) != nil else { throw StoreError.channelNotFound(channelID) }
                 }
             }
-            print(try await loadAuthority(configuration, creating: true).issue(claims))
+            print(try await loadAuthority(configuration, forIssue: true).issue(claims))
         }
     }
 
@@ -94,7 +94,7 @@ struct Token: AsyncParsableCommand {
         }
 
         func run() async throws {
-            let authority = try await loadAuthority(try store.configuration(tokenKey: tokenKey), creating: false)
+            let authority = try await loadAuthority(try store.configuration(tokenKey: tokenKey), forIssue: false)
             let claims: ParticipantClaims
             do throws(TokenError) { claims = try await authority.inspect(token) } catch {
                 standardError("squelchd: \(error)")
@@ -162,7 +162,7 @@ struct Token: AsyncParsableCommand {
             let revocation: RevocationRecord
             let now = Date()
             if let token {
-                let authority = try await loadAuthority(try store.configuration(tokenKey: tokenKey), creating: false)
+                let authority = try await loadAuthority(try store.configuration(tokenKey: tokenKey), forIssue: false)
                 let claims: ParticipantClaims
                 do throws(TokenError) { claims = try await authority.inspect(token) } catch {
                     standardError("squelchd: \(error)")
@@ -183,8 +183,9 @@ struct Token: AsyncParsableCommand {
 ///
 /// Only `issue` may make the default key, and only beside the server's database: run from the wrong
 /// directory, or without the server's `SQUELCH_DATA_DIR`, it would otherwise print a token signed by
-/// a key of its own that the server refuses as forged, with nothing to say why.
-func loadAuthority(_ configuration: ServerConfiguration, creating: Bool) async throws -> TokenAuthority {
+/// a key of its own that the server refuses as forged, with nothing to say why. The other commands
+/// (`forIssue` false) also accept the previous key of a rotation, as the server does.
+func loadAuthority(_ configuration: ServerConfiguration, forIssue: Bool) async throws -> TokenAuthority {
     let path = configuration.resolvedTokenKeyPath
     let database = Channel.StoreOptions.databasePath(in: configuration.dataDirectory)
     let elsewhere = "pass the server's --data-dir or --config (or set SQUELCH_DATA_DIR as the server has it)"
@@ -213,7 +214,7 @@ func loadAuthority(_ configuration: ServerConfiguration, creating: Bool) async t
                 // The server signs with a key kept elsewhere (its tokenKeyPath): a new default key here
                 // would only make tokens it refuses.
                 throw TokenKeyError(message: "squelchd runs with a token key that is not in \(configuration.dataDirectory); pass the server's --token-key, or the --config it runs with")
-            } else if creating {
+            } else if forIssue {
                 authority = try await TokenAuthority.loadOrCreate(at: path)
             } else {
                 throw TokenKeyError(message: "there is no token key at \(path) (the server makes it when it first starts); if the server keeps its key elsewhere, pass its --token-key or --config")
@@ -225,7 +226,7 @@ func loadAuthority(_ configuration: ServerConfiguration, creating: Bool) async t
         // During a rotation the server still accepts the previous key's tokens, so inspect and revoke
         // must read them too (a leaked old token is often why the key is rotated). Issue never signs
         // with it.
-        if !creating, let previous = configuration.previousTokenKeyPath {
+        if !forIssue, let previous = configuration.previousTokenKeyPath {
             return try await authority.accepting(previousKeyAt: previous)
         }
         return authority

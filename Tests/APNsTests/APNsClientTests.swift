@@ -212,7 +212,7 @@ extension Result {
 
     /// A peer that completes TCP and then says nothing (a stalled proxy or firewall): NIOSSL has no
     /// handshake timeout, so the push used to wait for the connection without end.
-    @Test func aStalledHandshakeCostsAPushNoMoreThanItsBudget() async throws {
+    @Test func aStalledHandshakeDoesNotHoldAPushForTheConnectTimeout() async throws {
         let silent = try #require(HeldPort(tcpListening: true))
         let identity = try APNsProviderIdentity.load(p8Path: DevCertificates.p8, keyID: "DEVKEY0001", teamID: "DEVTEAM001")
         let client = try await APNsClient(configuration: APNsConfiguration(
@@ -306,10 +306,11 @@ extension Result {
         await fixture.stop()
     }
 
-    /// Signing suspends the signer actor; pushes arriving meanwhile must share the one JWT being minted.
+    /// Signing suspends the signer actor; pushes on one connection arriving meanwhile share the JWT being
+    /// minted, and another connection gets its own.
     /// Before this was so, a burst of first pushes carried several JWTs and APNs answered the later ones with
     /// TooManyProviderTokenUpdates.
-    @Test func concurrentFirstPushesShareOneProviderJWT() async throws {
+    @Test func concurrentFirstPushesOnAConnectionShareOneJWT() async throws {
         let identity = try APNsProviderIdentity.load(p8Path: DevCertificates.p8, keyID: "DEVKEY0001", teamID: "DEVTEAM001")
         let signer = try await ProviderTokenSigner(identity: identity, refreshAfter: .seconds(3000), now: { Date() })
         let tokens = try await withThrowingTaskGroup(of: String.self) { group in
