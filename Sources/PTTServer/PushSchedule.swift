@@ -19,10 +19,8 @@ import NIOCore
 ///   second chance), leaving the phone showing a channel it is no longer in; and there are only as many
 ///   as members removed, forgotten or leaving, not one per burst.
 struct PushSchedule {
-    struct Key: Hashable {
-        let channel: UUID
-        let user: String
-    }
+    /// One push per membership waits at a time.
+    typealias Key = MemberKey
 
     enum Job: Sendable, Equatable {
         case wake(channel: UUID, speaker: String, member: MemberRecord)

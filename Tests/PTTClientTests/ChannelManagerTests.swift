@@ -530,9 +530,7 @@ final class LocalPushTransport: PushTransport {
     @Test func aLossyListenerGetsTheTalkerToAddFEC() async throws {
         let fixture = try await ClientFixture(pushes: false)
         let id = fixture.channel.id
-        let proxy = ImpairmentProxy(upstream: try SocketAddress(ipAddress: "127.0.0.1", port: fixture.listening.voicePort),
-                                    clientToServer: Impairment(seed: 3), serverToClient: Impairment(lossPercent: 15, seed: 4))
-        let port = try await proxy.start()
+        let (proxy, port) = try await fixture.proxy(clientToServer: Impairment(seed: 3), serverToClient: Impairment(lossPercent: 15, seed: 4))
         let annDelegate = RecordingDelegate(), bobDelegate = RecordingDelegate()
         let helpers = ChannelManagerTests()
         let ann = try await helpers.manager(fixture, "fec-ann", annDelegate, audio: helpers.speech(6), pushes: false)
@@ -576,9 +574,7 @@ final class LocalPushTransport: PushTransport {
     @Test func aServerThatStopsAnsweringShowsAsConnectingThenReadyAgain() async throws {
         let fixture = try await ClientFixture(pushes: false)
         let id = fixture.channel.id
-        let proxy = ImpairmentProxy(upstream: try SocketAddress(ipAddress: "127.0.0.1", port: fixture.listening.voicePort),
-                                    clientToServer: Impairment(), serverToClient: Impairment())
-        let port = try await proxy.start()
+        let (proxy, port) = try await fixture.proxy()
         // The client's timers shortened from 15 s and 20 s so that the test takes seconds.
         var connection = ConnectionConfiguration.client
         connection.keepAliveInterval = 500_000_000
@@ -610,9 +606,7 @@ final class LocalPushTransport: PushTransport {
     @Test func aLeaveLostOnTheWayIsSentAgainBeforeTheConnectionCloses() async throws {
         let fixture = try await ClientFixture(pushes: false)
         let id = fixture.channel.id
-        let proxy = ImpairmentProxy(upstream: try SocketAddress(ipAddress: "127.0.0.1", port: fixture.listening.voicePort),
-                                    clientToServer: Impairment(), serverToClient: Impairment())
-        let port = try await proxy.start()
+        let (proxy, port) = try await fixture.proxy()
         let annDelegate = RecordingDelegate(), bobDelegate = RecordingDelegate()
         let ann = try await ChannelManager.channelManager(delegate: annDelegate, restorationDelegate: annDelegate, configuration: ChannelManagerConfiguration(
             stateDirectory: fixture.stateDirectory("leave-ann")))
@@ -647,9 +641,7 @@ final class LocalPushTransport: PushTransport {
         let fixture = try await ClientFixture(pushes: false)
         let id = fixture.channel.id
         let lossy = Impairment(lossPercent: 10, delayMilliseconds: 10, jitterMilliseconds: 10, seed: 7)
-        let proxy = ImpairmentProxy(upstream: try SocketAddress(ipAddress: "127.0.0.1", port: fixture.listening.voicePort),
-                                    clientToServer: lossy, serverToClient: lossy)
-        let port = try await proxy.start()
+        let (proxy, port) = try await fixture.proxy(clientToServer: lossy, serverToClient: lossy)
         let annDelegate = RecordingDelegate(), bobDelegate = RecordingDelegate()
         let samples = TestSignal.speechLike(seconds: 2)
         let ann = try await ChannelManager.channelManager(delegate: annDelegate, restorationDelegate: annDelegate, configuration: ChannelManagerConfiguration(

@@ -2,6 +2,8 @@ import Audio
 import ChannelProtocol
 import ChannelStore
 import Foundation
+import ImpairmentKit
+import enum NIOCore.SocketAddress
 import NIOConcurrencyHelpers
 import ParticipantTokens
 import PTTClient
@@ -82,6 +84,14 @@ final class ClientFixture: Sendable {
 
     /// A fresh state directory: one "device".
     func stateDirectory(_ name: String) -> String { directory + "/state-\(name)" }
+
+    /// An impairing UDP proxy in front of this fixture's voice port, started; clients that go through it
+    /// connect to `port`.
+    func proxy(clientToServer: Impairment = Impairment(), serverToClient: Impairment = Impairment()) async throws -> (ImpairmentProxy, port: Int) {
+        let proxy = ImpairmentProxy(upstream: try SocketAddress(ipAddress: "127.0.0.1", port: listening.voicePort),
+                                    clientToServer: clientToServer, serverToClient: serverToClient)
+        return (proxy, try await proxy.start())
+    }
 }
 
 /// Records every delegate callback, in order, for the tests to wait on.
