@@ -33,6 +33,10 @@ public actor APNsClient {
     private var nextConnectionID = 0
     private var tokenBackoff = APNsTokenBackoff()
     private var loggedConfigurationErrors: Set<String> = []
+    /// Set by the first push APNs accepts: from then on its token verdicts are trusted
+    /// (`APNsDeliveryAttempts.configurationProven`). Not persisted, so a restart after a settings change
+    /// proves the new settings afresh.
+    private var configurationProven = false
     private var isShutDown = false
     /// Connections opened over the client's life, for tests and metrics.
     public private(set) var connectionsOpened = 0
@@ -89,7 +93,8 @@ public actor APNsClient {
         } catch {
             return .failure(APNsPushFailure(reason: .request(error), attempts: 0))
         }
-        var attempts = APNsDeliveryAttempts(policy: configuration.retry, tokenRegisteredAt: tokenRegisteredAt)
+        var attempts = APNsDeliveryAttempts(policy: configuration.retry, tokenRegisteredAt: tokenRegisteredAt,
+                                            configurationProven: configurationProven)
         // The connection and JWT generation of an attempt, to replace that JWT if APNs calls it expired.
         var used: (connection: Int, generation: Int)?
         var last: APNsAttemptResult?
@@ -119,6 +124,8 @@ public actor APNsClient {
                 result = .transport(.connectFailed(String(describing: error)))
             }
             last = result
+            if case .accepted = result { configurationProven = true }
+            attempts.configurationProven = configurationProven
             switch attempts.next(after: result, elapsed: clock.now - start, random: Double.random(in: 0..<1)) {
             case .delivered:
                 return .success(APNsDelivery(apnsID: request.apnsID, attempts: attempts.attempts))
@@ -172,7 +179,13 @@ public actor APNsClient {
     /// once per push, burying everything else.
     private func configurationFailure(_ failure: APNsPushFailure) -> APNsPushFailure {
         let label = failure.reason.label
-        if loggedConfigurationErrors.insert(label).inserted {
+        guard loggedConfigurationErrors.insert(label).inserted else { return failure }
+        if case .rejected(let response) = failure.reason,
+           response.reason == .badDeviceToken || response.reason == .deviceTokenNotForTopic {
+            logger.error("APNs refused a device token before accepting any push from this server; the token is kept, because a wrong topic (the app's bundle ID) or environment gets this answer for every token. If every push fails this way, fix the topic or environment setting; if pushes start going through, tokens refused after that are dropped",
+                         metadata: ["reason": "\(label)", "topic": "\(configuration.topic)",
+                                    "host": "\(configuration.environment.host)"])
+        } else {
             logger.error("APNs configuration error; pushes cannot be delivered until it is fixed",
                          metadata: ["reason": "\(label)", "detail": "\(failure.reason)",
                                     "topic": "\(configuration.topic)", "keyID": "\(configuration.identity.keyID)",

@@ -120,12 +120,20 @@ public struct APNsDeliveryAttempts: Sendable {
     public let policy: APNsRetryPolicy
     /// When the device registered the token; a 410 `Unregistered` only kills it if APNs saw it die later.
     public let tokenRegisteredAt: Date?
+    /// Whether APNs has accepted a push with this topic, key and environment before. Until it has, a
+    /// token refused as `BadDeviceToken` or `DeviceTokenNotForTopic` is kept and the failure is called a
+    /// configuration error: a mistyped bundle ID or the wrong environment gets that answer for every
+    /// token, and dropping them all would take every member's wake-ups with it until each device
+    /// registers again. Once one push has gone through, the setting is right and the answer is the
+    /// token's own. The caller updates it before each `next(after:…)`, since pushes run side by side.
+    public var configurationProven: Bool
     public private(set) var attempts = 0
     private var refreshedProviderToken = false
 
-    public init(policy: APNsRetryPolicy, tokenRegisteredAt: Date?) {
+    public init(policy: APNsRetryPolicy, tokenRegisteredAt: Date?, configurationProven: Bool = true) {
         self.policy = policy
         self.tokenRegisteredAt = tokenRegisteredAt
+        self.configurationProven = configurationProven
     }
 
     /// Decides what follows an attempt.
@@ -147,7 +155,10 @@ public struct APNsDeliveryAttempts: Sendable {
     private mutating func decide(_ response: APNsErrorResponse, result: APNsAttemptResult, elapsed: Duration,
                                  random: Double) -> APNsNextStep {
         switch response.reason {
-        case .expiredToken, .badDeviceToken, .deviceTokenNotForTopic:
+        case .badDeviceToken, .deviceTokenNotForTopic:
+            return .failed(APNsPushFailure(reason: .rejected(response), dropToken: configurationProven,
+                                           isConfigurationError: !configurationProven, attempts: attempts))
+        case .expiredToken:
             return .failed(APNsPushFailure(reason: .rejected(response), dropToken: true, attempts: attempts))
         case .unregistered:
             return .failed(APNsPushFailure(reason: .rejected(response), dropToken: unregisteredAfterRegistration(response),

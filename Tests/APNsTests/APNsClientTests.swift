@@ -93,6 +93,9 @@ extension Result {
                        APNsScriptedResponse(token: "dddd", status: 410, reason: "ExpiredToken", count: 1),
                        APNsScriptedResponse(token: "eeee", status: 400, reason: "DeviceTokenNotForTopic", count: 1)]))
         let client = try await fixture.client()
+        // One accepted push first: until then a token refused as BadDeviceToken or
+        // DeviceTokenNotForTopic may be the settings' fault and is kept (the next test).
+        #expect(await client.send(notification("ffff")).success != nil)
         let diedLater = try #require(await client.send(notification("aaaa"), tokenRegisteredAt: registered).failure)
         #expect(diedLater.dropToken && diedLater.reason.label == "Unregistered" && diedLater.attempts == 1)
         let reRegistered = try #require(await client.send(notification("bbbb"), tokenRegisteredAt: registered).failure)
@@ -102,6 +105,33 @@ extension Result {
             #expect(failure.dropToken, "\(token)")
             #expect(failure.attempts == 1, "no retry for a dead token")
         }
+        await client.shutdown()
+        await fixture.stop()
+    }
+
+    /// A mistyped bundle ID gets DeviceTokenNotForTopic for every token (the simulator is scripted to
+    /// answer so, as Apple does for a topic of the same team that the tokens weren't issued for).
+    @Test func aWrongTopicDoesNotCondemnEveryToken() async throws {
+        let fixture = try await SimulatorFixture()
+        fixture.simulator.setFaults(APNsFaultPlan(scripted: [
+            APNsScriptedResponse(status: 400, reason: "DeviceTokenNotForTopic", count: 3),
+            APNsScriptedResponse(status: 400, reason: "BadDeviceToken", count: 1),
+        ]))
+        let client = try await fixture.client()
+        for token in ["aaaa", "bbbb", "cccc", "dddd"] {
+            let failure = try #require(await client.send(notification(token)).failure)
+            #expect(!failure.dropToken, "\(token): no push has been accepted yet, so the setting may be at fault")
+            #expect(failure.isConfigurationError)
+            #expect(failure.attempts == 1)
+        }
+        // The setting is fixed (here: the script has run out); the first accepted push proves it, and a
+        // token refused after that is the token's fault.
+        #expect(await client.send(notification("aaaa")).success != nil)
+        fixture.simulator.setFaults(APNsFaultPlan(scripted: [
+            APNsScriptedResponse(token: "bbbb", status: 400, reason: "DeviceTokenNotForTopic", count: 1)]))
+        let failure = try #require(await client.send(notification("bbbb")).failure)
+        #expect(failure.dropToken)
+        #expect(!failure.isConfigurationError)
         await client.shutdown()
         await fixture.stop()
     }

@@ -28,6 +28,23 @@ import Testing
         #expect(failure.reason.label == reason.rawValue)
     }
 
+    @Test(arguments: [APNsReason.badDeviceToken, .deviceTokenNotForTopic])
+    func beforeAnyPushIsAcceptedATokenVerdictMayBeTheSettingsFault(reason: APNsReason) {
+        var attempts = APNsDeliveryAttempts(policy: policy, tokenRegisteredAt: Date(), configurationProven: false)
+        guard case .failed(let failure) = attempts.next(after: rejected(reason), elapsed: .zero, random: 0.5) else {
+            Issue.record("expected failure"); return
+        }
+        #expect(!failure.dropToken, "a wrong topic or environment must not cost every member their token")
+        #expect(failure.isConfigurationError)
+        #expect(failure.attempts == 1, "no retry: the same request gets the same answer")
+        // A token that expired is the token's own fault whatever the settings.
+        var expired = APNsDeliveryAttempts(policy: policy, tokenRegisteredAt: Date(), configurationProven: false)
+        guard case .failed(let gone) = expired.next(after: rejected(.expiredToken), elapsed: .zero, random: 0.5) else {
+            Issue.record("expected failure"); return
+        }
+        #expect(gone.dropToken)
+    }
+
     @Test func unregisteredDropsOnlyATokenThatDiedAfterItsRegistration() {
         let registered = Date(timeIntervalSince1970: 1_700_000_000)
         let before = Int64(registered.timeIntervalSince1970 * 1000) - 60_000
