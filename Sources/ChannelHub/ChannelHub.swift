@@ -340,6 +340,8 @@ public final class ChannelHub {
             outputs.append(.send(.error(code: .notJoined, reason: "join a channel first"), to: [link]))
             return
         }
+        // Anything from a member the liveness sweep had given up on shows it is back.
+        if channel.members[slot]!.connection != .connected { markHeard(channel, slot: slot) }
         switch message {
         case .join: break
         case .leave:
@@ -975,6 +977,40 @@ public final class ChannelHub {
         listenersChanged(channel)
         outputs.append(.send(.participant(channel.members[slot]!.participant), to: channel.connectedLinks))
         outputs.append(.store(.touchMember(channel: channel.record.id, user: member.userID, lastSeen: time.date)))
+    }
+
+    // MARK: Liveness
+
+    /// The driver's liveness sweep (about once a second). A member whose connection is still open but
+    /// has gone silent, because its phone died or lost its network, would otherwise show `connected`
+    /// until the transport's idle timeout, minutes later, and a dispatcher would call a unit that
+    /// can't hear. Such a member shows `reconnecting` until it is heard again (then `connected`) or its
+    /// connection closes (then `closed(_:at:)` takes over). Only the roster changes: its place,
+    /// the floor (`FloorArbiter.silenceLimit` covers a silent talker) and the relay are as they were.
+    /// - Parameter isHeard: whether the transport has heard from `link` within the liveness window; a
+    ///   query, so that the hub stays free of clocks and sockets.
+    public func sweepLiveness(isHeard: (Link) -> Bool) {
+        for channel in channels.values {
+            for (slot, member) in channel.members {
+                guard let link = member.link else { continue }
+                let heard = isHeard(link)
+                if heard, member.connection != .connected {
+                    markHeard(channel, slot: slot)
+                } else if !heard, member.connection == .connected {
+                    channel.members[slot]!.connection = .reconnecting
+                    counters.silentMembers += 1
+                    outputs.append(.send(.participant(channel.members[slot]!.participant), to: channel.links(except: slot)))
+                }
+            }
+        }
+    }
+
+    /// A member the sweep marked silent was heard from: everyone, itself included (it may have missed
+    /// its own `reconnecting`, or not), sees it `connected` again.
+    private func markHeard(_ channel: ChannelState, slot: UInt16) {
+        guard channel.members[slot]?.link != nil else { return }
+        channel.members[slot]!.connection = .connected
+        outputs.append(.send(.participant(channel.members[slot]!.participant), to: channel.connectedLinks))
     }
 
     // MARK: Time

@@ -179,6 +179,8 @@ public struct HubCounters: Sendable, Equatable {
     public var tokenRenewalsRefused = 0
     /// `receptionReport`s that changed a listener's loss figure.
     public var receptionReports = 0
+    /// Connected members the liveness sweep marked `reconnecting` because their connection went silent.
+    public var silentMembers = 0
 
     public init() {}
 

@@ -261,6 +261,14 @@ final class HubDriver: WireServerDelegate {
         return WireNIO.now().since(connection.lastReceiveTime) < livenessWindow
     }
 
+    /// The once-a-second roster check (`ChannelHub.sweepLiveness`), with the same window as the wakes:
+    /// a member the wakes treat as asleep or gone is not shown as connected.
+    func sweepLiveness() {
+        guard server != nil, !stopped else { return }
+        hub.sweepLiveness(isHeard: isLive)
+        flush()
+    }
+
     /// Set once the voice service has stopped: no more timers, so a stopped hub holds no event-loop work.
     var stopped = false
 

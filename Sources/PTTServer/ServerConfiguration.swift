@@ -86,8 +86,9 @@ public struct ServerConfiguration: Sendable, Equatable {
     /// TLS certificate and key the embedded simulator serves.
     public var apnsSimulatorCertPath: String = "certs/apns-sim.pem"
     public var apnsSimulatorKeyPath: String = "certs/apns-sim.key"
-    /// A connected member silent this long still gets a wake push: a client in the foreground PINGs every
-    /// 15 s, so one quiet for two of those (plus slack for loss) is asleep as far as audio goes.
+    /// A connected member silent this long still gets a wake push, and shows as `reconnecting` in the
+    /// roster until it is heard again: a client PINGs every 15 s, so one quiet for two of those (plus
+    /// slack for loss) is asleep or gone as far as audio goes.
     public var pushWakeSilenceSeconds: Double = 35
 
     public static let portRange = 0...65_535

@@ -20,6 +20,7 @@ public final class ServerMetrics: Sendable {
     let tokenRenewals: Counter
     let tokenRenewalsRefused: Counter
     let receptionReports: Counter
+    let silentMembers: Counter
     let packetsIn: Counter
     let packetsOut: Counter
     let catchUpPacketsOut: Counter
@@ -62,6 +63,7 @@ public final class ServerMetrics: Sendable {
         tokenRenewals = counter("token_renewals", "Participant-token renewals (renewToken), by outcome: renewed, or refused.", labels: [("outcome", "renewed")])
         tokenRenewalsRefused = counter("token_renewals", "Participant-token renewals (renewToken), by outcome: renewed, or refused.", labels: [("outcome", "refused")])
         receptionReports = counter("reception_reports", "Listeners' loss reports (receptionReport) that changed their figure; talkers are told the worst.")
+        silentMembers = counter("members_silent", "Connected members shown as reconnecting because their connection went silent (pushWakeSilenceSeconds) before it closed.")
         packetsIn = counter("packets_in", "Audio datagrams received.")
         packetsOut = counter("packets_out", "Audio datagrams forwarded live to listeners.")
         catchUpPacketsOut = counter("catchup_packets_out", "Audio datagrams replayed to late joiners.")
@@ -100,6 +102,7 @@ public final class ServerMetrics: Sendable {
         add(tokenRenewals, old.tokenRenewals, new.tokenRenewals)
         add(tokenRenewalsRefused, old.tokenRenewalsRefused, new.tokenRenewalsRefused)
         add(receptionReports, old.receptionReports, new.receptionReports)
+        add(silentMembers, old.silentMembers, new.silentMembers)
         add(packetsIn, old.packetsIn, new.packetsIn)
         add(packetsOut, old.packetsOut, new.packetsOut)
         add(catchUpPacketsOut, old.catchUpPacketsOut, new.catchUpPacketsOut)

@@ -125,7 +125,10 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
                     await self.forgetIdleMembers()
                 }
                 try await Task.sleep(for: .seconds(1))
-                try? await eventLoop.submit { box.value.publish(to: self.metrics) }.get()
+                try? await eventLoop.submit {
+                    box.value.sweepLiveness()
+                    box.value.publish(to: self.metrics)
+                }.get()
                 do {
                     let latest = try await self.store.revision()
                     if latest != revision {

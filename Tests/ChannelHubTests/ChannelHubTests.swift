@@ -769,6 +769,55 @@ final class Harness {
         #expect(h.hub.roster(of: h.channel.id).first { $0.userID == "ann" }?.connection == .offline)
     }
 
+    @Test func aMemberWhoseConnectionGoesSilentShowsReconnectingUntilHeardAgain() {
+        let h = Harness()
+        let ann = h.join("ann"), bob = h.join("bob"), cat = h.join("cat")
+        func annSeenBy(_ link: Link) -> ConnectionState? {
+            h.messages(to: link).compactMap { if case .participant(let p) = $0, p.userID == "ann" { return p.connection } else { return nil } }.last
+        }
+        // Everyone heard lately: nothing changes, nothing is sent.
+        let before = h.messages.count
+        h.hub.sweepLiveness { _ in true }
+        h.drain()
+        #expect(h.messages.count == before)
+
+        // Ann's phone dies: her connection stays open, but nothing comes from it.
+        h.hub.sweepLiveness { $0 != ann.link }
+        h.drain()
+        #expect(annSeenBy(bob.link) == .reconnecting && annSeenBy(cat.link) == .reconnecting)
+        #expect(h.hub.roster(of: h.channel.id).first { $0.userID == "ann" }?.connection == .reconnecting)
+        #expect(h.hub.counters.silentMembers == 1)
+        // Told once, not at every sweep.
+        let told = h.messages.count
+        h.hub.sweepLiveness { $0 != ann.link }
+        h.drain()
+        #expect(h.messages.count == told)
+        // Only the roster changed: she still hears the channel.
+        h.send(.floorRequest, from: bob.link)
+        h.audio(from: bob.link, burst: h.grantedBurst(bob.link)!, sequence: 0, payload: [1, 2, 3])
+        #expect(h.audio(to: ann.link).count == 1)
+
+        // Heard again at the next sweep.
+        h.hub.sweepLiveness { _ in true }
+        h.drain()
+        #expect(annSeenBy(bob.link) == .connected && annSeenBy(ann.link) == .connected)
+
+        // Silent again, then a control message: back at once, without waiting for a sweep.
+        h.hub.sweepLiveness { $0 != ann.link }
+        h.drain()
+        #expect(annSeenBy(cat.link) == .reconnecting)
+        h.send(.setMuted(true), from: ann.link)
+        #expect(annSeenBy(cat.link) == .connected)
+        #expect(h.hub.roster(of: h.channel.id).first { $0.userID == "ann" }?.muted == true)
+
+        // A closed connection is the close's business: the sweep leaves it to the grace.
+        h.hub.closed(ann.link, at: h.time)
+        h.drain()
+        h.hub.sweepLiveness { _ in true }
+        h.drain()
+        #expect(annSeenBy(bob.link) == .reconnecting)
+    }
+
     @Test func talkerWhoRejoinsWithinTheGraceKeepsTheFloor() {
         let h = Harness()
         let ann = h.join("ann")

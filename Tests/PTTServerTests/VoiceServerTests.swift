@@ -421,6 +421,45 @@ func slot(of member: TestMember) -> UInt16? {
         _ = await task.result
     }
 
+    /// A phone that dies leaves its connection open on the server until the transport's idle timeout
+    /// (minutes). The roster must not show it `connected` all that while.
+    @Test func aMemberGoneSilentShowsReconnectingUntilHeardAgain() async throws {
+        let fixture = try await ServerFixture()
+        let (task, listening) = try await fixture.start(wakeSilence: 0.5)
+        defer { task.cancel() }
+        let ann = try await fixture.member("ann", port: listening.voicePort)
+        let eve = try await fixture.member("eve", port: listening.voicePort)
+        func eveIs(_ state: ConnectionState, after mark: Int) async -> Bool {
+            await ann.waitFor(after: mark, seconds: 5) {
+                if case .participant(let p) = $0 { return p.userID == "eve" && p.connection == state } else { return false }
+            } != nil
+        }
+        // Both stay quiet (their keepalive is 15 s), but Ann keeps talking to the server; Eve doesn't.
+        var mark = ann.messages.count
+        let started = ContinuousClock.now
+        var shown = false
+        while !shown, ContinuousClock.now - started < .seconds(5) {
+            try await ann.send(.setMuted(false))
+            try await Task.sleep(for: .milliseconds(200))
+            shown = ann.messages[mark...].contains {
+                if case .participant(let p) = $0 { return p.userID == "eve" && p.connection == .reconnecting } else { return false }
+            }
+        }
+        #expect(shown, "Eve went silent past the 0.5 s window")
+        #expect(!ann.messages[mark...].contains {
+            if case .participant(let p) = $0 { return p.userID == "ann" && p.connection != .connected } else { return false }
+        }, "Ann kept being heard")
+        let text = try await fixture.metrics(listening)
+        #expect(text.contains("squelch_members_silent_total 1"),
+                "\(text.split(separator: "\n").filter { $0.contains("silent") })")
+        // Eve speaks up: everyone sees her connected again.
+        mark = ann.messages.count
+        try await eve.send(.setMuted(true))
+        #expect(await eveIs(.connected, after: mark))
+        await listening.shutdown()
+        _ = await task.result
+    }
+
     @Test func aLateJoinerHearsTheBurstFromItsFirstPacket() async throws {
         let fixture = try await ServerFixture()
         let (task, listening) = try await fixture.start()
