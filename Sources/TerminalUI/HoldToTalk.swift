@@ -245,6 +245,14 @@ public struct HoldToTalk: Sendable {
         return events
     }
 
+    /// The transmission ended without the key: the floor was revoked, the request was refused, or the
+    /// audio input ran out. Forgets it and unlatches, with no `stopTransmit` (there is nothing left to
+    /// stop), so that the next press talks again rather than unlatching a transmission already gone. The
+    /// rest of a legacy hold is swallowed, as after ``cancel(now:)``, so its repeats don't key up again.
+    public mutating func transmissionEnded(now: UInt64) -> [Event] {
+        cancel(now: now).filter { if case .stopTransmit = $0 { false } else { true } }
+    }
+
     /// A command key (Esc, quit, background): unkey and unlatch. In legacy mode the rest of a key hold is
     /// swallowed so that its repeats do not key up again.
     public mutating func cancel(now: UInt64) -> [Event] {

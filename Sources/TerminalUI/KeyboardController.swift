@@ -62,6 +62,11 @@ public struct KeyboardController: Sendable {
         return actions
     }
 
+    /// The transmission ended without the key (``HoldToTalk/transmissionEnded(now:)``).
+    public mutating func transmissionEnded(now: UInt64) -> [Action] {
+        holdToTalk.transmissionEnded(now: now).map(Self.action)
+    }
+
     private mutating func handle(_ event: KeyInputEvent, now: UInt64, into actions: inout [Action]) {
         switch event {
         case .kittyFlags, .deviceAttributes:

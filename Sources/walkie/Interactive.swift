@@ -153,6 +153,13 @@ enum Interactive {
                     case .floorQueued(let position): state.status = .init("Waiting for the floor: number \(position) in the queue")
                     case .transmissionRevoked(_, let reason): state.status = .init("Floor taken away: \(reason)", isError: true)
                     case .notice(let text): state.status = .init(text)
+                    case .inputEnded:
+                        // The WAV file given with --input-file is over: release rather than hold the floor
+                        // in silence until the server takes it back. The next press plays the file again.
+                        if let channel = manager.activeChannelUUID, manager.isTransmitting {
+                            manager.stopTransmitting(channelUUID: channel, source: .userRequest)
+                        }
+                        state.status = .init("The input file ended: floor released; press again to send it again")
                     case .burstFinished(let s):
                         state.lastBurst = "\(s.played + s.fecRecovered) frames, \(s.lost) lost"
                     default:
@@ -222,6 +229,11 @@ enum Interactive {
                 let time = monotonicNanoseconds()
                 guard let channel = manager.activeChannelUUID else {
                     return shared.withLockedValue { $0.left } ?? "the channel was left"
+                }
+                // The transmission the key started ended without it (the floor revoked or refused, the
+                // input file over): unlatch, or the next tap would only unlatch what is already gone.
+                if keyboard.holdToTalk.transmitting, !manager.isTransmitting, !shared.withLockedValue({ $0.requesting }) {
+                    _ = keyboard.transmissionEnded(now: time)
                 }
                 for action in keyboard.receive(input.bytes, now: time) + keyboard.tick(now: time) {
                     switch action {

@@ -236,8 +236,8 @@ import Testing
         let tmux = Tmux()
         defer { tmux.stop() }
         let walkie = Executables.url("walkie").path
-        // The microphone outlasts every latch: once a file ends, a latched talker sends nothing, and
-        // squelchd takes the floor back after 5 s of silence (talkerSilenceLimit).
+        // The microphone outlasts every latch here: once its file ends, walkie releases the floor (the
+        // end of this test checks that with a short file).
         let longSpeech = world.dir + "/long-speech.wav"
         try World.writeSpeech(seconds: 20, to: longSpeech)
         func join(_ user: String) -> [String] {
@@ -285,6 +285,20 @@ import Testing
                                 "--input-file", world.speech, "--output-file", world.dir + "/bob2-heard.wav"])
         #expect(try await tmux.wait("bob2", for: "Ann"), "\(tmux.screen("bob2"))")
         #expect(try await tmux.wait("bob2", for: "ready"), "\(tmux.screen("bob2"))")
+        // Bob's microphone is the 2 s file. Latched past its end, walkie releases the floor itself
+        // (rather than hold it in silence for 5 s), and the next tap talks again instead of only
+        // unlatching a transmission that is over.
+        try tmux.keys("bob2", "Space")
+        #expect(try await tmux.wait("bob2", for: "LATCHED"), "\(tmux.screen("bob2"))")
+        #expect(try await tmux.wait("ann", for: "Speaker: Bob"), "\(tmux.screen("ann"))")
+        let latchedAt = ContinuousClock.now
+        #expect(try await tmux.wait("bob2", for: "input file ended"), "\(tmux.screen("bob2"))")
+        #expect(try await tmux.wait("ann", for: "Speaker: —"), "\(tmux.screen("ann"))")
+        #expect(ContinuousClock.now - latchedAt < .seconds(4.5), "released when the file ended, not by the server's 5 s silence limit")
+        #expect(try await tmux.wait("bob2", for: "Idle"), "\(tmux.screen("bob2"))")
+        try tmux.keys("bob2", "Space")
+        #expect(try await tmux.wait("bob2", for: "LATCHED"), "one tap talks again: \(tmux.screen("bob2"))")
+        #expect(try await tmux.wait("ann", for: "Speaker: Bob"), "\(tmux.screen("ann"))")
         try tmux.keys("bob2", "q")
         #expect(try await tmux.wait("bob2", for: "EXITED 0"), "\(tmux.screen("bob2"))")
         try tmux.keys("ann", "q")

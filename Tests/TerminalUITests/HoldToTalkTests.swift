@@ -107,6 +107,35 @@ struct HoldToTalkTests {
         #expect(same(log, [(8000, .startTransmit)]) && ptt.latched)
     }
 
+    @Test("a latched transmission that ends elsewhere (revoked, input ended) lets the next tap talk again")
+    func endedElsewhereUnlatches() {
+        var ptt = HoldToTalk(mode: .legacy)
+        _ = run(&ptt, [.byte(0)], until: 1000)
+        #expect(ptt.latched && ptt.transmitting)
+        #expect(ptt.transmissionEnded(now: ms(3000)).isEmpty, "nothing is left to stop")
+        #expect(!ptt.latched && !ptt.transmitting)
+        #expect(ptt.nextDeadline == nil, "the maximum transmit time went with it")
+        // Without it, this tap would only unlatch the transmission already gone.
+        let log = run(&ptt, [.byte(5000)], until: 5001)
+        #expect(same(log, [(5000, .startTransmit)]), "\(log)")
+
+        // A legacy hold cut off mid-way: its remaining repeats don't key up again.
+        var held = HoldToTalk(mode: .legacy)
+        _ = run(&held, legacyHold(at: 0, release: 1000, delay: 660, interval: 40).filter { $0.time <= 800 }, until: 800)
+        #expect(held.transmitting)
+        #expect(held.transmissionEnded(now: ms(800)).isEmpty)
+        let rest = run(&held, legacyHold(at: 0, release: 1500, delay: 660, interval: 40).filter { $0.time > 800 }, until: 3000)
+        #expect(rest.isEmpty, "\(rest)")
+        #expect(!held.transmitting)
+
+        // Kitty: the key is still down when the floor goes; its release changes nothing, a new press talks.
+        var kitty = HoldToTalk(mode: .kitty)
+        _ = kitty.press(now: ms(0))
+        #expect(kitty.transmissionEnded(now: ms(100)).isEmpty)
+        #expect(kitty.release(now: ms(200)).isEmpty)
+        #expect(kitty.press(now: ms(300)) == [.startTransmit])
+    }
+
     @Test("holding the key to unlatch does not key up again on its repeats")
     func holdToUnlatch() {
         var ptt = HoldToTalk(mode: .legacy)
