@@ -29,24 +29,79 @@ public struct ChannelRecord: Codable, Sendable, Equatable, Identifiable {
         self.updatedAt = updatedAt
     }
 
+    /// Largest width and height of an inline image, in pixels: a channel icon, not a photo.
+    public static let maxImagePixels = 1_024
+
     /// Checks the fields a user typed; the message says what to change.
     public func validate() throws(StoreError) {
         let trimmed = name.trimmingCharacters(in: .whitespacesAndNewlines)
         guard !trimmed.isEmpty, trimmed.count <= Self.maxNameLength else {
             throw .invalid("channel name must be 1-\(Self.maxNameLength) characters")
         }
+        // Every member's screen shows the name: a control character there (an escape sequence, a
+        // line break) could rewrite a terminal or break a layout.
+        if name.unicodeScalars.contains(where: { $0.properties.generalCategory == .control || $0 == "\u{2028}" || $0 == "\u{2029}" }) {
+            throw .invalid("channel name contains control characters (escape sequences, tabs or line breaks); use plain text")
+        }
         guard Self.maxBurstRange.contains(maxBurstSeconds) else {
             throw .invalid("maximum burst must be \(Self.maxBurstRange.lowerBound)-\(Self.maxBurstRange.upperBound) seconds, not \(maxBurstSeconds)")
         }
-        if let image {
-            guard image.utf8.count <= Self.maxImageBytes else {
-                throw .invalid("channel image is \(image.utf8.count) bytes; inline images must be at most \(Self.maxImageBytes) bytes, or use an https URL")
-            }
-            let lower = image.lowercased()
-            guard lower.hasPrefix("https://") || lower.hasPrefix("http://") || lower.hasPrefix("data:image/png;base64,") else {
-                throw .invalid("channel image must be an http(s) URL or a data:image/png;base64, URL")
-            }
+        if let image { try Self.validateImage(image) }
+    }
+
+    /// An image is an http(s) URL with a host, or a `data:image/png;base64,` URL whose bytes are a PNG
+    /// (signature and header) of at most `maxImagePixels` a side: every client that joins receives and
+    /// decodes it, so what isn't an image is refused here, where the operator can fix it.
+    static func validateImage(_ image: String) throws(StoreError) {
+        guard image.utf8.count <= maxImageBytes else {
+            throw .invalid("channel image is \(image.utf8.count) bytes; inline images must be at most \(maxImageBytes) bytes, or use an https URL")
         }
+        let lower = image.lowercased()
+        let inlinePrefix = "data:image/png;base64,"
+        if lower.hasPrefix(inlinePrefix) {
+            guard let bytes = Data(base64Encoded: String(image.dropFirst(inlinePrefix.count))) else {
+                throw .invalid("channel image's inline data is not base64; encode the PNG file with 'base64 -w0 icon.png'")
+            }
+            let size: (width: UInt32, height: UInt32)
+            do throws(PNGHeaderError) { size = try PNGHeader.size(of: bytes) } catch {
+                throw .invalid("channel image's inline data is not a PNG (\(error.description)); convert the image to PNG first")
+            }
+            guard size.width <= maxImagePixels, size.height <= maxImagePixels else {
+                throw .invalid("channel image is \(size.width)×\(size.height) pixels; at most \(maxImagePixels)×\(maxImagePixels), so scale it down")
+            }
+            return
+        }
+        guard lower.hasPrefix("https://") || lower.hasPrefix("http://") else {
+            throw .invalid("channel image must be an http(s) URL or a data:image/png;base64, URL")
+        }
+        guard !image.unicodeScalars.contains(where: { $0.properties.isWhitespace || $0.properties.generalCategory == .control }),
+              let url = URL(string: image), let host = url.host, !host.isEmpty else {
+            throw .invalid("channel image '\(image.prefix(80))' is not a valid URL; give one like https://example.com/icon.png")
+        }
+    }
+}
+
+/// Why bytes are not a PNG, for `ChannelRecord.validateImage`.
+struct PNGHeaderError: Error, CustomStringConvertible {
+    var description: String
+}
+
+/// The part of a PNG file that says it is one and how big it is: the 8-byte signature, then the IHDR
+/// chunk (length 13, type, width, height). The rest is the client's decoder's business.
+enum PNGHeader {
+    static let signature: [UInt8] = [0x89, 0x50, 0x4E, 0x47, 0x0D, 0x0A, 0x1A, 0x0A]
+
+    static func size(of data: Data) throws(PNGHeaderError) -> (width: UInt32, height: UInt32) {
+        let bytes = [UInt8](data.prefix(24))
+        guard bytes.count == 24 else { throw PNGHeaderError(description: "only \(data.count) bytes") }
+        guard Array(bytes[0..<8]) == signature else { throw PNGHeaderError(description: "no PNG signature") }
+        guard Array(bytes[8..<16]) == [0, 0, 0, 13] + Array("IHDR".utf8) else {
+            throw PNGHeaderError(description: "no IHDR header after the signature")
+        }
+        func word(_ at: Int) -> UInt32 { bytes[at..<at + 4].reduce(0) { $0 << 8 | UInt32($1) } }
+        let width = word(16), height = word(20)
+        guard width > 0, height > 0 else { throw PNGHeaderError(description: "a width or height of 0") }
+        return (width, height)
     }
 }
 

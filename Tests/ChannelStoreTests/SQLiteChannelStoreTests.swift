@@ -85,6 +85,13 @@ private func message(_ error: StoreError?) -> String {
         (ChannelRecord(name: "Ops", image: "ftp://example.com/a.png"), "http(s) URL"),
         (ChannelRecord(name: "Ops", image: "data:image/png;base64," + String(repeating: "A", count: ChannelRecord.maxImageBytes)),
          "at most"),
+        (ChannelRecord(name: "Ops\u{1B}[2J"), "control characters"),
+        (ChannelRecord(name: "Ops\nNight"), "control characters"),
+        (ChannelRecord(name: "Ops", image: "data:image/png;base64,not base64!"), "not base64"),
+        (ChannelRecord(name: "Ops", image: "data:image/png;base64," + Data("GIF89a, not a PNG at all.".utf8).base64EncodedString()), "not a PNG"),
+        (ChannelRecord(name: "Ops", image: "data:image/png;base64," + png(width: 4_000, height: 16).base64EncodedString()), "4000×16 pixels"),
+        (ChannelRecord(name: "Ops", image: "https://"), "not a valid URL"),
+        (ChannelRecord(name: "Ops", image: "https://example.com/a b.png"), "not a valid URL"),
     ])
     func invalidChannelsAreRefused(channel: ChannelRecord, expected: String) async throws {
         let store = try open()
@@ -100,6 +107,16 @@ private func message(_ error: StoreError?) -> String {
         let updated = await storeError { _ = try await store.updateChannel(channel) }
         #expect(message(updated).contains(expected), "\(String(describing: updated))")
         #expect(try await store.channel(channel.id)?.name == "Ops")
+    }
+
+    @Test func aRealIconAndURLsAreAccepted() async throws {
+        let store = try open()
+        let icon = "data:image/png;base64," + png(width: 64, height: 64).base64EncodedString()
+        for image in [icon, "https://example.com/icons/ops.png", "http://intranet.local:8080/ops.png?v=2"] {
+            let channel = ChannelRecord(name: "Ops — Night shift ☎", image: image)
+            try await store.createChannel(channel)
+            #expect(try await store.channel(channel.id)?.image == image)
+        }
     }
 
     @Test func aDuplicateIDIsRefused() async throws {
@@ -548,4 +565,14 @@ private func message(_ error: StoreError?) -> String {
         guard case .database(let text)? = thrown else { Issue.record("expected a database error, got \(String(describing: thrown))"); return }
         #expect(text.contains("newer squelchd") && text.contains("v9-future"), "\(text)")
     }
+}
+
+/// The first bytes of a PNG of this size: the signature and the IHDR chunk (8-bit RGBA), then an
+/// IEND chunk. Enough for the store's check, which reads only the header.
+func png(width: UInt32, height: UInt32) -> Data {
+    func word(_ value: UInt32) -> [UInt8] { [24, 16, 8, 0].map { UInt8(truncatingIfNeeded: value >> $0) } }
+    var bytes: [UInt8] = [0x89, 0x50, 0x4E, 0x47, 0x0D, 0x0A, 0x1A, 0x0A]
+    bytes += word(13) + Array("IHDR".utf8) + word(width) + word(height) + [8, 6, 0, 0, 0] + word(0)
+    bytes += word(0) + Array("IEND".utf8) + [0xAE, 0x42, 0x60, 0x82]
+    return Data(bytes)
 }
