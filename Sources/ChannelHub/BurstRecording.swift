@@ -25,6 +25,13 @@ final class BurstRecording {
     var readers = 0
     /// Packets not kept because the recording was full (the relay still forwarded them).
     private(set) var overflow = 0
+    /// Members who missed some or all of this burst as it went out live (asleep, disconnected, silent)
+    /// and are owed a replay if they join before `HubConfiguration.missedBurstWindow` after its end. An
+    /// ended recording is kept while this is not empty; a short burst is usually over before a phone
+    /// woken by its push has joined, and without this the wake would bring it nothing to hear.
+    var missed: [UInt16] = []
+    /// When the talker finished.
+    private(set) var endedAt: WireInstant?
     /// The talker's audio rate budget for this burst, taken over from its last burst (see
     /// `Member.audioPace`). It lives here because the relay already finds the burst's recording for
     /// every packet, so policing costs no second lookup.
@@ -38,9 +45,21 @@ final class BurstRecording {
         entries.removeAll(keepingCapacity: true)
         ended = false
         overflow = 0
+        missed.removeAll(keepingCapacity: true)
+        endedAt = nil
     }
 
-    func end() { ended = true }
+    func end(at now: WireInstant) {
+        ended = true
+        endedAt = now
+    }
+
+    /// Takes `slot` off the members owed a replay; true when it was on.
+    func forgetMissed(_ slot: UInt16) -> Bool {
+        guard let index = missed.firstIndex(of: slot) else { return false }
+        missed.remove(at: index)
+        return true
+    }
 
     /// Keeps the packet unless the recording already holds `maxPackets` packets or adding it would pass
     /// `maxBytes`: a talker sending faster than real time, or full-size packets, must not be able to make

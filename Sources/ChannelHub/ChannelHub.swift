@@ -281,6 +281,7 @@ public final class ChannelHub {
         member.connection = .reconnecting
         member.lastSeen = time.date
         member.reconnectingUntil = time.instant + configuration.disconnectGrace
+        owe(channel, slot: slot, replaying: member.catchUp)
         stopCatchUp(&member, in: channel)
         channel.members[slot] = member
         reconnecting.append((channel, slot))
@@ -584,6 +585,7 @@ public final class ChannelHub {
     /// - Parameter endReason: what the transmission log says of a burst this cuts short.
     func forget(_ channel: ChannelState, slot: UInt16, at time: HubTime, endReason: String = "left") {
         guard var member = channel.members[slot] else { return }
+        for recording in channel.recordings { _ = recording.forgetMissed(slot) }
         stopCatchUp(&member, in: channel)
         // The member's row is gone by the time the floor's `.ended` is applied below, and the log
         // entry needs it: a burst cut short by leaving is logged here.
@@ -629,6 +631,7 @@ public final class ChannelHub {
                 let pace = channel.members[slot]?.audioPace
                     ?? TokenBucket(tokens: Double(configuration.audioPacketBurst), refilledAt: time.instant)
                 channel.startRecording(talker: slot, burst: burst16, pace: pace)
+                noteMissing(channel, talker: slot)
                 addToCatchUps(channel, talker: slot)
                 sendGrant(channel, slot: slot, burst: burst16)
                 granted = true
@@ -706,7 +709,7 @@ public final class ChannelHub {
             case .ended(let slot, let burst, _):
                 let reason = channel.endReasons.removeValue(forKey: slot) ?? "released"
                 logBurstEnd(channel, slot: slot, reason: reason, at: time)
-                channel.endRecording(talker: slot)
+                channel.endRecording(talker: slot, at: time.instant, keepAtMost: configuration.maxMissedBursts)
                 outputs.append(.send(.floor(FloorEvent(kind: .ended, slot: slot, burst: UInt16(truncatingIfNeeded: burst))),
                                      to: channel.connectedLinks))
                 if var member = channel.members[slot] {
@@ -811,11 +814,19 @@ public final class ChannelHub {
     func startCatchUp(_ channel: ChannelState, slot: UInt16, at time: HubTime) {
         var cursors: [CatchUpCursor] = []
         guard let joiner = channel.members[slot] else { return }
-        for recording in channel.recordings where !recording.ended && recording.talker != slot {
+        var released = false
+        for recording in channel.recordings where recording.talker != slot {
+            // A burst still going is replayed to anyone who joins; one that ended, only to a member
+            // who missed it, once. Both from the first packet, in the order they started.
+            let owed = recording.forgetMissed(slot)
+            released = released || (owed && recording.missed.isEmpty)
+            guard !recording.ended || owed else { continue }
             if let talker = channel.members[recording.talker], !joiner.hears(talker) { continue }
+            if recording.ended { counters.missedBurstReplays += 1 }
             recording.readers += 1
             cursors.append(CatchUpCursor(recording: recording, next: 0))
         }
+        if released { channel.recycleRecordings() }
         guard !cursors.isEmpty else { return }
         channel.members[slot]?.catchUp = cursors
         // A member that rejoined on a new connection mid-replay is still listed: once is enough, or
@@ -836,6 +847,28 @@ public final class ChannelHub {
             guard let listener = channel.members[member], !listener.catchUp.isEmpty, listener.hears(talker) else { continue }
             recording.readers += 1
             channel.members[member]!.catchUp.append(CatchUpCursor(recording: recording, next: 0))
+        }
+    }
+
+    /// A burst starts: the members who will hear it but aren't there to (no connection, or one gone
+    /// silent) are owed it if they join soon enough after it ends (`missedBurstWindow`).
+    func noteMissing(_ channel: ChannelState, talker slot: UInt16) {
+        guard configuration.missedBurstWindow > 0, let talker = channel.members[slot],
+              let recording = channel.recording(of: slot) else { return }
+        for member in channel.members.values where member.slot != slot && member.hears(talker) {
+            if member.link == nil || member.connection != .connected { recording.missed.append(member.slot) }
+        }
+    }
+
+    /// A member drops out (its connection closed or went silent): it is owed the bursts still going,
+    /// and those it was being replayed, from their start when it joins again.
+    func owe(_ channel: ChannelState, slot: UInt16, replaying cursors: [CatchUpCursor]) {
+        guard configuration.missedBurstWindow > 0, let member = channel.members[slot] else { return }
+        for recording in channel.recordings where recording.talker != slot && !recording.missed.contains(slot) {
+            let replaying = cursors.contains { $0.recording === recording }
+            guard replaying || !recording.ended else { continue }
+            if !replaying, let talker = channel.members[recording.talker], !member.hears(talker) { continue }
+            recording.missed.append(slot)
         }
     }
 
@@ -998,6 +1031,7 @@ public final class ChannelHub {
                     markHeard(channel, slot: slot)
                 } else if !heard, member.connection == .connected {
                     channel.members[slot]!.connection = .reconnecting
+                    owe(channel, slot: slot, replaying: [])
                     counters.silentMembers += 1
                     outputs.append(.send(.participant(channel.members[slot]!.participant), to: channel.links(except: slot)))
                 }
@@ -1027,6 +1061,11 @@ public final class ChannelHub {
         for (channel, slot) in reconnecting {
             if let until = channel.members[slot]?.reconnectingUntil { deadline = deadline.map { min($0, until) } ?? until }
         }
+        for channel in channels.values where !channel.recordings.isEmpty {
+            if let due = channel.missedBurstDeadline(window: configuration.missedBurstWindow) {
+                deadline = deadline.map { min($0, due) } ?? due
+            }
+        }
         return deadline
     }
 
@@ -1037,6 +1076,9 @@ public final class ChannelHub {
             if let due = channel.floor.nextDeadline, due <= time.instant.nanoseconds {
                 channel.floor.handleTimeout(now: time.instant.nanoseconds)
                 applyFloorEvents(channel, at: time)
+            }
+            if !channel.recordings.isEmpty {
+                channel.expireMissedBursts(window: configuration.missedBurstWindow, now: time.instant)
             }
         }
         var index = 0

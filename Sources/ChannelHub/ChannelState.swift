@@ -134,19 +134,44 @@ final class ChannelState {
         recordings.append(recording)
     }
 
-    func endRecording(talker: UInt16) {
+    func endRecording(talker: UInt16, at now: WireInstant, keepAtMost: Int) {
         if let recording = recording(of: talker) {
             members[talker]?.audioPace = recording.pace
-            recording.end()
+            recording.end(at: now)
         }
+        // Ended bursts kept for members who missed them: the oldest go first past the limit.
+        var kept = recordings.filter { $0.ended && !$0.missed.isEmpty }
+        while kept.count > keepAtMost { kept.removeFirst().missed.removeAll() }
         recycleRecordings()
     }
 
-    /// Returns ended recordings nobody reads any more to the spare list.
+    /// When the first ended burst kept for members who missed it stops being kept.
+    func missedBurstDeadline(window: UInt64) -> WireInstant? {
+        var deadline: WireInstant?
+        for recording in recordings where recording.ended && !recording.missed.isEmpty {
+            guard let ended = recording.endedAt else { continue }
+            deadline = deadline.map { min($0, ended + window) } ?? ended + window
+        }
+        return deadline
+    }
+
+    /// Lets go of ended bursts kept past the window for members who missed them.
+    func expireMissedBursts(window: UInt64, now: WireInstant) {
+        var expired = false
+        for recording in recordings where recording.ended && !recording.missed.isEmpty {
+            if let ended = recording.endedAt, ended + window <= now {
+                recording.missed.removeAll()
+                expired = true
+            }
+        }
+        if expired { recycleRecordings() }
+    }
+
+    /// Returns ended recordings nobody reads, or is owed, any more to the spare list.
     func recycleRecordings() {
         var index = 0
         while index < recordings.count {
-            if recordings[index].ended && recordings[index].readers == 0 {
+            if recordings[index].ended && recordings[index].readers == 0 && recordings[index].missed.isEmpty {
                 let spare = recordings.remove(at: index)
                 if spare.capacityBytes > spareRecordingCapacity { spare.releaseStorage() }
                 spareRecordings.append(spare)

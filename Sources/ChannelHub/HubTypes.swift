@@ -36,6 +36,12 @@ public struct HubConfiguration: Sendable {
     /// a long burst doesn't overflow the joiner's socket buffer.
     public var catchUpPacketsPerTick = 10
     public var catchUpInterval: UInt64 = 10_000_000
+    /// How long after a burst ends a member who missed it (asleep, disconnected or silent when it
+    /// started, or dropped during it) is still replayed it on joining: time for a push to wake the
+    /// phone and the app to connect. 0 turns it off (only a burst still going is replayed).
+    public var missedBurstWindow: UInt64 = 30_000_000_000
+    /// Ended bursts a channel keeps at most for members who missed them; past it, the oldest go.
+    public var maxMissedBursts = 8
     /// Packets kept per burst for catch-up: a 600 s burst at 50 packets/s.
     public var maxRecordedPackets = 30_000
     /// Payload bytes kept per burst: 600 s at about 110 kbps. Without it, 30,000 full-size packets
@@ -181,6 +187,8 @@ public struct HubCounters: Sendable, Equatable {
     public var receptionReports = 0
     /// Connected members the liveness sweep marked `reconnecting` because their connection went silent.
     public var silentMembers = 0
+    /// Bursts that had ended replayed to a member who missed them (one per member and burst).
+    public var missedBurstReplays = 0
 
     public init() {}
 

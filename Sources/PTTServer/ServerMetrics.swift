@@ -21,6 +21,7 @@ public final class ServerMetrics: Sendable {
     let tokenRenewalsRefused: Counter
     let receptionReports: Counter
     let silentMembers: Counter
+    let missedBurstReplays: Counter
     let packetsIn: Counter
     let packetsOut: Counter
     let catchUpPacketsOut: Counter
@@ -63,6 +64,7 @@ public final class ServerMetrics: Sendable {
         tokenRenewals = counter("token_renewals", "Participant-token renewals (renewToken), by outcome: renewed, or refused.", labels: [("outcome", "renewed")])
         tokenRenewalsRefused = counter("token_renewals", "Participant-token renewals (renewToken), by outcome: renewed, or refused.", labels: [("outcome", "refused")])
         receptionReports = counter("reception_reports", "Listeners' loss reports (receptionReport) that changed their figure; talkers are told the worst.")
+        missedBurstReplays = counter("missed_burst_replays", "Bursts that had already ended replayed to a member who missed them (woken by a push, or back after a drop) on joining.")
         silentMembers = counter("members_silent", "Connected members shown as reconnecting because their connection went silent (pushWakeSilenceSeconds) before it closed.")
         packetsIn = counter("packets_in", "Audio datagrams received.")
         packetsOut = counter("packets_out", "Audio datagrams forwarded live to listeners.")
@@ -103,6 +105,7 @@ public final class ServerMetrics: Sendable {
         add(tokenRenewalsRefused, old.tokenRenewalsRefused, new.tokenRenewalsRefused)
         add(receptionReports, old.receptionReports, new.receptionReports)
         add(silentMembers, old.silentMembers, new.silentMembers)
+        add(missedBurstReplays, old.missedBurstReplays, new.missedBurstReplays)
         add(packetsIn, old.packetsIn, new.packetsIn)
         add(packetsOut, old.packetsOut, new.packetsOut)
         add(catchUpPacketsOut, old.catchUpPacketsOut, new.catchUpPacketsOut)

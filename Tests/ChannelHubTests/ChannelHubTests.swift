@@ -645,8 +645,93 @@ final class Harness {
         #expect(channel.recordings.count == 1, "the late joiner is still reading it")
         h.hub.closed(late.link, at: h.time)
         h.drain()
-        #expect(channel.recordings.isEmpty, "nobody reads it any more, and no later burst would recycle it")
+        // Its replay was cut short, so it is owed the burst for the missed-burst window; then the
+        // recording goes back even though no later burst comes to recycle it.
+        #expect(channel.recordings.count == 1)
+        h.advance(HubConfiguration().missedBurstWindow)
+        #expect(channel.recordings.isEmpty, "nobody reads it or is owed it any more")
         #expect(channel.spareRecordings.count == 1)
+    }
+
+    /// Ann says three words while Bob's phone is asleep; the push wakes it, and by the time his app
+    /// has joined, the burst is over. He still hears it, once, from its first packet.
+    @Test func aMemberWhoMissedABurstThatEndedIsReplayedItOnJoining() throws {
+        let h = Harness()
+        let ann = h.join("ann"), bob = h.join("bob"), cy = h.join("cy")
+        h.hub.closed(bob.link, at: h.time)
+        h.advance(3_000 * ms)  // past the grace: Bob is offline
+        h.send(.floorRequest, from: ann.link)
+        let burst = try #require(h.grantedBurst(ann.link))
+        for sequence in 0 ..< 3 as Range<UInt16> { h.audio(from: ann.link, burst: burst, sequence: sequence, payload: [1, UInt8(sequence)]) }
+        h.advance(60 * ms)
+        h.send(.floorRelease, from: ann.link)
+        h.advance(2_000 * ms)
+        let woken = h.join("bob")
+        h.advance(10 * ms)
+        let got = h.audio(to: woken.link)
+        #expect(got.map(\.header.sequence) == [0, 1, 2])
+        #expect(got.allSatisfy { $0.header.flags.contains(.catchUp) && $0.header.slot == ann.slot && $0.header.burst == burst })
+        #expect(got.map(\.payload) == [[1, 0], [1, 1], [1, 2]], "byte for byte")
+        #expect(h.hub.counters.missedBurstReplays == 1)
+        // Cy heard it live: a rejoin replays nothing. Nor does Bob's second join.
+        h.hub.closed(cy.link, at: h.time)
+        let cyAgain = h.join("cy")
+        h.hub.closed(woken.link, at: h.time)
+        let bobAgain = h.join("bob")
+        h.advance(10 * ms)
+        #expect(h.audio(to: cyAgain.link).isEmpty && h.audio(to: bobAgain.link).isEmpty)
+        #expect(h.hub.channels[h.channel.id]!.recordings.isEmpty, "nobody is owed it: the recording is recycled")
+    }
+
+    @Test func aMemberDroppedDuringABurstGetsItWholeOnRejoiningAfterItEnded() throws {
+        let h = Harness()
+        let ann = h.join("ann"), bob = h.join("bob")
+        h.send(.floorRequest, from: ann.link)
+        let burst = try #require(h.grantedBurst(ann.link))
+        for sequence in 0 ..< 5 as Range<UInt16> { h.audio(from: ann.link, burst: burst, sequence: sequence, payload: [1, UInt8(sequence)]) }
+        h.hub.closed(bob.link, at: h.time)  // his network went mid-burst
+        for sequence in 5 ..< 10 as Range<UInt16> { h.audio(from: ann.link, burst: burst, sequence: sequence, payload: [1, UInt8(sequence)]) }
+        h.send(.floorRelease, from: ann.link)
+        h.advance(5_000 * ms)
+        let back = h.join("bob")
+        h.advance(10 * ms)
+        #expect(h.audio(to: back.link).map(\.header.sequence) == (0 ..< 10).map { UInt16($0) })
+    }
+
+    @Test func aMissedBurstIsKeptOnlyForTheWindowAndOnlyTheNewestFew() throws {
+        var configuration = HubConfiguration()
+        configuration.maxMissedBursts = 2
+        let h = Harness(configuration: configuration)
+        let ann = h.join("ann"), bob = h.join("bob")
+        h.hub.closed(bob.link, at: h.time)
+        var bursts: [UInt16] = []
+        for word in 0 ..< 3 as Range<UInt8> {
+            h.send(.floorRequest, from: ann.link)
+            let burst = try #require(h.grantedBurst(ann.link))
+            bursts.append(burst)
+            h.audio(from: ann.link, burst: burst, sequence: 0, payload: [word])
+            h.send(.floorRelease, from: ann.link)
+            h.advance(100 * ms)
+        }
+        let channel = try #require(h.hub.channels[h.channel.id])
+        #expect(channel.recordings.count == 2, "the oldest went past the limit")
+        // Within the window: the two newest, in order.
+        let back = h.join("bob")
+        h.advance(10 * ms)
+        #expect(h.audio(to: back.link).map(\.header.burst) == Array(bursts.suffix(2)))
+
+        // Past the window, nothing is kept, and a member who missed the burst hears nothing of it.
+        h.hub.closed(back.link, at: h.time)
+        h.send(.floorRequest, from: ann.link)
+        let late = try #require(h.grantedBurst(ann.link))
+        h.audio(from: ann.link, burst: late, sequence: 0, payload: [9])
+        h.send(.floorRelease, from: ann.link)
+        #expect(channel.recordings.count == 1)
+        h.advance(HubConfiguration().missedBurstWindow)
+        #expect(channel.recordings.isEmpty)
+        let tooLate = h.join("bob")
+        h.advance(10 * ms)
+        #expect(h.audio(to: tooLate.link).isEmpty)
     }
 
     /// A member that rejoins on a new connection while it is being replayed is served once, not twice.

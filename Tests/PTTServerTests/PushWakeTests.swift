@@ -232,6 +232,48 @@ import FoundationNetworking
         _ = await task.result
     }
 
+    /// The wake's purpose end to end: Ann says a few words while Bob's phone sleeps; the push
+    /// arrives, and his app joins after Ann has let go. He hears what she said, byte for byte.
+    @Test func aWokenMemberHearsTheShortBurstThatWokeIt() async throws {
+        let fixture = try await ServerFixture()
+        let (task, listening) = try await fixture.start(pushCertificates: DevCertificates.directory)
+        defer { task.cancel() }
+        let simulator = try #require(listening.apnsSimulator)
+        let ann = try await fixture.member("ann", port: listening.voicePort)
+        let bob = try await registered("bob", token: "b0b0b0", fixture, port: listening.voicePort)
+        await putToSleep(bob, user: "bob", seenBy: ann)
+
+        try await ann.send(.floorRequest)
+        let burst = try #require(await ann.waitForFloor(.granted)?.burst)
+        for sequence in 0 ..< 25 as Range<UInt16> {
+            await ann.sendAudio(burst: burst, sequence: sequence, payload: [UInt8(sequence), 0xB0])
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        let mark = ann.messages.count
+        try await ann.send(.floorRelease)
+        #expect(await ann.waitForFloor(.idle, after: mark) != nil)
+        #expect(await waitForPushes(simulator, count: 1).map(\.token) == ["b0b0b0"])
+
+        // The push woke the phone; the app joins a moment after the burst ended.
+        try await Task.sleep(for: .milliseconds(500))
+        let woken = try await fixture.member("bob", port: listening.voicePort)
+        let received = await woken.waitForAudio(count: 25)
+        let parsed = received.compactMap { packet in packet.withUnsafeBytes { AudioHeader(parsing: $0) } }
+        #expect(parsed.map(\.sequence) == (0 ..< 25).map { UInt16($0) })
+        #expect(parsed.allSatisfy { $0.flags.contains(.catchUp) && $0.burst == burst })
+        #expect(received.map { Array($0[AudioHeader.size...]) } == (0 ..< 25).map { [UInt8($0), 0xB0] })
+        // Metrics are published once a second.
+        var text = ""
+        let deadline = ContinuousClock.now + .seconds(3)
+        while !text.contains("squelch_missed_burst_replays_total 1"), ContinuousClock.now < deadline {
+            text = try await fixture.metrics(listening)
+            try await Task.sleep(for: .milliseconds(100))
+        }
+        #expect(text.contains("squelch_missed_burst_replays_total 1"), "\(text.split(separator: "\n").filter { $0.contains("missed") })")
+        await listening.shutdown()
+        _ = await task.result
+    }
+
     @Test func aConnectedMemberSilentPastTheWindowIsWokenToo() async throws {
         let fixture = try await ServerFixture()
         let (task, listening) = try await fixture.start(pushCertificates: DevCertificates.directory, wakeSilence: 0.3)
