@@ -341,8 +341,9 @@ public final class ChannelHub {
             outputs.append(.send(.error(code: .notJoined, reason: "join a channel first"), to: [link]))
             return
         }
-        // Anything from a member the liveness sweep had given up on shows it is back.
-        if channel.members[slot]!.connection != .connected { markHeard(channel, slot: slot) }
+        // Anything from a member the liveness sweep had given up on shows it is back (a leave says
+        // so itself, with `participantLeft`).
+        if channel.members[slot]!.connection != .connected, message != .leave { markHeard(channel, slot: slot) }
         switch message {
         case .join: break
         case .leave:
@@ -1015,32 +1016,61 @@ public final class ChannelHub {
     // MARK: Liveness
 
     /// The driver's liveness sweep (about once a second). A member whose connection is still open but
-    /// has gone silent, because its phone died or lost its network, would otherwise show `connected`
-    /// until the transport's idle timeout, minutes later, and a dispatcher would call a unit that
-    /// can't hear. Such a member shows `reconnecting` until it is heard again (then `connected`) or its
-    /// connection closes (then `closed(_:at:)` takes over). Only the roster changes: its place,
-    /// the floor (`FloorArbiter.silenceLimit` covers a silent talker) and the relay are as they were.
-    /// - Parameter isHeard: whether the transport has heard from `link` within the liveness window; a
-    ///   query, so that the hub stays free of clocks and sockets.
-    public func sweepLiveness(isHeard: (Link) -> Bool) {
+    /// has gone silent, because its phone died or lost its network or its app went to the background
+    /// with keepalives off, would otherwise show `connected` until the transport's idle timeout,
+    /// minutes later, and a dispatcher would call a unit that can't hear. Such a member shows
+    /// `reconnecting` until it is heard again (then `connected`) or its connection closes (then
+    /// `closed(_:at:)` takes over). Only the roster changes: its place, the floor
+    /// (`FloorArbiter.silenceLimit` covers a silent talker) and the relay are as they were.
+    ///
+    /// The changes of one sweep go out as one `roster` message per channel (in chunks), not one
+    /// `participant` each: when the server itself was cut off, every member goes silent in the same
+    /// sweep, and a message per member to every member would be millions in a big channel.
+    /// - Parameters:
+    ///   - mayMarkSilent: false right after the server itself stalled (the driver's loop ran late):
+    ///     what it hasn't read yet may be from every member, so only "heard" counts this time.
+    ///   - isHeard: whether the transport has heard from `link` within the liveness window; a query,
+    ///     so that the hub stays free of clocks and sockets.
+    public func sweepLiveness(mayMarkSilent: Bool = true, isHeard: (Link) -> Bool) {
         for channel in channels.values {
+            var changed: [Participant] = []
             for (slot, member) in channel.members {
                 guard let link = member.link else { continue }
                 let heard = isHeard(link)
                 if heard, member.connection != .connected {
-                    markHeard(channel, slot: slot)
-                } else if !heard, member.connection == .connected {
+                    channel.members[slot]!.connection = .connected
+                } else if !heard, mayMarkSilent, member.connection == .connected {
                     channel.members[slot]!.connection = .reconnecting
-                    owe(channel, slot: slot, replaying: [])
                     counters.silentMembers += 1
-                    outputs.append(.send(.participant(channel.members[slot]!.participant), to: channel.links(except: slot)))
+                    owe(channel, slot: slot, replaying: [])
+                } else {
+                    continue
                 }
+                changed.append(channel.members[slot]!.participant)
             }
+            guard !changed.isEmpty else { continue }
+            let links = channel.connectedLinks
+            if changed.count == 1 {
+                outputs.append(.send(.participant(changed[0]), to: links))
+                continue
+            }
+            var chunk: [Participant] = []
+            var chunker = RosterChunker()
+            for entry in changed {
+                if !chunker.take(entry) {
+                    outputs.append(.send(.roster(chunk), to: links))
+                    chunk.removeAll()
+                    chunker = RosterChunker()
+                    _ = chunker.take(entry)
+                }
+                chunk.append(entry)
+            }
+            outputs.append(.send(.roster(chunk), to: links))
         }
     }
 
-    /// A member the sweep marked silent was heard from: everyone, itself included (it may have missed
-    /// its own `reconnecting`, or not), sees it `connected` again.
+    /// A member the sweep marked silent sent a control message: everyone, itself included (it may
+    /// have missed its own `reconnecting`, or not), sees it `connected` again at once.
     private func markHeard(_ channel: ChannelState, slot: UInt16) {
         guard channel.members[slot]?.link != nil else { return }
         channel.members[slot]!.connection = .connected

@@ -265,9 +265,17 @@ final class HubDriver: WireServerDelegate {
     /// a member the wakes treat as asleep or gone is not shown as connected.
     func sweepLiveness() {
         guard server != nil, !stopped else { return }
-        hub.sweepLiveness(isHeard: isLive)
+        let now = NIODeadline.now()
+        // A sweep much later than a second after the last means this process stalled (a blocked
+        // loop, a stopped process, a VM pause): the sockets may hold everyone's packets unread.
+        let stalled = lastSweep.map { now - $0 > .seconds(3) } ?? false
+        lastSweep = now
+        hub.sweepLiveness(mayMarkSilent: !stalled, isHeard: isLive)
         flush()
     }
+
+    /// When `sweepLiveness` last ran.
+    var lastSweep: NIODeadline?
 
     /// Set once the voice service has stopped: no more timers, so a stopped hub holds no event-loop work.
     var stopped = false

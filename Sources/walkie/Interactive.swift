@@ -232,7 +232,9 @@ enum Interactive {
                 }
                 // The transmission the key started ended without it (the floor revoked or refused, the
                 // input file over): unlatch, or the next tap would only unlatch what is already gone.
-                if keyboard.holdToTalk.transmitting, !manager.isTransmitting, !shared.withLockedValue({ $0.requesting }) {
+                // `requesting` first: it is cleared only after the manager's snapshot says the
+                // transmission began, so once it reads false, `isTransmitting` is current.
+                if keyboard.holdToTalk.transmitting, !shared.withLockedValue({ $0.requesting }), !manager.isTransmitting {
                     _ = keyboard.transmissionEnded(now: time)
                 }
                 for action in keyboard.receive(input.bytes, now: time) + keyboard.tick(now: time) {

@@ -903,6 +903,31 @@ final class Harness {
         #expect(annSeenBy(bob.link) == .reconnecting)
     }
 
+    /// The server's own network went: everyone is silent in the same sweep. One `roster` message per
+    /// member says so, not one `participant` per silent member to every member.
+    @Test func aSweepThatFindsManySilentSendsThemAsOneRoster() {
+        let h = Harness()
+        let members = (0..<6).map { h.join("m\($0)") }
+        let before = h.messages.count
+        // Right after a stall of the server itself, silence proves nothing.
+        h.hub.sweepLiveness(mayMarkSilent: false) { _ in false }
+        h.drain()
+        #expect(h.messages.count == before)
+        h.hub.sweepLiveness { _ in false }
+        h.drain()
+        let sent = h.messages[before...]
+        #expect(sent.count == members.count, "one message per member")
+        for member in members {
+            guard case .roster(let entries)? = h.messages(to: member.link).last else { Issue.record("no roster"); continue }
+            #expect(entries.count == members.count && entries.allSatisfy { $0.connection == .reconnecting })
+        }
+        // And back, the same way, even when the stall guard is on: being heard is never in doubt.
+        h.hub.sweepLiveness(mayMarkSilent: false) { _ in true }
+        h.drain()
+        guard case .roster(let back)? = h.messages(to: members[0].link).last else { Issue.record("no roster"); return }
+        #expect(back.count == members.count && back.allSatisfy { $0.connection == .connected })
+    }
+
     @Test func talkerWhoRejoinsWithinTheGraceKeepsTheFloor() {
         let h = Harness()
         let ann = h.join("ann")
