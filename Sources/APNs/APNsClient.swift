@@ -33,18 +33,22 @@ public actor APNsClient {
     private var nextConnectionID = 0
     private var tokenBackoff = APNsTokenBackoff()
     private var loggedConfigurationErrors: Set<String> = []
-    /// Set by the first push APNs accepts: from then on its token verdicts are trusted
-    /// (`APNsDeliveryAttempts.configurationProven`). Not persisted, so a restart after a settings change
-    /// proves the new settings afresh.
-    private var configurationProven = false
+    /// Set by the first answer that shows the topic and host are right: from then on APNs's token
+    /// verdicts are trusted (`APNsDeliveryAttempts.configurationProven`). Shared by the clients of
+    /// one topic. Not persisted, so a restart after a settings change proves the new settings afresh.
+    private let proof: APNsConfigurationProof
     private var isShutDown = false
     /// Connections opened over the client's life, for tests and metrics.
     public private(set) var connectionsOpened = 0
 
+    /// - Parameter proof: shared by clients of the same topic (Apple's production and sandbox hosts),
+    ///   so that a push accepted by either proves the topic for both.
     public init(configuration: APNsConfiguration, eventLoopGroup: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton,
-                logger: Logger = Logger(label: "squelch.apns")) async throws(APNsConfigurationError) {
+                logger: Logger = Logger(label: "squelch.apns"),
+                proof: APNsConfigurationProof = APNsConfigurationProof()) async throws(APNsConfigurationError) {
         try configuration.validate()
         self.configuration = configuration
+        self.proof = proof
         self.group = eventLoopGroup
         self.logger = logger
         var tlsConfiguration = TLSConfiguration.makeClientConfiguration()
@@ -94,7 +98,8 @@ public actor APNsClient {
             return .failure(APNsPushFailure(reason: .request(error), attempts: 0))
         }
         var attempts = APNsDeliveryAttempts(policy: configuration.retry, tokenRegisteredAt: tokenRegisteredAt,
-                                            configurationProven: configurationProven)
+                                            configurationProven: proof.isProven,
+                                            environmentChosenPerToken: configuration.environment.isApple)
         // The connection and JWT generation of an attempt, to replace that JWT if APNs calls it expired.
         var used: (connection: Int, generation: Int)?
         var last: APNsAttemptResult?
@@ -124,8 +129,8 @@ public actor APNsClient {
                 result = .transport(.connectFailed(String(describing: error)))
             }
             last = result
-            if case .accepted = result { configurationProven = true }
-            attempts.configurationProven = configurationProven
+            if APNsDeliveryAttempts.provesConfiguration(result) { proof.prove() }
+            attempts.configurationProven = proof.isProven
             switch attempts.next(after: result, elapsed: clock.now - start, random: Double.random(in: 0..<1)) {
             case .delivered:
                 return .success(APNsDelivery(apnsID: request.apnsID, attempts: attempts.attempts))
@@ -175,6 +180,9 @@ public actor APNsClient {
         }
     }
 
+    /// Whether APNs has shown this client's topic and host to be right (for tests and health checks).
+    public var isConfigurationProven: Bool { proof.isProven }
+
     /// Configuration errors are loud but once per reason: the same misconfiguration would otherwise log
     /// once per push, burying everything else.
     private func configurationFailure(_ failure: APNsPushFailure) -> APNsPushFailure {
@@ -182,7 +190,7 @@ public actor APNsClient {
         guard loggedConfigurationErrors.insert(label).inserted else { return failure }
         if case .rejected(let response) = failure.reason,
            response.reason == .badDeviceToken || response.reason == .deviceTokenNotForTopic {
-            logger.error("APNs refused a device token before accepting any push from this server; the token is kept, because a wrong topic (the app's bundle ID) or environment gets this answer for every token. If every push fails this way, fix the topic or environment setting; if pushes start going through, tokens refused after that are dropped",
+            logger.error("APNs refused a device token before accepting any push from this server; the token is kept, because a wrong topic (the app's bundle ID), or a host of the wrong environment, gets this answer for every token. If every push fails this way, fix the topic or the APNs host setting; once a push goes through, tokens refused after that are dropped",
                          metadata: ["reason": "\(label)", "topic": "\(configuration.topic)",
                                     "host": "\(configuration.environment.host)"])
         } else {
@@ -289,4 +297,16 @@ public actor APNsClient {
             throw error
         }
     }
+}
+
+/// Whether APNs has shown a topic (and host) to be right, shared by the clients that push to it; see
+/// `APNsDeliveryAttempts.configurationProven`. Once proven, it stays so for the process's life.
+public final class APNsConfigurationProof: Sendable {
+    private let proven = NIOLockedValueBox(false)
+
+    public init() {}
+
+    public var isProven: Bool { proven.withLockedValue { $0 } }
+
+    func prove() { proven.withLockedValue { $0 = true } }
 }

@@ -24,6 +24,13 @@ public enum APNsEnvironment: Sendable, Equatable {
         case .custom(_, let port, _): return port
         }
     }
+
+    /// One of Apple's two hosts. squelchd sends each token to the one of the environment its device
+    /// registered it in (`APNsRoute`), so a `BadDeviceToken` there is never the setting's fault.
+    public var isApple: Bool {
+        if case .custom = self { return false }
+        return true
+    }
 }
 
 /// Everything the APNs client needs. The defaults suit `pushtotalk` wakes.

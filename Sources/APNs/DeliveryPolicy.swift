@@ -120,20 +120,36 @@ public struct APNsDeliveryAttempts: Sendable {
     public let policy: APNsRetryPolicy
     /// When the device registered the token; a 410 `Unregistered` only kills it if APNs saw it die later.
     public let tokenRegisteredAt: Date?
-    /// Whether APNs has accepted a push with this topic, key and environment before. Until it has, a
-    /// token refused as `BadDeviceToken` or `DeviceTokenNotForTopic` is kept and the failure is called a
-    /// configuration error: a mistyped bundle ID or the wrong environment gets that answer for every
-    /// token, and dropping them all would take every member's wake-ups with it until each device
-    /// registers again. Once one push has gone through, the setting is right and the answer is the
+    /// Whether APNs has shown that the topic and host are right: it accepted a push, or called a token
+    /// `Unregistered` (which it can only know of a token of this topic). Until then, a token refused
+    /// as `DeviceTokenNotForTopic` (or, on a host that takes every token, `BadDeviceToken`) is kept
+    /// and the failure is called a configuration error: a mistyped bundle ID gets that answer for
+    /// every token, as does a host of the wrong environment, and dropping them all would take every
+    /// member's wake-ups with it until each device registers again. Once proven, the answer is the
     /// token's own. The caller updates it before each `next(after:…)`, since pushes run side by side.
     public var configurationProven: Bool
+    /// Each token goes to the host of the environment its device registered it in (Apple's two hosts),
+    /// so no setting makes every token `BadDeviceToken`: that answer is the token's (or its app's)
+    /// fault and drops it even before the proof.
+    public let environmentChosenPerToken: Bool
     public private(set) var attempts = 0
     private var refreshedProviderToken = false
 
-    public init(policy: APNsRetryPolicy, tokenRegisteredAt: Date?, configurationProven: Bool = true) {
+    public init(policy: APNsRetryPolicy, tokenRegisteredAt: Date?, configurationProven: Bool = true,
+                environmentChosenPerToken: Bool = false) {
         self.policy = policy
         self.tokenRegisteredAt = tokenRegisteredAt
         self.configurationProven = configurationProven
+        self.environmentChosenPerToken = environmentChosenPerToken
+    }
+
+    /// Whether this answer shows the topic and host are right (see `configurationProven`).
+    public static func provesConfiguration(_ result: APNsAttemptResult) -> Bool {
+        switch result {
+        case .accepted: return true
+        case .rejected(let response): return response.reason == .unregistered
+        case .transport: return false
+        }
     }
 
     /// Decides what follows an attempt.
@@ -156,8 +172,9 @@ public struct APNsDeliveryAttempts: Sendable {
                                  random: Double) -> APNsNextStep {
         switch response.reason {
         case .badDeviceToken, .deviceTokenNotForTopic:
-            return .failed(APNsPushFailure(reason: .rejected(response), dropToken: configurationProven,
-                                           isConfigurationError: !configurationProven, attempts: attempts))
+            let trusted = configurationProven || (response.reason == .badDeviceToken && environmentChosenPerToken)
+            return .failed(APNsPushFailure(reason: .rejected(response), dropToken: trusted,
+                                           isConfigurationError: !trusted, attempts: attempts))
         case .expiredToken:
             return .failed(APNsPushFailure(reason: .rejected(response), dropToken: true, attempts: attempts))
         case .unregistered:

@@ -26,12 +26,14 @@ enum PushSetup {
             throw ServerConfiguration.ConfigurationError.invalidValue(
                 "\(error); set the key with \(ServerConfiguration.setting("apnsKeyPath").howToSet), or turn pushes off with --apns off")
         }
+        // One topic for every client: a push either host accepts proves it for both.
+        let proof = APNsConfigurationProof()
         func client(_ environment: APNsEnvironment) async throws -> APNsClient {
             do {
                 return try await APNsClient(
                     configuration: APNsConfiguration(environment: environment, identity: identity, topic: configuration.apnsTopic,
                                                      poolSize: configuration.apnsPoolSize),
-                    logger: logger)
+                    logger: logger, proof: proof)
             } catch {
                 throw ServerConfiguration.ConfigurationError.invalidValue("\(error)")
             }

@@ -28,10 +28,12 @@ final class SimulatorFixture: Sendable {
 
     func client(topic: String = SimulatorFixture.topic, poolSize: Int = 1, requestTimeout: Duration = .seconds(2),
                 pingInterval: Duration = .seconds(60), retry: APNsRetryPolicy = APNsRetryPolicy(),
-                now: @escaping @Sendable () -> Date = { Date() }) async throws -> APNsClient {
+                now: @escaping @Sendable () -> Date = { Date() },
+                proof: APNsConfigurationProof = APNsConfigurationProof()) async throws -> APNsClient {
         try await APNsClient(configuration: APNsConfiguration(
             environment: .custom(host: "127.0.0.1", port: endpoints.port, caPath: DevCertificates.ca), identity: identity,
-            topic: topic, poolSize: poolSize, requestTimeout: requestTimeout, pingInterval: pingInterval, retry: retry, now: now))
+            topic: topic, poolSize: poolSize, requestTimeout: requestTimeout, pingInterval: pingInterval, retry: retry, now: now),
+            proof: proof)
     }
 
     func stop() async { try? await simulator.stop() }
@@ -133,6 +135,27 @@ extension Result {
         #expect(failure.dropToken)
         #expect(!failure.isConfigurationError)
         await client.shutdown()
+        await fixture.stop()
+    }
+
+    /// Apple's production and sandbox hosts share the topic: a push the one accepts proves it for
+    /// the other. An Unregistered answer proves it as well (APNs knows the token for this topic).
+    @Test func clientsOfOneTopicShareTheProof() async throws {
+        let fixture = try await SimulatorFixture()
+        let proof = APNsConfigurationProof()
+        let first = try await fixture.client(proof: proof)
+        let second = try await fixture.client(proof: proof)
+        fixture.simulator.setFaults(APNsFaultPlan(unregistered: ["aaaa": 1_700_000_000_000]))
+        _ = await first.send(notification("aaaa"), tokenRegisteredAt: Date(timeIntervalSince1970: 1_600_000_000))
+        #expect(await second.isConfigurationProven, "the Unregistered answer the first client got")
+        fixture.simulator.setFaults(APNsFaultPlan(scripted: [
+            APNsScriptedResponse(token: "bbbb", status: 400, reason: "DeviceTokenNotForTopic", count: 1)]))
+        let failure = try #require(await second.send(notification("bbbb")).failure)
+        #expect(failure.dropToken)
+        // A client with a proof of its own has shown nothing yet.
+        let third = try await fixture.client()
+        #expect(!(await third.isConfigurationProven))
+        for client in [first, second, third] { await client.shutdown() }
         await fixture.stop()
     }
 

@@ -45,6 +45,31 @@ import Testing
         #expect(gone.dropToken)
     }
 
+    /// On Apple's hosts each token goes to its own environment's host: no setting makes every token
+    /// BadDeviceToken there, so that answer drops the token before the proof. A wrong topic still can.
+    @Test func withTheEnvironmentChosenPerTokenABadDeviceTokenIsTheTokens() {
+        var bad = APNsDeliveryAttempts(policy: policy, tokenRegisteredAt: Date(), configurationProven: false,
+                                       environmentChosenPerToken: true)
+        guard case .failed(let dropped) = bad.next(after: rejected(.badDeviceToken), elapsed: .zero, random: 0.5) else {
+            Issue.record("expected failure"); return
+        }
+        #expect(dropped.dropToken && !dropped.isConfigurationError)
+        var topic = APNsDeliveryAttempts(policy: policy, tokenRegisteredAt: Date(), configurationProven: false,
+                                         environmentChosenPerToken: true)
+        guard case .failed(let kept) = topic.next(after: rejected(.deviceTokenNotForTopic), elapsed: .zero, random: 0.5) else {
+            Issue.record("expected failure"); return
+        }
+        #expect(!kept.dropToken && kept.isConfigurationError)
+    }
+
+    @Test func anAcceptedPushOrAnUnregisteredTokenProvesTheTopic() {
+        #expect(APNsDeliveryAttempts.provesConfiguration(.accepted))
+        #expect(APNsDeliveryAttempts.provesConfiguration(rejected(.unregistered, timestamp: 1)))
+        #expect(!APNsDeliveryAttempts.provesConfiguration(rejected(.deviceTokenNotForTopic)))
+        #expect(!APNsDeliveryAttempts.provesConfiguration(rejected(.badDeviceToken)))
+        #expect(!APNsDeliveryAttempts.provesConfiguration(rejected(.serviceUnavailable)))
+    }
+
     @Test func unregisteredDropsOnlyATokenThatDiedAfterItsRegistration() {
         let registered = Date(timeIntervalSince1970: 1_700_000_000)
         let before = Int64(registered.timeIntervalSince1970 * 1000) - 60_000
