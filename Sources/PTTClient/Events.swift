@@ -22,8 +22,9 @@ public enum ChannelManagerEvent: Sendable, Equatable {
     case suspended(Bool)
     /// Something worth a line in the UI.
     case notice(String)
-    /// The audio input ran out (a WAV file ended); the app decides when to stop transmitting. Nothing
-    /// is sent meanwhile, so squelchd takes the floor back after 5 s (`talkerSilenceLimit`).
+    /// The audio input ran out (a WAV file ended). With `AudioConfiguration.endTransmissionWhenInputEnds`
+    /// the transmission has ended with it; otherwise the app decides when to stop, and as nothing is
+    /// sent meanwhile, squelchd takes the floor back after 5 s (`talkerSilenceLimit`).
     case inputEnded
     /// A received burst finished playing.
     case burstFinished(BurstStatistics)

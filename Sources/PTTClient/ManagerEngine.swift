@@ -32,7 +32,7 @@ actor ManagerEngine {
         case server(Int, ServerMessage)
         case pushToken(Data, UUID)
         case push(IncomingPush)
-        case inputEnded
+        case inputEnded(burst: UInt16)
         case notice(String)
         case reconnectDue
         case playbackMuted(Bool)
@@ -82,7 +82,7 @@ actor ManagerEngine {
         let eventSink = events
         transmitter = Transmitter(configuration: configuration.audio) { event in
             switch event {
-            case .inputEnded: sink.yield(.inputEnded)
+            case .inputEnded(let burst): sink.yield(.inputEnded(burst: burst))
             case .inputFailed(let message): sink.yield(.notice(message))
             }
         }
@@ -204,7 +204,13 @@ actor ManagerEngine {
             session.pushTokenIssued(token, for: uuid)
         case .push(let push):
             handlePush(push)
-        case .inputEnded:
+        case .inputEnded(let burst):
+            // Only the transmission the input was feeding: by now the app may have stopped it and
+            // begun another, whose input is fresh.
+            if configuration.audio.endTransmissionWhenInputEnds, let channel = session.channel,
+               case .active(let source, burst) = session.transmit {
+                session.stopTransmitting(channel, source: source)
+            }
             eventSink.yield(.inputEnded)
         case .notice(let message):
             eventSink.yield(.notice(message))

@@ -13,6 +13,12 @@ public struct AudioConfiguration: Sendable {
     public var makeOutput: (@Sendable () throws -> any AudioSink)?
     public var opus: OpusConfiguration
     public var jitterBuffer: JitterBufferConfiguration
+    /// For an input that runs out (a WAV file): when it does, the transmission it was feeding ends,
+    /// as if the app had stopped it with the source that began it, so the floor isn't held in silence
+    /// until the server's limit. Decided inside the manager, for that transmission only: an app that
+    /// did it on the `inputEnded` event could stop the next one, begun meanwhile. `inputEnded` is still
+    /// reported.
+    public var endTransmissionWhenInputEnds = false
 
     public init(makeInput: (@Sendable () throws -> any AudioSource)? = nil, makeOutput: (@Sendable () throws -> any AudioSink)? = nil,
                 opus: OpusConfiguration = .pushToTalk, jitterBuffer: JitterBufferConfiguration = JitterBufferConfiguration()) {
@@ -87,7 +93,8 @@ final class Transmitter: Sendable {
 
     enum TransmitterEvent: Sendable {
         /// The source ran out (a WAV file ended).
-        case inputEnded
+        /// The input ran out while feeding this burst.
+        case inputEnded(burst: UInt16)
         case inputFailed(String)
     }
 
@@ -145,7 +152,7 @@ final class Transmitter: Sendable {
             do {
                 let first = try pcm.withUnsafeMutableBufferPointer { try source.read(into: UnsafeMutableBufferPointer(rebasing: $0[0..<period])) }
                 let second = first == nil ? nil : try pcm.withUnsafeMutableBufferPointer { try source.read(into: UnsafeMutableBufferPointer(rebasing: $0[period...])) }
-                guard first != nil else { onEvent(.inputEnded); return }
+                guard first != nil else { onEvent(.inputEnded(burst: burst)); return }
                 if second == nil { for i in period..<(2 * period) { pcm[i] = 0 } }
                 let count = try pcm.withUnsafeBufferPointer { samples in
                     try packet.withUnsafeMutableBytes { bytes in
@@ -172,7 +179,7 @@ final class Transmitter: Sendable {
                         state.withLockedValue { $0.encoder = encoder.configuration }
                     }
                 }
-                if second == nil { onEvent(.inputEnded); return }
+                if second == nil { onEvent(.inputEnded(burst: burst)); return }
             } catch {
                 onEvent(.inputFailed("the audio input failed: \(error)"))
                 return

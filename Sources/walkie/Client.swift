@@ -107,6 +107,8 @@ extension AudioOptions {
                     throw .audio("can't use \(file) as input: \(error); give a WAV file (16-bit or float PCM)")
                 }
                 audio.makeInput = { WAVFileSource(pipelineSamples: samples, pacer: RealTimePacer()) }
+                // Each press sends the file from its start; its end releases the floor.
+                audio.endTransmissionWhenInputEnds = true
             } else {
                 let device = input
                 ALSA.silenceErrorMessages()

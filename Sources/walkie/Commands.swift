@@ -75,10 +75,23 @@ struct Talk: AsyncParsableCommand {
             try? await Task.sleep(for: .milliseconds(200))
             throw began
         }
-        // The file plays in real time; then a little for the last frame to leave.
+        // The file plays in real time, and its end ends the transmission (`endTransmissionWhenInputEnds`).
+        // Should that not come, a stop after the file's length and some slack.
         let seconds = Double(frames) / Double(PipelineAudio.sampleRate)
-        try await Task.sleep(for: .seconds(seconds + 0.1))
-        manager.stopTransmitting(channelUUID: channel, source: .userRequest)
+        let ended = await withTaskGroup(of: Bool.self) { group -> Bool in
+            group.addTask {
+                for await event in delegate.stream { if case .ended = event { return true } }
+                return false
+            }
+            group.addTask {
+                try? await Task.sleep(for: .seconds(seconds + 2))
+                return false
+            }
+            let first = await group.next() ?? false
+            group.cancelAll()
+            return first
+        }
+        if !ended { manager.stopTransmitting(channelUUID: channel, source: .userRequest) }
         let sent = await manager.statistics().framesSent
         manager.leaveChannel(channelUUID: channel)
         try? await Task.sleep(for: .milliseconds(300))

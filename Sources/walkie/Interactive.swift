@@ -154,11 +154,7 @@ enum Interactive {
                     case .transmissionRevoked(_, let reason): state.status = .init("Floor taken away: \(reason)", isError: true)
                     case .notice(let text): state.status = .init(text)
                     case .inputEnded:
-                        // The WAV file given with --input-file is over: release rather than hold the floor
-                        // in silence until the server takes it back. The next press plays the file again.
-                        if let channel = manager.activeChannelUUID, manager.isTransmitting {
-                            manager.stopTransmitting(channelUUID: channel, source: .userRequest)
-                        }
+                        // The manager ended the transmission with the file (`endTransmissionWhenInputEnds`).
                         state.status = .init("The input file ended: floor released; press again to send it again")
                     case .burstFinished(let s):
                         state.lastBurst = "\(s.played + s.fecRecovered) frames, \(s.lost) lost"

@@ -389,6 +389,35 @@ import X509
         await fixture.stop()
     }
 
+    /// A WAV file as the microphone: when it runs out, the transmission it fed ends by itself (the
+    /// floor is released at once, not taken back by the server 5 s later).
+    @Test func aTransmissionEndsWithItsInputFile() async throws {
+        let fixture = try await ClientFixture(pushes: false)
+        let id = fixture.channel.id
+        let annDelegate = RecordingDelegate(), bobDelegate = RecordingDelegate()
+        var audio = speech(0.6)
+        audio.endTransmissionWhenInputEnds = true
+        let ann = try await manager(fixture, "eof-ann", annDelegate, audio: audio, pushes: false)
+        let bob = try await manager(fixture, "eof-bob", bobDelegate, pushes: false)
+        let annEvents = EventLog(ann)
+        for (name, member, delegate) in [("ann", ann, annDelegate), ("bob", bob, bobDelegate)] {
+            member.requestJoinChannel(channelUUID: id, descriptor: ChannelDescriptor(name: "Ops"), credentials: fixture.credentials(try await fixture.token(name)))
+            #expect(await delegate.wait(for: .didJoin(.developerRequest)))
+        }
+        let began = ContinuousClock.now
+        ann.requestBeginTransmitting(channelUUID: id)
+        #expect(await annDelegate.wait(for: .didBegin(.developerRequest)))
+        #expect(await eventually { bob.activeRemoteParticipant?.name == "Ann" })
+        #expect(await annDelegate.wait(for: .didEnd(.developerRequest)), "the file's end ended it")
+        #expect(ContinuousClock.now - began < .seconds(3), "well before the server's 5 s silence limit")
+        #expect(await eventually { bob.activeRemoteParticipant == nil }, "the floor was released")
+        #expect(annEvents.all.contains(.inputEnded))
+        #expect(!annEvents.all.contains { if case .transmissionRevoked = $0 { true } else { false } })
+        await ann.invalidate()
+        await bob.invalidate()
+        await fixture.stop()
+    }
+
     @Test func aMemberWhoMutesTheChannelShowsAsMutedToEveryone() async throws {
         let fixture = try await ClientFixture(pushes: false)
         let id = fixture.channel.id
