@@ -148,6 +148,13 @@ public actor APNsClient {
                 if isShutDown { return .failure(APNsPushFailure(reason: .shutdown, attempts: attempts.attempts)) }
             case .failed(let failure):
                 if let backoff = failure.backOffToken { tokenBackoff.backOff(token, for: backoff, now: clock.now) }
+                if failure.dropToken, case .rejected(let response) = failure.reason, response.reason == .badDeviceToken,
+                   loggedConfigurationErrors.insert("BadDeviceToken dropped").inserted {
+                    // Dropped at once on Apple's hosts; if every token of an app goes this way, the app
+                    // reports the wrong environment for its tokens, which only its developers can fix.
+                    logger.warning("APNs called a device token BadDeviceToken and it was dropped; if this happens to every device of an app, the app reports the wrong APNs environment (sandbox or production) for its tokens",
+                                   metadata: ["host": "\(configuration.environment.host)"])
+                }
                 return .failure(failure.isConfigurationError ? configurationFailure(failure) : failure)
             }
         }

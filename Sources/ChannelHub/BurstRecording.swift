@@ -29,7 +29,8 @@ final class BurstRecording {
     /// and are owed a replay if they join before `HubConfiguration.missedBurstWindow` after its end. An
     /// ended recording is kept while this is not empty; a short burst is usually over before a phone
     /// woken by its push has joined, and without this the wake would bring it nothing to hear.
-    var missed: [UInt16] = []
+    /// A set: when the server's own network drops, every member is added and later taken off.
+    var missed: Set<UInt16> = []
     /// When the talker finished.
     private(set) var endedAt: WireInstant?
     /// The talker's audio rate budget for this burst, taken over from its last burst (see
@@ -55,11 +56,7 @@ final class BurstRecording {
     }
 
     /// Takes `slot` off the members owed a replay; true when it was on.
-    func forgetMissed(_ slot: UInt16) -> Bool {
-        guard let index = missed.firstIndex(of: slot) else { return false }
-        missed.remove(at: index)
-        return true
-    }
+    func forgetMissed(_ slot: UInt16) -> Bool { missed.remove(slot) != nil }
 
     /// Keeps the packet unless the recording already holds `maxPackets` packets or adding it would pass
     /// `maxBytes`: a talker sending faster than real time, or full-size packets, must not be able to make

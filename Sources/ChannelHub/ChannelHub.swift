@@ -47,6 +47,9 @@ public final class ChannelHub {
     /// those times, so that `nextDeadline` reads one value.
     var expiries: [TokenDeadline] = []
     var nextExpiry: WireInstant?
+    /// No later than when the first ended burst kept for members who missed it stops being kept (it
+    /// may be earlier, which costs a wake-up that finds nothing due).
+    var nextMissedExpiry: WireInstant?
     /// Joiners whose roster is still being sent: the slots it had at the join, in slot order, and how
     /// far the sending got. A big channel's roster leaves a chunk at a time as the connection has room
     /// (`continueRoster`), so a join holds no encoded roster in memory and no single step encodes
@@ -428,6 +431,9 @@ public final class ChannelHub {
             sessions[old] = nil
             outputs.append(.send(.refused(code: .replaced, reason: "you joined this channel from another connection"), to: [old]))
             outputs.append(.close(old, code: .replaced, reason: "replaced by a newer connection"))
+            // Partway through a replay (a phone that switched networks right after its wake): the
+            // new connection gets it again from the start.
+            owe(channel, slot: slot, replaying: member.catchUp)
             stopCatchUp(&member, in: channel)
         }
         Self.take(claims, into: &member)
@@ -587,6 +593,8 @@ public final class ChannelHub {
     func forget(_ channel: ChannelState, slot: UInt16, at time: HubTime, endReason: String = "left") {
         guard var member = channel.members[slot] else { return }
         for recording in channel.recordings { _ = recording.forgetMissed(slot) }
+        // A recording only this member was owed goes now (stopCatchUp recycles only if it read one).
+        channel.recycleRecordings()
         stopCatchUp(&member, in: channel)
         // The member's row is gone by the time the floor's `.ended` is applied below, and the log
         // entry needs it: a burst cut short by leaving is logged here.
@@ -632,7 +640,7 @@ public final class ChannelHub {
                 let pace = channel.members[slot]?.audioPace
                     ?? TokenBucket(tokens: Double(configuration.audioPacketBurst), refilledAt: time.instant)
                 channel.startRecording(talker: slot, burst: burst16, pace: pace)
-                noteMissing(channel, talker: slot)
+                noteMissing(channel, talker: slot, at: time)
                 addToCatchUps(channel, talker: slot)
                 sendGrant(channel, slot: slot, burst: burst16)
                 granted = true
@@ -711,6 +719,7 @@ public final class ChannelHub {
                 let reason = channel.endReasons.removeValue(forKey: slot) ?? "released"
                 logBurstEnd(channel, slot: slot, reason: reason, at: time)
                 channel.endRecording(talker: slot, at: time.instant, keepAtMost: configuration.maxMissedBursts)
+                for recording in channel.recordings where recording.ended && recording.talker == slot { noteMissedDeadline(recording) }
                 outputs.append(.send(.floor(FloorEvent(kind: .ended, slot: slot, burst: UInt16(truncatingIfNeeded: burst))),
                                      to: channel.connectedLinks))
                 if var member = channel.members[slot] {
@@ -853,12 +862,34 @@ public final class ChannelHub {
 
     /// A burst starts: the members who will hear it but aren't there to (no connection, or one gone
     /// silent) are owed it if they join soon enough after it ends (`missedBurstWindow`).
-    func noteMissing(_ channel: ChannelState, talker slot: UInt16) {
+    func noteMissing(_ channel: ChannelState, talker slot: UInt16, at time: HubTime) {
         guard configuration.missedBurstWindow > 0, let talker = channel.members[slot],
               let recording = channel.recording(of: slot) else { return }
-        for member in channel.members.values where member.slot != slot && member.hears(talker) {
-            if member.link == nil || member.connection != .connected { recording.missed.append(member.slot) }
+        for member in channel.members.values where member.slot != slot && member.hears(talker) && member.connection != .connected {
+            // Only members who may be back within the window: woken by this burst's push, dropped
+            // moments ago, or silent. One offline for long without a token won't, and noting it
+            // would keep nearly every burst for 30 s.
+            if member.link != nil || member.connection == .reconnecting || mayBeWoken(member, at: time) {
+                recording.missed.insert(member.slot)
+            }
         }
+        noteMissedDeadline(recording)
+    }
+
+    /// Whether a burst's start sends this offline member a wake push (the `taken` case's test).
+    func mayBeWoken(_ member: Member, at time: HubTime) -> Bool {
+        guard member.pushToken != nil else { return false }
+        guard let token = member.token else { return true }
+        return time.date.timeIntervalSince(token.expiresAt) <= configuration.wakeAfterTokenExpiry
+    }
+
+    /// Keeps `nextMissedExpiry` no later than when `recording` stops being kept, so that the timer
+    /// needn't look through every recording to know.
+    func noteMissedDeadline(_ recording: BurstRecording) {
+        // A burst still going is kept at least until its end plus the window: its end notes the time.
+        guard !recording.missed.isEmpty, let ended = recording.endedAt else { return }
+        let due = ended + configuration.missedBurstWindow
+        nextMissedExpiry = nextMissedExpiry.map { min($0, due) } ?? due
     }
 
     /// A member drops out (its connection closed or went silent): it is owed the bursts still going,
@@ -869,7 +900,8 @@ public final class ChannelHub {
             let replaying = cursors.contains { $0.recording === recording }
             guard replaying || !recording.ended else { continue }
             if !replaying, let talker = channel.members[recording.talker], !member.hears(talker) { continue }
-            recording.missed.append(slot)
+            recording.missed.insert(slot)
+            noteMissedDeadline(recording)
         }
     }
 
@@ -1003,6 +1035,7 @@ public final class ChannelHub {
         member.connection = .offline
         member.lastSeen = time.date
         member.reconnectingUntil = nil
+        owe(channel, slot: slot, replaying: member.catchUp)
         stopCatchUp(&member, in: channel)
         channel.members[slot] = member
         if channel.floor.mayTalk(slot) { channel.endReasons[slot] = "tokenExpired" }
@@ -1091,11 +1124,7 @@ public final class ChannelHub {
         for (channel, slot) in reconnecting {
             if let until = channel.members[slot]?.reconnectingUntil { deadline = deadline.map { min($0, until) } ?? until }
         }
-        for channel in channels.values where !channel.recordings.isEmpty {
-            if let due = channel.missedBurstDeadline(window: configuration.missedBurstWindow) {
-                deadline = deadline.map { min($0, due) } ?? due
-            }
-        }
+        if let nextMissedExpiry { deadline = deadline.map { min($0, nextMissedExpiry) } ?? nextMissedExpiry }
         return deadline
     }
 
@@ -1107,8 +1136,12 @@ public final class ChannelHub {
                 channel.floor.handleTimeout(now: time.instant.nanoseconds)
                 applyFloorEvents(channel, at: time)
             }
-            if !channel.recordings.isEmpty {
+        }
+        if let due = nextMissedExpiry, due <= time.instant {
+            nextMissedExpiry = nil
+            for channel in channels.values where !channel.recordings.isEmpty {
                 channel.expireMissedBursts(window: configuration.missedBurstWindow, now: time.instant)
+                for recording in channel.recordings { noteMissedDeadline(recording) }
             }
         }
         var index = 0

@@ -145,16 +145,6 @@ final class ChannelState {
         recycleRecordings()
     }
 
-    /// When the first ended burst kept for members who missed it stops being kept.
-    func missedBurstDeadline(window: UInt64) -> WireInstant? {
-        var deadline: WireInstant?
-        for recording in recordings where recording.ended && !recording.missed.isEmpty {
-            guard let ended = recording.endedAt else { continue }
-            deadline = deadline.map { min($0, ended + window) } ?? ended + window
-        }
-        return deadline
-    }
-
     /// Lets go of ended bursts kept past the window for members who missed them.
     func expireMissedBursts(window: UInt64, now: WireInstant) {
         var expired = false

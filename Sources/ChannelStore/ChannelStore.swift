@@ -43,6 +43,10 @@ public struct ChannelRecord: Codable, Sendable, Equatable, Identifiable {
         if name.unicodeScalars.contains(where: { $0.properties.generalCategory == .control || $0 == "\u{2028}" || $0 == "\u{2029}" }) {
             throw .invalid("channel name contains control characters (escape sequences, tabs or line breaks); use plain text")
         }
+        // Bidirectional overrides and isolates make a name display as something else than it is.
+        if name.unicodeScalars.contains(where: { (0x202A...0x202E).contains($0.value) || (0x2066...0x2069).contains($0.value) }) {
+            throw .invalid("channel name contains bidirectional text controls (U+202A-202E, U+2066-2069); use plain text")
+        }
         guard Self.maxBurstRange.contains(maxBurstSeconds) else {
             throw .invalid("maximum burst must be \(Self.maxBurstRange.lowerBound)-\(Self.maxBurstRange.upperBound) seconds, not \(maxBurstSeconds)")
         }

@@ -267,15 +267,30 @@ final class HubDriver: WireServerDelegate {
         guard server != nil, !stopped else { return }
         let now = NIODeadline.now()
         // A sweep much later than a second after the last means this process stalled (a blocked
-        // loop, a stopped process, a VM pause): the sockets may hold everyone's packets unread.
-        let stalled = lastSweep.map { now - $0 > .seconds(3) } ?? false
+        // loop, a stopped process, a VM pause): the sockets may hold everyone's packets unread, or
+        // have dropped them when full. Nobody is called silent until a keepalive interval (15 s)
+        // has passed since, in which every live client has sent something new.
+        if let lastSweep, now - lastSweep > .seconds(3) { quietUntil = now + .seconds(15) }
         lastSweep = now
-        hub.sweepLiveness(mayMarkSilent: !stalled, isHeard: isLive)
+        hub.sweepLiveness(mayMarkSilent: quietUntil.map { now >= $0 } ?? true, isHeard: isLive)
         flush()
     }
 
-    /// When `sweepLiveness` last ran.
+    /// Runs `sweepLiveness` every second on the loop, on a timer of its own: the service's chores
+    /// (database polls, pruning) may take seconds, which must not look like a stall.
+    func startSweeping() {
+        guard !stopped else { return }
+        sweepTask = eventLoop.assumeIsolated().scheduleTask(in: .seconds(1)) { [self] in
+            sweepTask = nil
+            sweepLiveness()
+            startSweeping()
+        }
+    }
+
+    var sweepTask: Scheduled<Void>?
+    /// When `sweepLiveness` last ran, and until when it marks nobody silent (after a stall).
     var lastSweep: NIODeadline?
+    var quietUntil: NIODeadline?
 
     /// Set once the voice service has stopped: no more timers, so a stopped hub holds no event-loop work.
     var stopped = false
@@ -285,6 +300,8 @@ final class HubDriver: WireServerDelegate {
             timer.cancel()
             retryTask?.cancel()
             retryTask = nil
+            sweepTask?.cancel()
+            sweepTask = nil
             return
         }
         timer.arm(hub.nextDeadline, on: eventLoop) { [self] in

@@ -104,7 +104,10 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
         } catch where ListenError.isBindFailure(error) {
             throw ListenError.voice(host: configuration.host, port: configuration.port, error)
         }
-        try await eventLoop.submit { box.value.server = server }.get()
+        try await eventLoop.submit {
+            box.value.server = server
+            box.value.startSweeping()
+        }.get()
         running.withLockedValue { $0 = Running(server: server, driver: box) }
         logger.notice("voice transport listening", metadata: ["address": "\(server.localAddress)", "channels": "\(channelCount)"])
         await onListening(server.localAddress)
@@ -125,10 +128,7 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
                     await self.forgetIdleMembers()
                 }
                 try await Task.sleep(for: .seconds(1))
-                try? await eventLoop.submit {
-                    box.value.sweepLiveness()
-                    box.value.publish(to: self.metrics)
-                }.get()
+                try? await eventLoop.submit { box.value.publish(to: self.metrics) }.get()
                 do {
                     let latest = try await self.store.revision()
                     if latest != revision {

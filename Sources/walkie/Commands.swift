@@ -78,20 +78,29 @@ struct Talk: AsyncParsableCommand {
         // The file plays in real time, and its end ends the transmission (`endTransmissionWhenInputEnds`).
         // Should that not come, a stop after the file's length and some slack.
         let seconds = Double(frames) / Double(PipelineAudio.sampleRate)
-        let ended = await withTaskGroup(of: Bool.self) { group -> Bool in
+        // The file's end stops it with the source that began it (.userRequest); a revoked floor or a
+        // lost connection ends it with .unknown, before the file was sent.
+        let ending = await withTaskGroup(of: ChannelTransmitRequestSource?.self) { group -> ChannelTransmitRequestSource? in
             group.addTask {
-                for await event in delegate.stream { if case .ended = event { return true } }
-                return false
+                for await event in delegate.stream { if case .ended(let source) = event { return source } }
+                return nil
             }
             group.addTask {
                 try? await Task.sleep(for: .seconds(seconds + 2))
-                return false
+                return nil
             }
-            let first = await group.next() ?? false
+            let first = await group.next() ?? nil
             group.cancelAll()
             return first
         }
-        if !ended { manager.stopTransmitting(channelUUID: channel, source: .userRequest) }
+        guard let ending, ending == .userRequest else {
+            let why = manager.activeRemoteParticipant.map { "\($0.name) took the floor" } ?? "the floor was taken back or the connection dropped"
+            if ending == nil { manager.stopTransmitting(channelUUID: channel, source: .userRequest) }
+            manager.leaveChannel(channelUUID: channel)
+            try? await Task.sleep(for: .milliseconds(300))
+            await manager.invalidate()
+            throw WalkieFailure.floor("the transmission ended before all of \(file) was sent (\(why)); send it again")
+        }
         let sent = await manager.statistics().framesSent
         manager.leaveChannel(channelUUID: channel)
         try? await Task.sleep(for: .milliseconds(300))

@@ -658,8 +658,9 @@ final class Harness {
     @Test func aMemberWhoMissedABurstThatEndedIsReplayedItOnJoining() throws {
         let h = Harness()
         let ann = h.join("ann"), bob = h.join("bob"), cy = h.join("cy")
+        h.send(.registerPushToken(token: "b0b0b0", environment: .production), from: bob.link)
         h.hub.closed(bob.link, at: h.time)
-        h.advance(3_000 * ms)  // past the grace: Bob is offline
+        h.advance(3_000 * ms)  // past the grace: Bob is offline, and a burst would wake him
         h.send(.floorRequest, from: ann.link)
         let burst = try #require(h.grantedBurst(ann.link))
         for sequence in 0 ..< 3 as Range<UInt16> { h.audio(from: ann.link, burst: burst, sequence: sequence, payload: [1, UInt8(sequence)]) }
@@ -681,6 +682,45 @@ final class Harness {
         h.advance(10 * ms)
         #expect(h.audio(to: cyAgain.link).isEmpty && h.audio(to: bobAgain.link).isEmpty)
         #expect(h.hub.channels[h.channel.id]!.recordings.isEmpty, "nobody is owed it: the recording is recycled")
+    }
+
+    /// Offline for long without a push token, nothing will bring the member back within the window:
+    /// the burst isn't kept for it. The member owed a burst that leaves lets it go at once.
+    @Test func onlyMembersWhoMayBeBackSoonAreOwedABurst() throws {
+        let h = Harness()
+        let ann = h.join("ann"), dan = h.join("dan"), eve = h.join("eve")
+        h.send(.registerPushToken(token: "e0e0e0", environment: .production), from: eve.link)
+        h.hub.closed(dan.link, at: h.time)
+        h.hub.closed(eve.link, at: h.time)
+        h.advance(3_000 * ms)
+        h.send(.floorRequest, from: ann.link)
+        let burst = try #require(h.grantedBurst(ann.link))
+        h.audio(from: ann.link, burst: burst, sequence: 0, payload: [1])
+        h.send(.floorRelease, from: ann.link)
+        let channel = try #require(h.hub.channels[h.channel.id])
+        #expect(channel.recordings.count == 1 && channel.recordings[0].missed == [eve.slot], "Dan has no token to be woken by")
+        h.hub.removeMember(channel: h.channel.id, user: "eve", at: h.time)
+        h.drain()
+        #expect(channel.recordings.isEmpty, "nobody is owed it any more")
+    }
+
+    /// Partway through the replay, the same user joins from a new connection (a phone that changed
+    /// networks right after its wake): the new connection gets the whole burst.
+    @Test func aMemberReplacedMidReplayGetsTheMissedBurstAgain() throws {
+        let h = Harness()
+        let ann = h.join("ann"), bob = h.join("bob")
+        h.send(.registerPushToken(token: "b0b0b0", environment: .production), from: bob.link)
+        h.hub.closed(bob.link, at: h.time)
+        h.send(.floorRequest, from: ann.link)
+        let burst = try #require(h.grantedBurst(ann.link))
+        for sequence in 0 ..< 100 as Range<UInt16> { h.audio(from: ann.link, burst: burst, sequence: sequence, payload: [1, UInt8(sequence)]) }
+        h.send(.floorRelease, from: ann.link)
+        let first = h.join("bob")
+        h.advance(0)
+        #expect(h.audio(to: first.link).count < 100, "still being replayed")
+        let second = h.join("bob")
+        for _ in 0 ..< 20 { h.advance(10 * ms) }
+        #expect(h.audio(to: second.link).map(\.header.sequence) == (0 ..< 100).map { UInt16($0) })
     }
 
     @Test func aMemberDroppedDuringABurstGetsItWholeOnRejoiningAfterItEnded() throws {

@@ -87,6 +87,7 @@ private func message(_ error: StoreError?) -> String {
          "at most"),
         (ChannelRecord(name: "Ops\u{1B}[2J"), "control characters"),
         (ChannelRecord(name: "Ops\nNight"), "control characters"),
+        (ChannelRecord(name: "Ops \u{202E}thgin"), "bidirectional"),
         (ChannelRecord(name: "Ops", image: "data:image/png;base64,not base64!"), "not base64"),
         (ChannelRecord(name: "Ops", image: "data:image/png;base64," + Data("GIF89a, not a PNG at all.".utf8).base64EncodedString()), "not a PNG"),
         (ChannelRecord(name: "Ops", image: "data:image/png;base64," + png(width: 4_000, height: 16).base64EncodedString()), "4000×16 pixels"),
