@@ -94,6 +94,9 @@ struct ChannelSession {
     private(set) var roster: [UInt16: ChannelProtocol.Participant] = [:]
     /// Remote slots holding the floor now.
     private(set) var remoteTalkers: [UInt16: UInt16] = [:]
+    /// The talker of a replayed burst playing now (one that ended before this member heard it, as
+    /// after a wake push), shown as the speaker while nobody talks live.
+    private(set) var replaySpeaker: UInt16?
     /// Whether `didJoin` went out for the current channel (reconnects don't repeat it).
     private(set) var joinReported = false
     private var joinReason = ChannelJoinReason.developerRequest
@@ -513,8 +516,9 @@ struct ChannelSession {
             sendSubscriptionsIfChanged()
             outputs.append(.event(.roster(rosterEntries)))
             for talker in talkers where talker.slot != slot { remoteTalkStarted(slot: talker.slot, burst: talker.burst) }
-            // A speaker shown from a push, whose burst ended before this join: nobody is talking now.
-            if remoteTalkers.keys.allSatisfy({ unheardSlot($0) }) { clearRemote() }
+            // A speaker shown from a push, whose burst ended before this join: nobody is talking now,
+            // unless the server's replay of that burst is already playing.
+            if remoteTalkers.keys.allSatisfy({ unheardSlot($0) }) { showLiveOrReplayed() }
             // This member held the floor when the connection dropped and is back within the grace
             // period, so the server kept its burst going; the transmission ended here with the
             // connection, so the floor goes back at once rather than staying held in silence until
@@ -674,12 +678,40 @@ struct ChannelSession {
 
     private mutating func remoteTalkEnded(slot: UInt16) {
         guard remoteTalkers.removeValue(forKey: slot) != nil else { return }
+        showLiveOrReplayed()
+    }
+
+    /// Shows a live talker this member hears, else the talker of the replay playing, else nobody.
+    private mutating func showLiveOrReplayed() {
         let audible = remoteTalkers.keys.filter { !unheardSlot($0) }
         if let next = audible.first, let name = roster[next]?.name, let participant = try? Participant(name: name) {
+            showRemote(participant)
+        } else if let replaySpeaker, let participant = try? Participant(name: roster[replaySpeaker].map(\.name).flatMap { $0.isEmpty ? nil : $0 }
+                                                                        ?? Self.placeholderName(replaySpeaker)) {
             showRemote(participant)
         } else {
             clearRemote()
         }
+    }
+
+    /// A replayed burst started playing. One still going live is shown already (its talker holds the
+    /// floor); one that had ended is what a phone woken by a push hears when it joined after a short
+    /// burst. Its talker is shown while it plays, unless someone is talking live (or this member is,
+    /// in half duplex).
+    mutating func replayStarted(slot: UInt16) {
+        guard channel != nil, slot != you, remoteTalkers[slot] == nil, !unheardSlot(slot) else { return }
+        replaySpeaker = slot
+        if case .active = transmit, transmissionMode == .halfDuplex { return }
+        if remoteTalkers.keys.contains(where: { !unheardSlot($0) }) { return }
+        showLiveOrReplayed()
+    }
+
+    /// A burst finished playing; if it was the replay shown, the speaker goes back to whoever talks live.
+    mutating func replayFinished(slot: UInt16) {
+        guard replaySpeaker == slot else { return }
+        replaySpeaker = nil
+        if case .active = transmit, transmissionMode == .halfDuplex { return }
+        showLiveOrReplayed()
     }
 
     /// Roster entries arrived (a chunk, or a `participant`). The mode follows this member's own entry
@@ -689,6 +721,10 @@ struct ChannelSession {
     private mutating func entriesArrived(_ entries: [ChannelProtocol.Participant], modeBefore: TransmissionMode) {
         outputs.append(.event(.roster(rosterEntries)))
         if transmissionMode != modeBefore { outputs.append(.event(.transmissionMode(transmissionMode))) }
+        if let replaySpeaker, entries.contains(where: { $0.slot == replaySpeaker }),
+           activeRemoteParticipant?.name == Self.placeholderName(replaySpeaker) {
+            showLiveOrReplayed()
+        }
         for entry in entries where remoteTalkers[entry.slot] != nil {
             if unheardSlot(entry.slot) {
                 remoteTalkEnded(slot: entry.slot)
@@ -841,6 +877,7 @@ struct ChannelSession {
         link = .down
         transmit = .idle
         activeRemoteParticipant = nil
+        replaySpeaker = nil
         audio = AudioSession(isTransmitting: false, isReceiving: false)
         audioActive = false
         pushToken = nil

@@ -37,6 +37,8 @@ actor ManagerEngine {
         case reconnectDue
         case playbackMuted(Bool)
         case receptionMeasured(Int)
+        /// A replayed burst (one that ended before this member heard it) started or stopped playing.
+        case replayPlaying(slot: UInt16, playing: Bool)
     }
 
     let configuration: ChannelManagerConfiguration
@@ -88,7 +90,11 @@ actor ManagerEngine {
         }
         receiver = Receiver(configuration: configuration.audio) { event in
             switch event {
-            case .burstFinished(let statistics): eventSink.yield(.burstFinished(statistics))
+            case .burstStarted(let slot, let replayed):
+                if replayed { sink.yield(.replayPlaying(slot: slot, playing: true)) }
+            case .burstFinished(let statistics):
+                eventSink.yield(.burstFinished(statistics))
+                sink.yield(.replayPlaying(slot: statistics.slot, playing: false))
             case .receptionLoss(let percent): sink.yield(.receptionMeasured(percent))
             case .outputFailed(let message): sink.yield(.notice(message))
             }
@@ -222,6 +228,8 @@ actor ManagerEngine {
             session.setMuted(muted)
         case .receptionMeasured(let percent):
             session.receptionMeasured(percent)
+        case .replayPlaying(let slot, let playing):
+            if playing { session.replayStarted(slot: slot) } else { session.replayFinished(slot: slot) }
         }
         await perform()
     }

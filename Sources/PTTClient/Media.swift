@@ -243,6 +243,10 @@ final class Receiver: Sendable {
     let onEvent: @Sendable (ReceiverEvent) -> Void
 
     enum ReceiverEvent: Sendable {
+        /// A burst started playing; `replayed` when it came (at first) as catch-up: one in progress
+        /// at a join, or one that had ended (the server replays a burst a member missed, e.g. to a
+        /// phone its push woke).
+        case burstStarted(slot: UInt16, replayed: Bool)
         case burstFinished(BurstStatistics)
         /// A window of heard audio is complete: this share (percent) of its frames was missing on arrival.
         case receptionLoss(Int)
@@ -325,6 +329,9 @@ final class Receiver: Sendable {
         var payloads = (0..<Self.maxTracks).map { _ in [UInt8](repeating: 0, count: AudioHeader.maxPayload) }
         var payloadCounts = [Int](repeating: 0, count: Self.maxTracks)
         var ended = [BurstStatistics?](repeating: nil, count: Self.maxTracks)
+        // The burst each track is playing, to report each start once; and starts to report this tick.
+        var playing = [(slot: UInt16, burst: UInt16)?](repeating: nil, count: Self.maxTracks)
+        var started = [(slot: UInt16, replayed: Bool)?](repeating: nil, count: Self.maxTracks)
         var meter = ReceptionLossMeter(tracks: Self.maxTracks)
         var measuredLoss: Int?
         while !thread.stopRequested {
@@ -349,6 +356,14 @@ final class Receiver: Sendable {
                         state.lastStatistics = statistics
                         ended[t] = statistics
                         steps[t] = .silence
+                        playing[t] = nil
+                    }
+                    if steps[t] != .silence, let current = state.tracks[t].current,
+                       playing[t].map({ $0.slot != current.slot || $0.burst != current.burst }) ?? true {
+                        playing[t] = (current.slot, current.burst)
+                        // Replayed: some of it came as catch-up. Whether it is still going live is the
+                        // session's to say (it knows who holds the floor).
+                        started[t] = (current.slot, current.catchUpFrames > 0)
                     }
                     if let statistics = ended[t] {
                         measuredLoss = meter.observe(track: t, statistics, ended: true) ?? measuredLoss
@@ -361,6 +376,11 @@ final class Receiver: Sendable {
             if let loss = measuredLoss {
                 measuredLoss = nil
                 onEvent(.receptionLoss(loss))
+            }
+            for t in 0..<Self.maxTracks {
+                guard let start = started[t] else { continue }
+                started[t] = nil
+                onEvent(.burstStarted(slot: start.slot, replayed: start.replayed))
             }
             for t in 0..<Self.maxTracks {
                 guard let statistics = ended[t] else { continue }

@@ -334,6 +334,49 @@ import X509
         await fixture.stop()
     }
 
+    /// A short burst is over before the woken phone has joined: the server replays it, the listener
+    /// hears every frame of it, and shows its talker while it plays (not the blank a join finding
+    /// nobody talking would leave), then nobody.
+    @Test func aWokenListenerHearsAndShowsAShortBurstThatEndedBeforeItJoined() async throws {
+        let fixture = try await ClientFixture()
+        let annDelegate = RecordingDelegate()
+        // The woken app takes 1.2 s to answer (a cold start): Ann's 0.5 s burst is over by then.
+        let bobDelegate = RecordingDelegate { payload in
+            Thread.sleep(forTimeInterval: 1.2)
+            return .activeRemoteParticipant(try! Participant(name: payload["activeSpeaker"]?.stringValue ?? "?"))
+        }
+        var annAudio = speech(0.5)
+        annAudio.endTransmissionWhenInputEnds = true
+        let ann = try await manager(fixture, "short-ann", annDelegate, audio: annAudio)
+        let bob = try await manager(fixture, "short-bob", bobDelegate, audio: recorder(fixture.directory + "/short.wav"))
+        let bobEvents = EventLog(bob)
+        let id = fixture.channel.id
+        ann.requestJoinChannel(channelUUID: id, descriptor: ChannelDescriptor(name: "Ops"), credentials: fixture.credentials(try await fixture.token("ann")))
+        bob.requestJoinChannel(channelUUID: id, descriptor: ChannelDescriptor(name: "Ops"), credentials: fixture.credentials(try await fixture.token("bob")))
+        #expect(await annDelegate.wait(for: .didJoin(.developerRequest)))
+        #expect(await bobDelegate.wait(for: .pushToken(32)))
+        try await Task.sleep(for: .milliseconds(300))
+        bob.suspend()
+        #expect(await eventually { ann.roster.first { $0.userID == "bob" }?.connection != .connected })
+
+        ann.requestBeginTransmitting(channelUUID: id)
+        #expect(await annDelegate.wait(for: .didEnd(.developerRequest)), "the 0.5 s file ended the burst")
+        #expect(await bobDelegate.wait(for: .push("Ann")), "the pushtotalk push reached the device")
+        let finished = await eventually { !bobEvents.finishedBursts.isEmpty }
+        #expect(finished, "bob: \(bobDelegate.all) \(bobEvents.all.suffix(12))")
+        let sent = await ann.statistics().framesSent
+        let burst = try #require(bobEvents.finishedBursts.first)
+        #expect(burst.catchUp > 0 && burst.played + burst.fec >= sent - 1, "\(burst), sent \(sent)")
+        // The speaker: Ann from the push, then (after a join that found nobody talking) Ann again for
+        // the replay, and nobody once it has played.
+        let speakers = bobEvents.all.compactMap { if case .activeRemoteParticipant(let p) = $0 { return p?.name ?? "-" } else { return nil } }
+        #expect(speakers.filter { $0 == "Ann" }.count >= 2 && speakers.last == "-", "\(speakers)")
+        #expect(await eventually { bob.activeRemoteParticipant == nil })
+        await ann.invalidate()
+        await bob.invalidate()
+        await fixture.stop()
+    }
+
     /// Full duplex: two members talk at once and a listener hears both, mixed. Ann speaks a 440 Hz
     /// tone, Cy a 1,000 Hz one from 300 ms later; each must be heard for most of its second and a
     /// half. (A single jitter buffer switched to whichever talker's packet came last and dropped the

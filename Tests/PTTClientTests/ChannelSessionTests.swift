@@ -454,6 +454,40 @@ func sent(_ outputs: [SessionOutput]) -> [ClientMessage] {
         #expect(s.activeRemoteParticipant?.name == "Bob")
     }
 
+    /// The server replays a burst the member missed (a phone woken after a short burst ended): its
+    /// talker is shown while it plays, even when the replay starts before `joined` has been read, and
+    /// a live talker comes first.
+    @Test func aReplayedBurstShowsItsTalkerWhileItPlays() {
+        var s = joinedSession(mode: .fullDuplex)
+        s.suspend()
+        s.pushResult(.activeRemoteParticipant(try! Participant(name: "Bob")), channelID)
+        s.transportConnected()
+        _ = s.takeOutputs()
+        // The replay's first frame plays before the engine has read `joined`.
+        s.replayStarted(slot: 2)
+        s.received(.joined(channel: ChannelInfo(id: channelID, name: "Ops", image: nil, mode: .fullDuplex, maxBurstSeconds: 60), you: 1,
+                           roster: [participant(1, "Ann"), participant(2, "Bob"), participant(3, "Cy")], talkers: []))
+        _ = s.takeOutputs()
+        #expect(s.activeRemoteParticipant?.name == "Bob", "the join found nobody talking, but Bob's burst is playing")
+        // Cy talks live meanwhile: Cy is shown; when Cy stops, the replay's talker again.
+        s.received(.floor(FloorEvent(kind: .taken, slot: 3, burst: 9)))
+        #expect(s.activeRemoteParticipant?.name == "Cy")
+        s.received(.floor(FloorEvent(kind: .ended, slot: 3, burst: 9)))
+        #expect(s.activeRemoteParticipant?.name == "Bob")
+        // A burst that isn't this replay finishing changes nothing; the replay finishing clears it.
+        s.replayFinished(slot: 3)
+        #expect(s.activeRemoteParticipant?.name == "Bob")
+        s.replayFinished(slot: 2)
+        let out = s.takeOutputs()
+        #expect(s.activeRemoteParticipant == nil)
+        #expect(delegateCalls(out).contains(.didDeactivate(AudioSession(isTransmitting: false, isReceiving: false))))
+        // A catch-up of a burst still going live is shown as the live talker already: nothing changes.
+        s.received(.floor(FloorEvent(kind: .taken, slot: 2, burst: 10)))
+        s.replayStarted(slot: 2)
+        s.received(.floor(FloorEvent(kind: .ended, slot: 2, burst: 10)))
+        #expect(s.activeRemoteParticipant == nil)
+    }
+
     @Test func mutingPlaybackShowsInTheRosterAndEveryNewSessionSaysItAgain() {
         var s = joinedSession()
         s.setMuted(true)
