@@ -138,6 +138,7 @@ let package = Package(
             .product(name: "Crypto", package: "swift-crypto"),
             .product(name: "Hummingbird", package: "hummingbird"),
             .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            .product(name: "UnixSignals", package: "swift-service-lifecycle"),
         ], swiftSettings: swift6),
 
         .executableTarget(name: "squelchd", dependencies: [

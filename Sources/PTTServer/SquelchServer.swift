@@ -9,6 +9,7 @@ import KeyFiles
 import Logging
 import ParticipantTokens
 import ServiceLifecycle
+import UnixSignals
 import Wire
 
 /// The squelchd process: loads its identity, prepares the data directory and runs its services until
@@ -153,12 +154,47 @@ public struct SquelchServer: Sendable {
         services.append(.init(service: ListenErrorNaming(base: adminApp, started: adminStarted) { [configuration] error in
             ListenError.admin(host: configuration.adminHost, port: configuration.adminPort, error)
         }))
-        var groupConfiguration = ServiceGroupConfiguration(services: services, gracefulShutdownSignals: [.sigterm, .sigint],
-                                                           logger: logger)
+        // The signals are ours, not the group's: the group takes only the first graceful signal, and an
+        // operator whose stop hangs (a client holding a request open, a stuck disk) sends another.
+        var groupConfiguration = ServiceGroupConfiguration(services: services, logger: logger)
         groupConfiguration.maximumGracefulShutdownDuration = shutdownLimit
         let group = ServiceGroup(configuration: groupConfiguration)
         await latch.setGroup(group)
-        try await group.run()
+        let signals = await UnixSignalsSequence(trapping: .sigterm, .sigint)
+        try await withThrowingTaskGroup(of: Bool.self) { tasks in
+            tasks.addTask {
+                try await group.run()
+                return true
+            }
+            tasks.addTask { [logger, shutdownLimit] in
+                var caught = 0
+                for await signal in signals {
+                    caught += 1
+                    if caught == 1 {
+                        logger.notice("\(signal) received: stopping gracefully, within \(shutdownLimit); send it again to stop at once")
+                        await group.triggerGracefulShutdown()
+                    } else {
+                        logger.warning("\(signal) received again: stopping at once (committed database writes are safe; members see the connection drop and reconnect)")
+                        return false
+                    }
+                }
+                return false
+            }
+            // The group ending (a graceful stop, or a failure) ends the signal watch; a second
+            // signal ends the group by cancelling it, which still closes the database.
+            let groupEnded = try await tasks.next() ?? true
+            tasks.cancelAll()
+            if groupEnded {
+                while let _ = try await tasks.next() {}
+                return
+            }
+            do {
+                while let _ = try await tasks.next() {}
+            } catch {
+                // What the cancelled services threw: the stop was asked for, so it is not a failure.
+                logger.notice("services cancelled", metadata: ["error": "\(error)"])
+            }
+        }
         logger.notice("squelchd stopped")
     }
 }

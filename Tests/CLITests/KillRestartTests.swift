@@ -251,6 +251,40 @@ import Wire
         print("KillRestartTests: \(String(format: "%.2f", Date().timeIntervalSince(started))) s")
     }
 
+    /// An operator whose stop hangs sends the signal again: the first SIGTERM starts the graceful
+    /// stop (which a stalled admin client holds up to the 30 s limit), the second stops at once, and
+    /// the database is still closed properly.
+    @Test func aSecondSignalStopsAtOnce() async throws {
+        let workspace = try Workspace("second-signal")
+        defer { workspace.cleanUp() }
+        let reaper = Reaper()
+        defer { reaper.killAll() }
+        let created = try squelchd(["channel", "create", "--name", "Ops", "--data-dir", workspace.data])
+        #expect(created.status == 0, "\(created.err)")
+        let server = try await startServer(data: workspace.data, certs: workspace.certs, reaper: reaper)
+        let adminKey = try String(contentsOfFile: workspace.data + "/admin-key", encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)
+        let stalled = StalledRequest(port: server.adminPort, authorization: "Bearer \(adminKey)")
+        #expect(stalled != nil)
+        defer { withExtendedLifetime(stalled) {} }
+        try await Task.sleep(for: .milliseconds(200))
+
+        kill(server.process.processIdentifier, SIGTERM)
+        #expect(await server.log.wait(for: "send it again to stop at once", seconds: 5) != nil, "\(server.log.contents)")
+        try await Task.sleep(for: .seconds(1.5))
+        #expect(server.process.isRunning, "the stalled request holds the graceful stop")
+        let second = ContinuousClock.now
+        kill(server.process.processIdentifier, SIGTERM)
+        #expect(await server.process.waitForExit(seconds: 10), "squelchd did not stop after a second SIGTERM")
+        #expect(ContinuousClock.now - second < .seconds(5), "at once, not at the 30 s limit")
+        #expect(server.process.terminationReason == .exit && server.process.terminationStatus == 0,
+                "status \(server.process.terminationStatus): \(server.log.contents)")
+        #expect(server.log.contents.contains("received again: stopping at once"))
+        #expect(await server.log.wait(for: "database flushed and closed", seconds: 2) != nil, "\(server.log.contents)")
+        // Nothing stored was lost.
+        let listed = try squelchd(["channel", "list", "--data-dir", workspace.data])
+        #expect(listed.status == 0 && listed.out.contains("Ops"), "\(listed.out) \(listed.err)")
+    }
+
     /// A token revoked with the CLI (another process than the server) ends its live session within
     /// the server's one-second poll, and stays revoked through `kill -9`, as does a removed member's.
     @Test func revocationsReachTheRunningServerAndSurviveKill9() async throws {

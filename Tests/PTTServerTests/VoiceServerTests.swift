@@ -489,19 +489,9 @@ func slot(of member: TestMember) -> UInt16? {
         let (task, listening) = try await fixture.start(shutdownLimit: .seconds(2))
         let bob = try await fixture.member("bob", port: listening.voicePort)
         // An admin client sends its headers and 10 of the 100 body bytes it announced, then stalls.
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_port = in_port_t(UInt16(listening.adminPort).bigEndian)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        let connected = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-        }
-        #expect(connected == 0)
-        defer { close(fd) }
-        let request = "POST /v1/channels HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer test-admin-key-0123456789\r\n"
-            + "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"name\": \"x"
-        #expect(Array(request.utf8).withUnsafeBytes { send(fd, $0.baseAddress, $0.count, 0) } == request.utf8.count)
+        let stalled = StalledRequest(port: listening.adminPort, authorization: "Bearer test-admin-key-0123456789")
+        #expect(stalled != nil)
+        defer { withExtendedLifetime(stalled) {} }
         try await Task.sleep(for: .milliseconds(200))
         let start = ContinuousClock.now
         await listening.shutdown()
