@@ -108,7 +108,9 @@ public final class PushDispatcher: Service, Sendable {
             var timerArmedFor: ContinuousClock.Instant?
             loop: while true {
                 let now = ContinuousClock.now
-                switch schedule.withLockedValue({ $0.next(now: now) }) {
+                let (next, stale) = schedule.withLockedValue { ($0.next(now: now), $0.takeStale()) }
+                if stale > 0 { metrics.count(.failed, reason: "Stale", by: stale) }
+                switch next {
                 case .send(let job):
                     group.addTask {
                         await self.deliver(job)
@@ -184,12 +186,12 @@ final class PushMetrics: Sendable {
         self.registry = registry
     }
 
-    func count(_ outcome: Outcome, reason: String) {
+    func count(_ outcome: Outcome, reason: String, by amount: Int = 1) {
         // The registry hands back the same counter for the same labels, so this costs a lookup per push.
         registry.makeCounter(
             descriptor: MetricNameDescriptor(namespace: "squelch", metricName: "pushes", unitName: "total",
-                                             helpText: "APNs pushtotalk pushes by outcome and APNs reason."),
+                                             helpText: "APNs pushtotalk pushes by outcome and APNs reason (Stale: a wake that waited past 30 s, dropped)."),
             labels: [("outcome", outcome.rawValue), ("reason", reason)]
-        ).increment()
+        ).increment(by: Int64(amount))
     }
 }

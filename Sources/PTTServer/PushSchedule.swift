@@ -18,6 +18,9 @@ import NIOCore
 ///   refused is lost for good (its token is deleted with the member, and `apns-expiration: 0` gives no
 ///   second chance), leaving the phone showing a channel it is no longer in; and there are only as many
 ///   as members removed, forgotten or leaving, not one per burst.
+/// - **A wake that waited longer than `maxWakeAge` is dropped**, not sent: after the server's
+///   missed-burst window (30 s after the burst) the phone it wakes has nothing to hear, and when APNs
+///   was slow or down a backlog of wakes must not go out minutes late, saying someone is talking.
 struct PushSchedule {
     /// One push per membership waits at a time.
     typealias Key = MemberKey
@@ -69,8 +72,11 @@ struct PushSchedule {
     let queueLimit: Int
     let maxInFlight: Int
     let wakeInterval: Duration
+    let maxWakeAge: Duration
+    /// Wakes dropped for their age since the caller last asked (`takeStale`).
+    private var stale = 0
 
-    private var waiting: [Key: (job: Job, state: Waiting)] = [:]
+    private var waiting: [Key: (job: Job, state: Waiting, queuedAt: ContinuousClock.Instant)] = [:]
     private var ready = CircularBuffer<Key>()
     private var heldCount = 0
     private var inFlight = Set<Key>()
@@ -81,11 +87,19 @@ struct PushSchedule {
     private var recentWakes = CircularBuffer<(key: Key, at: ContinuousClock.Instant)>()
     private var finishing = false
 
-    init(queueLimit: Int = 50_000, maxInFlight: Int = 1_000, wakeInterval: Duration = .seconds(1)) {
-        precondition(queueLimit > 0 && maxInFlight > 0 && wakeInterval >= .zero)
+    init(queueLimit: Int = 50_000, maxInFlight: Int = 1_000, wakeInterval: Duration = .seconds(1),
+         maxWakeAge: Duration = .seconds(30)) {
+        precondition(queueLimit > 0 && maxInFlight > 0 && wakeInterval >= .zero && maxWakeAge > .zero)
         self.queueLimit = queueLimit
         self.maxInFlight = maxInFlight
         self.wakeInterval = wakeInterval
+        self.maxWakeAge = maxWakeAge
+    }
+
+    /// How many wakes were dropped for their age since the last call.
+    mutating func takeStale() -> Int {
+        defer { stale = 0 }
+        return stale
     }
 
     /// Members with a job waiting (ready or held).
@@ -98,11 +112,12 @@ struct PushSchedule {
         if let current = waiting[key] {
             if current.job.isLeave && !job.isLeave { return .superfluous }
             waiting[key]!.job = job
+            waiting[key]!.queuedAt = now
             if current.state == .held { release(key, now: now) }
             return .replaced
         }
         guard waiting.count < queueLimit || job.isLeave else { return .full }
-        waiting[key] = (job, .held)
+        waiting[key] = (job, .held, now)
         heldCount += 1
         release(key, now: now)
         return .queued
@@ -117,6 +132,10 @@ struct PushSchedule {
             // the guard keeps a broken invariant from handing out the wrong job.
             guard let entry = waiting[key], entry.state == .ready else { continue }
             waiting[key] = nil
+            if !entry.job.isLeave && !finishing && now - entry.queuedAt > maxWakeAge {
+                stale += 1
+                continue
+            }
             inFlight.insert(key)
             if !entry.job.isLeave && wakeInterval > .zero {
                 lastWake[key] = now

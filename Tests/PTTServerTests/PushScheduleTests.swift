@@ -158,6 +158,30 @@ import Testing
         #expect(schedule.next(now: at(40)) == .finished)
     }
 
+    /// APNs was down: wakes piled up behind the in-flight limit. Those that waited past the age limit
+    /// are dropped and counted, not sent minutes late; a leave never is, and a newer wake for the same
+    /// member counts from its own time.
+    @Test func wakesThatWaitedTooLongAreDroppedNotSent() {
+        var schedule = PushSchedule(maxInFlight: 1, maxWakeAge: .seconds(30))
+        _ = schedule.enqueue(wake("bob"), now: at(0))
+        #expect(drain(&schedule, at: at(0)) == [wake("bob")])      // stuck in flight
+        _ = schedule.enqueue(wake("cat"), now: at(1_000))
+        _ = schedule.enqueue(.leave(channel: channel, member: member("dan")), now: at(1_000))
+        _ = schedule.enqueue(wake("eve"), now: at(1_000))
+        _ = schedule.enqueue(wake("eve", by: "Cy"), now: at(25_000))  // a newer burst's wake
+        schedule.complete(wake("bob").key, now: at(40_000))
+        var sent: [PushSchedule.Job] = []
+        for _ in 0 ..< 3 {
+            guard case .send(let job) = schedule.next(now: at(40_000)) else { break }
+            sent.append(job)
+            schedule.complete(job.key, now: at(40_000))
+        }
+        #expect(sent == [.leave(channel: channel, member: member("dan")), wake("eve", by: "Cy")], "cat's wake waited 39 s")
+        #expect(schedule.takeStale() == 1)
+        #expect(schedule.takeStale() == 0)
+        #expect(schedule.next(now: at(40_000)) == .idle)
+    }
+
     @Test func wakesToTheSameUserInTwoChannelsAreNotMerged() {
         var schedule = PushSchedule()
         let other = UUID()
