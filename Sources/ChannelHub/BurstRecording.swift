@@ -33,6 +33,9 @@ final class BurstRecording {
     var missed: Set<UInt16> = []
     /// When the talker finished.
     private(set) var endedAt: WireInstant?
+    /// Until when it is kept for the members owed it: its end plus the window, or later for a member
+    /// whose replay of it was cut off by a dropped connection (it needs time to come back).
+    var keepUntil: WireInstant?
     /// The talker's audio rate budget for this burst, taken over from its last burst (see
     /// `Member.audioPace`). It lives here because the relay already finds the burst's recording for
     /// every packet, so policing costs no second lookup.
@@ -48,6 +51,7 @@ final class BurstRecording {
         overflow = 0
         missed.removeAll(keepingCapacity: true)
         endedAt = nil
+        keepUntil = nil
     }
 
     func end(at now: WireInstant) {

@@ -284,7 +284,7 @@ public final class ChannelHub {
         member.connection = .reconnecting
         member.lastSeen = time.date
         member.reconnectingUntil = time.instant + configuration.disconnectGrace
-        owe(channel, slot: slot, replaying: member.catchUp)
+        owe(channel, slot: slot, replaying: member.catchUp, at: time.instant)
         stopCatchUp(&member, in: channel)
         channel.members[slot] = member
         reconnecting.append((channel, slot))
@@ -433,7 +433,7 @@ public final class ChannelHub {
             outputs.append(.close(old, code: .replaced, reason: "replaced by a newer connection"))
             // Partway through a replay (a phone that switched networks right after its wake): the
             // new connection gets it again from the start.
-            owe(channel, slot: slot, replaying: member.catchUp)
+            owe(channel, slot: slot, replaying: member.catchUp, at: time.instant)
             stopCatchUp(&member, in: channel)
         }
         Self.take(claims, into: &member)
@@ -718,7 +718,8 @@ public final class ChannelHub {
             case .ended(let slot, let burst, _):
                 let reason = channel.endReasons.removeValue(forKey: slot) ?? "released"
                 logBurstEnd(channel, slot: slot, reason: reason, at: time)
-                channel.endRecording(talker: slot, at: time.instant, keepAtMost: configuration.maxMissedBursts)
+                channel.endRecording(talker: slot, at: time.instant, keepAtMost: configuration.maxMissedBursts,
+                                     window: configuration.missedBurstWindow)
                 for recording in channel.recordings where recording.ended && recording.talker == slot { noteMissedDeadline(recording) }
                 outputs.append(.send(.floor(FloorEvent(kind: .ended, slot: slot, burst: UInt16(truncatingIfNeeded: burst))),
                                      to: channel.connectedLinks))
@@ -887,20 +888,22 @@ public final class ChannelHub {
     /// needn't look through every recording to know.
     func noteMissedDeadline(_ recording: BurstRecording) {
         // A burst still going is kept at least until its end plus the window: its end notes the time.
-        guard !recording.missed.isEmpty, let ended = recording.endedAt else { return }
-        let due = ended + configuration.missedBurstWindow
+        guard !recording.missed.isEmpty, let due = recording.keepUntil else { return }
         nextMissedExpiry = nextMissedExpiry.map { min($0, due) } ?? due
     }
 
     /// A member drops out (its connection closed or went silent): it is owed the bursts still going,
     /// and those it was being replayed, from their start when it joins again.
-    func owe(_ channel: ChannelState, slot: UInt16, replaying cursors: [CatchUpCursor]) {
+    func owe(_ channel: ChannelState, slot: UInt16, replaying cursors: [CatchUpCursor], at now: WireInstant) {
         guard configuration.missedBurstWindow > 0, let member = channel.members[slot] else { return }
         for recording in channel.recordings where recording.talker != slot && !recording.missed.contains(slot) {
             let replaying = cursors.contains { $0.recording === recording }
             guard replaying || !recording.ended else { continue }
             if !replaying, let talker = channel.members[recording.talker], !member.hears(talker) { continue }
             recording.missed.insert(slot)
+            // A replay cut off late in the window (a long burst, replayed at five times real time)
+            // gets the member the whole window again to come back.
+            if recording.ended { recording.keepUntil = max(recording.keepUntil ?? now, now + configuration.missedBurstWindow) }
             noteMissedDeadline(recording)
         }
     }
@@ -1035,7 +1038,7 @@ public final class ChannelHub {
         member.connection = .offline
         member.lastSeen = time.date
         member.reconnectingUntil = nil
-        owe(channel, slot: slot, replaying: member.catchUp)
+        owe(channel, slot: slot, replaying: member.catchUp, at: time.instant)
         stopCatchUp(&member, in: channel)
         channel.members[slot] = member
         if channel.floor.mayTalk(slot) { channel.endReasons[slot] = "tokenExpired" }
@@ -1062,9 +1065,10 @@ public final class ChannelHub {
     /// - Parameters:
     ///   - mayMarkSilent: false right after the server itself stalled (the driver's loop ran late):
     ///     what it hasn't read yet may be from every member, so only "heard" counts this time.
+    ///   - time: now, for how long a burst the member is owed is kept.
     ///   - isHeard: whether the transport has heard from `link` within the liveness window; a query,
     ///     so that the hub stays free of clocks and sockets.
-    public func sweepLiveness(mayMarkSilent: Bool = true, isHeard: (Link) -> Bool) {
+    public func sweepLiveness(mayMarkSilent: Bool = true, at time: HubTime, isHeard: (Link) -> Bool) {
         for channel in channels.values {
             var changed: [Participant] = []
             for (slot, member) in channel.members {
@@ -1075,7 +1079,7 @@ public final class ChannelHub {
                 } else if !heard, mayMarkSilent, member.connection == .connected {
                     channel.members[slot]!.connection = .reconnecting
                     counters.silentMembers += 1
-                    owe(channel, slot: slot, replaying: [])
+                    owe(channel, slot: slot, replaying: [], at: time.instant)
                 } else {
                     continue
                 }
@@ -1140,7 +1144,7 @@ public final class ChannelHub {
         if let due = nextMissedExpiry, due <= time.instant {
             nextMissedExpiry = nil
             for channel in channels.values where !channel.recordings.isEmpty {
-                channel.expireMissedBursts(window: configuration.missedBurstWindow, now: time.instant)
+                channel.expireMissedBursts(now: time.instant)
                 for recording in channel.recordings { noteMissedDeadline(recording) }
             }
         }

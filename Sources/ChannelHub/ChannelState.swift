@@ -134,10 +134,11 @@ final class ChannelState {
         recordings.append(recording)
     }
 
-    func endRecording(talker: UInt16, at now: WireInstant, keepAtMost: Int) {
+    func endRecording(talker: UInt16, at now: WireInstant, keepAtMost: Int, window: UInt64) {
         if let recording = recording(of: talker) {
             members[talker]?.audioPace = recording.pace
             recording.end(at: now)
+            recording.keepUntil = now + window
         }
         // Ended bursts kept for members who missed them: the oldest go first past the limit.
         var kept = recordings.filter { $0.ended && !$0.missed.isEmpty }
@@ -146,10 +147,10 @@ final class ChannelState {
     }
 
     /// Lets go of ended bursts kept past the window for members who missed them.
-    func expireMissedBursts(window: UInt64, now: WireInstant) {
+    func expireMissedBursts(now: WireInstant) {
         var expired = false
         for recording in recordings where recording.ended && !recording.missed.isEmpty {
-            if let ended = recording.endedAt, ended + window <= now {
+            if let until = recording.keepUntil, until <= now {
                 recording.missed.removeAll()
                 expired = true
             }

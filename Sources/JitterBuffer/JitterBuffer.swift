@@ -196,6 +196,12 @@ public struct JitterBuffer: Sendable {
 
     public var activeSlot: UInt16? { burst?.stats.slot }
 
+    /// The burst being played: its talker's slot, its number, and whether it began as catch-up. No
+    /// counting, unlike `current`, so the playout loop can ask every tick.
+    public var playing: (slot: UInt16, burst: UInt16, catchUp: Bool)? {
+        burst.map { ($0.stats.slot, $0.stats.burst, $0.catchUp) }
+    }
+
     /// Whether the burst being played is a catch-up whose end is known: a burst that ended before
     /// this listener caught up, which later bursts are best played after (JitterBuffer defers them).
     public var isReplayingAnEndedBurst: Bool { burst.map { $0.catchUp && $0.endSequence != nil } ?? false }

@@ -38,6 +38,9 @@ enum SessionOutput: Sendable, Equatable {
     /// Try the connection again after at most this long (the engine waits a random time between half
     /// and all of it); answer with `reconnectDue`.
     case scheduleReconnect(milliseconds: Int)
+    /// The server dropped control messages for their rate; answer with `resyncDue` after this long, to
+    /// say again what may have been lost.
+    case scheduleResync(milliseconds: Int)
     /// Ask the push transport for an ephemeral token; answer with `pushTokenIssued`.
     case requestPushToken(UUID)
     /// The token is dead (the channel was left).
@@ -80,6 +83,8 @@ struct ChannelSession {
     private(set) var callActive = false
     /// Playback silenced by the user (`setMuted`), as the roster should show it.
     private(set) var muted = false
+    /// A `resyncDue` is on its way (the server said it dropped messages for their rate).
+    private var resyncScheduled = false
     private(set) var serviceStatus = ServiceStatus.ready
     private(set) var transmit = Transmit.idle
     private(set) var activeRemoteParticipant: Participant?
@@ -97,6 +102,8 @@ struct ChannelSession {
     /// The talker of a replayed burst playing now (one that ended before this member heard it, as
     /// after a wake push), shown as the speaker while nobody talks live.
     private(set) var replaySpeaker: UInt16?
+    /// The burst of that replay: a finish of another burst of the same talker doesn't end it.
+    private var replayBurst: UInt16?
     /// Whether `didJoin` went out for the current channel (reconnects don't repeat it).
     private(set) var joinReported = false
     private var joinReason = ChannelJoinReason.developerRequest
@@ -562,6 +569,14 @@ struct ChannelSession {
             if code != .internalError, pendingToken == refused { pendingToken = nil }
             outputs.append(.event(.tokenRenewalFailed(code, reason)))
             if pendingToken != refused { sendPendingRenewal() }
+        case .error(.rateLimited, let reason):
+            // The server dropped some of what was sent, and says so at most once a second, not which.
+            // What the server must know is said again once the budget has refilled.
+            if !resyncScheduled {
+                resyncScheduled = true
+                outputs.append(.scheduleResync(milliseconds: 1_500))
+            }
+            outputs.append(.event(.notice("server: \(reason)")))
         case .error(.protocolError, let reason) where reason.contains("'receptionReport'"):
             // An older server: it can't use the figure, and the user can't act on the error.
             reportsRefused = true
@@ -694,22 +709,25 @@ struct ChannelSession {
         }
     }
 
-    /// A replayed burst started playing. One still going live is shown already (its talker holds the
-    /// floor); one that had ended is what a phone woken by a push hears when it joined after a short
-    /// burst. Its talker is shown while it plays, unless someone is talking live (or this member is,
-    /// in half duplex).
-    mutating func replayStarted(slot: UInt16) {
-        guard channel != nil, slot != you, remoteTalkers[slot] == nil, !unheardSlot(slot) else { return }
+    /// A replayed burst started playing: one that had ended (what a phone woken by a push hears when it
+    /// joined after a short burst), or one still going whose start this member missed. Its talker is
+    /// shown while it plays, unless someone is talking live (or this member is, in half duplex): a
+    /// live burst's talker is shown already, and stays shown after the floor ends for as long as the
+    /// replay is still playing what was said.
+    mutating func replayStarted(slot: UInt16, burst: UInt16) {
+        guard channel != nil, slot != you, !unheardSlot(slot) else { return }
         replaySpeaker = slot
+        replayBurst = burst
         if case .active = transmit, transmissionMode == .halfDuplex { return }
         if remoteTalkers.keys.contains(where: { !unheardSlot($0) }) { return }
         showLiveOrReplayed()
     }
 
     /// A burst finished playing; if it was the replay shown, the speaker goes back to whoever talks live.
-    mutating func replayFinished(slot: UInt16) {
-        guard replaySpeaker == slot else { return }
+    mutating func replayFinished(slot: UInt16, burst: UInt16) {
+        guard replaySpeaker == slot, replayBurst == burst else { return }
         replaySpeaker = nil
+        replayBurst = nil
         if case .active = transmit, transmissionMode == .halfDuplex { return }
         showLiveOrReplayed()
     }
@@ -780,6 +798,8 @@ struct ChannelSession {
         if release && link == .joined { outputs.append(.send(.floorRelease)) }
         emit(.didEndTransmitting(channel, source))
         audio.isTransmitting = false
+        // In half duplex a replay that started meanwhile wasn't shown; it is now.
+        if activeRemoteParticipant == nil, replaySpeaker != nil { showLiveOrReplayed() }
         deactivateAudioIfIdle()
     }
 
@@ -878,6 +898,7 @@ struct ChannelSession {
         transmit = .idle
         activeRemoteParticipant = nil
         replaySpeaker = nil
+        replayBurst = nil
         audio = AudioSession(isTransmitting: false, isReceiving: false)
         audioActive = false
         pushToken = nil
@@ -898,6 +919,18 @@ struct ChannelSession {
         measuredLoss = 0
         reportsRefused = false
         setListenerLoss(0, announce: false)
+    }
+
+    /// After messages dropped for their rate: the subscriptions, the muted flag (if the server's entry
+    /// disagrees) and the push token are sent again. Each is idempotent on the server; a floor request
+    /// was answered with `denied` and a release is never dropped, so the floor needs nothing.
+    mutating func resyncDue() {
+        resyncScheduled = false
+        guard link == .joined else { return }  // a new join says everything anyway
+        unheardSent = nil
+        sendSubscriptionsIfChanged()
+        if let you, let own = roster[you], own.muted != muted { outputs.append(.send(.setMuted(muted))) }
+        registerToken()
     }
 
     private mutating func registerToken() {

@@ -35,10 +35,11 @@ actor ManagerEngine {
         case inputEnded(burst: UInt16)
         case notice(String)
         case reconnectDue
+        case resyncDue
         case playbackMuted(Bool)
         case receptionMeasured(Int)
         /// A replayed burst (one that ended before this member heard it) started or stopped playing.
-        case replayPlaying(slot: UInt16, playing: Bool)
+        case replayPlaying(slot: UInt16, burst: UInt16, playing: Bool)
     }
 
     let configuration: ChannelManagerConfiguration
@@ -90,11 +91,11 @@ actor ManagerEngine {
         }
         receiver = Receiver(configuration: configuration.audio) { event in
             switch event {
-            case .burstStarted(let slot, let replayed):
-                if replayed { sink.yield(.replayPlaying(slot: slot, playing: true)) }
+            case .burstStarted(let slot, let burst, let replayed):
+                if replayed { sink.yield(.replayPlaying(slot: slot, burst: burst, playing: true)) }
             case .burstFinished(let statistics):
                 eventSink.yield(.burstFinished(statistics))
-                sink.yield(.replayPlaying(slot: statistics.slot, playing: false))
+                sink.yield(.replayPlaying(slot: statistics.slot, burst: statistics.burst, playing: false))
             case .receptionLoss(let percent): sink.yield(.receptionMeasured(percent))
             case .outputFailed(let message): sink.yield(.notice(message))
             }
@@ -222,14 +223,16 @@ actor ManagerEngine {
             eventSink.yield(.notice(message))
         case .reconnectDue:
             session.reconnectDue()
+        case .resyncDue:
+            session.resyncDue()
         case .playbackMuted(let muted):
             playbackMuted = muted
             receiver.setMuted(muted || session.callActive)
             session.setMuted(muted)
         case .receptionMeasured(let percent):
             session.receptionMeasured(percent)
-        case .replayPlaying(let slot, let playing):
-            if playing { session.replayStarted(slot: slot) } else { session.replayFinished(slot: slot) }
+        case .replayPlaying(let slot, let burst, let playing):
+            if playing { session.replayStarted(slot: slot, burst: burst) } else { session.replayFinished(slot: slot, burst: burst) }
         }
         await perform()
     }
@@ -320,6 +323,12 @@ actor ManagerEngine {
             reconnectTask = Task {
                 try? await Task.sleep(for: .milliseconds(wait))
                 if !Task.isCancelled { sink.yield(.reconnectDue) }
+            }
+        case .scheduleResync(let milliseconds):
+            let sink = commandSink
+            Task {
+                try? await Task.sleep(for: .milliseconds(milliseconds))
+                sink.yield(.resyncDue)
             }
         case .requestPushToken(let channel):
             startPushes(token: nil, channel: channel)

@@ -246,7 +246,7 @@ final class Receiver: Sendable {
         /// A burst started playing; `replayed` when it came (at first) as catch-up: one in progress
         /// at a join, or one that had ended (the server replays a burst a member missed, e.g. to a
         /// phone its push woke).
-        case burstStarted(slot: UInt16, replayed: Bool)
+        case burstStarted(slot: UInt16, burst: UInt16, replayed: Bool)
         case burstFinished(BurstStatistics)
         /// A window of heard audio is complete: this share (percent) of its frames was missing on arrival.
         case receptionLoss(Int)
@@ -331,7 +331,11 @@ final class Receiver: Sendable {
         var ended = [BurstStatistics?](repeating: nil, count: Self.maxTracks)
         // The burst each track is playing, to report each start once; and starts to report this tick.
         var playing = [(slot: UInt16, burst: UInt16)?](repeating: nil, count: Self.maxTracks)
-        var started = [(slot: UInt16, replayed: Bool)?](repeating: nil, count: Self.maxTracks)
+        var started = [(slot: UInt16, burst: UInt16, replayed: Bool)?](repeating: nil, count: Self.maxTracks)
+        // Bursts that ended last tick, reported after this tick's starts: a replay queued behind
+        // another on the same track starts one tick after it ends, and the speaker must not blink off
+        // in between.
+        var finishing = [BurstStatistics?](repeating: nil, count: Self.maxTracks)
         var meter = ReceptionLossMeter(tracks: Self.maxTracks)
         var measuredLoss: Int?
         while !thread.stopRequested {
@@ -358,12 +362,12 @@ final class Receiver: Sendable {
                         steps[t] = .silence
                         playing[t] = nil
                     }
-                    if steps[t] != .silence, let current = state.tracks[t].current,
-                       playing[t].map({ $0.slot != current.slot || $0.burst != current.burst }) ?? true {
-                        playing[t] = (current.slot, current.burst)
-                        // Replayed: some of it came as catch-up. Whether it is still going live is the
+                    if steps[t] != .silence, let now = state.tracks[t].playing,
+                       playing[t].map({ $0.slot != now.slot || $0.burst != now.burst }) ?? true {
+                        playing[t] = (now.slot, now.burst)
+                        // Replayed: it began as catch-up. Whether it is still going live is the
                         // session's to say (it knows who holds the floor).
-                        started[t] = (current.slot, current.catchUpFrames > 0)
+                        started[t] = (now.slot, now.burst, now.catchUp)
                     }
                     if let statistics = ended[t] {
                         measuredLoss = meter.observe(track: t, statistics, ended: true) ?? measuredLoss
@@ -380,13 +384,17 @@ final class Receiver: Sendable {
             for t in 0..<Self.maxTracks {
                 guard let start = started[t] else { continue }
                 started[t] = nil
-                onEvent(.burstStarted(slot: start.slot, replayed: start.replayed))
+                onEvent(.burstStarted(slot: start.slot, burst: start.burst, replayed: start.replayed))
             }
             for t in 0..<Self.maxTracks {
+                if let statistics = finishing[t] {
+                    finishing[t] = nil
+                    onEvent(.burstFinished(statistics))
+                }
                 guard let statistics = ended[t] else { continue }
                 ended[t] = nil
                 decoders[t].reset()
-                onEvent(.burstFinished(statistics))
+                finishing[t] = statistics
             }
             for i in 0..<frame { mix[i] = 0 }
             for t in 0..<Self.maxTracks where steps[t] != .silence {

@@ -272,14 +272,14 @@ final class HubDriver: WireServerDelegate {
         // has passed since, in which every live client has sent something new.
         if let lastSweep, now - lastSweep > .seconds(3) { quietUntil = now + .seconds(15) }
         lastSweep = now
-        hub.sweepLiveness(mayMarkSilent: quietUntil.map { now >= $0 } ?? true, isHeard: isLive)
+        hub.sweepLiveness(mayMarkSilent: quietUntil.map { now >= $0 } ?? true, at: HubDriver.now(), isHeard: isLive)
         flush()
     }
 
     /// Runs `sweepLiveness` every second on the loop, on a timer of its own: the service's chores
     /// (database polls, pruning) may take seconds, which must not look like a stall.
     func startSweeping() {
-        guard !stopped else { return }
+        guard !stopped, sweepTask == nil else { return }
         sweepTask = eventLoop.assumeIsolated().scheduleTask(in: .seconds(1)) { [self] in
             sweepTask = nil
             sweepLiveness()

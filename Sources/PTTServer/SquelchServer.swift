@@ -161,39 +161,39 @@ public struct SquelchServer: Sendable {
         let group = ServiceGroup(configuration: groupConfiguration)
         await latch.setGroup(group)
         let signals = await UnixSignalsSequence(trapping: .sigterm, .sigint)
-        try await withThrowingTaskGroup(of: Bool.self) { tasks in
-            tasks.addTask {
-                try await group.run()
-                return true
-            }
-            tasks.addTask { [logger, shutdownLimit] in
-                var caught = 0
-                for await signal in signals {
-                    caught += 1
-                    if caught == 1 {
-                        logger.notice("\(signal) received: stopping gracefully, within \(shutdownLimit); send it again to stop at once")
-                        await group.triggerGracefulShutdown()
-                    } else {
-                        logger.warning("\(signal) received again: stopping at once (committed database writes are safe; members see the connection drop and reconnect)")
-                        return false
-                    }
+        // Handles, not a task group: the second signal must cancel the group's task alone, and one
+        // loop over the signals sees all of them (a signal sequence has a single consumer).
+        let running = Task { try await group.run() }
+        let escalated = NIOLockedValueBox(false)
+        let watcher = Task { [logger, shutdownLimit] in
+            var caught = 0
+            for await signal in signals {
+                caught += 1
+                switch caught {
+                case 1:
+                    logger.notice("\(signal) received: stopping gracefully, within \(shutdownLimit); send it again to stop at once")
+                    await group.triggerGracefulShutdown()
+                case 2:
+                    // The cancelled services still write what is pending and close the database.
+                    logger.warning("\(signal) received again: stopping at once (committed database writes are safe; members see the connection drop and reconnect); a third time exits without waiting")
+                    escalated.withLockedValue { $0 = true }
+                    running.cancel()
+                default:
+                    logger.critical("\(signal) received a third time: exiting now")
+                    exit(1)
                 }
-                return false
             }
-            // The group ending (a graceful stop, or a failure) ends the signal watch; a second
-            // signal ends the group by cancelling it, which still closes the database.
-            let groupEnded = try await tasks.next() ?? true
-            tasks.cancelAll()
-            if groupEnded {
-                while let _ = try await tasks.next() {}
-                return
+        }
+        defer { watcher.cancel() }
+        do {
+            try await withTaskCancellationHandler {
+                try await running.value
+            } onCancel: {
+                running.cancel()
             }
-            do {
-                while let _ = try await tasks.next() {}
-            } catch {
-                // What the cancelled services threw: the stop was asked for, so it is not a failure.
-                logger.notice("services cancelled", metadata: ["error": "\(error)"])
-            }
+        } catch where escalated.withLockedValue({ $0 }) {
+            // What the cancelled services threw: the stop was asked for, so it is not a failure.
+            logger.notice("services cancelled", metadata: ["error": "\(error)"])
         }
         logger.notice("squelchd stopped")
     }

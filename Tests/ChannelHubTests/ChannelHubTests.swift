@@ -723,6 +723,28 @@ final class Harness {
         #expect(h.audio(to: second.link).map(\.header.sequence) == (0 ..< 100).map { UInt16($0) })
     }
 
+    /// A replay cut off late in the window (the phone dropped again 25 s after the burst ended) keeps
+    /// the burst for a whole window from then: the phone's next join still gets it.
+    @Test func aReplayCutOffLateInTheWindowKeepsTheBurstForAnotherWindow() throws {
+        let h = Harness()
+        let ann = h.join("ann"), bob = h.join("bob")
+        h.send(.registerPushToken(token: "b0b0b0", environment: .production), from: bob.link)
+        h.hub.closed(bob.link, at: h.time)
+        h.send(.floorRequest, from: ann.link)
+        let burst = try #require(h.grantedBurst(ann.link))
+        for sequence in 0 ..< 140 as Range<UInt16> { h.audio(from: ann.link, burst: burst, sequence: sequence, payload: [1, UInt8(truncatingIfNeeded: sequence)]) }
+        h.send(.floorRelease, from: ann.link)
+        h.advance(25_000 * ms)
+        let first = h.join("bob")
+        h.advance(0)
+        #expect(h.audio(to: first.link).count < 140)
+        h.hub.closed(first.link, at: h.time)
+        h.advance(10_000 * ms)  // 35 s after the end
+        let second = h.join("bob")
+        for _ in 0 ..< 30 { h.advance(10 * ms) }
+        #expect(h.audio(to: second.link).map(\.header.sequence) == (0 ..< 140).map { UInt16($0) })
+    }
+
     @Test func aMemberDroppedDuringABurstGetsItWholeOnRejoiningAfterItEnded() throws {
         let h = Harness()
         let ann = h.join("ann"), bob = h.join("bob")
@@ -902,19 +924,19 @@ final class Harness {
         }
         // Everyone heard lately: nothing changes, nothing is sent.
         let before = h.messages.count
-        h.hub.sweepLiveness { _ in true }
+        h.hub.sweepLiveness(at: h.time) { _ in true }
         h.drain()
         #expect(h.messages.count == before)
 
         // Ann's phone dies: her connection stays open, but nothing comes from it.
-        h.hub.sweepLiveness { $0 != ann.link }
+        h.hub.sweepLiveness(at: h.time) { $0 != ann.link }
         h.drain()
         #expect(annSeenBy(bob.link) == .reconnecting && annSeenBy(cat.link) == .reconnecting)
         #expect(h.hub.roster(of: h.channel.id).first { $0.userID == "ann" }?.connection == .reconnecting)
         #expect(h.hub.counters.silentMembers == 1)
         // Told once, not at every sweep.
         let told = h.messages.count
-        h.hub.sweepLiveness { $0 != ann.link }
+        h.hub.sweepLiveness(at: h.time) { $0 != ann.link }
         h.drain()
         #expect(h.messages.count == told)
         // Only the roster changed: she still hears the channel.
@@ -923,12 +945,12 @@ final class Harness {
         #expect(h.audio(to: ann.link).count == 1)
 
         // Heard again at the next sweep.
-        h.hub.sweepLiveness { _ in true }
+        h.hub.sweepLiveness(at: h.time) { _ in true }
         h.drain()
         #expect(annSeenBy(bob.link) == .connected && annSeenBy(ann.link) == .connected)
 
         // Silent again, then a control message: back at once, without waiting for a sweep.
-        h.hub.sweepLiveness { $0 != ann.link }
+        h.hub.sweepLiveness(at: h.time) { $0 != ann.link }
         h.drain()
         #expect(annSeenBy(cat.link) == .reconnecting)
         h.send(.setMuted(true), from: ann.link)
@@ -938,7 +960,7 @@ final class Harness {
         // A closed connection is the close's business: the sweep leaves it to the grace.
         h.hub.closed(ann.link, at: h.time)
         h.drain()
-        h.hub.sweepLiveness { _ in true }
+        h.hub.sweepLiveness(at: h.time) { _ in true }
         h.drain()
         #expect(annSeenBy(bob.link) == .reconnecting)
     }
@@ -950,10 +972,10 @@ final class Harness {
         let members = (0..<6).map { h.join("m\($0)") }
         let before = h.messages.count
         // Right after a stall of the server itself, silence proves nothing.
-        h.hub.sweepLiveness(mayMarkSilent: false) { _ in false }
+        h.hub.sweepLiveness(mayMarkSilent: false, at: h.time) { _ in false }
         h.drain()
         #expect(h.messages.count == before)
-        h.hub.sweepLiveness { _ in false }
+        h.hub.sweepLiveness(at: h.time) { _ in false }
         h.drain()
         let sent = h.messages[before...]
         #expect(sent.count == members.count, "one message per member")
@@ -962,7 +984,7 @@ final class Harness {
             #expect(entries.count == members.count && entries.allSatisfy { $0.connection == .reconnecting })
         }
         // And back, the same way, even when the stall guard is on: being heard is never in doubt.
-        h.hub.sweepLiveness(mayMarkSilent: false) { _ in true }
+        h.hub.sweepLiveness(mayMarkSilent: false, at: h.time) { _ in true }
         h.drain()
         guard case .roster(let back)? = h.messages(to: members[0].link).last else { Issue.record("no roster"); return }
         #expect(back.count == members.count && back.allSatisfy { $0.connection == .connected })

@@ -464,7 +464,7 @@ func sent(_ outputs: [SessionOutput]) -> [ClientMessage] {
         s.transportConnected()
         _ = s.takeOutputs()
         // The replay's first frame plays before the engine has read `joined`.
-        s.replayStarted(slot: 2)
+        s.replayStarted(slot: 2, burst: 7)
         s.received(.joined(channel: ChannelInfo(id: channelID, name: "Ops", image: nil, mode: .fullDuplex, maxBurstSeconds: 60), you: 1,
                            roster: [participant(1, "Ann"), participant(2, "Bob"), participant(3, "Cy")], talkers: []))
         _ = s.takeOutputs()
@@ -474,18 +474,48 @@ func sent(_ outputs: [SessionOutput]) -> [ClientMessage] {
         #expect(s.activeRemoteParticipant?.name == "Cy")
         s.received(.floor(FloorEvent(kind: .ended, slot: 3, burst: 9)))
         #expect(s.activeRemoteParticipant?.name == "Bob")
-        // A burst that isn't this replay finishing changes nothing; the replay finishing clears it.
-        s.replayFinished(slot: 3)
+        // A burst that isn't this replay finishing changes nothing (another talker's, or another of
+        // Bob's); the replay finishing clears it.
+        s.replayFinished(slot: 3, burst: 9)
+        s.replayFinished(slot: 2, burst: 6)
         #expect(s.activeRemoteParticipant?.name == "Bob")
-        s.replayFinished(slot: 2)
+        s.replayFinished(slot: 2, burst: 7)
         let out = s.takeOutputs()
         #expect(s.activeRemoteParticipant == nil)
         #expect(delegateCalls(out).contains(.didDeactivate(AudioSession(isTransmitting: false, isReceiving: false))))
-        // A catch-up of a burst still going live is shown as the live talker already: nothing changes.
+        // A burst still going live whose start is being replayed: its talker stays shown after the
+        // floor ends, while the replay plays what was said, and goes when it has played.
         s.received(.floor(FloorEvent(kind: .taken, slot: 2, burst: 10)))
-        s.replayStarted(slot: 2)
+        s.replayStarted(slot: 2, burst: 10)
         s.received(.floor(FloorEvent(kind: .ended, slot: 2, burst: 10)))
+        #expect(s.activeRemoteParticipant?.name == "Bob")
+        s.replayFinished(slot: 2, burst: 10)
         #expect(s.activeRemoteParticipant == nil)
+    }
+
+    /// The server drops control messages over its rate and says so at most once a second, not which.
+    /// What it must know (muted, subscriptions, push token) is said again once the budget refills.
+    @Test func whatTheServerDroppedForItsRateIsSaidAgain() {
+        var s = joinedSession()
+        s.setMuted(true)
+        s.applySubscriptions(["bob": .none])
+        #expect(sent(s.takeOutputs()).count == 2)
+        // Both were over the rate: the server's entry still says not muted.
+        s.received(.error(code: .rateLimited, reason: "more than 20 control messages a second"))
+        s.received(.error(code: .rateLimited, reason: "more than 20 control messages a second"))
+        let out = s.takeOutputs()
+        #expect(out.filter { $0 == .scheduleResync(milliseconds: 1_500) }.count == 1, "one resync for a run of notices")
+        s.resyncDue()
+        let again = sent(s.takeOutputs())
+        #expect(again.contains(.setMuted(true)))
+        #expect(again.contains(.setSubscriptions(unheard: ["bob"])))
+        #expect(again.contains { if case .registerPushToken(let token, _) = $0 { token == "abcd" } else { false } })
+        // Once the server's entry agrees, muted isn't sent again.
+        s.received(.participant(ChannelProtocol.Participant(slot: 1, userID: "ann", name: "Ann", muted: true)))
+        _ = s.takeOutputs()
+        s.received(.error(code: .rateLimited, reason: "again"))
+        s.resyncDue()
+        #expect(!sent(s.takeOutputs()).contains(.setMuted(true)))
     }
 
     @Test func mutingPlaybackShowsInTheRosterAndEveryNewSessionSaysItAgain() {
