@@ -704,17 +704,26 @@ final class Harness {
         #expect(channel.recordings.isEmpty, "nobody is owed it any more")
     }
 
-    /// Partway through the replay, the same user joins from a new connection (a phone that changed
-    /// networks right after its wake): the new connection gets the whole burst.
-    @Test func aMemberReplacedMidReplayGetsTheMissedBurstAgain() throws {
-        let h = Harness()
+    /// Ann and Bob join; Bob registers a push token and his connection closes (a phone asleep); Ann
+    /// sends `packets` packets and releases. Bob is owed the burst.
+    func burstMissedByBob(_ h: Harness, packets: UInt16) throws -> UInt16 {
         let ann = h.join("ann"), bob = h.join("bob")
         h.send(.registerPushToken(token: "b0b0b0", environment: .production), from: bob.link)
         h.hub.closed(bob.link, at: h.time)
         h.send(.floorRequest, from: ann.link)
         let burst = try #require(h.grantedBurst(ann.link))
-        for sequence in 0 ..< 100 as Range<UInt16> { h.audio(from: ann.link, burst: burst, sequence: sequence, payload: [1, UInt8(sequence)]) }
+        for sequence in 0 ..< packets {
+            h.audio(from: ann.link, burst: burst, sequence: sequence, payload: [1, UInt8(truncatingIfNeeded: sequence)])
+        }
         h.send(.floorRelease, from: ann.link)
+        return burst
+    }
+
+    /// Partway through the replay, the same user joins from a new connection (a phone that changed
+    /// networks right after its wake): the new connection gets the whole burst.
+    @Test func aMemberReplacedMidReplayGetsTheMissedBurstAgain() throws {
+        let h = Harness()
+        _ = try burstMissedByBob(h, packets: 100)
         let first = h.join("bob")
         h.advance(0)
         #expect(h.audio(to: first.link).count < 100, "still being replayed")
@@ -727,13 +736,7 @@ final class Harness {
     /// the burst for a whole window from then: the phone's next join still gets it.
     @Test func aReplayCutOffLateInTheWindowKeepsTheBurstForAnotherWindow() throws {
         let h = Harness()
-        let ann = h.join("ann"), bob = h.join("bob")
-        h.send(.registerPushToken(token: "b0b0b0", environment: .production), from: bob.link)
-        h.hub.closed(bob.link, at: h.time)
-        h.send(.floorRequest, from: ann.link)
-        let burst = try #require(h.grantedBurst(ann.link))
-        for sequence in 0 ..< 140 as Range<UInt16> { h.audio(from: ann.link, burst: burst, sequence: sequence, payload: [1, UInt8(truncatingIfNeeded: sequence)]) }
-        h.send(.floorRelease, from: ann.link)
+        _ = try burstMissedByBob(h, packets: 140)  // the talker's rate limit lets 150 through at once
         h.advance(25_000 * ms)
         let first = h.join("bob")
         h.advance(0)

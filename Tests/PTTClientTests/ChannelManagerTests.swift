@@ -25,6 +25,15 @@ import X509
         return AudioConfiguration(makeInput: { WAVFileSource(pipelineSamples: samples, pacer: RealTimePacer()) })
     }
 
+    /// A delegate whose app, woken by a push, takes `seconds` to answer it (a cold start), then shows
+    /// the push's speaker.
+    func wokenDelegate(answeringAfter seconds: Double) -> RecordingDelegate {
+        RecordingDelegate { payload in
+            Thread.sleep(forTimeInterval: seconds)
+            return .activeRemoteParticipant(try! Participant(name: payload["activeSpeaker"]?.stringValue ?? "?"))
+        }
+    }
+
     func recorder(_ path: String) -> AudioConfiguration {
         AudioConfiguration(makeOutput: { try WAVFileSink(path: path, pacer: RealTimePacer()) })
     }
@@ -285,10 +294,7 @@ import X509
         let fixture = try await ClientFixture()
         let annDelegate = RecordingDelegate()
         // The woken app takes 400 ms to answer (a cold start), so the burst has begun without Bob.
-        let bobDelegate = RecordingDelegate { payload in
-            Thread.sleep(forTimeInterval: 0.4)
-            return .activeRemoteParticipant(try! Participant(name: payload["activeSpeaker"]?.stringValue ?? "?"))
-        }
+        let bobDelegate = wokenDelegate(answeringAfter: 0.4)
         let ann = try await manager(fixture, "wake-ann", annDelegate, audio: speech(1.0))
         let bob = try await manager(fixture, "wake-bob", bobDelegate, audio: recorder(fixture.directory + "/woken.wav"))
         let bobEvents = EventLog(bob)
@@ -341,10 +347,7 @@ import X509
         let fixture = try await ClientFixture()
         let annDelegate = RecordingDelegate()
         // The woken app takes 1.2 s to answer (a cold start): Ann's 0.5 s burst is over by then.
-        let bobDelegate = RecordingDelegate { payload in
-            Thread.sleep(forTimeInterval: 1.2)
-            return .activeRemoteParticipant(try! Participant(name: payload["activeSpeaker"]?.stringValue ?? "?"))
-        }
+        let bobDelegate = wokenDelegate(answeringAfter: 1.2)
         var annAudio = speech(0.5)
         annAudio.endTransmissionWhenInputEnds = true
         let ann = try await manager(fixture, "short-ann", annDelegate, audio: annAudio)
