@@ -902,8 +902,12 @@ public final class ChannelHub {
             if !replaying, let talker = channel.members[recording.talker], !member.hears(talker) { continue }
             recording.missed.insert(slot)
             // A replay cut off late in the window (a long burst, replayed at five times real time)
-            // gets the member the whole window again to come back.
-            if recording.ended { recording.keepUntil = max(recording.keepUntil ?? now, now + configuration.missedBurstWindow) }
+            // gets the member the whole window again to come back; at most twice the window from
+            // the end, or a member dropping again and again would keep it for good.
+            if recording.ended, let ended = recording.endedAt {
+                let limit = ended + 2 * configuration.missedBurstWindow
+                recording.keepUntil = min(limit, max(recording.keepUntil ?? now, now + configuration.missedBurstWindow))
+            }
             noteMissedDeadline(recording)
         }
     }

@@ -701,7 +701,7 @@ struct ChannelSession {
         let audible = remoteTalkers.keys.filter { !unheardSlot($0) }
         if let next = audible.first, let name = roster[next]?.name, let participant = try? Participant(name: name) {
             showRemote(participant)
-        } else if let replaySpeaker, let participant = try? Participant(name: roster[replaySpeaker].map(\.name).flatMap { $0.isEmpty ? nil : $0 }
+        } else if let replaySpeaker, !unheardSlot(replaySpeaker), let participant = try? Participant(name: roster[replaySpeaker].map(\.name).flatMap { $0.isEmpty ? nil : $0 }
                                                                         ?? Self.placeholderName(replaySpeaker)) {
             showRemote(participant)
         } else {
@@ -922,7 +922,7 @@ struct ChannelSession {
     }
 
     /// After messages dropped for their rate: the subscriptions, the muted flag (if the server's entry
-    /// disagrees) and the push token are sent again. Each is idempotent on the server; a floor request
+    /// disagrees), the push token and a token renewal waiting for its answer are sent again. Each is idempotent on the server; a floor request
     /// was answered with `denied` and a release is never dropped, so the floor needs nothing.
     mutating func resyncDue() {
         resyncScheduled = false
@@ -931,6 +931,20 @@ struct ChannelSession {
         sendSubscriptionsIfChanged()
         if let you, let own = roster[you], own.muted != muted { outputs.append(.send(.setMuted(muted))) }
         registerToken()
+        // A renewal dropped too would block every later one until a reconnect, and the session would
+        // end with the old token. A second answer to it is ignored (`renewalAccepted`).
+        if renewalInFlight != nil {
+            renewalInFlight = nil
+            sendPendingRenewal()
+        }
+    }
+
+    /// Playout stopped (the audio output failed): no replay is playing any more.
+    mutating func playbackStopped() {
+        guard replaySpeaker != nil else { return }
+        replaySpeaker = nil
+        replayBurst = nil
+        showLiveOrReplayed()
     }
 
     private mutating func registerToken() {

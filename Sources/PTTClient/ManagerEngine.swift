@@ -36,6 +36,7 @@ actor ManagerEngine {
         case notice(String)
         case reconnectDue
         case resyncDue
+        case playbackStopped
         case playbackMuted(Bool)
         case receptionMeasured(Int)
         /// A replayed burst (one that ended before this member heard it) started or stopped playing.
@@ -97,7 +98,9 @@ actor ManagerEngine {
                 eventSink.yield(.burstFinished(statistics))
                 sink.yield(.replayPlaying(slot: statistics.slot, burst: statistics.burst, playing: false))
             case .receptionLoss(let percent): sink.yield(.receptionMeasured(percent))
-            case .outputFailed(let message): sink.yield(.notice(message))
+            case .outputFailed(let message):
+                sink.yield(.notice(message))
+                sink.yield(.playbackStopped)
             }
         }
         session.pushEnvironment = configuration.pushTransport?.environment ?? .sandbox
@@ -225,6 +228,8 @@ actor ManagerEngine {
             session.reconnectDue()
         case .resyncDue:
             session.resyncDue()
+        case .playbackStopped:
+            session.playbackStopped()
         case .playbackMuted(let muted):
             playbackMuted = muted
             receiver.setMuted(muted || session.callActive)

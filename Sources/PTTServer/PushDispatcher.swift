@@ -190,7 +190,7 @@ final class PushMetrics: Sendable {
         // The registry hands back the same counter for the same labels, so this costs a lookup per push.
         registry.makeCounter(
             descriptor: MetricNameDescriptor(namespace: "squelch", metricName: "pushes", unitName: "total",
-                                             helpText: "APNs pushtotalk pushes by outcome and APNs reason (Stale: a wake that waited past 30 s, dropped)."),
+                                             helpText: "APNs pushtotalk pushes by outcome and APNs reason (Stale: a wake that waited past 90 s, dropped)."),
             labels: [("outcome", outcome.rawValue), ("reason", reason)]
         ).increment(by: Int64(amount))
     }

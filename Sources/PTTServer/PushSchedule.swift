@@ -18,9 +18,10 @@ import NIOCore
 ///   refused is lost for good (its token is deleted with the member, and `apns-expiration: 0` gives no
 ///   second chance), leaving the phone showing a channel it is no longer in; and there are only as many
 ///   as members removed, forgotten or leaving, not one per burst.
-/// - **A wake that waited longer than `maxWakeAge` is dropped**, not sent: after the server's
-///   missed-burst window (30 s after the burst) the phone it wakes has nothing to hear, and when APNs
-///   was slow or down a backlog of wakes must not go out minutes late, saying someone is talking.
+/// - **A wake that waited longer than `maxWakeAge` (90 s) is dropped**, not sent: when APNs was slow or
+///   down, a backlog of wakes must not go out many minutes late, saying someone is talking. 90 s is the
+///   default longest burst (60 s) and the server's missed-burst window (30 s after it): until then the
+///   phone it wakes still has the burst to hear.
 struct PushSchedule {
     /// One push per membership waits at a time.
     typealias Key = MemberKey
@@ -88,7 +89,7 @@ struct PushSchedule {
     private var finishing = false
 
     init(queueLimit: Int = 50_000, maxInFlight: Int = 1_000, wakeInterval: Duration = .seconds(1),
-         maxWakeAge: Duration = .seconds(30)) {
+         maxWakeAge: Duration = .seconds(90)) {
         precondition(queueLimit > 0 && maxInFlight > 0 && wakeInterval >= .zero && maxWakeAge > .zero)
         self.queueLimit = queueLimit
         self.maxInFlight = maxInFlight

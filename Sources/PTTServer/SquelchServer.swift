@@ -180,7 +180,8 @@ public struct SquelchServer: Sendable {
                     running.cancel()
                 default:
                     logger.critical("\(signal) received a third time: exiting now")
-                    exit(1)
+                    // Not exit(): its handlers would run while every other thread still does.
+                    _exit(1)
                 }
             }
         }
@@ -191,7 +192,7 @@ public struct SquelchServer: Sendable {
             } onCancel: {
                 running.cancel()
             }
-        } catch where escalated.withLockedValue({ $0 }) {
+        } catch where escalated.withLockedValue({ $0 }) || Task.isCancelled {
             // What the cancelled services threw: the stop was asked for, so it is not a failure.
             logger.notice("services cancelled", metadata: ["error": "\(error)"])
         }

@@ -746,6 +746,26 @@ final class Harness {
         let second = h.join("bob")
         for _ in 0 ..< 30 { h.advance(10 * ms) }
         #expect(h.audio(to: second.link).map(\.header.sequence) == (0 ..< 140).map { UInt16($0) })
+
+    }
+
+    /// A phone that drops mid-replay again and again doesn't keep the burst for good: twice the
+    /// window from the end at most.
+    @Test func aReplayCutOffAgainAndAgainIsKeptTwiceTheWindowAtMost() throws {
+        let h = Harness()
+        _ = try burstMissedByBob(h, packets: 140)
+        h.advance(25_000 * ms)
+        for _ in 0 ..< 4 {  // cut off at 25, 34, 43 and 52 s after the end
+            let again = h.join("bob")
+            h.advance(0)
+            h.hub.closed(again.link, at: h.time)
+            h.advance(9_000 * ms)
+        }
+        // 61 s after the end: past twice the window, though the last drop was 9 s ago.
+        let late = h.join("bob")
+        h.advance(10 * ms)
+        #expect(h.audio(to: late.link).isEmpty)
+        #expect(h.hub.channels[h.channel.id]!.recordings.isEmpty)
     }
 
     @Test func aMemberDroppedDuringABurstGetsItWholeOnRejoiningAfterItEnded() throws {

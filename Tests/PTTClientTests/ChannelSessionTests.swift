@@ -491,11 +491,16 @@ func sent(_ outputs: [SessionOutput]) -> [ClientMessage] {
         #expect(s.activeRemoteParticipant?.name == "Bob")
         s.replayFinished(slot: 2, burst: 10)
         #expect(s.activeRemoteParticipant == nil)
+        // The audio output failed mid-replay: no finish will come, and nothing is playing.
+        s.replayStarted(slot: 2, burst: 11)
+        #expect(s.activeRemoteParticipant?.name == "Bob")
+        s.playbackStopped()
+        #expect(s.activeRemoteParticipant == nil)
     }
 
     /// The server drops control messages over its rate and says so at most once a second, not which.
     /// What it must know (muted, subscriptions, push token) is said again once the budget refills.
-    @Test func whatTheServerDroppedForItsRateIsSaidAgain() {
+    @Test func whatTheServerDroppedForItsRateIsSaidAgain() throws {
         var s = joinedSession()
         s.setMuted(true)
         s.applySubscriptions(["bob": .none])
@@ -516,6 +521,12 @@ func sent(_ outputs: [SessionOutput]) -> [ClientMessage] {
         s.received(.error(code: .rateLimited, reason: "again"))
         s.resyncDue()
         #expect(!sent(s.takeOutputs()).contains(.setMuted(true)))
+        // A token renewal dropped too would block every later one: it is offered again.
+        try s.renewToken("t2", channelID)
+        #expect(sent(s.takeOutputs()) == [.renewToken(token: "t2")])
+        s.received(.error(code: .rateLimited, reason: "again"))
+        s.resyncDue()
+        #expect(sent(s.takeOutputs()).contains(.renewToken(token: "t2")))
     }
 
     @Test func mutingPlaybackShowsInTheRosterAndEveryNewSessionSaysItAgain() {

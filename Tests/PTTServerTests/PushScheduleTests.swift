@@ -162,7 +162,7 @@ import Testing
     /// are dropped and counted, not sent minutes late; a leave never is, and a newer wake for the same
     /// member counts from its own time.
     @Test func wakesThatWaitedTooLongAreDroppedNotSent() {
-        var schedule = PushSchedule(maxInFlight: 1, maxWakeAge: .seconds(30))
+        var schedule = PushSchedule(maxInFlight: 1, maxWakeAge: .seconds(30))  // shorter than the default, for the arithmetic
         _ = schedule.enqueue(wake("bob"), now: at(0))
         #expect(drain(&schedule, at: at(0)) == [wake("bob")])      // stuck in flight
         _ = schedule.enqueue(wake("cat"), now: at(1_000))
