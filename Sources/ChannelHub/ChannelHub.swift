@@ -655,8 +655,7 @@ public final class ChannelHub {
                 var wake: [MemberRecord] = []
                 var connected: [WakeCandidate] = []
                 for other in channel.members.values where other.pushToken != nil && other.hears(member) && other.slot != slot {
-                    if other.link == nil, let token = other.token,
-                       time.date.timeIntervalSince(token.expiresAt) > configuration.wakeAfterTokenExpiry { continue }
+                    if other.link == nil, !mayBeWoken(other, at: time) { continue }
                     let record = other.record(channel: channel.record.id, lastSeen: time.date)
                     if let link = other.link { connected.append(WakeCandidate(member: record, link: link)) } else { wake.append(record) }
                 }
@@ -718,9 +717,10 @@ public final class ChannelHub {
             case .ended(let slot, let burst, _):
                 let reason = channel.endReasons.removeValue(forKey: slot) ?? "released"
                 logBurstEnd(channel, slot: slot, reason: reason, at: time)
-                channel.endRecording(talker: slot, at: time.instant, keepAtMost: configuration.maxMissedBursts,
-                                     window: configuration.missedBurstWindow)
-                for recording in channel.recordings where recording.ended && recording.talker == slot { noteMissedDeadline(recording) }
+                if let ended = channel.endRecording(talker: slot, at: time.instant, keepAtMost: configuration.maxMissedBursts,
+                                                    window: configuration.missedBurstWindow) {
+                    noteMissedDeadline(ended)
+                }
                 outputs.append(.send(.floor(FloorEvent(kind: .ended, slot: slot, burst: UInt16(truncatingIfNeeded: burst))),
                                      to: channel.connectedLinks))
                 if var member = channel.members[slot] {
@@ -874,10 +874,11 @@ public final class ChannelHub {
                 recording.missed.insert(member.slot)
             }
         }
-        noteMissedDeadline(recording)
+        // Its deadline is noted when it ends (`keepUntil` counts from the end).
     }
 
-    /// Whether a burst's start sends this offline member a wake push (the `taken` case's test).
+    /// Whether a burst's start wakes this offline member by push: it has a token, and the participant
+    /// token it last joined with expired no more than `wakeAfterTokenExpiry` ago.
     func mayBeWoken(_ member: Member, at time: HubTime) -> Bool {
         guard member.pushToken != nil else { return false }
         guard let token = member.token else { return true }
@@ -1074,7 +1075,7 @@ public final class ChannelHub {
     ///     so that the hub stays free of clocks and sockets.
     public func sweepLiveness(mayMarkSilent: Bool = true, at time: HubTime, isHeard: (Link) -> Bool) {
         for channel in channels.values {
-            var changed: [Participant] = []
+            var changed: [UInt16] = []
             for (slot, member) in channel.members {
                 guard let link = member.link else { continue }
                 let heard = isHeard(link)
@@ -1087,26 +1088,17 @@ public final class ChannelHub {
                 } else {
                     continue
                 }
-                changed.append(channel.members[slot]!.participant)
+                changed.append(slot)
             }
-            guard !changed.isEmpty else { continue }
+            guard let first = changed.first else { continue }
             let links = channel.connectedLinks
             if changed.count == 1 {
-                outputs.append(.send(.participant(changed[0]), to: links))
+                outputs.append(.send(.participant(channel.members[first]!.participant), to: links))
                 continue
             }
-            var chunk: [Participant] = []
-            var chunker = RosterChunker()
-            for entry in changed {
-                if !chunker.take(entry) {
-                    outputs.append(.send(.roster(chunk), to: links))
-                    chunk.removeAll()
-                    chunker = RosterChunker()
-                    _ = chunker.take(entry)
-                }
-                chunk.append(entry)
-            }
-            outputs.append(.send(.roster(chunk), to: links))
+            // Chunked as a joiner's roster is.
+            var stream = RosterStream(channel: channel, slots: changed, next: 0)
+            while !stream.isFinished { outputs.append(.send(.roster(nextRosterChunk(&stream)), to: links)) }
         }
     }
 

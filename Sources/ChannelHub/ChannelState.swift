@@ -134,16 +134,19 @@ final class ChannelState {
         recordings.append(recording)
     }
 
-    func endRecording(talker: UInt16, at now: WireInstant, keepAtMost: Int, window: UInt64) {
-        if let recording = recording(of: talker) {
-            members[talker]?.audioPace = recording.pace
-            recording.end(at: now)
-            recording.keepUntil = now + window
+    /// Ends `talker`'s recording; returns it if it is kept for members who missed it.
+    func endRecording(talker: UInt16, at now: WireInstant, keepAtMost: Int, window: UInt64) -> BurstRecording? {
+        let ended = recording(of: talker)
+        if let ended {
+            members[talker]?.audioPace = ended.pace
+            ended.end(at: now)
+            ended.keepUntil = now + window
         }
         // Ended bursts kept for members who missed them: the oldest go first past the limit.
         var kept = recordings.filter { $0.ended && !$0.missed.isEmpty }
         while kept.count > keepAtMost { kept.removeFirst().missed.removeAll() }
         recycleRecordings()
+        return ended.flatMap { $0.missed.isEmpty ? nil : $0 }
     }
 
     /// Lets go of ended bursts kept past the window for members who missed them.

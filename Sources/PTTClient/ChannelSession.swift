@@ -99,11 +99,11 @@ struct ChannelSession {
     private(set) var roster: [UInt16: ChannelProtocol.Participant] = [:]
     /// Remote slots holding the floor now.
     private(set) var remoteTalkers: [UInt16: UInt16] = [:]
-    /// The talker of a replayed burst playing now (one that ended before this member heard it, as
-    /// after a wake push), shown as the speaker while nobody talks live.
-    private(set) var replaySpeaker: UInt16?
-    /// The burst of that replay: a finish of another burst of the same talker doesn't end it.
-    private var replayBurst: UInt16?
+    /// The replayed burst playing now (one that ended before this member heard it, as after a wake
+    /// push), whose talker is shown while nobody talks live. By burst too: a finish of another burst
+    /// of the same talker doesn't end it.
+    private var replay: (slot: UInt16, burst: UInt16)?
+    private var replaySpeaker: UInt16? { replay?.slot }
     /// Whether `didJoin` went out for the current channel (reconnects don't repeat it).
     private(set) var joinReported = false
     private var joinReason = ChannelJoinReason.developerRequest
@@ -716,8 +716,7 @@ struct ChannelSession {
     /// replay is still playing what was said.
     mutating func replayStarted(slot: UInt16, burst: UInt16) {
         guard channel != nil, slot != you, !unheardSlot(slot) else { return }
-        replaySpeaker = slot
-        replayBurst = burst
+        replay = (slot, burst)
         if case .active = transmit, transmissionMode == .halfDuplex { return }
         if remoteTalkers.keys.contains(where: { !unheardSlot($0) }) { return }
         showLiveOrReplayed()
@@ -725,9 +724,13 @@ struct ChannelSession {
 
     /// A burst finished playing; if it was the replay shown, the speaker goes back to whoever talks live.
     mutating func replayFinished(slot: UInt16, burst: UInt16) {
-        guard replaySpeaker == slot, replayBurst == burst else { return }
-        replaySpeaker = nil
-        replayBurst = nil
+        guard let replay, replay == (slot, burst) else { return }
+        endReplay()
+    }
+
+    /// No replay plays any more: the speaker goes back to whoever talks live, if anyone.
+    private mutating func endReplay() {
+        replay = nil
         if case .active = transmit, transmissionMode == .halfDuplex { return }
         showLiveOrReplayed()
     }
@@ -897,8 +900,7 @@ struct ChannelSession {
         link = .down
         transmit = .idle
         activeRemoteParticipant = nil
-        replaySpeaker = nil
-        replayBurst = nil
+        replay = nil
         audio = AudioSession(isTransmitting: false, isReceiving: false)
         audioActive = false
         pushToken = nil
@@ -941,10 +943,8 @@ struct ChannelSession {
 
     /// Playout stopped (the audio output failed): no replay is playing any more.
     mutating func playbackStopped() {
-        guard replaySpeaker != nil else { return }
-        replaySpeaker = nil
-        replayBurst = nil
-        showLiveOrReplayed()
+        guard replay != nil else { return }
+        endReplay()
     }
 
     private mutating func registerToken() {

@@ -92,8 +92,7 @@ final class Transmitter: Sendable {
     let onEvent: @Sendable (TransmitterEvent) -> Void
 
     enum TransmitterEvent: Sendable {
-        /// The source ran out (a WAV file ended).
-        /// The input ran out while feeding this burst.
+        /// The source ran out (a WAV file ended) while feeding this burst.
         case inputEnded(burst: UInt16)
         case inputFailed(String)
     }
