@@ -654,7 +654,8 @@ public final class ChannelHub {
                 outputs.append(.send(.participant(member.participant), to: channel.connectedLinks))
                 var wake: [MemberRecord] = []
                 var connected: [WakeCandidate] = []
-                for other in channel.members.values where other.pushToken != nil && other.hears(member) && other.slot != slot {
+                for other in channel.members.values where configuration.wakesByPush && other.pushToken != nil
+                    && other.hears(member) && other.slot != slot {
                     if other.link == nil, !mayBeWoken(other, at: time) { continue }
                     let record = other.record(channel: channel.record.id, lastSeen: time.date)
                     if let link = other.link { connected.append(WakeCandidate(member: record, link: link)) } else { wake.append(record) }
@@ -877,10 +878,11 @@ public final class ChannelHub {
         // Its deadline is noted when it ends (`keepUntil` counts from the end).
     }
 
-    /// Whether a burst's start wakes this offline member by push: it has a token, and the participant
-    /// token it last joined with expired no more than `wakeAfterTokenExpiry` ago.
+    /// Whether a burst's start wakes this offline member by push: the server sends pushes, the member
+    /// has a push token, and the participant token it last joined with expired no more than
+    /// `wakeAfterTokenExpiry` ago.
     func mayBeWoken(_ member: Member, at time: HubTime) -> Bool {
-        guard member.pushToken != nil else { return false }
+        guard configuration.wakesByPush, member.pushToken != nil else { return false }
         guard let token = member.token else { return true }
         return time.date.timeIntervalSince(token.expiresAt) <= configuration.wakeAfterTokenExpiry
     }

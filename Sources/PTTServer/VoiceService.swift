@@ -70,6 +70,7 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
         hubConfiguration.controlMessagesPerSecond = configuration.controlMessagesPerSecond
         hubConfiguration.controlMessageBurst = 2 * configuration.controlMessagesPerSecond
         hubConfiguration.firstBurst = HubConfiguration.randomFirstBurst
+        hubConfiguration.wakesByPush = pushes != nil
         let hub = ChannelHub(configuration: hubConfiguration)
         let initialRevision = try await store.revision()
         // Joins check the store. Stored members carry the token they last joined with, so the

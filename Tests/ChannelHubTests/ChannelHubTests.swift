@@ -1370,6 +1370,28 @@ final class Harness {
         #expect(wake.first?.1.map(\.pushToken) == ["00ff"])
     }
 
+    /// With pushes off (`--apns off`) nothing wakes an asleep member: its burst is neither pushed nor
+    /// kept for it, though a member that dropped a moment ago is still owed it.
+    @Test func withoutPushesAnAsleepMemberIsNeitherWokenNorOwedTheBurst() throws {
+        var configuration = HubConfiguration()
+        configuration.wakesByPush = false
+        let h = Harness(configuration: configuration)
+        let ann = h.join("ann"), bob = h.join("bob"), cat = h.join("cat")
+        h.send(.registerPushToken(token: "00ff", environment: .production), from: bob.link)
+        h.hub.closed(bob.link, at: h.time)
+        h.advance(3_000 * ms)
+        h.hub.closed(cat.link, at: h.time)
+        h.drain()
+        h.send(.floorRequest, from: ann.link)
+        let burst = try #require(h.grantedBurst(ann.link))
+        h.audio(from: ann.link, burst: burst, sequence: 0, payload: [1])
+        h.send(.floorRelease, from: ann.link)
+        #expect(!h.other.contains { if case .burstStarted = $0 { return true } else { return false } })
+        let channel = try #require(h.hub.channels[h.channel.id])
+        #expect(channel.recordings.count == 1 && channel.recordings[0].missed == [cat.slot],
+                "Bob, asleep, won't be woken; Cat, dropped within the grace, may be back")
+    }
+
     /// A member whose token expired is still woken for a while (its app may renew), but not for good.
     @Test func anExpiredMemberIsWokenOnlyForAWhileAfterItsTokenExpired() {
         let h = Harness()
