@@ -123,6 +123,7 @@ public final class ChannelHub {
                 pushRegisteredAt: stored.pushRegisteredAt)
             member.token = grant.map { ($0.tokenID, $0.tokenIssuedAt, $0.tokenExpiresAt) }
             member.lastSeen = stored.lastSeen
+            member.unheard = Set(stored.unheard)
             channel.members[slot] = member
         }
         channels[record.id] = channel
@@ -386,8 +387,16 @@ public final class ChannelHub {
             channel.members[slot] = member
             outputs.append(.send(.pushTokenRegistered, to: [link]))
         case .setSubscriptions(let unheard):
-            channel.members[slot]!.unheard = Set(unheard)
-            listenersChanged(channel)
+            let chosen = Set(unheard)
+            if chosen != channel.members[slot]!.unheard {
+                channel.members[slot]!.unheard = chosen
+                listenersChanged(channel)
+                // Stored, so that after a restart the member is not woken by, or replayed, a talker it
+                // unsubscribed from before it joins again and says so. (A client sends its list after
+                // every join, so an unchanged one is not written again.)
+                outputs.append(.store(.setSubscriptions(channel: channel.record.id, user: channel.members[slot]!.userID,
+                                                        unheard: chosen.sorted())))
+            }
             outputs.append(.send(.subscriptions(unheard: unheard), to: [link]))
         case .renewToken(let token):
             outputs.append(.verifyRenewal(link, token: token, channel: channel.record.id))

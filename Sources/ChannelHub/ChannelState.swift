@@ -59,7 +59,8 @@ struct Member {
         MemberRecord(channelID: channel, userID: userID, displayName: name, joinedAt: joinedAt, lastSeen: lastSeen,
                      pushToken: pushToken, pushEnvironment: pushEnvironment, pushRegisteredAt: pushRegisteredAt,
                      grant: token.map { MemberGrant(canTalk: canTalk, canListen: canListen, role: role, priority: priority,
-                                                    tokenID: $0.id, tokenIssuedAt: $0.issuedAt, tokenExpiresAt: $0.expiresAt) })
+                                                    tokenID: $0.id, tokenIssuedAt: $0.issuedAt, tokenExpiresAt: $0.expiresAt) },
+                     unheard: unheard.sorted())
     }
 }
 

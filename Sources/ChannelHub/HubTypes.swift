@@ -133,6 +133,8 @@ public enum StoreOperation: Sendable, Equatable {
     case removeMember(channel: UUID, user: String)
     /// APNs said the token is dead.
     case clearPushToken(channel: UUID, user: String)
+    /// The member's subscription list (`MemberRecord.unheard`) changed.
+    case setSubscriptions(channel: UUID, user: String, unheard: [String])
     case logTransmission(TransmissionRecord)
 }
 

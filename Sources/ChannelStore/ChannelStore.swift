@@ -124,10 +124,14 @@ public struct MemberRecord: Codable, Sendable, Equatable {
     /// What the token the member last joined with allows, and which token it was. Nil for a member
     /// stored before the store kept it (schema v3), until it joins again.
     public var grant: MemberGrant?
+    /// The user ids whose audio the member chose not to hear (`setSubscriptions`), sorted. Kept so
+    /// that after a restart a member the server has not heard from since is neither woken by nor
+    /// replayed the talkers it unsubscribed from.
+    public var unheard: [String]
 
     public init(channelID: UUID, userID: String, displayName: String, joinedAt: Date = Date(), lastSeen: Date = Date(),
                 pushToken: String? = nil, pushEnvironment: PushEnvironment? = nil, pushRegisteredAt: Date? = nil,
-                grant: MemberGrant? = nil) {
+                grant: MemberGrant? = nil, unheard: [String] = []) {
         self.channelID = channelID
         self.userID = userID
         self.displayName = displayName
@@ -137,6 +141,7 @@ public struct MemberRecord: Codable, Sendable, Equatable {
         self.pushEnvironment = pushEnvironment
         self.pushRegisteredAt = pushRegisteredAt
         self.grant = grant
+        self.unheard = unheard
     }
 }
 
@@ -363,6 +368,8 @@ public protocol ChannelStore: Sendable {
     func setPushToken(channel: UUID, user: String, token: String, environment: PushEnvironment,
                       registeredAt: Date) async throws(StoreError)
     func clearPushToken(channel: UUID, user: String) async throws(StoreError)
+    /// Replaces the member's subscription list (`MemberRecord.unheard`); `memberNotFound` if absent.
+    func setSubscriptions(channel: UUID, user: String, unheard: [String]) async throws(StoreError)
 
     /// Sets the last-seen time of each member given (those still stored; none is created), in one
     /// transaction, never moving a time back: what the server writes hourly for its connected members.

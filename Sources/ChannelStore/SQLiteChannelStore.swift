@@ -222,6 +222,10 @@ public final class SQLiteChannelStore: ChannelStore {
             // while holding the write lock.
             try db.create(index: "transmission_by_time", on: "transmission", columns: ["started_at"])
         }
+        migrator.registerMigration("v5-member-subscriptions") { db in
+            // A JSON array of user ids; NULL (every row from before) hears everyone.
+            try db.alter(table: "member") { t in t.add(column: "unheard", .text) }
+        }
         return migrator
     }
 
@@ -366,6 +370,11 @@ public final class SQLiteChannelStore: ChannelStore {
              MemberRow.Columns.pushEnvironment.set(to: nil),
              MemberRow.Columns.pushRegisteredAt.set(to: nil)]
         }
+    }
+
+    public func setSubscriptions(channel: UUID, user: String, unheard: [String]) async throws(StoreError) {
+        let value = MemberRow.unheardColumn(unheard)
+        try await updateMember(channel, user, "store the subscriptions of") { [MemberRow.Columns.unheard.set(to: value)] }
     }
 
     /// `assignments` is a builder because GRDB's `ColumnAssignment` is not Sendable and the update
@@ -613,13 +622,15 @@ private struct MemberRow: Codable, FetchableRecord, PersistableRecord {
     var tokenID: String?
     var tokenIssuedAt: Int64?
     var tokenExpiresAt: Int64?
+    /// JSON, written and read by hand (`unheardIDs`) so that a damaged value loses the list, not the row.
+    var unheard: String?
 
     enum CodingKeys: String, CodingKey {
         case channelID = "channel_id", userID = "user_id", displayName = "display_name", joinedAt = "joined_at"
         case lastSeen = "last_seen", pushToken = "push_token", pushEnvironment = "push_environment"
         case pushRegisteredAt = "push_registered_at"
         case canTalk = "can_talk", canListen = "can_listen", role, priority, tokenID = "token_id"
-        case tokenIssuedAt = "token_issued_at", tokenExpiresAt = "token_expires_at"
+        case tokenIssuedAt = "token_issued_at", tokenExpiresAt = "token_expires_at", unheard
     }
 
     enum Columns {
@@ -630,6 +641,7 @@ private struct MemberRow: Codable, FetchableRecord, PersistableRecord {
         static let pushToken = Column(CodingKeys.pushToken)
         static let pushEnvironment = Column(CodingKeys.pushEnvironment)
         static let pushRegisteredAt = Column(CodingKeys.pushRegisteredAt)
+        static let unheard = Column(CodingKeys.unheard)
     }
 
     static func key(_ channel: UUID, _ user: String) -> [String: (any DatabaseValueConvertible)?] {
@@ -650,6 +662,23 @@ private struct MemberRow: Codable, FetchableRecord, PersistableRecord {
         pushEnvironment = record.pushEnvironment?.rawValue
         pushRegisteredAt = record.pushRegisteredAt?.unixMilliseconds
         grant = record.grant
+        unheardIDs = record.unheard
+    }
+
+    /// The stored subscription list. A value that doesn't read back as a list of strings (edited by
+    /// hand, or damaged) counts as none: the member hears everyone until it says otherwise, rather
+    /// than keeping its channel from loading.
+    var unheardIDs: [String] {
+        get {
+            guard let unheard, let ids = try? JSONDecoder().decode([String].self, from: Data(unheard.utf8)) else { return [] }
+            return ids
+        }
+        set { unheard = Self.unheardColumn(newValue) }
+    }
+
+    /// The column's value for a subscription list: NULL for none, as rows from before v5 have.
+    static func unheardColumn(_ ids: [String]) -> String? {
+        ids.isEmpty ? nil : (try? JSONEncoder().encode(ids.sorted())).map { String(decoding: $0, as: UTF8.self) }
     }
 
     /// The grant, if the row has one. A row edited by hand into something half-filled or out of range
@@ -684,7 +713,8 @@ private struct MemberRow: Codable, FetchableRecord, PersistableRecord {
         return MemberRecord(channelID: try uuid(channelID, in: "member"), userID: userID, displayName: displayName,
                             joinedAt: Date(unixMilliseconds: joinedAt), lastSeen: Date(unixMilliseconds: lastSeen),
                             pushToken: pushToken, pushEnvironment: environment,
-                            pushRegisteredAt: pushRegisteredAt.map(Date.init(unixMilliseconds:)), grant: grant)
+                            pushRegisteredAt: pushRegisteredAt.map(Date.init(unixMilliseconds:)), grant: grant,
+                            unheard: unheardIDs)
     }
 }
 

@@ -12,6 +12,8 @@ import Foundation
 /// - a last-seen time replaces the waiting last-seen time, or becomes the waiting member record's;
 /// - a member record replaces a waiting last-seen time;
 /// - a push token set or cleared replaces the waiting set or clear;
+/// - a subscription list replaces the waiting list, or becomes the waiting member record's; a member
+///   record (which carries the list) replaces a waiting list;
 /// - a member record replaces the waiting record (keeping its push token when the new one has none,
 ///   as the store's upsert would have kept it);
 /// - a removal after a waiting removal is dropped (the second would find no row).
@@ -87,7 +89,8 @@ struct StoreQueue {
         switch operation {
         case .upsertMember(let member): return MemberKey(channel: member.channelID, user: member.userID)
         case .touchMember(let channel, let user, _), .setPushToken(let channel, let user, _, _, _),
-             .removeMember(let channel, let user), .clearPushToken(let channel, let user):
+             .removeMember(let channel, let user), .clearPushToken(let channel, let user),
+             .setSubscriptions(let channel, let user, _):
             return MemberKey(channel: channel, user: user)
         case .logTransmission: return nil
         }
@@ -116,6 +119,12 @@ struct StoreQueue {
             }
             if later.grant == nil { later.grant = earlier.grant }
             return .upsertMember(later)
+        // A member record carries the whole subscription list, which the hub keeps current.
+        case (.setSubscriptions, .setSubscriptions), (.setSubscriptions, .upsertMember):
+            return next
+        case (.upsertMember(var member), .setSubscriptions(_, _, let unheard)):
+            member.unheard = unheard
+            return .upsertMember(member)
         case (.removeMember, .removeMember):
             return last
         default:

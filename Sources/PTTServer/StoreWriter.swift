@@ -273,6 +273,8 @@ public final class StoreWriter: Sendable {
             do { try await store.removeMember(channel: channel, user: user) } catch .memberNotFound {}
         case .clearPushToken(let channel, let user):
             do { try await store.clearPushToken(channel: channel, user: user) } catch .memberNotFound {}
+        case .setSubscriptions(let channel, let user, let unheard):
+            do { try await store.setSubscriptions(channel: channel, user: user, unheard: unheard) } catch .memberNotFound {}
         case .logTransmission(let record): try await store.logTransmission(record)
         }
     }

@@ -1424,6 +1424,11 @@ final class Harness {
         let ann = h.join("ann"), bob = h.join("bob"), cat = h.join("cat")
         h.send(.setSubscriptions(unheard: ["ann"]), from: bob.link)
         #expect(h.lastMessage(to: bob.link) == .subscriptions(unheard: ["ann"]))
+        #expect(h.stored.last == .setSubscriptions(channel: h.channel.id, user: "bob", unheard: ["ann"]))
+        // The same list again (a client says it after every join) is answered, not written again.
+        let writes = h.stored.count
+        h.send(.setSubscriptions(unheard: ["ann"]), from: bob.link)
+        #expect(h.lastMessage(to: bob.link) == .subscriptions(unheard: ["ann"]) && h.stored.count == writes)
         h.send(.floorRequest, from: ann.link)
         let burst = h.grantedBurst(ann.link)!
         h.audio(from: ann.link, burst: burst, sequence: 0, payload: [0])
@@ -1512,6 +1517,8 @@ final class Harness {
             MemberRecord(channelID: channel.id, userID: "tom", displayName: "Tom", pushToken: "bb", pushEnvironment: .sandbox,
                          grant: grant("tom-1", talk: true, listen: false)),
             MemberRecord(channelID: channel.id, userID: "old", displayName: "Old", pushToken: "cc", pushEnvironment: .sandbox),
+            MemberRecord(channelID: channel.id, userID: "sue", displayName: "Sue", pushToken: "dd", pushEnvironment: .sandbox,
+                         grant: grant("sue-1", talk: true, listen: true), unheard: ["cy"]),
         ]
         hub.upsertChannel(channel, members: stored, at: time)
         let roster = Dictionary(uniqueKeysWithValues: hub.roster(of: channel.id).map { ($0.userID, $0) })
@@ -1519,7 +1526,8 @@ final class Harness {
         #expect(roster["tom"]?.canListen == false)
         #expect(roster["old"]?.canTalk == false && roster["old"]?.canListen == true && roster["old"]?.role == nil)
 
-        // A talk burst wakes only members that may listen: not talk-only tom.
+        // A talk burst wakes only members that may listen, and want to hear the talker: not talk-only
+        // Tom, nor Sue, who unsubscribed from Cy before the restart.
         let link = Link(index: 1, generation: 1)
         hub.connected(link)
         hub.control(link, bytes: MessageCodec().encode(.join(token: "t", channel: channel.id, reason: .developerRequest)), at: time)

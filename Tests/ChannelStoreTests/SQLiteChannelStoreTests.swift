@@ -195,6 +195,29 @@ private func message(_ error: StoreError?) -> String {
         #expect(try await store.member(channel: channel.id, user: "u1")?.grant == nil)
     }
 
+    @Test func aMembersSubscriptionsAreStoredAndADamagedListReadsAsNone() async throws {
+        let store = try open()
+        let channel = makeChannel()
+        try await store.createChannel(channel)
+        let joined = ms()
+        try await store.upsertMember(MemberRecord(channelID: channel.id, userID: "u1", displayName: "Ann", joinedAt: joined, lastSeen: joined))
+        #expect(try await store.member(channel: channel.id, user: "u1")?.unheard == [])
+        try await store.setSubscriptions(channel: channel.id, user: "u1", unheard: ["u3", "u2"])
+        #expect(try await store.member(channel: channel.id, user: "u1")?.unheard == ["u2", "u3"])
+        // A member record carries the whole list, as the hub keeps it.
+        try await store.upsertMember(MemberRecord(channelID: channel.id, userID: "u1", displayName: "Ann", joinedAt: joined,
+                                                  lastSeen: joined, unheard: ["u4"]))
+        #expect(try await store.member(channel: channel.id, user: "u1")?.unheard == ["u4"])
+        try await store.setSubscriptions(channel: channel.id, user: "u1", unheard: [])
+        #expect(try await store.member(channel: channel.id, user: "u1")?.unheard == [])
+        #expect(await storeError { try await store.setSubscriptions(channel: channel.id, user: "nobody", unheard: ["u1"]) }
+                == .memberNotFound(channel: channel.id, user: "nobody"))
+        // A value edited by hand into something else loses the list, not the member or its channel.
+        try await DatabaseQueue(path: path).write { db in try db.execute(sql: "UPDATE member SET unheard = '{not a list'") }
+        let members = try await store.members(of: channel.id)
+        #expect(members.map(\.userID) == ["u1"] && members[0].unheard == [])
+    }
+
     @Test func aVersion2MemberRowReadsWithoutAGrant() async throws {
         let channel = makeChannel()
         do {
@@ -515,7 +538,7 @@ private func message(_ error: StoreError?) -> String {
         let applied = try await DatabaseQueue(path: path).read { db in
             try String.fetchAll(db, sql: "SELECT identifier FROM grdb_migrations ORDER BY identifier")
         }
-        #expect(applied == ["v1", "v2-revocations", "v3-member-grants", "v4-transmission-by-time"])
+        #expect(applied == ["v1", "v2-revocations", "v3-member-grants", "v4-transmission-by-time", "v5-member-subscriptions"])
     }
 
     @Test func filesArePrivateAndCommitsAreFullySynced() async throws {

@@ -274,6 +274,34 @@ import FoundationNetworking
         _ = await task.result
     }
 
+    /// Bob unsubscribed from Ann; then his phone slept and squelchd restarted. Ann's next burst wakes
+    /// Cat but not Bob: his choice was kept with his membership, not only in the old process's memory.
+    @Test func aTalkerUnsubscribedFromBeforeARestartDoesNotWakeTheMember() async throws {
+        let fixture = try await ServerFixture()
+        var (task, listening) = try await fixture.start(pushCertificates: DevCertificates.directory)
+        let ann = try await fixture.member("ann", port: listening.voicePort)
+        let bob = try await registered("bob", token: "b0b0b0", fixture, port: listening.voicePort)
+        let cat = try await registered("cat", token: "ca7ca7", fixture, port: listening.voicePort)
+        try await bob.send(.setSubscriptions(unheard: ["ann"]))
+        #expect(await bob.waitFor { $0 == .subscriptions(unheard: ["ann"]) } != nil)
+        for member in [ann, bob, cat] { await member.close() }
+        await listening.shutdown()
+        _ = await task.result
+
+        (task, listening) = try await fixture.start(pushCertificates: DevCertificates.directory)
+        defer { task.cancel() }
+        let simulator = try #require(listening.apnsSimulator)
+        let talker = try await fixture.member("ann", port: listening.voicePort)
+        try await talker.send(.floorRequest)
+        #expect(await talker.waitForFloor(.granted) != nil)
+        #expect(await waitForPushes(simulator, count: 1).map(\.token) == ["ca7ca7"])
+        // Bob's would have been made with Cat's; a moment more shows it isn't coming.
+        try await Task.sleep(for: .milliseconds(300))
+        #expect(simulator.acceptedPushes().map(\.token) == ["ca7ca7"])
+        await listening.shutdown()
+        _ = await task.result
+    }
+
     @Test func aConnectedMemberSilentPastTheWindowIsWokenToo() async throws {
         let fixture = try await ServerFixture()
         let (task, listening) = try await fixture.start(pushCertificates: DevCertificates.directory, wakeSilence: 0.3)

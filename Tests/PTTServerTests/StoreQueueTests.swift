@@ -11,9 +11,10 @@ import Testing
     let channel = UUID()
     let t0 = Date(timeIntervalSince1970: 1_800_000_000)
 
-    func record(_ user: String, name: String? = nil, token: String? = nil) -> MemberRecord {
+    func record(_ user: String, name: String? = nil, token: String? = nil, unheard: [String] = []) -> MemberRecord {
         MemberRecord(channelID: channel, userID: user, displayName: name ?? user, joinedAt: t0, lastSeen: t0,
-                     pushToken: token, pushEnvironment: token == nil ? nil : .production, pushRegisteredAt: token == nil ? nil : t0)
+                     pushToken: token, pushEnvironment: token == nil ? nil : .production, pushRegisteredAt: token == nil ? nil : t0,
+                     unheard: unheard)
     }
 
     func touch(_ user: String, _ seconds: Double) -> StoreOperation {
@@ -196,14 +197,17 @@ import Testing
         for step in 0..<400 {
             let user = ["ann", "bob", "cy"][next(3)]
             let seconds = Double(step)
-            switch next(7) {
-            case 0: operations.append(.upsertMember(record(user, name: "\(user) \(step)", token: next(2) == 0 ? nil : "t\(step)")))
+            switch next(8) {
+            case 0: operations.append(.upsertMember(record(user, name: "\(user) \(step)", token: next(2) == 0 ? nil : "t\(step)",
+                                                           unheard: next(2) == 0 ? [] : ["cy"])))
             case 1: operations.append(touch(user, seconds))
             case 2: operations.append(.setPushToken(channel: channel, user: user, token: "p\(step)", environment: .sandbox,
                                                     registeredAt: t0 + seconds))
             case 3: operations.append(.clearPushToken(channel: channel, user: user))
             case 4: operations.append(.removeMember(channel: channel, user: user))
             case 5: operations.append(log(user, seconds))
+            case 6: operations.append(.setSubscriptions(channel: channel, user: user,
+                                                        unheard: [["ann"], ["bob", "cy"], []][next(3)]))
             default: operations.append(touch(user, seconds))
             }
         }
