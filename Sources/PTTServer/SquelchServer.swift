@@ -84,6 +84,9 @@ public struct SquelchServer: Sendable {
             // come up empty in silence: no channels, and a new token key that calls every token forged.
             logger.warning("no database in \(dataDirectory): starting a new one, with no channels. If this server had channels, it kept them in another directory: stop it and pass that one with --data-dir (a relative path counts from the working directory)")
         }
+        // Before the database: a second server must not even migrate or prune it.
+        let lock = try DataDirectoryLock(directory: dataDirectory)
+        defer { withExtendedLifetime(lock) {} }
         let store = try SQLiteChannelStore(directory: configuration.dataDirectory)
         var tokens: TokenAuthority
         if let path = configuration.tokenKeyPath {

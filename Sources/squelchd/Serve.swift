@@ -2,6 +2,7 @@ import ArgumentParser
 import Foundation
 import Logging
 import ParticipantTokens
+import ChannelStore
 import PTTServer
 
 /// `squelchd serve`. Every option can also come from the environment or a JSON config file;
@@ -14,7 +15,8 @@ struct Serve: AsyncParsableCommand {
             \(ServerConfiguration.configFileEnvironment); keys: \(ServerConfiguration.settings.map(\.key).joined(separator: ", "))), \
             SQUELCH_* environment variables, then these flags. The admin API key is set with \
             SQUELCH_ADMIN_KEY, "adminKey" in the config file or --admin-key-file; without one, a key is \
-            generated into <data-dir>/admin-key (mode 0600) and reused. A bad setting exits with status 78.
+            generated into <data-dir>/admin-key (mode 0600) and reused. A bad setting, or a data directory \
+            another squelchd serves, exits with status 78; a database that can't be opened, with 74.
             """)
 
     @Option(help: ArgumentHelp("JSON config file (env: \(ServerConfiguration.configFileEnvironment); default: none).", valueName: "path"))
@@ -155,6 +157,15 @@ struct Serve: AsyncParsableCommand {
             throw Self.configurationFailure(error)
         } catch let error as ListenError {
             throw Self.configurationFailure(error)  // a port in use, an address this machine lacks
+        } catch let error as DataDirectoryLock.InUse {
+            throw Self.configurationFailure(error)
+        } catch let error as DataDirectoryLock.Failure {
+            throw Self.configurationFailure(error)
+        } catch let error as StoreError {
+            // A database that can't be opened (damaged, from a newer squelchd, unreadable): one line
+            // and EX_IOERR, rather than ArgumentParser's "Error:" and 1.
+            FileHandle.standardError.write(Data("squelchd: \(error)\n".utf8))
+            throw ExitCode(74)
         }
     }
 

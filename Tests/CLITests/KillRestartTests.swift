@@ -285,6 +285,38 @@ import Wire
         #expect(listed.status == 0 && listed.out.contains("Ops"), "\(listed.out) \(listed.err)")
     }
 
+    /// Two servers on one data directory would split its members between them: the second is refused
+    /// at once, naming the first; after the first is killed (`kill -9`, no clean-up), one starts again.
+    @Test func aSecondServerOnTheSameDataDirectoryIsRefused() async throws {
+        let workspace = try Workspace("data-lock")
+        defer { workspace.cleanUp() }
+        let reaper = Reaper()
+        defer { reaper.killAll() }
+        let first = try await startServer(data: workspace.data, certs: workspace.certs, reaper: reaper)
+        let second = try squelchd(["serve", "--data-dir", workspace.data, "--port", "0", "--admin-port", "0",
+                                   "--cert", workspace.certs + "/server-chain.pem", "--key", workspace.certs + "/server.key"]
+                                  + Executables.simulatorArguments(certs: workspace.certs))
+        #expect(second.status == 78, "\(second.err)")
+        #expect(second.err.contains("squelchd: another squelchd (pid \(first.process.processIdentifier)) is serving the data directory"),
+                "\(second.err)")
+        #expect(first.process.isRunning)
+
+        kill(first.process.processIdentifier, SIGKILL)
+        first.process.waitUntilExit()
+        let again = try await startServer(data: workspace.data, certs: workspace.certs, reaper: reaper)
+        #expect(again.process.isRunning)
+
+        // A database that isn't one: a line that says so, and EX_IOERR, not a usage error.
+        let damaged = workspace.root.appendingPathComponent("damaged").path
+        try FileManager.default.createDirectory(atPath: damaged, withIntermediateDirectories: true)
+        try Data(repeating: 0x5A, count: 8_192).write(to: URL(fileURLWithPath: damaged + "/squelch.sqlite"))
+        let refused = try squelchd(["serve", "--data-dir", damaged, "--port", "0", "--admin-port", "0",
+                                    "--cert", workspace.certs + "/server-chain.pem", "--key", workspace.certs + "/server.key", "--apns", "off"])
+        #expect(refused.status == 74, "\(refused.err)")
+        #expect(refused.err.hasPrefix("squelchd: database error") || refused.err.contains("\nsquelchd: database error"), "\(refused.err)")
+        #expect(!refused.err.contains("Error: "), "\(refused.err)")
+    }
+
     /// A token revoked with the CLI (another process than the server) ends its live session within
     /// the server's one-second poll, and stays revoked through `kill -9`, as does a removed member's.
     @Test func revocationsReachTheRunningServerAndSurviveKill9() async throws {
