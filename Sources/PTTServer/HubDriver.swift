@@ -342,7 +342,8 @@ final class HubDriver: WireServerDelegate {
         var reason: String
     }
 
-    /// A token is good if this server signed it, for this channel, now, and no revocation voids it.
+    /// A token is good if this server signed it, for this channel, now, no revocation voids it, and
+    /// the channel is still stored.
     /// A store that can't answer refuses the join (fail closed: a removed member must not get in
     /// while the database is down), with a reason that says to try again.
     static func check(_ token: String, channel: UUID, with tokens: TokenAuthority, store: any ChannelStore,
@@ -358,6 +359,12 @@ final class HubDriver: WireServerDelegate {
                                                            issuedAt: claims.issuedAt) {
                 let error = TokenError.revoked(at: revocation.revokedAt, reason: revocation.reason)
                 return .failure(Refusal(code: .tokenRevoked, reason: error.description))
+            }
+            // The hub learns of a channel deleted by another process (the CLI) at its next revision
+            // poll, up to a second later; a join in between would be admitted to a channel whose
+            // rows are gone, and every write for it would fail.
+            guard try await store.channel(channel) != nil else {
+                return .failure(Refusal(code: .channelNotFound, reason: "channel \(channel) does not exist (deleted?); ask for a token to an existing channel"))
             }
         } catch {
             logger.error("token refused: revocations could not be read", metadata: ["error": "\(error)"])

@@ -88,7 +88,8 @@ struct Token: AsyncParsableCommand {
             var priority: Int
             var issuedAt: Date
             var expiresAt: Date
-            /// "valid", "expired", "notYetValid" or "revoked".
+            /// "valid", "expired", "notYetValid", "revoked" or "noChannel" (its channel is not in the
+            /// database: deleted, or the token is for another server).
             var status: String
             var revocation: RevocationRecord?
         }
@@ -100,9 +101,10 @@ struct Token: AsyncParsableCommand {
                 standardError("squelchd: \(error)")
                 throw ExitCode(1)
             }
-            let revocation = try await revocationIfStored(claims)
+            let (revocation, channelExists) = try await storedState(claims)
             let now = Date()
             let status = revocation != nil ? "revoked"
+                : !channelExists ? "noChannel"
                 : claims.expiresAt <= now ? "expired"
                 : claims.issuedAt > now.addingTimeInterval(authority.clockSkew) ? "notYetValid" : "valid"
             let report = Report(tokenID: claims.tokenID, channel: claims.channel, user: claims.userID, name: claims.name,
@@ -119,17 +121,19 @@ struct Token: AsyncParsableCommand {
                 priority      \(report.priority)
                 issued        \(report.issuedAt.formatted(.iso8601))
                 expires       \(report.expiresAt.formatted(.iso8601))
-                status        \(status)\(revocation.map { " at \($0.revokedAt.formatted(.iso8601)): \($0.reason)" } ?? "")
+                status        \(status)\(revocation.map { " at \($0.revokedAt.formatted(.iso8601)): \($0.reason)" } ?? "")\(channelExists ? "" : " (no such channel in this data directory: deleted, or the token is for another server; 'squelchd channel list' shows the channels)")
                 """)
         }
 
-        /// The revocation voiding `claims`, if the database exists (a token can be read without one).
-        func revocationIfStored(_ claims: ParticipantClaims) async throws -> RevocationRecord? {
+        /// The revocation voiding `claims`, and whether its channel exists, if the database does (a
+        /// token can be read without one: then nothing is known against it).
+        func storedState(_ claims: ParticipantClaims) async throws -> (revocation: RevocationRecord?, channelExists: Bool) {
             guard FileManager.default.fileExists(atPath: Channel.StoreOptions.databasePath(in: try store.configuration().dataDirectory)) else {
-                return nil
+                return (nil, true)
             }
             return try await store.withStore { db throws(StoreError) in
-                try await db.revocation(channel: claims.channel, user: claims.userID, tokenID: claims.tokenID, issuedAt: claims.issuedAt)
+                (try await db.revocation(channel: claims.channel, user: claims.userID, tokenID: claims.tokenID, issuedAt: claims.issuedAt),
+                 try await db.channel(claims.channel) != nil)
             }
         }
     }

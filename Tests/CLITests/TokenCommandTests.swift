@@ -137,7 +137,12 @@ import Testing
         await #expect(throws: TokenError.self) { try await serverKey.verify(token, channel: channel) }
         // inspect reads the same key.
         let inspected = try Executables.run("squelchd", ["token", "inspect", token, "--data-dir", data, "--token-key", other])
-        #expect(inspected.status == 0 && inspected.out.contains("valid"), "\(inspected.err)")
+        #expect(inspected.status == 0 && inspected.out.contains("status        valid"), "\(inspected.out) \(inspected.err)")
+        // Its channel deleted, the token no longer joins, and inspect says so rather than "valid".
+        let deleted = try Executables.run("squelchd", ["channel", "delete", channel.uuidString, "--yes", "--data-dir", data])
+        #expect(deleted.status == 0, "\(deleted.err)")
+        let orphan = try Executables.run("squelchd", ["token", "inspect", token, "--data-dir", data, "--token-key", other])
+        #expect(orphan.status == 0 && orphan.out.contains("status        noChannel (no such channel"), "\(orphan.out) \(orphan.err)")
     }
 
     @Test(arguments: [

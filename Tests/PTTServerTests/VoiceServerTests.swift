@@ -224,6 +224,23 @@ func slot(of member: TestMember) -> UInt16? {
         _ = await task.result
     }
 
+    /// A channel deleted by another process (the CLI) is gone for joins at once, not only after the
+    /// server's next revision poll: a join in that second would land in a channel with no rows.
+    @Test func aJoinRightAfterTheChannelIsDeletedElsewhereIsRefused() async throws {
+        let fixture = try await ServerFixture()
+        let (task, listening) = try await fixture.start()
+        defer { task.cancel() }
+        let token = try await fixture.token("ann")
+        let member = try TestMember(port: listening.voicePort, configuration: fixture.pki.client())
+        try await member.connect()
+        try await fixture.withStore { try await $0.deleteChannel(fixture.channel.id) }
+        let answer = try await member.join(token: token, channel: fixture.channel.id)
+        guard case .refused(let code, let reason)? = answer else { Issue.record("not refused: \(String(describing: answer))"); return }
+        #expect(code == .channelNotFound && reason.contains("does not exist"), "\(reason)")
+        await listening.shutdown()
+        _ = await task.result
+    }
+
     /// An admin's removal and revocation end the member's live session and keep its old token out; a
     /// token issued after the removal gets back in.
     @Test func removedMembersAndRevokedTokensAreKeptOut() async throws {
