@@ -868,6 +868,20 @@ struct ChannelSession {
             sessionTokenExpired(reason)
             return
         }
+        if code == .replaced {
+            // Another connection of this user joined: a one-shot `walkie talk`, the same account on a
+            // second device. Leaving would forget a channel the user is still in (and drop the push
+            // token that wakes this device), and joining again at once would replace the other, which
+            // would do the same back. So this one steps aside as if suspended: channel, record and
+            // push token kept. The server wakes it by push once the other connection is gone and
+            // someone talks; a transmit request, or `resume`, takes the channel back.
+            lostConnection()
+            link = .suspended
+            outputs.append(.disconnect)
+            outputs.append(.event(.notice("\(reason): this one stepped aside; it comes back when someone talks (by push) or when you talk")))
+            outputs.append(.event(.suspended(true)))
+            return
+        }
         outputs.append(.event(.notice(reason)))
         switch code {
         case .removedByAdmin, .channelDeleted, .tokenRevoked: finish(reason: .systemPolicy)

@@ -86,7 +86,9 @@ extension ServerOptions {
         guard FileManager.default.isReadableFile(atPath: ca) else {
             throw .certificate("can't read the CA file \(ca); pass the CA that signed the server's certificate with --ca (certs/ca.pem in development)")
         }
-        return (ChannelCredentials(host: host, port: port, caPath: ca, token: token), claims.channel)
+        // Absolute: the credentials are saved for restoring, which may run from another directory.
+        let caPath = URL(fileURLWithPath: ca).standardizedFileURL.path
+        return (ChannelCredentials(host: host, port: port, caPath: caPath, token: token), claims.channel)
     }
 
     func pushTransport() -> (any PushTransport)? {
@@ -98,7 +100,7 @@ extension ServerOptions {
 
 extension AudioOptions {
     /// Opens the devices once up front, so that a missing one is reported before anything else.
-    func configuration(capture: Bool, playback: Bool) throws(WalkieFailure) -> AudioConfiguration {
+    func configuration(capture: Bool, playback: Bool, outputFlag: String = "--output-file") throws(WalkieFailure) -> AudioConfiguration {
         var audio = AudioConfiguration()
         if capture {
             if let file = inputFile {
@@ -120,8 +122,10 @@ extension AudioOptions {
         }
         if playback {
             if let file = outputFile {
-                guard FileManager.default.createFile(atPath: file, contents: nil) else {
-                    throw .audio("can't write \(file); choose a writable path for --output-file")
+                // Checked, not created: the sink truncates the file only once the channel is joined, so a
+                // join that fails (a wrong token, squelchd down) leaves a file already there untouched.
+                guard Self.canWrite(file) else {
+                    throw .audio("can't write \(file); choose a writable path for \(outputFlag)")
                 }
                 let pacer = RealTimePacer()
                 audio.makeOutput = { try WAVFileSink(path: file, pacer: pacer) }
@@ -138,6 +142,19 @@ extension AudioOptions {
     }
 }
 
+extension AudioOptions {
+    /// Whether `path` can be written: an existing file that is writable and not a directory, or a new
+    /// name in a writable directory.
+    static func canWrite(_ path: String) -> Bool {
+        var isDirectory: ObjCBool = false
+        if FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory) {
+            return !isDirectory.boolValue && access(path, W_OK) == 0
+        }
+        let directory = (path as NSString).deletingLastPathComponent
+        return access(directory.isEmpty ? "." : directory, W_OK) == 0
+    }
+}
+
 /// Turns a failed join into walkie's exit code and a line that says what to do.
 func failure(joining error: ChannelError, server: String) -> WalkieFailure {
     switch error.refusal {
@@ -148,7 +165,8 @@ func failure(joining error: ChannelError, server: String) -> WalkieFailure {
     default: break
     }
     if error.message.contains("certificate") || error.message.contains("CA") {
-        return .certificate("\(error.message); pass the CA that signed squelchd's certificate with --ca")
+        // The transport's message may say what to do already.
+        return .certificate(error.message.contains("--ca") ? error.message : "\(error.message); pass the CA that signed squelchd's certificate with --ca")
     }
     if error.message.contains("no answer") || error.message.contains("can't reach") {
         return .unreachable(error.message)

@@ -2,10 +2,13 @@ import ArgumentParser
 import Audio
 import Foundation
 import ParticipantTokens
+import NIOConcurrencyHelpers
 import PTTClient
 
 /// A one-shot client (talk, listen) keeps its manager in a directory of its own, so that it never
-/// disturbs the interactive walkie's saved channel, and leaves the channel when done.
+/// disturbs the interactive walkie's saved channel. When done it closes its connection rather than
+/// leave: a `leave` would end the user's membership on the server, and with it the push token of the
+/// user's own walkie or phone, which the one-shot's join only pushed aside (`replaced`).
 func temporaryState() -> String {
     FileManager.default.temporaryDirectory.appendingPathComponent("walkie-\(ProcessInfo.processInfo.processIdentifier)-\(UUID().uuidString.prefix(8))").path
 }
@@ -31,6 +34,7 @@ struct Talk: AsyncParsableCommand {
         audio.inputFile = file
         let configuration = try audio.configuration(capture: true, playback: false)
         let frames = (try? WAVAudio.read(path: file).pipelineSamples(resampler: Resampler()).count) ?? 0
+        guard frames > 0 else { throw WalkieFailure.audio("\(file) holds no audio (no samples); give a WAV file with speech in it") }
         let state = temporaryState()
         defer { try? FileManager.default.removeItem(atPath: state) }
         let delegate = WalkieDelegate()
@@ -71,8 +75,8 @@ struct Talk: AsyncParsableCommand {
         }
         if let began {
             manager.stopTransmitting(channelUUID: channel, source: .userRequest)
-            manager.leaveChannel(channelUUID: channel)
             try? await Task.sleep(for: .milliseconds(200))
+            await manager.invalidate()
             throw began
         }
         // The file plays in real time, and its end ends the transmission (`endTransmissionWhenInputEnds`).
@@ -96,23 +100,45 @@ struct Talk: AsyncParsableCommand {
         guard let ending, ending == .userRequest else {
             let why = manager.activeRemoteParticipant.map { "\($0.name) took the floor" } ?? "the floor was taken back or the connection dropped"
             if ending == nil { manager.stopTransmitting(channelUUID: channel, source: .userRequest) }
-            manager.leaveChannel(channelUUID: channel)
             try? await Task.sleep(for: .milliseconds(300))
             await manager.invalidate()
-            throw WalkieFailure.floor("the transmission ended before all of \(file) was sent (\(why)); send it again")
+            let again = seconds > Double(manager.channelInfo?.maxBurstSeconds ?? .max)
+                ? "the channel's bursts last at most \(manager.channelInfo?.maxBurstSeconds ?? 0) s: send it in shorter parts"
+                : "send it again"
+            throw WalkieFailure.floor("the transmission ended before all of \(file) was sent (\(why)); \(again)")
         }
+        // The file's end is only this side's: squelchd confirms the release (this member no longer
+        // talking, on a connection that is up) once it has seen it, so a server that died or a
+        // network that went away mid-file is not reported as a delivered announcement.
+        let confirmed = await releaseConfirmed(manager, within: .seconds(3))
         let sent = await manager.statistics().framesSent
-        manager.leaveChannel(channelUUID: channel)
-        try? await Task.sleep(for: .milliseconds(300))
         await manager.invalidate()
+        guard confirmed else {
+            throw WalkieFailure.unreachable("sent \(file) (\(sent) frames), but squelchd did not confirm the end of the transmission: the connection dropped during it, so the channel may not have heard all of it; check that squelchd runs, then send it again")
+        }
         say("sent \(file): \(String(format: "%.1f", seconds)) s in \(sent) frames")
     }
+}
+
+/// Whether squelchd, within `limit`, shows this member as no longer talking on a connection that is up.
+func releaseConfirmed(_ manager: ChannelManager, within limit: Duration) async -> Bool {
+    let deadline = ContinuousClock.now + limit
+    while ContinuousClock.now < deadline {
+        if manager.serviceStatus == .ready, let you = manager.roster.first(where: \.isLocal), !you.talking { return true }
+        try? await Task.sleep(for: .milliseconds(20))
+    }
+    return false
 }
 
 struct Listen: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Join and record what the channel says into a WAV file (48 kHz mono, real time, silence between bursts).",
-        discussion: "Runs for --duration seconds, or until interrupted (Ctrl-C), then completes the file and exits 0.")
+        discussion: """
+            Runs for --duration seconds, or until interrupted (Ctrl-C), then completes the file and exits 0. \
+            A session that ends early (the member removed, the channel deleted, the token expired without \
+            --token-file, another connection of the same user joining) completes the file and exits non-zero \
+            at once; so does a recording whose connection to squelchd was down when it ended (3).
+            """)
 
     @OptionGroup var server: ServerOptions
     @Option(help: "The WAV file to write.")
@@ -128,7 +154,7 @@ struct Listen: AsyncParsableCommand {
         let (credentials, channel) = try server.credentials()
         var audio = AudioOptions()
         audio.outputFile = record
-        let configuration = try audio.configuration(capture: false, playback: true)
+        let configuration = try audio.configuration(capture: false, playback: true, outputFlag: "--record")
         let state = temporaryState()
         defer { try? FileManager.default.removeItem(atPath: state) }
         let delegate = WalkieDelegate()
@@ -138,22 +164,68 @@ struct Listen: AsyncParsableCommand {
         say("listening; recording into \(record)")
         let tokenFile = server.tokenFile
         let renewals = tokenFile.map { watchTokenFile($0, current: credentials.token, manager: manager, channel: channel, problem: say) }
+        // What ends the recording early, and what the last notice and a lost connection were.
+        let (endings, end) = AsyncStream.makeStream(of: WalkieFailure.self)
+        let seen = NIOLockedValueBox<(notice: String?, downSince: Date?)>((nil, nil))
         let bursts = Task {
             for await event in manager.events {
-                if case .burstFinished(let s) = event {
+                switch event {
+                case .burstFinished(let s):
                     say("heard a burst: \(s.played + s.fecRecovered + s.concealed) frames, \(s.lost) lost")
-                } else if let (line, _) = describe(event, tokenFile: tokenFile) {
-                    say(line)
+                case .notice(let text):
+                    seen.withLockedValue { $0.notice = text }
+                case .serviceStatus(.unavailable):
+                    let first = seen.withLockedValue { state in
+                        defer { if state.downSince == nil { state.downSince = Date() } }
+                        return state.downSince == nil
+                    }
+                    if first { say("lost the connection to squelchd; trying again (the recording goes on, silent)") }
+                case .serviceStatus(.ready):
+                    let wasDown = seen.withLockedValue { state in
+                        defer { state.downSince = nil }
+                        return state.downSince != nil
+                    }
+                    if wasDown { say("connected again") }
+                case .suspended(true):
+                    // Only another connection of this user puts a one-shot aside: it has no pushes.
+                    let why = seen.withLockedValue { $0.notice } ?? "another connection of this user joined the channel"
+                    end.yield(.other("\(why); the recording stops here (one connection per user: listen as another user, or stop the other)"))
+                case .tokenExpired(let reason) where tokenFile == nil:
+                    end.yield(.token("\(reason); the recording stops here; run again with a new token (--token-file renews without a break)"))
+                default:
+                    if let (line, _) = describe(event, tokenFile: tokenFile) { say(line) }
                 }
             }
         }
-        await waitForEnd(seconds: duration)
+        let leaves = Task {
+            for await event in delegate.stream {
+                guard case .left = event else { continue }
+                // The session's notice (why) comes on the other stream; give it a moment.
+                try? await Task.sleep(for: .milliseconds(100))
+                let why = seen.withLockedValue { $0.notice } ?? "the session ended"
+                end.yield(.token("\(why); the recording stops here"))
+            }
+        }
+        let early = await withTaskGroup(of: WalkieFailure?.self) { group -> WalkieFailure? in
+            group.addTask { await waitForEnd(seconds: duration); return nil }
+            group.addTask { for await failure in endings { return failure }; return nil }
+            let first = await group.next() ?? nil
+            group.cancelAll()
+            return first
+        }
         renewals?.cancel()
         bursts.cancel()
-        manager.leaveChannel(channelUUID: channel)
-        try? await Task.sleep(for: .milliseconds(300))
+        leaves.cancel()
         // Invalidating stops playout, which completes the WAV header.
         await manager.invalidate()
+        if let early {
+            say("saved \(record) (cut short)")
+            throw early
+        }
+        if let since = seen.withLockedValue({ $0.downSince }) {
+            say("saved \(record)")
+            throw WalkieFailure.unreachable("the connection to squelchd was down since \(since.formatted(date: .omitted, time: .standard)), so the end of \(record) is silence that may have missed speech; check that squelchd runs and --server is right")
+        }
         say("saved \(record)")
     }
 }
@@ -226,7 +298,8 @@ struct Leave: AsyncParsableCommand {
         manager.leaveChannel(channelUUID: channel)
         try? await Task.sleep(for: .milliseconds(300))
         await manager.invalidate()
-        say(joined ? "left the channel" : "the server did not answer; the channel is forgotten here, and the server drops you when your token expires")
+        say(joined ? "left the channel"
+            : "the server did not answer; the channel is forgotten here, but squelchd still lists you as a member (and may wake this device by push) until you leave again with squelchd up, or an administrator removes you (DELETE /v1/channels/<id>/members/<user>)")
     }
 }
 

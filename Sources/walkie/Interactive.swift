@@ -32,6 +32,7 @@ struct Join: AsyncParsableCommand {
         do {
             let (credentials, channel) = try server.credentials()
             let configuration = try audio.configuration(capture: true, playback: true)
+            try Interactive.preflight(interactive)
             let delegate = WalkieDelegate()
             let manager = try await makeManager(delegate: delegate, stateDirectory: state.stateDir, push: server.pushTransport(), audio: configuration)
             if let active = manager.activeChannelUUID, active != channel {
@@ -81,6 +82,7 @@ struct Resume: AsyncParsableCommand {
                 throw WalkieFailure.usage("no channel to restore; join one with 'walkie join --server HOST:PORT --token T'")
             }
             let configuration = try audio.configuration(capture: true, playback: true)
+            try Interactive.preflight(interactive)
             let push = pushPort > 0 ? SimulatedPushTransport(host: saved?.credentials.host ?? "127.0.0.1", controlPort: pushPort) : nil
             let delegate = WalkieDelegate()
             let manager = try await makeManager(delegate: delegate, stateDirectory: directory, push: push, audio: configuration)
@@ -118,6 +120,17 @@ enum Interactive {
     final class SharedBox: Sendable {
         let box = NIOLockedValueBox(Shared())
         func report(_ text: String) { box.withLockedValue { $0.status = .init(text, isError: true) } }
+    }
+
+    /// What the screen needs, checked before anything joins or is saved: a usage mistake must not
+    /// leave a channel saved and a member (with a push token) on the server behind it.
+    static func preflight(_ options: InteractiveOptions) throws(WalkieFailure) {
+        guard Key(name: options.key) != nil else {
+            throw .usage("--key \(options.key) is not a key name; try space, a letter, or f1-f12")
+        }
+        guard isatty(STDIN_FILENO) == 1, isatty(STDOUT_FILENO) == 1 else {
+            throw .usage(TerminalError.notATerminal.description)
+        }
     }
 
     static func run(manager: ChannelManager, delegate: WalkieDelegate, options: InteractiveOptions, tokenFile: String?,

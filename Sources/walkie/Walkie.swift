@@ -24,6 +24,25 @@ struct Walkie: AsyncParsableCommand {
         version: SquelchInfo.version,
         subcommands: [Resume.self, Join.self, Talk.self, Listen.self, Status.self, Leave.self, Devices.self],
         defaultSubcommand: Resume.self)
+
+    /// ArgumentParser's own usage errors (a missing option, an unknown command, a value that doesn't
+    /// parse) would exit 64, EX_USAGE; walkie promises 2 for bad usage, as its own checks exit.
+    static func main() async {
+        do {
+            var command = try parseAsRoot()
+            if var command = command as? any AsyncParsableCommand {
+                try await command.run()
+            } else {
+                try command.run()
+            }
+        } catch {
+            if exitCode(for: error) == .validationFailure {
+                FileHandle.standardError.write(Data((fullMessage(for: error) + "\n").utf8))
+                Foundation.exit(2)
+            }
+            exit(withError: error)
+        }
+    }
 }
 
 /// Why walkie stops, with the exit code from `walkie --help` and one line that says what to do.

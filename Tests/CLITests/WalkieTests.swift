@@ -160,6 +160,53 @@ import Testing
         #expect(missing.status == 2 && missing.err.contains("can't read the token file"), "\(missing.err)")
     }
 
+    /// One-shots share the user's membership with the user's other connections: a `walkie talk` as
+    /// Bob pushes Bob's running recorder aside (one connection per member), which stops and says so
+    /// rather than record silence, and when done it closes rather than leave, so Bob stays a member.
+    /// A recorder whose join fails leaves the file already at its path alone. A server killed
+    /// mid-file: the talk is not reported as sent, and the recorder says its connection was down.
+    @Test func oneShotsKeepTheMembershipAndReportWhatTheyCouldNotDo() async throws {
+        let world = try await World()
+        defer { world.finish() }
+        let heard = world.dir + "/heard.wav"
+        let keep = world.dir + "/keep.wav"
+        try FileManager.default.copyItem(atPath: world.speech, toPath: keep)
+        let unreachable = try Executables.run("walkie", ["listen", "--server", "127.0.0.1:9", "--token", world.tokens["bob"]!,
+                                                         "--ca", world.certs + "/ca.pem", "--record", keep, "--push-port", "0"])
+        #expect(unreachable.status == 3, "\(unreachable.err)")
+        #expect(FileManager.default.contents(atPath: keep) == FileManager.default.contents(atPath: world.speech), "the file was touched")
+
+        let recorder = try Running(["listen"] + world.arguments("bob") + ["--record", heard, "--duration", "30", "--push-port", "0"],
+                                   reaper: world.reaper)
+        #expect(await recorder.out.wait(for: "listening", seconds: 20) != nil, "\(recorder.err.contents)")
+        let talk = try Executables.run("walkie", ["talk"] + world.arguments("bob") + ["--file", world.speech, "--push-port", "0"])
+        #expect(talk.status == 0, "\(talk.err)")
+        #expect(await recorder.process.waitForExit(seconds: 10), "the recorder went on after it was pushed aside")
+        #expect(recorder.process.terminationStatus == 1 && recorder.err.contents.contains("another connection"), "\(recorder.err.contents)")
+        #expect(recorder.out.contents.contains("cut short"), "\(recorder.out.contents)")
+        #expect(try KillRestartTests().storedMembers(world.channel, data: world.data)["bob"] != nil, "the one-shot left Bob's membership")
+
+        // squelchd dies (kill -9) while Ann's file is still being sent.
+        let long = world.dir + "/long.wav"
+        try World.writeSpeech(seconds: 6, to: long)
+        let ann = try Running(["talk"] + world.arguments("ann") + ["--file", long, "--push-port", "0"], reaper: world.reaper)
+        #expect(await ann.out.wait(for: "sent|never", seconds: 2.5) == nil)
+        kill(world.server.process.processIdentifier, SIGKILL)
+        #expect(await ann.process.waitForExit(seconds: 20))
+        #expect(ann.process.terminationStatus == 3 && ann.err.contents.contains("did not confirm the end"), "\(ann.out.contents) \(ann.err.contents)")
+
+        // squelchd stops while Cat records: she is told at once (a dead one is noticed within 35 s),
+        // and the recording's end is reported as possibly incomplete.
+        let server = try await KillRestartTests().startServer(data: world.data, certs: world.certs, reaper: world.reaper)
+        let cat = try Running(["listen", "--server", "127.0.0.1:\(server.voicePort)", "--token", world.tokens["cat"]!, "--ca", world.certs + "/ca.pem",
+                               "--record", heard, "--duration", "6", "--push-port", "0"], reaper: world.reaper)
+        #expect(await cat.out.wait(for: "listening", seconds: 20) != nil, "\(cat.err.contents)")
+        kill(server.process.processIdentifier, SIGTERM)
+        #expect(await cat.out.wait(for: "lost the connection to squelchd", seconds: 5) != nil, "\(cat.out.contents)")
+        #expect(await cat.process.waitForExit(seconds: 20))
+        #expect(cat.process.terminationStatus == 3 && cat.err.contents.contains("was down since"), "\(cat.out.contents) \(cat.err.contents)")
+    }
+
     @Test func everyFailureIsOneLineWithItsExitCode() async throws {
         let world = try await World()
         defer { world.finish() }
@@ -198,6 +245,24 @@ import Testing
         #expect(await ann.process.waitForExit(seconds: 20) && ann.process.terminationStatus == 0, "\(ann.err.contents)")
         // No channel saved: walkie with no command says how to join.
         try check(["--state-dir", world.dir + "/empty", "--push-port", "0"], code: 2, mentions: "walkie join", "nothing to restore")
+        // The screen needs a terminal: said before anything joins, so nothing is saved and Cat is not
+        // made a member by a command that could not run.
+        let screenless = world.dir + "/screenless"
+        let files = ["--input-file", world.speech, "--output-file", world.dir + "/screenless.wav"]
+        try check(["join"] + world.arguments("cat") + files + ["--push-port", "0", "--state-dir", screenless], code: 2,
+                  mentions: "needs a terminal", "no terminal")
+        try check(["join"] + world.arguments("cat") + files + ["--push-port", "0", "--state-dir", screenless, "--key", "bogus"], code: 2,
+                  mentions: "not a key name", "bad key")
+        #expect(try Executables.run("walkie", ["status", "--state-dir", screenless]).status == 2, "a channel was saved")
+        #expect(try KillRestartTests().storedMembers(world.channel, data: world.data)["cat"] == nil, "Cat joined")
+        // ArgumentParser's own usage errors exit 2 too, as --help promises (not its 64).
+        let missing = try Executables.run("walkie", ["talk"] + world.arguments("ann"))
+        #expect(missing.status == 2 && missing.err.contains("--file"), "\(missing.status): \(missing.err)")
+        #expect(try Executables.run("walkie", ["bogus"]).status == 2)
+        // A WAV without samples is not reported as sent.
+        let empty = world.dir + "/empty.wav"
+        try WAVFileSink(path: empty, pacer: VirtualPacer()).finish()
+        try check(["talk"] + world.arguments("ann") + ["--file", empty, "--push-port", "0"], code: 7, mentions: "holds no audio", "empty file")
     }
 
     /// tmux drives the full-screen UI: it has no key-release events, so this is the latch path.

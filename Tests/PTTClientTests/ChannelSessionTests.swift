@@ -201,6 +201,27 @@ func sent(_ outputs: [SessionOutput]) -> [ClientMessage] {
         #expect(delegateCalls(out).last == .didLeave(channelID, .systemPolicy))
     }
 
+    /// Replaced by another connection of the same user (a one-shot `walkie talk`, a second device):
+    /// the session steps aside, keeping its channel, record and push token, neither leaving nor
+    /// joining straight back (which would replace the other in turn); a push or a press brings it back.
+    @Test func aSessionReplacedByAnotherConnectionStepsAsideAndKeepsItsChannel() {
+        var s = joinedSession()
+        s.received(.refused(code: .replaced, reason: "you joined this channel from another connection"))
+        var out = s.takeOutputs()
+        #expect(delegateCalls(out).isEmpty, "no didLeave")
+        #expect(!out.contains(.forgetRestoration) && !out.contains(.invalidatePushToken(Data([0xAB, 0xCD]))))
+        #expect(out.contains(.disconnect) && out.contains(.event(.suspended(true))) && s.link == .suspended)
+        #expect(!out.contains { if case .connect = $0 { return true } else { return false } })
+        #expect(s.channel == channelID)
+        // The close that follows the refusal doesn't start a reconnect loop.
+        s.transportFailed("replaced by a newer connection")
+        out = s.takeOutputs()
+        #expect(!out.contains { if case .scheduleReconnect = $0 { return true } else { return false } })
+        // A press takes the channel back.
+        s.beginTransmitting(channelID, source: .userRequest)
+        #expect(s.takeOutputs().contains(.connect(credentials)))
+    }
+
     func token(of s: ChannelSession) -> String? { s.credentials?.token }
     func saved(_ outputs: [SessionOutput]) -> [String] {
         outputs.compactMap { if case .save(let r) = $0 { return r.credentials.token } else { return nil } }
