@@ -382,7 +382,9 @@ public protocol ChannelStore: Sendable {
 
     // Revocations
     /// Stores `revocation` and returns it with its sequence; also drops revocations whose tokens have
-    /// expired. A member revocation replaces an earlier one for the same member (its cut-off is later).
+    /// expired. A member revocation replaces an earlier one for the same member (its cut-off is later);
+    /// a token already revoked returns the stored revocation (completed with the token's expiry and
+    /// user if it was made by id alone) rather than a second one.
     func revoke(_ revocation: RevocationRecord) async throws(StoreError) -> RevocationRecord
     /// The revocation that voids a token with these claims, if any: checked on every join.
     func revocation(channel: UUID, user: String, tokenID: String, issuedAt: Date) async throws(StoreError) -> RevocationRecord?

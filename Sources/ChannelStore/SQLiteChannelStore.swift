@@ -399,6 +399,17 @@ public final class SQLiteChannelStore: ChannelStore {
             if newRow.tokenID == nil {
                 try RevocationRow.filter(RevocationRow.Columns.channelID == newRow.channelID && RevocationRow.Columns.userID == newRow.userID
                                          && RevocationRow.Columns.tokenID == nil).deleteAll(db)
+            } else if var existing = try RevocationRow.filter(RevocationRow.Columns.channelID == newRow.channelID
+                                                              && RevocationRow.Columns.tokenID == newRow.tokenID).fetchOne(db) {
+                // The same token revoked again (a retry, a second administrator): the first revocation
+                // stands, rather than a second row. It learns what it lacked when it was made by id
+                // alone: the token's expiry (so it can be pruned) and its user.
+                if existing.expiresAt == nil, newRow.expiresAt != nil {
+                    existing.expiresAt = newRow.expiresAt
+                    existing.userID = existing.userID ?? newRow.userID
+                    try existing.update(db)
+                }
+                return try existing.record()
             }
             var row = newRow
             try row.insert(db)

@@ -60,8 +60,6 @@ public enum AdminAPI {
     /// Longest participant token lifetime `POST /v1/channels/:id/tokens` issues.
     public static let maxTokenLifetimeSeconds = Int(ParticipantClaims.maxLifetime)
     public static let defaultTokenLifetimeSeconds = 12 * 3_600
-    /// Longest user id and display name in an issued token.
-    public static let maxUserFieldLength = 128
     public static let defaultTransmissionLimit = 50
     public static let maxTransmissionLimit = 1_000
     public static let metricsContentType = "text/plain; version=0.0.4"
@@ -189,7 +187,7 @@ public enum AdminAPI {
             _ = try await existingChannel(id, in: store)
             let body = try await decode(TokenRequest.self, from: request)
             let claims = try body.claims(channel: id, now: Date())
-            do throws(InvalidClaims) { try claims.validate() } catch { throw AdminError(.badRequest, error.message) }
+            do throws(InvalidClaims) { try claims.validateForIssue() } catch { throw AdminError(.badRequest, error.message) }
             let token: String
             do { token = try await admin.tokens.issue(claims) } catch {
                 throw AdminError(.internalServerError, "could not sign the token (\(error)); check the token key in the data directory")
@@ -213,6 +211,9 @@ public enum AdminAPI {
             if log.isEmpty { _ = try await existingChannel(id, in: store) }
             return try json(log)
         }
+        // Last, so that it wraps only what no route matched (Hummingbird applies a router's
+        // middleware to the routes added after it, and to its not-found answer).
+        router.add(middleware: UnknownEndpointMiddleware())
         return router
     }
 
@@ -276,14 +277,9 @@ public enum AdminAPI {
         var ttlSeconds: Int?
 
         func claims(channel: UUID, now: Date) throws(AdminError) -> ParticipantClaims {
+            // Lengths and characters are `ParticipantClaims.validateForIssue`'s, as for the CLI.
             let user = self.user.trimmingCharacters(in: .whitespacesAndNewlines)
             let name = self.name.trimmingCharacters(in: .whitespacesAndNewlines)
-            guard (1...maxUserFieldLength).contains(user.count) else {
-                throw AdminError(.badRequest, "user must be 1-\(maxUserFieldLength) characters")
-            }
-            guard (1...maxUserFieldLength).contains(name.count) else {
-                throw AdminError(.badRequest, "name must be 1-\(maxUserFieldLength) characters")
-            }
             var capabilities = Set<Capability>()
             for text in self.capabilities ?? ["talk", "listen"] {
                 guard let capability = Capability(rawValue: text) else {
@@ -423,6 +419,13 @@ public enum AdminAPI {
         if let unknown = dictionary.keys.sorted().first(where: { !fields.contains($0) }) {
             throw AdminError(.badRequest, "unknown field \"\(unknown)\"; valid fields are \(fields.joined(separator: ", "))")
         }
+        // Foundation's decoder reports a fraction given for a whole number as "not valid JSON",
+        // naming no field; the body is valid JSON, so say which field and why.
+        for field in ["maxBurstSeconds", "priority", "ttlSeconds"] where fields.contains(field) {
+            if let number = dictionary[field] as? NSNumber, number.doubleValue.rounded() != number.doubleValue {
+                throw AdminError(.badRequest, "field \"\(field)\" must be a whole number, not \(number)")
+            }
+        }
         do { return try JSONDecoder().decode(Body.self, from: data) } catch let error as AdminError {
             throw error
         } catch let error as DecodingError {
@@ -442,7 +445,9 @@ public enum AdminAPI {
         case .typeMismatch(let type, let context):
             return "field \"\(field(context.codingPath))\" must be \(describe(type))"
         case .dataCorrupted(let context):
-            if context.codingPath.isEmpty { return "the request body is not valid JSON (\(context.debugDescription))" }
+            // The body parsed as JSON before it was decoded, so this is a value of the wrong kind,
+            // whose field Foundation doesn't always name.
+            if context.codingPath.isEmpty { return "a field has a value of the wrong kind (\(context.debugDescription)); check that each number, string and list is where the API expects one" }
             return "field \"\(field(context.codingPath))\" is not valid (\(context.debugDescription))"
         @unknown default:
             return "the request body could not be read (\(error))"
@@ -511,6 +516,17 @@ struct JSONErrorMiddleware<Context: RequestContext>: RouterMiddleware {
         } catch {
             context.logger.error("admin API: \(request.method) \(request.uri.path) failed: \(error)")
             throw AdminError(.internalServerError, "internal error (\(error)); check the server log")
+        }
+    }
+}
+
+/// Turns the router's bare 404 for a path or method it has no route for into the API's JSON error,
+/// with where the routes are.
+struct UnknownEndpointMiddleware<Context: RequestContext>: RouterMiddleware {
+    func handle(_ request: Request, context: Context,
+                next: (Request, Context) async throws -> Response) async throws -> Response {
+        do { return try await next(request, context) } catch let error as HTTPError where error.status == .notFound {
+            throw AdminError(.notFound, "there is no \(request.method) \(request.uri.path); the admin API has GET /healthz, /version and /metrics, and its JSON endpoints under /v1/channels (docs/architecture.md, \"Admin API\")")
         }
     }
 }

@@ -64,6 +64,28 @@ public struct ParticipantClaims: Sendable, Equatable {
         try check(tokenID, "the token id", max: Self.maxTokenIDBytes)
         if capabilities.isEmpty { throw InvalidClaims("the token grants no capability (talk, listen)") }
     }
+
+    /// What squelchd's issuers (`squelchd token issue`, the admin API) check before signing, over
+    /// `validate`: what every roster shows must read as what it is. A user id or name of spaces
+    /// shows as a blank entry; line separators and bidirectional overrides or isolates make a name
+    /// display as something else (the same rules as channel names). Not part of `validate`, which
+    /// verification also runs, so tokens issued before these rules still join.
+    public func validateForIssue() throws(InvalidClaims) {
+        try validate()
+        func check(_ value: String, _ field: String) throws(InvalidClaims) {
+            if value.allSatisfy(\.isWhitespace) { throw InvalidClaims("\(field) is only spaces; give a visible one") }
+            if value != value.trimmingCharacters(in: .whitespacesAndNewlines) {
+                throw InvalidClaims("\(field) starts or ends with spaces; give it without them")
+            }
+            if value.unicodeScalars.contains(where: { $0 == "\u{2028}" || $0 == "\u{2029}" || (0x202A...0x202E).contains($0.value)
+                                                   || (0x2066...0x2069).contains($0.value) }) {
+                throw InvalidClaims("\(field) contains line separators or bidirectional text controls (U+2028-2029, U+202A-202E, U+2066-2069); use plain text")
+            }
+        }
+        try check(userID, "the user id")
+        try check(name, "the name")
+        if let role { try check(role, "the role") }
+    }
 }
 
 /// Claims no token may carry, with what is wrong in words for whoever asked for the token.

@@ -51,9 +51,13 @@ struct Token: AsyncParsableCommand {
                 capabilities.insert(parsed)
             }
             let now = Date()
-            let claims = ParticipantClaims(userID: user, name: name, channel: channelID, capabilities: capabilities, role: role,
+            // Trimmed as the admin API trims: a pasted name's stray newline is not part of it.
+            let role = self.role?.trimmingCharacters(in: .whitespacesAndNewlines)
+            let claims = ParticipantClaims(userID: user.trimmingCharacters(in: .whitespacesAndNewlines),
+                                           name: name.trimmingCharacters(in: .whitespacesAndNewlines), channel: channelID,
+                                           capabilities: capabilities, role: role?.isEmpty == true ? nil : role,
                                            priority: UInt8(priority), issuedAt: now, expiresAt: now.addingTimeInterval(lifetime))
-            do throws(InvalidClaims) { try claims.validate() } catch { throw ValidationError(error.message) }
+            do throws(InvalidClaims) { try claims.validateForIssue() } catch { throw ValidationError(error.message) }
             let configuration = try store.configuration(tokenKey: tokenKey)
             // A token for a channel the server doesn't have is refused at every join, long after the
             // typo; the check needs the database, which a host holding only the key (--token-key) lacks.

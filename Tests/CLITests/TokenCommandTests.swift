@@ -151,6 +151,9 @@ import Testing
         (["--capability", "shout"], "unknown capability"),
         (["--priority", "300"], "0-255"),
         (["--ttl", "31d"], "longer than 30d"),
+        (["--user", "   "], "the user id is empty"),
+        (["--name", "Ann\u{202E}nimda"], "bidirectional"),
+        (["--name", String(repeating: "n", count: 65)], "at most 64"),
     ] as [([String], String)])
     func badOptionsSayWhatIsWrong(options: [String], message: String) throws {
         var arguments = ["token", "issue", "--channel", UUID().uuidString, "--user", "u", "--name", "n",

@@ -450,6 +450,17 @@ private func message(_ error: StoreError?) -> String {
         let elsewhere = try await store.revoke(.member(channel: other.id, user: "bob", at: now, reason: "removed"))
         #expect(try await store.revocations(after: 0, channel: channel.id) == [stored])
         #expect(try await store.revocations(after: 0, channel: nil) == [stored, elsewhere])
+        // Revoked again: the first revocation stands, with no second row.
+        let again = try await store.revoke(.token("jti-1", channel: channel.id, user: "ann", expiresAt: now.addingTimeInterval(3600),
+                                                  at: now.addingTimeInterval(5), reason: "retry"))
+        #expect(again == stored)
+        #expect(try await store.revocations(after: 0, channel: channel.id) == [stored])
+        // One made by id alone learns the token's expiry and user when the whole token is revoked.
+        let byID = try await store.revoke(.token("jti-3", channel: channel.id, user: nil, expiresAt: nil, at: now, reason: "by id"))
+        let whole = try await store.revoke(.token("jti-3", channel: channel.id, user: "cy", expiresAt: now.addingTimeInterval(60),
+                                                  at: now, reason: "whole"))
+        #expect(whole.sequence == byID.sequence && whole.reason == "by id" && whole.userID == "cy" && whole.expiresAt == now.addingTimeInterval(60))
+        #expect(try await store.revocations(after: 0, channel: channel.id).count == 2)
     }
 
     @Test func removingAMemberVoidsItsEarlierTokensOnly() async throws {

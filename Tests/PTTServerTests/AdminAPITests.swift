@@ -119,8 +119,12 @@ extension TestResponse {
                 #expect(health.connections == 3)
                 #expect(health.uptimeSeconds >= 0)
             }
-            try await client.execute(uri: "/nope", method: .get) { response in
-                #expect(response.status == .notFound)
+            // A path or a method with no route: the API's JSON error, saying where the routes are.
+            for (uri, method) in [("/nope", HTTPRequest.Method.get), ("/v1/channels", .put)] {
+                try await client.execute(uri: uri, method: method) { response in
+                    #expect(response.status == .notFound)
+                    #expect(response.errorMessage.contains("there is no \(method) \(uri); the admin API has"), "\(response.text)")
+                }
             }
         }
     }
@@ -510,7 +514,9 @@ extension TestResponse {
                 (#"{"user":"a","name":"A","priority":256}"#, "0-255"),
                 (#"{"user":"a","name":"A","capabilities":["shout"]}"#, "unknown capability 'shout'"),
                 (#"{"user":"a","name":"A","capabilities":[]}"#, "capabilities is empty"),
-                (#"{"user":"","name":"A"}"#, "user must be"),
+                (#"{"user":"","name":"A"}"#, "the user id is empty"),
+                (#"{"user":"a","name":"Ann\u202Enimda"}"#, "bidirectional"),
+                (#"{"user":"a","name":"A","priority":1.5}"#, "1.5"),
                 (#"{"name":"A"}"#, "\"user\" is required"),
             ]
             for (body, expected) in refusals {

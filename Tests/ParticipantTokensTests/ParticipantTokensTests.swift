@@ -117,6 +117,22 @@ import Testing
         #expect(left == ["token-key.pem"], "no temporary files left behind: \(left)")
     }
 
+    /// Issuing is stricter than verifying: a name that displays as something else, or as nothing, is
+    /// refused when signed, while tokens already out keep joining.
+    @Test func issuingRefusesNamesThatDoNotReadAsWhatTheyAre() throws {
+        func claims(user: String = "u1", name: String = "Ann", role: String? = nil) -> ParticipantClaims {
+            ParticipantClaims(userID: user, name: name, channel: UUID(), capabilities: [.listen], role: role, expiresAt: Date().addingTimeInterval(60))
+        }
+        try claims().validateForIssue()
+        try claims(name: "Anne-Marie O’Brien", role: "dispatcher").validateForIssue()
+        for bad in [claims(name: "Ann\u{202E}nimda"), claims(name: "Ann\u{2066}x"), claims(role: "a\u{2028}b"),
+                    claims(user: "\u{3000}"), claims(name: " Ann"), claims(user: "u1\u{202D}")] {
+            #expect(throws: InvalidClaims.self) { try bad.validateForIssue() }
+        }
+        // What verification checks is unchanged: such a token, already issued, still reads as valid.
+        try claims(name: "Ann\u{202E}nimda").validate()
+    }
+
     @Test func lifetimesParse() {
         #expect(parseLifetime("12h") == 43_200)
         #expect(parseLifetime("30m") == 1_800)
