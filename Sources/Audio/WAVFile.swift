@@ -3,6 +3,10 @@ import Foundation
 extension WAVAudio {
     /// Reads and parses a WAV file. Files over the data limit are refused before they are read.
     public static func read(path: String) throws(AudioError) -> WAVAudio {
+        var isDirectory: ObjCBool = false
+        if FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory), isDirectory.boolValue {
+            throw .file(path: path, reason: "it is a directory; give a WAV file")
+        }
         guard let handle = FileHandle(forReadingAtPath: path) else {
             throw .file(path: path, reason: "cannot open it (\(FileManager.default.fileExists(atPath: path) ? "permission denied" : "no such file")); check the path")
         }

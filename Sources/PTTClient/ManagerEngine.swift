@@ -377,9 +377,12 @@ actor ManagerEngine {
         let g = generation
         let sink = commandSink
         let client: WireClientChannel
+        let validator: CertificateValidator
+        do { validator = try Self.loadCA(credentials.caPath) } catch {
+            sink.yield(.transportFailed(g, error.message))
+            return
+        }
         do {
-            let pem = try String(contentsOfFile: credentials.caPath, encoding: .utf8)
-            let validator = try CertificateValidator(caPEM: pem)
             var clientConfiguration = ClientConfiguration(serverName: credentials.serverName ?? credentials.host, validator: validator)
             clientConfiguration.connection = configuration.connection
             let address = try SocketAddress.makeAddressResolvingHost(credentials.host, port: credentials.port)
@@ -456,10 +459,29 @@ actor ManagerEngine {
     }
 
     static func describeSetup(_ error: any Error, _ credentials: ChannelCredentials) -> String {
-        if error is CocoaError || (error as NSError).domain == NSCocoaErrorDomain {
-            return "can't read the CA file \(credentials.caPath); pass the CA that signed the server's certificate (certs/ca.pem in development)"
+        "can't reach \(credentials.host):\(credentials.port): \(error); check the server address"
+    }
+
+    struct CAProblem: Error { var message: String }
+
+    /// The CA certificates in `path`, or what is wrong with the file in words: missing, a directory,
+    /// not readable, not text, or text without a certificate.
+    static func loadCA(_ path: String) throws(CAProblem) -> CertificateValidator {
+        let advice = "pass the CA that signed the server's certificate (certs/ca.pem in development)"
+        var isDirectory: ObjCBool = false
+        guard FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory) else {
+            throw CAProblem(message: "the CA file \(path) does not exist; \(advice)")
         }
-        return "can't reach \(credentials.host):\(credentials.port): \(error); check the server address"
+        guard !isDirectory.boolValue else { throw CAProblem(message: "the CA file \(path) is a directory; \(advice)") }
+        guard let data = FileManager.default.contents(atPath: path) else {
+            throw CAProblem(message: "can't read the CA file \(path) (check its permissions); \(advice)")
+        }
+        guard let pem = String(data: data, encoding: .utf8) else {
+            throw CAProblem(message: "the CA file \(path) is not a PEM certificate (it isn't text); \(advice)")
+        }
+        do { return try CertificateValidator(caPEM: pem) } catch {
+            throw CAProblem(message: "the CA file \(path) holds no readable CA certificate (\(error)); \(advice)")
+        }
     }
 
     static func describe(_ error: any Error, _ credentials: ChannelCredentials) -> String {

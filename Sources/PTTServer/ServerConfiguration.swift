@@ -337,10 +337,13 @@ public struct ServerConfiguration: Sendable, Equatable {
 
     static func fileOverrides(path: String) throws(ConfigurationError) -> ConfigurationOverrides {
         let data: Data
-        do { data = try Data(contentsOf: URL(fileURLWithPath: path)) } catch {
-            let reason = FileManager.default.fileExists(atPath: path) ? "cannot read it (\(error.localizedDescription))" : "no such file"
+        var isDirectory: ObjCBool = false
+        let exists = FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory)
+        guard exists, !isDirectory.boolValue, let read = FileManager.default.contents(atPath: path) else {
+            let reason = !exists ? "no such file" : isDirectory.boolValue ? "it is a directory, not a JSON file" : "cannot read it (check its permissions)"
             throw .configFile(path: path, problem: "\(reason); check the path given with --config or \(configFileEnvironment)")
         }
+        data = read
         let object: [String: JSONValue]
         do { object = try JSONDecoder().decode([String: JSONValue].self, from: data) } catch {
             let why: String

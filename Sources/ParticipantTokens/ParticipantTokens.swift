@@ -266,13 +266,23 @@ public struct TokenAuthority: Sendable {
             do { payload = try await collection.verify(token, as: TokenPayload.self) } catch let error as JWTError {
                 // Not this key's signature: the next key may have made it.
                 if error.errorType == .signatureVerificationFailed || error.errorType == .unknownKID { continue }
-                throw .malformed(error.reason ?? "\(error.errorType)")
+                throw .malformed(Self.readable(error))
             } catch {
-                throw .malformed("\(error)")
+                throw .malformed(Self.readable(error))
             }
         }
         guard let payload else { throw .forged }
         return try Self.claims(from: payload)
+    }
+
+    /// jwt-kit's reason in words for whoever pasted the token: a part that isn't base64url JSON comes
+    /// back as Foundation's `DecodingError` dump, which says nothing to a user.
+    static func readable(_ error: any Error) -> String {
+        let reason = (error as? JWTError).map { $0.reason ?? "\($0.errorType)" } ?? "\(error)"
+        if error is DecodingError || reason.contains("Couldn't decode") || reason.contains("DecodingError") {
+            return "its parts are not base64url-encoded JSON; it was probably cut short or changed in copying"
+        }
+        return reason
     }
 
     /// What `token` states, read with jwt-kit's parser but without checking its signature, times or
@@ -281,9 +291,9 @@ public struct TokenAuthority: Sendable {
     public static func unverifiedClaims(of token: String) throws(TokenError) -> ParticipantClaims {
         let payload: TokenPayload
         do { payload = try DefaultJWTParser().parse(Array(token.utf8), as: TokenPayload.self).payload } catch let error as JWTError {
-            throw .malformed(error.reason ?? "\(error.errorType)")
+            throw .malformed(Self.readable(error))
         } catch {
-            throw .malformed("\(error)")
+            throw .malformed(Self.readable(error))
         }
         return try claims(from: payload)
     }

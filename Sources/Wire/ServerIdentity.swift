@@ -87,10 +87,16 @@ public struct ServerIdentity: Sendable {
     /// Reads the chain and key from files.
     public static func load(chainPath: String, keyPath: String, now: Date = Date()) throws(LoadError) -> ServerIdentity {
         func read(_ path: String, flag: String, _ failure: (String, String) -> LoadError) throws(LoadError) -> String {
-            guard let text = try? String(contentsOfFile: path, encoding: .utf8) else {
-                let reason = FileManager.default.fileExists(atPath: path) ? "it cannot be read (check its permissions)"
-                    : "no such file; run 'make certs' for development certificates, or pass --\(flag) PATH"
-                throw failure(path, reason)
+            var isDirectory: ObjCBool = false
+            guard FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory) else {
+                throw failure(path, "no such file; run 'make certs' for development certificates, or pass --\(flag) PATH")
+            }
+            guard !isDirectory.boolValue else { throw failure(path, "it is a directory; pass the PEM file with --\(flag) PATH") }
+            guard let data = FileManager.default.contents(atPath: path) else {
+                throw failure(path, "it cannot be read (check its permissions)")
+            }
+            guard let text = String(data: data, encoding: .utf8) else {
+                throw failure(path, "it is not a PEM file (it isn't text); pass the PEM file with --\(flag) PATH")
             }
             return text
         }

@@ -105,8 +105,10 @@ extension AudioOptions {
         if capture {
             if let file = inputFile {
                 let samples: [Int16]
+                // AudioError names the path and says what to do.
                 do { samples = try WAVAudio.read(path: file).pipelineSamples(resampler: Resampler()) } catch {
-                    throw .audio("can't use \(file) as input: \(error); give a WAV file (16-bit or float PCM)")
+                    let text = "\(error)"
+                    throw .audio(text.hasPrefix(file + ":") ? text : "can't use \(file) as input: \(text)")
                 }
                 audio.makeInput = { WAVFileSource(pipelineSamples: samples, pacer: RealTimePacer()) }
                 // Each press sends the file from its start; its end releases the floor.
@@ -166,7 +168,8 @@ func failure(joining error: ChannelError, server: String) -> WalkieFailure {
     }
     if error.message.contains("certificate") || error.message.contains("CA") {
         // The transport's message may say what to do already.
-        return .certificate(error.message.contains("--ca") ? error.message : "\(error.message); pass the CA that signed squelchd's certificate with --ca")
+        return .certificate(error.message.contains("--ca") || error.message.contains("pass the CA")
+                            ? error.message : "\(error.message); pass the CA that signed squelchd's certificate with --ca")
     }
     if error.message.contains("no answer") || error.message.contains("can't reach") {
         return .unreachable(error.message)

@@ -231,6 +231,10 @@ import Testing
                    "--file", world.speech, "--push-port", "0"], code: 3, mentions: "check that it runs", "unreachable")
         // Audio: a missing file, a missing device (checked before the terminal is touched).
         try check(["talk"] + world.arguments("ann") + ["--file", world.dir + "/nope.wav", "--push-port", "0"], code: 7, mentions: "nope.wav", "missing file")
+        try check(["talk"] + world.arguments("ann") + ["--file", world.dir, "--push-port", "0"], code: 7, mentions: "is a directory", "a directory")
+        // A CA file that isn't one: what it is, once, not a permission problem.
+        try check(["talk", "--server", "127.0.0.1:\(world.server.voicePort)", "--token", world.tokens["ann"]!, "--ca", world.speech,
+                   "--file", world.speech, "--push-port", "0"], code: 5, mentions: "is not a PEM certificate (it isn't text); pass the CA", "CA not PEM")
         try check(["join"] + world.arguments("ann") + ["--input", "no-such-device", "--push-port", "0", "--state-dir", world.dir + "/s"],
                   code: 7, mentions: "walkie devices", "missing device")
         // The floor is busy while Ann talks for a while.

@@ -79,6 +79,10 @@ import Testing
             try ServerConfiguration.load(file: missing, environment: [:])
         }
         #expect(String(describing: try #require(notFound)).contains("no such file; check the path given with --config"))
+        let directory = #expect(throws: ServerConfiguration.ConfigurationError.self) {
+            try ServerConfiguration.load(file: FileManager.default.temporaryDirectory.path, environment: [:])
+        }
+        #expect(String(describing: try #require(directory)).contains("it is a directory, not a JSON file"))
 
         let cases: [(text: String, expected: String)] = [
             (#"{"port": 77"#, "not valid JSON"),

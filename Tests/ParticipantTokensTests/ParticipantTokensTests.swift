@@ -46,9 +46,14 @@ import Testing
         var parts = token.split(separator: ".").map(String.init)
         parts[1] = Data(#"{"sub":"admin"}"#.utf8).base64EncodedString().replacingOccurrences(of: "=", with: "")
         await #expect(throws: TokenError.forged) { try await authority.verify(parts.joined(separator: "."), channel: channel, now: now) }
-        for garbage in ["", "abc", "a.b.c", String(repeating: "x", count: 5000)] {
+        for garbage in ["", "abc", "a.b.c", "YWJj.YWJj.YWJj", String(repeating: "x", count: 5000)] {
             let error = await #expect(throws: TokenError.self) { try await authority.verify(garbage, channel: channel, now: now) }
             if case .malformed = error {} else { Issue.record("\(garbage.prefix(10)): \(String(describing: error))") }
+            // Said in words, not as a decoder's dump.
+            #expect(!"\(error.map(String.init(describing:)) ?? "")".contains("DecodingError"), "\(String(describing: error))")
+        }
+        #expect(throws: TokenError.malformed("its parts are not base64url-encoded JSON; it was probably cut short or changed in copying")) {
+            try TokenAuthority.unverifiedClaims(of: "YWJj.YWJj.YWJj")  // base64url of "abc", not JSON
         }
         await #expect(throws: TokenError.notYetValid(issuedAt: now)) {
             try await authority.verify(token, channel: channel, now: now.addingTimeInterval(-3_600))

@@ -57,4 +57,18 @@ func makeLeaf(notBefore: Date = Date().addingTimeInterval(-3_600), notAfter: Dat
         }
         #expect(String(describing: try #require(error)).contains("make certs"))
     }
+
+    /// A file that is there but isn't a PEM file, or a directory: said as such, not as a permission problem.
+    @Test func filesThatAreNotPEMSaySo() throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("identity-\(UUID())").path
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let binary = directory + "/tone.wav"
+        try Data([0x52, 0x49, 0x46, 0x46, 0xFF, 0xFE, 0x00, 0x80]).write(to: URL(fileURLWithPath: binary))
+        for (path, expected) in [(binary, "it is not a PEM file (it isn't text)"), (directory, "it is a directory")] {
+            let error = #expect(throws: ServerIdentity.LoadError.self) { try ServerIdentity.load(chainPath: path, keyPath: path) }
+            let message = String(describing: try #require(error))
+            #expect(message.contains(expected) && !message.contains("permissions"), "\(message)")
+        }
+    }
 }
