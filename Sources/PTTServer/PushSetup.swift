@@ -55,10 +55,14 @@ enum PushSetup {
                     certificateChainPath: configuration.apnsSimulatorCertPath, privateKeyPath: configuration.apnsSimulatorKeyPath,
                     providerKeys: [key], host: "127.0.0.1", port: configuration.apnsSimulatorPort,
                     controlPort: configuration.apnsSimulatorControlPort, allowedTopics: [configuration.apnsTopic]))
-                endpoints = try await simulator.start()
             } catch {
                 throw ServerConfiguration.ConfigurationError.invalidValue(
-                    "the embedded APNs simulator could not start: \(error). Run `make certs` for its certificate, pick free ports with --apns-simulator-port and --apns-simulator-control-port, or use --apns off")
+                    "the embedded APNs simulator could not start: \(error). Run `make certs` for its certificate and key, or use --apns off")
+            }
+            do { endpoints = try await simulator.start() } catch {
+                // Its certificate loaded: what fails now is a socket (a port in use, most likely).
+                throw ServerConfiguration.ConfigurationError.invalidValue(
+                    "the embedded APNs simulator could not start: \(error); set its ports with --apns-simulator-port and --apns-simulator-control-port, or use --apns off")
             }
             logger.notice("APNs simulator listening", metadata: [
                 "apns": "https://127.0.0.1:\(endpoints.port)", "control": "http://127.0.0.1:\(endpoints.controlPort)",
