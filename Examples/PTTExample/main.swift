@@ -11,8 +11,24 @@
 import Audio
 import Foundation
 import PTTClient
+import Synchronization
+
+let usage = """
+    usage: ptt-example --channel ID --token T [--host 127.0.0.1] [--port 7700] [--ca certs/ca.pem]
+                       [--talk-seconds S] [--record heard.wav] [--run-seconds 10] [--push-control-port 2198]
+                       [--state-dir DIR] [--leave]
+           ptt-example [--run-seconds 10] [--state-dir DIR]     restore the channel from last time
+    Logs every delegate callback on its own line. Exits 1 if the join fails, 2 if there is nothing to restore.
+    """
+if CommandLine.arguments.contains("--help") || CommandLine.arguments.contains("-h") {
+    print(usage)
+    exit(0)
+}
 
 final class Delegate: ChannelManagerDelegate, ChannelRestorationDelegate {
+    /// Set when the join fails, so that the app doesn't wait to talk on a channel it never joined.
+    let joinFailed = Mutex(false)
+
     func log(_ line: String) {
         // Unbuffered, so that a parent process reading the pipe sees each line at once.
         FileHandle.standardOutput.write(Data((line + "\n").utf8))
@@ -34,7 +50,10 @@ final class Delegate: ChannelManagerDelegate, ChannelRestorationDelegate {
     }
     func channelManager(_ m: ChannelManager, didActivate audioSession: AudioSession) { log("didActivate") }
     func channelManager(_ m: ChannelManager, didDeactivate audioSession: AudioSession) { log("didDeactivate") }
-    func channelManager(_ m: ChannelManager, failedToJoinChannel id: UUID, error: ChannelError) { log("failedToJoin code=\(error.code) \(error.message)") }
+    func channelManager(_ m: ChannelManager, failedToJoinChannel id: UUID, error: ChannelError) {
+        log("failedToJoin code=\(error.code) \(error.message)")
+        joinFailed.withLock { $0 = true }
+    }
     func channelManager(_ m: ChannelManager, failedToBeginTransmittingInChannel id: UUID, error: ChannelError) {
         log("failedToBeginTransmitting code=\(error.code) \(error.message)")
     }
@@ -75,20 +94,34 @@ if let channel = option("--channel").flatMap(UUID.init(uuidString:)), let token 
                                          caPath: option("--ca") ?? "certs/ca.pem", token: token)
     manager.requestJoinChannel(channelUUID: channel, descriptor: ChannelDescriptor(name: "Example"), credentials: credentials)
 } else if manager.activeChannelUUID == nil {
-    delegate.log("no channel to restore; pass --channel and --token to join one")
+    delegate.log("no channel to restore; pass --channel and --token to join one (ptt-example --help)")
     exit(2)
+}
+
+/// Ends the app with status 1 once the join has failed.
+func exitIfTheJoinFailed() async {
+    guard delegate.joinFailed.withLock({ $0 }) else { return }
+    await manager.invalidate()
+    delegate.log("exit")
+    exit(1)
 }
 
 let deadline = Date().addingTimeInterval(runSeconds)
 if talkSeconds > 0 {
     // Talk once the channel is ready, for as long as the input lasts.
-    while manager.serviceStatus != .ready || manager.channelInfo == nil { try await Task.sleep(for: .milliseconds(20)) }
+    while manager.serviceStatus != .ready || manager.channelInfo == nil {
+        await exitIfTheJoinFailed()
+        try await Task.sleep(for: .milliseconds(20))
+    }
     let channel = manager.activeChannelUUID!
     manager.requestBeginTransmitting(channelUUID: channel)
     try await Task.sleep(for: .seconds(talkSeconds + 0.2))
     manager.stopTransmitting(channelUUID: channel)
 }
-while Date() < deadline { try await Task.sleep(for: .milliseconds(50)) }
+while Date() < deadline {
+    await exitIfTheJoinFailed()
+    try await Task.sleep(for: .milliseconds(50))
+}
 if option("--leave") != nil, let channel = manager.activeChannelUUID { manager.leaveChannel(channelUUID: channel) }
 try await Task.sleep(for: .milliseconds(200))
 await manager.invalidate()

@@ -75,6 +75,14 @@ import Testing
         #expect(second.process.terminationStatus == 0)
         // The restored device kept its push token: no new one was handed out.
         #expect(!second.lines.withLockedValue { $0 }.contains { $0.hasPrefix("pushToken") })
+
+        // A join the server refuses ends the app at once with status 1, even when it was to talk.
+        let refused = try Child(["--host", "127.0.0.1", "--port", "\(fixture.listening.voicePort)", "--ca", fixture.caPath,
+                                 "--token", try await fixture.token("eve", ttl: -60), "--channel", id.uuidString,
+                                 "--state-dir", fixture.stateDirectory("refused"), "--talk-seconds", "1", "--run-seconds", "60"])
+        #expect(await refused.wait(for: "failedToJoin") != nil, "\(refused.lines.withLockedValue { $0 })")
+        refused.process.waitUntilExit()
+        #expect(refused.process.terminationStatus == 1)
         await fixture.stop()
     }
 }
