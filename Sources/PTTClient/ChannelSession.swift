@@ -873,12 +873,14 @@ struct ChannelSession {
             // second device. Leaving would forget a channel the user is still in (and drop the push
             // token that wakes this device), and joining again at once would replace the other, which
             // would do the same back. So this one steps aside as if suspended: channel, record and
-            // push token kept. The server wakes it by push once the other connection is gone and
-            // someone talks; a transmit request, or `resume`, takes the channel back.
+            // push token kept, the service unavailable. A transmit request, or `resume`, takes the
+            // channel back; a push does too, where the member's push token is still this device's
+            // (the other connection, a one-shot, registered none) and the server sends pushes.
             lostConnection()
             link = .suspended
+            updateStatus(.unavailable)
             outputs.append(.disconnect)
-            outputs.append(.event(.notice("\(reason): this one stepped aside; it comes back when someone talks (by push) or when you talk")))
+            outputs.append(.event(.notice("\(reason): this one stepped aside and keeps the channel; talk to take it back")))
             outputs.append(.event(.suspended(true)))
             return
         }

@@ -367,7 +367,7 @@ final class HubDriver: WireServerDelegate {
                 return .failure(Refusal(code: .channelNotFound, reason: "channel \(channel) does not exist (deleted?); ask for a token to an existing channel"))
             }
         } catch {
-            logger.error("token refused: revocations could not be read", metadata: ["error": "\(error)"])
+            logger.error("token refused: the store could not be read (revocations, channel)", metadata: ["error": "\(error)"])
             return .failure(Refusal(code: .internalError, reason: "the server could not check the token (its database is failing); try again shortly"))
         }
         return .success(claims)

@@ -23,6 +23,7 @@ struct Talk: AsyncParsableCommand {
     var file: String
     @Option(help: "Wait this long in the floor queue when someone else is talking (0: don't wait).")
     var wait: Double = 0
+    @OptionGroup var oneShot: OneShotOptions
 
     func run() async throws {
         do { try await talk() } catch let failure as WalkieFailure { fail(failure) }
@@ -76,9 +77,18 @@ struct Talk: AsyncParsableCommand {
         if let began {
             manager.stopTransmitting(channelUUID: channel, source: .userRequest)
             try? await Task.sleep(for: .milliseconds(200))
-            await manager.invalidate()
+            await finish(manager, channel: channel)
             throw began
         }
+        // Whether squelchd has shown this member talking: its release is confirmed by the change back.
+        let sawTalking = NIOLockedValueBox(false)
+        let watch = Task {
+            while !Task.isCancelled {
+                if manager.roster.first(where: \.isLocal)?.talking == true { sawTalking.withLockedValue { $0 = true }; return }
+                try? await Task.sleep(for: .milliseconds(10))
+            }
+        }
+        defer { watch.cancel() }
         // The file plays in real time, and its end ends the transmission (`endTransmissionWhenInputEnds`).
         // Should that not come, a stop after the file's length and some slack.
         let seconds = Double(frames) / Double(PipelineAudio.sampleRate)
@@ -98,10 +108,14 @@ struct Talk: AsyncParsableCommand {
             return first
         }
         guard let ending, ending == .userRequest else {
+            let connected = manager.serviceStatus == .ready
             let why = manager.activeRemoteParticipant.map { "\($0.name) took the floor" } ?? "the floor was taken back or the connection dropped"
             if ending == nil { manager.stopTransmitting(channelUUID: channel, source: .userRequest) }
             try? await Task.sleep(for: .milliseconds(300))
-            await manager.invalidate()
+            await finish(manager, channel: channel)
+            guard connected else {
+                throw WalkieFailure.unreachable("the connection to squelchd dropped while \(file) was being sent, so the channel did not hear all of it; check that squelchd runs, then send it again")
+            }
             let again = seconds > Double(manager.channelInfo?.maxBurstSeconds ?? .max)
                 ? "the channel's bursts last at most \(manager.channelInfo?.maxBurstSeconds ?? 0) s: send it in shorter parts"
                 : "send it again"
@@ -110,22 +124,39 @@ struct Talk: AsyncParsableCommand {
         // The file's end is only this side's: squelchd confirms the release (this member no longer
         // talking, on a connection that is up) once it has seen it, so a server that died or a
         // network that went away mid-file is not reported as a delivered announcement.
-        let confirmed = await releaseConfirmed(manager, within: .seconds(3))
+        let confirmed = await releaseConfirmed(manager, sawTalking: { sawTalking.withLockedValue { $0 } }, within: .seconds(3))
         let sent = await manager.statistics().framesSent
-        await manager.invalidate()
+        await finish(manager, channel: channel)
         guard confirmed else {
             throw WalkieFailure.unreachable("sent \(file) (\(sent) frames), but squelchd did not confirm the end of the transmission: the connection dropped during it, so the channel may not have heard all of it; check that squelchd runs, then send it again")
         }
         say("sent \(file): \(String(format: "%.1f", seconds)) s in \(sent) frames")
     }
+
+    /// Closes the connection, leaving the channel first only if asked to (`--leave`).
+    func finish(_ manager: ChannelManager, channel: UUID) async {
+        if oneShot.leave { manager.leaveChannel(channelUUID: channel) }
+        await manager.invalidate()
+    }
 }
 
-/// Whether squelchd, within `limit`, shows this member as no longer talking on a connection that is up.
-func releaseConfirmed(_ manager: ChannelManager, within limit: Duration) async -> Bool {
+/// What the one-shot commands share.
+struct OneShotOptions: ParsableArguments {
+    @Flag(help: ArgumentHelp("Leave the channel when done: the user stops being a member.",
+                             discussion: "For a user of its own, like an announcer run from cron. Without it the user stays a member, offline, as after any session; never use it with the user of someone's walkie or phone, which would lose the channel and its push token."))
+    var leave = false
+}
+
+/// Whether squelchd, within `limit`, has shown this member talking (`sawTalking`, or seen here) and
+/// then no longer talking, on a connection that is up: it has seen the release.
+func releaseConfirmed(_ manager: ChannelManager, sawTalking: @Sendable () -> Bool, within limit: Duration) async -> Bool {
     let deadline = ContinuousClock.now + limit
+    var talked = false
     while ContinuousClock.now < deadline {
-        if manager.serviceStatus == .ready, let you = manager.roster.first(where: \.isLocal), !you.talking { return true }
-        try? await Task.sleep(for: .milliseconds(20))
+        if manager.serviceStatus == .ready, let you = manager.roster.first(where: \.isLocal) {
+            if you.talking { talked = true } else if talked || sawTalking() { return true }
+        }
+        try? await Task.sleep(for: .milliseconds(10))
     }
     return false
 }
@@ -145,6 +176,7 @@ struct Listen: AsyncParsableCommand {
     var record: String
     @Option(help: "Seconds to listen (default: until interrupted).")
     var duration: Double?
+    @OptionGroup var oneShot: OneShotOptions
 
     func run() async throws {
         do { try await listen() } catch let failure as WalkieFailure { fail(failure) }
@@ -164,9 +196,11 @@ struct Listen: AsyncParsableCommand {
         say("listening; recording into \(record)")
         let tokenFile = server.tokenFile
         let renewals = tokenFile.map { watchTokenFile($0, current: credentials.token, manager: manager, channel: channel, problem: say) }
-        // What ends the recording early, and what the last notice and a lost connection were.
+        // What ends the recording early; when the channel stopped being heard (the connection lost or
+        // being re-established, or the token expired), after it was first joined.
         let (endings, end) = AsyncStream.makeStream(of: WalkieFailure.self)
-        let seen = NIOLockedValueBox<(notice: String?, downSince: Date?)>((nil, nil))
+        struct Seen { var notice: String?; var joined = false; var downSince: Date?; var expiredSince: Date? }
+        let seen = NIOLockedValueBox(Seen())
         let bursts = Task {
             for await event in manager.events {
                 switch event {
@@ -174,24 +208,34 @@ struct Listen: AsyncParsableCommand {
                     say("heard a burst: \(s.played + s.fecRecovered + s.concealed) frames, \(s.lost) lost")
                 case .notice(let text):
                     seen.withLockedValue { $0.notice = text }
-                case .serviceStatus(.unavailable):
-                    let first = seen.withLockedValue { state in
-                        defer { if state.downSince == nil { state.downSince = Date() } }
-                        return state.downSince == nil
-                    }
-                    if first { say("lost the connection to squelchd; trying again (the recording goes on, silent)") }
                 case .serviceStatus(.ready):
                     let wasDown = seen.withLockedValue { state in
-                        defer { state.downSince = nil }
-                        return state.downSince != nil
+                        defer { state.joined = true; state.downSince = nil; state.expiredSince = nil }
+                        return state.joined && state.downSince != nil
                     }
-                    if wasDown { say("connected again") }
+                    if wasDown { say("the channel is back") }
+                case .serviceStatus:
+                    // Connecting again after a drop, or unavailable: nothing is heard meanwhile. (The
+                    // events start with the first join's own `connecting`.)
+                    let first = seen.withLockedValue { state in
+                        guard state.joined, state.downSince == nil else { return false }
+                        state.downSince = Date()
+                        return true
+                    }
+                    if first { say("the channel is unavailable; the recording goes on, silent, until it is back") }
                 case .suspended(true):
                     // Only another connection of this user puts a one-shot aside: it has no pushes.
-                    let why = seen.withLockedValue { $0.notice } ?? "another connection of this user joined the channel"
-                    end.yield(.other("\(why); the recording stops here (one connection per user: listen as another user, or stop the other)"))
-                case .tokenExpired(let reason) where tokenFile == nil:
-                    end.yield(.token("\(reason); the recording stops here; run again with a new token (--token-file renews without a break)"))
+                    end.yield(.other("another connection of this user joined the channel, so this recording stops here (one connection per user: record as another user, or stop the other)"))
+                case .tokenExpired(let reason):
+                    seen.withLockedValue { state in
+                        state.expiredSince = state.expiredSince ?? Date()
+                        state.downSince = nil  // the token's doing, not the connection's
+                    }
+                    if tokenFile == nil {
+                        end.yield(.token("\(reason); the recording stops here; run again with a new token (--token-file renews without a break)"))
+                    } else if let (line, _) = describe(event, tokenFile: tokenFile) {
+                        say(line)
+                    }
                 default:
                     if let (line, _) = describe(event, tokenFile: tokenFile) { say(line) }
                 }
@@ -217,14 +261,21 @@ struct Listen: AsyncParsableCommand {
         bursts.cancel()
         leaves.cancel()
         // Invalidating stops playout, which completes the WAV header.
+        if oneShot.leave, early == nil { manager.leaveChannel(channelUUID: channel) }
         await manager.invalidate()
         if let early {
             say("saved \(record) (cut short)")
             throw early
         }
-        if let since = seen.withLockedValue({ $0.downSince }) {
+        let clock = Date.FormatStyle(date: .omitted, time: .standard)
+        let (down, expired) = seen.withLockedValue { ($0.downSince, $0.expiredSince) }
+        if let expired {
             say("saved \(record)")
-            throw WalkieFailure.unreachable("the connection to squelchd was down since \(since.formatted(date: .omitted, time: .standard)), so the end of \(record) is silence that may have missed speech; check that squelchd runs and --server is right")
+            throw WalkieFailure.token("the token expired at \(expired.formatted(clock)) and no new one came in \(tokenFile ?? "the token file"), so the end of \(record) is silence; put a new token in it")
+        }
+        if let down {
+            say("saved \(record)")
+            throw WalkieFailure.unreachable("the channel was unavailable from \(down.formatted(clock)) (the connection to squelchd lost), so the end of \(record) is silence that may have missed speech; check that squelchd runs and --server is right")
         }
         say("saved \(record)")
     }

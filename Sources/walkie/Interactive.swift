@@ -249,7 +249,8 @@ enum Interactive {
                 for action in keyboard.receive(input.bytes, now: time) + keyboard.tick(now: time) {
                     switch action {
                     case .startTransmit:
-                        if manager.isSuspended { manager.resume() }
+                        // Not `resume()` first: a suspended session asked to transmit reconnects and
+                        // requests the floor once joined, whereas one already reconnecting refuses.
                         shared.withLockedValue { $0.requesting = true; $0.status = nil }
                         manager.requestBeginTransmitting(channelUUID: channel, source: .userRequest)
                     case .stopTransmit(let reason):

@@ -185,6 +185,15 @@ import Testing
         #expect(recorder.process.terminationStatus == 1 && recorder.err.contents.contains("another connection"), "\(recorder.err.contents)")
         #expect(recorder.out.contents.contains("cut short"), "\(recorder.out.contents)")
         #expect(try KillRestartTests().storedMembers(world.channel, data: world.data)["bob"] != nil, "the one-shot left Bob's membership")
+        // An announcer of its own asks to leave when done.
+        let announcer = try Executables.run("walkie", ["talk"] + world.arguments("cat") + ["--file", world.speech, "--push-port", "0", "--leave"])
+        #expect(announcer.status == 0, "\(announcer.err)")
+        var catStored = true
+        for _ in 0..<50 where catStored {
+            catStored = try KillRestartTests().storedMembers(world.channel, data: world.data)["cat"] != nil
+            if catStored { try await Task.sleep(for: .milliseconds(100)) }
+        }
+        #expect(!catStored, "--leave left Cat a member")
 
         // squelchd dies (kill -9) while Ann's file is still being sent.
         let long = world.dir + "/long.wav"
@@ -202,9 +211,9 @@ import Testing
                                "--record", heard, "--duration", "6", "--push-port", "0"], reaper: world.reaper)
         #expect(await cat.out.wait(for: "listening", seconds: 20) != nil, "\(cat.err.contents)")
         kill(server.process.processIdentifier, SIGTERM)
-        #expect(await cat.out.wait(for: "lost the connection to squelchd", seconds: 5) != nil, "\(cat.out.contents)")
+        #expect(await cat.out.wait(for: "the channel is unavailable", seconds: 5) != nil, "\(cat.out.contents)")
         #expect(await cat.process.waitForExit(seconds: 20))
-        #expect(cat.process.terminationStatus == 3 && cat.err.contents.contains("was down since"), "\(cat.out.contents) \(cat.err.contents)")
+        #expect(cat.process.terminationStatus == 3 && cat.err.contents.contains("was unavailable from"), "\(cat.out.contents) \(cat.err.contents)")
     }
 
     @Test func everyFailureIsOneLineWithItsExitCode() async throws {
@@ -368,6 +377,17 @@ import Testing
         try tmux.keys("bob2", "Space")
         #expect(try await tmux.wait("bob2", for: "LATCHED"), "one tap talks again: \(tmux.screen("bob2"))")
         #expect(try await tmux.wait("ann", for: "Speaker: Bob"), "\(tmux.screen("ann"))")
+        #expect(try await tmux.wait("bob2", for: "Idle"), "the file ends again: \(tmux.screen("bob2"))")
+
+        // A one-shot as Bob pushes this walkie aside (one connection per member): it stays, with its
+        // channel, and a press takes the channel back and talks.
+        let oneShot = try Executables.run("walkie", ["talk"] + world.arguments("bob") + ["--file", world.speech, "--push-port", "0"])
+        #expect(oneShot.status == 0, "\(oneShot.err)")
+        #expect(try await tmux.wait("bob2", for: "BACKGROUND"), "\(tmux.screen("bob2"))")
+        #expect(!tmux.screen("bob2").contains("EXITED"), "\(tmux.screen("bob2"))")
+        #expect(try await tmux.wait("ann", for: "Speaker: —"), "the one-shot's burst is over: \(tmux.screen("ann"))")
+        try tmux.keys("bob2", "Space")
+        #expect(try await tmux.wait("ann", for: "Speaker: Bob"), "the press took the channel back: \(tmux.screen("bob2"))")
         try tmux.keys("bob2", "q")
         #expect(try await tmux.wait("bob2", for: "EXITED 0"), "\(tmux.screen("bob2"))")
         try tmux.keys("ann", "q")

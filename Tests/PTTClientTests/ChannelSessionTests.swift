@@ -211,6 +211,7 @@ func sent(_ outputs: [SessionOutput]) -> [ClientMessage] {
         #expect(delegateCalls(out).isEmpty, "no didLeave")
         #expect(!out.contains(.forgetRestoration) && !out.contains(.invalidatePushToken(Data([0xAB, 0xCD]))))
         #expect(out.contains(.disconnect) && out.contains(.event(.suspended(true))) && s.link == .suspended)
+        #expect(out.contains(.event(.serviceStatus(.unavailable))), "nothing is connected: not shown as ready")
         #expect(!out.contains { if case .connect = $0 { return true } else { return false } })
         #expect(s.channel == channelID)
         // The close that follows the refusal doesn't start a reconnect loop.
