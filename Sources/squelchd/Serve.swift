@@ -145,7 +145,7 @@ struct Serve: AsyncParsableCommand {
         LoggingSystem.bootstrap { label in
             var handler = StreamLogHandler.standardError(label: label)
             handler.logLevel = level
-            return handler
+            return BenignShutdownErrors(base: handler)
         }
         let server: SquelchServer
         do { server = try SquelchServer(configuration: configuration) } catch {
@@ -173,5 +173,44 @@ struct Serve: AsyncParsableCommand {
     static func configurationFailure(_ error: any Error) -> ExitCode {
         FileHandle.standardError.write(Data("squelchd: \(error)\n".utf8))
         return ExitCode(78)  // EX_CONFIG
+    }
+}
+
+/// Hummingbird logs, at error level and from tasks of its own, two things that only mean its server
+/// was stopped while starting or already closed: when squelchd gives up at start (a port in use) or
+/// stops at once (a second signal). They would come after, and bury, the one line that says what
+/// went wrong; they are logged at debug instead.
+struct BenignShutdownErrors: LogHandler {
+    var base: StreamLogHandler
+
+    static func isBenign(_ event: LogEvent) -> Bool {
+        guard event.level == .error, event.source == "HummingbirdCore" else { return false }
+        let text = event.message.description
+        return text == "Server shutdown error: Already closed" || text.hasPrefix("Waiting on child channel: CancellationError")
+    }
+
+    func log(event: LogEvent) {
+        guard Self.isBenign(event) else { return base.log(event: event) }
+        guard base.logLevel <= .debug else { return }
+        var quiet = event
+        quiet.level = .debug
+        base.log(event: quiet)
+    }
+
+    var metadataProvider: Logger.MetadataProvider? {
+        get { base.metadataProvider }
+        set { base.metadataProvider = newValue }
+    }
+    subscript(metadataKey key: String) -> Logger.Metadata.Value? {
+        get { base[metadataKey: key] }
+        set { base[metadataKey: key] = newValue }
+    }
+    var metadata: Logger.Metadata {
+        get { base.metadata }
+        set { base.metadata = newValue }
+    }
+    var logLevel: Logger.Level {
+        get { base.logLevel }
+        set { base.logLevel = newValue }
     }
 }
