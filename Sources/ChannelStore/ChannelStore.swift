@@ -188,6 +188,9 @@ public struct MemberSummary: Codable, Sendable, Equatable {
     public var role: String?
     public var priority: Int?
     public var tokenExpiresAt: Date?
+    /// The `jti` of that token: what `squelchd token revoke --channel … --id …` and the admin API's
+    /// revocations take. An identifier, not a credential: it lets nobody in.
+    public var tokenID: String?
 
     public init(_ member: MemberRecord) {
         userID = member.userID
@@ -202,6 +205,7 @@ public struct MemberSummary: Codable, Sendable, Equatable {
             role = grant.role
             priority = Int(grant.priority)
             tokenExpiresAt = grant.tokenExpiresAt
+            tokenID = grant.tokenID
         }
     }
 
@@ -219,6 +223,7 @@ public struct MemberSummary: Codable, Sendable, Equatable {
         try container.encode(role, forKey: .role)
         try container.encode(priority, forKey: .priority)
         try container.encode(tokenExpiresAt, forKey: .tokenExpiresAt)
+        try container.encode(tokenID, forKey: .tokenID)
     }
 }
 

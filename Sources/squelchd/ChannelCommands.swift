@@ -249,6 +249,23 @@ extension Channel {
             updatedAt = channel.updatedAt
             self.memberCount = memberCount
         }
+
+        enum CodingKeys: String, CodingKey { case id, name, image, mode, maxBurstSeconds, createdAt, updatedAt, memberCount, members }
+
+        /// `image` is always there, `null` when there is none, as the admin API writes it: a script
+        /// reading either gets the same keys.
+        func encode(to encoder: any Encoder) throws {
+            var container = encoder.container(keyedBy: CodingKeys.self)
+            try container.encode(id, forKey: .id)
+            try container.encode(name, forKey: .name)
+            try container.encode(image, forKey: .image)
+            try container.encode(mode, forKey: .mode)
+            try container.encode(maxBurstSeconds, forKey: .maxBurstSeconds)
+            try container.encode(createdAt, forKey: .createdAt)
+            try container.encode(updatedAt, forKey: .updatedAt)
+            try container.encode(memberCount, forKey: .memberCount)
+            try container.encodeIfPresent(members, forKey: .members)
+        }
     }
 }
 

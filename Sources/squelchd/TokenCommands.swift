@@ -146,7 +146,8 @@ struct Token: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
             abstract: "Revoke one participant token, so it no longer joins.",
             discussion: """
-                Give the token itself (--token), or its channel and id (--channel and --id; the admin API's issue answer has the id). \
+                Give the token itself (--token), or its channel and id (--channel and --id; the admin API's issue answer has the id, \
+                and 'squelchd channel show ID --json' each member's last one). \
                 A member connected with it is removed within a second by a running server. To remove a member and every token \
                 it holds, use the admin API: DELETE /v1/channels/<id>/members/<user>.
                 """)
@@ -181,8 +182,19 @@ struct Token: AsyncParsableCommand {
             } else {
                 revocation = .token(id ?? "", channel: try parseChannelID(channel ?? ""), user: nil, expiresAt: nil, at: now, reason: reason)
             }
-            let stored = try await store.withStore { db throws(StoreError) in try await db.revoke(revocation) }
+            let (stored, holder) = try await store.withStore { db throws(StoreError) in
+                (try await db.revoke(revocation),
+                 try await db.members(of: revocation.channelID).first { $0.grant?.tokenID == revocation.tokenID }?.userID)
+            }
             print("revoked token \(stored.tokenID ?? "") on channel \(stored.channelID.uuidString)")
+            if token == nil {
+                // By id alone nothing checks the id: a typo revokes nothing real, silently.
+                if let holder {
+                    print("it is the token member '\(holder)' last joined with; a running server removes that member within a second")
+                } else {
+                    standardError("note: no member of the channel last joined with token id \(stored.tokenID ?? ""); if it was never used that is expected, otherwise check the id ('squelchd channel show --json' lists each member's tokenID)")
+                }
+            }
         }
     }
 }

@@ -376,5 +376,13 @@ import Wire
         await annBack.close()
         second.process.terminate()
         _ = await second.process.waitForExit(seconds: 10)
+
+        // By id alone: `channel show --json` gives each member's token id; a revocation by it names the
+        // member, and one by an id nobody joined with (a typo, most likely) says so.
+        let annTokenID = try #require(try storedMembers(channel, data: data)["ann"]?["tokenID"] as? String)
+        let byID = try squelchd(["token", "revoke", "--channel", channel.uuidString, "--id", annTokenID, "--data-dir", data])
+        #expect(byID.status == 0 && byID.out.contains("member 'ann' last joined with"), "\(byID.out) \(byID.err)")
+        let typo = try squelchd(["token", "revoke", "--channel", channel.uuidString, "--id", annTokenID + "x", "--data-dir", data])
+        #expect(typo.status == 0 && typo.err.contains("note: no member of the channel last joined with token id"), "\(typo.out) \(typo.err)")
     }
 }

@@ -160,7 +160,9 @@ import Testing
                          "--data-dir", FileManager.default.temporaryDirectory.appendingPathComponent("token-bad-\(UUID())").path]
         arguments += options  // a repeated option: the last one wins
         let result = try Executables.run("squelchd", arguments)
-        #expect(result.status != 0)
+        #expect(result.status == 64, "\(result.err)")
         #expect(result.err.contains(message), "\(result.err)")
+        // The command's own usage, not the root's 'squelchd <subcommand>'.
+        #expect(result.err.contains("Usage: squelchd token issue") && result.err.contains("See 'squelchd token issue --help'"), "\(result.err)")
     }
 }
