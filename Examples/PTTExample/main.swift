@@ -122,7 +122,7 @@ while Date() < deadline {
     await exitIfTheJoinFailed()
     try await Task.sleep(for: .milliseconds(50))
 }
-if option("--leave") != nil, let channel = manager.activeChannelUUID { manager.leaveChannel(channelUUID: channel) }
+if CommandLine.arguments.contains("--leave"), let channel = manager.activeChannelUUID { manager.leaveChannel(channelUUID: channel) }
 try await Task.sleep(for: .milliseconds(200))
 await manager.invalidate()
 delegate.log("exit")

@@ -878,10 +878,11 @@ struct ChannelSession {
             // (the other connection, a one-shot, registered none) and the server sends pushes.
             lostConnection()
             link = .suspended
-            updateStatus(.unavailable)
             outputs.append(.disconnect)
             outputs.append(.event(.notice("\(reason): this one stepped aside and keeps the channel; talk to take it back")))
+            // Suspended before unavailable: an app reading the status sees why it went.
             outputs.append(.event(.suspended(true)))
+            updateStatus(.unavailable)
             return
         }
         outputs.append(.event(.notice(reason)))

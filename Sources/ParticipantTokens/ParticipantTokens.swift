@@ -73,7 +73,13 @@ public struct ParticipantClaims: Sendable, Equatable {
     public func validateForIssue() throws(InvalidClaims) {
         try validate()
         func check(_ value: String, _ field: String) throws(InvalidClaims) {
-            if value.allSatisfy(\.isWhitespace) { throw InvalidClaims("\(field) is only spaces; give a visible one") }
+            // Empty is `validate`'s to judge (a role may be); blank is spaces or characters that draw
+            // nothing (zero-width, Hangul fillers, a blank Braille pattern).
+            let invisible: Set<UInt32> = [0x115F, 0x1160, 0x2800, 0x3164, 0xFFA0]
+            if !value.isEmpty, value.unicodeScalars.allSatisfy({ $0.properties.isWhitespace || $0.properties.generalCategory == .format
+                                                                || invisible.contains($0.value) }) {
+                throw InvalidClaims("\(field) is only spaces or invisible characters; give a visible one")
+            }
             if value != value.trimmingCharacters(in: .whitespacesAndNewlines) {
                 throw InvalidClaims("\(field) starts or ends with spaces; give it without them")
             }
@@ -279,6 +285,16 @@ public struct TokenAuthority: Sendable {
     /// back as Foundation's `DecodingError` dump, which says nothing to a user.
     static func readable(_ error: any Error) -> String {
         let reason = (error as? JWTError).map { $0.reason ?? "\($0.errorType)" } ?? "\(error)"
+        // A JWT that is JSON but not ours (another service's): a claim missing, or of another kind.
+        let notOurs = "it is a JWT but not a Squelch participant token"
+        // Foundation describes it as "DecodingError.keyNotFound: Key 'name' not found …".
+        if reason.contains("keyNotFound") {
+            let name = reason.range(of: "Key '").map { reason[$0.upperBound...].prefix { $0 != "'" } }
+            return "\(notOurs) (it has no \"\(name ?? "?")\" claim); get one from 'squelchd token issue' or the admin API"
+        }
+        if reason.contains("typeMismatch") || reason.contains("valueNotFound") {
+            return "\(notOurs) (a claim holds the wrong kind of value); get one from 'squelchd token issue' or the admin API"
+        }
         if error is DecodingError || reason.contains("Couldn't decode") || reason.contains("DecodingError") {
             return "its parts are not base64url-encoded JSON; it was probably cut short or changed in copying"
         }

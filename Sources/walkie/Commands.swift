@@ -109,10 +109,12 @@ struct Talk: AsyncParsableCommand {
         }
         guard let ending, ending == .userRequest else {
             let connected = manager.serviceStatus == .ready
+            let pushedAside = manager.isSuspended
             let why = manager.activeRemoteParticipant.map { "\($0.name) took the floor" } ?? "the floor was taken back or the connection dropped"
             if ending == nil { manager.stopTransmitting(channelUUID: channel, source: .userRequest) }
             try? await Task.sleep(for: .milliseconds(300))
             await finish(manager, channel: channel)
+            if pushedAside { throw WalkieFailure.floor(Self.pushedAside(file)) }
             guard connected else {
                 throw WalkieFailure.unreachable("the connection to squelchd dropped while \(file) was being sent, so the channel did not hear all of it; check that squelchd runs, then send it again")
             }
@@ -126,11 +128,19 @@ struct Talk: AsyncParsableCommand {
         // network that went away mid-file is not reported as a delivered announcement.
         let confirmed = await releaseConfirmed(manager, sawTalking: { sawTalking.withLockedValue { $0 } }, within: .seconds(3))
         let sent = await manager.statistics().framesSent
+        let pushedAside = manager.isSuspended
         await finish(manager, channel: channel)
+        if !confirmed, pushedAside { throw WalkieFailure.floor(Self.pushedAside(file)) }
         guard confirmed else {
             throw WalkieFailure.unreachable("sent \(file) (\(sent) frames), but squelchd did not confirm the end of the transmission: the connection dropped during it, so the channel may not have heard all of it; check that squelchd runs, then send it again")
         }
         say("sent \(file): \(String(format: "%.1f", seconds)) s in \(sent) frames")
+    }
+
+    /// Another connection of the same user (the user's own walkie or phone, taking the channel back)
+    /// replaced this one: not squelchd's doing.
+    static func pushedAside(_ file: String) -> String {
+        "another connection of this user (a walkie or phone of theirs) joined the channel while \(file) was being sent, so the channel did not hear all of it; send it when that one is done, or as another user"
     }
 
     /// Closes the connection, leaving the channel first only if asked to (`--leave`).
@@ -222,7 +232,8 @@ struct Listen: AsyncParsableCommand {
                         state.downSince = Date()
                         return true
                     }
-                    if first { say("the channel is unavailable; the recording goes on, silent, until it is back") }
+                    // (Not when pushed aside: that ends the recording, just below.)
+                    if first, !manager.isSuspended { say("the channel is unavailable; the recording goes on, silent, until it is back") }
                 case .suspended(true):
                     // Only another connection of this user puts a one-shot aside: it has no pushes.
                     end.yield(.other("another connection of this user joined the channel, so this recording stops here (one connection per user: record as another user, or stop the other)"))

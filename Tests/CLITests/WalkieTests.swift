@@ -185,6 +185,15 @@ import Testing
         #expect(recorder.process.terminationStatus == 1 && recorder.err.contents.contains("another connection"), "\(recorder.err.contents)")
         #expect(recorder.out.contents.contains("cut short"), "\(recorder.out.contents)")
         #expect(try KillRestartTests().storedMembers(world.channel, data: world.data)["bob"] != nil, "the one-shot left Bob's membership")
+        // Bob's own other connection takes the channel mid-file: said as such, not as squelchd's fault.
+        let longer = world.dir + "/longer.wav"
+        try World.writeSpeech(seconds: 6, to: longer)
+        let first = try Running(["talk"] + world.arguments("bob") + ["--file", longer, "--push-port", "0"], reaper: world.reaper)
+        #expect(await first.out.wait(for: "never", seconds: 2) == nil)
+        _ = try Executables.run("walkie", ["talk"] + world.arguments("bob") + ["--file", world.speech, "--push-port", "0"])
+        #expect(await first.process.waitForExit(seconds: 20))
+        #expect(first.process.terminationStatus == 6 && first.err.contents.contains("another connection of this user"),
+                "\(first.out.contents) \(first.err.contents)")
         // An announcer of its own asks to leave when done.
         let announcer = try Executables.run("walkie", ["talk"] + world.arguments("cat") + ["--file", world.speech, "--push-port", "0", "--leave"])
         #expect(announcer.status == 0, "\(announcer.err)")

@@ -52,6 +52,12 @@ import Testing
             // Said in words, not as a decoder's dump.
             #expect(!"\(error.map(String.init(describing:)) ?? "")".contains("DecodingError"), "\(String(describing: error))")
         }
+        // Another service's JWT: JSON, but without Squelch's claims.
+        let foreign = [#"{"alg":"ES256","typ":"JWT"}"#, #"{"sub":"x","exp":2000000000}"#]
+            .map { Data($0.utf8).base64EncodedString().replacingOccurrences(of: "=", with: "").replacingOccurrences(of: "+", with: "-")
+                .replacingOccurrences(of: "/", with: "_") }.joined(separator: ".") + ".c2ln"
+        let error = #expect(throws: TokenError.self) { try TokenAuthority.unverifiedClaims(of: foreign) }
+        #expect("\(error.map(String.init(describing:)) ?? "")".contains("not a Squelch participant token (it has no"), "\(String(describing: error))")
         #expect(throws: TokenError.malformed("its parts are not base64url-encoded JSON; it was probably cut short or changed in copying")) {
             try TokenAuthority.unverifiedClaims(of: "YWJj.YWJj.YWJj")  // base64url of "abc", not JSON
         }
@@ -130,8 +136,11 @@ import Testing
         }
         try claims().validateForIssue()
         try claims(name: "Anne-Marie O’Brien", role: "dispatcher").validateForIssue()
+        // Right-to-left scripts, CJK and emoji are names like any other.
+        try claims(name: "نور", role: "מוקדן").validateForIssue()
+        try claims(name: "李雷 👩‍🚒").validateForIssue()
         for bad in [claims(name: "Ann\u{202E}nimda"), claims(name: "Ann\u{2066}x"), claims(role: "a\u{2028}b"),
-                    claims(user: "\u{3000}"), claims(name: " Ann"), claims(user: "u1\u{202D}")] {
+                    claims(user: "\u{3000}"), claims(name: " Ann"), claims(user: "u1\u{202D}"), claims(name: "\u{200B}\u{3164}")] {
             #expect(throws: InvalidClaims.self) { try bad.validateForIssue() }
         }
         // What verification checks is unchanged: such a token, already issued, still reads as valid.
