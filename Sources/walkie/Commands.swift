@@ -16,7 +16,7 @@ func temporaryState() -> String {
 struct Talk: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Join, take the floor, send a WAV file in real time, release and exit.",
-        discussion: "Exits 0 once the whole file is sent; 6 if the floor is busy (see 'walkie --help' for the other codes).")
+        discussion: "Exits 0 once the whole file is sent and squelchd has confirmed the release; 6 if the floor is busy or taken; 3 if the connection dropped during the file (see 'walkie --help' for the other codes).")
 
     @OptionGroup var server: ServerOptions
     @Option(help: "The WAV file to send (any rate; 16-bit or float PCM).")
