@@ -673,7 +673,10 @@ final class LocalPushTransport: PushTransport {
         await proxy.blackhole(for: .seconds(3))
         #expect(await eventually(seconds: 5) { ann.serviceStatus == .connecting }, "noticed long before the 300 s idle timeout")
         #expect(await eventually(seconds: 15) { ann.serviceStatus == .ready }, "back once the path is")
-        let statuses = events.all.compactMap { if case .serviceStatus(let status) = $0 { return status } else { return nil } }
+        // The snapshot is updated before the event reaches the log's reader: wait for the event too.
+        func statusEvents() -> [PTTClient.ServiceStatus] { events.all.compactMap { if case .serviceStatus(let status) = $0 { return status } else { return nil } } }
+        #expect(await eventually(seconds: 2) { statusEvents().last == .ready }, "\(statusEvents())")
+        let statuses = statusEvents()
         // The client reconnects by itself: no detour through `unavailable` (which would also mean a
         // second connection opened after the backoff), and no second didJoin.
         #expect(!statuses.contains(.unavailable), "\(statuses)")
