@@ -459,7 +459,7 @@ actor ManagerEngine {
     }
 
     static func describeSetup(_ error: any Error, _ credentials: ChannelCredentials) -> String {
-        "can't reach \(credentials.host):\(credentials.port): \(error); check the server address"
+        "can't reach \(credentials.address): \(error); check the server address"
     }
 
     struct CAProblem: Error { var message: String }
@@ -485,7 +485,7 @@ actor ManagerEngine {
     }
 
     static func describe(_ error: any Error, _ credentials: ChannelCredentials) -> String {
-        let server = "\(credentials.host):\(credentials.port)"
+        let server = credentials.address
         if let error = error as? ConnectionError {
             switch error {
             case .handshakeTimeout:

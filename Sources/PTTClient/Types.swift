@@ -114,6 +114,9 @@ public struct ChannelCredentials: Sendable, Hashable, Codable {
         self.caPath = caPath
         self.token = token
     }
+
+    /// The server's address as a person types it: `host:port`, an IPv6 address in brackets.
+    public var address: String { host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)" }
 }
 
 /// Whether the app wants to hear a participant (Amazon IVS stage strategy's `SubscribeType`).

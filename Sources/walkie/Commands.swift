@@ -44,6 +44,23 @@ struct Talk: AsyncParsableCommand {
         manager.requestJoinChannel(channelUUID: channel, descriptor: ChannelDescriptor(name: "walkie talk"), credentials: credentials)
         try await awaitJoin(delegate, server: server.server)
 
+        // One reader of the manager's events for the whole command (a stream has one consumer, and
+        // ends for good when a reader is cancelled): whether the request was queued, and whether
+        // squelchd has shown this member talking, whose change back confirms the release. Events,
+        // not samples: a short file's whole talking spell may fall between two looks.
+        struct Seen { var queued = false; var talking = false }
+        let seen = NIOLockedValueBox(Seen())
+        let watcher = Task {
+            for await event in events {
+                switch event {
+                case .floorQueued: seen.withLockedValue { $0.queued = true }
+                case .roster(let entries) where entries.first(where: \.isLocal)?.talking == true:
+                    seen.withLockedValue { $0.talking = true }
+                default: break
+                }
+            }
+        }
+        defer { watcher.cancel() }
         manager.requestBeginTransmitting(channelUUID: channel, source: .userRequest)
         let began = await withTaskGroup(of: WalkieFailure?.self) { group -> WalkieFailure? in
             group.addTask {
@@ -61,12 +78,13 @@ struct Talk: AsyncParsableCommand {
             }
             group.addTask {
                 // Queued behind someone: wait as long as asked, then give up.
-                for await event in events {
-                    if case .floorQueued = event {
+                while !Task.isCancelled {
+                    if seen.withLockedValue({ $0.queued }) {
                         try? await Task.sleep(for: .seconds(wait))
                         let who = manager.activeRemoteParticipant.map { "\($0.name) is talking" } ?? "someone else is talking"
                         return .floor("the floor is busy: \(who); try again, or pass --wait 30 to queue")
                     }
+                    try? await Task.sleep(for: .milliseconds(20))
                 }
                 return nil
             }
@@ -80,15 +98,6 @@ struct Talk: AsyncParsableCommand {
             await finish(manager, channel: channel)
             throw began
         }
-        // Whether squelchd has shown this member talking: its release is confirmed by the change back.
-        let sawTalking = NIOLockedValueBox(false)
-        let watch = Task {
-            while !Task.isCancelled {
-                if manager.roster.first(where: \.isLocal)?.talking == true { sawTalking.withLockedValue { $0 = true }; return }
-                try? await Task.sleep(for: .milliseconds(10))
-            }
-        }
-        defer { watch.cancel() }
         // The file plays in real time, and its end ends the transmission (`endTransmissionWhenInputEnds`).
         // Should that not come, a stop after the file's length and some slack.
         let seconds = Double(frames) / Double(PipelineAudio.sampleRate)
@@ -126,7 +135,7 @@ struct Talk: AsyncParsableCommand {
         // The file's end is only this side's: squelchd confirms the release (this member no longer
         // talking, on a connection that is up) once it has seen it, so a server that died or a
         // network that went away mid-file is not reported as a delivered announcement.
-        let confirmed = await releaseConfirmed(manager, sawTalking: { sawTalking.withLockedValue { $0 } }, within: .seconds(3))
+        let confirmed = await releaseConfirmed(manager, sawTalking: { seen.withLockedValue { $0.talking } }, within: .seconds(3))
         let sent = await manager.statistics().framesSent
         let pushedAside = manager.isSuspended
         await finish(manager, channel: channel)
@@ -325,7 +334,7 @@ struct Status: AsyncParsableCommand {
         }
         let claims = try? tokenClaims(record.credentials.token)
         say("channel   \(record.descriptor?.name ?? "?") (\(record.channel))")
-        say("server    \(record.credentials.host):\(record.credentials.port), CA \(record.credentials.caPath)")
+        say("server    \(record.credentials.address), CA \(record.credentials.caPath)")
         if let claims {
             say("you       \(claims.name) (\(claims.userID))")
             say("token     " + (claims.expiresAt < Date() ? "expired " : "valid until ") + claims.expiresAt.formatted(.iso8601))

@@ -97,7 +97,7 @@ struct Resume: AsyncParsableCommand {
                 watchTokenFile(path, current: saved.credentials.token, manager: manager, channel: saved.channel) { text in shared.report(text) }
             }
             defer { renewals?.cancel() }
-            try await awaitJoin(delegate, server: "\(saved.credentials.host):\(saved.credentials.port)")
+            try await awaitJoin(delegate, server: saved.credentials.address)
             try await Interactive.run(manager: manager, delegate: delegate, options: interactive, tokenFile: tokenFile, shared: shared)
         } catch let failure as WalkieFailure {
             fail(failure)

@@ -49,6 +49,13 @@ func sent(_ outputs: [SessionOutput]) -> [ClientMessage] {
         #expect(throws: ParticipantError.emptyName) { try Participant(name: "") }
     }
 
+    /// Messages name the server as it would be typed: an IPv6 address in brackets.
+    @Test func aServerAddressReadsAsTyped() {
+        #expect(ChannelCredentials(host: "::1", port: 7700, caPath: "", token: "").address == "[::1]:7700")
+        #expect(ChannelCredentials(host: "127.0.0.1", port: 7700, caPath: "", token: "").address == "127.0.0.1:7700")
+        #expect(ChannelCredentials(host: "ptt.example.org", port: 443, caPath: "", token: "").address == "ptt.example.org:443")
+    }
+
     @Test func joinConnectsSendsTheTokenAndReportsOnceJoined() {
         var s = ChannelSession()
         s.requestJoin(channelID, descriptor: descriptor, credentials: credentials, reason: .developerRequest)
