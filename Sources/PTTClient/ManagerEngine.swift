@@ -468,16 +468,14 @@ actor ManagerEngine {
     /// not readable, not text, or text without a certificate.
     static func loadCA(_ path: String) throws(CAProblem) -> CertificateValidator {
         let advice = "pass the CA that signed the server's certificate (certs/ca.pem in development)"
-        var isDirectory: ObjCBool = false
-        guard FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory) else {
-            throw CAProblem(message: "the CA file \(path) does not exist; \(advice)")
-        }
-        guard !isDirectory.boolValue else { throw CAProblem(message: "the CA file \(path) is a directory; \(advice)") }
-        guard let data = FileManager.default.contents(atPath: path) else {
-            throw CAProblem(message: "can't read the CA file \(path) (check its permissions); \(advice)")
-        }
-        guard let pem = String(data: data, encoding: .utf8) else {
-            throw CAProblem(message: "the CA file \(path) is not a PEM certificate (it isn't text); \(advice)")
+        let pem: String
+        do throws(PEMText.Problem) { pem = try PEMText.read(path) } catch {
+            switch error {
+            case .missing: throw CAProblem(message: "the CA file \(path) does not exist; \(advice)")
+            case .directory: throw CAProblem(message: "the CA file \(path) is a directory; \(advice)")
+            case .unreadable: throw CAProblem(message: "can't read the CA file \(path) (check its permissions); \(advice)")
+            case .notText: throw CAProblem(message: "the CA file \(path) is not a PEM certificate (it isn't text); \(advice)")
+            }
         }
         do { return try CertificateValidator(caPEM: pem) } catch {
             throw CAProblem(message: "the CA file \(path) holds no readable CA certificate (\(error)); \(advice)")

@@ -87,18 +87,14 @@ public struct ServerIdentity: Sendable {
     /// Reads the chain and key from files.
     public static func load(chainPath: String, keyPath: String, now: Date = Date()) throws(LoadError) -> ServerIdentity {
         func read(_ path: String, flag: String, _ failure: (String, String) -> LoadError) throws(LoadError) -> String {
-            var isDirectory: ObjCBool = false
-            guard FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory) else {
-                throw failure(path, "no such file; run 'make certs' for development certificates, or pass --\(flag) PATH")
+            do throws(PEMText.Problem) { return try PEMText.read(path) } catch {
+                switch error {
+                case .missing: throw failure(path, "no such file; run 'make certs' for development certificates, or pass --\(flag) PATH")
+                case .directory: throw failure(path, "it is a directory; pass the PEM file with --\(flag) PATH")
+                case .unreadable: throw failure(path, "it cannot be read (check its permissions)")
+                case .notText: throw failure(path, "it is not a PEM file (it isn't text); pass the PEM file with --\(flag) PATH")
+                }
             }
-            guard !isDirectory.boolValue else { throw failure(path, "it is a directory; pass the PEM file with --\(flag) PATH") }
-            guard let data = FileManager.default.contents(atPath: path) else {
-                throw failure(path, "it cannot be read (check its permissions)")
-            }
-            guard let text = String(data: data, encoding: .utf8) else {
-                throw failure(path, "it is not a PEM file (it isn't text); pass the PEM file with --\(flag) PATH")
-            }
-            return text
         }
         return try ServerIdentity(chainPEM: try read(chainPath, flag: "cert", LoadError.unreadableCertificate),
                                   keyPEM: try read(keyPath, flag: "key", LoadError.unreadableKey),
