@@ -101,6 +101,8 @@ struct Talk: AsyncParsableCommand {
         // The file plays in real time, and its end ends the transmission (`endTransmissionWhenInputEnds`).
         // Should that not come, a stop after the file's length and some slack.
         let seconds = Double(frames) / Double(PipelineAudio.sampleRate)
+        // A long announcement is seconds of silence on the terminal otherwise: say it is on air.
+        say("sending \(file): \(String(format: "%.1f", seconds)) s")
         // The file's end stops it with the source that began it (.userRequest); a revoked floor or a
         // lost connection ends it with .unknown, before the file was sent.
         let ending = await withTaskGroup(of: ChannelTransmitRequestSource?.self) { group -> ChannelTransmitRequestSource? in
