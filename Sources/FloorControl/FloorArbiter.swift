@@ -3,8 +3,8 @@
 /// idle" come out as events, and `nextDeadline` says when to call `handleTimeout`.
 ///
 /// Half duplex is one talker at a time; full duplex allows up to `maxTalkers`. A higher priority
-/// pre-empts the lowest-priority talker; equal priorities wait in a queue ordered by priority, then
-/// arrival. A talk burst has a maximum length, and a talker that disconnects keeps the floor for a
+/// pre-empts a lower-priority talker (`weakestTalker` says which); equal priorities wait in a queue
+/// ordered by priority, then arrival, and a full queue lets a higher priority in at its tail's expense. A talk burst has a maximum length, and a talker that disconnects keeps the floor for a
 /// short grace period so that a quick reconnect (a phone changing networks) doesn't cut the burst.
 /// A talker that stops sending audio without disconnecting loses the floor after `silenceLimit`.
 ///
@@ -125,6 +125,9 @@ public struct FloorArbiter<Member: Hashable & Sendable> {
     /// Members waiting, next first.
     public var queuedMembers: [Member] { queue.map(\.member) }
 
+    /// Whether `member` waits in the queue.
+    public func isQueued(_ member: Member) -> Bool { queue.contains { $0.member == member } }
+
     /// Whether audio from `member` is relayed. Audio from anyone else is dropped.
     public func mayTalk(_ member: Member) -> Bool { talkers.contains { $0.member == member } }
 
@@ -160,8 +163,7 @@ public struct FloorArbiter<Member: Hashable & Sendable> {
             grant(member, priority: priority, now: now)
             return
         }
-        if configuration.preemption, let weakest = talkers.indices.min(by: { talkers[$0].priority < talkers[$1].priority }),
-           talkers[weakest].priority < priority {
+        if configuration.preemption, let weakest = weakestTalker(below: priority) {
             let loser = talkers.remove(at: weakest)
             pending.append(.revoked(loser.member, .preempted(by: member, priority: priority)))
             pending.append(.ended(loser.member, burst: loser.burst, duration: now - loser.since))
@@ -169,7 +171,14 @@ public struct FloorArbiter<Member: Hashable & Sendable> {
             return
         }
         guard configuration.maxQueue > 0 else { pending.append(.denied(member, .busy)); return }
-        guard queue.count < configuration.maxQueue else { pending.append(.denied(member, .queueFull)); return }
+        if queue.count >= configuration.maxQueue {
+            // The queue is ordered by priority, so admission to it is too: a dispatcher must not be
+            // locked out by a full queue of members who would wait behind it. The last waiting member
+            // (lowest priority, latest arrival) gives up its place if the newcomer outranks it.
+            guard let last = queue.last, last.priority < priority else { pending.append(.denied(member, .queueFull)); return }
+            queue.removeLast()
+            pending.append(.denied(last.member, .queueFull))
+        }
         arrivals += 1
         queue.append(Waiting(member: member, priority: priority, order: arrivals))
         reorderQueue()
@@ -230,8 +239,7 @@ public struct FloorArbiter<Member: Hashable & Sendable> {
     /// floor from it, as a new request with that priority would have.
     mutating func preemptForQueueHead(now: UInt64) {
         guard configuration.preemption, talkers.count >= configuration.maxTalkers, let head = queue.first,
-              let weakest = talkers.indices.min(by: { talkers[$0].priority < talkers[$1].priority }),
-              talkers[weakest].priority < head.priority else { return }
+              let weakest = weakestTalker(below: head.priority) else { return }
         queue.removeFirst()
         let loser = talkers.remove(at: weakest)
         pending.append(.revoked(loser.member, .preempted(by: head.member, priority: head.priority)))
@@ -247,13 +255,7 @@ public struct FloorArbiter<Member: Hashable & Sendable> {
     /// its tail.
     public mutating func reconfigure(_ new: Configuration, now: UInt64) {
         configuration = new
-        while talkers.count > new.maxTalkers {
-            // A talker whose connection is gone goes first: keeping it would cut off someone who is
-            // talking, and then leave the floor idle when its grace runs out.
-            func rank(_ i: Int) -> (Int, UInt8) { (talkers[i].disconnectedAt == nil ? 1 : 0, talkers[i].priority) }
-            let weakest = talkers.indices.min { a, b in
-                rank(a) != rank(b) ? rank(a) < rank(b) : talkers[a].since > talkers[b].since
-            }!
+        while talkers.count > new.maxTalkers, let weakest = weakestTalker(below: nil) {
             let loser = talkers.remove(at: weakest)
             pending.append(.revoked(loser.member, .channelChanged))
             pending.append(.ended(loser.member, burst: loser.burst, duration: now - loser.since))
@@ -343,6 +345,18 @@ public struct FloorArbiter<Member: Hashable & Sendable> {
         }
         if granted { reorderQueue() }
         if talkers.isEmpty { pending.append(.idle) }
+    }
+
+    /// The talker to lose the floor when one must (pre-emption, fewer talkers allowed), among those
+    /// with a priority below `priority` (any, if nil). A talker whose connection is gone goes first:
+    /// cutting off someone who is talking instead would leave the floor idle anyway once its grace
+    /// runs out. Then the lowest priority, then the most recently granted, so that the conversation
+    /// already under way carries on.
+    func weakestTalker(below priority: UInt8?) -> Int? {
+        func rank(_ i: Int) -> (Int, UInt8) { (talkers[i].disconnectedAt == nil ? 1 : 0, talkers[i].priority) }
+        return talkers.indices.lazy.filter { i in priority.map { talkers[i].priority < $0 } ?? true }.min { a, b in
+            rank(a) != rank(b) ? rank(a) < rank(b) : talkers[a].since > talkers[b].since
+        }
     }
 
     /// Keeps the queue ordered (priority, then arrival) and reports every position.

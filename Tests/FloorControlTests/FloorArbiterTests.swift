@@ -54,6 +54,42 @@ let second: UInt64 = 1_000_000_000
         #expect(small.takeEvents().last == .denied("c", .queueFull))
     }
 
+    @Test func aFullQueueLetsAHigherPriorityInAtItsTailsExpense() {
+        var floor = Arbiter(configuration: .init(maxQueue: 2))
+        floor.request("dispatch", priority: 5, canTalk: true, now: 0)
+        floor.request("crew1", priority: 0, canTalk: true, now: 1)
+        floor.request("crew2", priority: 0, canTalk: true, now: 2)
+        _ = floor.takeEvents()
+        // Another dispatcher can't pre-empt an equal priority, and must not be locked out by the crew.
+        floor.request("dispatch2", priority: 5, canTalk: true, now: 3)
+        #expect(floor.takeEvents() == [.denied("crew2", .queueFull), .queued("dispatch2", position: 1), .queued("crew1", position: 2)])
+        #expect(floor.queuedMembers == ["dispatch2", "crew1"])
+        // Equal to the tail is not enough: arrival order stands.
+        floor.request("crew3", priority: 0, canTalk: true, now: 4)
+        #expect(floor.takeEvents() == [.denied("crew3", .queueFull)])
+        #expect(floor.queuedMembers == ["dispatch2", "crew1"])
+    }
+
+    @Test func preemptionTakesADisconnectedTalkerFirstThenTheNewestOfTheLowest() {
+        var floor = Arbiter(configuration: .fullDuplex(maxTalkers: 3))
+        floor.request("b", priority: 0, canTalk: true, now: 0)
+        floor.request("a", priority: 0, canTalk: true, now: 1)
+        floor.request("c", priority: 0, canTalk: true, now: 2)
+        floor.disconnected("a", now: 3)
+        _ = floor.takeEvents()
+        // A is gone (in its grace): it loses its place, not B or C, who are talking.
+        floor.request("e", priority: 5, canTalk: true, now: 4)
+        #expect(floor.takeEvents().first == .revoked("a", .preempted(by: "e", priority: 5)))
+        // All connected and equal: the most recent grant goes, the conversation under way carries on.
+        floor.request("f", priority: 5, canTalk: true, now: 5)
+        #expect(floor.takeEvents().first == .revoked("c", .preempted(by: "f", priority: 5)))
+        // A disconnected talker that outranks the newcomer is not the one taken.
+        floor.disconnected("e", now: 6)
+        floor.request("g", priority: 3, canTalk: true, now: 7)
+        #expect(floor.takeEvents().first == .revoked("b", .preempted(by: "g", priority: 3)))
+        #expect(Set(floor.currentTalkers) == ["e", "f", "g"])
+    }
+
     @Test func theQueueIsOrderedByPriorityThenArrival() {
         var floor = Arbiter()
         floor.request("talker", priority: 255, canTalk: true, now: 0)
