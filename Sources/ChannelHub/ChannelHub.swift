@@ -323,6 +323,11 @@ public final class ChannelHub {
             // changes nothing, and a leave ends the session. From a connection that hasn't joined,
             // each would only earn an error, so those stay limited.
             case (.floorRelease, .joined), (.leave, .joined): break
+            // A member that holds the floor or waits for it is answered as it stands (confirmed, or
+            // its place), never denied: a denial would end the client's request while the floor
+            // still counts it as talking or waiting. The answer goes to it and the few waiting.
+            case (.floorRequest, .joined(let channel, let slot))
+                where channel.floor.mayTalk(slot) || channel.floor.isQueued(slot): break
             default:
                 rateLimited(link, message, at: time)
                 return
@@ -444,6 +449,11 @@ public final class ChannelHub {
             // new connection gets it again from the start.
             owe(channel, slot: slot, replaying: member.catchUp, at: time.instant)
             stopCatchUp(&member, in: channel)
+            // As if the old connection had closed first: a place in the queue is dropped (the new
+            // session starts idle and knows nothing of it, so a grant later would be a phantom burst
+            // that wakes sleeping phones), while a talker's grace ends below with `reconnected`, and
+            // its client confirms or releases the floor it still holds.
+            channel.floor.disconnected(slot, now: time.instant.nanoseconds)
         }
         Self.take(claims, into: &member)
         member.link = link
@@ -626,6 +636,7 @@ public final class ChannelHub {
         counters.controlRateLimited += 1
         let text = "more than \(configuration.controlMessagesPerSecond) control messages a second from this connection; the message was dropped, slow down"
         if case .floorRequest? = message {
+            counters.floorDenials += 1
             outputs.append(.send(.floor(FloorEvent(kind: .denied, cause: .rateLimited, reason: text)), to: [link]))
             return
         }

@@ -54,7 +54,7 @@ public final class ServerMetrics: Sendable {
         channels = gauge("channels", "Channels known to the server.")
         bursts = counter("bursts", "Talk bursts started.")
         floorGrants = counter("floor_grants", "Floor requests granted.")
-        floorDenials = counter("floor_denials", "Floor requests denied (busy, listen-only, queue full).")
+        floorDenials = counter("floor_denials", "Floor requests denied (busy, listen-only, queue full, over the control-message rate).")
         floorRevocations = counter("floor_revocations", "Talk bursts revoked (pre-emption, maximum length, disconnect).")
         joins = counter("joins", "Members admitted to a channel.")
         refusals = counter("join_refusals", "Joins refused (bad token, unknown channel).")

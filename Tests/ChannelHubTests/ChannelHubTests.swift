@@ -444,6 +444,31 @@ final class Harness {
         #expect(h.floorEvents(to: bob.link).last?.kind == .queued)
     }
 
+    /// A request over the rate from a member that already talks or waits is answered as things stand:
+    /// a denial would end the client's request while the floor still counts it.
+    @Test func aRequestOverTheRateFromATalkerOrAWaiterIsNotDenied() {
+        let h = rateLimitedHarness()
+        let ann = h.join("ann"), bob = h.join("bob")
+        h.send(.floorRequest, from: ann.link)
+        h.send(.floorRequest, from: bob.link)
+        #expect(h.floorEvents(to: bob.link).last?.kind == .queued)
+        for _ in 0..<60 { h.send(.setMuted(true), from: ann.link); h.send(.setMuted(true), from: bob.link) }
+        #expect(h.hub.counters.controlRateLimited > 0)
+        let denials = h.hub.counters.floorDenials
+        h.send(.floorRequest, from: ann.link)
+        #expect(h.floorEvents(to: ann.link).last?.kind == .granted, "confirmed: \(h.floorEvents(to: ann.link).suffix(2))")
+        h.send(.floorRequest, from: bob.link)
+        #expect(h.floorEvents(to: bob.link).last?.kind == .queued, "\(h.floorEvents(to: bob.link).suffix(2))")
+        #expect(h.hub.counters.floorDenials == denials)
+        // A new request over the rate is still denied, and counted as a denial.
+        let cat = h.join("cat")
+        for _ in 0..<60 { h.send(.setMuted(true), from: cat.link) }
+        h.send(.floorRequest, from: cat.link)
+        let last = h.floorEvents(to: cat.link).last
+        #expect(last?.kind == .denied && last?.cause == .rateLimited, "\(String(describing: last))")
+        #expect(h.hub.counters.floorDenials == denials + 1)
+    }
+
     /// A talker whose button bounced (or whose app looped) has spent its allowance: its release still
     /// frees the floor, and its leave still leaves, rather than hold everyone up until the maximum
     /// burst length.
@@ -1136,6 +1161,26 @@ final class Harness {
         #expect(h.messages(to: first.link).last == .refused(code: .replaced, reason: "you joined this channel from another connection"))
         #expect(h.closes.contains { $0.0 == first.link && $0.1 == .replaced })
         #expect(h.hub.roster(of: h.channel.id).count == 1)
+    }
+
+    /// A replaced connection's place in the queue goes with it, as a close would have taken it: the new
+    /// session starts idle, and a grant it never asked for would be a phantom burst (and wake pushes).
+    /// A talker replaced within its grace keeps the floor for its client to confirm or release.
+    @Test func aReplacedConnectionLosesItsQueuePlaceButATalkerKeepsTheFloor() {
+        let h = Harness()
+        let ann = h.join("ann"), bob = h.join("bob"), cat = h.join("cat")
+        h.send(.floorRequest, from: ann.link)
+        h.send(.floorRequest, from: bob.link)
+        h.send(.floorRequest, from: cat.link)
+        #expect(h.floorEvents(to: cat.link).last?.position == 2)
+        let bobAgain = h.join("bob")
+        #expect(h.floorEvents(to: cat.link).last?.position == 1, "cat moved up")
+        #expect(!h.floorEvents(to: bobAgain.link).contains { $0.kind == .queued })
+        let annAgain = h.join("ann")
+        #expect(h.floorEvents(to: cat.link).last?.position == 1, "ann still holds the floor: \(h.floorEvents(to: cat.link).suffix(2))")
+        h.send(.floorRelease, from: annAgain.link)
+        #expect(h.floorEvents(to: cat.link).last?.kind == .granted, "the next in the queue is cat, not bob's old place")
+        #expect(!h.floorEvents(to: bobAgain.link).contains { $0.kind == .granted })
     }
 
     /// `joined` carries the first chunk; the rest wait until the driver says the connection has room,
