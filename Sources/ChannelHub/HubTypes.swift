@@ -32,8 +32,8 @@ public struct HubConfiguration: Sendable {
     public var maxQueue = 16
     /// Catch-up packets sent to a late joiner at once, before pacing starts.
     public var catchUpInitialPackets = 25
-    /// Then this many per `catchUpInterval` (10 per 10 ms is 5× real time at 20 ms frames), so that
-    /// a long burst doesn't overflow the joiner's socket buffer.
+    /// Then this many per `catchUpInterval` (10 per 10 ms is 1,000 packets a second, 20× real time
+    /// at 20 ms frames), so that a long burst doesn't overflow the joiner's socket buffer.
     public var catchUpPacketsPerTick = 10
     public var catchUpInterval: UInt64 = 10_000_000
     /// How long after a burst ends a member who missed it (asleep, disconnected or silent when it

@@ -21,7 +21,9 @@ public struct JitterBufferConfiguration: Sendable, Equatable {
     /// One frame of jitter plus one of lookahead, so that FEC has packet n+1 when n is due.
     public var minimumTargetMilliseconds = 40
     public var maximumTargetMilliseconds = 200
-    /// The longest catch-up backlog (the server's 60 s burst limit).
+    /// The longest catch-up backlog: 60 s, the server's default maximum burst. A channel may allow
+    /// up to 600 s; a joiner more than 60 s into such a burst hears its first 60 s, then a gap. (Slots
+    /// are `maxPayloadBytes` wide, so ten times this would be 36 MB.)
     public var maxBacklogFrames = 3_000
     /// Missing frames in a row after which concealment turns to silence (it starts to sound synthetic).
     public var concealmentLimitFrames = 10
