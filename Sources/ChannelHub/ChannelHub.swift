@@ -352,7 +352,7 @@ public final class ChannelHub {
         }
         // Anything from a member the liveness sweep had given up on shows it is back (a leave says
         // so itself, with `participantLeft`).
-        if channel.members[slot]!.connection != .connected, message != .leave { markHeard(channel, slot: slot) }
+        if channel.members[slot]!.connection != .connected, message != .leave { markHeard(channel, slot: slot, at: time) }
         switch message {
         case .join: break
         case .leave:
@@ -1103,6 +1103,7 @@ public final class ChannelHub {
                 let heard = isHeard(link)
                 if heard, member.connection != .connected {
                     channel.members[slot]!.connection = .connected
+                    replayOwed(channel, slot: slot, at: time)
                 } else if !heard, mayMarkSilent, member.connection == .connected {
                     channel.members[slot]!.connection = .reconnecting
                     counters.silentMembers += 1
@@ -1126,10 +1127,22 @@ public final class ChannelHub {
 
     /// A member the sweep marked silent sent a control message: everyone, itself included (it may
     /// have missed its own `reconnecting`, or not), sees it `connected` again at once.
-    private func markHeard(_ channel: ChannelState, slot: UInt16) {
+    private func markHeard(_ channel: ChannelState, slot: UInt16, at time: HubTime) {
         guard channel.members[slot]?.link != nil else { return }
         channel.members[slot]!.connection = .connected
         outputs.append(.send(.participant(channel.members[slot]!.participant), to: channel.connectedLinks))
+        replayOwed(channel, slot: slot, at: time)
+    }
+
+    /// A member heard again on the same session (a phone back from the background, resuming its
+    /// connection rather than joining again) gets the bursts it was noted missing while silent, from
+    /// their first packet, as a join would have. What reached it live meanwhile comes again, flagged
+    /// catch-up, and the client drops what it already has.
+    private func replayOwed(_ channel: ChannelState, slot: UInt16, at time: HubTime) {
+        guard let member = channel.members[slot], member.canListen, member.catchUp.isEmpty,
+              channel.recordings.contains(where: { $0.missed.contains(slot) }) else { return }
+        startCatchUp(channel, slot: slot, at: time)
+        listenersChanged(channel)
     }
 
     // MARK: Time

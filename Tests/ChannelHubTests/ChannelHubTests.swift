@@ -1013,6 +1013,47 @@ final class Harness {
         #expect(annSeenBy(bob.link) == .reconnecting)
     }
 
+    /// A phone gone quiet in the background resumes its session (no new join): the bursts it was
+    /// noted missing while silent are replayed from their first packet, as a join would get them,
+    /// whether it comes back by the sweep or by a control message.
+    @Test func aSilentMemberHeardAgainIsReplayedWhatItMissed() throws {
+        let h = Harness()
+        let ann = h.join("ann"), bob = h.join("bob"), cat = h.join("cat")
+        h.hub.sweepLiveness(at: h.time) { $0 != bob.link }
+        h.drain()
+        h.send(.floorRequest, from: ann.link)
+        let burst = try #require(h.grantedBurst(ann.link))
+        for sequence in UInt16(0) ..< 30 { h.audio(from: ann.link, burst: burst, sequence: sequence, payload: [1, UInt8(sequence)]) }
+        let live = h.audio(to: bob.link).count
+        h.hub.sweepLiveness(at: h.time) { _ in true }
+        for _ in 0 ..< 10 { h.advance(10 * ms) }
+        let replayed = h.audio(to: bob.link).dropFirst(live)
+        #expect(replayed.map(\.header.sequence) == (0 ..< 30).map { UInt16($0) } && replayed.allSatisfy { $0.header.flags.contains(.catchUp) },
+                "\(replayed.map(\.header.sequence))")
+        // Then live again, once.
+        h.audio(from: ann.link, burst: burst, sequence: 30, payload: [1, 30])
+        #expect(h.audio(to: bob.link).last.map { $0.header.sequence == 30 && !$0.header.flags.contains(.catchUp) } == true)
+        #expect(h.audio(to: bob.link).filter { $0.header.sequence == 30 }.count == 1)
+        h.send(.floorRelease, from: ann.link)
+
+        // Silent when a burst started and back by a control message after it ended.
+        h.hub.sweepLiveness(at: h.time) { $0 != cat.link }
+        h.drain()
+        h.send(.floorRequest, from: ann.link)
+        let second = try #require(h.grantedBurst(ann.link))
+        for sequence in UInt16(0) ..< 5 { h.audio(from: ann.link, burst: second, sequence: sequence, payload: [2, UInt8(sequence)]) }
+        h.send(.floorRelease, from: ann.link)
+        let before = h.audio(to: cat.link).count
+        h.send(.setMuted(false), from: cat.link)
+        for _ in 0 ..< 3 { h.advance(10 * ms) }
+        let again = h.audio(to: cat.link).dropFirst(before)
+        #expect(again.filter { $0.header.burst == second }.map(\.header.sequence) == [0, 1, 2, 3, 4], "\(again.map(\.header))")
+        // Replayed once: a later sweep that hears it changes nothing.
+        h.hub.sweepLiveness(at: h.time) { _ in true }
+        h.advance(10 * ms)
+        #expect(h.audio(to: cat.link).count == before + again.count)
+    }
+
     /// The server's own network went: everyone is silent in the same sweep. One `roster` message per
     /// member says so, not one `participant` per silent member to every member.
     @Test func aSweepThatFindsManySilentSendsThemAsOneRoster() {
