@@ -56,6 +56,15 @@ public final class ChannelHub {
     /// megabytes while audio waits on the event loop. Each chunk shows its members as they are when
     /// it is made.
     var rosterStreams: [Link: RosterStream] = [:]
+    /// Token checks (joins, renewals) under way, by connection: how many, and how many revocations
+    /// the hub had applied when the first began. A check reads the store's revocations off the loop,
+    /// and one applied here before its outcome arrives may have been stored after that read: it is
+    /// checked again against those (`revokedDuringCheck`).
+    var tokenChecks: [Link: (count: Int, mark: Int)] = [:]
+    /// Revocations applied while a check was under way; `revocationsBefore` were applied before the
+    /// first of them. Emptied whenever no check is under way, so it holds a handful at most.
+    var revocationsDuringChecks: [RevocationRecord] = []
+    var revocationsBefore = 0
 
     struct RosterStream {
         let channel: ChannelState
@@ -229,6 +238,7 @@ public final class ChannelHub {
     /// joined with a token issued after it, and removes a stored member that has not joined since the
     /// server started (its token is unknown; it was removed).
     public func apply(_ revocation: RevocationRecord, at time: HubTime) {
+        noteRevocation(revocation)
         guard let channel = channels[revocation.channelID] else { return }
         let id = channel.record.id
         for member in Array(channel.members.values) {
@@ -242,6 +252,46 @@ public final class ChannelHub {
                              reason: "your participant token was revoked (\(revocation.reason)); ask the channel's administrator for a new one")
             }
         }
+    }
+
+    /// A revocation the hub acts on (`apply`, or an administrator's removal that stored one): kept
+    /// while token checks are under way, whose store reads may have come before it was stored.
+    public func noteRevocation(_ revocation: RevocationRecord) {
+        if tokenChecks.isEmpty {
+            revocationsBefore += 1
+        } else {
+            revocationsDuringChecks.append(revocation)
+        }
+    }
+
+    func checkStarted(_ link: Link) {
+        let mark = revocationsBefore + revocationsDuringChecks.count
+        let check = tokenChecks[link]
+        tokenChecks[link] = (count: (check?.count ?? 0) + 1, mark: check?.mark ?? mark)
+    }
+
+    /// A check on `link` is over. Returns a revocation applied since it began that voids `claims`.
+    func checkEnded(_ link: Link, claims: ParticipantClaims?) -> RevocationRecord? {
+        guard let check = tokenChecks[link] else { return nil }
+        let since = revocationsDuringChecks.dropFirst(max(0, check.mark - revocationsBefore))
+        let revoked = claims.flatMap { claims in
+            since.first { $0.voids(channel: claims.channel, user: claims.userID, tokenID: claims.tokenID, issuedAt: claims.issuedAt) }
+        }
+        tokenChecks[link] = check.count > 1 ? (check.count - 1, check.mark) : nil
+        pruneCheckRevocations()
+        return revoked
+    }
+
+    func pruneCheckRevocations() {
+        guard tokenChecks.isEmpty, !revocationsDuringChecks.isEmpty else { return }
+        revocationsBefore += revocationsDuringChecks.count
+        revocationsDuringChecks.removeAll()
+    }
+
+    static func revokedReason(_ revocation: RevocationRecord) -> String {
+        revocation.tokenID == nil
+            ? "an administrator removed you from the channel while this token was being checked; ask the channel's administrator for a new token"
+            : "the token was revoked (\(revocation.reason)) while it was being checked; ask the channel's administrator for a new one"
     }
 
     /// APNs called a member's push token dead. It is forgotten unless the device registered a new one
@@ -279,6 +329,7 @@ public final class ChannelHub {
     public func closed(_ link: Link, at time: HubTime) {
         controlBudget[link] = nil
         rosterStreams[link] = nil
+        if tokenChecks.removeValue(forKey: link) != nil { pruneCheckRevocations() }
         guard let session = sessions.removeValue(forKey: link) else { return }
         guard case .joined(let channel, let slot) = session, var member = channel.members[slot] else { return }
         member.link = nil
@@ -337,6 +388,7 @@ public final class ChannelHub {
             switch session {
             case .connected:
                 sessions[link] = .verifying(channel: channel)
+                checkStarted(link)
                 outputs.append(.verify(link, token: token, channel: channel, reason: reason))
             case .verifying, .joined:
                 outputs.append(.send(.error(code: .protocolError, reason: "already joined or joining on this connection; open a new connection to join another channel"), to: [link]))
@@ -404,6 +456,7 @@ public final class ChannelHub {
             }
             outputs.append(.send(.subscriptions(unheard: unheard), to: [link]))
         case .renewToken(let token):
+            checkStarted(link)
             outputs.append(.verifyRenewal(link, token: token, channel: channel.record.id))
         case .receptionReport(let percent):
             // Kept even from a member that may not listen now: `hears` leaves it out until a renewal
@@ -419,7 +472,12 @@ public final class ChannelHub {
 
     /// The token on `link` checked out: the member joins (or rejoins) its channel.
     public func admit(_ link: Link, claims: ParticipantClaims, reason: JoinReason, at time: HubTime) {
+        let revoked = checkEnded(link, claims: claims)
         guard case .verifying(let requested)? = sessions[link] else { return }  // closed while verifying
+        if let revoked {
+            refuse(link, code: .tokenRevoked, reason: Self.revokedReason(revoked))
+            return
+        }
         guard requested == claims.channel else {
             refuse(link, code: .tokenWrongChannel, reason: "the token is for another channel")
             return
@@ -539,6 +597,8 @@ public final class ChannelHub {
 
     /// The token on `link` was refused (or the join failed): tell the client why and close.
     public func refuse(_ link: Link, code: RefusalCode, reason: String) {
+        // A join's check that failed ends here (one refused by `admit` has ended already: a no-op).
+        if case .verifying? = sessions[link] { _ = checkEnded(link, claims: nil) }
         guard sessions[link] != nil else { return }
         sessions[link] = .refused
         counters.refusals += 1
@@ -560,8 +620,13 @@ public final class ChannelHub {
     /// with its expiry, and with its claims as at a join (a new priority or a lost `talk` counts at
     /// once, for the floor too).
     public func renew(_ link: Link, claims: ParticipantClaims, at time: HubTime) {
+        let revoked = checkEnded(link, claims: claims)
         // Closed, replaced or expired while the token was being checked: too late.
         guard case .joined(let channel, let slot)? = sessions[link], var member = channel.members[slot], member.link == link else { return }
+        if let revoked {
+            renewalRefused(link, code: .tokenRevoked, reason: Self.revokedReason(revoked), checked: true)
+            return
+        }
         guard claims.channel == channel.record.id else {
             renewalRefused(link, code: .tokenWrongChannel, reason: "the token is for channel \(claims.channel), not this one; renew with a token for \(channel.record.id)")
             return
@@ -591,6 +656,11 @@ public final class ChannelHub {
     /// The token sent with `renewToken` was refused: the member is told why, and the session carries
     /// on under its old token until that expires.
     public func renewalRefused(_ link: Link, code: RefusalCode, reason: String) {
+        renewalRefused(link, code: code, reason: reason, checked: false)
+    }
+
+    func renewalRefused(_ link: Link, code: RefusalCode, reason: String, checked: Bool) {
+        if !checked { _ = checkEnded(link, claims: nil) }
         guard case .joined? = sessions[link] else { return }
         counters.tokenRenewalsRefused += 1
         outputs.append(.send(.error(code: code, reason: reason), to: [link]))

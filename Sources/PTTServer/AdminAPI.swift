@@ -157,9 +157,9 @@ public enum AdminAPI {
             guard known else { throw StoreError.memberNotFound(channel: id, user: user) }
             // Revoked first, so that a rejoin racing the removal is refused: the tokens the member
             // holds stop working, and a token issued from the next millisecond on lets it back in.
-            _ = try await store.revoke(.member(channel: id, user: user, at: Date(), reason: "removed by an administrator"))
+            let revocation = try await store.revoke(.member(channel: id, user: user, at: Date(), reason: "removed by an administrator"))
             do { try await store.removeMember(channel: id, user: user) } catch StoreError.memberNotFound {}
-            await admin.hub?.memberRemoved(channel: id, user: user)
+            await admin.hub?.memberRemoved(channel: id, user: user, revocation: revocation)
             return Response(status: .noContent)
         }
         v1.post("channels/:id/revocations") { request, context in

@@ -10,8 +10,9 @@ public protocol AdminHubHooks: Sendable {
     func channelChanged(_ id: UUID) async
     /// A channel was deleted: its members are told and disconnected.
     func channelDeleted(_ id: UUID) async
-    /// An admin removed a member: it is told and disconnected, and its push token is gone.
-    func memberRemoved(channel: UUID, user: String) async
+    /// An admin removed a member (`revocation` is the member revocation stored for it): it is told
+    /// and disconnected, and its push token is gone.
+    func memberRemoved(channel: UUID, user: String, revocation: RevocationRecord) async
     /// Whether the hub holds the member: connected, reconnecting, or joined moments ago, before the
     /// store writer has written its row. The API asks before it answers "no such member".
     func isMember(channel: UUID, user: String) async -> Bool

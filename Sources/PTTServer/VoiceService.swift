@@ -300,8 +300,12 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
         }
     }
 
-    public func memberRemoved(channel: UUID, user: String) async {
-        _ = await onLoop { $0.hub.removeMember(channel: channel, user: user, at: HubDriver.now()) }
+    public func memberRemoved(channel: UUID, user: String, revocation: RevocationRecord) async {
+        _ = await onLoop {
+            // A join being checked may have read the revocations just before this one was stored.
+            $0.hub.noteRevocation(revocation)
+            $0.hub.removeMember(channel: channel, user: user, at: HubDriver.now())
+        }
     }
 
     public func isMember(channel: UUID, user: String) async -> Bool {

@@ -194,6 +194,46 @@ final class Harness {
                           priority: priority, issuedAt: h.time.date, expiresAt: h.time.date.addingTimeInterval(expiresIn), tokenID: tokenID)
     }
 
+    /// A token check reads the store's revocations off the loop. A revocation stored after that read
+    /// and applied before the outcome comes back must still keep the member out (or the renewal
+    /// refused), or a removed member would be let back in.
+    @Test func aRevocationAppliedWhileATokenIsCheckedStillCounts() {
+        let h = Harness()
+        let ann = h.join("ann")
+        let bob = Link(index: 900, generation: 1)
+        h.hub.connected(bob)
+        h.send(.join(token: "t", channel: h.channel.id, reason: .developerRequest), from: bob)
+        let bobClaims = claims(h, "bob", expiresIn: 3600)
+        h.advance(1 * ms)
+        h.hub.apply(.member(channel: h.channel.id, user: "bob", at: h.time.date, reason: "gone"), at: h.time)
+        h.hub.admit(bob, claims: bobClaims, reason: .developerRequest, at: h.time)
+        h.drain()
+        guard case .refused(.tokenRevoked, let why)? = h.lastMessage(to: bob) else {
+            Issue.record("not refused: \(String(describing: h.lastMessage(to: bob)))"); return
+        }
+        #expect(why.contains("removed"))
+        #expect(!h.hub.isMember(channel: h.channel.id, user: "bob"))
+        #expect(!h.stored.contains { if case .upsertMember(let m) = $0 { m.userID == "bob" } else { false } })
+
+        // A renewal whose new token is revoked (by id) while it is checked is refused; the session
+        // carries on under the old token.
+        h.send(.renewToken(token: "fresh"), from: ann.link)
+        let fresh = claims(h, "ann", expiresIn: 7200, tokenID: "fresh-id")
+        h.hub.apply(.token("fresh-id", channel: h.channel.id, user: "ann", expiresAt: fresh.expiresAt, at: h.time.date, reason: "lost"), at: h.time)
+        h.hub.renew(ann.link, claims: fresh, at: h.time)
+        h.drain()
+        #expect(h.lastMessage(to: ann.link).map { if case .error(.tokenRevoked, _) = $0 { true } else { false } } == true,
+                "\(String(describing: h.lastMessage(to: ann.link)))")
+        #expect(h.hub.isMember(channel: h.channel.id, user: "ann"))
+
+        // Revocations before a check began are the store's to report: a join after them, with a
+        // token issued after them, gets in, and nothing is kept once no check is under way.
+        h.advance(1 * ms)
+        let cat = h.join("cat")
+        #expect(h.messages(to: cat.link).contains { if case .joined = $0 { true } else { false } })
+        #expect(h.hub.revocationsDuringChecks.isEmpty && h.hub.tokenChecks.isEmpty)
+    }
+
     func expiringNotices(_ h: Harness, _ link: Link) -> [Date] {
         h.messages(to: link).compactMap { if case .tokenExpiring(let at) = $0 { return at } else { return nil } }
     }

@@ -37,7 +37,7 @@ final class RecordingHub: AdminHubHooks {
 
     func channelChanged(_ id: UUID) async { recorded.withLock { $0.append(.changed(id)) } }
     func channelDeleted(_ id: UUID) async { recorded.withLock { $0.append(.deleted(id)) } }
-    func memberRemoved(channel: UUID, user: String) async { recorded.withLock { $0.append(.removed(channel, user)) } }
+    func memberRemoved(channel: UUID, user: String, revocation: RevocationRecord) async { recorded.withLock { $0.append(.removed(channel, user)) } }
     func isMember(channel: UUID, user: String) async -> Bool { liveMembers.contains(user) }
     func tokenRevoked(_ revocation: RevocationRecord) async {
         recorded.withLock { $0.append(.revoked(revocation.channelID, revocation.tokenID)) }
