@@ -375,10 +375,15 @@ final class HubDriver: WireServerDelegate {
 
     // MARK: Periodic work (on the event loop)
 
+    /// Transport connections open now, as the endpoint counts them: the hub forgets a session as soon
+    /// as it has left, been replaced or removed, while its connection may take seconds more to close
+    /// (`closeOnceSaid`), and it never sees a connection that is still in its handshake.
+    var openConnections: Int { server?.endpoint.connectionCount ?? hub.connectionCount }
+
     /// Publishes the relay's counters to the metrics registry.
     func publish(to metrics: ServerMetrics) {
         let now = hub.counters
-        metrics.publish(from: published, to: now, connections: hub.connectionCount, channels: hub.channelCount)
+        metrics.publish(from: published, to: now, connections: openConnections, channels: hub.channelCount)
         published = now
     }
 }

@@ -268,7 +268,10 @@ public final class StoreWriter: Sendable {
         case .touchMember(let channel, let user, let lastSeen):
             do { try await store.touchMember(channel: channel, user: user, lastSeen: lastSeen) } catch .memberNotFound {}
         case .setPushToken(let channel, let user, let token, let environment, let registeredAt):
-            try await store.setPushToken(channel: channel, user: user, token: token, environment: environment, registeredAt: registeredAt)
+            // A row deleted meanwhile (an administrator's removal, whose own write follows) needs no token.
+            do {
+                try await store.setPushToken(channel: channel, user: user, token: token, environment: environment, registeredAt: registeredAt)
+            } catch .memberNotFound {}
         case .removeMember(let channel, let user):
             do { try await store.removeMember(channel: channel, user: user) } catch .memberNotFound {}
         case .clearPushToken(let channel, let user):

@@ -326,7 +326,7 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
     }
 
     public func connectionCount() async -> Int {
-        await onLoop { $0.hub.connectionCount } ?? 0
+        await onLoop { $0.openConnections } ?? 0
     }
 
     /// Whether the transport is up.
