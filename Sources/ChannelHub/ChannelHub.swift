@@ -62,7 +62,8 @@ public final class ChannelHub {
     /// checked again against those (`revokedDuringCheck`).
     var tokenChecks: [Link: (count: Int, mark: Int)] = [:]
     /// Revocations applied while a check was under way; `revocationsBefore` were applied before the
-    /// first of them. Emptied whenever no check is under way, so it holds a handful at most.
+    /// first of them. Those no check under way began before are dropped as checks end, so it holds
+    /// the revocations of the last few seconds at most.
     var revocationsDuringChecks: [RevocationRecord] = []
     var revocationsBefore = 0
 
@@ -282,10 +283,14 @@ public final class ChannelHub {
         return revoked
     }
 
+    /// Drops the revocations that no check under way began before: all of them once none is.
     func pruneCheckRevocations() {
-        guard tokenChecks.isEmpty, !revocationsDuringChecks.isEmpty else { return }
-        revocationsBefore += revocationsDuringChecks.count
-        revocationsDuringChecks.removeAll()
+        guard !revocationsDuringChecks.isEmpty else { return }
+        let oldest = tokenChecks.values.lazy.map(\.mark).min() ?? (revocationsBefore + revocationsDuringChecks.count)
+        let done = min(revocationsDuringChecks.count, oldest - revocationsBefore)
+        guard done > 0 else { return }
+        revocationsDuringChecks.removeFirst(done)
+        revocationsBefore += done
     }
 
     static func revokedReason(_ revocation: RevocationRecord) -> String {
@@ -374,11 +379,6 @@ public final class ChannelHub {
             // changes nothing, and a leave ends the session. From a connection that hasn't joined,
             // each would only earn an error, so those stay limited.
             case (.floorRelease, .joined), (.leave, .joined): break
-            // A member that holds the floor or waits for it is answered as it stands (confirmed, or
-            // its place), never denied: a denial would end the client's request while the floor
-            // still counts it as talking or waiting. The answer goes to it and the few waiting.
-            case (.floorRequest, .joined(let channel, let slot))
-                where channel.floor.mayTalk(slot) || channel.floor.isQueued(slot): break
             default:
                 rateLimited(link, message, at: time)
                 return
@@ -447,6 +447,7 @@ public final class ChannelHub {
             let chosen = Set(unheard)
             if chosen != channel.members[slot]!.unheard {
                 channel.members[slot]!.unheard = chosen
+                dropUnheardCatchUps(channel, slot: slot)
                 listenersChanged(channel)
                 // Stored, so that after a restart the member is not woken by, or replayed, a talker it
                 // unsubscribed from before it joins again and says so. (A client sends its list after
@@ -628,11 +629,13 @@ public final class ChannelHub {
             return
         }
         guard claims.channel == channel.record.id else {
-            renewalRefused(link, code: .tokenWrongChannel, reason: "the token is for channel \(claims.channel), not this one; renew with a token for \(channel.record.id)")
+            renewalRefused(link, code: .tokenWrongChannel, reason: "the token is for channel \(claims.channel), not this one; renew with a token for \(channel.record.id)",
+                           checked: true)
             return
         }
         guard claims.userID == member.userID else {
-            renewalRefused(link, code: .tokenWrongUser, reason: "the token is for user '\(claims.userID)', not '\(member.userID)'; renew with a token issued to this member")
+            renewalRefused(link, code: .tokenWrongUser, reason: "the token is for user '\(claims.userID)', not '\(member.userID)'; renew with a token issued to this member",
+                           checked: true)
             return
         }
         let before = member.participant
@@ -706,7 +709,22 @@ public final class ChannelHub {
         counters.controlRateLimited += 1
         let text = "more than \(configuration.controlMessagesPerSecond) control messages a second from this connection; the message was dropped, slow down"
         if case .floorRequest? = message {
-            counters.floorDenials += 1
+            // A member that holds the floor or waits for it is told where it stands (granted, or its
+            // place), never denied: a denial would end the client's request while the floor still
+            // counts it. The answer comes from here, to it alone, and the floor is not asked: a
+            // repeated request would tell everyone waiting their places again, and keep a silent
+            // talker's burst alive, at whatever rate the client sends.
+            if case .joined(let channel, let slot)? = sessions[link] {
+                if let burst = channel.floor.burst(of: slot) {
+                    sendGrant(channel, slot: slot, burst: UInt16(truncatingIfNeeded: burst))
+                    return
+                }
+                if let position = channel.floor.queuedMembers.firstIndex(of: slot) {
+                    outputs.append(.send(.floor(FloorEvent(kind: .queued, slot: slot, position: position + 1)), to: [link]))
+                    return
+                }
+                counters.floorDenials += 1
+            }
             outputs.append(.send(.floor(FloorEvent(kind: .denied, cause: .rateLimited, reason: text)), to: [link]))
             return
         }
@@ -994,7 +1012,7 @@ public final class ChannelHub {
             guard replaying || !recording.ended else { continue }
             if !replaying, let talker = channel.members[recording.talker], !member.hears(talker) { continue }
             recording.missed.insert(slot)
-            // A replay cut off late in the window (a long burst, replayed at five times real time)
+            // A replay cut off late in the window (a long burst, replayed at 20 times real time)
             // gets the member the whole window again to come back; at most twice the window from
             // the end, or a member dropping again and again would keep it for good.
             if recording.ended, let ended = recording.endedAt {
@@ -1003,6 +1021,23 @@ public final class ChannelHub {
             }
             noteMissedDeadline(recording)
         }
+    }
+
+    /// A member being replayed bursts unsubscribed from some talkers (its first message after a join
+    /// or a resume, often): their bursts are not replayed to it any more.
+    func dropUnheardCatchUps(_ channel: ChannelState, slot: UInt16) {
+        guard let listener = channel.members[slot], !listener.catchUp.isEmpty else { return }
+        var kept: [CatchUpCursor] = []
+        for cursor in listener.catchUp {
+            if let talker = channel.members[cursor.recording.talker], !listener.hears(talker) {
+                cursor.recording.readers -= 1
+            } else {
+                kept.append(cursor)
+            }
+        }
+        guard kept.count != listener.catchUp.count else { return }
+        channel.members[slot]!.catchUp = kept
+        channel.recycleRecordings()
     }
 
     /// Ends a member's replay. A burst already over that only it was reading goes back to the spares
@@ -1168,12 +1203,16 @@ public final class ChannelHub {
     public func sweepLiveness(mayMarkSilent: Bool = true, at time: HubTime, isHeard: (Link) -> Bool) {
         for channel in channels.values {
             var changed: [UInt16] = []
+            var replaying = false
+            // The listener array is rebuilt once for the channel, not once per member back: after
+            // an outage of the server's own network, every member comes back in the same sweep.
+            defer { if replaying { listenersChanged(channel) } }
             for (slot, member) in channel.members {
                 guard let link = member.link else { continue }
                 let heard = isHeard(link)
                 if heard, member.connection != .connected {
                     channel.members[slot]!.connection = .connected
-                    replayOwed(channel, slot: slot, at: time)
+                    if replayOwed(channel, slot: slot, at: time, rebuild: false) { replaying = true }
                 } else if !heard, mayMarkSilent, member.connection == .connected {
                     channel.members[slot]!.connection = .reconnecting
                     counters.silentMembers += 1
@@ -1208,11 +1247,13 @@ public final class ChannelHub {
     /// connection rather than joining again) gets the bursts it was noted missing while silent, from
     /// their first packet, as a join would have. What reached it live meanwhile comes again, flagged
     /// catch-up, and the client drops what it already has.
-    private func replayOwed(_ channel: ChannelState, slot: UInt16, at time: HubTime) {
+    @discardableResult
+    private func replayOwed(_ channel: ChannelState, slot: UInt16, at time: HubTime, rebuild: Bool = true) -> Bool {
         guard let member = channel.members[slot], member.canListen, member.catchUp.isEmpty,
-              channel.recordings.contains(where: { $0.missed.contains(slot) }) else { return }
+              channel.recordings.contains(where: { $0.missed.contains(slot) }) else { return false }
         startCatchUp(channel, slot: slot, at: time)
-        listenersChanged(channel)
+        if rebuild { listenersChanged(channel) }
+        return true
     }
 
     // MARK: Time

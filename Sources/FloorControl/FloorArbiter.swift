@@ -125,9 +125,6 @@ public struct FloorArbiter<Member: Hashable & Sendable> {
     /// Members waiting, next first.
     public var queuedMembers: [Member] { queue.map(\.member) }
 
-    /// Whether `member` waits in the queue.
-    public func isQueued(_ member: Member) -> Bool { queue.contains { $0.member == member } }
-
     /// Whether audio from `member` is relayed. Audio from anyone else is dropped.
     public func mayTalk(_ member: Member) -> Bool { talkers.contains { $0.member == member } }
 

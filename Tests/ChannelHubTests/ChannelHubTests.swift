@@ -226,6 +226,18 @@ final class Harness {
                 "\(String(describing: h.lastMessage(to: ann.link)))")
         #expect(h.hub.isMember(channel: h.channel.id, user: "ann"))
 
+        // A renewal refused for another user's token ends its own check only: a second renewal
+        // still in its check still sees a revocation applied meanwhile.
+        h.send(.renewToken(token: "bob's"), from: ann.link)
+        h.send(.renewToken(token: "later"), from: ann.link)
+        h.hub.renew(ann.link, claims: claims(h, "bob", expiresIn: 3600), at: h.time)
+        let later = claims(h, "ann", expiresIn: 7200, tokenID: "later-id")
+        h.hub.apply(.token("later-id", channel: h.channel.id, user: "ann", expiresAt: later.expiresAt, at: h.time.date, reason: "lost"), at: h.time)
+        h.hub.renew(ann.link, claims: later, at: h.time)
+        h.drain()
+        #expect(h.lastMessage(to: ann.link).map { if case .error(.tokenRevoked, _) = $0 { true } else { false } } == true,
+                "\(String(describing: h.lastMessage(to: ann.link)))")
+
         // Revocations before a check began are the store's to report: a join after them, with a
         // token issued after them, gets in, and nothing is kept once no check is under way.
         h.advance(1 * ms)
@@ -488,18 +500,23 @@ final class Harness {
     /// a denial would end the client's request while the floor still counts it.
     @Test func aRequestOverTheRateFromATalkerOrAWaiterIsNotDenied() {
         let h = rateLimitedHarness()
-        let ann = h.join("ann"), bob = h.join("bob")
+        let ann = h.join("ann"), bob = h.join("bob"), dan = h.join("dan")
         h.send(.floorRequest, from: ann.link)
         h.send(.floorRequest, from: bob.link)
+        h.send(.floorRequest, from: dan.link)
         #expect(h.floorEvents(to: bob.link).last?.kind == .queued)
         for _ in 0..<60 { h.send(.setMuted(true), from: ann.link); h.send(.setMuted(true), from: bob.link) }
         #expect(h.hub.counters.controlRateLimited > 0)
         let denials = h.hub.counters.floorDenials
+        let toOthers = h.messages(to: dan.link).count
         h.send(.floorRequest, from: ann.link)
         #expect(h.floorEvents(to: ann.link).last?.kind == .granted, "confirmed: \(h.floorEvents(to: ann.link).suffix(2))")
         h.send(.floorRequest, from: bob.link)
-        #expect(h.floorEvents(to: bob.link).last?.kind == .queued, "\(h.floorEvents(to: bob.link).suffix(2))")
+        let bobLast = h.floorEvents(to: bob.link).last
+        #expect(bobLast?.kind == .queued && bobLast?.position == 1, "\(String(describing: bobLast))")
         #expect(h.hub.counters.floorDenials == denials)
+        // Answered to the requester alone: the others waiting are not told their places again.
+        #expect(h.messages(to: dan.link).count == toOthers)
         // A new request over the rate is still denied, and counted as a denial.
         let cat = h.join("cat")
         for _ in 0..<60 { h.send(.setMuted(true), from: cat.link) }
@@ -1092,6 +1109,18 @@ final class Harness {
         h.hub.sweepLiveness(at: h.time) { _ in true }
         h.advance(10 * ms)
         #expect(h.audio(to: cat.link).count == before + again.count)
+
+        // Back with an unsubscription as its first word: Ann's burst is not replayed.
+        h.hub.sweepLiveness(at: h.time) { $0 != cat.link }
+        h.drain()
+        h.send(.floorRequest, from: ann.link)
+        let third = try #require(h.grantedBurst(ann.link))
+        for sequence in UInt16(0) ..< 40 { h.audio(from: ann.link, burst: third, sequence: sequence, payload: [3, UInt8(sequence)]) }
+        h.send(.floorRelease, from: ann.link)
+        let quiet = h.audio(to: cat.link).count
+        h.send(.setSubscriptions(unheard: ["ann"]), from: cat.link)
+        for _ in 0 ..< 10 { h.advance(10 * ms) }
+        #expect(h.audio(to: cat.link).count == quiet, "replayed a talker it unsubscribed from")
     }
 
     /// The server's own network went: everyone is silent in the same sweep. One `roster` message per
