@@ -51,6 +51,7 @@ public final class ChannelManager: Sendable {
         var roster: [RosterEntry] = []
         var isTransmitting = false
         var isSuspended = false
+        var canBeWokenByPush = false
         var restorationError: RestorationError?
         var channelInfo: ChannelInfo?
     }
@@ -257,6 +258,10 @@ public final class ChannelManager: Sendable {
     public var roster: [RosterEntry] { snapshot.withLockedValue { $0.roster } }
     public var isTransmitting: Bool { snapshot.withLockedValue { $0.isTransmitting } }
     public var isSuspended: Bool { snapshot.withLockedValue { $0.isSuspended } }
+    /// Whether the push transport is receiving pushes for the channel's token now: false without a
+    /// transport, before the token is registered, and while a failed transport is being registered
+    /// again. A suspended channel is woken only while this holds.
+    public var canBeWokenByPush: Bool { snapshot.withLockedValue { $0.canBeWokenByPush } }
     /// The channel as the server describes it (name, image, mode, burst limit), once joined.
     public var channelInfo: ChannelInfo? { snapshot.withLockedValue { $0.channelInfo } }
     /// Why the saved channel could not be restored at start, if it could not.

@@ -340,6 +340,7 @@ actor ManagerEngine {
         case .invalidatePushToken(let token):
             pushTask?.cancel()
             pushTask = nil
+            snapshot.withLockedValue { $0.canBeWokenByPush = false }
             if let transport = configuration.pushTransport { await transport.unregister(token: token) }
         case .save(let record):
             do { try store.save(record) } catch { eventSink.yield(.notice(error.description)) }
@@ -497,19 +498,60 @@ actor ManagerEngine {
 
     // MARK: Pushes
 
+    /// Receives pushes for the channel's token until the channel is left (`pushTask` cancelled). A
+    /// transport that fails (the APNs simulator inside a squelchd that restarted, a push channel
+    /// that dropped) is registered again with the same token, after 1 s and then up to every 15 s:
+    /// a walkie-talkie in the background that stopped listening for pushes for good would miss every
+    /// call after a server upgrade, with nothing to show it. The token is announced on the first
+    /// registration, and again only if the transport hands out another.
     func startPushes(token: Data?, channel: UUID) {
         guard let transport = configuration.pushTransport, pushTask == nil else { return }
         let sink = commandSink
+        let snapshot = self.snapshot
         pushTask = Task {
-            do {
-                let (issued, pushes) = try await transport.register(token: token)
-                sink.yield(.pushToken(issued, channel))
-                for try await push in pushes { sink.yield(.push(push)) }
-            } catch is CancellationError {
-            } catch {
-                sink.yield(.notice("push delivery stopped: \(error); the channel can't be woken while suspended"))
+            defer { snapshot.withLockedValue { $0.canBeWokenByPush = false } }
+            var current = token
+            var announced = false
+            var delay: Duration = .seconds(1)
+            var lostSince: Date?
+            while !Task.isCancelled {
+                var why = "the push channel closed"
+                do {
+                    let (issued, pushes) = try await transport.register(token: current)
+                    if !announced || issued != current { sink.yield(.pushToken(issued, channel)) }
+                    announced = true
+                    current = issued
+                    if lostSince != nil {
+                        sink.yield(.notice("push delivery is back; the channel can be woken again"))
+                        lostSince = nil
+                    }
+                    delay = .seconds(1)
+                    snapshot.withLockedValue { $0.canBeWokenByPush = true }
+                    for try await push in pushes { sink.yield(.push(push)) }
+                } catch is CancellationError {
+                    return
+                } catch {
+                    why = "\(Self.describePushFailure(error))"
+                }
+                guard !Task.isCancelled else { return }
+                snapshot.withLockedValue { $0.canBeWokenByPush = false }
+                if lostSince == nil {
+                    lostSince = Date()
+                    sink.yield(.notice("push delivery lost (\(why)); trying again, and until it is back the channel can't be woken while suspended"))
+                }
+                do { try await Task.sleep(for: delay) } catch { return }
+                delay = min(delay * 2, .seconds(15))
             }
         }
+    }
+
+    /// A push transport's failure in words: NIO's connection errors print as nested structures.
+    static func describePushFailure(_ error: any Error) -> String {
+        let text = "\(error)"
+        if text.contains("connectionRefused") || text.contains("Connection refused") || text.contains("SingleConnectionFailure") {
+            return "nothing answers on the push port; is the APNs simulator (squelchd's --apns-simulator-control-port) running?"
+        }
+        return text.count > 160 ? String(text.prefix(160)) + "…" : text
     }
 
     // MARK: Statistics

@@ -267,6 +267,11 @@ enum Interactive {
                         if manager.isSuspended {
                             manager.resume()
                             shared.withLockedValue { $0.status = .init("Voice connection reopened") }
+                        } else if !manager.canBeWokenByPush {
+                            // Suspended without a push channel, walkie would never wake: a missed call.
+                            shared.withLockedValue {
+                                $0.status = .init("Staying in the foreground: no push can wake walkie now (push delivery is down; see above). Press b again once it is back")
+                            }
                         } else {
                             manager.suspend()
                             shared.withLockedValue { $0.status = .init("In the background: a push wakes walkie when someone talks") }

@@ -571,7 +571,64 @@ final class LocalPushTransport: PushTransport {
     func deliver(_ payload: [String: PushValue], highPriority: Bool = true) { sink.yield(IncomingPush(payload: payload, isHighPriority: highPriority)) }
 }
 
+/// Polls `condition` every 20 ms for up to `seconds`.
+func until(seconds: Double = 10, _ condition: () -> Bool) async -> Bool {
+    let deadline = Date().addingTimeInterval(seconds)
+    while Date() < deadline {
+        if condition() { return true }
+        try? await Task.sleep(for: .milliseconds(20))
+    }
+    return condition()
+}
+
+/// A push channel that fails after its first registration, as the APNs simulator's device stream
+/// does when the squelchd that embeds it restarts; registered again, it delivers. In-process because
+/// the failure and its timing are the point: restarting a whole server on fixed ports to cut one
+/// stream would test the ports, not the manager.
+final class FlakyPushTransport: PushTransport {
+    let environment = PushEnvironment.sandbox
+    let registrations = NIOLockedValueBox<[Data?]>([])
+    let live = NIOLockedValueBox<AsyncThrowingStream<IncomingPush, any Error>.Continuation?>(nil)
+    struct Dropped: Error {}
+    func register(token: Data?) async throws -> (token: Data, pushes: AsyncThrowingStream<IncomingPush, any Error>) {
+        let (stream, sink) = AsyncThrowingStream.makeStream(of: IncomingPush.self)
+        let first = registrations.withLockedValue { $0.append(token); return $0.count == 1 }
+        if first { sink.finish(throwing: Dropped()) } else { live.withLockedValue { $0 = sink } }
+        return (token ?? Data([9, 9, 9]), stream)
+    }
+    func unregister(token: Data) async {}
+    func deliver(_ payload: [String: PushValue]) -> Bool {
+        live.withLockedValue { $0 }.map { $0.yield(IncomingPush(payload: payload)); return true } ?? false
+    }
+}
+
 @Suite(.serialized, .timeLimit(.minutes(2))) struct PushTransportTests {
+    @Test func aPushChannelThatFailsIsRegisteredAgainWithTheSameToken() async throws {
+        let fixture = try await ClientFixture(pushes: false)
+        let id = fixture.channel.id
+        let transport = FlakyPushTransport()
+        let d = RecordingDelegate()
+        let m = try await ChannelManager.channelManager(
+            delegate: d, restorationDelegate: d,
+            configuration: ChannelManagerConfiguration(stateDirectory: fixture.stateDirectory("flaky"), pushTransport: transport))
+        let events = m.events
+        let notices = NIOLockedValueBox<[String]>([])
+        let watcher = Task { for await event in events { if case .notice(let text) = event { notices.withLockedValue { $0.append(text) } } } }
+        defer { watcher.cancel() }
+        m.requestJoinChannel(channelUUID: id, descriptor: ChannelDescriptor(name: "Ops"), credentials: fixture.credentials(try await fixture.token("ann")))
+        #expect(await d.wait(for: .pushToken(3)))
+        #expect(await until { transport.registrations.withLockedValue { $0.count } == 2 && m.canBeWokenByPush },
+                "registered again after the failure")
+        #expect(transport.registrations.withLockedValue { $0 } == [nil, Data([9, 9, 9])], "with the token it was given")
+        #expect(d.all.filter { $0 == .pushToken(3) }.count == 1, "the same token is not announced again")
+        #expect(notices.withLockedValue { $0 }.contains { $0.contains("push delivery lost") })
+        #expect(await until { notices.withLockedValue { $0 }.contains { $0.contains("push delivery is back") } })
+        #expect(transport.deliver(["activeSpeaker": .string("Bob"), "channel": .string(id.uuidString)]))
+        #expect(await d.wait(for: .push("Bob")), "pushes arrive on the new registration")
+        await m.invalidate()
+        await fixture.stop()
+    }
+
     @Test func servicePushesCountAgainstTheBudgetAndALeavePushLeaves() async throws {
         let fixture = try await ClientFixture(pushes: false)
         let id = fixture.channel.id
