@@ -186,7 +186,7 @@ struct Listen: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Join and record what the channel says into a WAV file (48 kHz mono, real time, silence between bursts).",
         discussion: """
-            Runs for --duration seconds, or until interrupted (Ctrl-C), then completes the file and exits 0. \
+            Runs for --duration seconds, or until interrupted (Ctrl-C, SIGTERM, or SIGHUP when the terminal goes), then completes the file and exits 0. \
             A session that ends early (the member removed, the channel deleted, the token expired without \
             --token-file, another connection of the same user joining) completes the file and exits non-zero \
             at once; so does a recording whose connection to squelchd was down when it ended (3).
@@ -303,12 +303,14 @@ struct Listen: AsyncParsableCommand {
     }
 }
 
-/// Returns after `seconds`, or on SIGINT/SIGTERM (so the WAV file is completed either way).
+/// Returns after `seconds`, or on SIGINT, SIGTERM or SIGHUP (an ssh session that dropped), so that
+/// the WAV file is completed either way.
 func waitForEnd(seconds: Double?) async {
     signal(SIGINT, SIG_IGN)
     signal(SIGTERM, SIG_IGN)
+    signal(SIGHUP, SIG_IGN)
     let (stream, sink) = AsyncStream.makeStream(of: Void.self)
-    let sources = [SIGINT, SIGTERM].map { number -> any DispatchSourceSignal in
+    let sources = [SIGINT, SIGTERM, SIGHUP].map { number -> any DispatchSourceSignal in
         let source = DispatchSource.makeSignalSource(signal: number)
         source.setEventHandler { sink.yield() }
         source.resume()

@@ -20,7 +20,7 @@ struct Join: AsyncParsableCommand {
         discussion: """
         Keys: Space (or --key) talks while held; where the terminal can't report key releases, a tap \
         latches and the next press stops. b closes the voice connection and waits for pushes (and \
-        reopens it); m mutes the speaker; q or Ctrl-C quits, keeping the channel for 'walkie' to restore.
+        reopens it); m mutes the speaker; q or Ctrl-C quits (so do SIGTERM and SIGHUP, with the output file completed), keeping the channel for 'walkie' to restore.
         """)
 
     @OptionGroup var server: ServerOptions
@@ -114,6 +114,8 @@ enum Interactive {
         var requesting = false
         var left: String?
         var lastBurst: String?
+        /// SIGTERM or SIGHUP arrived: quit as `q` would, so that the output WAV is completed.
+        var stopRequested = false
     }
 
     /// `Shared` behind its lock, made before the screen so that the token-file watcher can report to it.
@@ -192,6 +194,19 @@ enum Interactive {
         hold.maximumTransmitDuration = UInt64(max(1, options.maxTransmit) * 1e9)
         let loop = Loop(session: session, manager: manager, shared: shared, statistics: statistics,
                         keyboard: KeyboardController(bindings: bindings, holdToTalk: hold))
+        // SIGTERM (a service manager, `kill`) and SIGHUP (the terminal or ssh session went away) end
+        // walkie the way `q` does, so that the output file gets its WAV sizes and the connection says
+        // goodbye; by default they would kill it with a file that players read as empty. Ignored
+        // before the screen starts, so TerminalSession leaves them alone, and taken here instead.
+        signal(SIGTERM, SIG_IGN)
+        signal(SIGHUP, SIG_IGN)
+        let stopSources = [SIGTERM, SIGHUP].map { number -> any DispatchSourceSignal in
+            let source = DispatchSource.makeSignalSource(signal: number)
+            source.setEventHandler { shared.withLockedValue { $0.stopRequested = true } }
+            source.resume()
+            return source
+        }
+        defer { for source in stopSources { source.cancel() } }
         let outcome: String? = await withCheckedContinuation { continuation in
             let thread = Thread { continuation.resume(returning: loop.run()) }
             thread.name = "walkie-terminal"
@@ -236,6 +251,7 @@ enum Interactive {
                 let deadline = [keyboard.nextDeadline, now + 100_000_000].compactMap { $0 }.min()!
                 let input = session.waitForInput(timeout: deadline > now ? deadline - now : 0)
                 let time = monotonicNanoseconds()
+                if shared.withLockedValue({ $0.stopRequested }) { return nil }
                 guard let channel = manager.activeChannelUUID else {
                     return shared.withLockedValue { $0.left } ?? "the channel was left"
                 }

@@ -121,6 +121,18 @@ import Testing
         let loudSaid = said.filter { $0 > 0.01 }.count
         let loudHeard = got.filter { $0 > 0.01 }.count
         #expect(loudHeard >= loudSaid * 9 / 10 && loudHeard <= loudSaid + 10, "loud periods: said \(loudSaid), heard \(loudHeard)")
+
+        // The terminal or ssh session goes away (SIGHUP): the recording is completed, not left with
+        // the placeholder sizes that players read as empty.
+        let hungUp = world.dir + "/hung-up.wav"
+        let recorder = try Running(["listen"] + world.arguments("bob") + ["--record", hungUp, "--push-port", "0"], reaper: world.reaper)
+        #expect(await recorder.out.wait(for: "listening", seconds: 20) != nil, "\(recorder.err.contents)")
+        try await Task.sleep(for: .seconds(1))
+        kill(recorder.process.processIdentifier, SIGHUP)
+        #expect(await recorder.process.waitForExit(seconds: 20))
+        #expect(recorder.process.terminationStatus == 0, "\(recorder.err.contents)")
+        let kept = try Self.envelope(hungUp).count
+        #expect(kept >= 50, "\(kept) periods of 10 ms in the file")
     }
 
     /// A recorder left running past its token's expiry keeps its session when a new token lands in
@@ -400,8 +412,14 @@ import Testing
         #expect(try await tmux.wait("ann", for: "Speaker: Bob"), "the press took the channel back: \(tmux.screen("bob2"))")
         try tmux.keys("bob2", "q")
         #expect(try await tmux.wait("bob2", for: "EXITED 0"), "\(tmux.screen("bob2"))")
-        try tmux.keys("ann", "q")
+        // Ann's walkie is ended by SIGTERM (a service manager, `kill`): it quits as `q` would, and
+        // what she heard is a complete WAV file.
+        let annPane = try tmux.run(["display-message", "-p", "-t", "ann", "#{pane_pid}"]).trimmingCharacters(in: .whitespacesAndNewlines)
+        let annPid = try Executables.runShell("pgrep -P \(annPane) -f 'walkie join'").trimmingCharacters(in: .whitespacesAndNewlines)
+        kill(pid_t(annPid) ?? 0, SIGTERM)
         #expect(try await tmux.wait("ann", for: "EXITED 0"), "\(tmux.screen("ann"))")
+        let heard = try Self.envelope(world.dir + "/ann-heard.wav")
+        #expect(heard.filter { $0 > 0.01 }.count > 50, "Bob's bursts are in Ann's file: \(heard.count) periods")
     }
 }
 
