@@ -253,6 +253,13 @@ public struct HoldToTalk: Sendable {
         cancel(now: now).filter { if case .stopTransmit = $0 { false } else { true } }
     }
 
+    /// The floor was granted for the transmission the key started: its time limit, and the elapsed
+    /// time shown, count from now. Time spent waiting for the floor (in the queue behind another
+    /// talker) is not talk time.
+    public mutating func transmissionGranted(now: UInt64) {
+        if transmitting { transmitStartedAt = now }
+    }
+
     /// A command key (Esc, quit, background): unkey and unlatch. In legacy mode the rest of a key hold is
     /// swallowed so that its repeats do not key up again.
     public mutating func cancel(now: UInt64) -> [Event] {

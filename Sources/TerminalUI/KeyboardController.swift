@@ -62,6 +62,11 @@ public struct KeyboardController: Sendable {
         return actions
     }
 
+    /// The floor was granted (``HoldToTalk/transmissionGranted(now:)``).
+    public mutating func transmissionGranted(now: UInt64) {
+        holdToTalk.transmissionGranted(now: now)
+    }
+
     /// The transmission ended without the key (``HoldToTalk/transmissionEnded(now:)``).
     public mutating func transmissionEnded(now: UInt64) -> [Action] {
         holdToTalk.transmissionEnded(now: now).map(Self.action)

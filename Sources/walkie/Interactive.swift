@@ -245,6 +245,7 @@ enum Interactive {
             defer { session.restore() }
             var previous: Frame?
             var muted = false
+            var wasTransmitting = false
             while true {
                 let now = monotonicNanoseconds()
                 // Redraw 10 times a second for the meter, the speaker and the figures.
@@ -262,6 +263,10 @@ enum Interactive {
                 if keyboard.holdToTalk.transmitting, !shared.withLockedValue({ $0.requesting }), !manager.isTransmitting {
                     _ = keyboard.transmissionEnded(now: time)
                 }
+                // Granted (perhaps after a wait in the queue): --max-transmit counts from here.
+                let transmittingNow = manager.isTransmitting
+                if transmittingNow, !wasTransmitting { keyboard.transmissionGranted(now: time) }
+                wasTransmitting = transmittingNow
                 for action in keyboard.receive(input.bytes, now: time) + keyboard.tick(now: time) {
                     switch action {
                     case .startTransmit:
@@ -360,7 +365,9 @@ enum Interactive {
             model.bindings = keyboard.bindings
             model.status = state.status ?? state.lastBurst.map { .init("Last burst: \($0)") }
             model.transmitElapsed = ptt.transmitStartedAt.map { time - $0 }
-            model.maximumTransmit = ptt.configuration.maximumTransmitDuration
+            // The channel's own limit, when shorter: squelchd ends the burst there.
+            let channelLimit = info.map { UInt64(max(1, $0.maxBurstSeconds)) * 1_000_000_000 } ?? .max
+            model.maximumTransmit = min(ptt.configuration.maximumTransmitDuration, channelLimit)
             let size = session.size()
             return Screen.render(model, width: size.columns, height: size.rows)
         }

@@ -218,6 +218,21 @@ struct HoldToTalkTests {
         #expect(!ptt.latched && ptt.nextDeadline == nil)
     }
 
+    @Test("maximum transmit time counts from the grant, not from a press that waited in the queue")
+    func maxTransmitCountsFromTheGrant() {
+        var ptt = HoldToTalk(mode: .legacy, configuration: .init(maximumTransmitDuration: ms(10_000)))
+        #expect(ptt.keyEvent(now: 0) == [.startTransmit])
+        _ = ptt.tick(now: ms(1000))
+        #expect(ptt.latched && ptt.transmitStartedAt == 0)
+        ptt.transmissionGranted(now: ms(6000))     // five seconds in the queue first
+        #expect(ptt.transmitStartedAt == ms(6000) && ptt.nextDeadline == ms(16_000))
+        #expect(ptt.tick(now: ms(15_999)).isEmpty)
+        #expect(ptt.tick(now: ms(16_000)) == [.stopTransmit(.maxTransmitTime)])
+        // Not transmitting: a late grant changes nothing.
+        ptt.transmissionGranted(now: ms(17_000))
+        #expect(ptt.transmitStartedAt == nil)
+    }
+
     @Test("focus loss unkeys in both modes")
     func focusLoss() {
         var kitty = HoldToTalk(mode: .kitty)
