@@ -30,6 +30,9 @@ public final class ChannelHub {
     public let configuration: HubConfiguration
     public private(set) var counters = HubCounters()
     var channels: [UUID: ChannelState] = [:]
+    /// Channels deleted while this hub ran: a join's check that read one just before must not bring
+    /// it back (`channelSeenByCheck`). One UUID per deletion.
+    var deletedChannels: Set<UUID> = []
     var sessions: [Link: Session] = [:]
     /// Each connection's allowance of control messages (`HubConfiguration.controlMessagesPerSecond`).
     var controlBudget: [Link: TokenBucket] = [:]
@@ -141,6 +144,16 @@ public final class ChannelHub {
 
     public func channel(_ id: UUID) -> ChannelInfo? { channels[id]?.info }
     public var channelIDs: [UUID] { Array(channels.keys) }
+
+    /// A join's check found `record` in the store, which the hub has not loaded yet: a channel
+    /// another process (`squelchd channel create`) made since the last revision poll. It is loaded
+    /// now rather than the join refused as "does not exist" for up to a second. A channel this hub
+    /// knows already is left alone (the check's copy may be older than the poll's), and so is one it
+    /// deleted (the check may have read it just before the deletion; ids are never reused).
+    public func channelSeenByCheck(_ record: ChannelRecord, at time: HubTime) {
+        guard channels[record.id] == nil, !deletedChannels.contains(record.id) else { return }
+        upsertChannel(record, at: time)
+    }
     public var channelCount: Int { channels.count }
     public var connectionCount: Int { sessions.count }
 
@@ -158,6 +171,7 @@ public final class ChannelHub {
 
     /// Removes a channel: its members are told and disconnected; a burst in progress is logged.
     public func deleteChannel(_ id: UUID, at time: HubTime) {
+        deletedChannels.insert(id)
         guard let channel = channels.removeValue(forKey: id) else { return }
         for slot in channel.floor.currentTalkers { logBurstEnd(channel, slot: slot, reason: "channelDeleted", at: time) }
         for member in channel.members.values {

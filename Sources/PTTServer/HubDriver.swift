@@ -106,14 +106,17 @@ final class HubDriver: WireServerDelegate {
             case .verify(let link, let token, let channel, let reason):
                 verify(link, token: token, channel: channel) { hub, outcome in
                     switch outcome {
-                    case .success(let claims): hub.admit(link, claims: claims, reason: reason, at: HubDriver.now())
+                    case .success(let checked):
+                        let now = HubDriver.now()
+                        hub.channelSeenByCheck(checked.channel, at: now)
+                        hub.admit(link, claims: checked.claims, reason: reason, at: now)
                     case .failure(let refusal): hub.refuse(link, code: refusal.code, reason: refusal.reason)
                     }
                 }
             case .verifyRenewal(let link, let token, let channel):
                 verify(link, token: token, channel: channel) { hub, outcome in
                     switch outcome {
-                    case .success(let claims): hub.renew(link, claims: claims, at: HubDriver.now())
+                    case .success(let checked): hub.renew(link, claims: checked.claims, at: HubDriver.now())
                     case .failure(let refusal): hub.renewalRefused(link, code: refusal.code, reason: refusal.reason)
                     }
                 }
@@ -321,7 +324,7 @@ final class HubDriver: WireServerDelegate {
     /// Checks a join or renewal token off the event loop (ECDSA verification takes ~100 µs, the
     /// revocation lookup a SQLite read), then hands the outcome to the hub back on the loop.
     func verify(_ link: Link, token: String, channel: UUID,
-                then apply: @escaping @Sendable (ChannelHub, Result<ParticipantClaims, Refusal>) -> Void) {
+                then apply: @escaping @Sendable (ChannelHub, Result<Checked, Refusal>) -> Void) {
         let tokens = self.tokens
         let store = writer.store
         let logger = self.logger
@@ -342,12 +345,18 @@ final class HubDriver: WireServerDelegate {
         var reason: String
     }
 
+    /// A token that checked out, and its channel as the store has it now.
+    struct Checked: Sendable {
+        var claims: ParticipantClaims
+        var channel: ChannelRecord
+    }
+
     /// A token is good if this server signed it, for this channel, now, no revocation voids it, and
     /// the channel is still stored.
     /// A store that can't answer refuses the join (fail closed: a removed member must not get in
     /// while the database is down), with a reason that says to try again.
     static func check(_ token: String, channel: UUID, with tokens: TokenAuthority, store: any ChannelStore,
-                      logger: Logger) async -> Result<ParticipantClaims, Refusal> {
+                      logger: Logger) async -> Result<Checked, Refusal> {
         let claims: ParticipantClaims
         do throws(TokenError) {
             claims = try await tokens.verify(token, channel: channel, now: Date())
@@ -363,14 +372,14 @@ final class HubDriver: WireServerDelegate {
             // The hub learns of a channel deleted by another process (the CLI) at its next revision
             // poll, up to a second later; a join in between would be admitted to a channel whose
             // rows are gone, and every write for it would fail.
-            guard try await store.channel(channel) != nil else {
+            guard let record = try await store.channel(channel) else {
                 return .failure(Refusal(code: .channelNotFound, reason: "channel \(channel) does not exist (deleted?); ask for a token to an existing channel"))
             }
+            return .success(Checked(claims: claims, channel: record))
         } catch {
             logger.error("token refused: the store could not be read (revocations, channel)", metadata: ["error": "\(error)"])
             return .failure(Refusal(code: .internalError, reason: "the server could not check the token (its database is failing); try again shortly"))
         }
-        return .success(claims)
     }
 
     // MARK: Periodic work (on the event loop)

@@ -1070,6 +1070,23 @@ final class Harness {
         #expect(annSeenBy(bob.link) == .reconnecting)
     }
 
+    /// A join's check may read a channel the hub has not loaded (made by the CLI): it is loaded then.
+    /// One the hub deleted meanwhile stays deleted, and one it knows is not overwritten by the
+    /// check's copy.
+    @Test func aChannelSeenByAJoinCheckIsLoadedUnlessDeletedOrKnown() {
+        let h = Harness()
+        let fresh = ChannelRecord(name: "New", mode: .fullDuplex, maxBurstSeconds: 20)
+        h.hub.channelSeenByCheck(fresh, at: h.time)
+        #expect(h.hub.channelIDs.contains(fresh.id))
+        var stale = h.channel
+        stale.name = "Old name"
+        h.hub.channelSeenByCheck(stale, at: h.time)
+        #expect(h.hub.channels[h.channel.id]?.record.name == h.channel.name)
+        h.hub.deleteChannel(fresh.id, at: h.time)
+        h.hub.channelSeenByCheck(fresh, at: h.time)
+        #expect(!h.hub.channelIDs.contains(fresh.id))
+    }
+
     /// A phone gone quiet in the background resumes its session (no new join): the bursts it was
     /// noted missing while silent are replayed from their first packet, as a join would get them,
     /// whether it comes back by the sweep or by a control message.

@@ -241,6 +241,24 @@ func slot(of member: TestMember) -> UInt16? {
         _ = await task.result
     }
 
+    /// A channel made by another process (`squelchd channel create`) is joinable at once, not only
+    /// after the next revision poll; and a join to it sees it, under its name.
+    @Test func aJoinRightAfterAChannelIsCreatedElsewhereIsAdmitted() async throws {
+        let fixture = try await ServerFixture()
+        let (task, listening) = try await fixture.start()
+        defer { task.cancel() }
+        try await Task.sleep(for: .milliseconds(1_500))  // past the first polls: only a change would load it
+        let fresh = ChannelRecord(name: "Made elsewhere", mode: .halfDuplex, maxBurstSeconds: 30)
+        try await fixture.withStore { try await $0.createChannel(fresh) }
+        let member = try TestMember(port: listening.voicePort, configuration: fixture.pki.client())
+        try await member.connect()
+        let answer = try await member.join(token: try await fixture.token("ann", channel: fresh.id), channel: fresh.id)
+        guard case .joined(let info, _, _, _)? = answer else { Issue.record("not joined: \(String(describing: answer))"); return }
+        #expect(info.id == fresh.id && info.name == "Made elsewhere" && info.maxBurstSeconds == 30)
+        await listening.shutdown()
+        _ = await task.result
+    }
+
     /// An admin's removal and revocation end the member's live session and keep its old token out; a
     /// token issued after the removal gets back in.
     @Test func removedMembersAndRevokedTokensAreKeptOut() async throws {
