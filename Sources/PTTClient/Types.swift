@@ -102,7 +102,9 @@ public struct ChannelCredentials: Sendable, Hashable, Codable {
     public var port: Int
     /// The name the server's certificate must carry; the host when nil.
     public var serverName: String?
-    /// PEM file of the CA that signs squelchd's certificate (`certs/ca.pem` in development).
+    /// PEM file of the CA that signs squelchd's certificate (`certs/ca.pem` in development). A
+    /// relative path given to `init` is made absolute against the current directory: the credentials
+    /// are saved for restoration, and an app restored from another directory must still find it.
     public var caPath: String
     /// The participant token (`squelchd token issue`).
     public var token: String
@@ -111,7 +113,8 @@ public struct ChannelCredentials: Sendable, Hashable, Codable {
         self.host = host
         self.port = port
         self.serverName = serverName
-        self.caPath = caPath
+        self.caPath = caPath.hasPrefix("/") || caPath.isEmpty
+            ? caPath : URL(fileURLWithPath: caPath, relativeTo: URL(fileURLWithPath: FileManager.default.currentDirectoryPath, isDirectory: true)).standardizedFileURL.path
         self.token = token
     }
 
