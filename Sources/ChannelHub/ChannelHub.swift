@@ -759,6 +759,13 @@ public final class ChannelHub {
                 counters.bursts += 1
                 channel.members[slot]?.talking = true
                 channel.members[slot]?.burstStartedAt = time.date
+                // Logged as it starts, so that a crash during it leaves it in the log (`interrupted`
+                // at the next start); its end replaces this record.
+                if let member = channel.members[slot] {
+                    outputs.append(.store(.logTransmission(TransmissionRecord(
+                        channelID: channel.record.id, userID: member.userID, startedAt: time.date,
+                        durationMilliseconds: 0, endReason: TransmissionRecord.inProgress))))
+                }
                 let pace = channel.members[slot]?.audioPace
                     ?? TokenBucket(tokens: Double(configuration.audioPacketBurst), refilledAt: time.instant)
                 channel.startRecording(talker: slot, burst: burst16, pace: pace)

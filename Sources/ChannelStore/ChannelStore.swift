@@ -233,8 +233,16 @@ public struct TransmissionRecord: Codable, Sendable, Equatable {
     public var userID: String
     public var startedAt: Date
     public var durationMilliseconds: Int
-    /// Why it ended: "released", "preempted", "maxBurst", "disconnected", "silent", "channelDeleted", …
+    /// Why it ended: "released", "preempted", "maxBurst", "disconnected", "silent", "channelDeleted", …;
+    /// `inProgress` while it goes on, and `interrupted` for one the server never ended (it was killed).
     public var endReason: String
+
+    /// The end reason of a burst still going: written at its start, so that a crash does not erase it
+    /// from the log; its end replaces it.
+    public static let inProgress = "inProgress"
+    /// The end reason a server starting gives the bursts its predecessor left `inProgress`: it died
+    /// during them (kill -9, power), and how long they went on is not known (duration 0).
+    public static let interrupted = "interrupted"
 
     public init(channelID: UUID, userID: String, startedAt: Date, durationMilliseconds: Int, endReason: String) {
         self.channelID = channelID
@@ -406,7 +414,12 @@ public protocol ChannelStore: Sendable {
     func setServerKey(named name: String, value: [UInt8]) async throws(StoreError)
 
     // Transmission log
+    /// Logs a burst. A record with another end reason than `inProgress` replaces the `inProgress`
+    /// record of the same channel, user and start (written when the burst began), or is added.
     func logTransmission(_ record: TransmissionRecord) async throws(StoreError)
+    /// Marks every `inProgress` record `interrupted`, and returns how many there were: what a server
+    /// does at start, since only one server runs on a data directory and it ended none of them.
+    func closeInterruptedTransmissions() async throws(StoreError) -> Int
     /// Newest first.
     func transmissions(of channel: UUID, limit: Int) async throws(StoreError) -> [TransmissionRecord]
     /// Deletes at most `limit` transmission records, of any channel, that started before `cutoff`,

@@ -470,7 +470,25 @@ public final class SQLiteChannelStore: ChannelStore {
 
     public func logTransmission(_ record: TransmissionRecord) async throws(StoreError) {
         let row = TransmissionRow(record)
-        try await write("log a transmission on channel \(record.channelID)") { db in try row.insert(db) }
+        try await write("log a transmission on channel \(record.channelID)") { db in
+            if record.endReason != TransmissionRecord.inProgress {
+                try db.execute(sql: """
+                    UPDATE transmission SET duration_ms = ?, end_reason = ?
+                    WHERE channel_id = ? AND user_id = ? AND started_at = ? AND end_reason = ?
+                    """, arguments: [row.durationMilliseconds, row.endReason, row.channelID, row.userID, row.startedAt,
+                                     TransmissionRecord.inProgress])
+                if db.changesCount > 0 { return }
+            }
+            try row.insert(db)
+        }
+    }
+
+    public func closeInterruptedTransmissions() async throws(StoreError) -> Int {
+        try await write("close the transmissions a stopped server left in progress") { db in
+            try db.execute(sql: "UPDATE transmission SET end_reason = ? WHERE end_reason = ?",
+                           arguments: [TransmissionRecord.interrupted, TransmissionRecord.inProgress])
+            return db.changesCount
+        }
     }
 
     public func transmissions(of channel: UUID, limit: Int) async throws(StoreError) -> [TransmissionRecord] {

@@ -84,6 +84,12 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
         // it, in the store and once, so a long outage (or a crash, after which connected members'
         // rows are up to an hour old) doesn't make everyone look long gone to `memberRetentionDays`.
         _ = try await store.recordServerAlive(at: Date(), creditingDowntime: true)
+        // Bursts the last server logged as starting and never ended: it died during them.
+        let interrupted = try await store.closeInterruptedTransmissions()
+        if interrupted > 0 {
+            logger.notice("the transmission log had bursts that never ended (the server stopped without shutting down); they are marked interrupted",
+                          metadata: ["bursts": "\(interrupted)"])
+        }
         for channel in try await store.channels() {
             hub.upsertChannel(channel, members: try await store.members(of: channel.id), at: HubDriver.now())
         }

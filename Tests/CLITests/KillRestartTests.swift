@@ -177,10 +177,20 @@ import Wire
         // database, so the kill tests durability, not a race with the writer.
         let stored = try await eventually {
             let hasPushToken = try storedMembers(channel, data: data)["ann"]?["hasPushToken"] as? Bool == true
-            let bursts = try await transmissions(channel, adminPort: first.adminPort, key: adminKey).count
-            return hasPushToken && bursts == 1
+            let bursts = try await transmissions(channel, adminPort: first.adminPort, key: adminKey)
+            return hasPushToken && bursts.count == 1 && bursts.first?["endReason"] as? String == "released"
         }
         #expect(stored, "the push token or the burst did not reach the database: \(first.log.contents)")
+
+        // Bob starts talking; the burst is in the log as it starts, so the kill below can't erase it.
+        try await bob.send(.floorRequest)
+        #expect(await bob.waitForFloor(.granted) != nil)
+        let bobLogged = try await eventually {
+            try await transmissions(channel, adminPort: first.adminPort, key: adminKey).contains {
+                $0["userID"] as? String == "bob" && $0["endReason"] as? String == "inProgress"
+            }
+        }
+        #expect(bobLogged, "bob's burst was not logged as it started")
 
         // 5. kill -9.
         kill(first.process.processIdentifier, SIGKILL)
@@ -205,8 +215,10 @@ import Wire
         #expect(members["ann"]?["hasPushToken"] as? Bool == true && members["ann"]?["pushEnvironment"] as? String == "sandbox", "\(members)")
         #expect(members["bob"]?["hasPushToken"] as? Bool == false, "\(members)")
         let log = try await transmissions(channel, adminPort: second.adminPort, key: adminKey)
-        #expect(log.count == 1, "\(log)")
-        #expect(log.first?["userID"] as? String == "ann" && log.first?["endReason"] as? String == "released", "\(log)")
+        #expect(log.count == 2, "\(log)")
+        #expect(log.last?["userID"] as? String == "ann" && log.last?["endReason"] as? String == "released", "\(log)")
+        // Bob's burst, cut by the kill: kept, and marked as the server never ending it.
+        #expect(log.first?["userID"] as? String == "bob" && log.first?["endReason"] as? String == "interrupted", "\(log)")
 
         // The tokens issued before the kill still verify: the token key survived. bob sees ann as a
         // stored, offline member.
@@ -233,10 +245,13 @@ import Wire
         try await talk(ann2, slot: annSlot2, to: bob2, count: 12, seed: 2)
 
         // 7. The new burst joins the old one in the log; ann still has her push token.
-        let logged = try await eventually { try await transmissions(channel, adminPort: second.adminPort, key: adminKey).count == 2 }
+        let logged = try await eventually {
+            let log = try await transmissions(channel, adminPort: second.adminPort, key: adminKey)
+            return log.count == 3 && log.first?["endReason"] as? String == "released"
+        }
         #expect(logged, "the second burst was not logged")
         let finalLog = try await transmissions(channel, adminPort: second.adminPort, key: adminKey)
-        #expect(finalLog.allSatisfy { $0["userID"] as? String == "ann" && $0["endReason"] as? String == "released" }, "\(finalLog)")
+        #expect(finalLog.filter { $0["userID"] as? String == "ann" }.map { $0["endReason"] as? String } == ["released", "released"], "\(finalLog)")
         #expect(try storedMembers(channel, data: data)["ann"]?["hasPushToken"] as? Bool == true)
 
         // 8. SIGTERM: a clean exit that flushes the database.

@@ -455,8 +455,11 @@ final class Harness {
         h.send(.floorRequest, from: ann.link)
         #expect(h.grantedBurst(ann.link) != nil)
         h.send(.leave, from: ann.link)
-        let logged = h.stored.compactMap { if case .logTransmission(let t) = $0 { return t } else { return nil } }
+        let logged = h.stored.compactMap { if case .logTransmission(let t) = $0, t.endReason != TransmissionRecord.inProgress { return t } else { return nil } }
         #expect(logged.map(\.userID) == ["ann"] && logged.first?.endReason == "left", "\(logged)")
+        // The burst was logged as it started too, with the same start: the end replaces that record.
+        let started = h.stored.compactMap { if case .logTransmission(let t) = $0, t.endReason == TransmissionRecord.inProgress { return t } else { return nil } }
+        #expect(started.map(\.startedAt) == logged.map(\.startedAt) && started.first?.userID == "ann", "\(started)")
         #expect(h.floorEvents(to: bob.link).contains { $0.kind == .ended && $0.slot == ann.slot })
     }
 
@@ -1399,7 +1402,7 @@ final class Harness {
         #expect(h.hub.channels[h.channel.id]!.recordings.count == 1)
         h.advance(1_000 * ms)
         h.send(.floorRelease, from: ann.link)
-        let logged = h.stored.compactMap { if case .logTransmission(let t) = $0 { return t } else { return nil } }
+        let logged = h.stored.compactMap { if case .logTransmission(let t) = $0, t.endReason != TransmissionRecord.inProgress { return t } else { return nil } }
         #expect(logged.map(\.durationMilliseconds) == [2_000])
         #expect(h.hub.channels[h.channel.id]!.recordings.isEmpty)
     }
@@ -1463,7 +1466,7 @@ final class Harness {
         h.send(.floorRequest, from: bob.link)
         h.hub.removeMember(channel: h.channel.id, user: "bob", at: h.time, code: .tokenRevoked, reason: "lost phone")
         h.drain()
-        let logged = h.stored.compactMap { if case .logTransmission(let t) = $0 { return t } else { return nil } }
+        let logged = h.stored.compactMap { if case .logTransmission(let t) = $0, t.endReason != TransmissionRecord.inProgress { return t } else { return nil } }
         #expect(logged.map(\.userID) == ["ann", "bob"])
         #expect(logged.map(\.endReason) == ["removedByAdmin", "tokenRevoked"])
     }

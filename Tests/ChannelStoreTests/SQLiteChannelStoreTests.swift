@@ -319,6 +319,29 @@ private func message(_ error: StoreError?) -> String {
         #expect(try await store.transmissions(of: channel.id, limit: 100).count == 5)
     }
 
+    /// A burst is logged as it starts (`inProgress`) and its end replaces that record; one a dead
+    /// server never ended is `interrupted` at the next start; an end without a start is added.
+    @Test func aBurstLoggedAtItsStartIsReplacedByItsEndOrMarkedInterrupted() async throws {
+        let store = try open()
+        let channel = makeChannel()
+        try await store.createChannel(channel)
+        let start = ms()
+        func record(_ user: String, _ at: Date, _ duration: Int, _ reason: String) -> TransmissionRecord {
+            TransmissionRecord(channelID: channel.id, userID: user, startedAt: at, durationMilliseconds: duration, endReason: reason)
+        }
+        try await store.logTransmission(record("ann", start, 0, TransmissionRecord.inProgress))
+        #expect(try await store.transmissions(of: channel.id, limit: 10) == [record("ann", start, 0, TransmissionRecord.inProgress)])
+        try await store.logTransmission(record("ann", start, 2_500, "released"))
+        #expect(try await store.transmissions(of: channel.id, limit: 10) == [record("ann", start, 2_500, "released")])
+        // Another user's, or another start's, record is not touched; an end alone is added.
+        try await store.logTransmission(record("bob", start.addingTimeInterval(5), 0, TransmissionRecord.inProgress))
+        try await store.logTransmission(record("cat", start.addingTimeInterval(6), 900, "maxBurst"))
+        try await store.logTransmission(record("ann", start.addingTimeInterval(7), 0, TransmissionRecord.inProgress))
+        #expect(try await store.closeInterruptedTransmissions() == 2)
+        #expect(try await store.closeInterruptedTransmissions() == 0)
+        #expect(try await store.transmissions(of: channel.id, limit: 10).map(\.endReason) == ["interrupted", "maxBurst", "interrupted", "released"])
+    }
+
     /// Retention: records that started before the cut-off go, oldest first and at most `limit` a
     /// call, from every channel (deleted ones included); the rest stay.
     @Test func pruningDeletesOnlyOldTransmissionsInBatches() async throws {
