@@ -48,12 +48,13 @@ struct Talk: AsyncParsableCommand {
         // ends for good when a reader is cancelled): whether the request was queued, and whether
         // squelchd has shown this member talking, whose change back confirms the release. Events,
         // not samples: a short file's whole talking spell may fall between two looks.
-        struct Seen { var queued = false; var talking = false }
+        struct Seen { var queued = false; var talking = false; var notice: String? }
         let seen = NIOLockedValueBox(Seen())
         let watcher = Task {
             for await event in events {
                 switch event {
                 case .floorQueued: seen.withLockedValue { $0.queued = true }
+                case .notice(let text): seen.withLockedValue { $0.notice = text }
                 case .roster(let entries) where entries.first(where: \.isLocal)?.talking == true:
                     seen.withLockedValue { $0.talking = true }
                 default: break
@@ -121,11 +122,18 @@ struct Talk: AsyncParsableCommand {
         guard let ending, ending == .userRequest else {
             let connected = manager.serviceStatus == .ready
             let pushedAside = manager.isSuspended
+            // Removed from the channel, or the channel deleted: the session is over, and sending the
+            // file again can't work until an administrator lets this user back in.
+            let left = manager.activeChannelUUID == nil
             let why = manager.activeRemoteParticipant.map { "\($0.name) took the floor" } ?? "the floor was taken back or the connection dropped"
             if ending == nil { manager.stopTransmitting(channelUUID: channel, source: .userRequest) }
             try? await Task.sleep(for: .milliseconds(300))
             await finish(manager, channel: channel)
             if pushedAside { throw WalkieFailure.floor(Self.pushedAside(file)) }
+            if left {
+                let why = seen.withLockedValue { $0.notice } ?? "the session ended"
+                throw WalkieFailure.token("\(why); the channel did not hear all of \(file), and sending it again needs a new token or membership from the channel's administrator")
+            }
             guard connected else {
                 throw WalkieFailure.unreachable("the connection to squelchd dropped while \(file) was being sent, so the channel did not hear all of it; check that squelchd runs, then send it again")
             }

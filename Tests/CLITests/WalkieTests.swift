@@ -216,9 +216,23 @@ import Testing
         }
         #expect(!catStored, "--leave left Cat a member")
 
-        // squelchd dies (kill -9) while Ann's file is still being sent.
         let long = world.dir + "/long.wav"
         try World.writeSpeech(seconds: 6, to: long)
+        // Dan is removed by an administrator mid-file: told so, with the token's exit code, not
+        // "send it again" (which can't work now).
+        let dan = try Executables.run("squelchd", ["token", "issue", "--channel", world.channel.uuidString, "--user", "dan",
+                                                   "--name", "Dan", "--data-dir", world.data]).out.trimmingCharacters(in: .whitespacesAndNewlines)
+        let danTalk = try Running(["talk", "--server", "127.0.0.1:\(world.server.voicePort)", "--token", dan, "--ca", world.certs + "/ca.pem",
+                                   "--file", long, "--push-port", "0"], reaper: world.reaper)
+        #expect(await danTalk.out.wait(for: "sending", seconds: 20) != nil, "\(danTalk.err.contents)")
+        let adminKey = try String(contentsOfFile: world.data + "/admin-key", encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)
+        let removed = try Executables.runShell("curl -s -o /dev/null -w '%{http_code}' -X DELETE -H 'Authorization: Bearer \(adminKey)' http://127.0.0.1:\(world.server.adminPort)/v1/channels/\(world.channel.uuidString)/members/dan")
+        #expect(removed == "204", "\(removed)")
+        #expect(await danTalk.process.waitForExit(seconds: 20))
+        #expect(danTalk.process.terminationStatus == 4 && danTalk.err.contents.contains("administrator") && !danTalk.err.contents.contains("send it again"),
+                "\(danTalk.out.contents) \(danTalk.err.contents)")
+
+        // squelchd dies (kill -9) while Ann's file is still being sent.
         let ann = try Running(["talk"] + world.arguments("ann") + ["--file", long, "--push-port", "0"], reaper: world.reaper)
         #expect(await ann.out.wait(for: "sending", seconds: 20) != nil, "\(ann.err.contents)")
         try await Task.sleep(for: .milliseconds(500))
