@@ -111,6 +111,9 @@ enum Interactive {
     /// What the delegate and the event stream tell the screen.
     struct Shared: Sendable {
         var status: ScreenModel.StatusMessage?
+        /// The service was not ready since the status line last said so: the next `ready` replaces
+        /// whatever the line still shows (the connection error, most often).
+        var wasDown = false
         var requesting = false
         var left: String?
         var lastBurst: String?
@@ -152,7 +155,10 @@ enum Interactive {
                         let who = manager.activeRemoteParticipant.map { "\($0.name) is talking" }
                         state.status = .init(error.code == .transmissionInProgress ? "Floor busy: \(who ?? error.message); wait for the channel to clear"
                                                                                      : "Can't talk: \(error.message)", isError: true)
-                    case .began: state.requesting = false
+                    case .began:
+                        state.requesting = false
+                        // Granted after a wait: the queue line is history.
+                        if state.status?.text.hasPrefix("Waiting for the floor") == true { state.status = nil }
                     case .left(let reason):
                         state.left = reason == .systemPolicy ? "an administrator removed you from the channel (or deleted it)" : "the channel was left"
                     case .push(let speaker): state.status = .init("Woken by a push: \(speaker ?? "leave")")
@@ -166,6 +172,14 @@ enum Interactive {
                 shared.withLockedValue { state in
                     switch event {
                     case .floorQueued(let position): state.status = .init("Waiting for the floor: number \(position) in the queue")
+                    case .serviceStatus(.ready):
+                        // Back after an outage: the line that said why it went (or anything from
+                        // before) is over.
+                        if state.wasDown, state.status != nil { state.status = .init("Connected to squelchd again") }
+                        state.wasDown = false
+                    case .serviceStatus(.connecting), .serviceStatus(.unavailable):
+                        state.wasDown = true
+                        if let (line, isError) = describe(event, tokenFile: tokenFile) { state.status = .init(line, isError: isError) }
                     case .transmissionRevoked(_, let reason): state.status = .init("Floor taken away: \(reason)", isError: true)
                     case .notice(let text): state.status = .init(text)
                     case .inputEnded:
@@ -350,8 +364,10 @@ enum Interactive {
                     case .reconnecting: connection = .reconnecting
                     case .offline: connection = .offline
                     }
-                    return ScreenModel.Member(name: entry.name, role: entry.role, talking: entry.talking, muted: entry.muted,
-                                              connection: connection, isSelf: entry.isLocal)
+                    // While this end is not connected the roster is what it was, not what it is: nobody
+                    // is shown talking on a channel walkie can't hear.
+                    return ScreenModel.Member(name: entry.name, role: entry.role, talking: entry.talking && manager.serviceStatus == .ready,
+                                              muted: entry.muted, connection: connection, isSelf: entry.isLocal)
                 }
             if manager.isTransmitting, let figures { model.inputLevel = .init(rms: figures.inputLevel, peak: figures.inputPeak) }
             model.muted = muted

@@ -388,6 +388,28 @@ import Testing
         try tmux.keys("ann", "Space")
         #expect(try await tmux.wait("bob", for: "Speaker: —"), "\(tmux.screen("bob"))")
 
+        // squelchd restarts (an upgrade): both walkies come back, the connection error gives way, and
+        // Bob's push channel (the simulator inside squelchd) is registered again, so that in the
+        // background he is still woken.
+        world.server.process.terminate()
+        world.server.process.waitUntilExit()
+        #expect(try await tmux.wait("bob", for: "connecting"), "\(tmux.screen("bob"))")
+        world.server = try await KillRestartTests().startServer(
+            data: world.data, certs: world.certs, port: world.server.voicePort, adminPort: world.server.adminPort,
+            extraArguments: ["--apns-simulator-control-port", "\(world.pushPort)"], reaper: world.reaper)
+        #expect(try await tmux.wait("bob", for: "Connected to squelchd again"), "\(tmux.screen("bob"))")
+        #expect(try await tmux.wait("ann", for: "Connected to squelchd again"), "\(tmux.screen("ann"))")
+        var backgrounded = false
+        for _ in 0 ..< 30 where !backgrounded {
+            try tmux.keys("bob", "b")
+            backgrounded = try await tmux.wait("bob", for: "BACKGROUND", seconds: 1)
+        }
+        #expect(backgrounded, "no push channel after the restart: \(tmux.screen("bob"))")
+        try tmux.keys("ann", "Space")
+        #expect(try await tmux.wait("bob", for: "Speaker: Ann"), "woken after the restart: \(tmux.screen("bob"))")
+        try tmux.keys("ann", "Space")
+        #expect(try await tmux.wait("bob", for: "Speaker: —"), "\(tmux.screen("bob"))")
+
         // kill -9 Bob's walkie; 'walkie' with no command restores his channel.
         let pid = try tmux.run(["display-message", "-p", "-t", "bob", "#{pane_pid}"]).trimmingCharacters(in: .whitespacesAndNewlines)
         let walkiePid = try Executables.runShell("pgrep -P \(pid) -f 'walkie join'").trimmingCharacters(in: .whitespacesAndNewlines)
