@@ -112,7 +112,7 @@ struct Serve: AsyncParsableCommand {
     @Option(help: ArgumentHelp(ServerConfiguration.help("apnsSimulatorKeyPath", "Private key of the simulator's certificate."), valueName: "path"))
     var apnsSimulatorKey: String?
 
-    @Option(help: ArgumentHelp(ServerConfiguration.help("pushWakeSilenceSeconds", "A connected member silent this long is woken by push too, and shows as reconnecting in the roster."), valueName: "seconds"))
+    @Option(help: ArgumentHelp(ServerConfiguration.help("pushWakeSilenceSeconds", "A connected member silent this long (0.1-3600) is woken by push too, and shows as reconnecting in the roster."), valueName: "seconds"))
     var pushWakeSilenceSeconds: Double?
 
     var overrides: ConfigurationOverrides {

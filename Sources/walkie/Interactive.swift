@@ -49,6 +49,9 @@ struct Join: AsyncParsableCommand {
                     throw WalkieFailure.token("\(error.message); or 'walkie leave' first to join as someone else")
                 }
             }
+            // The screen starts once joined; until then (up to 20 s for a server that doesn't answer)
+            // say what is happening and how to give up.
+            say("joining at \(server.server)… (Ctrl-C to give up)")
             try await awaitJoin(delegate, server: server.server)
             let shared = Interactive.SharedBox()
             let renewals = server.tokenFile.map { path in
@@ -97,6 +100,7 @@ struct Resume: AsyncParsableCommand {
                 watchTokenFile(path, current: saved.credentials.token, manager: manager, channel: saved.channel) { text in shared.report(text) }
             }
             defer { renewals?.cancel() }
+            say("rejoining at \(saved.credentials.address)… (Ctrl-C to give up)")
             try await awaitJoin(delegate, server: saved.credentials.address)
             try await Interactive.run(manager: manager, delegate: delegate, options: interactive, tokenFile: tokenFile, shared: shared)
         } catch let failure as WalkieFailure {
@@ -167,8 +171,15 @@ enum Interactive {
                 }
             }
         }
+        // The saved channel's descriptor carries the server's name for it ('walkie status' shows it),
+        // not the placeholder walkie joined with before it knew; kept current through renames.
+        let named = { @Sendable (name: String) in
+            if let channel = manager.activeChannelUUID { try? await manager.setChannelDescriptor(ChannelDescriptor(name: name), channelUUID: channel) }
+        }
+        if let name = manager.channelInfo?.name { await named(name) }
         let events = Task {
             for await event in manager.events {
+                if case .channelInfo(let info) = event { await named(info.name) }
                 shared.withLockedValue { state in
                     switch event {
                     case .floorQueued(let position): state.status = .init("Waiting for the floor: number \(position) in the queue")

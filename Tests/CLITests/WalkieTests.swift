@@ -399,6 +399,9 @@ import Testing
             extraArguments: ["--apns-simulator-control-port", "\(world.pushPort)"], reaper: world.reaper)
         #expect(try await tmux.wait("bob", for: "Connected to squelchd again"), "\(tmux.screen("bob"))")
         #expect(try await tmux.wait("ann", for: "Connected to squelchd again"), "\(tmux.screen("ann"))")
+        // The saved channel carries the server's name for it, not the placeholder of the join.
+        let status = try Executables.run("walkie", ["status", "--state-dir", world.dir + "/state-ann"])
+        #expect(status.out.contains("channel   Ops ("), "\(status.out)")
         var backgrounded = false
         for _ in 0 ..< 30 where !backgrounded {
             try tmux.keys("bob", "b")
