@@ -149,7 +149,11 @@ private struct Layout {
         case .connecting: "◌ connecting"
         case .unavailable: "✕ unavailable"
         }
-        let mode = model.transmissionMode == .halfDuplex ? "half-duplex" : "full-duplex"
+        let mode = switch model.transmissionMode {
+        case .halfDuplex: "half-duplex"
+        case .fullDuplex: "full-duplex"
+        case .listenOnly: "listen only"
+        }
         for right in [status + " · " + mode + " ", status + " "]
         where DisplayWidth.of(left) + 1 + DisplayWidth.of(right) <= width {
             return DisplayWidth.pad(left, to: width - DisplayWidth.of(right)) + right
@@ -270,6 +274,9 @@ private struct Layout {
         switch (model.localState, model.keyboard) {
         case (.background, _):
             return ["\(background) return to the channel · \(quit) quit", "\(background) return · \(quit) quit"]
+        case _ where model.transmissionMode == .listenOnly:
+            return ["Listen only: your token has no talk right · \(mute) · \(background) background · \(quit) quit",
+                    "Listen only · \(mute) · \(quit) quit", "\(quit) quit"]
         case (.latched, _):
             return ["\(ptt) or Esc to stop · \(mute) · \(background) background · \(quit) quit",
                     "\(ptt)/Esc stop · \(mute) · \(quit) quit", "\(ptt) stop · \(quit) quit"]

@@ -8,6 +8,8 @@ public struct ScreenModel: Hashable, Sendable {
 
     public enum TransmissionMode: Hashable, Sendable {
         case halfDuplex, fullDuplex
+        /// The member's token has no `talk`: the keys that talk do nothing, and the hints say so.
+        case listenOnly
     }
 
     /// What this walkie is doing.

@@ -354,7 +354,11 @@ enum Interactive {
             case .connecting: model.serviceStatus = .connecting
             case .unavailable: model.serviceStatus = .unavailable
             }
-            model.transmissionMode = manager.transmissionMode == .fullDuplex ? .fullDuplex : .halfDuplex
+            model.transmissionMode = switch manager.transmissionMode {
+            case .fullDuplex: .fullDuplex
+            case .listenOnly: .listenOnly
+            case .halfDuplex: .halfDuplex
+            }
             let remote = manager.activeRemoteParticipant
             if manager.isSuspended {
                 model.localState = .background

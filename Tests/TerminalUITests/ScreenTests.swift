@@ -85,6 +85,12 @@ struct ScreenTests {
         #expect(legacy.contains("tap") && legacy.contains("latch"))
         model.localState = .background
         #expect(Screen.render(model, width: 80, height: 24).lines[23].contains("b return"))
+        // A listen-only member is not invited to talk, and the header says why.
+        model.localState = .idle
+        model.transmissionMode = .listenOnly
+        let listenOnly = Screen.render(model, width: 80, height: 24)
+        #expect(listenOnly.lines[23].contains("Listen only") && !listenOnly.lines[23].contains("Hold"), "\(listenOnly.lines[23])")
+        #expect(listenOnly.lines[0].contains("listen only"), "\(listenOnly.lines[0])")
     }
 
     @Test("names from the network cannot inject escape sequences")
