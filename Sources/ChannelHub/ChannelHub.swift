@@ -33,6 +33,7 @@ public final class ChannelHub {
     /// Channels deleted while this hub ran: a join's check that read one just before must not bring
     /// it back (`channelSeenByCheck`). One UUID per deletion.
     var deletedChannels: Set<UUID> = []
+    var channelsLoadedByChecks = false
     var sessions: [Link: Session] = [:]
     /// Each connection's allowance of control messages (`HubConfiguration.controlMessagesPerSecond`).
     var controlBudget: [Link: TokenBucket] = [:]
@@ -153,6 +154,15 @@ public final class ChannelHub {
     public func channelSeenByCheck(_ record: ChannelRecord, at time: HubTime) {
         guard channels[record.id] == nil, !deletedChannels.contains(record.id) else { return }
         upsertChannel(record, at: time)
+        channelsLoadedByChecks = true
+    }
+
+    /// Whether a join's check loaded a channel since the last call. The check's read may predate a
+    /// deletion the revision poll has applied already (without ever seeing the channel), so the
+    /// poll reloads once more after such a load, whether or not the revision moved.
+    public func takeChannelsLoadedByChecks() -> Bool {
+        defer { channelsLoadedByChecks = false }
+        return channelsLoadedByChecks
     }
     public var channelCount: Int { channels.count }
     public var connectionCount: Int { sessions.count }

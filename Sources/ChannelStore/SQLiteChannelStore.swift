@@ -226,6 +226,11 @@ public final class SQLiteChannelStore: ChannelStore {
             // A JSON array of user ids; NULL (every row from before) hears everyone.
             try db.alter(table: "member") { t in t.add(column: "unheard", .text) }
         }
+        migrator.registerMigration("v6-transmissions-in-progress") { db in
+            // Bursts going on (logged at their start): few rows, found at every start without a scan
+            // of a year of log.
+            try db.execute(sql: "CREATE INDEX transmission_in_progress ON transmission(end_reason) WHERE end_reason = 'inProgress'")
+        }
         return migrator
     }
 
@@ -472,9 +477,12 @@ public final class SQLiteChannelStore: ChannelStore {
         let row = TransmissionRow(record)
         try await write("log a transmission on channel \(record.channelID)") { db in
             if record.endReason != TransmissionRecord.inProgress {
+                // One row: two bursts of a user starting in the same millisecond each end their own.
                 try db.execute(sql: """
                     UPDATE transmission SET duration_ms = ?, end_reason = ?
-                    WHERE channel_id = ? AND user_id = ? AND started_at = ? AND end_reason = ?
+                    WHERE id = (SELECT id FROM transmission
+                                WHERE channel_id = ? AND user_id = ? AND started_at = ? AND end_reason = ?
+                                ORDER BY id LIMIT 1)
                     """, arguments: [row.durationMilliseconds, row.endReason, row.channelID, row.userID, row.startedAt,
                                      TransmissionRecord.inProgress])
                 if db.changesCount > 0 { return }

@@ -52,6 +52,8 @@ public final class ChannelManager: Sendable {
         var isTransmitting = false
         var isSuspended = false
         var canBeWokenByPush = false
+        /// Numbers the push tasks, so that only the newest sets `canBeWokenByPush`.
+        var pushGeneration = 0
         var restorationError: RestorationError?
         var channelInfo: ChannelInfo?
     }

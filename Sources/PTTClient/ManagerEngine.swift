@@ -275,6 +275,9 @@ actor ManagerEngine {
             if outputs.isEmpty { break }
             for output in outputs { await perform(output) }
         }
+        // A channel that ended without a push token to invalidate (none was issued yet, or a
+        // restored one was refused) still stops its push task.
+        if session.channel == nil, pushTask != nil { stopPushes() }
         updateSnapshot()
     }
 
@@ -338,9 +341,7 @@ actor ManagerEngine {
         case .requestPushToken(let channel):
             startPushes(token: nil, channel: channel)
         case .invalidatePushToken(let token):
-            pushTask?.cancel()
-            pushTask = nil
-            snapshot.withLockedValue { $0.canBeWokenByPush = false }
+            stopPushes()
             if let transport = configuration.pushTransport { await transport.unregister(token: token) }
         case .save(let record):
             do { try store.save(record) } catch { eventSink.yield(.notice(error.description)) }
@@ -505,11 +506,23 @@ actor ManagerEngine {
     /// call after a server upgrade, with nothing to show it. The token is announced on the first
     /// registration, and again only if the transport hands out another.
     func startPushes(token: Data?, channel: UUID) {
-        guard let transport = configuration.pushTransport, pushTask == nil else { return }
+        guard let transport = configuration.pushTransport else { return }
+        // A task left from before (a channel that ended without a token, a registration still
+        // retrying) gives way: this session needs its token announced to it.
+        stopPushes()
         let sink = commandSink
         let snapshot = self.snapshot
+        let generation = snapshot.withLockedValue { snap -> Int in
+            snap.pushGeneration += 1
+            return snap.pushGeneration
+        }
+        // Only the newest task speaks for the flag: a cancelled one still inside `register` must not
+        // clear what its successor set.
+        @Sendable func canBeWoken(_ value: Bool) {
+            snapshot.withLockedValue { if $0.pushGeneration == generation { $0.canBeWokenByPush = value } }
+        }
         pushTask = Task {
-            defer { snapshot.withLockedValue { $0.canBeWokenByPush = false } }
+            defer { canBeWoken(false) }
             var current = token
             var announced = false
             var delay: Duration = .seconds(1)
@@ -526,7 +539,7 @@ actor ManagerEngine {
                         lostSince = nil
                     }
                     delay = .seconds(1)
-                    snapshot.withLockedValue { $0.canBeWokenByPush = true }
+                    canBeWoken(true)
                     for try await push in pushes { sink.yield(.push(push)) }
                 } catch is CancellationError {
                     return
@@ -534,14 +547,26 @@ actor ManagerEngine {
                     why = "\(Self.describePushFailure(error))"
                 }
                 guard !Task.isCancelled else { return }
-                snapshot.withLockedValue { $0.canBeWokenByPush = false }
+                canBeWoken(false)
                 if lostSince == nil {
                     lostSince = Date()
                     sink.yield(.notice("push delivery lost (\(why)); trying again, and until it is back the channel can't be woken while suspended"))
                 }
                 do { try await Task.sleep(for: delay) } catch { return }
                 delay = min(delay * 2, .seconds(15))
+                // The channel ended meanwhile without a token to invalidate (none was issued, or a
+                // restored one was refused): nothing is left to wake.
+                guard snapshot.withLockedValue({ $0.activeChannelUUID }) == channel else { return }
             }
+        }
+    }
+
+    func stopPushes() {
+        pushTask?.cancel()
+        pushTask = nil
+        snapshot.withLockedValue { snap in
+            snap.pushGeneration += 1
+            snap.canBeWokenByPush = false
         }
     }
 

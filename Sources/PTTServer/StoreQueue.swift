@@ -22,9 +22,12 @@ import Foundation
 /// (record, last-seen time, record, …) folds into one write; an administrator adding and removing the
 /// same member still queues one write per change.
 ///
-/// Transmission-log records never fold. They are the only writes that can be shed: past
+/// Transmission-log records fold only one way: a burst's end replaces its own start record
+/// (`inProgress`) while that still waits. They are the only writes that can be shed: past
 /// `maxWaitingLogRecords` waiting, new ones are refused and counted, so a database that stays stalled
-/// can't take the server's memory with it. Member state is never shed.
+/// can't take the server's memory with it; a start is refused from half that, so that the ends of the
+/// bursts whose starts got in still have room (a start kept without its end would read as a burst
+/// going on, and as `interrupted` after the next restart). Member state is never shed.
 struct StoreQueue {
     enum Pushed: Equatable { case queued, folded, refused }
 
@@ -36,6 +39,13 @@ struct StoreQueue {
     private var base = 0
     /// Each member's last waiting write, by sequence number.
     private var lastOfMember: [MemberKey: Int] = [:]
+    /// Each waiting burst start (`inProgress` log record), by sequence number, for its end to replace.
+    private var waitingStarts: [BurstKey: Int] = [:]
+    struct BurstKey: Hashable {
+        var channel: UUID
+        var user: String
+        var startedAt: Date
+    }
     private(set) var waitingLogRecords = 0
 
     init(maxWaitingLogRecords: Int = 100_000) {
@@ -47,7 +57,18 @@ struct StoreQueue {
 
     mutating func push(_ operation: StoreOperation) -> Pushed {
         guard let key = Self.key(of: operation) else {
-            guard waitingLogRecords < maxWaitingLogRecords else { return .refused }
+            guard case .logTransmission(let record) = operation else { return .refused }  // every other write has a key
+            let burst = BurstKey(channel: record.channelID, user: record.userID, startedAt: record.startedAt)
+            if record.endReason == TransmissionRecord.inProgress {
+                guard waitingLogRecords < maxWaitingLogRecords / 2 else { return .refused }
+                waitingStarts[burst] = base + entries.count
+            } else {
+                if let sequence = waitingStarts.removeValue(forKey: burst), entries[sequence - base] != nil {
+                    entries[sequence - base] = operation
+                    return .folded
+                }
+                guard waitingLogRecords < maxWaitingLogRecords else { return .refused }
+            }
             waitingLogRecords += 1
             entries.append(operation)
             return .queued
@@ -69,6 +90,10 @@ struct StoreQueue {
             if lastOfMember[key] == base + head { lastOfMember[key] = nil }
         } else {
             waitingLogRecords -= 1
+            if case .logTransmission(let record) = operation, record.endReason == TransmissionRecord.inProgress {
+                let burst = BurstKey(channel: record.channelID, user: record.userID, startedAt: record.startedAt)
+                if waitingStarts[burst] == base + head { waitingStarts[burst] = nil }
+            }
         }
         head += 1
         // Give the handed-out slots back once they are most of the array (amortised O(1)); an empty

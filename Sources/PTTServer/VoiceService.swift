@@ -87,7 +87,7 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
         // Bursts the last server logged as starting and never ended: it died during them.
         let interrupted = try await store.closeInterruptedTransmissions()
         if interrupted > 0 {
-            logger.notice("the transmission log had bursts that never ended (the server stopped without shutting down); they are marked interrupted",
+            logger.notice("the transmission log had bursts without an end (the server was killed during them, or could not write their end); they are marked interrupted",
                           metadata: ["bursts": "\(interrupted)"])
         }
         for channel in try await store.channels() {
@@ -138,7 +138,8 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
                 try? await eventLoop.submit { box.value.publish(to: self.metrics) }.get()
                 do {
                     let latest = try await self.store.revision()
-                    if latest != revision {
+                    let recheck = await self.onLoop { $0.hub.takeChannelsLoadedByChecks() } ?? false
+                    if latest != revision || recheck {
                         try await self.reloadChannels()
                         revocation = try await self.applyRevocations(after: revocation)
                         // Only now: after a failed read the next poll tries this revision again,

@@ -316,9 +316,10 @@ struct Listen: AsyncParsableCommand {
 func waitForEnd(seconds: Double?) async {
     signal(SIGINT, SIG_IGN)
     signal(SIGTERM, SIG_IGN)
-    signal(SIGHUP, SIG_IGN)
+    // Under `nohup` SIGHUP stays ignored: the recording was asked to outlive its terminal.
+    let hangUps = ignoreKeepingInheritedIgnore(SIGHUP) ? [] : [SIGHUP]
     let (stream, sink) = AsyncStream.makeStream(of: Void.self)
-    let sources = [SIGINT, SIGTERM, SIGHUP].map { number -> any DispatchSourceSignal in
+    let sources = ([SIGINT, SIGTERM] + hangUps).map { number -> any DispatchSourceSignal in
         let source = DispatchSource.makeSignalSource(signal: number)
         source.setEventHandler { sink.yield() }
         source.resume()
@@ -328,6 +329,14 @@ func waitForEnd(seconds: Double?) async {
     for await _ in stream { break }
     timer?.cancel()
     for source in sources { source.cancel() }
+}
+
+/// Ignores `number` (so that a dispatch source can take it instead) and says whether it was ignored
+/// already when walkie started, as `nohup` leaves SIGHUP.
+func ignoreKeepingInheritedIgnore(_ number: Int32) -> Bool {
+    let previous = signal(number, SIG_IGN)
+    // SIG_IGN is the handler value 1; C function pointers are not Equatable in Swift.
+    return previous.map { unsafeBitCast($0, to: Int.self) == 1 } ?? false
 }
 
 struct Status: AsyncParsableCommand {

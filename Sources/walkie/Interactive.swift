@@ -58,7 +58,8 @@ struct Join: AsyncParsableCommand {
                 watchTokenFile(path, current: credentials.token, manager: manager, channel: channel) { text in shared.report(text) }
             }
             defer { renewals?.cancel() }
-            try await Interactive.run(manager: manager, delegate: delegate, options: interactive, tokenFile: server.tokenFile, shared: shared)
+            try await Interactive.run(manager: manager, delegate: delegate, options: interactive, tokenFile: server.tokenFile,
+                                      pushes: server.pushPort > 0, shared: shared)
         } catch let failure as WalkieFailure {
             fail(failure)
         }
@@ -102,7 +103,8 @@ struct Resume: AsyncParsableCommand {
             defer { renewals?.cancel() }
             say("rejoining at \(saved.credentials.address)… (Ctrl-C to give up)")
             try await awaitJoin(delegate, server: saved.credentials.address)
-            try await Interactive.run(manager: manager, delegate: delegate, options: interactive, tokenFile: tokenFile, shared: shared)
+            try await Interactive.run(manager: manager, delegate: delegate, options: interactive, tokenFile: tokenFile,
+                                      pushes: push != nil, shared: shared)
         } catch let failure as WalkieFailure {
             fail(failure)
         }
@@ -118,6 +120,8 @@ enum Interactive {
         /// The service was not ready since the status line last said so: the next `ready` replaces
         /// whatever the line still shows (the connection error, most often).
         var wasDown = false
+        /// `ready` was seen once: the `connecting` every session starts with is no outage.
+        var everReady = false
         var requesting = false
         var left: String?
         var lastBurst: String?
@@ -143,7 +147,7 @@ enum Interactive {
     }
 
     static func run(manager: ChannelManager, delegate: WalkieDelegate, options: InteractiveOptions, tokenFile: String?,
-                    shared sharedBox: SharedBox = SharedBox()) async throws {
+                    pushes: Bool, shared sharedBox: SharedBox = SharedBox()) async throws {
         guard let key = Key(name: options.key) else {
             throw WalkieFailure.usage("--key \(options.key) is not a key name; try space, a letter, or f1-f12")
         }
@@ -188,8 +192,9 @@ enum Interactive {
                         // before) is over.
                         if state.wasDown, state.status != nil { state.status = .init("Connected to squelchd again") }
                         state.wasDown = false
+                        state.everReady = true
                     case .serviceStatus(.connecting), .serviceStatus(.unavailable):
-                        state.wasDown = true
+                        if state.everReady { state.wasDown = true }
                         if let (line, isError) = describe(event, tokenFile: tokenFile) { state.status = .init(line, isError: isError) }
                     case .transmissionRevoked(_, let reason): state.status = .init("Floor taken away: \(reason)", isError: true)
                     case .notice(let text): state.status = .init(text)
@@ -218,14 +223,15 @@ enum Interactive {
         var hold = HoldToTalk.Configuration()
         hold.maximumTransmitDuration = UInt64(max(1, options.maxTransmit) * 1e9)
         let loop = Loop(session: session, manager: manager, shared: shared, statistics: statistics,
-                        keyboard: KeyboardController(bindings: bindings, holdToTalk: hold))
+                        keyboard: KeyboardController(bindings: bindings, holdToTalk: hold), pushesOn: pushes)
         // SIGTERM (a service manager, `kill`) and SIGHUP (the terminal or ssh session went away) end
         // walkie the way `q` does, so that the output file gets its WAV sizes and the connection says
         // goodbye; by default they would kill it with a file that players read as empty. Ignored
         // before the screen starts, so TerminalSession leaves them alone, and taken here instead.
         signal(SIGTERM, SIG_IGN)
-        signal(SIGHUP, SIG_IGN)
-        let stopSources = [SIGTERM, SIGHUP].map { number -> any DispatchSourceSignal in
+        // Under `nohup` SIGHUP stays ignored: walkie was asked to outlive its terminal.
+        let hangUps = ignoreKeepingInheritedIgnore(SIGHUP) ? [] : [SIGHUP]
+        let stopSources = ([SIGTERM] + hangUps).map { number -> any DispatchSourceSignal in
             let source = DispatchSource.makeSignalSource(signal: number)
             source.setEventHandler { shared.withLockedValue { $0.stopRequested = true } }
             source.resume()
@@ -255,8 +261,12 @@ enum Interactive {
         let statistics: NIOLockedValueBox<ChannelStatistics?>
         var keyboard: KeyboardController
 
+        /// Whether walkie has a push transport at all (`--push-port` not 0).
+        let pushesOn: Bool
+
         init(session: TerminalSession, manager: ChannelManager, shared: NIOLockedValueBox<Shared>,
-             statistics: NIOLockedValueBox<ChannelStatistics?>, keyboard: KeyboardController) {
+             statistics: NIOLockedValueBox<ChannelStatistics?>, keyboard: KeyboardController, pushesOn: Bool) {
+            self.pushesOn = pushesOn
             self.session = session
             self.manager = manager
             self.shared = shared
@@ -315,8 +325,10 @@ enum Interactive {
                             shared.withLockedValue { $0.status = .init("Voice connection reopened") }
                         } else if !manager.canBeWokenByPush {
                             // Suspended without a push channel, walkie would never wake: a missed call.
+                            let why = pushesOn ? "push delivery is down; press b again once it is back"
+                                               : "pushes are off (--push-port 0)"
                             shared.withLockedValue {
-                                $0.status = .init("Staying in the foreground: no push can wake walkie now (push delivery is down; see above). Press b again once it is back")
+                                $0.status = .init("Staying in the foreground: no push could wake walkie (\(why))", isError: true)
                             }
                         } else {
                             manager.suspend()

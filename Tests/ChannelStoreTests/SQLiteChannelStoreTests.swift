@@ -340,6 +340,12 @@ private func message(_ error: StoreError?) -> String {
         #expect(try await store.closeInterruptedTransmissions() == 2)
         #expect(try await store.closeInterruptedTransmissions() == 0)
         #expect(try await store.transmissions(of: channel.id, limit: 10).map(\.endReason) == ["interrupted", "maxBurst", "interrupted", "released"])
+        // Two bursts of one user starting in the same millisecond: each end replaces one start.
+        let same = start.addingTimeInterval(20)
+        try await store.logTransmission(record("dan", same, 0, TransmissionRecord.inProgress))
+        try await store.logTransmission(record("dan", same, 0, TransmissionRecord.inProgress))
+        try await store.logTransmission(record("dan", same, 100, "preempted"))
+        #expect(try await store.transmissions(of: channel.id, limit: 2).map(\.endReason).sorted() == ["inProgress", "preempted"])
     }
 
     /// Retention: records that started before the cut-off go, oldest first and at most `limit` a
@@ -572,7 +578,7 @@ private func message(_ error: StoreError?) -> String {
         let applied = try await DatabaseQueue(path: path).read { db in
             try String.fetchAll(db, sql: "SELECT identifier FROM grdb_migrations ORDER BY identifier")
         }
-        #expect(applied == ["v1", "v2-revocations", "v3-member-grants", "v4-transmission-by-time", "v5-member-subscriptions"])
+        #expect(applied == ["v1", "v2-revocations", "v3-member-grants", "v4-transmission-by-time", "v5-member-subscriptions", "v6-transmissions-in-progress"])
     }
 
     @Test func filesArePrivateAndCommitsAreFullySynced() async throws {

@@ -120,6 +120,31 @@ import Testing
         #expect(queue.waitingLogRecords == 2)
     }
 
+    func start(_ user: String, _ seconds: Double) -> StoreOperation {
+        .logTransmission(TransmissionRecord(channelID: channel, userID: user, startedAt: t0 + seconds, durationMilliseconds: 0,
+                                            endReason: TransmissionRecord.inProgress))
+    }
+
+    /// A burst's end replaces its start while the start waits; a start is shed from half the limit,
+    /// so that an end whose start got in has room.
+    @Test func aBurstsEndReplacesItsWaitingStartAndStartsAreShedFirst() {
+        var queue = StoreQueue(maxWaitingLogRecords: 4)
+        #expect(queue.push(start("ann", 1)) == .queued)
+        #expect(queue.push(touch("bob", 1)) == .queued)
+        #expect(queue.push(log("ann", 1)) == .folded)
+        #expect(drain(&queue) == [log("ann", 1), touch("bob", 1)])
+        // Handed out already: the end is a write of its own (the store replaces the row).
+        #expect(queue.push(start("ann", 2)) == .queued)
+        #expect(queue.pop() == start("ann", 2))
+        #expect(queue.push(log("ann", 2)) == .queued)
+        // Two log records wait: a third start is refused (half of 4), an end still gets in.
+        #expect(queue.push(start("bob", 3)) == .queued)
+        #expect(queue.push(start("cy", 4)) == .refused)
+        #expect(queue.push(log("dan", 5)) == .queued)
+        #expect(queue.push(log("bob", 3)) == .folded)
+        #expect(drain(&queue) == [log("ann", 2), log("bob", 3), log("dan", 5)])
+    }
+
     /// Against a plain array searched from the end: the same writes handed out in the same order,
     /// through many compactions of the queue's array with writes still waiting.
     @Test func foldingFindsTheRightWriteAcrossCompactions() {
@@ -194,6 +219,7 @@ import Testing
             return Int((random >> 33) % UInt64(bound))
         }
         var operations: [StoreOperation] = []
+        var open: [String: Double] = [:]
         for step in 0..<400 {
             let user = ["ann", "bob", "cy"][next(3)]
             let seconds = Double(step)
@@ -205,7 +231,14 @@ import Testing
                                                     registeredAt: t0 + seconds))
             case 3: operations.append(.clearPushToken(channel: channel, user: user))
             case 4: operations.append(.removeMember(channel: channel, user: user))
-            case 5: operations.append(log(user, seconds))
+            case 5:
+                // A burst: its start, and its end some writes later (or never, as after a crash).
+                if let started = open.removeValue(forKey: user) {
+                    operations.append(log(user, started))
+                } else {
+                    open[user] = seconds
+                    operations.append(start(user, seconds))
+                }
             case 6: operations.append(.setSubscriptions(channel: channel, user: user,
                                                         unheard: [["ann"], ["bob", "cy"], []][next(3)]))
             default: operations.append(touch(user, seconds))
