@@ -909,7 +909,14 @@ public final class ChannelHub {
     func logBurstEnd(_ channel: ChannelState, slot: UInt16, reason: String, at time: HubTime) {
         guard let member = channel.members[slot], let started = member.burstStartedAt else { return }
         channel.members[slot]?.burstStartedAt = nil
-        let milliseconds = max(0, Int(time.date.timeIntervalSince(started) * 1000))
+        // A burst ended for silence or a lost connection was over before the floor noticed: the
+        // log's length ends at the last audio (or the disconnect), not after the wait that found it.
+        let noticedAfter: UInt64 = switch reason {
+        case "silent": configuration.talkerSilenceLimit
+        case "disconnected": configuration.disconnectGrace
+        default: 0
+        }
+        let milliseconds = max(0, Int(time.date.timeIntervalSince(started) * 1000) - Int(noticedAfter / 1_000_000))
         outputs.append(.store(.logTransmission(TransmissionRecord(
             channelID: channel.record.id, userID: member.userID, startedAt: started,
             durationMilliseconds: milliseconds, endReason: reason))))

@@ -10,7 +10,7 @@ struct InteractiveOptions: ParsableArguments {
     var key: String = "space"
     @Option(help: "The longest transmission, in seconds; the key is released for you after it.")
     var maxTransmit: Double = 60
-    @Flag(help: "Start with the voice connection closed, waiting for a push to wake it.")
+    @Flag(help: "Start with the voice connection closed, waiting for a push to wake it (once the push channel works; never without one).")
     var background = false
 }
 
@@ -209,7 +209,21 @@ enum Interactive {
                 }
             }
         }
-        if options.background { manager.suspend() }
+        // --background: to the background as soon as a push could wake walkie (the token's first
+        // registration takes a moment); never without, or the first call would be missed.
+        let backgrounding = Task {
+            guard options.background else { return }
+            for _ in 0 ..< 50 where !manager.canBeWokenByPush && pushes {
+                try? await Task.sleep(for: .milliseconds(100))
+            }
+            if manager.canBeWokenByPush {
+                manager.suspend()
+            } else {
+                let why = pushes ? "push delivery is down; press b once it is back" : "pushes are off (--push-port 0)"
+                shared.withLockedValue { $0.status = .init("Staying in the foreground: no push could wake walkie (\(why))", isError: true) }
+            }
+        }
+        defer { backgrounding.cancel() }
         let statistics = NIOLockedValueBox<ChannelStatistics?>(nil)
         let poller = Task {
             while !Task.isCancelled {

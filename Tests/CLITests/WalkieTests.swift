@@ -344,6 +344,27 @@ import Testing
         func stop() { _ = try? run(["kill-server"]) }
     }
 
+    /// --background goes to the background once a push could wake walkie, and not without one.
+    @Test func startingInTheBackgroundNeedsAPushChannel() async throws {
+        let world = try await World()
+        defer { world.finish() }
+        let tmux = Tmux()
+        defer { tmux.stop() }
+        let walkie = Executables.url("walkie").path
+        func join(_ user: String, pushPort: Int) -> [String] {
+            [walkie, "join"] + world.arguments(user) + ["--state-dir", world.dir + "/state-\(user)", "--push-port", "\(pushPort)",
+                                                        "--input-file", world.speech, "--output-file", world.dir + "/\(user).wav", "--background"]
+        }
+        try tmux.start("bob", join("bob", pushPort: world.pushPort))
+        #expect(try await tmux.wait("bob", for: "BACKGROUND"), "\(tmux.screen("bob"))")
+        try tmux.start("cat", join("cat", pushPort: 0))
+        #expect(try await tmux.wait("cat", for: "pushes are off"), "\(tmux.screen("cat"))")
+        #expect(!tmux.screen("cat").contains("BACKGROUND"), "\(tmux.screen("cat"))")
+        try tmux.keys("bob", "q")
+        try tmux.keys("cat", "q")
+        #expect(try await tmux.wait("cat", for: "EXITED 0"), "\(tmux.screen("cat"))")
+    }
+
     @Test func twoTerminalsTalkThroughTheServerAndAKilledWalkieRestores() async throws {
         let world = try await World()
         defer { world.finish() }

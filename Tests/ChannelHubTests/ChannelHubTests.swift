@@ -1203,7 +1203,9 @@ final class Harness {
         let revoked = h.floorEvents(to: ann.link).last { $0.kind == .revoked }
         #expect(revoked?.cause == .disconnected && revoked?.reason == "no audio arrived from you for 5 s")
         #expect(h.floorEvents(to: bob.link).last?.kind == .granted)
-        #expect(h.stored.contains { if case .logTransmission(let t) = $0 { t.endReason == "silent" } else { false } })
+        // Logged as long as Ann was heard (6 s of audio), not with the 5 s it took to notice.
+        let silent = h.stored.compactMap { if case .logTransmission(let t) = $0, t.endReason == "silent" { return t } else { return nil } }
+        #expect(silent.map(\.durationMilliseconds) == [6_000], "\(silent)")
     }
 
     func lossTold(_ h: Harness, _ link: Link) -> [Int] {
