@@ -125,6 +125,11 @@ struct ChannelSession {
     /// connection is still bad after it, so the new session is told at once rather than after the
     /// next window of audio.
     private var measuredLoss = 0
+    /// The transport reports the server silent (`ConnectionEvent.stalled`): the channel shows
+    /// `connecting` until it answers again or the connection is given up.
+    private(set) var stalled = false
+    /// What the server last said of its own health (`serviceStatus`), shown again when a stall ends.
+    private var serverStatus = ServiceStatus.ready
     /// The server did not know `receptionReport` (a server older than the message): no more reports
     /// in this session, and no notice each time the figure moves.
     private var reportsRefused = false
@@ -314,6 +319,7 @@ struct ChannelSession {
         if case .active = transmit { endTransmission(source: .unknown, release: true) }
         transmit = .idle
         link = .suspended
+        stalled = false
         outputs.append(.disconnect)
         outputs.append(.event(.suspended(true)))
     }
@@ -478,6 +484,35 @@ struct ChannelSession {
         connect()
     }
 
+    /// The server stopped answering (nothing came back for the transport's stall timeout, 3 s), or
+    /// answers again. The connection is kept: the liveness verdict comes later, and a server that was
+    /// only slow carries on with no new join. Meanwhile the channel shows `connecting`, a floor
+    /// request still waiting for its answer fails (MCPTT's T101 × C101: a user holding the button
+    /// learns in seconds that nobody hears), and a new one is refused until the server is back. A
+    /// burst already granted goes on: its audio reaches the server if the path was only slow.
+    mutating func transportStalled(_ value: Bool) {
+        guard let channel, link == .joined || link == .joining else {
+            stalled = false
+            return
+        }
+        guard value != stalled else { return }
+        stalled = value
+        guard link == .joined else { return }
+        if value {
+            if case .requesting = transmit {
+                transmit = .idle
+                // Withdrawn, in case the answer was only late: a grant that arrives after this is
+                // released by the server rather than held by a user who has already given up.
+                outputs.append(.send(.floorRelease))
+                emit(.failedToBegin(channel, ChannelError(.transmissionNotAllowed, "squelchd did not answer the floor request; the connection may be down")))
+            }
+            updateStatus(.connecting)
+            outputs.append(.event(.notice("squelchd stopped answering; waiting for it, and until it is back nobody hears this channel")))
+        } else {
+            updateStatus(serverStatus)
+        }
+    }
+
     /// The transport lost the connection and is handshaking again by itself.
     mutating func transportReconnecting() {
         guard channel != nil, link == .joined || link == .joining else { return }
@@ -497,6 +532,7 @@ struct ChannelSession {
             you = slot
             roster = Dictionary(participants.map { ($0.slot, $0) }, uniquingKeysWith: { $1 })
             remoteTalkers = [:]
+            serverStatus = .ready
             updateStatus(.ready)
             // The server keeps neither figure across sessions: the talker side starts at 0 again, and
             // this member's own figure goes out at once if it matters.
@@ -556,7 +592,8 @@ struct ChannelSession {
             outputs.append(.event(.channelInfo(info)))
             outputs.append(.event(.transmissionMode(transmissionMode)))
         case .serviceStatus(let status, let reason):
-            updateStatus(ServiceStatus(status))
+            serverStatus = ServiceStatus(status)
+            updateStatus(stalled ? .connecting : serverStatus)
             if let reason { outputs.append(.event(.notice(reason))) }
         case .pushTokenRegistered, .subscriptions:
             break
@@ -808,6 +845,8 @@ struct ChannelSession {
 
     /// The connection is gone for now: what depended on it ends.
     private mutating func lostConnection() {
+        stalled = false
+        serverStatus = .ready
         if case .active = transmit { endTransmission(source: .unknown, release: false) }
         if transmit != .idle {
             // A request in flight dies with the connection; the app hears why.
@@ -929,6 +968,8 @@ struct ChannelSession {
         joinReported = false
         unheardSent = nil
         serviceStatus = .ready
+        stalled = false
+        serverStatus = .ready
         reconnectAttempts = 0
         tokenExpired = false
         pendingToken = nil

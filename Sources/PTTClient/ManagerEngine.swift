@@ -29,6 +29,8 @@ actor ManagerEngine {
         case transportConnected(Int)
         case transportFailed(Int, String)
         case transportReconnecting(Int)
+        /// The server stopped answering (`ConnectionEvent.stalled`), or answers again.
+        case transportStalled(Int, Bool)
         case server(Int, ServerMessage)
         case pushToken(Data, UUID)
         case push(IncomingPush)
@@ -203,6 +205,9 @@ actor ManagerEngine {
         case .transportReconnecting(let g):
             guard g == generation else { return }
             session.transportReconnecting()
+        case .transportStalled(let g, let stalled):
+            guard g == generation else { return }
+            session.transportStalled(stalled)
         case .server(let g, let message):
             guard g == generation else { return }
             session.received(message)
@@ -410,6 +415,10 @@ actor ManagerEngine {
                         sink.yield(.transportReconnecting(g))
                     case .connection(.connected):
                         sink.yield(.transportConnected(g))
+                    case .connection(.stalled):
+                        sink.yield(.transportStalled(g, true))
+                    case .connection(.stallEnded):
+                        sink.yield(.transportStalled(g, false))
                     case .connection(.closed(let error)) where error.clientReconnects:
                         // The client is already handshaking again; `.reconnecting` comes next and says
                         // so. Taking this for a failure would mark the channel unavailable and open a

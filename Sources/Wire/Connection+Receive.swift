@@ -39,6 +39,10 @@ extension Connection {
         if authenticated {
             lastReceiveTime = now
             forgetUnanswered()
+            if stalled {
+                stalled = false
+                emit(.stallEnded)
+            }
             if state == .handshaking || state == .established { resetIdleTimer(now: now) }
             if state == .closing, closeResends < 8 {
                 // Answer the peer's packets with the close again, so it learns even if one was lost.

@@ -82,6 +82,12 @@ public enum ConnectionEvent: Sendable, Equatable {
     /// A token the client can present on its next connection to skip a Retry.
     case newToken([UInt8])
     case keyUpdated(generation: Int)
+    /// Nothing has come back for `stallTimeout` after this side sent something that needed an answer.
+    /// The connection stays open (`livenessTimeout` gives the verdict), but whoever relies on it should
+    /// stop counting on it: a push-to-talk user must not talk into a server that has died.
+    case stalled
+    /// The peer was heard again after `.stalled`.
+    case stallEnded
     case closed(ConnectionError)
 }
 
@@ -117,17 +123,24 @@ public struct ConnectionConfiguration: Sendable {
     /// Idle timeout this side advertises. The server keeps a silent session this long, which is what
     /// makes fast resume work after minutes in the background.
     public var idleTimeout: UInt64 = seconds(300)
-    /// Send a PING after this much silence (0: never). Clients use it in the foreground to keep NAT
-    /// mappings alive; a backgrounded client turns it off (`Connection.keepAlive`).
+    /// Send a PING after this much silence (0: never). Clients use 5 s in the foreground (as Mumble
+    /// does), which keeps NAT mappings alive and bounds how long a dead server goes unnoticed while
+    /// the channel is quiet (`stallTimeout` counts from the first unanswered PING); a backgrounded
+    /// client turns it off (`Connection.keepAlive`).
     public var keepAliveInterval: UInt64 = 0
     public var handshakeTimeout: UInt64 = seconds(10)
     /// Close with `peerUnresponsive` when nothing has come back this long after the first
     /// ack-eliciting packet sent since the peer was last heard (0: never; the idle timeout still
-    /// applies). Clients use 20 s: with keepalives every 15 s, a server that crashed or a path that
-    /// died is noticed within 35 s instead of at the 300 s idle timeout, while the user still sees
-    /// the channel as ready. Servers leave it off: a backgrounded client answers nothing for minutes
+    /// applies). Clients use 20 s: with keepalives every 5 s, a server that crashed or a path that
+    /// died ends the connection within 25 s instead of at the 300 s idle timeout (the user is told
+    /// at `stallTimeout`). Servers leave it off: a backgrounded client answers nothing for minutes
     /// and must still find its session for a fast resume.
     public var livenessTimeout: UInt64 = 0
+    /// Report `.stalled` when nothing has come back this long after an ack-eliciting packet (0: never;
+    /// judged only while keepalives run, like `livenessTimeout`). Clients use 3 s, MCPTT's floor
+    /// request timer (T101, 1 s, three tries): a user who presses to talk hears within that whether
+    /// the server is there, instead of waiting the 20 s of the liveness verdict.
+    public var stallTimeout: UInt64 = 0
     /// Suites in order of preference.
     public var suites: [CipherSuite] = [.aes128GCMSHA256, .chacha20Poly1305SHA256]
     /// Packets sealed under one key before a key update; never more than the suite's limit allows.
@@ -149,8 +162,9 @@ public struct ConnectionConfiguration: Sendable {
 
     public static var client: ConnectionConfiguration {
         var c = ConnectionConfiguration()
-        c.keepAliveInterval = seconds(15)
+        c.keepAliveInterval = seconds(5)
         c.livenessTimeout = seconds(20)
+        c.stallTimeout = seconds(3)
         return c
     }
 }

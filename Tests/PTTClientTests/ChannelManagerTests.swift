@@ -729,7 +729,7 @@ final class FlakyPushTransport: PushTransport {
         let fixture = try await ClientFixture(pushes: false)
         let id = fixture.channel.id
         let (proxy, port) = try await fixture.proxy()
-        // The client's timers shortened from 15 s and 20 s so that the test takes seconds.
+        // The client's timers shortened from 5 s and 20 s so that the test takes seconds.
         var connection = ConnectionConfiguration.client
         connection.keepAliveInterval = 500_000_000
         connection.livenessTimeout = 1_500_000_000
@@ -755,6 +755,49 @@ final class FlakyPushTransport: PushTransport {
         #expect(!statuses.contains(.unavailable), "\(statuses)")
         #expect(statuses.suffix(2) == [.connecting, .ready], "\(statuses)")
         #expect(delegate.calls.withLockedValue { $0.filter { $0 == .didJoin(.developerRequest) }.count } == 1)
+        await ann.invalidate()
+        await proxy.stop()
+        await fixture.stop()
+    }
+
+    @Test func aFloorRequestIntoASilentServerFailsInSecondsAndTheChannelCarriesOnWhenItAnswers() async throws {
+        let fixture = try await ClientFixture(pushes: false)
+        let id = fixture.channel.id
+        let (proxy, port) = try await fixture.proxy()
+        // The client's own timers: keepalive 5 s, stall 3 s, liveness 20 s.
+        let delegate = RecordingDelegate()
+        let ann = try await ChannelManager.channelManager(delegate: delegate, restorationDelegate: delegate, configuration: ChannelManagerConfiguration(
+            stateDirectory: fixture.stateDirectory("stall")))
+        let events = EventLog(ann)
+        var credentials = fixture.credentials(try await fixture.token("ann"))
+        credentials.port = port
+        ann.requestJoinChannel(channelUUID: id, descriptor: ChannelDescriptor(name: "Ops"), credentials: credentials)
+        #expect(await delegate.wait(for: .didJoin(.developerRequest)))
+        #expect(ann.serviceStatus == .ready)
+        // The server stops answering (crashed, or the path died) just as Ann presses to talk.
+        await proxy.blackhole(for: .seconds(7))
+        let pressed = Date()
+        ann.requestBeginTransmitting(channelUUID: id)
+        #expect(await delegate.wait(for: .failedToBegin(.transmissionNotAllowed), seconds: 6), "\(delegate.all)")
+        let told = Date().timeIntervalSince(pressed)
+        #expect(told >= 2.9 && told < 5, "told after \(told) s, not at the 20 s liveness verdict")
+        #expect(delegate.errors.withLockedValue { $0.last?.message.contains("did not answer") } == true)
+        #expect(ann.serviceStatus == .connecting)
+        #expect(events.all.contains { if case .notice(let text) = $0 { return text.contains("stopped answering") } else { return false } })
+        // Meanwhile another press is refused at once, with the reason.
+        ann.requestBeginTransmitting(channelUUID: id)
+        #expect(await delegate.wait(for: .failedToBegin(.transmissionNotAllowed), count: 2, seconds: 1))
+        #expect(delegate.errors.withLockedValue { $0.last?.message.contains("connecting") } == true)
+        // The server answers again: the same session carries on (no rejoin, never `unavailable`), and
+        // the withdrawn request left the floor free.
+        #expect(await eventually(seconds: 10) { ann.serviceStatus == .ready })
+        let statuses = events.all.compactMap { if case .serviceStatus(let status) = $0 { return status } else { return nil } }
+        #expect(!statuses.contains(.unavailable), "\(statuses)")
+        #expect(delegate.all.filter { $0 == .didJoin(.developerRequest) }.count == 1)
+        ann.requestBeginTransmitting(channelUUID: id)
+        #expect(await delegate.wait(for: .didBegin(.developerRequest)), "\(delegate.all)")
+        ann.stopTransmitting(channelUUID: id)
+        #expect(await delegate.wait(for: .didEnd(.developerRequest)))
         await ann.invalidate()
         await proxy.stop()
         await fixture.stop()

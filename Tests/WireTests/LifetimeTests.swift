@@ -272,20 +272,67 @@ import Testing
     @Test func aServerThatStopsAnsweringIsNoticedInSecondsNotAtTheIdleTimeout() async throws {
         let pki = try TestPKI()
         let sim = Simulation(seed: 53, pki: pki, secrets: try pki.secrets())
-        sim.addClient()  // keepalive every 15 s, liveness 20 s, idle timeout 300 s
+        sim.addClient()  // keepalive every 5 s, stall 3 s, liveness 20 s, idle timeout 300 s
         _ = try await sim.connect(0)
         await sim.run(for: seconds(1))
         // The server crashes, or the path dies: nothing the client sends gets through.
         sim.network.blackhole.insert(sim.serverAddress)
         let start = sim.network.now
+        await sim.run(for: seconds(60)) { sim.clientEvents[0].contains(.connection(.stalled)) }
+        // The first unanswered packet is the next keepalive (at most 5 s away): stalled 3 s later,
+        // given up 20 s later.
+        let stalled = sim.network.now.since(start)
+        #expect(stalled >= seconds(3) && stalled <= seconds(8) + ms(100), "stalled after \(stalled / 1_000_000) ms")
         await sim.run(for: seconds(60)) { sim.clientEvents[0].contains(.connection(.closed(.peerUnresponsive))) }
         let noticed = sim.network.now.since(start)
         #expect(sim.clientEvents[0].contains(.connection(.closed(.peerUnresponsive))))
-        // The first unanswered packet is the next keepalive (at most 15 s away), then 20 s.
-        #expect(noticed >= seconds(20) && noticed <= seconds(36), "noticed after \(noticed / 1_000_000) ms")
+        #expect(noticed >= seconds(20) && noticed <= seconds(25) + ms(100), "noticed after \(noticed / 1_000_000) ms")
+        #expect(noticed - stalled >= seconds(16), "the stall comes well before the verdict")
         #expect(sim.clients[0].reconnects == 1, "and it handshakes again by itself")
         #expect(sim.clientEvents[0].contains(.reconnecting(.peerUnresponsive)))
         #expect(ConnectionError.peerUnresponsive.clientReconnects && !ConnectionError.handshakeTimeout.clientReconnects)
+    }
+
+    @Test func aStallIsReportedThreeSecondsAfterAnUnansweredRequestAndEndsWhenTheServerAnswers() async throws {
+        let pki = try TestPKI()
+        let sim = Simulation(seed: 56, pki: pki, secrets: try pki.secrets())
+        sim.addClient()
+        _ = try await sim.connect(0)
+        await sim.run(for: seconds(1))
+        func count(_ event: ConnectionEvent) -> Int { sim.clientEvents[0].filter { $0 == .connection(event) }.count }
+        // A floor request into a dead path: the user must hear within seconds that nobody got it.
+        sim.network.blackhole.insert(sim.serverAddress)
+        try sim.clients[0].sendControl(Array("floor request".utf8))
+        let start = sim.network.now
+        await sim.run(for: seconds(10)) { count(.stalled) > 0 }
+        let stalled = sim.network.now.since(start)
+        #expect(stalled >= seconds(3) && stalled <= seconds(3) + ms(100), "stalled after \(stalled / 1_000_000) ms")
+        #expect(sim.clients[0].connection.stalled)
+        // Said once, however long the silence lasts short of the verdict.
+        await sim.run(for: seconds(10))
+        #expect(count(.stalled) == 1 && count(.stallEnded) == 0)
+        // The path comes back: the next probe (every half second) is answered, and the same
+        // connection carries on.
+        sim.network.blackhole.remove(sim.serverAddress)
+        let back = sim.network.now
+        await sim.run(for: seconds(5)) { count(.stallEnded) > 0 }
+        #expect(count(.stallEnded) == 1)
+        #expect(sim.network.now.since(back) <= seconds(1), "answered within a probe interval")
+        #expect(!sim.clients[0].connection.stalled && sim.clients[0].reconnects == 0 && sim.connected(0))
+    }
+
+    @Test func aBackgroundedClientIsNeverStalled() async throws {
+        let pki = try TestPKI()
+        let sim = Simulation(seed: 57, pki: pki, secrets: try pki.secrets())
+        sim.addClient()
+        _ = try await sim.connect(0)
+        await sim.run(for: seconds(1))
+        // Keepalives off (the app sleeps): a server that answers nothing is no news.
+        sim.clients[0].connection.keepAlive = false
+        sim.network.blackhole.insert(sim.serverAddress)
+        try sim.clients[0].sendControl(Array("renewal".utf8))
+        await sim.run(for: seconds(30))
+        #expect(!sim.clientEvents[0].contains(.connection(.stalled)))
     }
 
     @Test func anIdleClientOnALossyLinkIsNotTakenForDead() async throws {
@@ -319,7 +366,7 @@ import Testing
         var start = sim.network.now
         await sim.run(for: seconds(60)) { sim.clientEvents[0].contains(.connection(.closed(.peerUnresponsive))) }
         var noticed = sim.network.now.since(start)
-        #expect(noticed >= seconds(20) && noticed <= seconds(36), "noticed after \(noticed / 1_000_000) ms")
+        #expect(noticed >= seconds(20) && noticed <= seconds(26), "noticed after \(noticed / 1_000_000) ms")
 
         // The new connection's socket keeps failing (no route) and is replaced in place every 2 s:
         // that is no news of the server, and the count goes on.
