@@ -62,7 +62,8 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
         let secrets = ServerSecrets(
             identity: identity,
             resetKey: SymmetricKey(data: try await persistentKey(Self.resetKeyName)),
-            tokenKey: SymmetricKey(data: try await persistentKey(Self.addressTokenKeyName)))
+            tokenKey: SymmetricKey(data: try await persistentKey(Self.addressTokenKeyName)),
+            clockEpoch: WireNIO.monotonicClockEpoch())
         var hubConfiguration = HubConfiguration()
         hubConfiguration.fullDuplexMaxTalkers = configuration.fullDuplexMaxTalkers
         hubConfiguration.disconnectGrace = UInt64(configuration.disconnectGraceSeconds * 1e9)

@@ -14,7 +14,12 @@ enum AddressToken {
         var address: PathAddress
         var original: ConnectionID?
         var retrySource: ConnectionID?
+        var clockEpoch: UInt64
     }
+
+    /// Plaintext bytes: kind, issue time, address (high, low, port, family), original and Retry source
+    /// IDs, clock epoch.
+    static let plainLength = 1 + 8 + 8 + 8 + 2 + 1 + 8 + 8 + 8
 
     static func seal(address: PathAddress, original: ConnectionID?, retrySource: ConnectionID? = nil,
                      secrets: ServerSecrets, now: WireInstant) -> [UInt8] {
@@ -24,28 +29,29 @@ enum AddressToken {
         put(address.high, 8); put(address.low, 8); put(UInt64(address.port), 2); plain.append(address.isIPv6 ? 1 : 0)
         put(original?.value ?? 0, 8)
         put(retrySource?.value ?? 0, 8)
+        put(secrets.clockEpoch, 8)
         guard let box = try? AES.GCM.seal(plain, using: secrets.tokenKey), let combined = box.combined else { return [] }
         return Array(combined)
     }
 
     static func open(_ token: [UInt8], secrets: ServerSecrets) -> Contents? {
-        guard token.count == 12 + 44 + 16, let box = try? AES.GCM.SealedBox(combined: token),
+        guard token.count == 12 + plainLength + 16, let box = try? AES.GCM.SealedBox(combined: token),
               let plain = try? AES.GCM.open(box, using: secrets.tokenKey) else { return nil }
         let p = Array(plain)
-        guard p.count == 44 else { return nil }
+        guard p.count == plainLength else { return nil }
         func get(_ at: Int, _ n: Int) -> UInt64 { p[at..<(at + n)].reduce(0) { $0 << 8 | UInt64($1) } }
         let isRetry = p[0] == 0
         var address = PathAddress(ipv4: 0, port: UInt16(get(25, 2)))
         address.high = get(9, 8); address.low = get(17, 8); address.isIPv6 = p[27] == 1
         return Contents(isRetry: isRetry, issued: WireInstant(nanoseconds: get(1, 8)), address: address,
                         original: isRetry ? ConnectionID(get(28, 8)) : nil,
-                        retrySource: isRetry ? ConnectionID(get(36, 8)) : nil)
+                        retrySource: isRetry ? ConnectionID(get(36, 8)) : nil, clockEpoch: get(44, 8))
     }
 
     /// Whether `token` is valid for a client at `address` now. Retry tokens also give back the
     /// original destination ID and the Retry's source ID.
     static func validate(_ token: [UInt8], address: PathAddress, secrets: ServerSecrets, now: WireInstant) -> Contents? {
-        guard let contents = open(token, secrets: secrets), contents.issued <= now else { return nil }
+        guard let contents = open(token, secrets: secrets), contents.clockEpoch == secrets.clockEpoch, contents.issued <= now else { return nil }
         let age = now.since(contents.issued)
         if contents.isRetry {
             guard age <= retryLifetime, contents.address == address else { return nil }

@@ -244,10 +244,11 @@ extension Connection {
     /// Server: keeps the client stocked with spare connection IDs for migration.
     func issueConnectionIDs() {
         let limit = Int(min(peerParameters?.activeConnectionIDLimit ?? 2, 8))
-        while issuedIDs.filter({ !$0.retired }).count < limit {
-            let sequence = (issuedIDs.last?.sequence ?? 0) + 1
+        while issuedIDs.count < limit {
+            let sequence = nextIssuedSequence
+            nextIssuedSequence += 1
             let id = ConnectionID(random.next())
-            issuedIDs.append(IssuedID(sequence: sequence, id: id, retired: false))
+            issuedIDs.append(IssuedID(sequence: sequence, id: id))
             routingChanges.append((id, true))
             pendingNewIDs |= 1 << (sequence % 64)
         }

@@ -60,7 +60,9 @@ extension Connection {
         guard datagram.count >= PacketHeader.minimumStatelessReset, datagram[0] & PacketHeader.longFormBit == 0 else { return false }
         let tail = datagram.count - 16
         var matched = false
-        for peer in peerIDs {
+        // Retired IDs' tokens don't count (RFC 9000 §10.3.1): the server answers a packet to a retired
+        // ID with that ID's reset, which a late packet or an observer of the old ID can provoke.
+        for peer in peerIDs where !peer.retired {
             guard let token = peer.resetToken else { continue }
             var difference: UInt8 = 0
             for i in 0..<16 { difference |= token[i] ^ datagram[tail + i] }  // constant time per token
@@ -145,10 +147,18 @@ extension Connection {
             return
         }
         do {
-            // Work on a copy: the reassembly buffer and the inbox are both parts of one stored property.
-            var space = type == .initial ? initialSpace : handshakeSpace
-            try space.receive.receive(offset: offset, data: data, into: &space.inbox)
-            if type == .initial { initialSpace = space } else { handshakeSpace = space }
+            // The inbox is moved out and back rather than the whole space copied: a copy would share
+            // the reassembly buffer's storage, and every fragment would then copy all of it.
+            var inbox: [UInt8] = []
+            if type == .initial {
+                swap(&inbox, &initialSpace.inbox)
+                defer { swap(&inbox, &initialSpace.inbox) }
+                try initialSpace.receive.receive(offset: offset, data: data, into: &inbox)
+            } else {
+                swap(&inbox, &handshakeSpace.inbox)
+                defer { swap(&inbox, &handshakeSpace.inbox) }
+                try handshakeSpace.receive.receive(offset: offset, data: data, into: &inbox)
+            }
         } catch {
             failHandshake(.malformed("handshake data beyond the buffer limit"), now: now)
             return
@@ -247,12 +257,14 @@ extension Connection {
         var parser = FrameParser(payload: UnsafeRawBufferPointer(rebasing: packet[..<(packet.count - 16)]), offset: payloadStart)
         do {
             while let frame = try parser.next() {
+                // Closing (this side closed, or a frame before this one closed it): the packet counts,
+                // so the close is sent again, but nothing in it is acted on (RFC 9000 §10.2.1).
+                guard state == .established || state == .handshaking else { break }
                 if frame.isAckEliciting {
                     ackEliciting = true
                     if case .datagram = frame {} else { onlyDatagrams = false }
                 }
                 try handleApplicationFrame(frame, packet: UnsafeRawBufferPointer(packet), from: address, now: now, datagrams: datagrams)
-                if state != .established && state != .handshaking { break }
             }
         } catch {
             protocolViolation("malformed packet: \(error)", now: now, code: .frameEncodingError)
@@ -367,9 +379,13 @@ extension Connection {
             peerIDs.removeAll { $0.retired && $0.sequence + 16 < sequence }
         case .retireConnectionID(let sequence):
             guard role == .server else { return }
-            if let index = issuedIDs.firstIndex(where: { $0.sequence == sequence && !$0.retired }) {
-                issuedIDs[index].retired = true
+            guard sequence <= highestSentSequence else {
+                protocolViolation("RETIRE_CONNECTION_ID for sequence number \(sequence), never issued", now: now)
+                return
+            }
+            if let index = issuedIDs.firstIndex(where: { $0.sequence == sequence }) {
                 routingChanges.append((issuedIDs[index].id, false))
+                issuedIDs.remove(at: index)
                 issueConnectionIDs()
             }
         case .pathChallenge(let data):

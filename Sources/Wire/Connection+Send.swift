@@ -136,16 +136,17 @@ extension Connection {
             w.writeHandshakeDone(); pendingHandshakeDone = false; record.handshakeDone = true; ackEliciting = true; record.retransmittable = true
         }
         if pendingNewIDs != 0, let secrets = serverSecrets {
-            for issued in issuedIDs where !issued.retired && pendingNewIDs & (1 << (issued.sequence % 64)) != 0 && w.remaining > 40 {
-                let retirePriorTo = issuedIDs.first(where: { !$0.retired })?.sequence ?? 0
+            for issued in issuedIDs where pendingNewIDs & (1 << (issued.sequence % 64)) != 0 && w.remaining > 40 {
+                let retirePriorTo = issuedIDs.first?.sequence ?? 0
                 secrets.resetToken(for: issued.id).withUnsafeBytes {
                     w.writeNewConnectionID(sequence: issued.sequence, retirePriorTo: min(retirePriorTo, issued.sequence), id: issued.id, resetToken: $0)
                 }
                 pendingNewIDs &= ~(1 << (issued.sequence % 64))
+                highestSentSequence = max(highestSentSequence, issued.sequence)
                 record.newConnectionIDs |= 1 << (issued.sequence % 64)
                 ackEliciting = true; record.retransmittable = true
             }
-            pendingNewIDs &= issuedIDs.filter { !$0.retired }.reduce(0) { $0 | 1 << ($1.sequence % 64) }
+            pendingNewIDs &= issuedIDs.reduce(0) { $0 | 1 << ($1.sequence % 64) }
         }
         if pendingRetireIDs != 0 {
             for bit in 0..<64 where pendingRetireIDs & (1 << UInt64(bit)) != 0 && w.remaining > 10 {
@@ -259,7 +260,14 @@ extension Connection {
     func writeClosePacket(_ buffer: UnsafeMutableRawBufferPointer, now: WireInstant) -> Int {
         guard let close = pendingClose else { return 0 }
         let datagram = UnsafeMutableRawBufferPointer(rebasing: buffer[..<min(buffer.count, config.maxDatagramSize)])
-        let reason = String(decoding: close.reason.utf8.prefix(256), as: UTF8.self)
+        // At most 256 bytes, cut between characters (a cut inside one would decode to U+FFFD and grow).
+        var cut = close.reason.startIndex, bytes = 0
+        for character in close.reason {
+            bytes += character.utf8.count
+            guard bytes <= 256 else { break }
+            cut = close.reason.index(after: cut)
+        }
+        let reason = String(close.reason[..<cut])
         if !closeInHandshakeSpace, let key = appSeal {
             let pn = appNextPN
             let pnLength = PacketNumber.encodedLength(pn, largestAcked: largestAckedByPeer)

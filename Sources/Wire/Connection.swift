@@ -43,9 +43,16 @@ public final class Connection {
     /// Client: the server's IDs (sequence 0 from the handshake, more from NEW_CONNECTION_ID).
     @exclusivity(unchecked) var peerIDs: [PeerID] = []
     @exclusivity(unchecked) var currentPeerSequence: UInt64 = 0
-    struct IssuedID { var sequence: UInt64; var id: ConnectionID; var retired: Bool }
+    /// A connection ID this server issued and the client has not retired (retired ones are dropped, so
+    /// a client retiring IDs in a loop can't grow the list).
+    struct IssuedID { var sequence: UInt64; var id: ConnectionID }
     /// Server: the IDs issued to the client.
     @exclusivity(unchecked) var issuedIDs: [IssuedID] = []
+    /// The sequence number the next issued ID gets.
+    @exclusivity(unchecked) var nextIssuedSequence: UInt64 = 1
+    /// The highest sequence number sent in a NEW_CONNECTION_ID (0: the handshake's own ID); a RETIRE
+    /// beyond it is a protocol violation (RFC 9000 §19.16).
+    @exclusivity(unchecked) var highestSentSequence: UInt64 = 0
     /// Routing changes the endpoint must apply: (id, true) to add, (id, false) to remove.
     @exclusivity(unchecked) var routingChanges: [(ConnectionID, Bool)] = []
     @exclusivity(unchecked) var retryToken: [UInt8] = []
@@ -254,7 +261,7 @@ public final class Connection {
         lastPollTime = now
         keepAlive = configuration.keepAliveInterval > 0
         handshakeDeadline = now + configuration.handshakeTimeout
-        issuedIDs = [IssuedID(sequence: 0, id: localID, retired: false)]
+        issuedIDs = [IssuedID(sequence: 0, id: localID)]
         setInitialKeys(destination: initialDestination)
     }
 
@@ -590,5 +597,5 @@ public final class Connection {
     }
 
     /// Every connection ID that currently routes to this connection (server only).
-    var activeLocalIDs: [ConnectionID] { issuedIDs.filter { !$0.retired }.map(\.id) }
+    var activeLocalIDs: [ConnectionID] { issuedIDs.map(\.id) }
 }

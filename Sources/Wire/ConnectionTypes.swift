@@ -192,11 +192,19 @@ public struct ServerSecrets: Sendable {
     public let identity: ServerIdentity
     public let resetKey: SymmetricKey
     public let tokenKey: SymmetricKey
+    /// Names the clock that `WireInstant`s come from: address tokens carry it and are honoured only
+    /// under the same one. The clock is monotonic from boot, so a token key kept on disk across a
+    /// reboot must not let a token from the last boot count its age on the new clock (an hour-old
+    /// token could look fresh for another hour). `WireNIO.monotonicClockEpoch()` derives it from the
+    /// kernel's boot ID; the default, a random number, limits tokens to this process.
+    public let clockEpoch: UInt64
 
-    public init(identity: ServerIdentity, resetKey: SymmetricKey, tokenKey: SymmetricKey = SymmetricKey(size: .bits256)) {
+    public init(identity: ServerIdentity, resetKey: SymmetricKey, tokenKey: SymmetricKey = SymmetricKey(size: .bits256),
+                clockEpoch: UInt64 = .random(in: .min ... .max)) {
         self.identity = identity
         self.resetKey = resetKey
         self.tokenKey = tokenKey
+        self.clockEpoch = clockEpoch
     }
 
     /// HMAC-SHA256(reset key, connection ID), first 16 bytes.

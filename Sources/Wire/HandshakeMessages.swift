@@ -26,8 +26,11 @@ public struct TransportParameters: Equatable, Sendable {
         case maxDatagramFrameSize = 0x20
     }
 
-    /// Milliseconds; 0 means no idle timeout from this side.
+    /// Milliseconds; 0 means no idle timeout from this side. A received value above
+    /// `maximumIdleTimeout` is taken as that.
     public var maxIdleTimeout: UInt64 = 0
+    /// 2^32 ms, about 49 days.
+    public static let maximumIdleTimeout: UInt64 = 1 << 32
     public var maxUDPPayloadSize: UInt64 = 1452
     public var maxAckDelay: UInt64 = 25
     public var activeConnectionIDLimit: UInt64 = 4
@@ -82,7 +85,10 @@ public struct TransportParameters: Equatable, Sendable {
                 return ConnectionID(try field.uint(8, "connection ID parameter"))
             }
             switch ID(rawValue: id) {
-            case .maxIdleTimeout: params.maxIdleTimeout = try integer()
+            case .maxIdleTimeout:
+                // Clamped, not refused (RFC 9000 sets no maximum): nanoseconds of up to 2^62 ms would
+                // overflow every deadline computed from it, and 49 days is as good as forever.
+                params.maxIdleTimeout = min(try integer(), Self.maximumIdleTimeout)
             case .maxUDPPayloadSize:
                 params.maxUDPPayloadSize = try integer()
                 guard params.maxUDPPayloadSize >= 1200 else { throw .invalid(field: "max_udp_payload_size", value: params.maxUDPPayloadSize) }

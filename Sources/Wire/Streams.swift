@@ -2,47 +2,96 @@
 // ordered control stream). Both may arrive out of order and duplicated; both are bounded.
 
 /// Reorders stream fragments into a contiguous byte sequence.
+///
+/// Bounded against a hostile sender as well as a lossy path: what it holds (bytes, plus a fixed charge
+/// per fragment) never exceeds twice `limit` (the slack is for a retransmission cut differently from
+/// the original), and each fragment costs O(log n) to store and to deliver, however they are cut,
+/// ordered or overlapped. A flood of one-byte fragments in reverse order is the case this guards.
 struct ReassemblyBuffer {
     /// Bytes delivered so far (everything before this offset).
     private(set) var delivered: UInt64 = 0
     /// Fragments beyond `delivered`, by offset.
     private var pending: [UInt64: [UInt8]] = [:]
+    /// The offsets in `pending`, smallest first.
+    private var order = OffsetHeap()
     private var pendingBytes = 0
     let limit: Int
+
+    /// What each held fragment is charged beyond its bytes (its array and table entry).
+    static let fragmentCharge = 64
 
     init(limit: Int) { self.limit = limit }
 
     enum Failure: Error { case overflow }
 
+    /// Bytes plus per-fragment charges held now.
+    var heldCost: Int { pendingBytes + pending.count * Self.fragmentCharge }
+
     /// Accepts a fragment; appends whatever becomes contiguous to `output`.
     mutating func receive(offset: UInt64, data: UnsafeRawBufferPointer, into output: inout [UInt8]) throws(Failure) {
-        let end = offset + UInt64(data.count)
+        let (end, overflowed) = offset.addingReportingOverflow(UInt64(data.count))
+        guard !overflowed else { throw .overflow }
         guard end > delivered else { return }  // a duplicate
         guard end - delivered <= UInt64(limit) else { throw .overflow }
         if offset <= delivered {
             output.append(contentsOf: data[Int(delivered - offset)...])
             delivered = end
             drain(into: &output)
-        } else if (pending[offset]?.count ?? -1) < data.count {
-            pendingBytes += data.count - (pending[offset]?.count ?? 0)
-            pending[offset] = Array(data)
+            return
         }
+        let held = pending[offset]?.count
+        if let held, held >= data.count { return }  // nothing new at this offset
+        guard heldCost + data.count - (held ?? 0) + (held == nil ? Self.fragmentCharge : 0) <= 2 * limit else { throw .overflow }
+        pendingBytes += data.count - (held ?? 0)
+        pending[offset] = Array(data)
+        if held == nil { order.push(offset) }
     }
 
     private mutating func drain(into output: inout [UInt8]) {
-        var progressed = true
-        while progressed, !pending.isEmpty {
-            progressed = false
-            for (offset, bytes) in pending where offset <= delivered {
-                pending[offset] = nil
-                pendingBytes -= bytes.count
-                let end = offset + UInt64(bytes.count)
-                if end > delivered {
-                    output.append(contentsOf: bytes[Int(delivered - offset)...])
-                    delivered = end
-                }
-                progressed = true
+        while let first = order.min, first <= delivered {
+            order.popMin()
+            guard let bytes = pending.removeValue(forKey: first) else { continue }
+            pendingBytes -= bytes.count
+            let end = first + UInt64(bytes.count)
+            if end > delivered {
+                output.append(contentsOf: bytes[Int(delivered - first)...])
+                delivered = end
             }
+        }
+    }
+}
+
+/// A binary min-heap of stream offsets: the next fragment to deliver in O(log n).
+struct OffsetHeap {
+    private var items: [UInt64] = []
+
+    var min: UInt64? { items.first }
+    var count: Int { items.count }
+
+    mutating func push(_ value: UInt64) {
+        items.append(value)
+        var child = items.count - 1
+        while child > 0 {
+            let parent = (child - 1) / 2
+            guard items[child] < items[parent] else { break }
+            items.swapAt(child, parent)
+            child = parent
+        }
+    }
+
+    mutating func popMin() {
+        guard !items.isEmpty else { return }
+        items.swapAt(0, items.count - 1)
+        items.removeLast()
+        var parent = 0
+        while true {
+            let left = 2 * parent + 1, right = left + 1
+            var smallest = parent
+            if left < items.count, items[left] < items[smallest] { smallest = left }
+            if right < items.count, items[right] < items[smallest] { smallest = right }
+            guard smallest != parent else { return }
+            items.swapAt(parent, smallest)
+            parent = smallest
         }
     }
 }

@@ -1,3 +1,6 @@
+#if canImport(Glibc)
+import Glibc
+#endif
 import NIOCore
 import NIOPosix
 import Wire
@@ -8,6 +11,21 @@ public enum WireNIO {
     /// `WireInstant` deadline maps to `NIODeadline.uptimeNanoseconds` with no conversion.
     @inlinable
     public static func now() -> WireInstant { WireInstant(nanoseconds: NIODeadline.now().uptimeNanoseconds) }
+
+    /// Names the clock `now()` reads (`ServerSecrets.clockEpoch`): the kernel's boot ID, since the
+    /// monotonic clock starts again at each boot, hashed (FNV-1a) to 64 bits. Where there is none
+    /// (not Linux, no /proc), a random number: tokens then live as long as the process.
+    public static func monotonicClockEpoch(bootIDPath: String = "/proc/sys/kernel/random/boot_id") -> UInt64 {
+        guard let file = fopen(bootIDPath, "r") else { return .random(in: .min ... .max) }
+        defer { fclose(file) }
+        var hash: UInt64 = 0xcbf2_9ce4_8422_2325
+        var read = 0
+        while read < 64, case let c = fgetc(file), c != EOF, c != 0x0a {
+            hash = (hash ^ UInt64(UInt8(truncatingIfNeeded: c))) &* 0x100_0000_01b3
+            read += 1
+        }
+        return read == 0 ? .random(in: .min ... .max) : hash
+    }
 }
 
 /// Socket settings shared by the server and the client.
