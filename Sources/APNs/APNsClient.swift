@@ -22,6 +22,10 @@ public actor APNsClient {
         case empty
         case connecting(Task<HTTP2Connection, any Error>)
         case ready(HTTP2Connection)
+        /// The last attempt failed: no new one before `until`. Without the pause, every push of a
+        /// burst, and each of its retries, started a TLS handshake of its own while APNs (or the
+        /// network, DNS, a proxy) was down: hundreds per burst, which Apple may take for abuse.
+        case coolingDown(until: ContinuousClock.Instant, failure: String)
     }
 
     public let configuration: APNsConfiguration
@@ -30,6 +34,8 @@ public actor APNsClient {
     private let signer: ProviderTokenSigner
     private let logger: Logger
     private var slots: [Slot]
+    /// Failed attempts in a row, per slot: the pause doubles from 0.5 s to 30 s.
+    private var failuresInARow: [Int]
     private var nextConnectionID = 0
     private var tokenBackoff = APNsTokenBackoff()
     private var loggedConfigurationErrors: Set<String> = []
@@ -40,6 +46,8 @@ public actor APNsClient {
     private var isShutDown = false
     /// Connections opened over the client's life, for tests and metrics.
     public private(set) var connectionsOpened = 0
+    /// Connection attempts over the client's life, failed ones included.
+    public var connectionAttempts: Int { nextConnectionID }
 
     /// - Parameter proof: shared by clients of the same topic (Apple's production and sandbox hosts),
     ///   so that a push accepted by either proves the topic for both.
@@ -68,6 +76,7 @@ public actor APNsClient {
         signer = try await ProviderTokenSigner(identity: configuration.identity,
                                                refreshAfter: configuration.providerTokenLifetime, now: configuration.now)
         slots = Array(repeating: .empty, count: configuration.poolSize)
+        failuresInARow = Array(repeating: 0, count: configuration.poolSize)
     }
 
     /// Opens every connection in the pool now, so the first burst doesn't pay for TLS handshakes.
@@ -174,7 +183,7 @@ public actor APNsClient {
             switch slot {
             case .ready(let connection): await connection.close()
             case .connecting(let task): if let connection = try? await task.value { await connection.close() }
-            case .empty: break
+            case .empty, .coolingDown: break
             }
         }
     }
@@ -238,11 +247,20 @@ public actor APNsClient {
         guard !isShutDown else { throw APNsTransportError.closed }
         var best: HTTP2Connection?
         var pending: Int?
+        var cooling: (until: ContinuousClock.Instant, failure: String)?
         for index in slots.indices {
+            if case .coolingDown(let until, let failure) = slots[index] {
+                guard ContinuousClock.now >= until else {
+                    if cooling.map({ until < $0.until }) ?? true { cooling = (until, failure) }
+                    continue
+                }
+                slots[index] = .empty
+            }
             switch slots[index] {
             case .ready(let connection) where connection.isUsable:
                 if best == nil || connection.load < best!.load { best = connection }
-            case .ready:
+            case .ready(let connection):
+                connection.retire()
                 slots[index] = .empty
                 startConnecting(slot: index)
                 pending = pending ?? index
@@ -251,11 +269,23 @@ public actor APNsClient {
                 pending = pending ?? index
             case .connecting:
                 pending = pending ?? index
+            case .coolingDown:
+                break
             }
         }
         if let best { return best }
-        guard let pending else { throw APNsTransportError.closed }
+        guard let pending else {
+            if let cooling { throw APNsConnectionError.coolingDown(lastFailure: cooling.failure, retryIn: cooling.until - ContinuousClock.now) }
+            throw APNsTransportError.closed
+        }
         return try await connection(slot: pending)
+    }
+
+    /// The pause after `failuresInARow` failed attempts: 0.5 s doubling to 30 s, the upper half of it
+    /// at random (`random` in 0..<1), so that slots and servers don't retry in step.
+    static func reconnectPause(failuresInARow: Int, random: Double) -> Duration {
+        let full = min(30.0, 0.5 * Double(1 << min(max(failuresInARow, 1) - 1, 10)))
+        return .milliseconds(Int(full * (0.5 + random / 2) * 1000))
     }
 
     private func startConnecting(slot index: Int) {
@@ -279,7 +309,12 @@ public actor APNsClient {
             return connection
         case .connecting(let task):
             return try await settle(slot: index, task: task)
-        case .ready, .empty:
+        case .coolingDown(let until, let failure) where ContinuousClock.now < until:
+            throw APNsConnectionError.coolingDown(lastFailure: failure, retryIn: until - ContinuousClock.now)
+        case .ready(let unusable):
+            unusable.retire()
+            fallthrough
+        case .empty, .coolingDown:
             startConnecting(slot: index)
             guard case .connecting(let task) = slots[index] else { throw APNsTransportError.closed }
             return try await settle(slot: index, task: task)
@@ -292,15 +327,22 @@ public actor APNsClient {
             // Another caller may have settled the slot while this one waited; only the task's own waiters write.
             if case .connecting(let current) = slots[index], current == task {
                 slots[index] = .ready(connection)
+                failuresInARow[index] = 0
                 connectionsOpened += 1
                 logger.debug("APNs connection open", metadata: ["connection": "\(connection.id)"])
             }
             if isShutDown { await connection.close() }
             return connection
         } catch {
-            if case .connecting(let current) = slots[index], current == task { slots[index] = .empty }
-            logger.warning("APNs connection failed", metadata: ["host": "\(configuration.environment.host)",
-                                                                "error": "\(error)"])
+            // Said once per attempt, by the waiter that settles the slot, not by every push waiting on it.
+            if case .connecting(let current) = slots[index], current == task {
+                failuresInARow[index] += 1
+                let pause = Self.reconnectPause(failuresInARow: failuresInARow[index], random: Double.random(in: 0..<1))
+                slots[index] = .coolingDown(until: ContinuousClock.now + pause, failure: String(describing: error))
+                logger.warning("APNs connection failed", metadata: [
+                    "host": "\(configuration.environment.host)", "error": "\(error)",
+                    "retryIn": "\(pause.formatted(.units(allowed: [.seconds, .milliseconds], width: .narrow)))"])
+            }
             throw error
         }
     }

@@ -19,7 +19,12 @@ final class HTTP2Connection: Sendable {
         var maxConcurrentStreams = 1
         var goingAway = false
         var closed = false
+        /// Taken out of the pool (`retire`): closed once its last request ends.
+        var retired = false
     }
+
+    /// Reset streams NIOHTTP2 remembers: more than the pushes one server keeps in flight (1,000).
+    static let recentlyResetStreams = 2048
 
     let id: Int
     let channel: any Channel
@@ -61,8 +66,14 @@ final class HTTP2Connection: Sendable {
                 channel.eventLoop.makeCompletedFuture {
                     let sync = channel.pipeline.syncOperations
                     try sync.addHandler(NIOSSLClientHandler(context: tls, serverHostname: serverHostname))
+                    // A push that times out resets its stream; APNs's answer may already be on its way,
+                    // and NIOHTTP2 takes a frame for a reset stream it no longer remembers (32 by
+                    // default) as a connection error, closing every other push's stream with it.
+                    // Remember as many as can be in flight.
+                    var connectionConfiguration = NIOHTTP2Handler.ConnectionConfiguration()
+                    connectionConfiguration.maximumRecentlyResetStreams = Self.recentlyResetStreams
                     let mux = try sync.configureHTTP2Pipeline(
-                        mode: .client, connectionConfiguration: .init(), streamConfiguration: .init(),
+                        mode: .client, connectionConfiguration: connectionConfiguration, streamConfiguration: .init(),
                         inboundStreamInitializer: { stream in stream.close() })
                     muxBox.withLockedValue { $0 = mux }
                     try sync.addHandler(ConnectionWatcher(state: state, handshake: handshake,
@@ -105,7 +116,13 @@ final class HTTP2Connection: Sendable {
             return true
         }
         guard admitted else { return .transport(.goAway) }
-        defer { state.withLockedValue { $0.inFlight -= 1 } }
+        defer {
+            let drained = state.withLockedValue { state in
+                state.inFlight -= 1
+                return state.retired && state.inFlight == 0
+            }
+            if drained { channel.close(promise: nil) }
+        }
 
         var headers = HPACKHeaders()
         headers.reserveCapacity(request.headers.count + 5)
@@ -145,6 +162,16 @@ final class HTTP2Connection: Sendable {
     func close() async {
         try? await channel.close()
     }
+
+    /// Out of the pool (after a GOAWAY): the requests it still carries finish, then it closes. APNs
+    /// closes such a connection itself, but a proxy between may keep it open, and nothing else would.
+    func retire() {
+        let idle = state.withLockedValue { state in
+            state.retired = true
+            return state.inFlight == 0
+        }
+        if idle { channel.close(promise: nil) }
+    }
 }
 
 enum APNsConnectionError: Error, CustomStringConvertible {
@@ -152,6 +179,8 @@ enum APNsConnectionError: Error, CustomStringConvertible {
     case noHTTP2(negotiated: String?)
     case pingTimedOut
     case handshakeTimedOut
+    /// Every slot's last attempt failed, and none may try again yet.
+    case coolingDown(lastFailure: String, retryIn: Duration)
 
     var description: String {
         switch self {
@@ -159,6 +188,8 @@ enum APNsConnectionError: Error, CustomStringConvertible {
         case .noHTTP2(let negotiated): return "the server did not negotiate HTTP/2 (ALPN: \(negotiated ?? "none"))"
         case .handshakeTimedOut: return "TLS or HTTP/2 setup got no answer in time after TCP connected"
         case .pingTimedOut: return "PING unanswered; connection presumed dead"
+        case .coolingDown(let failure, let wait):
+            return "no APNs connection (the last attempt failed: \(failure)); the next attempt in \(wait.formatted(.units(allowed: [.seconds, .milliseconds], width: .narrow)))"
         }
     }
 }

@@ -263,6 +263,38 @@ extension Result {
         await fixture.stop()
     }
 
+    /// APNs (or DNS, a firewall, a proxy) refusing connections: each slot tries again after a pause
+    /// that doubles, instead of every push and each of its retries starting a TLS handshake.
+    @Test func refusedConnectionsAreRetriedAfterAPauseNotByEveryPush() async throws {
+        let refusing = try #require(HeldPort(tcpListening: false))  // a UDP port: TCP connects are refused
+        let identity = try APNsProviderIdentity.load(p8Path: DevCertificates.p8, keyID: "DEVKEY0001", teamID: "DEVTEAM001")
+        let client = try await APNsClient(configuration: APNsConfiguration(
+            environment: .custom(host: "127.0.0.1", port: refusing.port, caPath: DevCertificates.ca),
+            identity: identity, topic: SimulatorFixture.topic, poolSize: 2, retry: APNsRetryPolicy(budget: .seconds(1))))
+        // A burst wakes 40 sleeping members at once.
+        let results = await withTaskGroup(of: Result<APNsDelivery, APNsPushFailure>.self) { group in
+            for index in 0..<40 { group.addTask { await client.send(notification(String(format: "%04x", index))) } }
+            return await group.reduce(into: []) { $0.append($1) }
+        }
+        #expect(results.allSatisfy { $0.failure != nil })
+        // 1 s of budget: a slot's attempts come at 0, after 0.25–0.5 s and after another 0.5–1 s.
+        let attempts = await client.connectionAttempts
+        #expect(attempts >= 2 && attempts <= 6, "\(attempts) connection attempts for 40 pushes")
+        let reasons = results.compactMap { $0.failure.map { "\($0.reason)" } }
+        #expect(reasons.contains { $0.contains("next attempt in") }, "\(Set(reasons))")
+        await client.shutdown()
+        withExtendedLifetime(refusing) {}
+    }
+
+    @Test func theReconnectPauseDoublesToThirtySecondsWithJitter() {
+        #expect(APNsClient.reconnectPause(failuresInARow: 1, random: 0) == .milliseconds(250))
+        #expect(APNsClient.reconnectPause(failuresInARow: 1, random: 0.999) <= .milliseconds(500))
+        #expect(APNsClient.reconnectPause(failuresInARow: 2, random: 0) == .milliseconds(500))
+        #expect(APNsClient.reconnectPause(failuresInARow: 7, random: 0) == .seconds(15))
+        #expect(APNsClient.reconnectPause(failuresInARow: 50, random: 0.999) <= .seconds(30))
+        #expect(APNsClient.reconnectPause(failuresInARow: 50, random: 0) == .seconds(15))
+    }
+
     /// A peer that completes TCP and then says nothing (a stalled proxy or firewall): NIOSSL has no
     /// handshake timeout, so the push used to wait for the connection without end.
     @Test func aStalledHandshakeDoesNotHoldAPushForTheConnectTimeout() async throws {
