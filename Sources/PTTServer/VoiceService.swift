@@ -121,34 +121,41 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
         await onListening(server.localAddress)
 
         try? await cancelWhenGracefulShutdown {
-            var revision = initialRevision
-            var revocation = initialRevocation
-            var nextPrune = ContinuousClock.now
-            var nextForget = ContinuousClock.now
-            while !Task.isCancelled {
-                if ContinuousClock.now >= nextPrune {
-                    nextPrune = .now + Self.pruneInterval
-                    await self.pruneTransmissionLog()
-                    await self.recordAlive()
-                }
-                if ContinuousClock.now >= nextForget {
-                    nextForget = .now + Self.forgetInterval
-                    await self.forgetIdleMembers()
-                }
-                try await Task.sleep(for: .seconds(1))
-                try? await eventLoop.submit { box.value.publish(to: self.metrics) }.get()
-                do {
-                    let latest = try await self.store.revision()
-                    let recheck = await self.onLoop { $0.hub.takeChannelsLoadedByChecks() } ?? false
-                    if latest != revision || recheck {
-                        try await self.reloadChannels()
-                        revocation = try await self.applyRevocations(after: revocation)
-                        // Only now: after a failed read the next poll tries this revision again,
-                        // rather than leaving a deleted channel or a revoked member live.
-                        revision = latest
+            try await withThrowingTaskGroup(of: Void.self) { chores in
+                // The hourly chores run beside the poll: a prune of millions of records (after
+                // `transmissionLogDays` was lowered) takes minutes, and revocations, deletions and new
+                // channels must not wait for it.
+                chores.addTask {
+                    while !Task.isCancelled {
+                        await self.pruneTransmissionLog()
+                        await self.recordAlive()
+                        try await Task.sleep(for: Self.pruneInterval)
                     }
-                } catch {
-                    self.logger.error("could not read channels from the store", metadata: ["error": "\(error)"])
+                }
+                defer { chores.cancelAll() }
+                var revision = initialRevision
+                var revocation = initialRevocation
+                var nextForget = ContinuousClock.now
+                while !Task.isCancelled {
+                    if ContinuousClock.now >= nextForget {
+                        nextForget = .now + Self.forgetInterval
+                        await self.forgetIdleMembers()
+                    }
+                    try await Task.sleep(for: .seconds(1))
+                    try? await eventLoop.submit { box.value.publish(to: self.metrics) }.get()
+                    do {
+                        let latest = try await self.store.revision()
+                        let recheck = await self.onLoop { $0.hub.takeChannelsLoadedByChecks() } ?? false
+                        if latest != revision || recheck {
+                            try await self.reloadChannels()
+                            revocation = try await self.applyRevocations(after: revocation)
+                            // Only now: after a failed read the next poll tries this revision again,
+                            // rather than leaving a deleted channel or a revoked member live.
+                            revision = latest
+                        }
+                    } catch {
+                        self.logger.error("could not read channels from the store", metadata: ["error": "\(error)"])
+                    }
                 }
             }
         }
