@@ -7,8 +7,11 @@ import Foundation
 ///
 /// A plain state machine (no locks, no clock): `StoreWriter` owns one behind a lock.
 ///
-/// A new write is folded into the member's last waiting write only where applying the one result
-/// leaves the database exactly as applying both in turn would:
+/// A new write is folded into one of the member's waiting writes only where applying the one result
+/// leaves the database exactly as applying both in turn would. It is tried against the member's last
+/// waiting write, then further back past writes it commutes with (push token, subscription list and
+/// last-seen time touch different columns of the row), so that a member alternating two kinds of
+/// write (a token, a list, a token, …) keeps one of each waiting rather than one per message:
 /// - a last-seen time replaces the waiting last-seen time, or becomes the waiting member record's;
 /// - a member record replaces a waiting last-seen time;
 /// - a push token set or cleared replaces the waiting set or clear;
@@ -37,8 +40,8 @@ struct StoreQueue {
     private var head = 0
     /// How many writes were handed out before `entries[0]`: turns a position into a sequence number.
     private var base = 0
-    /// Each member's last waiting write, by sequence number.
-    private var lastOfMember: [MemberKey: Int] = [:]
+    /// Each member's waiting writes, by sequence number, oldest first.
+    private var waitingOfMember: [MemberKey: [Int]] = [:]
     /// Each waiting burst start (`inProgress` log record), by sequence number, for its end to replace.
     private var waitingStarts: [BurstKey: Int] = [:]
     struct BurstKey: Hashable {
@@ -73,12 +76,15 @@ struct StoreQueue {
             entries.append(operation)
             return .queued
         }
-        if let sequence = lastOfMember[key], let last = entries[sequence - base],
-           let folded = Self.fold(last, operation) {
-            entries[sequence - base] = folded
-            return .folded
+        for sequence in (waitingOfMember[key] ?? []).reversed() {
+            guard let waiting = entries[sequence - base] else { break }
+            if let folded = Self.fold(waiting, operation) {
+                entries[sequence - base] = folded
+                return .folded
+            }
+            guard Self.commute(waiting, operation) else { break }
         }
-        lastOfMember[key] = base + entries.count
+        waitingOfMember[key, default: []].append(base + entries.count)
         entries.append(operation)
         return .queued
     }
@@ -87,7 +93,11 @@ struct StoreQueue {
         guard head < entries.count, let operation = entries[head] else { return nil }
         entries[head] = nil
         if let key = Self.key(of: operation) {
-            if lastOfMember[key] == base + head { lastOfMember[key] = nil }
+            // A member's writes leave in order, so this one is the first of its list.
+            if var waiting = waitingOfMember[key], waiting.first == base + head {
+                waiting.removeFirst()
+                waitingOfMember[key] = waiting.isEmpty ? nil : waiting
+            }
         } else {
             waitingLogRecords -= 1
             if case .logTransmission(let record) = operation, record.endReason == TransmissionRecord.inProgress {
@@ -119,6 +129,21 @@ struct StoreQueue {
             return MemberKey(channel: channel, user: user)
         case .logTransmission: return nil
         }
+    }
+
+    /// Whether applying the two (of one member) in either order gives the same row: they write
+    /// different columns, and neither creates or deletes it.
+    static func commute(_ a: StoreOperation, _ b: StoreOperation) -> Bool {
+        func column(_ operation: StoreOperation) -> Int? {
+            switch operation {
+            case .setPushToken, .clearPushToken: return 0
+            case .setSubscriptions: return 1
+            case .touchMember: return 2
+            case .upsertMember, .removeMember, .logTransmission: return nil
+            }
+        }
+        guard let first = column(a), let second = column(b) else { return false }
+        return first != second
     }
 
     /// `next` folded into `last` (both of one member), or nil when they must both be applied.

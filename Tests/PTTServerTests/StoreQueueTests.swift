@@ -84,6 +84,28 @@ import Testing
                                   .setPushToken(channel: channel, user: "ann", token: "aa", environment: .sandbox, registeredAt: t0)])
     }
 
+    /// A member alternating two kinds of write (at the control rate limit, while the database stalls)
+    /// used to queue one write per message, each up to a 64 KB subscription list: memory in proportion
+    /// to the events. Writes to different columns commute, so each folds into its own kind.
+    @Test func alternatingTokenAndSubscriptionWritesKeepOneOfEachWaiting() {
+        var queue = StoreQueue()
+        for step in 0..<1_000 {
+            let operation: StoreOperation = switch step % 3 {
+            case 0: .setPushToken(channel: channel, user: "ann", token: "t\(step)", environment: .sandbox, registeredAt: t0 + Double(step))
+            case 1: .setSubscriptions(channel: channel, user: "ann", unheard: ["u\(step)"])
+            default: touch("ann", Double(step))
+            }
+            _ = queue.push(operation)
+        }
+        #expect(queue.count == 3)
+        #expect(drain(&queue) == [.setPushToken(channel: channel, user: "ann", token: "t999", environment: .sandbox, registeredAt: t0 + 999),
+                                  .setSubscriptions(channel: channel, user: "ann", unheard: ["u997"]), touch("ann", 998)])
+        // A record or a removal is a barrier: nothing after it folds into a write before it.
+        _ = queue.push(.setSubscriptions(channel: channel, user: "ann", unheard: ["a"]))
+        _ = queue.push(.removeMember(channel: channel, user: "ann"))
+        #expect(queue.push(.setSubscriptions(channel: channel, user: "ann", unheard: ["b"])) == .queued)
+    }
+
     /// A client reconnecting in a loop writes its record on each join and its last-seen time on each
     /// close: all of it folds into one record.
     @Test func aReconnectLoopFoldsIntoOneRecord() {
