@@ -60,12 +60,23 @@ public final class WAVFileSink: AudioSink {
     /// When the first sample was due, on the monotonic clock: pairs this file with a capture timeline.
     public var origin: UInt64 { pacer.origin }
 
+    /// Opens `path` for writing, truncating a file already there: written through, as a shell's `>`
+    /// would (`FileManager.createFile` writes a new file and renames it over the path, which replaced
+    /// a symbolic link, or a device node, with a regular file). Only a regular file (or a new one)
+    /// will do: the header's sizes are written last, at the start.
     public init(path: String, pacer: any AudioPacer) throws(AudioError) {
-        guard FileManager.default.createFile(atPath: path, contents: Data(WAVAudio.header(format: .pipeline, dataBytes: 0))),
-              let handle = FileHandle(forUpdatingAtPath: path) else {
-            throw .file(path: path, reason: "cannot create it; check that the directory exists and is writable")
+        var status = stat()
+        if stat(path, &status) == 0, status.st_mode & S_IFMT != S_IFREG {
+            throw .file(path: path, reason: "is not a regular file (a pipe, a device or a directory); a WAV recording needs a file, since its sizes are written at the end")
         }
-        handle.seekToEndOfFile()
+        let descriptor = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
+        guard descriptor >= 0 else {
+            throw .file(path: path, reason: "cannot create it (\(String(cString: strerror(errno)))); check that the directory exists and is writable")
+        }
+        let handle = FileHandle(fileDescriptor: descriptor, closeOnDealloc: true)
+        do { try handle.write(contentsOf: WAVAudio.header(format: .pipeline, dataBytes: 0)) } catch {
+            throw .file(path: path, reason: "write failed: \(error.localizedDescription)")
+        }
         self.handle = handle
         self.path = path
         self.pacer = pacer

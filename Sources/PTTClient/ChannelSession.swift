@@ -130,6 +130,10 @@ struct ChannelSession {
     private(set) var stalled = false
     /// What the server last said of its own health (`serviceStatus`), shown again when a stall ends.
     private var serverStatus = ServiceStatus.ready
+    /// Floor requests withdrawn before their answer came. The server answers every request (granted,
+    /// queued or denied) in order, so the next that many answers are theirs, not a newer request's:
+    /// a late grant taken for the next press would start and end at once (its release follows it).
+    private var owedFloorAnswers = 0
     /// The server did not know `receptionReport` (a server older than the message): no more reports
     /// in this session, and no notice each time the figure moves.
     private var reportsRefused = false
@@ -214,8 +218,8 @@ struct ChannelSession {
         }
         switch link {
         case .joined:
-            guard serviceStatus == .ready else {
-                emit(.failedToBegin(uuid, ChannelError(.transmissionNotAllowed, "the service is \(serviceStatus == .connecting ? "connecting" : "unavailable"); wait until it is ready")))
+            guard serviceStatus == .ready, !stalled else {
+                emit(.failedToBegin(uuid, ChannelError(.transmissionNotAllowed, "the service is \(stalled || serviceStatus == .connecting ? "connecting" : "unavailable"); wait until it is ready")))
                 return
             }
             transmit = .requesting(source)
@@ -241,6 +245,7 @@ struct ChannelSession {
             emit(.failedToStop(uuid, ChannelError(.transmissionNotFound, "not transmitting")))
         case .requesting, .queued:
             // Let go before the grant: withdraw the request; nothing began, so nothing ends.
+            if case .requesting = transmit, link == .joined { owedFloorAnswers += 1 }
             transmit = .idle
             if link == .joined { outputs.append(.send(.floorRelease)) }
             outputs.append(.event(.transmitCancelled))
@@ -319,6 +324,7 @@ struct ChannelSession {
         if case .active = transmit { endTransmission(source: .unknown, release: true) }
         transmit = .idle
         link = .suspended
+        if stalled { updateStatus(serverStatus) }
         stalled = false
         outputs.append(.disconnect)
         outputs.append(.event(.suspended(true)))
@@ -497,12 +503,19 @@ struct ChannelSession {
         }
         guard value != stalled else { return }
         stalled = value
+        if value, link == .joining, case .requesting = transmit {
+            // A wake to talk whose join got no answer: the request was never sent, so there is
+            // nothing to withdraw, only the user to tell.
+            transmit = .idle
+            emit(.failedToBegin(channel, ChannelError(.transmissionNotAllowed, "squelchd did not answer the join; the connection may be down")))
+        }
         guard link == .joined else { return }
         if value {
             if case .requesting = transmit {
                 transmit = .idle
                 // Withdrawn, in case the answer was only late: a grant that arrives after this is
                 // released by the server rather than held by a user who has already given up.
+                owedFloorAnswers += 1
                 outputs.append(.send(.floorRelease))
                 emit(.failedToBegin(channel, ChannelError(.transmissionNotAllowed, "squelchd did not answer the floor request; the connection may be down")))
             }
@@ -662,6 +675,9 @@ struct ChannelSession {
     private mutating func floor(_ event: FloorEvent) {
         guard let channel else { return }
         switch event.kind {
+        case .granted where owedFloorAnswers > 0, .denied where owedFloorAnswers > 0, .queued where owedFloorAnswers > 0:
+            // The answer to a request already withdrawn, whose release is on its way behind it.
+            owedFloorAnswers -= 1
         case .granted:
             guard let burst = event.burst else { return }
             switch transmit {
@@ -699,7 +715,10 @@ struct ChannelSession {
         case .ended:
             guard let slot = event.slot else { return }
             if slot == you {
-                if case .active = transmit { endTransmission(source: .unknown, release: false) }
+                // Only the burst it names: the end of a withdrawn request's burst is not this one's.
+                if case .active(_, let burst) = transmit, event.burst == nil || event.burst == burst {
+                    endTransmission(source: .unknown, release: false)
+                }
             } else {
                 remoteTalkEnded(slot: slot)
             }
@@ -847,6 +866,7 @@ struct ChannelSession {
     private mutating func lostConnection() {
         stalled = false
         serverStatus = .ready
+        owedFloorAnswers = 0
         if case .active = transmit { endTransmission(source: .unknown, release: false) }
         if transmit != .idle {
             // A request in flight dies with the connection; the app hears why.
@@ -970,6 +990,7 @@ struct ChannelSession {
         serviceStatus = .ready
         stalled = false
         serverStatus = .ready
+        owedFloorAnswers = 0
         reconnectAttempts = 0
         tokenExpired = false
         pendingToken = nil

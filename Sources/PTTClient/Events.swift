@@ -28,6 +28,9 @@ public enum ChannelManagerEvent: Sendable, Equatable {
     case inputEnded
     /// A received burst finished playing.
     case burstFinished(BurstStatistics)
+    /// The audio output failed (a full disk, a file that can't be written, a device gone) and playback
+    /// stopped: nothing more is heard. A `notice` with the same text comes too.
+    case outputFailed(String)
     /// The participant token expires at this time (the server's notice, five minutes ahead by
     /// default): fetch a new one and call `renewToken`, or the session ends then.
     case tokenExpiring(Date)

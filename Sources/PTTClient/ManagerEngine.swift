@@ -101,6 +101,7 @@ actor ManagerEngine {
                 sink.yield(.replayPlaying(slot: statistics.slot, burst: statistics.burst, playing: false))
             case .receptionLoss(let percent): sink.yield(.receptionMeasured(percent))
             case .outputFailed(let message):
+                eventSink.yield(.outputFailed(message))
                 sink.yield(.notice(message))
                 sink.yield(.playbackStopped)
             }

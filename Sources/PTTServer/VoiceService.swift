@@ -128,6 +128,8 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
                 chores.addTask {
                     while !Task.isCancelled {
                         await self.pruneTransmissionLog()
+                        // Not once shutdown began: the last record is written after the transport stops.
+                        guard !Task.isCancelled else { break }
                         await self.recordAlive()
                         try await Task.sleep(for: Self.pruneInterval)
                     }

@@ -99,17 +99,25 @@ extension ServerOptions {
 }
 
 extension AudioOptions {
+    /// The input file's audio at the pipeline's rate. Read once: a pipe or a FIFO
+    /// (`--file /dev/stdin`, `<(…)`) can't be read a second time.
+    static func readInput(_ file: String) throws(WalkieFailure) -> [Int16] {
+        // AudioError names the path and says what to do.
+        do { return try WAVAudio.read(path: file).pipelineSamples(resampler: Resampler()) } catch {
+            let text = "\(error)"
+            throw .audio(text.hasPrefix(file + ":") ? text : "can't use \(file) as input: \(text)")
+        }
+    }
+
     /// Opens the devices once up front, so that a missing one is reported before anything else.
-    func configuration(capture: Bool, playback: Bool, outputFlag: String = "--output-file") throws(WalkieFailure) -> AudioConfiguration {
+    /// - Parameter inputSamples: the input file's audio, when the caller has read it already.
+    func configuration(capture: Bool, playback: Bool, outputFlag: String = "--output-file",
+                       inputSamples: [Int16]? = nil) throws(WalkieFailure) -> AudioConfiguration {
         var audio = AudioConfiguration()
         if capture {
             if let file = inputFile {
                 let samples: [Int16]
-                // AudioError names the path and says what to do.
-                do { samples = try WAVAudio.read(path: file).pipelineSamples(resampler: Resampler()) } catch {
-                    let text = "\(error)"
-                    throw .audio(text.hasPrefix(file + ":") ? text : "can't use \(file) as input: \(text)")
-                }
+                if let inputSamples { samples = inputSamples } else { samples = try Self.readInput(file) }
                 audio.makeInput = { WAVFileSource(pipelineSamples: samples, pacer: RealTimePacer()) }
                 // Each press sends the file from its start; its end releases the floor.
                 audio.endTransmissionWhenInputEnds = true
@@ -126,8 +134,12 @@ extension AudioOptions {
             if let file = outputFile {
                 // Checked, not created: the sink truncates the file only once the channel is joined, so a
                 // join that fails (a wrong token, squelchd down) leaves a file already there untouched.
-                guard Self.canWrite(file) else {
-                    throw .audio("can't write \(file); choose a writable path for \(outputFlag)")
+                var status = stat()
+                if stat(file, &status) == 0, status.st_mode & S_IFMT != S_IFREG, status.st_mode & S_IFMT != S_IFDIR {
+                    throw .audio("\(file) is not a regular file (a pipe or a device); a WAV recording needs a file, since its sizes are written at the end; choose a file for \(outputFlag)")
+                }
+                guard !file.isEmpty, Self.canWrite(file) else {
+                    throw .audio("can't write '\(file)'; choose a writable path for \(outputFlag)")
                 }
                 let pacer = RealTimePacer()
                 audio.makeOutput = { try WAVFileSink(path: file, pacer: pacer) }

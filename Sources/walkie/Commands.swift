@@ -31,10 +31,12 @@ struct Talk: AsyncParsableCommand {
 
     func talk() async throws {
         let (credentials, channel) = try server.credentials()
+        guard wait.isFinite, wait >= 0 else { throw WalkieFailure.usage("--wait \(wait) is not a number of seconds; give 0 or more") }
         var audio = AudioOptions()
         audio.inputFile = file
-        let configuration = try audio.configuration(capture: true, playback: false)
-        let frames = (try? WAVAudio.read(path: file).pipelineSamples(resampler: Resampler()).count) ?? 0
+        let samples = try AudioOptions.readInput(file)
+        let configuration = try audio.configuration(capture: true, playback: false, inputSamples: samples)
+        let frames = samples.count
         guard frames > 0 else { throw WalkieFailure.audio("\(file) holds no audio (no samples); give a WAV file with speech in it") }
         let state = temporaryState()
         defer { try? FileManager.default.removeItem(atPath: state) }
@@ -212,6 +214,9 @@ struct Listen: AsyncParsableCommand {
     }
 
     func listen() async throws {
+        if let duration, !(duration.isFinite && duration > 0) {
+            throw WalkieFailure.usage("--duration \(duration) is not a number of seconds; give more than 0, or leave it out to listen until interrupted")
+        }
         let (credentials, channel) = try server.credentials()
         var audio = AudioOptions()
         audio.outputFile = record
@@ -237,6 +242,9 @@ struct Listen: AsyncParsableCommand {
                     say("heard a burst: \(s.played + s.fecRecovered + s.concealed) frames, \(s.lost) lost")
                 case .notice(let text):
                     seen.withLockedValue { $0.notice = text }
+                case .outputFailed(let reason):
+                    // A full disk or a file gone bad: the recording can't go on, and must not say "saved".
+                    end.yield(.audio("\(reason); \(record) holds only what was written before; free some space or record elsewhere"))
                 case .serviceStatus(.ready):
                     let wasDown = seen.withLockedValue { state in
                         defer { state.joined = true; state.downSince = nil; state.expiredSince = nil }
@@ -294,7 +302,8 @@ struct Listen: AsyncParsableCommand {
         if oneShot.leave, early == nil { manager.leaveChannel(channelUUID: channel) }
         await manager.invalidate()
         if let early {
-            say("saved \(record) (cut short)")
+            // An output that failed said what it kept in its own line.
+            if early.code != WalkieFailure.audio("").code { say("saved \(record) (cut short)") }
             throw early
         }
         let clock = Date.FormatStyle(date: .omitted, time: .standard)

@@ -148,6 +148,9 @@ enum Interactive {
 
     static func run(manager: ChannelManager, delegate: WalkieDelegate, options: InteractiveOptions, tokenFile: String?,
                     pushes: Bool, shared sharedBox: SharedBox = SharedBox()) async throws {
+        guard options.maxTransmit.isFinite, options.maxTransmit > 0 else {
+            throw WalkieFailure.usage("--max-transmit \(options.maxTransmit) is not a number of seconds; give more than 0")
+        }
         guard let key = Key(name: options.key) else {
             throw WalkieFailure.usage("--key \(options.key) is not a key name; try space, a letter, or f1-f12")
         }

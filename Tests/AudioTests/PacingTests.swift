@@ -47,6 +47,32 @@ import Testing
         #expect(audio.samples == .pcm16(expected))
     }
 
+    /// Written through, as a shell's `>` would: a symbolic link stays a link (and its target gets the
+    /// audio), and a pipe or a device is refused up front rather than replaced by a regular file.
+    @Test func wavSinkWritesThroughALinkAndRefusesPipesAndDevices() throws {
+        let target = temporaryPath("target.wav"), link = temporaryPath("link.wav")
+        try FileManager.default.createSymbolicLink(atPath: link, withDestinationPath: target)
+        defer { try? FileManager.default.removeItem(atPath: link) }
+        let sink = try WAVFileSink(path: link, pacer: VirtualPacer())
+        let samples = [Int16](repeating: 99, count: 480)
+        _ = try samples.withUnsafeBufferPointer { try sink.write($0) }
+        try sink.finish()
+        #expect(try FileManager.default.destinationOfSymbolicLink(atPath: link) == target, "the link is still a link")
+        #expect(try WAVAudio.read(path: target).samples == .pcm16(samples))
+
+        let fifo = temporaryPath("fifo.wav")
+        #expect(mkfifo(fifo, 0o600) == 0)
+        defer { try? FileManager.default.removeItem(atPath: fifo) }
+        for path in [fifo, "/dev/null"] {
+            #expect(throws: AudioError.self, "\(path)") { _ = try WAVFileSink(path: path, pacer: VirtualPacer()) }
+            do { _ = try WAVFileSink(path: path, pacer: VirtualPacer()) } catch {
+                #expect("\(error)".contains("not a regular file"), "\(error)")
+            }
+        }
+        var status = stat()
+        #expect(stat("/dev/null", &status) == 0 && status.st_mode & S_IFMT == S_IFCHR, "/dev/null is still a device")
+    }
+
     @Test func lastPeriodIsPaddedWithSilence() throws {
         let source = WAVFileSource(pipelineSamples: [Int16](repeating: 7, count: 500), pacer: VirtualPacer())
         var buffer = [Int16](repeating: -1, count: 480)

@@ -312,6 +312,25 @@ import Testing
         let empty = world.dir + "/empty.wav"
         try WAVFileSink(path: empty, pacer: VirtualPacer()).finish()
         try check(["talk"] + world.arguments("ann") + ["--file", empty, "--push-port", "0"], code: 7, mentions: "holds no audio", "empty file")
+        // A recording needs a regular file: a device is refused, not replaced by one (as root,
+        // /dev/full became a regular file), and nothing joins first.
+        try check(["listen"] + world.arguments("bob") + ["--record", "/dev/null", "--push-port", "0"], code: 7,
+                  mentions: "not a regular file", "record into a device")
+        var status = stat()
+        #expect(stat("/dev/null", &status) == 0 && status.st_mode & S_IFMT == S_IFCHR)
+        try check(["listen"] + world.arguments("bob") + ["--record", "", "--push-port", "0"], code: 7, mentions: "can't write ''", "empty path")
+        // Durations that aren't one: a usage error, not a trap.
+        for bad in ["nan", "inf", "0", "-1"] {
+            try check(["listen"] + world.arguments("bob") + ["--record", world.dir + "/d.wav", "--duration=\(bad)", "--push-port", "0"],
+                      code: 2, mentions: "--duration", "--duration \(bad)")
+        }
+        try check(["talk"] + world.arguments("ann") + ["--file", world.speech, "--wait=nan", "--push-port", "0"], code: 2,
+                  mentions: "--wait", "--wait nan")
+        // A file that can be read only once (a pipe) is read once, and sent.
+        let piped = try Executables.runShell("cat \(world.speech) | \(Executables.url("walkie").path) talk "
+                                             + (world.arguments("ann") + ["--file", "/dev/stdin", "--push-port", "0"]).joined(separator: " ")
+                                             + " 2>&1; echo exit $?")
+        #expect(piped.contains("sending /dev/stdin") && piped.hasSuffix("exit 0\n"), "\(piped)")
     }
 
     /// tmux drives the full-screen UI: it has no key-release events, so this is the latch path.

@@ -782,8 +782,11 @@ final class FlakyPushTransport: PushTransport {
         let told = Date().timeIntervalSince(pressed)
         #expect(told >= 2.9 && told < 5, "told after \(told) s, not at the 20 s liveness verdict")
         #expect(delegate.errors.withLockedValue { $0.last?.message.contains("did not answer") } == true)
-        #expect(ann.serviceStatus == .connecting)
-        #expect(events.all.contains { if case .notice(let text) = $0 { return text.contains("stopped answering") } else { return false } })
+        // The delegate hears first; the snapshot and the event log follow on their own tasks.
+        #expect(await eventually(seconds: 2) { ann.serviceStatus == .connecting })
+        #expect(await eventually(seconds: 2) {
+            events.all.contains { if case .notice(let text) = $0 { return text.contains("stopped answering") } else { return false } }
+        })
         // Meanwhile another press is refused at once, with the reason.
         ann.requestBeginTransmitting(channelUUID: id)
         #expect(await delegate.wait(for: .failedToBegin(.transmissionNotAllowed), count: 2, seconds: 1))

@@ -77,6 +77,52 @@ func sent(_ outputs: [SessionOutput]) -> [ClientMessage] {
         #expect(sent(out) == [.registerPushToken(token: "0102", environment: .sandbox)])
     }
 
+    /// A request withdrawn by a stall (or by letting go) is still answered, in order, before the next
+    /// one: that answer and its burst's end are not taken for the next press's.
+    @Test func theAnswerToAWithdrawnRequestIsNotTakenForTheNextOnes() {
+        var s = joinedSession()
+        s.beginTransmitting(channelID, source: .userRequest)
+        _ = s.takeOutputs()
+        s.transportStalled(true)
+        var out = s.takeOutputs()
+        #expect(sent(out) == [.floorRelease])
+        #expect(out.contains(.event(.serviceStatus(.connecting))))
+        #expect(delegateCalls(out).contains { if case .failedToBegin(_, let e) = $0 { return e.message.contains("did not answer") } else { return false } })
+        // Pressed again while stalled: refused at once.
+        s.beginTransmitting(channelID, source: .userRequest)
+        #expect(sent(s.takeOutputs()).isEmpty)
+        s.transportStalled(false)
+        #expect(s.takeOutputs().contains(.event(.serviceStatus(.ready))))
+        s.beginTransmitting(channelID, source: .userRequest)
+        #expect(sent(s.takeOutputs()) == [.floorRequest])
+        // The server answers request, release, request in turn.
+        s.received(.floor(FloorEvent(kind: .granted, burst: 1)))
+        s.received(.floor(FloorEvent(kind: .ended, slot: 1, burst: 1)))
+        out = s.takeOutputs()
+        #expect(delegateCalls(out).isEmpty, "the withdrawn request's grant began nothing: \(out)")
+        #expect(sent(out).isEmpty)
+        s.received(.floor(FloorEvent(kind: .granted, burst: 2)))
+        out = s.takeOutputs()
+        #expect(delegateCalls(out).contains(.didBeginTransmitting(channelID, .userRequest)))
+        #expect(out.contains(.startSending(burst: 2)))
+        #expect(s.transmit == .active(.userRequest, burst: 2))
+    }
+
+    @Test func aStallWhileSuspendedOrJoiningLeavesNoStaleState() {
+        var s = joinedSession()
+        s.transportStalled(true)
+        _ = s.takeOutputs()
+        s.suspend()
+        #expect(s.serviceStatus == .ready, "a suspended channel is not shown connecting for a stall it no longer has")
+        // Woken to talk: the join goes out and gets no answer.
+        s.beginTransmitting(channelID, source: .handsfreeButton)
+        s.transportConnected()
+        _ = s.takeOutputs()
+        s.transportStalled(true)
+        #expect(delegateCalls(s.takeOutputs()).contains { if case .failedToBegin = $0 { return true } else { return false } })
+        #expect(s.transmit == .idle)
+    }
+
     @Test func joinErrors() {
         var s = joinedSession()
         s.requestJoin(UUID(), descriptor: descriptor, credentials: credentials, reason: .developerRequest)

@@ -1,8 +1,23 @@
 import Audio
 import ChannelProtocol
 import Foundation
+import NIOConcurrencyHelpers
 @testable import PTTClient
 import Testing
+
+/// A sink whose writes fail after a few periods: stands in for a disk that fills up, which a test
+/// can't make without mounting a small filesystem (root only).
+final class FillingSink: AudioSink {
+    let periods: Int
+    var written = 0
+    init(periods: Int) { self.periods = periods }
+    func write(_ samples: UnsafeBufferPointer<Int16>) throws(AudioError) -> UInt64 {
+        written += 1
+        guard written <= periods else { throw .file(path: "full.wav", reason: "write failed: No space left on device") }
+        return monotonicNanoseconds()
+    }
+    func finish() throws(AudioError) {}
+}
 
 /// The playout side's own drop counters, fed datagrams directly (the server can't be made to send
 /// these: it relays at most four talkers by default and only well-formed audio).
@@ -26,6 +41,25 @@ import Testing
         #expect(figures.tooManyTalkers == 1)
         #expect(figures.malformed == 2)
         #expect(figures.current?.received == 2, "the first talker's two packets were taken: \(String(describing: figures.current))")
+        await receiver.stop()
+    }
+
+    /// A recording that can't be written any more says so, once, and stops: `walkie listen` used to
+    /// print "saved" and exit 0 over a file cut off at the disk's end.
+    @Test func anOutputThatFailsIsReportedAndPlaybackStops() async throws {
+        let events = NIOLockedValueBox<[String]>([])
+        let receiver = Receiver(configuration: AudioConfiguration(makeOutput: { FillingSink(periods: 5) }),
+                                onEvent: { event in
+                                    if case .outputFailed(let message) = event { events.withLockedValue { $0.append(message) } }
+                                })
+        receiver.start()
+        let deadline = Date().addingTimeInterval(5)
+        while events.withLockedValue({ $0.isEmpty }), Date() < deadline { try await Task.sleep(for: .milliseconds(20)) }
+        try await Task.sleep(for: .milliseconds(200))
+        let seen = events.withLockedValue { $0 }
+        #expect(seen.count == 1, "\(seen)")
+        #expect(seen.first?.contains("No space left on device") == true)
+        #expect(!receiver.isPlaying, "playback stopped")
         await receiver.stop()
     }
 }
