@@ -163,7 +163,13 @@ public struct SquelchServer: Sendable {
         groupConfiguration.maximumGracefulShutdownDuration = shutdownLimit
         let group = ServiceGroup(configuration: groupConfiguration)
         await latch.setGroup(group)
-        let signals = await UnixSignalsSequence(trapping: .sigterm, .sigint)
+        // SIGHUP (the terminal or ssh session that started it went away, a script's `kill -HUP`) stops
+        // it gracefully too, rather than killing it with members left hanging and the WAL unmerged;
+        // unless it started with SIGHUP ignored (`nohup`), which asks it to outlive the terminal.
+        let previousHangUp = signal(SIGHUP, SIG_IGN)
+        let hangUpIgnored = previousHangUp.map { unsafeBitCast($0, to: Int.self) == 1 } ?? false  // SIG_IGN is 1
+        let signals = hangUpIgnored ? await UnixSignalsSequence(trapping: .sigterm, .sigint)
+                                    : await UnixSignalsSequence(trapping: .sigterm, .sigint, .sighup)
         // Handles, not a task group: the second signal must cancel the group's task alone, and one
         // loop over the signals sees all of them (a signal sequence has a single consumer).
         let running = Task { try await group.run() }

@@ -45,27 +45,34 @@ public struct ServerIdentity: Sendable {
         }
     }
 
+    /// What went wrong parsing, without the input: SwiftASN1's errors carry the whole document, and
+    /// a private key printed in a startup error ends up in journald and log shipping.
+    static func reason(_ error: any Error) -> String {
+        if let asn1 = error as? ASN1Error { return "\(asn1.code)" }
+        return "\(type(of: error))"
+    }
+
     /// Parses a PEM chain and key. `now` is a parameter so that tests can move through time.
     public init(chainPEM: String, keyPEM: String, chainSource: String = "certificate", keySource: String = "key",
                 now: Date = Date()) throws(LoadError) {
         let documents: [PEMDocument]
         do { documents = try PEMDocument.parseMultiple(pemString: chainPEM) } catch {
-            throw .unreadableCertificate(source: chainSource, reason: "\(error)")
+            throw .unreadableCertificate(source: chainSource, reason: Self.reason(error))
         }
         var chain: [Certificate] = []
         for document in documents where document.discriminator == "CERTIFICATE" {
             do { chain.append(try Certificate(pemDocument: document)) } catch {
-                throw .unreadableCertificate(source: chainSource, reason: "\(error)")
+                throw .unreadableCertificate(source: chainSource, reason: Self.reason(error))
             }
         }
         guard let leaf = chain.first else { throw .noCertificate(source: chainSource) }
         let key: Certificate.PrivateKey
         do { key = try Certificate.PrivateKey(pemEncoded: keyPEM) } catch {
-            throw .unreadableKey(source: keySource, reason: "\(error)")
+            throw .unreadableKey(source: keySource, reason: Self.reason(error))
         }
         let signingKey: P256.Signing.PrivateKey
         do { signingKey = try P256.Signing.PrivateKey(pemRepresentation: keyPEM) } catch {
-            throw .unreadableKey(source: keySource, reason: "the handshake needs an ECDSA P-256 key (\(error))")
+            throw .unreadableKey(source: keySource, reason: "the handshake needs an ECDSA P-256 key (\(Self.reason(error)))")
         }
         guard key.publicKey == leaf.publicKey else { throw .keyDoesNotMatch(certificateSource: chainSource, keySource: keySource) }
         guard now <= leaf.notValidAfter else { throw .expired(source: chainSource, notValidAfter: leaf.notValidAfter) }
@@ -74,7 +81,7 @@ public struct ServerIdentity: Sendable {
         for certificate in chain {
             var serializer = DER.Serializer()
             do { try serializer.serialize(certificate) } catch {
-                throw .unreadableCertificate(source: chainSource, reason: "\(error)")
+                throw .unreadableCertificate(source: chainSource, reason: Self.reason(error))
             }
             derChain.append(serializer.serializedBytes)
         }

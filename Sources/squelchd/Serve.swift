@@ -9,7 +9,7 @@ import PTTServer
 /// `ServerConfiguration.load` merges them (flags > environment > file > defaults).
 struct Serve: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "Run the server until SIGTERM or SIGINT.",
+        abstract: "Run the server until SIGTERM, SIGINT or SIGHUP (not under nohup).",
         discussion: """
             Settings come from, in rising precedence: defaults, a JSON config file (--config or \
             \(ServerConfiguration.configFileEnvironment); keys: \(ServerConfiguration.settings.map(\.key).joined(separator: ", "))), \

@@ -266,6 +266,21 @@ import Wire
         print("KillRestartTests: \(String(format: "%.2f", Date().timeIntervalSince(started))) s")
     }
 
+    /// SIGHUP (the session that started it closed, a script's `kill -HUP`) used to kill squelchd at once:
+    /// no goodbye to members, the WAL left unmerged. It stops the graceful way now.
+    @Test func aHangUpStopsGracefully() async throws {
+        let workspace = try Workspace("hang-up")
+        defer { workspace.cleanUp() }
+        let reaper = Reaper()
+        defer { reaper.killAll() }
+        let server = try await startServer(data: workspace.data, certs: workspace.certs, reaper: reaper)
+        kill(server.process.processIdentifier, SIGHUP)
+        #expect(await server.process.waitForExit(seconds: 10), "squelchd did not stop after SIGHUP")
+        #expect(server.process.terminationReason == .exit && server.process.terminationStatus == 0,
+                "\(server.process.terminationReason == .uncaughtSignal ? "killed by signal" : "status") \(server.process.terminationStatus)")
+        #expect(await server.log.wait(for: "database flushed and closed", seconds: 2) != nil, "\(server.log.contents)")
+    }
+
     /// An operator whose stop hangs sends the signal again: the first SIGTERM starts the graceful
     /// stop (which a stalled admin client holds up to the 30 s limit), the second stops at once, and
     /// the database is still closed properly.

@@ -29,6 +29,29 @@ func makeLeaf(notBefore: Date = Date().addingTimeInterval(-3_600), notAfter: Dat
         #expect(identity.summary.contains("squelchd test"))
     }
 
+    /// A damaged key file is refused without its contents: the parser's own error carries the whole
+    /// document, and the message goes to the service's log.
+    @Test func anUnreadableKeyOrCertificateIsReportedWithoutItsContents() throws {
+        let (chain, key) = try makeLeaf()
+        let body = key.split(separator: "\n")[1]
+        for damaged in [key.replacingOccurrences(of: "-----END", with: "----END"), String(key.prefix(100))] {
+            do {
+                _ = try ServerIdentity(chainPEM: chain, keyPEM: damaged, keySource: "bad.key")
+                Issue.record("a damaged key was accepted")
+            } catch {
+                #expect("\(error)".hasPrefix("bad.key is not a readable private key"), "\(error)")
+                #expect(!"\(error)".contains(body.prefix(16)), "the key's contents are in the message: \(error)")
+            }
+        }
+        let certificateBody = chain.split(separator: "\n")[1]
+        do {
+            _ = try ServerIdentity(chainPEM: String(chain.prefix(120)), keyPEM: key, chainSource: "bad.pem")
+            Issue.record("a damaged certificate was accepted")
+        } catch {
+            #expect(!"\(error)".contains(certificateBody.prefix(16)), "\(error)")
+        }
+    }
+
     @Test func aKeyForAnotherCertificateIsRefused() throws {
         let (chain, _) = try makeLeaf()
         let otherKey = P256.Signing.PrivateKey().pemRepresentation
