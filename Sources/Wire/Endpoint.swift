@@ -393,42 +393,6 @@ public final class Endpoint {
     }
 }
 
-/// A binary min-heap of connection deadlines. Entries go stale when a connection's deadline moves;
-/// the endpoint skips those when it pops them, so re-arming a timer is O(log n) with no search.
-struct DeadlineHeap {
-    private var items: [(WireInstant, Endpoint.Handle)] = []
-
-    var count: Int { items.count }
-
-    /// Empties the heap but keeps its storage, so rebuilding allocates nothing.
-    mutating func removeAll() { items.removeAll(keepingCapacity: true) }
-
-    func peek() -> (WireInstant, Endpoint.Handle)? { items.first }
-
-    mutating func push(_ deadline: WireInstant, _ handle: Endpoint.Handle) {
-        items.append((deadline, handle))
-        var child = items.count - 1
-        while child > 0 {
-            let parent = (child - 1) / 2
-            guard items[child].0 < items[parent].0 else { break }
-            items.swapAt(child, parent)
-            child = parent
-        }
-    }
-
-    mutating func pop() {
-        guard !items.isEmpty else { return }
-        items.swapAt(0, items.count - 1)
-        items.removeLast()
-        var parent = 0
-        while true {
-            let left = 2 * parent + 1, right = left + 1
-            var smallest = parent
-            if left < items.count, items[left].0 < items[smallest].0 { smallest = left }
-            if right < items.count, items[right].0 < items[smallest].0 { smallest = right }
-            guard smallest != parent else { return }
-            items.swapAt(parent, smallest)
-            parent = smallest
-        }
-    }
-}
+/// Connection deadlines, soonest first. Entries go stale when a connection's deadline moves; the
+/// endpoint skips those when it pops them, so re-arming a timer is O(log n) with no search.
+typealias DeadlineHeap = MinHeap<WireInstant, Endpoint.Handle>

@@ -13,7 +13,7 @@ struct ReassemblyBuffer {
     /// Fragments beyond `delivered`, by offset.
     private var pending: [UInt64: [UInt8]] = [:]
     /// The offsets in `pending`, smallest first.
-    private var order = OffsetHeap()
+    private var order = MinHeap<UInt64, Void>()
     private var pendingBytes = 0
     let limit: Int
 
@@ -44,12 +44,12 @@ struct ReassemblyBuffer {
         guard heldCost + data.count - (held ?? 0) + (held == nil ? Self.fragmentCharge : 0) <= 2 * limit else { throw .overflow }
         pendingBytes += data.count - (held ?? 0)
         pending[offset] = Array(data)
-        if held == nil { order.push(offset) }
+        if held == nil { order.push(offset, ()) }
     }
 
     private mutating func drain(into output: inout [UInt8]) {
-        while let first = order.min, first <= delivered {
-            order.popMin()
+        while let (first, _) = order.peek(), first <= delivered {
+            order.pop()
             guard let bytes = pending.removeValue(forKey: first) else { continue }
             pendingBytes -= bytes.count
             let end = first + UInt64(bytes.count)
@@ -57,41 +57,6 @@ struct ReassemblyBuffer {
                 output.append(contentsOf: bytes[Int(delivered - first)...])
                 delivered = end
             }
-        }
-    }
-}
-
-/// A binary min-heap of stream offsets: the next fragment to deliver in O(log n).
-struct OffsetHeap {
-    private var items: [UInt64] = []
-
-    var min: UInt64? { items.first }
-    var count: Int { items.count }
-
-    mutating func push(_ value: UInt64) {
-        items.append(value)
-        var child = items.count - 1
-        while child > 0 {
-            let parent = (child - 1) / 2
-            guard items[child] < items[parent] else { break }
-            items.swapAt(child, parent)
-            child = parent
-        }
-    }
-
-    mutating func popMin() {
-        guard !items.isEmpty else { return }
-        items.swapAt(0, items.count - 1)
-        items.removeLast()
-        var parent = 0
-        while true {
-            let left = 2 * parent + 1, right = left + 1
-            var smallest = parent
-            if left < items.count, items[left] < items[smallest] { smallest = left }
-            if right < items.count, items[right] < items[smallest] { smallest = right }
-            guard smallest != parent else { return }
-            items.swapAt(parent, smallest)
-            parent = smallest
         }
     }
 }
