@@ -166,8 +166,11 @@ public struct SquelchServer: Sendable {
         // SIGHUP (the terminal or ssh session that started it went away, a script's `kill -HUP`) stops
         // it gracefully too, rather than killing it with members left hanging and the WAL unmerged;
         // unless it started with SIGHUP ignored (`nohup`), which asks it to outlive the terminal.
-        let previousHangUp = signal(SIGHUP, SIG_IGN)
-        let hangUpIgnored = previousHangUp.map { unsafeBitCast($0, to: Int.self) == 1 } ?? false  // SIG_IGN is 1
+        // Only read, never set: a server run inside another process (the tests) must not leave SIGHUP
+        // ignored there, where every child process started afterwards would inherit it.
+        var hangUp = sigaction()
+        let hangUpIgnored = sigaction(SIGHUP, nil, &hangUp) == 0
+            && unsafeBitCast(hangUp.__sigaction_handler.sa_handler, to: Int.self) == 1  // SIG_IGN is 1
         let signals = hangUpIgnored ? await UnixSignalsSequence(trapping: .sigterm, .sigint)
                                     : await UnixSignalsSequence(trapping: .sigterm, .sigint, .sighup)
         // Handles, not a task group: the second signal must cancel the group's task alone, and one
