@@ -862,11 +862,16 @@ struct ChannelSession {
         deactivateAudioIfIdle()
     }
 
-    /// The connection is gone for now: what depended on it ends.
-    private mutating func lostConnection() {
+    /// What the session knew of the connection it had: a new one starts with none of it.
+    private mutating func forgetConnectionState() {
         stalled = false
         serverStatus = .ready
         owedFloorAnswers = 0
+    }
+
+    /// The connection is gone for now: what depended on it ends.
+    private mutating func lostConnection() {
+        forgetConnectionState()
         if case .active = transmit { endTransmission(source: .unknown, release: false) }
         if transmit != .idle {
             // A request in flight dies with the connection; the app hears why.
@@ -988,9 +993,7 @@ struct ChannelSession {
         joinReported = false
         unheardSent = nil
         serviceStatus = .ready
-        stalled = false
-        serverStatus = .ready
-        owedFloorAnswers = 0
+        forgetConnectionState()
         reconnectAttempts = 0
         tokenExpired = false
         pendingToken = nil

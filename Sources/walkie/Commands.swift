@@ -227,6 +227,11 @@ struct Listen: AsyncParsableCommand {
         let manager = try await makeManager(delegate: delegate, stateDirectory: state, push: nil, audio: configuration)
         manager.requestJoinChannel(channelUUID: channel, descriptor: ChannelDescriptor(name: "walkie listen"), credentials: credentials)
         try await awaitJoin(delegate, server: server.server)
+        // Taken before "listening" is said: a stop that follows that line at once must complete the
+        // file, not find the signal ignored with no source yet to take it.
+        let (stops, stop) = AsyncStream.makeStream(of: Void.self)
+        let stopSources = takeStopSignals([SIGINT, SIGTERM, SIGHUP]) { stop.yield() }
+        defer { for source in stopSources { source.cancel() } }
         say("listening; recording into \(record)")
         let tokenFile = server.tokenFile
         let renewals = tokenFile.map { watchTokenFile($0, current: credentials.token, manager: manager, channel: channel, problem: say) }
@@ -289,7 +294,7 @@ struct Listen: AsyncParsableCommand {
             }
         }
         let early = await withTaskGroup(of: WalkieFailure?.self) { group -> WalkieFailure? in
-            group.addTask { await waitForEnd(seconds: duration); return nil }
+            group.addTask { await waitForEnd(seconds: duration, or: stops); return nil }
             group.addTask { for await failure in endings { return failure }; return nil }
             let first = await group.next() ?? nil
             group.cancelAll()
@@ -320,32 +325,30 @@ struct Listen: AsyncParsableCommand {
     }
 }
 
-/// Returns after `seconds`, or on SIGINT, SIGTERM or SIGHUP (an ssh session that dropped), so that
-/// the WAV file is completed either way.
-func waitForEnd(seconds: Double?) async {
-    signal(SIGINT, SIG_IGN)
-    signal(SIGTERM, SIG_IGN)
-    // Under `nohup` SIGHUP stays ignored: the recording was asked to outlive its terminal.
-    let hangUps = ignoreKeepingInheritedIgnore(SIGHUP) ? [] : [SIGHUP]
-    let (stream, sink) = AsyncStream.makeStream(of: Void.self)
-    let sources = ([SIGINT, SIGTERM] + hangUps).map { number -> any DispatchSourceSignal in
+/// Returns after `seconds`, or at the first of `stops` (SIGINT, SIGTERM or SIGHUP: an ssh session
+/// that dropped), so that the WAV file is completed either way.
+func waitForEnd(seconds: Double?, or stops: AsyncStream<Void>) async {
+    await withTaskGroup(of: Void.self) { group in
+        if let seconds { group.addTask { try? await Task.sleep(for: .seconds(seconds)) } }
+        group.addTask { for await _ in stops { return } }
+        await group.next()
+        group.cancelAll()
+    }
+}
+
+/// Takes `numbers` from their default action (which kills walkie with its output file unfinished) to
+/// `handler`, through dispatch sources that the caller cancels when done. SIGHUP is left ignored when
+/// walkie started with it ignored: under `nohup` it was asked to outlive its terminal.
+func takeStopSignals(_ numbers: [Int32], handler: @escaping @Sendable () -> Void) -> [any DispatchSourceSignal] {
+    numbers.compactMap { number in
+        let previous = signal(number, SIG_IGN)
+        // SIG_IGN is the handler value 1; C function pointers are not Equatable in Swift.
+        if number == SIGHUP, previous.map({ unsafeBitCast($0, to: Int.self) == 1 }) ?? false { return nil }
         let source = DispatchSource.makeSignalSource(signal: number)
-        source.setEventHandler { sink.yield() }
+        source.setEventHandler(handler: handler)
         source.resume()
         return source
     }
-    let timer = seconds.map { s in Task { try? await Task.sleep(for: .seconds(s)); sink.yield() } }
-    for await _ in stream { break }
-    timer?.cancel()
-    for source in sources { source.cancel() }
-}
-
-/// Ignores `number` (so that a dispatch source can take it instead) and says whether it was ignored
-/// already when walkie started, as `nohup` leaves SIGHUP.
-func ignoreKeepingInheritedIgnore(_ number: Int32) -> Bool {
-    let previous = signal(number, SIG_IGN)
-    // SIG_IGN is the handler value 1; C function pointers are not Equatable in Swift.
-    return previous.map { unsafeBitCast($0, to: Int.self) == 1 } ?? false
 }
 
 struct Status: AsyncParsableCommand {

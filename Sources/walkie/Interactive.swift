@@ -146,6 +146,12 @@ enum Interactive {
         }
     }
 
+    /// Why `b` (or --background) leaves walkie in the foreground: suspended, nothing could wake it.
+    static func stayingInForeground(pushes: Bool) -> ScreenModel.StatusMessage {
+        let why = pushes ? "push delivery is down; press b once it is back" : "pushes are off (--push-port 0)"
+        return .init("Staying in the foreground: no push could wake walkie (\(why))", isError: true)
+    }
+
     static func run(manager: ChannelManager, delegate: WalkieDelegate, options: InteractiveOptions, tokenFile: String?,
                     pushes: Bool, shared sharedBox: SharedBox = SharedBox()) async throws {
         guard options.maxTransmit.isFinite, options.maxTransmit > 0 else {
@@ -222,8 +228,7 @@ enum Interactive {
             if manager.canBeWokenByPush {
                 manager.suspend()
             } else {
-                let why = pushes ? "push delivery is down; press b once it is back" : "pushes are off (--push-port 0)"
-                shared.withLockedValue { $0.status = .init("Staying in the foreground: no push could wake walkie (\(why))", isError: true) }
+                shared.withLockedValue { $0.status = stayingInForeground(pushes: pushes) }
             }
         }
         defer { backgrounding.cancel() }
@@ -245,15 +250,7 @@ enum Interactive {
         // walkie the way `q` does, so that the output file gets its WAV sizes and the connection says
         // goodbye; by default they would kill it with a file that players read as empty. Ignored
         // before the screen starts, so TerminalSession leaves them alone, and taken here instead.
-        signal(SIGTERM, SIG_IGN)
-        // Under `nohup` SIGHUP stays ignored: walkie was asked to outlive its terminal.
-        let hangUps = ignoreKeepingInheritedIgnore(SIGHUP) ? [] : [SIGHUP]
-        let stopSources = ([SIGTERM] + hangUps).map { number -> any DispatchSourceSignal in
-            let source = DispatchSource.makeSignalSource(signal: number)
-            source.setEventHandler { shared.withLockedValue { $0.stopRequested = true } }
-            source.resume()
-            return source
-        }
+        let stopSources = takeStopSignals([SIGTERM, SIGHUP]) { shared.withLockedValue { $0.stopRequested = true } }
         defer { for source in stopSources { source.cancel() } }
         let outcome: String? = await withCheckedContinuation { continuation in
             let thread = Thread { continuation.resume(returning: loop.run()) }
@@ -342,11 +339,7 @@ enum Interactive {
                             shared.withLockedValue { $0.status = .init("Voice connection reopened") }
                         } else if !manager.canBeWokenByPush {
                             // Suspended without a push channel, walkie would never wake: a missed call.
-                            let why = pushesOn ? "push delivery is down; press b again once it is back"
-                                               : "pushes are off (--push-port 0)"
-                            shared.withLockedValue {
-                                $0.status = .init("Staying in the foreground: no push could wake walkie (\(why))", isError: true)
-                            }
+                            shared.withLockedValue { $0.status = stayingInForeground(pushes: pushesOn) }
                         } else {
                             manager.suspend()
                             shared.withLockedValue { $0.status = .init("In the background: a push wakes walkie when someone talks") }
