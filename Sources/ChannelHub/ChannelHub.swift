@@ -437,7 +437,8 @@ public final class ChannelHub {
             // No leave push: the device left by itself, and its token died with the channel (reference §1.5).
             // The membership, token included, goes from the store with `forget`.
             outputs.append(.close(link, code: .normal, reason: "left the channel"))
-        case .floorRequest:
+        case .floorRequest(let request):
+            channel.members[slot]!.floorRequest = request
             let member = channel.members[slot]!
             channel.floor.request(slot, priority: member.priority, canTalk: member.canTalk, now: time.instant.nanoseconds)
             applyFloorEvents(channel, at: time)
@@ -732,24 +733,27 @@ public final class ChannelHub {
     func rateLimited(_ link: Link, _ message: ClientMessage?, at time: HubTime) {
         counters.controlRateLimited += 1
         let text = "more than \(configuration.controlMessagesPerSecond) control messages a second from this connection; the message was dropped, slow down"
-        if case .floorRequest? = message {
+        if case .floorRequest(let request)? = message {
             // A member that holds the floor or waits for it is told where it stands (granted, or its
             // place), never denied: a denial would end the client's request while the floor still
             // counts it. The answer comes from here, to it alone, and the floor is not asked: a
             // repeated request would tell everyone waiting their places again, and keep a silent
             // talker's burst alive, at whatever rate the client sends.
             if case .joined(let channel, let slot)? = sessions[link] {
+                // Answered, so it is the request the member's answers name from now on.
+                channel.members[slot]?.floorRequest = request
                 if let burst = channel.floor.burst(of: slot) {
                     sendGrant(channel, slot: slot, burst: UInt16(truncatingIfNeeded: burst))
                     return
                 }
                 if let position = channel.floor.queuedMembers.firstIndex(of: slot) {
-                    outputs.append(.send(.floor(FloorEvent(kind: .queued, slot: slot, position: position + 1)), to: [link]))
+                    outputs.append(.send(.floor(FloorEvent(kind: .queued, slot: slot, position: position + 1, request: request)),
+                                         to: [link]))
                     return
                 }
                 counters.floorDenials += 1
             }
-            outputs.append(.send(.floor(FloorEvent(kind: .denied, cause: .rateLimited, reason: text)), to: [link]))
+            outputs.append(.send(.floor(FloorEvent(kind: .denied, cause: .rateLimited, reason: text, request: request)), to: [link]))
             return
         }
         guard controlBudget[link]?.noticeDue(at: time.instant) == true else { return }
@@ -812,12 +816,14 @@ public final class ChannelHub {
                 case .listenOnly: cause = .notAllowed; text = "your token allows listening only"
                 case .queueFull: cause = .queueFull; text = "too many members are waiting to talk"
                 }
-                if let link = channel.members[slot]?.link {
-                    outputs.append(.send(.floor(FloorEvent(kind: .denied, slot: slot, cause: cause, reason: text)), to: [link]))
+                if let member = channel.members[slot], let link = member.link {
+                    outputs.append(.send(.floor(FloorEvent(kind: .denied, slot: slot, cause: cause, reason: text,
+                                                           request: member.floorRequest)), to: [link]))
                 }
             case .queued(let slot, let position):
-                if let link = channel.members[slot]?.link {
-                    outputs.append(.send(.floor(FloorEvent(kind: .queued, slot: slot, position: position)), to: [link]))
+                if let member = channel.members[slot], let link = member.link {
+                    outputs.append(.send(.floor(FloorEvent(kind: .queued, slot: slot, position: position,
+                                                           request: member.floorRequest)), to: [link]))
                 }
             case .revoked(let slot, let reason):
                 counters.floorRevocations += 1
@@ -901,9 +907,9 @@ public final class ChannelHub {
     }
 
     func sendGrant(_ channel: ChannelState, slot: UInt16, burst: UInt16) {
-        guard let link = channel.members[slot]?.link else { return }
-        outputs.append(.send(.floor(FloorEvent(kind: .granted, slot: slot, burst: burst,
-                                               maxBurstSeconds: channel.record.maxBurstSeconds)), to: [link]))
+        guard let member = channel.members[slot], let link = member.link else { return }
+        outputs.append(.send(.floor(FloorEvent(kind: .granted, slot: slot, burst: burst, maxBurstSeconds: channel.record.maxBurstSeconds,
+                                               request: member.floorRequest)), to: [link]))
     }
 
     func logBurstEnd(_ channel: ChannelState, slot: UInt16, reason: String, at time: HubTime) {

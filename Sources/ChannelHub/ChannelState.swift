@@ -20,6 +20,10 @@ struct Member {
     var reconnectingUntil: WireInstant?
     var talking = false
     var muted = false
+    /// The number of the newest `floorRequest` from this member (nil: it sent none, or an unnumbered
+    /// one). Every answer about its place at the floor names it, including a grant from the queue
+    /// long after the request, so that its client tells them from the answers to requests it withdrew.
+    var floorRequest: UInt32?
     /// When the member was last connected, as far as this server knows: stored, or the last join
     /// or close here (nil: connected since the server started, not yet closed).
     var lastSeen: Date?

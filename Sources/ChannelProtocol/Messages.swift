@@ -164,9 +164,12 @@ public struct FloorEvent: Codable, Sendable, Equatable {
     public var position: Int?
     public var maxBurstSeconds: Int?
     public var reason: String?
+    /// (`granted`, `queued`, `denied`) the `floorRequest` this answers: the newest the member sent, as
+    /// numbered by its client. Absent when the request carried no number.
+    public var request: UInt32?
 
     public init(kind: FloorEventKind, slot: UInt16? = nil, burst: UInt16? = nil, cause: FloorCause? = nil,
-                position: Int? = nil, maxBurstSeconds: Int? = nil, reason: String? = nil) {
+                position: Int? = nil, maxBurstSeconds: Int? = nil, reason: String? = nil, request: UInt32? = nil) {
         self.kind = kind
         self.slot = slot
         self.burst = burst
@@ -174,10 +177,11 @@ public struct FloorEvent: Codable, Sendable, Equatable {
         self.position = position
         self.maxBurstSeconds = maxBurstSeconds
         self.reason = reason
+        self.request = request
     }
 
     private enum CodingKeys: String, CodingKey {
-        case kind, slot, burst, cause, position, maxBurstSeconds, reason
+        case kind, slot, burst, cause, position, maxBurstSeconds, reason, request
     }
 
     /// A `cause` this version doesn't know reads as absent rather than failing the whole message:
@@ -191,6 +195,7 @@ public struct FloorEvent: Codable, Sendable, Equatable {
         position = try c.decodeIfPresent(Int.self, forKey: .position)
         maxBurstSeconds = try c.decodeIfPresent(Int.self, forKey: .maxBurstSeconds)
         reason = try c.decodeIfPresent(String.self, forKey: .reason)
+        request = try c.decodeIfPresent(UInt32.self, forKey: .request)
     }
 }
 
@@ -215,7 +220,11 @@ public enum ClientMessage: Sendable, Equatable {
     case join(token: String, channel: UUID, reason: JoinReason)
     /// Leave the channel for good: the membership and its push token are removed.
     case leave
-    case floorRequest
+    /// Ask for the floor. `request` numbers the press (the client's own counter, new for each press):
+    /// the server names it in its answer (`FloorEvent.request`), so that the answer to a request the
+    /// client has already withdrawn is never taken for a newer one's. Absent from older clients.
+    case floorRequest(request: UInt32? = nil)
+    /// Let go of the floor, or withdraw the request waiting for it.
     case floorRelease
     case setMuted(Bool)
     /// The ephemeral push token (hex) the device got on join, and its APNs environment.

@@ -130,9 +130,17 @@ struct ChannelSession {
     private(set) var stalled = false
     /// What the server last said of its own health (`serviceStatus`), shown again when a stall ends.
     private var serverStatus = ServiceStatus.ready
-    /// Floor requests withdrawn before their answer came. The server answers every request (granted,
-    /// queued or denied) in order, so the next that many answers are theirs, not a newer request's:
-    /// a late grant taken for the next press would start and end at once (its release follows it).
+    /// The number of the newest floor request (`floorRequest(request:)`), one per press, never reused
+    /// within the session's life: the server names it in every answer about this member's place at
+    /// the floor, so an answer to a request withdrawn since (by letting go or by a stall) is told from
+    /// the current one's. Taken for the next press, a late grant would start a burst that ends at once.
+    private var floorRequestNumber: UInt32 = 0
+    /// This connection's server numbers its answers (it echoed a request number): `owedFloorAnswers`
+    /// is not needed.
+    private var serverNumbersAnswers = false
+    /// For a server that doesn't number its answers (older than `FloorEvent.request`): floor requests
+    /// withdrawn before their answer came. It answers every request (granted, queued or denied) in
+    /// order, so the next that many answers are theirs, not a newer request's.
     private var owedFloorAnswers = 0
     /// The server did not know `receptionReport` (a server older than the message): no more reports
     /// in this session, and no notice each time the figure moves.
@@ -223,10 +231,12 @@ struct ChannelSession {
                 return
             }
             transmit = .requesting(source)
-            outputs.append(.send(.floorRequest))
+            floorRequestNumber &+= 1
+            outputs.append(.send(.floorRequest(request: floorRequestNumber)))
         case .suspended:
             // A suspended client wakes to talk: the request goes out once the channel is rejoined.
             transmit = .requesting(source)
+            floorRequestNumber &+= 1
             connect()
         case .down where tokenExpired:
             emit(.failedToBegin(uuid, ChannelError(.transmissionNotAllowed, "the participant token expired; hand the channel a new one with renewToken to talk again")))
@@ -245,7 +255,7 @@ struct ChannelSession {
             emit(.failedToStop(uuid, ChannelError(.transmissionNotFound, "not transmitting")))
         case .requesting, .queued:
             // Let go before the grant: withdraw the request; nothing began, so nothing ends.
-            if case .requesting = transmit, link == .joined { owedFloorAnswers += 1 }
+            if case .requesting = transmit, link == .joined, !serverNumbersAnswers { owedFloorAnswers += 1 }
             transmit = .idle
             if link == .joined { outputs.append(.send(.floorRelease)) }
             outputs.append(.event(.transmitCancelled))
@@ -515,7 +525,7 @@ struct ChannelSession {
                 transmit = .idle
                 // Withdrawn, in case the answer was only late: a grant that arrives after this is
                 // released by the server rather than held by a user who has already given up.
-                owedFloorAnswers += 1
+                if !serverNumbersAnswers { owedFloorAnswers += 1 }
                 outputs.append(.send(.floorRelease))
                 emit(.failedToBegin(channel, ChannelError(.transmissionNotAllowed, "squelchd did not answer the floor request; the connection may be down")))
             }
@@ -580,7 +590,7 @@ struct ChannelSession {
             // connection, so the floor goes back at once rather than staying held in silence until
             // the maximum burst length. A press made meanwhile asks after it, for a burst of its own.
             if talkers.contains(where: { $0.slot == slot }) { outputs.append(.send(.floorRelease)) }
-            if case .requesting = transmit { outputs.append(.send(.floorRequest)) }
+            if case .requesting = transmit { outputs.append(.send(.floorRequest(request: floorRequestNumber))) }
             // A renewal in flight died with the old connection; the newest token is offered again.
             renewalInFlight = nil
             sendPendingRenewal()
@@ -674,8 +684,16 @@ struct ChannelSession {
 
     private mutating func floor(_ event: FloorEvent) {
         guard let channel else { return }
+        if let request = event.request, event.kind == .granted || event.kind == .queued || event.kind == .denied {
+            serverNumbersAnswers = true
+            owedFloorAnswers = 0
+            // The answer to a request already withdrawn, whose release went to the server after it
+            // (or whose connection is gone): nothing to do.
+            guard request == floorRequestNumber, transmit != .idle else { return }
+        }
         switch event.kind {
-        case .granted where owedFloorAnswers > 0, .denied where owedFloorAnswers > 0, .queued where owedFloorAnswers > 0:
+        case .granted where event.request == nil && owedFloorAnswers > 0, .denied where event.request == nil && owedFloorAnswers > 0,
+             .queued where event.request == nil && owedFloorAnswers > 0:
             // The answer to a request already withdrawn, whose release is on its way behind it.
             owedFloorAnswers -= 1
         case .granted:
@@ -867,6 +885,7 @@ struct ChannelSession {
         stalled = false
         serverStatus = .ready
         owedFloorAnswers = 0
+        serverNumbersAnswers = false
     }
 
     /// The connection is gone for now: what depended on it ends.

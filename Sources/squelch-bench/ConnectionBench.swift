@@ -69,7 +69,7 @@ struct Connections: AsyncParsableCommand {
         let listener = try TestMember(port: server.voicePort, configuration: client)
         try await listener.connect()
         _ = try await listener.join(token: try await server.token("listener", [.listen]), channel: server.channel)
-        try await talker.send(.floorRequest)
+        try await talker.send(.floorRequest())
         guard let burst = await talker.waitForFloor(.granted)?.burst else { throw ValidationError("no floor grant") }
         var times: [Double] = []
         for sequence in 0 ..< resumes {

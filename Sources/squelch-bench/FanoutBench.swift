@@ -150,7 +150,7 @@ struct FanoutRun {
             if idle { try await Task.sleep(for: .milliseconds(50)) }
             let before = talker.messages.count
             let sent = WireNIO.now().nanoseconds
-            try await talker.send(.floorRequest)
+            try await talker.send(.floorRequest())
             guard await talker.waitForFloor(.granted, after: before, seconds: 5) != nil,
                   let at = talker.timedMessages[before...].first(where: { if case .floor(let e) = $0.message { e.kind == .granted } else { false } })?.at
             else { throw ValidationError("no floor grant") }
@@ -161,7 +161,7 @@ struct FanoutRun {
         }
 
         let before = talker.messages.count
-        try await talker.send(.floorRequest)
+        try await talker.send(.floorRequest())
         guard let burst = await talker.waitForFloor(.granted, after: before)?.burst else { throw ValidationError("no floor for the burst") }
         let metricsBefore = try await scrape(adminPort)
         let cpuBefore = try cpuSeconds(process.processIdentifier)

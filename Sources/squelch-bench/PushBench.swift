@@ -146,7 +146,7 @@ struct Push: AsyncParsableCommand {
         for burst in 0...bursts {
             try await simulator.clearLog()
             let mark = talker.messages.count
-            try await talker.send(.floorRequest)
+            try await talker.send(.floorRequest())
             guard await talker.waitForFloor(.granted, after: mark) != nil else { throw ValidationError("no floor grant") }
             let granted = Date()
             let pushes = try await simulator.waitForPushes(wakes, seconds: 30)

@@ -114,7 +114,7 @@ import Wire
     /// reach `listener` byte for byte, stamped with the talker's slot and burst.
     func talk(_ talker: TestMember, slot: UInt16, to listener: TestMember, count: Int, seed: UInt8) async throws {
         let before = listener.messages.count
-        try await talker.send(.floorRequest)
+        try await talker.send(.floorRequest())
         let granted = try #require(await talker.waitForFloor(.granted), "\(talker.messages)")
         let burst = try #require(granted.burst)
         #expect(await listener.waitForFloor(.taken, after: before)?.slot == slot)
@@ -183,7 +183,7 @@ import Wire
         #expect(stored, "the push token or the burst did not reach the database: \(first.log.contents)")
 
         // Bob starts talking; the burst is in the log as it starts, so the kill below can't erase it.
-        try await bob.send(.floorRequest)
+        try await bob.send(.floorRequest())
         #expect(await bob.waitForFloor(.granted) != nil)
         let bobLogged = try await eventually {
             try await transmissions(channel, adminPort: first.adminPort, key: adminKey).contains {

@@ -102,7 +102,7 @@ final class Harness {
     @Test func aTalkerBackWithAListenOnlyTokenLosesTheFloor() {
         let h = Harness()
         let ann = h.join("ann"), bob = h.join("bob")
-        h.send(.floorRequest, from: ann.link)
+        h.send(.floorRequest(), from: ann.link)
         let burst = try! #require(h.grantedBurst(ann.link))
         // Ann's phone rejoins on a new connection with a listen-only token, mid-burst.
         let again = h.join("ann", capabilities: [.listen])
@@ -120,12 +120,47 @@ final class Harness {
         #expect(h.stored.contains { if case .logTransmission(let r) = $0 { return r.endReason == "notAllowed" } else { return false } })
     }
 
+    /// Every answer about a member's place at the floor names its newest request, including the grant
+    /// from the queue long after it and the answers of the rate limiter; requests without a number
+    /// (older clients) get answers without one.
+    @Test func floorAnswersNameTheRequestTheyAnswer() {
+        func answer(_ h: Harness, _ member: (link: Link, slot: UInt16)) -> String {
+            h.floorEvents(to: member.link).last.map { "\($0.kind) \($0.request.map(String.init) ?? "nil")" } ?? "none"
+        }
+        var configuration = HubConfiguration()
+        configuration.controlMessagesPerSecond = 5
+        configuration.controlMessageBurst = 10
+        let h = Harness(configuration: configuration)
+        let ann = h.join("ann"), bob = h.join("bob"), cy = h.join("cy", capabilities: [.listen])
+        h.send(.floorRequest(request: 7), from: ann.link)
+        #expect(answer(h, ann) == "granted 7")
+        h.send(.floorRequest(request: 3), from: bob.link)
+        #expect(answer(h, bob) == "queued 3")
+        h.send(.floorRequest(request: 1), from: cy.link)
+        #expect(answer(h, cy) == "denied 1")
+        // Bob withdraws request 3 and asks again with 4: the grant that comes when Ann lets go names 4.
+        h.send(.floorRelease, from: bob.link)
+        h.send(.floorRequest(request: 4), from: bob.link)
+        h.send(.floorRelease, from: ann.link)
+        let grant = try! #require(h.floorEvents(to: bob.link).last)
+        #expect(grant.kind == .granted && grant.request == 4)
+        // Over the rate limit, the limiter's answer names the request it answers.
+        h.advance(1_000 * ms)
+        for n in UInt32(10)..<30 { h.send(.floorRequest(request: n), from: bob.link) }
+        #expect(h.hub.counters.controlRateLimited > 0)
+        #expect(answer(h, bob) == "granted 29")
+        // Not to others, and not unasked: `taken` and `ended` carry no number.
+        #expect(h.floorEvents(to: cy.link).filter { $0.kind != .denied }.allSatisfy { $0.request == nil })
+        h.send(.floorRequest(), from: ann.link)
+        #expect(answer(h, ann) == "queued nil")
+    }
+
     @Test func switchingAFullDuplexChannelToHalfDuplexLeavesOneTalker() {
         let h = Harness(mode: .fullDuplex)
         let ann = h.join("ann"), bob = h.join("bob"), cy = h.join("cy", capabilities: [.listen])
-        h.send(.floorRequest, from: ann.link)
+        h.send(.floorRequest(), from: ann.link)
         h.advance(10 * ms)
-        h.send(.floorRequest, from: bob.link)
+        h.send(.floorRequest(), from: bob.link)
         let bobBurst = try! #require(h.grantedBurst(bob.link))
         var record = h.channel
         record.mode = .halfDuplex
@@ -141,7 +176,7 @@ final class Harness {
         h.audio(from: bob.link, burst: bobBurst, sequence: 0, payload: [9])
         #expect(h.audio(to: cy.link).isEmpty)
         // And a new request now waits, as in any half-duplex channel.
-        h.send(.floorRequest, from: bob.link)
+        h.send(.floorRequest(), from: bob.link)
         #expect(h.floorEvents(to: bob.link).last?.kind == .queued)
     }
 
@@ -153,7 +188,7 @@ final class Harness {
         let h = Harness(configuration: configuration)
         let ann = h.join("ann", expiresAt: h.time.date.addingTimeInterval(30))
         let bob = h.join("bob")
-        h.send(.floorRequest, from: ann.link)
+        h.send(.floorRequest(), from: ann.link)
         #expect(h.grantedBurst(ann.link) != nil)
         h.advance(29_999 * ms)
         #expect(h.closes.isEmpty)
@@ -168,7 +203,7 @@ final class Harness {
         #expect(h.hub.roster(of: h.channel.id).first { $0.userID == "ann" }?.connection == .offline)
         // Control messages on the closing connection count for nothing.
         let before = h.messages.count
-        h.send(.floorRequest, from: ann.link)
+        h.send(.floorRequest(), from: ann.link)
         #expect(h.messages.count == before)
     }
 
@@ -305,7 +340,7 @@ final class Harness {
     @Test func aRenewedTokenBringsItsRightsAtOnce() {
         let h = Harness()
         let ann = h.join("ann"), bob = h.join("bob")
-        h.send(.floorRequest, from: ann.link)
+        h.send(.floorRequest(), from: ann.link)
         let burst = try! #require(h.grantedBurst(ann.link))
         h.audio(from: ann.link, burst: burst, sequence: 0, payload: [0])
         #expect(h.audio(to: bob.link).map(\.payload) == [[0]])
@@ -326,16 +361,16 @@ final class Harness {
             let entry = h.messages(to: link).compactMap { if case .participant(let p) = $0, p.userID == "ann" { return p } else { return nil } }.last
             #expect(entry?.canTalk == false && entry?.role == "observer" && entry?.talking == false)
         }
-        h.send(.floorRequest, from: bob.link)
+        h.send(.floorRequest(), from: bob.link)
         let bobBurst = try! #require(h.grantedBurst(bob.link))
         h.audio(from: bob.link, burst: bobBurst, sequence: 0, payload: [2])
         #expect(h.audio(to: ann.link).map(\.payload) == [[2]])
         // A higher priority pre-empts at once.
-        h.send(.floorRequest, from: ann.link)
+        h.send(.floorRequest(), from: ann.link)
         #expect(h.floorEvents(to: ann.link).last?.kind == .denied)
         h.hub.renew(ann.link, claims: claims(h, "ann", priority: 9, expiresIn: 3600), at: h.time)
         h.drain()
-        h.send(.floorRequest, from: ann.link)
+        h.send(.floorRequest(), from: ann.link)
         #expect(h.floorEvents(to: bob.link).last { $0.kind == .revoked }?.cause == .preempted)
         #expect(h.grantedBurst(ann.link) != nil)
     }
@@ -405,7 +440,7 @@ final class Harness {
         let h = Harness()
         let ann = h.join("ann"), bob = h.join("bob"), cat = h.join("cat", capabilities: [.listen])
         let deaf = h.join("dan", capabilities: [.talk])  // may talk, may not listen
-        h.send(.floorRequest, from: ann.link)
+        h.send(.floorRequest(), from: ann.link)
         let burst = try! #require(h.grantedBurst(ann.link))
         #expect(h.floorEvents(to: bob.link).last == FloorEvent(kind: .taken, slot: ann.slot, burst: burst))
         let payload = (0..<80).map { UInt8($0) }
@@ -424,7 +459,7 @@ final class Harness {
     @Test func audioFromAnyoneElseIsDroppedAndCounted() {
         let h = Harness()
         let ann = h.join("ann"), bob = h.join("bob")
-        h.send(.floorRequest, from: ann.link)
+        h.send(.floorRequest(), from: ann.link)
         let burst = h.grantedBurst(ann.link)!
         h.audio(from: bob.link, burst: burst, sequence: 0, payload: [1, 2, 3])
         h.audio(from: ann.link, burst: burst &+ 1, sequence: 0, payload: [1])
@@ -440,8 +475,8 @@ final class Harness {
     @Test func contentionQueuesThenGrantsOnRelease() {
         let h = Harness()
         let ann = h.join("ann"), bob = h.join("bob")
-        h.send(.floorRequest, from: ann.link)
-        h.send(.floorRequest, from: bob.link)
+        h.send(.floorRequest(), from: ann.link)
+        h.send(.floorRequest(), from: bob.link)
         #expect(h.floorEvents(to: bob.link).last == FloorEvent(kind: .queued, slot: bob.slot, position: 1))
         h.send(.floorRelease, from: ann.link)
         #expect(h.floorEvents(to: bob.link).last?.kind == .granted)
@@ -452,7 +487,7 @@ final class Harness {
     @Test func aBurstCutShortByLeavingIsStillLogged() {
         let h = Harness()
         let ann = h.join("ann"), bob = h.join("bob")
-        h.send(.floorRequest, from: ann.link)
+        h.send(.floorRequest(), from: ann.link)
         #expect(h.grantedBurst(ann.link) != nil)
         h.send(.leave, from: ann.link)
         let logged = h.stored.compactMap { if case .logTransmission(let t) = $0, t.endReason != TransmissionRecord.inProgress { return t } else { return nil } }
@@ -476,7 +511,7 @@ final class Harness {
         let ann = h.join("ann"), bob = h.join("bob")
         // The join was one message; 39 more fit the burst, then every message is over the rate.
         for _ in 0..<30 {
-            h.send(.floorRequest, from: ann.link)
+            h.send(.floorRequest(), from: ann.link)
             h.send(.floorRelease, from: ann.link)
         }
         // The requests over the rate are dropped; releases are always taken.
@@ -492,10 +527,10 @@ final class Harness {
         #expect(errors.count == 1)
         // The allowance refills with time: 100 ms is two more messages.
         h.advance(100 * ms)
-        h.send(.floorRequest, from: ann.link)
+        h.send(.floorRequest(), from: ann.link)
         #expect(h.floorEvents(to: ann.link).last?.kind == .granted)
         // Another connection has its own allowance.
-        h.send(.floorRequest, from: bob.link)
+        h.send(.floorRequest(), from: bob.link)
         #expect(h.floorEvents(to: bob.link).last?.kind == .queued)
     }
 
@@ -504,17 +539,17 @@ final class Harness {
     @Test func aRequestOverTheRateFromATalkerOrAWaiterIsNotDenied() {
         let h = rateLimitedHarness()
         let ann = h.join("ann"), bob = h.join("bob"), dan = h.join("dan")
-        h.send(.floorRequest, from: ann.link)
-        h.send(.floorRequest, from: bob.link)
-        h.send(.floorRequest, from: dan.link)
+        h.send(.floorRequest(), from: ann.link)
+        h.send(.floorRequest(), from: bob.link)
+        h.send(.floorRequest(), from: dan.link)
         #expect(h.floorEvents(to: bob.link).last?.kind == .queued)
         for _ in 0..<60 { h.send(.setMuted(true), from: ann.link); h.send(.setMuted(true), from: bob.link) }
         #expect(h.hub.counters.controlRateLimited > 0)
         let denials = h.hub.counters.floorDenials
         let toOthers = h.messages(to: dan.link).count
-        h.send(.floorRequest, from: ann.link)
+        h.send(.floorRequest(), from: ann.link)
         #expect(h.floorEvents(to: ann.link).last?.kind == .granted, "confirmed: \(h.floorEvents(to: ann.link).suffix(2))")
-        h.send(.floorRequest, from: bob.link)
+        h.send(.floorRequest(), from: bob.link)
         let bobLast = h.floorEvents(to: bob.link).last
         #expect(bobLast?.kind == .queued && bobLast?.position == 1, "\(String(describing: bobLast))")
         #expect(h.hub.counters.floorDenials == denials)
@@ -523,7 +558,7 @@ final class Harness {
         // A new request over the rate is still denied, and counted as a denial.
         let cat = h.join("cat")
         for _ in 0..<60 { h.send(.setMuted(true), from: cat.link) }
-        h.send(.floorRequest, from: cat.link)
+        h.send(.floorRequest(), from: cat.link)
         let last = h.floorEvents(to: cat.link).last
         #expect(last?.kind == .denied && last?.cause == .rateLimited, "\(String(describing: last))")
         #expect(h.hub.counters.floorDenials == denials + 1)
@@ -535,13 +570,13 @@ final class Harness {
     @Test func releaseAndLeaveAreTakenOverTheRate() {
         let h = rateLimitedHarness()
         let ann = h.join("ann"), bob = h.join("bob")
-        h.send(.floorRequest, from: ann.link)
+        h.send(.floorRequest(), from: ann.link)
         #expect(h.grantedBurst(ann.link) != nil)
         for index in 0..<60 { h.send(.setMuted(index % 2 == 0), from: ann.link) }
         #expect(h.hub.counters.controlRateLimited > 0)
         h.send(.floorRelease, from: ann.link)
         #expect(h.floorEvents(to: bob.link).suffix(2).map(\.kind) == [.ended, .idle], "the release freed the floor")
-        h.send(.floorRequest, from: bob.link)
+        h.send(.floorRequest(), from: bob.link)
         #expect(h.floorEvents(to: bob.link).last?.kind == .granted)
         for _ in 0..<60 { h.send(.setMuted(true), from: bob.link) }
         h.send(.leave, from: bob.link)
@@ -562,10 +597,10 @@ final class Harness {
         configuration.firstBurst = { _ in 65_535 }
         let h = Harness(configuration: configuration)
         let ann = h.join("ann"), bob = h.join("bob")
-        h.send(.floorRequest, from: ann.link)
+        h.send(.floorRequest(), from: ann.link)
         #expect(h.grantedBurst(ann.link) == 65_535)
         h.send(.floorRelease, from: ann.link)
-        h.send(.floorRequest, from: ann.link)
+        h.send(.floorRequest(), from: ann.link)
         let wrapped = try #require(h.grantedBurst(ann.link))
         #expect(wrapped == 0)
         h.audio(from: ann.link, burst: wrapped, sequence: 0, payload: [1, 2, 3])
@@ -586,8 +621,8 @@ final class Harness {
     @Test func higherPriorityPreemptsWithAReason() {
         let h = Harness()
         let ann = h.join("ann", priority: 1), chief = h.join("chief", priority: 200)
-        h.send(.floorRequest, from: ann.link)
-        h.send(.floorRequest, from: chief.link)
+        h.send(.floorRequest(), from: ann.link)
+        h.send(.floorRequest(), from: chief.link)
         let revoked = h.floorEvents(to: ann.link).first { $0.kind == .revoked }
         #expect(revoked?.cause == .preempted)
         #expect(revoked?.reason?.contains("Chief") == true)
@@ -598,7 +633,7 @@ final class Harness {
     @Test func listenOnlyMemberIsDeniedWithNotAllowed() {
         let h = Harness()
         let cat = h.join("cat", capabilities: [.listen])
-        h.send(.floorRequest, from: cat.link)
+        h.send(.floorRequest(), from: cat.link)
         #expect(h.floorEvents(to: cat.link).last == FloorEvent(kind: .denied, slot: cat.slot, cause: .notAllowed,
                                                                reason: "your token allows listening only"))
         #expect(h.hub.counters.floorDenials == 1)
@@ -612,7 +647,7 @@ final class Harness {
         record.maxBurstSeconds = 5
         h.hub.upsertChannel(record, at: h.time)
         let ann = h.join("ann")
-        h.send(.floorRequest, from: ann.link)
+        h.send(.floorRequest(), from: ann.link)
         h.advance(4_999 * ms)
         #expect(h.floorEvents(to: ann.link).last?.kind == .granted)
         h.advance(1 * ms)
@@ -627,7 +662,7 @@ final class Harness {
             record.maxBurstSeconds = seconds
             h.hub.upsertChannel(record, at: h.time)
             let ann = h.join("ann\(seconds)")
-            h.send(.floorRequest, from: ann.link)
+            h.send(.floorRequest(), from: ann.link)
             let granted = h.floorEvents(to: ann.link).last { $0.kind == .granted }
             #expect(granted?.maxBurstSeconds == expected, "\(seconds)")
             h.send(.floorRelease, from: ann.link)
@@ -637,7 +672,7 @@ final class Harness {
     @Test func lateJoinerGetsTheBurstFromItsFirstPacketThenLive() {
         let h = Harness()
         let ann = h.join("ann"), bob = h.join("bob")
-        h.send(.floorRequest, from: ann.link)
+        h.send(.floorRequest(), from: ann.link)
         let burst = h.grantedBurst(ann.link)!
         for sequence in 0..<40 { h.audio(from: ann.link, burst: burst, sequence: UInt16(sequence), payload: [UInt8(sequence)]) }
         let late = h.join("late")
@@ -666,7 +701,7 @@ final class Harness {
     @Test func aBurstStartedDuringAReplayIsReplayedFromItsFirstPacketToo() throws {
         let h = Harness()
         let ann = h.join("ann"), bob = h.join("bob"), cy = h.join("cy")
-        h.send(.floorRequest, from: ann.link)
+        h.send(.floorRequest(), from: ann.link)
         let first = h.grantedBurst(ann.link)!
         for sequence in 0..<100 { h.audio(from: ann.link, burst: first, sequence: UInt16(sequence), payload: [1, UInt8(sequence)]) }
         let late = h.join("late")
@@ -675,7 +710,7 @@ final class Harness {
         h.send(.floorRelease, from: ann.link)
         // Bob takes the floor while the late joiner is 75 packets short of the end of ann's burst; a
         // catch-up tick passes before his first packet (his recording is empty until then).
-        h.send(.floorRequest, from: bob.link)
+        h.send(.floorRequest(), from: bob.link)
         let second = try #require(h.grantedBurst(bob.link))
         h.advance(10 * ms)
         for sequence in 0..<5 { h.audio(from: bob.link, burst: second, sequence: UInt16(sequence), payload: [2, UInt8(sequence)]) }
@@ -697,8 +732,8 @@ final class Harness {
     @Test func aReplayOfTwoLiveBurstsLosesNothingOfEither() throws {
         let h = Harness(mode: .fullDuplex)
         let ann = h.join("ann"), cy = h.join("cy")
-        h.send(.floorRequest, from: ann.link)
-        h.send(.floorRequest, from: cy.link)
+        h.send(.floorRequest(), from: ann.link)
+        h.send(.floorRequest(), from: cy.link)
         let a = try #require(h.grantedBurst(ann.link)), c = try #require(h.grantedBurst(cy.link))
         for sequence in 0..<10 { h.audio(from: ann.link, burst: a, sequence: UInt16(sequence), payload: [1, UInt8(sequence)]) }
         for sequence in 0..<60 { h.audio(from: cy.link, burst: c, sequence: UInt16(sequence), payload: [3, UInt8(sequence)]) }
@@ -721,7 +756,7 @@ final class Harness {
     @Test func aFinishedBurstIsLetGoWhenItsLastReplayEndsEarly() throws {
         let h = Harness()
         let ann = h.join("ann")
-        h.send(.floorRequest, from: ann.link)
+        h.send(.floorRequest(), from: ann.link)
         let burst = try #require(h.grantedBurst(ann.link))
         for sequence in 0 ..< 200 as Range<UInt16> { h.audio(from: ann.link, burst: burst, sequence: sequence, payload: [UInt8](repeating: 7, count: 80)) }
         let late = h.join("late")
@@ -746,7 +781,7 @@ final class Harness {
         h.send(.registerPushToken(token: "b0b0b0", environment: .production), from: bob.link)
         h.hub.closed(bob.link, at: h.time)
         h.advance(3_000 * ms)  // past the grace: Bob is offline, and a burst would wake him
-        h.send(.floorRequest, from: ann.link)
+        h.send(.floorRequest(), from: ann.link)
         let burst = try #require(h.grantedBurst(ann.link))
         for sequence in 0 ..< 3 as Range<UInt16> { h.audio(from: ann.link, burst: burst, sequence: sequence, payload: [1, UInt8(sequence)]) }
         h.advance(60 * ms)
@@ -778,7 +813,7 @@ final class Harness {
         h.hub.closed(dan.link, at: h.time)
         h.hub.closed(eve.link, at: h.time)
         h.advance(3_000 * ms)
-        h.send(.floorRequest, from: ann.link)
+        h.send(.floorRequest(), from: ann.link)
         let burst = try #require(h.grantedBurst(ann.link))
         h.audio(from: ann.link, burst: burst, sequence: 0, payload: [1])
         h.send(.floorRelease, from: ann.link)
@@ -795,7 +830,7 @@ final class Harness {
         let ann = h.join("ann"), bob = h.join("bob")
         h.send(.registerPushToken(token: "b0b0b0", environment: .production), from: bob.link)
         h.hub.closed(bob.link, at: h.time)
-        h.send(.floorRequest, from: ann.link)
+        h.send(.floorRequest(), from: ann.link)
         let burst = try #require(h.grantedBurst(ann.link))
         for sequence in 0 ..< packets {
             h.audio(from: ann.link, burst: burst, sequence: sequence, payload: [1, UInt8(truncatingIfNeeded: sequence)])
@@ -856,7 +891,7 @@ final class Harness {
     @Test func aMemberDroppedDuringABurstGetsItWholeOnRejoiningAfterItEnded() throws {
         let h = Harness()
         let ann = h.join("ann"), bob = h.join("bob")
-        h.send(.floorRequest, from: ann.link)
+        h.send(.floorRequest(), from: ann.link)
         let burst = try #require(h.grantedBurst(ann.link))
         for sequence in 0 ..< 5 as Range<UInt16> { h.audio(from: ann.link, burst: burst, sequence: sequence, payload: [1, UInt8(sequence)]) }
         h.hub.closed(bob.link, at: h.time)  // his network went mid-burst
@@ -876,7 +911,7 @@ final class Harness {
         h.hub.closed(bob.link, at: h.time)
         var bursts: [UInt16] = []
         for word in 0 ..< 3 as Range<UInt8> {
-            h.send(.floorRequest, from: ann.link)
+            h.send(.floorRequest(), from: ann.link)
             let burst = try #require(h.grantedBurst(ann.link))
             bursts.append(burst)
             h.audio(from: ann.link, burst: burst, sequence: 0, payload: [word])
@@ -892,7 +927,7 @@ final class Harness {
 
         // Past the window, nothing is kept, and a member who missed the burst hears nothing of it.
         h.hub.closed(back.link, at: h.time)
-        h.send(.floorRequest, from: ann.link)
+        h.send(.floorRequest(), from: ann.link)
         let late = try #require(h.grantedBurst(ann.link))
         h.audio(from: ann.link, burst: late, sequence: 0, payload: [9])
         h.send(.floorRelease, from: ann.link)
@@ -908,7 +943,7 @@ final class Harness {
     @Test func aRejoinDuringTheReplayIsServedOnce() throws {
         let h = Harness()
         let ann = h.join("ann"), bob = h.join("bob")
-        h.send(.floorRequest, from: ann.link)
+        h.send(.floorRequest(), from: ann.link)
         let first = try #require(h.grantedBurst(ann.link))
         for sequence in 0..<100 { h.audio(from: ann.link, burst: first, sequence: UInt16(sequence), payload: [1, UInt8(sequence)]) }
         _ = h.join("late")
@@ -916,7 +951,7 @@ final class Harness {
         let again = h.join("late")  // the same user from another connection: the first is replaced
         #expect(h.hub.catchingUp.filter { $0.slot == again.slot }.count == 1)
         h.send(.floorRelease, from: ann.link)
-        h.send(.floorRequest, from: bob.link)
+        h.send(.floorRequest(), from: bob.link)
         let second = try #require(h.grantedBurst(bob.link))
         for sequence in 0..<5 { h.audio(from: bob.link, burst: second, sequence: UInt16(sequence), payload: [2, UInt8(sequence)]) }
         for _ in 0..<12 { h.advance(10 * ms) }
@@ -928,7 +963,7 @@ final class Harness {
     @Test func aTalkerSendingFasterThanAnyOpusSenderIsHeldToItsRate() {
         let h = Harness()
         let ann = h.join("ann"), bob = h.join("bob")
-        h.send(.floorRequest, from: ann.link)
+        h.send(.floorRequest(), from: ann.link)
         let burst = h.grantedBurst(ann.link)!
         // 150 at once (a second and a half of packets the network held up) pass; the next doesn't.
         for sequence in 0..<151 { h.audio(from: ann.link, burst: burst, sequence: UInt16(sequence), payload: [1]) }
@@ -955,7 +990,7 @@ final class Harness {
         // Ten bursts of 150 packets within 100 ms: only the first burst's packets (and the 15 the
         // 100 ms refill) may pass, not 1,500.
         for round in 0..<10 {
-            h.send(.floorRequest, from: ann.link)
+            h.send(.floorRequest(), from: ann.link)
             let burst = h.grantedBurst(ann.link)!
             for sequence in 0..<150 { h.audio(from: ann.link, burst: burst, sequence: UInt16(sequence), payload: [1]) }
             h.send(.floorRelease, from: ann.link)
@@ -970,7 +1005,7 @@ final class Harness {
         configuration.maxRecordedBytes = 1_000
         let h = Harness(configuration: configuration)
         let ann = h.join("ann"), bob = h.join("bob")
-        h.send(.floorRequest, from: ann.link)
+        h.send(.floorRequest(), from: ann.link)
         let burst = h.grantedBurst(ann.link)!
         // Full-size packets: three fit in 1,000 bytes, the fourth would not.
         for sequence in 0..<10 { h.audio(from: ann.link, burst: burst, sequence: UInt16(sequence), payload: [UInt8](repeating: UInt8(sequence), count: 300)) }
@@ -992,7 +1027,7 @@ final class Harness {
         let ann = h.join("ann")
         _ = h.join("bob")
         func burst(packets: Int, size: Int) {
-            h.send(.floorRequest, from: ann.link)
+            h.send(.floorRequest(), from: ann.link)
             let burst = h.grantedBurst(ann.link)!
             for sequence in 0..<packets { h.audio(from: ann.link, burst: burst, sequence: UInt16(sequence), payload: [UInt8](repeating: 1, count: size)) }
             h.send(.floorRelease, from: ann.link)
@@ -1012,7 +1047,7 @@ final class Harness {
     @Test func talkerWhoDropsKeepsTheFloorForTheGraceThenLosesIt() {
         let h = Harness()
         let ann = h.join("ann"), bob = h.join("bob")
-        h.send(.floorRequest, from: ann.link)
+        h.send(.floorRequest(), from: ann.link)
         h.hub.closed(ann.link, at: h.time)
         h.drain()
         #expect(h.messages(to: bob.link).last == .participant(Participant(slot: ann.slot, userID: "ann", name: "Ann",
@@ -1048,7 +1083,7 @@ final class Harness {
         h.drain()
         #expect(h.messages.count == told)
         // Only the roster changed: she still hears the channel.
-        h.send(.floorRequest, from: bob.link)
+        h.send(.floorRequest(), from: bob.link)
         h.audio(from: bob.link, burst: h.grantedBurst(bob.link)!, sequence: 0, payload: [1, 2, 3])
         #expect(h.audio(to: ann.link).count == 1)
 
@@ -1098,7 +1133,7 @@ final class Harness {
         let ann = h.join("ann"), bob = h.join("bob"), cat = h.join("cat")
         h.hub.sweepLiveness(at: h.time) { $0 != bob.link }
         h.drain()
-        h.send(.floorRequest, from: ann.link)
+        h.send(.floorRequest(), from: ann.link)
         let burst = try #require(h.grantedBurst(ann.link))
         for sequence in UInt16(0) ..< 30 { h.audio(from: ann.link, burst: burst, sequence: sequence, payload: [1, UInt8(sequence)]) }
         let live = h.audio(to: bob.link).count
@@ -1116,7 +1151,7 @@ final class Harness {
         // Silent when a burst started and back by a control message after it ended.
         h.hub.sweepLiveness(at: h.time) { $0 != cat.link }
         h.drain()
-        h.send(.floorRequest, from: ann.link)
+        h.send(.floorRequest(), from: ann.link)
         let second = try #require(h.grantedBurst(ann.link))
         for sequence in UInt16(0) ..< 5 { h.audio(from: ann.link, burst: second, sequence: sequence, payload: [2, UInt8(sequence)]) }
         h.send(.floorRelease, from: ann.link)
@@ -1133,7 +1168,7 @@ final class Harness {
         // Back with an unsubscription as its first word: Ann's burst is not replayed.
         h.hub.sweepLiveness(at: h.time) { $0 != cat.link }
         h.drain()
-        h.send(.floorRequest, from: ann.link)
+        h.send(.floorRequest(), from: ann.link)
         let third = try #require(h.grantedBurst(ann.link))
         for sequence in UInt16(0) ..< 40 { h.audio(from: ann.link, burst: third, sequence: sequence, payload: [3, UInt8(sequence)]) }
         h.send(.floorRelease, from: ann.link)
@@ -1171,7 +1206,7 @@ final class Harness {
     @Test func talkerWhoRejoinsWithinTheGraceKeepsTheFloor() {
         let h = Harness()
         let ann = h.join("ann")
-        h.send(.floorRequest, from: ann.link)
+        h.send(.floorRequest(), from: ann.link)
         let burst = h.grantedBurst(ann.link)!
         h.hub.closed(ann.link, at: h.time)
         h.advance(500 * ms)
@@ -1186,9 +1221,9 @@ final class Harness {
     @Test func aTalkerWhoseAudioStopsLosesTheFloorAndTheNextIsGranted() {
         let h = Harness()
         let ann = h.join("ann"), bob = h.join("bob")
-        h.send(.floorRequest, from: ann.link)
+        h.send(.floorRequest(), from: ann.link)
         let burst = h.grantedBurst(ann.link)!
-        h.send(.floorRequest, from: bob.link)
+        h.send(.floorRequest(), from: bob.link)
         #expect(h.floorEvents(to: bob.link).last?.kind == .queued)
         // Audio every 20 ms for 6 s keeps the floor...
         for sequence in 0 ..< 300 as Range<UInt16> {
@@ -1218,7 +1253,7 @@ final class Harness {
         // Reported before anyone talks: kept, and told with the next grant.
         h.send(.receptionReport(lossPercent: 8), from: bob.link)
         #expect(lossTold(h, ann.link).isEmpty)
-        h.send(.floorRequest, from: ann.link)
+        h.send(.floorRequest(), from: ann.link)
         #expect(h.floorEvents(to: ann.link).last?.kind == .granted)
         #expect(h.lastMessage(to: ann.link) == .receptionLoss(lossPercent: 8))
         // A better listener changes nothing; the worse one recovering leaves the next worst.
@@ -1267,8 +1302,8 @@ final class Harness {
         let ann = h.join("ann"), bob = h.join("bob"), cat = h.join("cat")
         h.send(.setSubscriptions(unheard: ["bob"]), from: cat.link)
         h.send(.receptionReport(lossPercent: 20), from: cat.link)
-        h.send(.floorRequest, from: ann.link)
-        h.send(.floorRequest, from: bob.link)
+        h.send(.floorRequest(), from: ann.link)
+        h.send(.floorRequest(), from: bob.link)
         // Cat, the lossy one, hears Ann but not Bob: only Ann's encoder needs FEC for her.
         #expect(lossTold(h, ann.link) == [20])
         #expect(lossTold(h, bob.link).isEmpty)
@@ -1301,9 +1336,9 @@ final class Harness {
     @Test func aReplacedConnectionLosesItsQueuePlaceButATalkerKeepsTheFloor() {
         let h = Harness()
         let ann = h.join("ann"), bob = h.join("bob"), cat = h.join("cat")
-        h.send(.floorRequest, from: ann.link)
-        h.send(.floorRequest, from: bob.link)
-        h.send(.floorRequest, from: cat.link)
+        h.send(.floorRequest(), from: ann.link)
+        h.send(.floorRequest(), from: bob.link)
+        h.send(.floorRequest(), from: cat.link)
         #expect(h.floorEvents(to: cat.link).last?.position == 2)
         let bobAgain = h.join("bob")
         #expect(h.floorEvents(to: cat.link).last?.position == 1, "cat moved up")
@@ -1371,7 +1406,7 @@ final class Harness {
         let h = Harness()
         let talker = h.join("talker")
         for index in 0..<300 { h.join("member-\(index)") }
-        h.send(.floorRequest, from: talker.link)
+        h.send(.floorRequest(), from: talker.link)
         let last = h.join("last", capabilities: [.listen])
         guard case .joined(_, let you, let roster, let talkers)? = h.messages(to: last.link).first(where: { if case .joined = $0 { true } else { false } }) else {
             Issue.record("no joined")
@@ -1397,9 +1432,9 @@ final class Harness {
     @Test func aRepeatedRequestFromTheTalkerIsTheSameBurst() {
         let h = Harness()
         let ann = h.join("ann")
-        h.send(.floorRequest, from: ann.link)
+        h.send(.floorRequest(), from: ann.link)
         h.advance(1_000 * ms)
-        h.send(.floorRequest, from: ann.link)
+        h.send(.floorRequest(), from: ann.link)
         #expect(h.hub.counters.bursts == 1 && h.hub.counters.floorGrants == 1)
         #expect(h.hub.channels[h.channel.id]!.recordings.count == 1)
         h.advance(1_000 * ms)
@@ -1412,7 +1447,7 @@ final class Harness {
     @Test func fullDuplexAllowsSeveralTalkers() {
         let h = Harness(mode: .fullDuplex)
         let members = (0..<5).map { h.join("m\($0)") }
-        for member in members { h.send(.floorRequest, from: member.link) }
+        for member in members { h.send(.floorRequest(), from: member.link) }
         #expect(members.prefix(4).allSatisfy { h.grantedBurst($0.link) != nil })
         #expect(h.floorEvents(to: members[4].link).last?.kind == .queued)
     }
@@ -1463,9 +1498,9 @@ final class Harness {
     @Test func aRemovedTalkersBurstIsLoggedWithTheReason() {
         let h = Harness()
         let ann = h.join("ann"), bob = h.join("bob")
-        h.send(.floorRequest, from: ann.link)
+        h.send(.floorRequest(), from: ann.link)
         h.hub.removeMember(channel: h.channel.id, user: "ann", at: h.time)
-        h.send(.floorRequest, from: bob.link)
+        h.send(.floorRequest(), from: bob.link)
         h.hub.removeMember(channel: h.channel.id, user: "bob", at: h.time, code: .tokenRevoked, reason: "lost phone")
         h.drain()
         let logged = h.stored.compactMap { if case .logTransmission(let t) = $0, t.endReason != TransmissionRecord.inProgress { return t } else { return nil } }
@@ -1483,7 +1518,7 @@ final class Harness {
         #expect(h.closes.contains { $0.0 == bob.link && $0.1 == .normal })
         #expect(!h.other.contains { if case .memberGone = $0 { return true } else { return false } },
                 "a member who left by itself gets no leave push")
-        h.send(.floorRequest, from: ann.link)
+        h.send(.floorRequest(), from: ann.link)
         #expect(!h.other.contains { if case .burstStarted = $0 { return true } else { return false } }, "its token is gone")
     }
 
@@ -1517,7 +1552,7 @@ final class Harness {
         h.hub.pushTokenRejected(channel: h.channel.id, user: "bob", token: "00FF")
         h.drain()
         #expect(h.stored.last == .clearPushToken(channel: h.channel.id, user: "bob"))
-        h.send(.floorRequest, from: ann.link)
+        h.send(.floorRequest(), from: ann.link)
         #expect(!h.other.contains { if case .burstStarted = $0 { return true } else { return false } })
     }
 
@@ -1526,7 +1561,7 @@ final class Harness {
         let ann = h.join("ann"), bob = h.join("bob")
         h.send(.registerPushToken(token: "00ff", environment: .sandbox), from: bob.link)
         h.send(.registerPushToken(token: "0a0a", environment: .sandbox), from: ann.link)
-        h.send(.floorRequest, from: ann.link)
+        h.send(.floorRequest(), from: ann.link)
         let started = h.other.compactMap { if case .burstStarted(_, _, let wake, let connected) = $0 { return (wake, connected) } else { return nil } }
         #expect(started.count == 1)
         #expect(started.first?.0.isEmpty == true)
@@ -1540,7 +1575,7 @@ final class Harness {
         h.send(.registerPushToken(token: "00ff", environment: .production), from: bob.link)
         h.hub.closed(bob.link, at: h.time)
         h.drain()
-        h.send(.floorRequest, from: ann.link)
+        h.send(.floorRequest(), from: ann.link)
         let wake = h.other.compactMap { if case .burstStarted(_, let talker, let wake, _) = $0 { return (talker, wake) } else { return nil } }
         #expect(wake.count == 1)
         #expect(wake.first?.0.userID == "ann")
@@ -1559,7 +1594,7 @@ final class Harness {
         h.advance(3_000 * ms)
         h.hub.closed(cat.link, at: h.time)
         h.drain()
-        h.send(.floorRequest, from: ann.link)
+        h.send(.floorRequest(), from: ann.link)
         let burst = try #require(h.grantedBurst(ann.link))
         h.audio(from: ann.link, burst: burst, sequence: 0, payload: [1])
         h.send(.floorRelease, from: ann.link)
@@ -1580,7 +1615,7 @@ final class Harness {
         h.drain()
         func woken() -> [String] {
             h.other.removeAll()
-            h.send(.floorRequest, from: ann.link)
+            h.send(.floorRequest(), from: ann.link)
             h.send(.floorRelease, from: ann.link)
             return h.other.flatMap { if case .burstStarted(_, _, let wake, _) = $0 { return wake.map(\.userID) } else { return [] } }
         }
@@ -1606,7 +1641,7 @@ final class Harness {
         let writes = h.stored.count
         h.send(.setSubscriptions(unheard: ["ann"]), from: bob.link)
         #expect(h.lastMessage(to: bob.link) == .subscriptions(unheard: ["ann"]) && h.stored.count == writes)
-        h.send(.floorRequest, from: ann.link)
+        h.send(.floorRequest(), from: ann.link)
         let burst = h.grantedBurst(ann.link)!
         h.audio(from: ann.link, burst: burst, sequence: 0, payload: [0])
         #expect(h.audio(to: bob.link).isEmpty)
@@ -1626,7 +1661,7 @@ final class Harness {
         h.hub.closed(bob.link, at: h.time)
         h.drain()
         h.other.removeAll()
-        h.send(.floorRequest, from: ann.link)
+        h.send(.floorRequest(), from: ann.link)
         let wakes = h.other.compactMap { if case .burstStarted(_, _, let wake, _) = $0 { return wake } else { return nil } }
         #expect(wakes.allSatisfy { $0.isEmpty })
         // Subscribing again restores the relay.
@@ -1650,7 +1685,7 @@ final class Harness {
         #expect(h.hub.counters.controlErrors == 6)
         let stranger = Link(index: 500, generation: 1)
         h.hub.connected(stranger)
-        h.send(.floorRequest, from: stranger)
+        h.send(.floorRequest(), from: stranger)
         #expect(h.lastMessage(to: stranger) == .error(code: .notJoined, reason: "join a channel first"))
     }
 
@@ -1674,7 +1709,7 @@ final class Harness {
         #expect(h.stored.last == .removeMember(channel: h.channel.id, user: "bob"))
         // Whatever bob's connection sends before it closes is ignored.
         let count = h.messages(to: bob.link).count
-        h.send(.floorRequest, from: bob.link)
+        h.send(.floorRequest(), from: bob.link)
         #expect(h.messages(to: bob.link).count == count && h.floorEvents(to: ann.link).isEmpty)
     }
 
@@ -1711,7 +1746,7 @@ final class Harness {
         hub.admit(link, claims: ParticipantClaims(userID: "cy", name: "Cy", channel: channel.id, capabilities: [.talk, .listen],
                                                   issuedAt: date, expiresAt: date.addingTimeInterval(60), tokenID: "cy-1"),
                   reason: .developerRequest, at: time)
-        hub.control(link, bytes: MessageCodec().encode(.floorRequest), at: time)
+        hub.control(link, bytes: MessageCodec().encode(.floorRequest()), at: time)
         let woken = hub.takeOutputs().compactMap { output -> [String]? in
             if case .burstStarted(_, _, let wake, _) = output { return wake.map(\.userID).sorted() } else { return nil }
         }
@@ -1812,7 +1847,7 @@ final class Harness {
         let messages = h.messages(to: link).count
         // A second join before the close lands must not be verified (and admitted) on this connection.
         h.send(.join(token: "good", channel: h.channel.id, reason: .developerRequest), from: link)
-        h.send(.floorRequest, from: link)
+        h.send(.floorRequest(), from: link)
         #expect(h.other.filter { if case .verify = $0 { true } else { false } }.count == verifies)
         #expect(h.messages(to: link).count == messages)
         #expect(h.hub.counters.refusals == 1)

@@ -8,13 +8,20 @@ import Testing
     @Test func clientMessagesRoundTripWithATypeMember() throws {
         let channel = UUID()
         let messages: [ClientMessage] = [
-            .join(token: "abc.def.ghi", channel: channel, reason: .channelRestoration), .leave, .floorRequest, .floorRelease,
+            .join(token: "abc.def.ghi", channel: channel, reason: .channelRestoration), .leave, .floorRequest(),
+            .floorRequest(request: 0), .floorRequest(request: .max), .floorRelease,
             .setMuted(true), .registerPushToken(token: "00aaff", environment: .sandbox), .setSubscriptions(unheard: ["ann", "bob"]),
             .renewToken(token: "abc.def.ghj"), .receptionReport(lossPercent: 0), .receptionReport(lossPercent: 100),
         ]
         for message in messages { #expect(try codec.decodeClientMessage(codec.encode(message)) == message) }
-        let json = String(decoding: codec.encode(ClientMessage.floorRequest), as: UTF8.self)
+        let json = String(decoding: codec.encode(ClientMessage.floorRequest()), as: UTF8.self)
         #expect(json == #"{"type":"floorRequest"}"#)
+        #expect(String(decoding: codec.encode(ClientMessage.floorRequest(request: 12)), as: UTF8.self) == #"{"request":12,"type":"floorRequest"}"#)
+        // A number outside 0...2^32-1 is a bad message, not a trap or a silent wrap.
+        for bad in [#"{"type":"floorRequest","request":-1}"#, #"{"type":"floorRequest","request":4294967296}"#,
+                    #"{"type":"floorRequest","request":"1"}"#] {
+            #expect(throws: MessageError.self) { try codec.decodeClientMessage(Array(bad.utf8)) }
+        }
     }
 
     @Test func serverMessagesRoundTrip() throws {
@@ -24,6 +31,7 @@ import Testing
                     talkers: [Talker(slot: 1, burst: 7)]),
             .refused(code: .tokenExpired, reason: "expired"), .participant(Participant(slot: 1, userID: "a", name: "A")),
             .participantLeft(slot: 2, userID: "b"), .roster([Participant(slot: 4, userID: "d", name: "D", connection: .offline)]), .floor(FloorEvent(kind: .queued, slot: 2, position: 1)),
+            .floor(FloorEvent(kind: .granted, slot: 2, burst: 9, maxBurstSeconds: 60, request: 4_000_000_000)),
             .descriptor(info), .serviceStatus(.unavailable, reason: "shutting down"), .serviceStatus(.ready, reason: nil),
             .pushTokenRegistered, .subscriptions(unheard: ["ann"]), .error(code: .notJoined, reason: "join first"),
             .error(code: .tokenWrongUser, reason: "not yours"), .tokenExpiring(expiresAt: Date(timeIntervalSince1970: 1_795_000_000)),

@@ -78,7 +78,8 @@ func sent(_ outputs: [SessionOutput]) -> [ClientMessage] {
     }
 
     /// A request withdrawn by a stall (or by letting go) is still answered, in order, before the next
-    /// one: that answer and its burst's end are not taken for the next press's.
+    /// one: that answer and its burst's end are not taken for the next press's. Here from a server
+    /// that doesn't number its answers (older than `FloorEvent.request`).
     @Test func theAnswerToAWithdrawnRequestIsNotTakenForTheNextOnes() {
         var s = joinedSession()
         s.beginTransmitting(channelID, source: .userRequest)
@@ -94,7 +95,7 @@ func sent(_ outputs: [SessionOutput]) -> [ClientMessage] {
         s.transportStalled(false)
         #expect(s.takeOutputs().contains(.event(.serviceStatus(.ready))))
         s.beginTransmitting(channelID, source: .userRequest)
-        #expect(sent(s.takeOutputs()) == [.floorRequest])
+        #expect(sent(s.takeOutputs()) == [.floorRequest(request: 2)])
         // The server answers request, release, request in turn.
         s.received(.floor(FloorEvent(kind: .granted, burst: 1)))
         s.received(.floor(FloorEvent(kind: .ended, slot: 1, burst: 1)))
@@ -106,6 +107,35 @@ func sent(_ outputs: [SessionOutput]) -> [ClientMessage] {
         #expect(delegateCalls(out).contains(.didBeginTransmitting(channelID, .userRequest)))
         #expect(out.contains(.startSending(burst: 2)))
         #expect(s.transmit == .active(.userRequest, burst: 2))
+    }
+
+    /// A request withdrawn while queued can still be granted before its release reaches the server,
+    /// after the next press went out: the server names the request in each answer, and the client
+    /// acts only on the current one's.
+    @Test func numberedAnswersToWithdrawnRequestsAreIgnored() {
+        var s = joinedSession()
+        s.beginTransmitting(channelID, source: .userRequest)
+        #expect(sent(s.takeOutputs()) == [.floorRequest(request: 1)])
+        s.received(.floor(FloorEvent(kind: .queued, position: 1, request: 1)))
+        #expect(s.transmit == .queued(.userRequest, position: 1))
+        s.stopTransmitting(channelID, source: .userRequest)
+        #expect(sent(s.takeOutputs()) == [.floorRelease])
+        s.beginTransmitting(channelID, source: .handsfreeButton)
+        #expect(sent(s.takeOutputs()) == [.floorRequest(request: 2)])
+        // The server granted request 1 from the queue, then took its release, then request 2.
+        s.received(.floor(FloorEvent(kind: .granted, burst: 8, request: 1)))
+        var out = s.takeOutputs()
+        #expect(delegateCalls(out).isEmpty && sent(out).isEmpty, "\(out)")
+        #expect(s.transmit == .requesting(.handsfreeButton))
+        s.received(.floor(FloorEvent(kind: .ended, slot: 1, burst: 8)))
+        #expect(s.takeOutputs().isEmpty)
+        s.received(.floor(FloorEvent(kind: .granted, burst: 9, request: 2)))
+        out = s.takeOutputs()
+        #expect(delegateCalls(out).contains(.didBeginTransmitting(channelID, .handsfreeButton)))
+        #expect(s.transmit == .active(.handsfreeButton, burst: 9))
+        // A stale denial doesn't end the burst either.
+        s.received(.floor(FloorEvent(kind: .denied, cause: .busy, request: 1)))
+        #expect(s.transmit == .active(.handsfreeButton, burst: 9))
     }
 
     @Test func aStallWhileSuspendedOrJoiningLeavesNoStaleState() {
@@ -140,7 +170,7 @@ func sent(_ outputs: [SessionOutput]) -> [ClientMessage] {
     @Test func transmitBeginsOnGrantThenActivatesAndEndsThenDeactivates() {
         var s = joinedSession()
         s.beginTransmitting(channelID, source: .userRequest)
-        #expect(sent(s.takeOutputs()) == [.floorRequest])
+        #expect(sent(s.takeOutputs()) == [.floorRequest(request: 1)])
         s.received(.floor(FloorEvent(kind: .granted, burst: 5)))
         var out = s.takeOutputs()
         #expect(delegateCalls(out) == [.didBeginTransmitting(channelID, .userRequest),

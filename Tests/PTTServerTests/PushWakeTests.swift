@@ -53,7 +53,7 @@ import FoundationNetworking
         await putToSleep(bob, user: "bob", seenBy: ann)
 
         // Bob is asleep, Cat is connected: only Bob gets a wake, and Ann (the talker) never does.
-        try await ann.send(.floorRequest)
+        try await ann.send(.floorRequest())
         let granted = try #require(await ann.waitForFloor(.granted))
         let wakes = await waitForPushes(simulator, count: 1)
         #expect(wakes.count == 1)
@@ -115,7 +115,7 @@ import FoundationNetworking
         let ann = try await fixture.member("ann", port: listening.voicePort)
         let eve = try await registered("eve", token: "e0e0e0", fixture, port: listening.voicePort)
         await putToSleep(eve, user: "eve", seenBy: ann)
-        try await ann.send(.floorRequest)
+        try await ann.send(.floorRequest())
         #expect(await ann.waitForFloor(.granted) != nil)
         #expect(await waitForPushes(simulator, count: 1).count == 1)
         var mark = ann.messages.count
@@ -126,7 +126,7 @@ import FoundationNetworking
         let dan = try await registered("dan", token: "dead01", fixture, port: listening.voicePort)
         await putToSleep(dan, user: "dan", seenBy: ann)
         mark = ann.messages.count
-        try await ann.send(.floorRequest)
+        try await ann.send(.floorRequest())
         #expect(await ann.waitForFloor(.granted, after: mark) != nil)
         // The rejection arrives, then the token is cleared in the store.
         let deadline = ContinuousClock.now + .seconds(5)
@@ -144,7 +144,7 @@ import FoundationNetworking
         // next line runs, and counting then would skip past it.
         mark = ann.messages.count
         try await ann.send(.floorRelease)
-        try await ann.send(.floorRequest)
+        try await ann.send(.floorRequest())
         #expect(await ann.waitForFloor(.granted, after: mark) != nil)
         try await Task.sleep(for: .milliseconds(1_300))
         #expect(simulator.rejections().count == 1)
@@ -169,7 +169,7 @@ import FoundationNetworking
             let member = try await registered(user, token: token, fixture, port: listening.voicePort)
             await putToSleep(member, user: user, seenBy: ann)
         }
-        try await ann.send(.floorRequest)
+        try await ann.send(.floorRequest())
         #expect(await ann.waitForFloor(.granted) != nil)
         let deadline = ContinuousClock.now + .seconds(5)
         while ContinuousClock.now < deadline, simulator.rejections().count < 2 {
@@ -187,7 +187,7 @@ import FoundationNetworking
         try await Task.sleep(for: .milliseconds(1_000))  // each member's wakes are a second apart
         let mark = ann.messages.count
         try await ann.send(.floorRelease)
-        try await ann.send(.floorRequest)
+        try await ann.send(.floorRequest())
         #expect(await ann.waitForFloor(.granted, after: mark) != nil)
         #expect(Set(await waitForPushes(simulator, count: 2).map(\.token)) == ["b0b0b0", "ca7ca7"])
 
@@ -207,7 +207,7 @@ import FoundationNetworking
         let started = ContinuousClock.now
         for _ in 0..<8 {
             let mark = ann.messages.count
-            try await ann.send(.floorRequest)
+            try await ann.send(.floorRequest())
             #expect(await ann.waitForFloor(.granted, after: mark) != nil)
             try await ann.send(.floorRelease)
             #expect(await ann.waitForFloor(.idle, after: mark) != nil)
@@ -243,7 +243,7 @@ import FoundationNetworking
         let bob = try await registered("bob", token: "b0b0b0", fixture, port: listening.voicePort)
         await putToSleep(bob, user: "bob", seenBy: ann)
 
-        try await ann.send(.floorRequest)
+        try await ann.send(.floorRequest())
         let burst = try #require(await ann.waitForFloor(.granted)?.burst)
         for sequence in 0 ..< 25 as Range<UInt16> {
             await ann.sendAudio(burst: burst, sequence: sequence, payload: [UInt8(sequence), 0xB0])
@@ -292,7 +292,7 @@ import FoundationNetworking
         defer { task.cancel() }
         let simulator = try #require(listening.apnsSimulator)
         let talker = try await fixture.member("ann", port: listening.voicePort)
-        try await talker.send(.floorRequest)
+        try await talker.send(.floorRequest())
         #expect(await talker.waitForFloor(.granted) != nil)
         #expect(await waitForPushes(simulator, count: 1).map(\.token) == ["ca7ca7"])
         // Bob's would have been made with Cat's; a moment more shows it isn't coming.
@@ -313,7 +313,7 @@ import FoundationNetworking
         #expect(await eve.waitFor { $0 == .pushTokenRegistered } != nil)
         // Eve's connection stays open but says nothing (her keepalive is 15 s): an app in the background.
         try await Task.sleep(for: .milliseconds(600))
-        try await ann.send(.floorRequest)
+        try await ann.send(.floorRequest())
         #expect(await ann.waitForFloor(.granted) != nil)
         let pushes = await waitForPushes(simulator, count: 1)
         #expect(pushes.map(\.token) == ["e7e7e7"])

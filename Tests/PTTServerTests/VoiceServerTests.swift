@@ -151,7 +151,7 @@ func slot(of member: TestMember) -> UInt16? {
         #expect(roster.map(\.userID) == ["cat", "ann", "bob"], "its own entry first, then the rest in slot order")
         #expect(await ann.waitFor { if case .participant(let p) = $0 { return p.userID == "cat" } else { return false } } != nil)
 
-        try await ann.send(.floorRequest)
+        try await ann.send(.floorRequest())
         let granted = try #require(await ann.waitForFloor(.granted))
         let burst = try #require(granted.burst)
         #expect(await bob.waitForFloor(.taken)?.slot == slot(of: ann))
@@ -172,7 +172,7 @@ func slot(of member: TestMember) -> UInt16? {
         #expect(ann.audio.isEmpty, "audio went back to the talker")
 
         // A listen-only member cannot take the floor.
-        try await cat.send(.floorRequest)
+        try await cat.send(.floorRequest())
         let denied = try #require(await cat.waitForFloor(.denied))
         #expect(denied.cause == .notAllowed)
         try await ann.send(.floorRelease)
@@ -188,13 +188,13 @@ func slot(of member: TestMember) -> UInt16? {
         let ann = try await fixture.member("ann", port: listening.voicePort)
         let bob = try await fixture.member("bob", port: listening.voicePort)
         let chief = try await fixture.member("chief", port: listening.voicePort, priority: 200)
-        try await ann.send(.floorRequest)
+        try await ann.send(.floorRequest())
         #expect(await ann.waitForFloor(.granted) != nil)
-        try await bob.send(.floorRequest)
+        try await bob.send(.floorRequest())
         #expect(await bob.waitForFloor(.queued)?.position == 1)
         try await ann.send(.floorRelease)
         #expect(await bob.waitForFloor(.granted) != nil)
-        try await chief.send(.floorRequest)
+        try await chief.send(.floorRequest())
         let revoked = try #require(await bob.waitForFloor(.revoked))
         #expect(revoked.cause == .preempted)
         #expect(revoked.reason?.contains("Chief") == true)
@@ -500,7 +500,7 @@ func slot(of member: TestMember) -> UInt16? {
         let (task, listening) = try await fixture.start()
         defer { task.cancel() }
         let ann = try await fixture.member("ann", port: listening.voicePort)
-        try await ann.send(.floorRequest)
+        try await ann.send(.floorRequest())
         let burst = try #require(await ann.waitForFloor(.granted)?.burst)
         for sequence in 0..<30 { await ann.sendAudio(burst: burst, sequence: UInt16(sequence), payload: [UInt8(sequence), 0xAA]) }
         try await Task.sleep(for: .milliseconds(50))
@@ -547,7 +547,7 @@ func slot(of member: TestMember) -> UInt16? {
         try await ann.send(.registerPushToken(token: "0a1b2c3d", environment: .sandbox))
         #expect(await ann.waitFor { $0 == .pushTokenRegistered } != nil)
         let bob = try await fixture.member("bob", port: listening.voicePort)
-        try await ann.send(.floorRequest)
+        try await ann.send(.floorRequest())
         let before = try #require(await ann.waitForFloor(.granted)?.burst)
         try await ann.send(.floorRelease)
         #expect(await bob.waitForFloor(.idle) != nil)
@@ -569,7 +569,7 @@ func slot(of member: TestMember) -> UInt16? {
         // Were each channel's burst numbers to start again at 1, a talker given its old slot would have
         // its first burst taken by listeners for the one they finished before the restart (a random
         // start repeats it once in 65535 restarts).
-        try await again.send(.floorRequest)
+        try await again.send(.floorRequest())
         let after = try #require(await again.waitForFloor(.granted)?.burst)
         #expect(after != before, "burst \(after) again after the restart")
         await listening.shutdown()
@@ -638,7 +638,7 @@ func slot(of member: TestMember) -> UInt16? {
         })
         #expect(answer.body.contains("database writes have failed"), "\(answer.body)")
         #expect(answer.body.contains("locked"), "\(answer.body)")
-        try await ann.send(.floorRequest)
+        try await ann.send(.floorRequest())
         #expect(await ann.waitForFloor(.granted) != nil, "talk goes on while the database is failing")
         #expect(await bob.waitForFloor(.taken) != nil)
         lock.unlock()
@@ -655,7 +655,7 @@ func slot(of member: TestMember) -> UInt16? {
         let (task, listening) = try await fixture.start()
         let ann = try await fixture.member("ann", port: listening.voicePort)
         let bob = try await fixture.member("bob", port: listening.voicePort)
-        try await ann.send(.floorRequest)
+        try await ann.send(.floorRequest())
         #expect(await ann.waitForFloor(.granted) != nil)
         #expect(await bob.waitForFloor(.taken) != nil)
         let cancelledAt = Date()
