@@ -87,6 +87,27 @@ public enum AdminAPI {
         public var expiresAt: Date
     }
 
+    /// Every endpoint: its path (a segment starting with ':' is a parameter) and its methods. The
+    /// router's registrations below must agree (AdminAPITests checks each): the table is what lets a
+    /// known path asked with another method get 405 and `Allow` (RFC 9110 §15.5.6), rather than the
+    /// 404 that would send a client looking for a path that exists.
+    static let endpoints: [(path: String, methods: [HTTPRequest.Method])] = [
+        ("/healthz", [.get]), ("/version", [.get]), ("/metrics", [.get]),
+        ("/v1/channels", [.get, .post]), ("/v1/channels/:id", [.get, .patch, .delete]),
+        ("/v1/channels/:id/members", [.get]), ("/v1/channels/:id/members/:user", [.delete]),
+        ("/v1/channels/:id/revocations", [.get, .post]), ("/v1/channels/:id/roster", [.get]),
+        ("/v1/channels/:id/tokens", [.post]), ("/v1/channels/:id/transmissions", [.get]),
+    ]
+
+    /// The methods of the endpoint `path` names (nil: no endpoint has this path).
+    static func methods(ofPath path: String) -> [HTTPRequest.Method]? {
+        let segments = path.split(separator: "/", omittingEmptySubsequences: true)
+        return endpoints.first { endpoint in
+            let pattern = endpoint.path.split(separator: "/")
+            return pattern.count == segments.count && zip(pattern, segments).allSatisfy { $0.hasPrefix(":") || $0 == $1 }
+        }?.methods
+    }
+
     /// Builds the router.
     public static func router(context admin: AdminContext) -> Router<BasicRequestContext> {
         let router = Router()
@@ -526,6 +547,11 @@ struct UnknownEndpointMiddleware<Context: RequestContext>: RouterMiddleware {
     func handle(_ request: Request, context: Context,
                 next: (Request, Context) async throws -> Response) async throws -> Response {
         do { return try await next(request, context) } catch let error as HTTPError where error.status == .notFound {
+            if let methods = AdminAPI.methods(ofPath: request.uri.path), !methods.contains(request.method) {
+                let allowed = methods.map(\.rawValue).joined(separator: ", ")
+                throw AdminError(.methodNotAllowed, "\(request.uri.path) takes \(allowed), not \(request.method)",
+                                 headers: [.allow: allowed])
+            }
             throw AdminError(.notFound, "there is no \(request.method) \(request.uri.path); the admin API has GET /healthz, /version and /metrics, and its JSON endpoints under /v1/channels (docs/architecture.md, \"Admin API\")")
         }
     }

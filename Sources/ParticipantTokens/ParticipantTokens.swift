@@ -295,6 +295,10 @@ public struct TokenAuthority: Sendable {
         if reason.contains("typeMismatch") || reason.contains("valueNotFound") {
             return "\(notOurs) (a claim holds the wrong kind of value); get one from 'squelchd token issue' or the admin API"
         }
+        // jwt-kit's "Token is not split in 3 parts": not even the shape of a token.
+        if reason.contains("split in 3 parts") {
+            return "a token is three parts joined by dots, and this is not; it was probably cut short in copying, or is something else (a token id, a file name)"
+        }
         if error is DecodingError || reason.contains("Couldn't decode") || reason.contains("DecodingError") {
             return "its parts are not base64url-encoded JSON; it was probably cut short or changed in copying"
         }

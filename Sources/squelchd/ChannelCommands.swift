@@ -20,7 +20,8 @@ struct Channel: AsyncParsableCommand {
         @Option(help: "Channel name (1-\(ChannelRecord.maxNameLength) characters).") var name: String
         @Option(help: "Channel image: an http(s) URL or a data:image/png;base64, URL.") var image: String?
         @Option(help: "half: one talker at a time; full: several at once.") var mode: ModeOption = .half
-        @Option(help: "Longest talk burst in seconds (\(ChannelRecord.maxBurstRange.lowerBound)-\(ChannelRecord.maxBurstRange.upperBound)).")
+        // `.unconditional`: "--max-burst -5" reaches the range check rather than "missing value".
+        @Option(parsing: .unconditional, help: "Longest talk burst in seconds (\(ChannelRecord.maxBurstRange.lowerBound)-\(ChannelRecord.maxBurstRange.upperBound)).")
         var maxBurst = 60
         @OptionGroup var store: StoreOptions
 
@@ -107,7 +108,7 @@ struct Channel: AsyncParsableCommand {
         @Option(help: "New image: an http(s) URL or a data:image/png;base64, URL.") var image: String?
         @Flag(help: "Remove the image.") var clearImage = false
         @Option(help: "half or full.") var mode: ModeOption?
-        @Option(help: "Longest talk burst in seconds.") var maxBurst: Int?
+        @Option(parsing: .unconditional, help: "Longest talk burst in seconds.") var maxBurst: Int?
         @OptionGroup var store: StoreOptions
 
         func run() async throws {

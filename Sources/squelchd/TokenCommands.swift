@@ -27,9 +27,11 @@ struct Token: AsyncParsableCommand {
         @Option(help: "User id (the token's subject, 1-\(ParticipantClaims.maxUserIDBytes) bytes).") var user: String
         @Option(help: "Display name (1-\(ParticipantClaims.maxNameBytes) bytes).") var name: String
         @Option(help: "Capabilities, comma-separated: talk, listen.") var capability = "talk,listen"
-        @Option(help: "Floor priority 0-255; a higher one pre-empts a lower one.") var priority = 0
+        // `.unconditional` here and on the other numbers: ArgumentParser takes "-1" for an option and would
+        // answer "--priority -1" with "missing value"; the range check says what is wrong instead.
+        @Option(parsing: .unconditional, help: "Floor priority 0-255; a higher one pre-empts a lower one.") var priority = 0
         @Option(help: "Role attribute (free text up to \(ParticipantClaims.maxRoleBytes) bytes, e.g. dispatcher).") var role: String?
-        @Option(help: "Lifetime: 90s, 30m, 12h, 7d; at most 30d.") var ttl = "12h"
+        @Option(parsing: .unconditional, help: "Lifetime: 90s, 30m, 12h, 7d; at most 30d.") var ttl = "12h"
         @OptionGroup var store: Channel.StoreOptions
         @Option(help: ArgumentHelp(ServerConfiguration.help("tokenKeyPath", "The server's token key (PEM), if not in the data directory."), valueName: "path"))
         var tokenKey: String?

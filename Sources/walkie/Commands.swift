@@ -21,7 +21,9 @@ struct Talk: AsyncParsableCommand {
     @OptionGroup var server: ServerOptions
     @Option(help: "The WAV file to send (any rate; 16-bit or float PCM).")
     var file: String
-    @Option(help: "Wait this long in the floor queue when someone else is talking (0: don't wait).")
+    // `.unconditional` on the numbers: "--wait -1" reaches the check that says what to give, rather than
+    // ArgumentParser's "missing value" (it takes "-1" for an option).
+    @Option(parsing: .unconditional, help: "Wait this long in the floor queue when someone else is talking (0: don't wait).")
     var wait: Double = 0
     @OptionGroup var oneShot: OneShotOptions
 
@@ -205,7 +207,7 @@ struct Listen: AsyncParsableCommand {
     @OptionGroup var server: ServerOptions
     @Option(help: "The WAV file to write.")
     var record: String
-    @Option(help: "Seconds to listen (default: until interrupted).")
+    @Option(parsing: .unconditional, help: "Seconds to listen (default: until interrupted).")
     var duration: Double?
     @OptionGroup var oneShot: OneShotOptions
 

@@ -8,7 +8,7 @@ import TerminalUI
 struct InteractiveOptions: ParsableArguments {
     @Option(help: "The push-to-talk key: space, or a letter, or a key name like f1.")
     var key: String = "space"
-    @Option(help: "The longest transmission, in seconds; the key is released for you after it.")
+    @Option(parsing: .unconditional, help: "The longest transmission, in seconds; the key is released for you after it.")
     var maxTransmit: Double = 60
     @Flag(help: "Start with the voice connection closed, waiting for a push to wake it (once the push channel works; never without one).")
     var background = false
@@ -124,6 +124,9 @@ enum Interactive {
         var everReady = false
         var requesting = false
         var left: String?
+        /// The server ended the membership (removed, revoked, channel deleted): exit 4, as for a token
+        /// refused at the join, since the same token won't get back in.
+        var removed = false
         var lastBurst: String?
         /// SIGTERM or SIGHUP arrived: quit as `q` would, so that the output WAV is completed.
         var stopRequested = false
@@ -177,7 +180,8 @@ enum Interactive {
                         // Granted after a wait: the queue line is history.
                         if state.status?.text.hasPrefix("Waiting for the floor") == true { state.status = nil }
                     case .left(let reason):
-                        state.left = reason == .systemPolicy ? "an administrator removed you from the channel (or deleted it)" : "the channel was left"
+                        state.removed = reason == .systemPolicy
+                        state.left = state.removed ? "an administrator removed you from the channel, revoked your token or deleted the channel; ask for a new token to join again" : "the channel was left"
                     case .push(let speaker): state.status = .init("Woken by a push: \(speaker ?? "leave")")
                     default: break
                     }
@@ -261,7 +265,7 @@ enum Interactive {
         events.cancel()
         poller.cancel()
         await manager.invalidate()
-        if let outcome { throw WalkieFailure.other(outcome) }
+        if let outcome { throw shared.withLockedValue(\.removed) ? WalkieFailure.token(outcome) : WalkieFailure.other(outcome) }
     }
 
     /// The terminal loop (reference: Examples/TerminalUIDemo): wait for keys until the next deadline,

@@ -16,7 +16,7 @@ struct Walkie: AsyncParsableCommand {
           1  something else failed (the message says what)
           2  bad usage, or no channel to restore
           3  squelchd did not answer (check --server and that it runs)
-          4  the token was refused (expired, forged, or for another channel)
+          4  the token was refused (expired, forged, revoked, or for another channel), or the member removed
           5  the server's certificate is not signed by --ca
           6  the floor was busy or not allowed
           7  an audio device or file could not be used

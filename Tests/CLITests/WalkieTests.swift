@@ -380,8 +380,14 @@ import Testing
         #expect(try await tmux.wait("cat", for: "pushes are off"), "\(tmux.screen("cat"))")
         #expect(!tmux.screen("cat").contains("BACKGROUND"), "\(tmux.screen("cat"))")
         try tmux.keys("bob", "q")
-        try tmux.keys("cat", "q")
-        #expect(try await tmux.wait("cat", for: "EXITED 0"), "\(tmux.screen("cat"))")
+        #expect(try await tmux.wait("bob", for: "EXITED 0"), "\(tmux.screen("bob"))")
+        // Cat is removed by an administrator: the screen ends with what happened and what to do, and
+        // the exit code is the token's, as for a token refused at the join.
+        let adminKey = try String(contentsOfFile: world.data + "/admin-key", encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)
+        let removed = try Executables.runShell("curl -s -o /dev/null -w '%{http_code}' -X DELETE -H 'Authorization: Bearer \(adminKey)' http://127.0.0.1:\(world.server.adminPort)/v1/channels/\(world.channel.uuidString)/members/cat")
+        #expect(removed == "204", "\(removed)")
+        #expect(try await tmux.wait("cat", for: "EXITED 4"), "\(tmux.screen("cat"))")
+        #expect(tmux.screen("cat").contains("ask for a new token"), "\(tmux.screen("cat"))")
     }
 
     @Test func twoTerminalsTalkThroughTheServerAndAKilledWalkieRestores() async throws {

@@ -119,11 +119,38 @@ extension TestResponse {
                 #expect(health.connections == 3)
                 #expect(health.uptimeSeconds >= 0)
             }
-            // A path or a method with no route: the API's JSON error, saying where the routes are.
-            for (uri, method) in [("/nope", HTTPRequest.Method.get), ("/v1/channels", .put)] {
-                try await client.execute(uri: uri, method: method) { response in
-                    #expect(response.status == .notFound)
-                    #expect(response.errorMessage.contains("there is no \(method) \(uri); the admin API has"), "\(response.text)")
+            // A path with no route: the API's JSON error, saying where the routes are.
+            try await client.execute(uri: "/nope", method: .get) { response in
+                #expect(response.status == .notFound)
+                #expect(response.errorMessage.contains("there is no GET /nope; the admin API has"), "\(response.text)")
+            }
+            // A known path with another method: 405 with the methods it takes.
+            try await client.execute(uri: "/v1/channels", method: .put) { response in
+                #expect(response.status == .methodNotAllowed)
+                #expect(response.headers[.allow] == "GET, POST")
+                #expect(response.errorMessage == "/v1/channels takes GET, POST, not PUT", "\(response.text)")
+            }
+        }
+    }
+
+    /// The endpoint table behind 405 agrees with the router: each listed method reaches a handler
+    /// (its answer is never the router's "there is no"), and every other method gets 405.
+    @Test func everyEndpointAnswersItsMethodsAndRefusesOthers() async throws {
+        let fixture = try await AdminFixture()
+        defer { Task { await fixture.cleanUp() } }
+        let all: [HTTPRequest.Method] = [.get, .post, .put, .patch, .delete]
+        try await fixture.application.test(.router) { client in
+            for endpoint in AdminAPI.endpoints {
+                let uri = endpoint.path.replacingOccurrences(of: ":id", with: UUID().uuidString).replacingOccurrences(of: ":user", with: "ann")
+                for method in all {
+                    let response = try await client.send(method, uri, json: method == .post || method == .patch ? "{}" : nil)
+                    if endpoint.methods.contains(method) {
+                        #expect(response.status != .methodNotAllowed && !response.errorMessage.contains("there is no"),
+                                "\(method) \(uri): \(response.status) \(response.text)")
+                    } else {
+                        #expect(response.status == .methodNotAllowed, "\(method) \(uri): \(response.status) \(response.text)")
+                        #expect(response.headers[.allow] == endpoint.methods.map(\.rawValue).joined(separator: ", "))
+                    }
                 }
             }
         }

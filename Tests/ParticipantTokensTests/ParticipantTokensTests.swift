@@ -52,6 +52,12 @@ import Testing
             // Said in words, not as a decoder's dump.
             #expect(!"\(error.map(String.init(describing:)) ?? "")".contains("DecodingError"), "\(String(describing: error))")
         }
+        // Not three parts: said as what a token looks like, not as jwt-kit's "not split in 3 parts".
+        for shapeless in ["abc", "a.b", "sq_3f9a0c1b"] {
+            let error = #expect(throws: TokenError.self) { try TokenAuthority.unverifiedClaims(of: shapeless) }
+            let text = "\(error.map(String.init(describing:)) ?? "")"
+            #expect(text.contains("three parts joined by dots") && !text.contains("split in 3"), "\(text)")
+        }
         // Another service's JWT: JSON, but without Squelch's claims.
         let foreign = [#"{"alg":"ES256","typ":"JWT"}"#, #"{"sub":"x","exp":2000000000}"#]
             .map { Data($0.utf8).base64EncodedString().replacingOccurrences(of: "=", with: "").replacingOccurrences(of: "+", with: "-")
