@@ -51,6 +51,7 @@ public final class ChannelManager: Sendable {
         var roster: [RosterEntry] = []
         var isTransmitting = false
         var isSuspended = false
+        var tokenExpired = false
         var canBeWokenByPush = false
         /// Numbers the push tasks, so that only the newest sets `canBeWokenByPush`.
         var pushGeneration = 0
@@ -260,6 +261,10 @@ public final class ChannelManager: Sendable {
     public var roster: [RosterEntry] { snapshot.withLockedValue { $0.roster } }
     public var isTransmitting: Bool { snapshot.withLockedValue { $0.isTransmitting } }
     public var isSuspended: Bool { snapshot.withLockedValue { $0.isSuspended } }
+    /// The server ended the session because its participant token expired (or refused a restored
+    /// channel's saved token as expired): the channel is kept, and nothing connects until the app
+    /// hands over a new token with `renewToken`.
+    public var needsNewToken: Bool { snapshot.withLockedValue { $0.tokenExpired } }
     /// Whether the push transport is receiving pushes for the channel's token now: false without a
     /// transport, before the token is registered, and while a failed transport is being registered
     /// again. A suspended channel is woken only while this holds.

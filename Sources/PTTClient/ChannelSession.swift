@@ -272,6 +272,8 @@ struct ChannelSession {
         callActive = active
         if active {
             if case .active = transmit { endTransmission(source: .unknown, release: true) }
+            // A request still waiting would otherwise be granted into the call.
+            withdrawRequest(ChannelError(.callActive, "a call took the audio before the floor was granted"))
             outputs.append(.mutePlayback(true))
             deactivateAudioIfIdle(force: true)
         } else {
@@ -297,7 +299,10 @@ struct ChannelSession {
     mutating func setTransmissionMode(_ mode: TransmissionMode, _ uuid: UUID) throws(ChannelError) {
         guard channel == uuid else { throw ChannelError(.channelNotFound, "no active channel \(uuid)") }
         modeOverride = mode
-        if mode == .listenOnly, case .active = transmit { endTransmission(source: .unknown, release: true) }
+        if mode == .listenOnly {
+            if case .active = transmit { endTransmission(source: .unknown, release: true) }
+            withdrawRequest(ChannelError(.transmissionNotAllowed, "the channel was set to listen only before the floor was granted"))
+        }
         outputs.append(.event(.transmissionMode(transmissionMode)))
     }
 
@@ -332,10 +337,16 @@ struct ChannelSession {
     mutating func suspend() {
         guard channel != nil, link != .suspended, link != .down else { return }
         if case .active = transmit { endTransmission(source: .unknown, release: true) }
-        transmit = .idle
+        if transmit != .idle {
+            // A request (waiting for its answer or in the queue) dies with the connection.
+            transmit = .idle
+            if let channel { emit(.failedToBegin(channel, ChannelError(.transmissionNotAllowed, "the channel was suspended before the floor was granted"))) }
+        }
         link = .suspended
-        if stalled { updateStatus(serverStatus) }
-        stalled = false
+        if stalled || serviceStatus == .connecting { updateStatus(serverStatus) }
+        // What the session knew of this connection (answers owed to withdrawn requests, a stall)
+        // doesn't carry over to the next.
+        forgetConnectionState()
         outputs.append(.disconnect)
         outputs.append(.event(.suspended(true)))
     }
@@ -421,8 +432,13 @@ struct ChannelSession {
         case .activeRemoteParticipant where tokenExpired:
             // Nothing can be heard until a new token comes: no speaker shown, no audio held.
             outputs.append(.event(.notice("a push says someone is talking, but the participant token expired; renewToken to hear the channel")))
+        case .activeRemoteParticipant where link == .joined:
+            // A push late from APNs (or held by the server's push schedule) for a burst this joined
+            // client already hears live, or that already ended: the live floor state is the truth,
+            // and a speaker shown from the push would stay after the burst's `ended`, which clears
+            // only live talkers.
+            break
         case .activeRemoteParticipant(let participant):
-            if case .active = transmit, transmissionMode == .halfDuplex { endTransmission(source: .unknown, release: true) }
             showRemote(participant)
             if link == .suspended || link == .down { connect() }  // not while the token is expired: see `connect`
         }
@@ -475,6 +491,7 @@ struct ChannelSession {
             // The first join never got through: it failed, and the channel is not active.
             emit(.failedToJoin(channel, ChannelError(.unknown, message)))
             updateStatus(.unavailable)
+            outputs.append(.flushPlayback)  // started with the connection
             reset()
             outputs.append(.forgetRestoration)
             return
@@ -880,6 +897,21 @@ struct ChannelSession {
         deactivateAudioIfIdle()
     }
 
+    /// Withdraws a floor request still waiting for its answer or in the queue, and tells the app
+    /// why its begin failed. The release follows the request on the stream, so the server drops it
+    /// (or ends the burst it granted meanwhile).
+    private mutating func withdrawRequest(_ error: ChannelError) {
+        guard let channel else { return }
+        switch transmit {
+        case .requesting, .queued: break
+        case .idle, .active: return
+        }
+        if case .requesting = transmit, link == .joined, !serverNumbersAnswers { owedFloorAnswers += 1 }
+        transmit = .idle
+        if link == .joined { outputs.append(.send(.floorRelease)) }
+        emit(.failedToBegin(channel, error))
+    }
+
     /// What the session knew of the connection it had: a new one starts with none of it.
     private mutating func forgetConnectionState() {
         stalled = false
@@ -916,22 +948,31 @@ struct ChannelSession {
             connect()
             return
         }
+        // A restored channel is one the user is in, though this process has not joined it yet: what
+        // would only end a session (a server briefly unable, an expired token) doesn't forget it. The
+        // app renews the token (a saved one often runs out while the app is not running), or the
+        // connection is tried again; refusals that end the membership still do.
+        let inChannel = joinReported || joinReason == .channelRestoration
         // That token, tried after the old one was refused, is refused too: the channel waits for
         // another, as after an expiry, rather than ending.
-        if code.isTokenProblem, tryingNewToken, joinReported {
+        if code.isTokenProblem, tryingNewToken, inChannel {
             sessionTokenExpired(reason, announce: false)
             outputs.append(.event(.tokenRenewalFailed(code, reason)))
             return
         }
         // The server could not check the token (its database is failing) or is full: that passes, so
         // a channel the user is in tries again with backoff, as after a failed connection.
-        if joinReported, code == .internalError || code == .serverBusy {
+        if inChannel, code == .internalError || code == .serverBusy {
             lostConnection()
             outputs.append(.disconnect)
             link = .down
             updateStatus(.unavailable)
             outputs.append(.event(.notice(reason)))
             scheduleReconnect()
+            return
+        }
+        if !joinReported, joinReason == .channelRestoration, code == .tokenExpired {
+            sessionTokenExpired(reason)
             return
         }
         if !joinReported {
@@ -943,6 +984,7 @@ struct ChannelSession {
             emit(.failedToJoin(channel, error))
             updateStatus(.unavailable)
             outputs.append(.disconnect)
+            outputs.append(.flushPlayback)  // started with the connection
             reset()
             outputs.append(.forgetRestoration)
             return

@@ -297,6 +297,7 @@ actor ManagerEngine {
             snap.roster = s.rosterEntries
             if case .active = s.transmit { snap.isTransmitting = true } else { snap.isTransmitting = false }
             snap.isSuspended = s.link == .suspended
+            snap.tokenExpired = s.tokenExpired
             snap.channelInfo = s.serverInfo
         }
     }
@@ -306,6 +307,11 @@ actor ManagerEngine {
         case .delegate(let call):
             deliver(call)
         case .connect(let credentials):
+            // Playout runs before the join is answered: the server's catch-up of a burst in progress
+            // follows `joined` at once (25 packets, then 10 every 10 ms), and the receiver drops what
+            // arrives while it is stopped. Started at `didJoin`, after the event and command hops and
+            // the restoration record's write, it lost the start of the burst a late joiner came for.
+            receiver.start()
             await openConnection(credentials)
         case .disconnect:
             await closeConnection()
@@ -326,8 +332,8 @@ actor ManagerEngine {
         case .mutePlayback(let muted):
             receiver.setMuted(muted || playbackMuted)
         case .flushPlayback:
-            receiver.flush()
             await receiver.stop()
+            receiver.discardAll()
         case .scheduleReconnect(let milliseconds):
             let sink = commandSink
             reconnectTask?.cancel()
@@ -362,7 +368,6 @@ actor ManagerEngine {
         guard let delegate, let manager else { return }
         switch call {
         case .didJoin(let uuid, let reason):
-            receiver.start()
             delegate.channelManager(manager, didJoinChannel: uuid, reason: reason)
         case .didLeave(let uuid, let reason): delegate.channelManager(manager, didLeaveChannel: uuid, reason: reason)
         case .didBeginTransmitting(let uuid, let source): delegate.channelManager(manager, channelUUID: uuid, didBeginTransmittingFrom: source)

@@ -216,7 +216,6 @@ final class Receiver: Sendable {
     struct State {
         var tracks = [JitterBuffer]()
         var muted = false
-        var flush = false
         var lastStatistics: BurstStatistics?
         var malformed = 0
 
@@ -297,7 +296,14 @@ final class Receiver: Sendable {
     }
 
     func setMuted(_ muted: Bool) { state.withLockedValue { $0.muted = muted } }
-    func flush() { state.withLockedValue { $0.flush = true } }
+    /// Drops every track's audio and ended bursts; called with playout stopped (`stop`). (A flag for
+    /// the loop, as this once was, stayed set past a stop and made the next start's first tick drop
+    /// what arrived while the output was opening.)
+    func discardAll() {
+        state.withLockedValue { state in
+            for t in state.tracks.indices { state.tracks[t].reset() }
+        }
+    }
 
     func start() {
         guard let makeOutput = configuration.makeOutput else { return }
@@ -340,10 +346,6 @@ final class Receiver: Sendable {
         while !thread.stopRequested {
             let now = monotonicNanoseconds()
             let muted = state.withLockedValue { state -> Bool in
-                if state.flush {
-                    state.flush = false
-                    for t in state.tracks.indices { state.tracks[t].reset() }
-                }
                 for t in state.tracks.indices {
                     let decision = state.tracks[t].nextFrame(now: now)
                     switch decision {

@@ -201,8 +201,12 @@ func makeManager(delegate: WalkieDelegate, stateDirectory: String?, push: (any P
     }
 }
 
-/// Waits for the join to succeed or fail.
-func awaitJoin(_ delegate: WalkieDelegate, server: String, seconds: Double = 20) async throws(WalkieFailure) {
+/// Waits for the join to succeed or fail. A restored channel whose saved token has expired is kept
+/// by the manager, waiting for a new token (`needsNewToken`): without a `tokenFile` to bring one,
+/// that is a token failure at once, not a server that did not answer.
+func awaitJoin(_ delegate: WalkieDelegate, manager: ChannelManager? = nil, tokenFile: String? = nil, server: String,
+               seconds: Double = 20) async throws(WalkieFailure) {
+    let expired = "the saved participant token has expired; the channel stays saved: rejoin it with a new token ('walkie join --server \(server) --token …'), or run with --token-file"
     let outcome = await withTaskGroup(of: WalkieFailure?.self) { group -> WalkieFailure? in
         group.addTask {
             for await event in delegate.stream {
@@ -214,8 +218,20 @@ func awaitJoin(_ delegate: WalkieDelegate, server: String, seconds: Double = 20)
             }
             return .other("the channel manager stopped")
         }
+        if let manager, tokenFile == nil {
+            group.addTask {
+                while !Task.isCancelled {
+                    if manager.needsNewToken { return .token(expired) }
+                    try? await Task.sleep(for: .milliseconds(100))
+                }
+                return nil
+            }
+        }
         group.addTask {
             try? await Task.sleep(for: .seconds(seconds))
+            if let manager, manager.needsNewToken, let tokenFile {
+                return .token("the saved participant token has expired and \(tokenFile) held no newer one within \(Int(seconds)) s; put a new token in it")
+            }
             return .unreachable("no answer from squelchd at \(server) within \(Int(seconds)) s; check that it runs and --server is right")
         }
         let first = await group.next() ?? nil

@@ -102,7 +102,7 @@ struct Resume: AsyncParsableCommand {
             }
             defer { renewals?.cancel() }
             say("rejoining at \(saved.credentials.address)… (Ctrl-C to give up)")
-            try await awaitJoin(delegate, server: saved.credentials.address)
+            try await awaitJoin(delegate, manager: manager, tokenFile: tokenFile, server: saved.credentials.address)
             try await Interactive.run(manager: manager, delegate: delegate, options: interactive, tokenFile: tokenFile,
                                       pushes: push != nil, shared: shared)
         } catch let failure as WalkieFailure {

@@ -340,6 +340,37 @@ import X509
         await fixture.stop()
     }
 
+    /// A first join (no push, no restoration) in the middle of a burst hears it from its first frame:
+    /// the server's catch-up follows `joined` at once, and playout must already be taking it.
+    /// (Playout used to start at `didJoin`, after the restoration record's write, and lost the first
+    /// of the catch-up packets.)
+    @Test func aFirstJoinMidBurstHearsItFromItsFirstFrame() async throws {
+        let fixture = try await ClientFixture()
+        let annDelegate = RecordingDelegate(), bobDelegate = RecordingDelegate()
+        var annAudio = speech(1.5)
+        annAudio.endTransmissionWhenInputEnds = true
+        let ann = try await manager(fixture, "first-ann", annDelegate, audio: annAudio)
+        let bob = try await manager(fixture, "first-bob", bobDelegate, audio: recorder(fixture.directory + "/first.wav"))
+        let bobEvents = EventLog(bob)
+        let id = fixture.channel.id
+        ann.requestJoinChannel(channelUUID: id, descriptor: ChannelDescriptor(name: "Ops"), credentials: fixture.credentials(try await fixture.token("ann")))
+        #expect(await annDelegate.wait(for: .didJoin(.developerRequest)))
+        ann.requestBeginTransmitting(channelUUID: id)
+        #expect(await annDelegate.wait(for: .didBegin(.developerRequest)))
+        try await Task.sleep(for: .milliseconds(600))
+        bob.requestJoinChannel(channelUUID: id, descriptor: ChannelDescriptor(name: "Ops"), credentials: fixture.credentials(try await fixture.token("bob")))
+        #expect(await bobDelegate.wait(for: .didJoin(.developerRequest)))
+        #expect(await annDelegate.wait(for: .didEnd(.developerRequest)), "the 1.5 s file ended the burst")
+        let finished = await eventually { !bobEvents.finishedBursts.isEmpty }
+        #expect(finished, "bob: \(bobDelegate.all) \(bobEvents.all.suffix(12))")
+        let sent = await ann.statistics().framesSent
+        let burst = try #require(bobEvents.finishedBursts.first)
+        #expect(burst.catchUp > 20 && burst.played + burst.fec >= sent - 1, "\(burst), sent \(sent)")
+        await ann.invalidate()
+        await bob.invalidate()
+        await fixture.stop()
+    }
+
     /// A short burst is over before the woken phone has joined: the server replays it, the listener
     /// hears every frame of it, and shows its talker while it plays (not the blank a join finding
     /// nobody talking would leave), then nobody.

@@ -255,6 +255,15 @@ func sent(_ outputs: [SessionOutput]) -> [ClientMessage] {
 
     @Test func pushResultsWakeOrLeave() {
         var s = joinedSession()
+        // Joined, a late push changes nothing: the live floor state says who talks, and a speaker
+        // set from it would outlive the burst; a transmission goes on.
+        s.beginTransmitting(channelID, source: .userRequest)
+        s.received(.floor(FloorEvent(kind: .granted, burst: 2, request: 1)))
+        _ = s.takeOutputs()
+        s.pushResult(.activeRemoteParticipant(try! Participant(name: "Bob")), channelID)
+        #expect(delegateCalls(s.takeOutputs()).isEmpty && s.activeRemoteParticipant == nil && s.transmit == .active(.userRequest, burst: 2))
+        s.stopTransmitting(channelID, source: .userRequest)
+        _ = s.takeOutputs()
         s.suspend()
         var out = s.takeOutputs()
         #expect(out.contains(.disconnect) && s.link == .suspended)
@@ -485,6 +494,95 @@ func sent(_ outputs: [SessionOutput]) -> [ClientMessage] {
         #expect(s.channel == channelID && s.serviceStatus == .unavailable)
         s.reconnectDue()
         #expect(s.takeOutputs().contains(.connect(credentials)))
+    }
+
+    /// A restored channel is one the user is in: a refusal that ends only a session (the saved token
+    /// ran out while the app was not running, the server briefly unable) keeps it, where a first join
+    /// would fail. Before, a restart during a database fault forgot the channel for good.
+    @Test func aRestoredChannelOutlivesAnExpiredTokenOrABusyServer() throws {
+        func restored() -> ChannelSession {
+            var r = ChannelSession()
+            r.requestJoin(channelID, descriptor: descriptor, credentials: credentials, reason: .channelRestoration)
+            r.transportConnected()
+            _ = r.takeOutputs()
+            return r
+        }
+        var r = restored()
+        r.received(.refused(code: .tokenExpired, reason: "the participant token expired"))
+        var out = r.takeOutputs()
+        #expect(delegateCalls(out).isEmpty && !out.contains(.forgetRestoration), "\(out)")
+        #expect(out.contains(.event(.tokenExpired("the participant token expired"))))
+        #expect(r.channel == channelID && r.tokenExpired && r.serviceStatus == .unavailable)
+        var renewed = credentials
+        renewed.token = "t2"
+        try r.renewToken("t2", channelID)
+        #expect(r.takeOutputs().contains(.connect(renewed)))
+        r.transportConnected()
+        r.received(.joined(channel: ChannelInfo(id: channelID, name: "Ops", image: nil, mode: .halfDuplex, maxBurstSeconds: 60), you: 1,
+                           roster: [participant(1, "Ann")], talkers: []))
+        out = r.takeOutputs()
+        #expect(delegateCalls(out) == [.didJoin(channelID, .channelRestoration)])
+        #expect(out.contains { if case .save(let record) = $0 { return record.credentials.token == "t2" } else { return false } })
+
+        var busy = restored()
+        busy.received(.refused(code: .serverBusy, reason: "the server is full; try again shortly"))
+        out = busy.takeOutputs()
+        #expect(delegateCalls(out).isEmpty && !out.contains(.forgetRestoration))
+        #expect(out.contains { if case .scheduleReconnect = $0 { return true } else { return false } })
+
+        // A refusal that ends the membership still ends it.
+        var removed = restored()
+        removed.received(.refused(code: .removedByAdmin, reason: "an administrator removed you from the channel"))
+        out = removed.takeOutputs()
+        #expect(out.contains(.forgetRestoration) && removed.channel == nil)
+    }
+
+    /// Suspending ends a request still waiting (the app hears it), and answers owed to requests
+    /// withdrawn on the old connection are not skipped on the next one, where they never come.
+    @Test func suspendingEndsAWaitingRequestAndForgetsOwedAnswers() {
+        var s = joinedSession()
+        s.beginTransmitting(channelID, source: .userRequest)
+        s.stopTransmitting(channelID, source: .userRequest)  // withdrawn unanswered: one answer owed
+        s.beginTransmitting(channelID, source: .userRequest)
+        _ = s.takeOutputs()
+        s.suspend()
+        var out = s.takeOutputs()
+        #expect(delegateCalls(out).contains { if case .failedToBegin(_, let e) = $0 { return e.message.contains("suspended") } else { return false } })
+        #expect(s.transmit == .idle)
+        s.resume()
+        s.transportConnected()
+        s.received(.joined(channel: ChannelInfo(id: channelID, name: "Ops", image: nil, mode: .halfDuplex, maxBurstSeconds: 60), you: 1,
+                           roster: [participant(1, "Ann"), participant(2, "Bob")], talkers: []))
+        _ = s.takeOutputs()
+        s.beginTransmitting(channelID, source: .userRequest)
+        _ = s.takeOutputs()
+        // A server that doesn't number its answers.
+        s.received(.floor(FloorEvent(kind: .granted, burst: 4)))
+        out = s.takeOutputs()
+        #expect(delegateCalls(out).contains(.didBeginTransmitting(channelID, .userRequest)), "\(out)")
+    }
+
+    /// A call, or switching to listen only, withdraws a request still waiting: its grant must not
+    /// start a transmission into the call or from a listen-only channel.
+    @Test func aCallOrListenOnlyWithdrawsAWaitingRequest() throws {
+        var s = joinedSession()
+        s.beginTransmitting(channelID, source: .userRequest)
+        s.received(.floor(FloorEvent(kind: .queued, position: 1, request: 1)))
+        _ = s.takeOutputs()
+        s.setSystemCall(active: true)
+        var out = s.takeOutputs()
+        #expect(sent(out) == [.floorRelease])
+        #expect(delegateCalls(out).contains { if case .failedToBegin(_, let e) = $0 { return e.code == .callActive } else { return false } })
+        s.received(.floor(FloorEvent(kind: .granted, burst: 3, request: 1)))
+        #expect(delegateCalls(s.takeOutputs()).isEmpty && s.transmit == .idle)
+        s.setSystemCall(active: false)
+        s.beginTransmitting(channelID, source: .userRequest)
+        _ = s.takeOutputs()
+        try s.setTransmissionMode(.listenOnly, channelID)
+        out = s.takeOutputs()
+        #expect(sent(out) == [.floorRelease])
+        #expect(delegateCalls(out).contains { if case .failedToBegin(_, let e) = $0 { return e.code == .transmissionNotAllowed } else { return false } })
+        #expect(s.transmit == .idle)
     }
 
     @Test func losingTalkByANewTokenChangesTheTransmissionMode() {
