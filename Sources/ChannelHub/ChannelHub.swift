@@ -124,8 +124,9 @@ public final class ChannelHub {
         }
         let channel = ChannelState(record: record, configuration: configuration)
         for stored in stored {
-            let slot = channel.nextSlot
-            channel.nextSlot &+= 1
+            // Past 65,535 stored members the rest stay in the store only (a join of one is refused
+            // as the channel being full).
+            guard channel.slotsByUser[stored.userID] == nil, let slot = allocateSlot(in: channel) else { continue }
             channel.slotsByUser[stored.userID] = slot
             // What its last token allowed, as stored. A row from before the store kept it: the member
             // only listens until its next token says more.
@@ -516,7 +517,11 @@ public final class ChannelHub {
         if let existing = channel.slotsByUser[claims.userID] {
             slot = existing
         } else {
-            slot = allocateSlot(in: channel)
+            guard let free = allocateSlot(in: channel) else {
+                refuse(link, code: .serverBusy, reason: "the channel has 65,535 members, the most a channel can hold; an administrator must remove some (or set memberRetentionDays)")
+                return
+            }
+            slot = free
             channel.slotsByUser[claims.userID] = slot
         }
         var member = channel.members[slot] ?? Member(
@@ -696,13 +701,17 @@ public final class ChannelHub {
 
     /// The next free slot after the last one given, wrapping past 65535 to 1: slot 0 is not a
     /// member's (protocol §16.2.2).
-    func allocateSlot(in channel: ChannelState) -> UInt16 {
-        var slot: UInt16
-        repeat {
-            slot = channel.nextSlot
+    /// A free slot, or nil when all 65,535 are taken (slots are 16 bits on the wire, 0 unused). The
+    /// search is bounded: without a bound a full channel looped forever on the event loop that every
+    /// channel and the relay share.
+    func allocateSlot(in channel: ChannelState) -> UInt16? {
+        guard channel.members.count < Int(UInt16.max) else { return nil }
+        for _ in 0 ..< Int(UInt16.max) + 1 {
+            let slot = channel.nextSlot
             channel.nextSlot &+= 1
-        } while slot == 0 || channel.members[slot] != nil
-        return slot
+            if slot != 0, channel.members[slot] == nil { return slot }
+        }
+        return nil
     }
 
     /// Removes a member from the channel for good: floor, roster, store.

@@ -19,7 +19,11 @@ import Foundation
 ///   record (which carries the list) replaces a waiting list;
 /// - a member record replaces the waiting record (keeping its push token when the new one has none,
 ///   as the store's upsert would have kept it);
-/// - a removal after a waiting removal is dropped (the second would find no row).
+/// - a removal replaces any waiting write of the member (the row goes either way), and then folds
+///   on back into the member's earlier waiting writes, down to one removal (a waiting removal takes a
+///   later one: that would find no row). A member that joins and leaves in a loop during a stall
+///   (record, list, removal, record, …) so keeps one removal and at most one record waiting, not a
+///   record with its subscription list per round.
 /// Anything else waits behind it. Writes of different members touch different rows, so folding one
 /// member's writes never reorders them against another's that matter. A client reconnecting in a loop
 /// (record, last-seen time, record, …) folds into one write; an administrator adding and removing the
@@ -35,8 +39,10 @@ struct StoreQueue {
     enum Pushed: Equatable { case queued, folded, refused }
 
     let maxWaitingLogRecords: Int
-    /// Waiting writes; `nil` marks one already handed out. `head` is the next to hand out.
+    /// Waiting writes; `nil` marks one already handed out, or (from `head` on) one folded into an
+    /// earlier write (`cancelled` counts those). `head` is the next to hand out.
     private var entries: [StoreOperation?] = []
+    private var cancelled = 0
     private var head = 0
     /// How many writes were handed out before `entries[0]`: turns a position into a sequence number.
     private var base = 0
@@ -55,7 +61,7 @@ struct StoreQueue {
         self.maxWaitingLogRecords = maxWaitingLogRecords
     }
 
-    var count: Int { entries.count - head }
+    var count: Int { entries.count - head - cancelled }
     var isEmpty: Bool { count == 0 }
 
     mutating func push(_ operation: StoreOperation) -> Pushed {
@@ -80,6 +86,7 @@ struct StoreQueue {
             guard let waiting = entries[sequence - base] else { break }
             if let folded = Self.fold(waiting, operation) {
                 entries[sequence - base] = folded
+                if case .removeMember = folded { collapseRemoval(at: sequence, of: key) }
                 return .folded
             }
             guard Self.commute(waiting, operation) else { break }
@@ -89,7 +96,28 @@ struct StoreQueue {
         return .queued
     }
 
+    /// The removal now at `sequence` replaces the member's waiting writes before it, one by one, for
+    /// as long as they fold (every write of the member does, unless handed out already): each
+    /// position it leaves is cancelled.
+    private mutating func collapseRemoval(at sequence: Int, of key: MemberKey) {
+        guard var waiting = waitingOfMember[key], var index = waiting.lastIndex(of: sequence) else { return }
+        while index > 0, let earlier = entries[waiting[index - 1] - base], let removal = entries[waiting[index] - base],
+              let folded = Self.fold(earlier, removal) {
+            entries[waiting[index - 1] - base] = folded
+            entries[waiting[index] - base] = nil
+            cancelled += 1
+            waiting.remove(at: index)
+            index -= 1
+        }
+        waitingOfMember[key] = waiting
+    }
+
     mutating func pop() -> StoreOperation? {
+        // Positions cancelled by a fold are passed over.
+        while head < entries.count, entries[head] == nil {
+            head += 1
+            cancelled -= 1
+        }
         guard head < entries.count, let operation = entries[head] else { return nil }
         entries[head] = nil
         if let key = Self.key(of: operation) {
@@ -177,6 +205,10 @@ struct StoreQueue {
             return .upsertMember(member)
         case (.removeMember, .removeMember):
             return last
+        // The row goes either way: a record or a write to one column before it changes nothing.
+        case (.upsertMember, .removeMember), (.touchMember, .removeMember), (.setPushToken, .removeMember),
+             (.clearPushToken, .removeMember), (.setSubscriptions, .removeMember):
+            return next
         default:
             return nil
         }

@@ -155,6 +155,25 @@ final class Harness {
         #expect(answer(h, ann) == "queued nil")
     }
 
+    /// Slots are 16 bits: a channel with 65,535 members refuses the next newcomer as busy (the search
+    /// for a free slot used to loop forever on the shared event loop), stored members past the limit
+    /// stay out of the hub, and a member already in keeps its slot.
+    @Test func aFullChannelRefusesNewcomersInsteadOfHanging() {
+        let h = Harness()
+        let big = ChannelRecord(name: "Big")
+        let members = (0 ..< Int(UInt16.max) + 5).map {
+            MemberRecord(channelID: big.id, userID: "u\($0)", displayName: "U\($0)")
+        }
+        h.hub.upsertChannel(big, members: members, at: h.time)
+        let roster = h.hub.roster(of: big.id)
+        #expect(roster.count == Int(UInt16.max))
+        #expect(Set(roster.map(\.slot)).count == Int(UInt16.max) && !roster.contains { $0.slot == 0 }, "no slot given twice, none 0")
+        let late = h.join("newcomer", channel: big.id)
+        #expect(h.lastMessage(to: late.link).map { if case .refused(.serverBusy, let why) = $0 { why.contains("65,535") } else { false } } == true)
+        let known = h.join("u7", channel: big.id)
+        #expect(known.slot == roster.first { $0.userID == "u7" }?.slot)
+    }
+
     @Test func switchingAFullDuplexChannelToHalfDuplexLeavesOneTalker() {
         let h = Harness(mode: .fullDuplex)
         let ann = h.join("ann"), bob = h.join("bob"), cy = h.join("cy", capabilities: [.listen])
