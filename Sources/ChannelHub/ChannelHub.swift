@@ -381,6 +381,9 @@ public final class ChannelHub {
     /// A control message arrived on `link`.
     public func control(_ link: Link, bytes: [UInt8], at time: HubTime) {
         guard let session = sessions[link] else { return }
+        // Closing after its refusal: whatever else the connection sends is ignored (protocol
+        // §16.2.1), unread and unanswered, garbage and floods included.
+        if case .refused = session { return }
         let withinBudget = controlBudget[link, default: TokenBucket(tokens: Double(configuration.controlMessageBurst), refilledAt: time.instant)]
             .take(at: time.instant, perSecond: configuration.controlMessagesPerSecond, burst: configuration.controlMessageBurst)
         let message: ClientMessage
@@ -736,32 +739,33 @@ public final class ChannelHub {
         outputs.append(.store(.removeMember(channel: channel.record.id, user: member.userID)))
     }
 
-    /// A message over the connection's rate (nil: one that could not be read) is dropped. A floor
-    /// request is denied, so that the client's request ends; anything else gets an `error`, at most
-    /// one a second. Releases and leaves from joined members never come here.
+    /// A message over the connection's rate (nil: one that could not be read) is dropped. A joined
+    /// member's floor request is answered, so that the client's request ends; anything else gets an
+    /// `error`, at most one a second. Releases and leaves from joined members never come here.
     func rateLimited(_ link: Link, _ message: ClientMessage?, at time: HubTime) {
         counters.controlRateLimited += 1
         let text = "more than \(configuration.controlMessagesPerSecond) control messages a second from this connection; the message was dropped, slow down"
-        if case .floorRequest(let request)? = message {
+        // A joined member's floor request gets its answer, one for one as within the rate (its client
+        // waits for it); from a connection that hasn't joined it gets the capped `error` below, as
+        // anything else does.
+        if case .floorRequest(let request)? = message, case .joined(let channel, let slot)? = sessions[link] {
             // A member that holds the floor or waits for it is told where it stands (granted, or its
             // place), never denied: a denial would end the client's request while the floor still
             // counts it. The answer comes from here, to it alone, and the floor is not asked: a
             // repeated request would tell everyone waiting their places again, and keep a silent
             // talker's burst alive, at whatever rate the client sends.
-            if case .joined(let channel, let slot)? = sessions[link] {
-                // Answered, so it is the request the member's answers name from now on.
-                channel.members[slot]?.floorRequest = request
-                if let burst = channel.floor.burst(of: slot) {
-                    sendGrant(channel, slot: slot, burst: UInt16(truncatingIfNeeded: burst))
-                    return
-                }
-                if let position = channel.floor.queuedMembers.firstIndex(of: slot) {
-                    outputs.append(.send(.floor(FloorEvent(kind: .queued, slot: slot, position: position + 1, request: request)),
-                                         to: [link]))
-                    return
-                }
-                counters.floorDenials += 1
+            // Answered, so it is the request the member's answers name from now on.
+            channel.members[slot]?.floorRequest = request
+            if let burst = channel.floor.burst(of: slot) {
+                sendGrant(channel, slot: slot, burst: UInt16(truncatingIfNeeded: burst), until: channel.floor.burstDeadline(of: slot), at: time)
+                return
             }
+            if let position = channel.floor.queuedMembers.firstIndex(of: slot) {
+                outputs.append(.send(.floor(FloorEvent(kind: .queued, slot: slot, position: position + 1, request: request)),
+                                     to: [link]))
+                return
+            }
+            counters.floorDenials += 1
             outputs.append(.send(.floor(FloorEvent(kind: .denied, cause: .rateLimited, reason: text, request: request)), to: [link]))
             return
         }
@@ -776,7 +780,7 @@ public final class ChannelHub {
         defer { if granted { updateListenerLoss(channel) } }
         for event in channel.floor.takeEvents() {
             switch event {
-            case .granted(let slot, let burst, _):
+            case .granted(let slot, let burst, let until):
                 let burst16 = UInt16(truncatingIfNeeded: burst)
                 counters.floorGrants += 1
                 counters.bursts += 1
@@ -794,10 +798,10 @@ public final class ChannelHub {
                 channel.startRecording(talker: slot, burst: burst16, pace: pace)
                 noteMissing(channel, talker: slot, at: time)
                 addToCatchUps(channel, talker: slot)
-                sendGrant(channel, slot: slot, burst: burst16)
+                sendGrant(channel, slot: slot, burst: burst16, until: until, at: time)
                 granted = true
-            case .confirmed(let slot, let burst, _):
-                sendGrant(channel, slot: slot, burst: UInt16(truncatingIfNeeded: burst))
+            case .confirmed(let slot, let burst, let until):
+                sendGrant(channel, slot: slot, burst: UInt16(truncatingIfNeeded: burst), until: until, at: time)
                 granted = true
             case .taken(let slot, let burst, _):
                 guard let member = channel.members[slot] else { break }
@@ -915,9 +919,14 @@ public final class ChannelHub {
         }
     }
 
-    func sendGrant(_ channel: ChannelState, slot: UInt16, burst: UInt16) {
+    /// `granted` to the talker. `maxBurstSeconds` is the time left until the burst is revoked for
+    /// length (TS 24.380's Floor Granted carries T2's remaining time): the whole limit for a new
+    /// burst, less for a grant repeated to a member that already talks (a repeated request, a rejoin).
+    func sendGrant(_ channel: ChannelState, slot: UInt16, burst: UInt16, until: UInt64?, at time: HubTime) {
         guard let member = channel.members[slot], let link = member.link else { return }
-        outputs.append(.send(.floor(FloorEvent(kind: .granted, slot: slot, burst: burst, maxBurstSeconds: channel.record.maxBurstSeconds,
+        let now = time.instant.nanoseconds
+        let left = until.map { $0 > now ? Int(($0 - now + 999_999_999) / 1_000_000_000) : 0 } ?? channel.record.maxBurstSeconds
+        outputs.append(.send(.floor(FloorEvent(kind: .granted, slot: slot, burst: burst, maxBurstSeconds: left,
                                                request: member.floorRequest)), to: [link]))
     }
 

@@ -130,6 +130,10 @@ public struct FloorArbiter<Member: Hashable & Sendable> {
 
     /// The burst `member` is talking in, if any.
     public func burst(of member: Member) -> UInt64? { talkers.first { $0.member == member }?.burst }
+    /// When `member`'s burst will be revoked for length (nil: it holds no floor).
+    public func burstDeadline(of member: Member) -> UInt64? {
+        talkers.first { $0.member == member }.map { $0.since + configuration.maxBurst }
+    }
 
     /// Events produced by the last commands, in order; the caller sends them on.
     public mutating func takeEvents() -> [Event] {
@@ -152,7 +156,14 @@ public struct FloorArbiter<Member: Hashable & Sendable> {
             return
         }
         if let position = queue.firstIndex(where: { $0.member == member }) {
-            queue[position].priority = max(queue[position].priority, priority)
+            // Asked again while waiting: its place, to it alone, unless a higher priority moves it
+            // (then everyone waiting learns theirs). Telling everyone each time let one member's
+            // repeated requests send a message to every waiting member.
+            guard priority > queue[position].priority else {
+                pending.append(.queued(member, position: position + 1))
+                return
+            }
+            queue[position].priority = priority
             reorderQueue()
             return
         }

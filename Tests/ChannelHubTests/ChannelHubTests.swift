@@ -149,6 +149,8 @@ final class Harness {
         for n in UInt32(10)..<30 { h.send(.floorRequest(request: n), from: bob.link) }
         #expect(h.hub.counters.controlRateLimited > 0)
         #expect(answer(h, bob) == "granted 29")
+        // The repeated grant gives the time left of the burst, not the channel's whole limit.
+        #expect(h.floorEvents(to: bob.link).last?.maxBurstSeconds == h.channel.maxBurstSeconds - 1)
         // Not to others, and not unasked: `taken` and `ended` carry no number.
         #expect(h.floorEvents(to: cy.link).filter { $0.kind != .denied }.allSatisfy { $0.request == nil })
         h.send(.floorRequest(), from: ann.link)
@@ -1867,9 +1869,27 @@ final class Harness {
         // A second join before the close lands must not be verified (and admitted) on this connection.
         h.send(.join(token: "good", channel: h.channel.id, reason: .developerRequest), from: link)
         h.send(.floorRequest(), from: link)
+        // Nor is garbage answered, or a flood (it used to get one `error` per message).
+        for _ in 0 ..< 100 { h.hub.control(link, bytes: Array("{not json".utf8), at: h.time) }
+        for _ in 0 ..< 100 { h.send(.floorRequest(), from: link) }
+        h.drain()
         #expect(h.other.filter { if case .verify = $0 { true } else { false } }.count == verifies)
         #expect(h.messages(to: link).count == messages)
         #expect(h.hub.counters.refusals == 1)
+    }
+
+    /// A connection that never joined (no token needed) flooding floor requests gets the capped
+    /// `error`, at most one a second, not a `denied` per message.
+    @Test func anUnjoinedFloodIsAnsweredOnceASecond() {
+        let h = Harness()
+        let link = Link(index: 901, generation: 1)
+        h.hub.connected(link)
+        for _ in 0 ..< 500 { h.send(.floorRequest(request: 1), from: link) }
+        let answers = h.messages(to: link)
+        let limited = answers.filter { if case .error(.rateLimited, _) = $0 { true } else { false } }.count
+        #expect(limited == 1, "\(answers.count) answers")
+        #expect(!answers.contains { if case .floor = $0 { true } else { false } })
+        #expect(answers.count <= Int(HubConfiguration().controlMessageBurst) + 1)
     }
 
     @Test func joinToAMissingChannelIsRefused() {

@@ -173,6 +173,21 @@ let second: UInt64 = 1_000_000_000
         _ = floor.takeEvents()
         floor.request("a", priority: 1, canTalk: true, now: 100)
         #expect(floor.takeEvents() == [.confirmed("a", burst: 1, until: 60 * second)])
+        #expect(floor.burstDeadline(of: "a") == 60 * second && floor.burstDeadline(of: "b") == nil)
+    }
+
+    /// A waiting member asking again hears its own place; the others hear nothing unless its higher
+    /// priority moves it past them.
+    @Test func aRepeatedRequestWhileWaitingAnswersOnlyTheRequester() {
+        var floor = Arbiter()
+        floor.request("a", priority: 1, canTalk: true, now: 0)
+        floor.request("b", priority: 1, canTalk: true, now: 1)
+        floor.request("c", priority: 1, canTalk: true, now: 2)
+        _ = floor.takeEvents()
+        floor.request("c", priority: 1, canTalk: true, now: 3)
+        #expect(floor.takeEvents() == [.queued("c", position: 2)])
+        floor.request("c", priority: 5, canTalk: true, now: 4)
+        #expect(floor.takeEvents() == [.queued("c", position: 1), .queued("b", position: 2)])
     }
 
     @Test func aTokenWithoutTalkTakesTheFloorAndTheQueuePlaceAway() {
