@@ -262,10 +262,14 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
     /// to land an admin change in that gap.
     func reloadChannels(afterRead: @escaping @Sendable () async -> Void = {}) async throws {
         try await channelSync.run {
+            guard let running = self.running.withLockedValue({ $0 }) else { return }
+            // What the hub held before the read: only those can be missing from it because the store
+            // deleted them. A channel loaded meanwhile by a join's token check (created after the
+            // read) is not in the read either, and used to be deleted from the hub with its new
+            // member refused as 'channel deleted'.
+            let known = Set(try await running.server.submit { _ in running.driver.value.hub.channelIDs })
             let records = try await self.store.channels()
             var members: [UUID: [MemberRecord]] = [:]
-            guard let running = self.running.withLockedValue({ $0 }) else { return }
-            let known = try await running.server.submit { _ in running.driver.value.hub.channelIDs }
             for record in records where !known.contains(record.id) { members[record.id] = try await self.store.members(of: record.id) }
             let fetched = members
             await afterRead()
@@ -273,7 +277,7 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
                 let driver = running.driver.value
                 let now = HubDriver.now()
                 let ids = Set(records.map(\.id))
-                for id in driver.hub.channelIDs where !ids.contains(id) { driver.hub.deleteChannel(id, at: now) }
+                for id in driver.hub.channelIDs where known.contains(id) && !ids.contains(id) { driver.hub.deleteChannel(id, at: now) }
                 for record in records { driver.hub.upsertChannel(record, members: fetched[record.id] ?? [], at: now) }
                 driver.flush()
             }

@@ -77,6 +77,20 @@ import Testing
         }
     }
 
+    /// A channel made by the CLI after the reload's read, and loaded by a join's token check (on the
+    /// event loop, not through the admin hooks) before the reload applies: the stale read must not
+    /// delete it from the hub, which refused its new member as 'channel deleted'.
+    @Test func aChannelLoadedByAJoinDuringAReloadStays() async throws {
+        try await withVoiceService { _, store, voice in
+            let created = ChannelRecord(name: "Gate 5", maxBurstSeconds: 60)
+            try await voice.reloadChannels(afterRead: {
+                try? await store.createChannel(created)
+                _ = await voice.onLoop { $0.hub.channelSeenByCheck(created, at: HubDriver.now()) }
+            })
+            #expect(await voice.onLoop { $0.hub.channel(created.id)?.name } == "Gate 5")
+        }
+    }
+
     @Test func aChannelCreatedDuringAReloadStays() async throws {
         try await withVoiceService { _, store, voice in
             let created = ChannelRecord(name: "Gate 4", maxBurstSeconds: 60)
