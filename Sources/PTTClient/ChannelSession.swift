@@ -491,7 +491,7 @@ struct ChannelSession {
             // The first join never got through: it failed, and the channel is not active.
             emit(.failedToJoin(channel, ChannelError(.unknown, message)))
             updateStatus(.unavailable)
-            outputs.append(.flushPlayback)  // started with the connection
+            outputs.append(.flushPlayback)  // taking audio since the connection opened
             reset()
             outputs.append(.forgetRestoration)
             return
@@ -984,7 +984,7 @@ struct ChannelSession {
             emit(.failedToJoin(channel, error))
             updateStatus(.unavailable)
             outputs.append(.disconnect)
-            outputs.append(.flushPlayback)  // started with the connection
+            outputs.append(.flushPlayback)  // taking audio since the connection opened
             reset()
             outputs.append(.forgetRestoration)
             return

@@ -113,7 +113,13 @@ actor ManagerEngine {
 
     func set(_ body: @escaping @Sendable (inout ChannelSession) throws(ChannelError) -> Void) async throws(ChannelError) {
         do {
-            try await withCheckedThrowingContinuation { continuation in submit(.setter(body, continuation)) }
+            try await withCheckedThrowingContinuation { continuation in
+                // After `invalidate` the stream takes nothing: the setter fails rather than waiting
+                // for ever (a dropped command's continuation would never be resumed).
+                if case .terminated = commandSink.yield(.setter(body, continuation)) {
+                    continuation.resume(throwing: ChannelError(.unknown, "the channel manager was invalidated; make a new one"))
+                }
+            }
         } catch let error as ChannelError {
             throw error
         } catch {
@@ -307,11 +313,11 @@ actor ManagerEngine {
         case .delegate(let call):
             deliver(call)
         case .connect(let credentials):
-            // Playout runs before the join is answered: the server's catch-up of a burst in progress
-            // follows `joined` at once (25 packets, then 10 every 10 ms), and the receiver drops what
-            // arrives while it is stopped. Started at `didJoin`, after the event and command hops and
-            // the restoration record's write, it lost the start of the burst a late joiner came for.
-            receiver.start()
+            // Audio is taken before the join is answered: the server's catch-up of a burst in progress
+            // follows `joined` at once (25 packets, then 10 every 10 ms). Taken only from `didJoin`,
+            // after the event and command hops and the restoration record's write, the start of the
+            // burst a late joiner came for was lost. The output opens at `didJoin`.
+            receiver.arm()
             await openConnection(credentials)
         case .disconnect:
             await closeConnection()
@@ -368,6 +374,7 @@ actor ManagerEngine {
         guard let delegate, let manager else { return }
         switch call {
         case .didJoin(let uuid, let reason):
+            receiver.start()
             delegate.channelManager(manager, didJoinChannel: uuid, reason: reason)
         case .didLeave(let uuid, let reason): delegate.channelManager(manager, didLeaveChannel: uuid, reason: reason)
         case .didBeginTransmitting(let uuid, let source): delegate.channelManager(manager, channelUUID: uuid, didBeginTransmittingFrom: source)

@@ -215,6 +215,9 @@ final class Receiver: Sendable {
 
     struct State {
         var tracks = [JitterBuffer]()
+        /// Datagrams are taken into the tracks: from `arm` (the connection opens) or `start` until
+        /// `stop`. Playout may start a little later (`didJoin`) and plays what was taken meanwhile.
+        var accepting = false
         var muted = false
         var lastStatistics: BurstStatistics?
         var malformed = 0
@@ -264,13 +267,14 @@ final class Receiver: Sendable {
     /// One audio datagram from the server. Called on the connection's event loop; `bytes` is valid
     /// only during the call.
     func receive(_ bytes: UnsafeRawBufferPointer, now: UInt64 = monotonicNanoseconds()) {
-        guard configuration.makeOutput != nil, thread.isRunning else { return }
+        guard configuration.makeOutput != nil else { return }
         guard let header = AudioHeader(parsing: bytes) else {
-            state.withLockedValue { $0.malformed += 1 }
+            state.withLockedValue { if $0.accepting { $0.malformed += 1 } }
             return
         }
         let payload = UnsafeRawBufferPointer(rebasing: bytes[AudioHeader.size...])
         state.withLockedValue { state in
+            guard state.accepting else { return }
             // A burst that ended on any track stays ended: its repeated end markers must not start it
             // again on a free one.
             for track in state.tracks.indices where state.tracks[track].hasFinished(slot: header.slot, burst: header.burst) { return }
@@ -305,13 +309,23 @@ final class Receiver: Sendable {
         }
     }
 
+    /// Takes datagrams from now on, without opening the output yet: the connection is opening, and
+    /// the server's catch-up of a burst in progress follows its `joined` at once, before the join
+    /// reaches the app (`didJoin`, when `start` opens the output). A join that fails opens nothing,
+    /// so a file at the output's path is left alone.
+    func arm() { state.withLockedValue { $0.accepting = true } }
+
     func start() {
         guard let makeOutput = configuration.makeOutput else { return }
+        arm()
         thread.start { [self] in self.run(makeOutput: makeOutput) }
     }
 
-    /// Stops playout and completes the output (a WAV file gets its header).
-    func stop() async { await thread.stop() }
+    /// Stops taking datagrams and playout, and completes the output (a WAV file gets its header).
+    func stop() async {
+        state.withLockedValue { $0.accepting = false }
+        await thread.stop()
+    }
 
     private func run(makeOutput: @Sendable () throws -> any AudioSink) {
         let sink: any AudioSink

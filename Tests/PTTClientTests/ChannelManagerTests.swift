@@ -138,6 +138,8 @@ import X509
         #expect(try RestorationStore(directory: m.stateDirectory).load()?.credentials.token == long)
         #expect(d.all.filter { $0 == .didJoin(.developerRequest) }.count == 1)
         await m.invalidate()
+        // An invalidated manager's setters fail at once (they used to wait for ever).
+        await #expect(throws: ChannelError.self) { try await m.setServiceStatus(.ready, channelUUID: id) }
         await fixture.stop()
     }
 
