@@ -30,8 +30,9 @@ final class Delegate: ChannelManagerDelegate, ChannelRestorationDelegate {
     let joinFailed = Mutex(false)
 
     func log(_ line: String) {
-        // Unbuffered, so that a parent process reading the pipe sees each line at once.
-        FileHandle.standardOutput.write(Data((line + "\n").utf8))
+        // Unbuffered, so that a parent process reading the pipe sees each line at once. A reader
+        // that went away (`| head -1`) is not a crash: `write(_:)` traps on EPIPE, this throws.
+        try? FileHandle.standardOutput.write(contentsOf: Data((line + "\n").utf8))
     }
     func channelManager(_ m: ChannelManager, didJoinChannel id: UUID, reason: ChannelJoinReason) { log("didJoin \(id) reason=\(reason)") }
     func channelManager(_ m: ChannelManager, didLeaveChannel id: UUID, reason: ChannelLeaveReason) { log("didLeave \(id) reason=\(reason)") }

@@ -15,6 +15,10 @@ public struct ChannelRecord: Codable, Sendable, Equatable, Identifiable {
     public var updatedAt: Date
 
     public static let maxNameLength = 64
+    /// Characters are counted as people see them, and one of them may hold any number of combining
+    /// marks: the bytes are bounded too, so that a name and an inline image always fit the control
+    /// message that carries them (`descriptor`, `joined`: 64 KiB).
+    public static let maxNameBytes = 1_024
     public static let maxImageBytes = 16 * 1024
     public static let maxBurstRange = 1...600
 
@@ -38,19 +42,27 @@ public struct ChannelRecord: Codable, Sendable, Equatable, Identifiable {
         guard !trimmed.isEmpty, trimmed.count <= Self.maxNameLength else {
             throw .invalid("channel name must be 1-\(Self.maxNameLength) characters")
         }
-        // Every member's screen shows the name: a control character there (an escape sequence, a
-        // line break) could rewrite a terminal or break a layout.
-        if name.unicodeScalars.contains(where: { $0.properties.generalCategory == .control || $0 == "\u{2028}" || $0 == "\u{2029}" }) {
-            throw .invalid("channel name contains control characters (escape sequences, tabs or line breaks); use plain text")
+        guard trimmed.utf8.count <= Self.maxNameBytes else {
+            throw .invalid("channel name is \(trimmed.utf8.count) bytes of UTF-8; at most \(Self.maxNameBytes) (fewer combining marks)")
         }
-        // Bidirectional overrides and isolates make a name display as something else than it is.
-        if name.unicodeScalars.contains(where: { (0x202A...0x202E).contains($0.value) || (0x2066...0x2069).contains($0.value) }) {
-            throw .invalid("channel name contains bidirectional text controls (U+202A-202E, U+2066-2069); use plain text")
-        }
+        if let problem = Self.plainTextProblem(name) { throw .invalid("channel name contains \(problem); use plain text") }
         guard Self.maxBurstRange.contains(maxBurstSeconds) else {
             throw .invalid("maximum burst must be \(Self.maxBurstRange.lowerBound)-\(Self.maxBurstRange.upperBound) seconds, not \(maxBurstSeconds)")
         }
         if let image { try Self.validateImage(image) }
+    }
+
+    /// What keeps `text` from being shown as it is on a member's screen or terminal, if anything: a
+    /// control character (an escape sequence, a line break) could rewrite a terminal or break a
+    /// layout, and bidirectional overrides and isolates make text display as something else.
+    public static func plainTextProblem(_ text: String) -> String? {
+        if text.unicodeScalars.contains(where: { $0.properties.generalCategory == .control || $0 == "\u{2028}" || $0 == "\u{2029}" }) {
+            return "control characters (escape sequences, tabs or line breaks)"
+        }
+        if text.unicodeScalars.contains(where: { (0x202A...0x202E).contains($0.value) || (0x2066...0x2069).contains($0.value) }) {
+            return "bidirectional text controls (U+202A-202E, U+2066-2069)"
+        }
+        return nil
     }
 
     /// An image is an http(s) URL with a host, or a `data:image/png;base64,` URL whose bytes are a PNG
@@ -300,13 +312,17 @@ public struct RevocationRecord: Codable, Sendable, Equatable {
     /// The one check of what a revocation may hold; the admin API and the CLI rely on it.
     public func validate() throws(StoreError) {
         guard tokenID != nil || userID != nil else { throw .invalid("a revocation names a token id, a user, or both") }
-        if let tokenID, tokenID.isEmpty || tokenID.utf8.count > Self.maxTokenIDBytes {
+        if let tokenID, tokenID.trimmingCharacters(in: .whitespaces).isEmpty || tokenID.utf8.count > Self.maxTokenIDBytes {
             throw .invalid("a token id is 1-\(Self.maxTokenIDBytes) bytes")
         }
         if let userID, userID.isEmpty || userID.utf8.count > ControlLimits.maxUserIDBytes {
             throw .invalid("a user id is 1-\(ControlLimits.maxUserIDBytes) bytes")
         }
         guard reason.utf8.count <= Self.maxReasonBytes else { throw .invalid("a revocation reason is at most \(Self.maxReasonBytes) bytes") }
+        // The revoked member's client shows the reason, often in a terminal.
+        if let problem = ChannelRecord.plainTextProblem(reason) {
+            throw .invalid("a revocation reason contains \(problem); use plain text")
+        }
     }
 }
 

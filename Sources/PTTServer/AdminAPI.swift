@@ -92,7 +92,7 @@ public enum AdminAPI {
     /// known path asked with another method get 405 and `Allow` (RFC 9110 §15.5.6), rather than the
     /// 404 that would send a client looking for a path that exists.
     static let endpoints: [(path: String, methods: [HTTPRequest.Method])] = [
-        ("/healthz", [.get]), ("/version", [.get]), ("/metrics", [.get]),
+        ("/healthz", [.get, .head]), ("/version", [.get]), ("/metrics", [.get]),
         ("/v1/channels", [.get, .post]), ("/v1/channels/:id", [.get, .patch, .delete]),
         ("/v1/channels/:id/members", [.get]), ("/v1/channels/:id/members/:user", [.delete]),
         ("/v1/channels/:id/revocations", [.get, .post]), ("/v1/channels/:id/roster", [.get]),
@@ -112,6 +112,11 @@ public enum AdminAPI {
     public static func router(context admin: AdminContext) -> Router<BasicRequestContext> {
         let router = Router()
         router.get("/healthz") { _, _ in try await health(admin) }
+        // Load balancers often check health with HEAD: the same status, no body.
+        router.on("/healthz", method: .head) { _, _ in
+            let full = try await health(admin)
+            return Response(status: full.status, headers: [.contentType: "application/json"])
+        }
         router.get("/version") { _, _ in SquelchInfo.version + "\n" }
         router.get("/metrics") { _, _ in
             Response(status: .ok, headers: [.contentType: metricsContentType],

@@ -412,5 +412,7 @@ struct Leave: AsyncParsableCommand {
 /// One line on stdout, written at once: scripts and tests read walkie's progress through a pipe, where
 /// `print` would hold it in a buffer until exit.
 func say(_ line: String) {
-    FileHandle.standardOutput.write(Data((line + "\n").utf8))
+    // `try?`: a reader that went away (`walkie listen … | head -1`) must not crash walkie before it
+    // completes its file; `write(_:)` traps on EPIPE, `write(contentsOf:)` throws.
+    try? FileHandle.standardOutput.write(contentsOf: Data((line + "\n").utf8))
 }

@@ -88,6 +88,9 @@ private func message(_ error: StoreError?) -> String {
         (ChannelRecord(name: "Ops\u{1B}[2J"), "control characters"),
         (ChannelRecord(name: "Ops\nNight"), "control characters"),
         (ChannelRecord(name: "Ops \u{202E}thgin"), "bidirectional"),
+        // One character as people count them, 64 KB of combining marks: with an inline image it
+        // no longer fit a control message, and nobody could join the channel.
+        (ChannelRecord(name: "Z" + String(repeating: "\u{301}", count: 32_000)), "bytes of UTF-8"),
         (ChannelRecord(name: "Ops", image: "data:image/png;base64,not base64!"), "not base64"),
         (ChannelRecord(name: "Ops", image: "data:image/png;base64," + Data("GIF89a, not a PNG at all.".utf8).base64EncodedString()), "not a PNG"),
         (ChannelRecord(name: "Ops", image: "data:image/png;base64," + png(width: 4_000, height: 16).base64EncodedString()), "4000×16 pixels"),
@@ -486,6 +489,13 @@ private func message(_ error: StoreError?) -> String {
         #expect(try await store.revocations(after: 0, channel: channel.id) == [stored])
         // One made by id alone learns the token's expiry and user when the whole token is revoked.
         let byID = try await store.revoke(.token("jti-3", channel: channel.id, user: nil, expiresAt: nil, at: now, reason: "by id"))
+        // The revoked member's terminal shows the reason: no escape sequences, and an id is not blank.
+        for (bad, expected) in [(RevocationRecord.token("jti-4", channel: channel.id, user: nil, expiresAt: nil, at: now, reason: "\u{1B}[2Jfake"),
+                                 "control characters"),
+                                (.token("   ", channel: channel.id, user: nil, expiresAt: nil, at: now, reason: "x"), "token id")] {
+            let error = await storeError { _ = try await store.revoke(bad) }
+            #expect(message(error).contains(expected), "\(String(describing: error))")
+        }
         let whole = try await store.revoke(.token("jti-3", channel: channel.id, user: "cy", expiresAt: now.addingTimeInterval(60),
                                                   at: now, reason: "whole"))
         #expect(whole.sequence == byID.sequence && whole.reason == "by id" && whole.userID == "cy" && whole.expiresAt == now.addingTimeInterval(60))

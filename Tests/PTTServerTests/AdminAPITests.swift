@@ -124,6 +124,10 @@ extension TestResponse {
                 #expect(response.status == .notFound)
                 #expect(response.errorMessage.contains("there is no GET /nope; the admin API has"), "\(response.text)")
             }
+            // HEAD, as load balancers check health: the status, no body.
+            try await client.execute(uri: "/healthz", method: .head) { response in
+                #expect(response.status == .ok && response.body.readableBytes == 0)
+            }
             // A known path with another method: 405 with the methods it takes.
             try await client.execute(uri: "/v1/channels", method: .put) { response in
                 #expect(response.status == .methodNotAllowed)
