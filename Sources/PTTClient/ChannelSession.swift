@@ -337,11 +337,9 @@ struct ChannelSession {
     mutating func suspend() {
         guard channel != nil, link != .suspended, link != .down else { return }
         if case .active = transmit { endTransmission(source: .unknown, release: true) }
-        if transmit != .idle {
-            // A request (waiting for its answer or in the queue) dies with the connection.
-            transmit = .idle
-            if let channel { emit(.failedToBegin(channel, ChannelError(.transmissionNotAllowed, "the channel was suspended before the floor was granted"))) }
-        }
+        // A request (waiting for its answer or in the queue) is withdrawn before the connection
+        // closes: without the release, a grant meanwhile held the floor in silence for the grace.
+        withdrawRequest(ChannelError(.transmissionNotAllowed, "the channel was suspended before the floor was granted"))
         link = .suspended
         if stalled || serviceStatus == .connecting { updateStatus(serverStatus) }
         // What the session knew of this connection (answers owed to withdrawn requests, a stall)

@@ -548,6 +548,9 @@ func sent(_ outputs: [SessionOutput]) -> [ClientMessage] {
         s.suspend()
         var out = s.takeOutputs()
         #expect(delegateCalls(out).contains { if case .failedToBegin(_, let e) = $0 { return e.message.contains("suspended") } else { return false } })
+        // Withdrawn on the server too, before the connection closes.
+        let release = out.firstIndex(of: .send(.floorRelease)), disconnect = out.firstIndex(of: .disconnect)
+        #expect(release != nil && disconnect != nil && release! < disconnect!, "\(out)")
         #expect(s.transmit == .idle)
         s.resume()
         s.transportConnected()
