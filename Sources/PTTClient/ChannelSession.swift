@@ -255,10 +255,7 @@ struct ChannelSession {
             emit(.failedToStop(uuid, ChannelError(.transmissionNotFound, "not transmitting")))
         case .requesting, .queued:
             // Let go before the grant: withdraw the request; nothing began, so nothing ends.
-            if case .requesting = transmit, link == .joined, !serverNumbersAnswers { owedFloorAnswers += 1 }
-            transmit = .idle
-            if link == .joined { outputs.append(.send(.floorRelease)) }
-            outputs.append(.event(.transmitCancelled))
+            withdrawRequest(nil)
         case .active:
             endTransmission(source: source, release: true)
         }
@@ -537,12 +534,9 @@ struct ChannelSession {
         guard link == .joined else { return }
         if value {
             if case .requesting = transmit {
-                transmit = .idle
                 // Withdrawn, in case the answer was only late: a grant that arrives after this is
                 // released by the server rather than held by a user who has already given up.
-                if !serverNumbersAnswers { owedFloorAnswers += 1 }
-                outputs.append(.send(.floorRelease))
-                emit(.failedToBegin(channel, ChannelError(.transmissionNotAllowed, "squelchd did not answer the floor request; the connection may be down")))
+                withdrawRequest(ChannelError(.transmissionNotAllowed, "squelchd did not answer the floor request; the connection may be down"))
             }
             updateStatus(.connecting)
             outputs.append(.event(.notice("squelchd stopped answering; waiting for it, and until it is back nobody hears this channel")))
@@ -699,18 +693,20 @@ struct ChannelSession {
 
     private mutating func floor(_ event: FloorEvent) {
         guard let channel else { return }
-        if let request = event.request, event.kind == .granted || event.kind == .queued || event.kind == .denied {
-            serverNumbersAnswers = true
-            owedFloorAnswers = 0
+        if event.kind == .granted || event.kind == .queued || event.kind == .denied {
             // The answer to a request already withdrawn, whose release went to the server after it
-            // (or whose connection is gone): nothing to do.
-            guard request == floorRequestNumber, transmit != .idle else { return }
+            // (or whose connection is gone): nothing to do. Told by its number, or, from a server
+            // that doesn't number its answers, by counting.
+            if let request = event.request {
+                serverNumbersAnswers = true
+                owedFloorAnswers = 0
+                guard request == floorRequestNumber, transmit != .idle else { return }
+            } else if owedFloorAnswers > 0 {
+                owedFloorAnswers -= 1
+                return
+            }
         }
         switch event.kind {
-        case .granted where event.request == nil && owedFloorAnswers > 0, .denied where event.request == nil && owedFloorAnswers > 0,
-             .queued where event.request == nil && owedFloorAnswers > 0:
-            // The answer to a request already withdrawn, whose release is on its way behind it.
-            owedFloorAnswers -= 1
         case .granted:
             guard let burst = event.burst else { return }
             switch transmit {
@@ -895,10 +891,10 @@ struct ChannelSession {
         deactivateAudioIfIdle()
     }
 
-    /// Withdraws a floor request still waiting for its answer or in the queue, and tells the app
-    /// why its begin failed. The release follows the request on the stream, so the server drops it
-    /// (or ends the burst it granted meanwhile).
-    private mutating func withdrawRequest(_ error: ChannelError) {
+    /// Withdraws a floor request still waiting for its answer or in the queue, and tells the app:
+    /// why its begin failed, or (`nil`: the user let go) that it was cancelled. The release follows
+    /// the request on the stream, so the server drops it (or ends the burst it granted meanwhile).
+    private mutating func withdrawRequest(_ error: ChannelError?) {
         guard let channel else { return }
         switch transmit {
         case .requesting, .queued: break
@@ -907,7 +903,7 @@ struct ChannelSession {
         if case .requesting = transmit, link == .joined, !serverNumbersAnswers { owedFloorAnswers += 1 }
         transmit = .idle
         if link == .joined { outputs.append(.send(.floorRelease)) }
-        emit(.failedToBegin(channel, error))
+        if let error { emit(.failedToBegin(channel, error)) } else { outputs.append(.event(.transmitCancelled)) }
     }
 
     /// What the session knew of the connection it had: a new one starts with none of it.
@@ -969,7 +965,7 @@ struct ChannelSession {
             scheduleReconnect()
             return
         }
-        if !joinReported, joinReason == .channelRestoration, code == .tokenExpired {
+        if inChannel, code == .tokenExpired {
             sessionTokenExpired(reason)
             return
         }
@@ -985,10 +981,6 @@ struct ChannelSession {
             outputs.append(.flushPlayback)  // taking audio since the connection opened
             reset()
             outputs.append(.forgetRestoration)
-            return
-        }
-        if code == .tokenExpired {
-            sessionTokenExpired(reason)
             return
         }
         if code == .replaced {

@@ -205,9 +205,8 @@ struct StoreQueue {
             return .upsertMember(member)
         case (.removeMember, .removeMember):
             return last
-        // The row goes either way: a record or a write to one column before it changes nothing.
-        case (.upsertMember, .removeMember), (.touchMember, .removeMember), (.setPushToken, .removeMember),
-             (.clearPushToken, .removeMember), (.setSubscriptions, .removeMember):
+        // The row goes either way: any write of the member before it changes nothing.
+        case (_, .removeMember):
             return next
         default:
             return nil

@@ -758,23 +758,30 @@ final class FlakyPushTransport: PushTransport {
         await fixture.stop()
     }
 
+    /// Ann's manager (state directory `state`, timers from `connection`), joined to the fixture's
+    /// channel through the impairment proxy at `port` and ready.
+    func joinAnn(_ fixture: ClientFixture, port: Int, state: String, connection: ConnectionConfiguration = .client)
+        async throws -> (ChannelManager, RecordingDelegate, EventLog) {
+        let delegate = RecordingDelegate()
+        let ann = try await ChannelManager.channelManager(delegate: delegate, restorationDelegate: delegate, configuration: ChannelManagerConfiguration(
+            stateDirectory: fixture.stateDirectory(state), connection: connection))
+        let events = EventLog(ann)
+        var credentials = fixture.credentials(try await fixture.token("ann"))
+        credentials.port = port
+        ann.requestJoinChannel(channelUUID: fixture.channel.id, descriptor: ChannelDescriptor(name: "Ops"), credentials: credentials)
+        #expect(await delegate.wait(for: .didJoin(.developerRequest)))
+        #expect(ann.serviceStatus == .ready)
+        return (ann, delegate, events)
+    }
+
     @Test func aServerThatStopsAnsweringShowsAsConnectingThenReadyAgain() async throws {
         let fixture = try await ClientFixture(pushes: false)
-        let id = fixture.channel.id
         let (proxy, port) = try await fixture.proxy()
         // The client's timers shortened from 5 s and 20 s so that the test takes seconds.
         var connection = ConnectionConfiguration.client
         connection.keepAliveInterval = 500_000_000
         connection.livenessTimeout = 1_500_000_000
-        let delegate = RecordingDelegate()
-        let ann = try await ChannelManager.channelManager(delegate: delegate, restorationDelegate: delegate, configuration: ChannelManagerConfiguration(
-            stateDirectory: fixture.stateDirectory("liveness"), connection: connection))
-        let events = EventLog(ann)
-        var credentials = fixture.credentials(try await fixture.token("ann"))
-        credentials.port = port
-        ann.requestJoinChannel(channelUUID: id, descriptor: ChannelDescriptor(name: "Ops"), credentials: credentials)
-        #expect(await delegate.wait(for: .didJoin(.developerRequest)))
-        #expect(ann.serviceStatus == .ready)
+        let (ann, delegate, events) = try await joinAnn(fixture, port: port, state: "liveness", connection: connection)
         // The path dies for 3 s (a crashed server or a dead network look the same from here).
         await proxy.blackhole(for: .seconds(3))
         #expect(await eventually(seconds: 5) { ann.serviceStatus == .connecting }, "noticed long before the 300 s idle timeout")
@@ -798,15 +805,7 @@ final class FlakyPushTransport: PushTransport {
         let id = fixture.channel.id
         let (proxy, port) = try await fixture.proxy()
         // The client's own timers: keepalive 5 s, stall 3 s, liveness 20 s.
-        let delegate = RecordingDelegate()
-        let ann = try await ChannelManager.channelManager(delegate: delegate, restorationDelegate: delegate, configuration: ChannelManagerConfiguration(
-            stateDirectory: fixture.stateDirectory("stall")))
-        let events = EventLog(ann)
-        var credentials = fixture.credentials(try await fixture.token("ann"))
-        credentials.port = port
-        ann.requestJoinChannel(channelUUID: id, descriptor: ChannelDescriptor(name: "Ops"), credentials: credentials)
-        #expect(await delegate.wait(for: .didJoin(.developerRequest)))
-        #expect(ann.serviceStatus == .ready)
+        let (ann, delegate, events) = try await joinAnn(fixture, port: port, state: "stall")
         // The server stops answering (crashed, or the path died) just as Ann presses to talk.
         await proxy.blackhole(for: .seconds(7))
         let pressed = Date()
