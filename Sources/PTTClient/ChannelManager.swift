@@ -57,6 +57,7 @@ public final class ChannelManager: Sendable {
         var pushGeneration = 0
         var restorationError: RestorationError?
         var channelInfo: ChannelInfo?
+        var owedLeaves: Set<UUID> = []
     }
 
     // MARK: Instantiation
@@ -132,6 +133,13 @@ public final class ChannelManager: Sendable {
     }
 
     // MARK: Apple's members
+
+    /// Channels left while not connected whose leave the server has not heard yet. The manager
+    /// delivers each on a connection of its own, retrying with backoff, and again at the next start
+    /// if the app stops first; `ChannelManagerEvent.leaveSettled` says how each ended. Until then the
+    /// server lists the member, and may wake the device by push. (Apple's framework leaves telling the
+    /// app's server to the app.)
+    public var owedLeaves: Set<UUID> { snapshot.withLockedValue { $0.owedLeaves } }
 
     /// The channel joined, or being joined or restored. One at a time.
     public var activeChannelUUID: UUID? { snapshot.withLockedValue { $0.activeChannelUUID } }

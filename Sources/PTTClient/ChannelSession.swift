@@ -47,6 +47,9 @@ enum SessionOutput: Sendable, Equatable {
     case invalidatePushToken(Data)
     case save(RestorationRecord)
     case forgetRestoration
+    /// The channel was left while not joined: the server has not heard the leave. Deliver it on a
+    /// connection of its own, now and after restarts, until the server takes it (`OwedLeave`).
+    case oweLeave(UUID, ChannelCredentials)
     case event(ChannelManagerEvent)
 }
 
@@ -199,7 +202,22 @@ struct ChannelSession {
             emit(.failedToLeave(uuid, ChannelError(.channelNotFound, "no active channel \(uuid)")))
             return
         }
-        if link == .joined { outputs.append(.send(.leave)) }
+        if link == .joined {
+            outputs.append(.send(.leave))
+        } else if let credentials {
+            // Suspended, reconnecting, joining, or the server down: the leave can't go on this
+            // connection, and without it the server keeps the member (in everyone's roster, woken by
+            // push) for good. With an expired token only a renewal not yet taken can still get in.
+            if !tokenExpired {
+                outputs.append(.oweLeave(uuid, credentials))
+            } else if let pendingToken {
+                var renewed = credentials
+                renewed.token = pendingToken
+                outputs.append(.oweLeave(uuid, renewed))
+            } else {
+                outputs.append(.event(.notice("the participant token expired, so the server could not be told of the leave; it lists you in the channel until an administrator removes you")))
+            }
+        }
         finish(reason: reason)
     }
 

@@ -45,6 +45,9 @@ public enum ChannelManagerEvent: Sendable, Equatable {
     /// The worst loss (percent) among the members who hear you, as the server reports it. From 2 %
     /// your encoder codes FEC, at 40 kbps or more; below 2 % it is back to the plain settings.
     case listenerLoss(Int)
+    /// A leave the server had not heard (the channel was left while suspended or not connected) was
+    /// delivered, or settled otherwise (`ChannelManager.owedLeaves`).
+    case leaveSettled(UUID, OwedLeaveOutcome)
 }
 
 /// Figures for a UI's status line, read with `ChannelManager.statistics()`.

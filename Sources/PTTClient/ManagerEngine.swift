@@ -43,6 +43,8 @@ actor ManagerEngine {
         case receptionMeasured(Int)
         /// A replayed burst (one that ended before this member heard it) started or stopped playing.
         case replayPlaying(slot: UInt16, burst: UInt16, playing: Bool)
+        /// The delivery of an owed leave ended (`id` tells it from a newer one for the same channel).
+        case leaveSettled(UUID, id: Int, OwedLeaveOutcome)
     }
 
     let configuration: ChannelManagerConfiguration
@@ -64,6 +66,10 @@ actor ManagerEngine {
     var client: WireClientChannel?
     var generation = 0
     var connectionTasks: [Task<Void, Never>] = []
+
+    /// Leaves the server has not heard yet, by channel, with the task delivering each.
+    var owedLeaves: [UUID: (leave: OwedLeave, id: Int, task: Task<Void, Never>)] = [:]
+    var nextLeaveID = 0
 
     var pushTask: Task<Void, Never>?
     var reconnectTask: Task<Void, Never>?
@@ -137,6 +143,11 @@ actor ManagerEngine {
             }
         }
         do {
+            for leave in try store.loadOwedLeaves() { deliver(leave) }
+        } catch {
+            eventSink.yield(.notice(error.description))
+        }
+        do {
             guard let record = try store.load() else { return }
             let descriptor = record.descriptor ?? restorationDelegate?.channelDescriptor(restoredChannelUUID: record.channel)
                 ?? ChannelDescriptor(name: "Channel")
@@ -162,6 +173,9 @@ actor ManagerEngine {
         }
         await transmitter.stop()
         await receiver.stop()
+        // Deliveries under way stop here; the file keeps them for the next start.
+        for owed in owedLeaves.values { owed.task.cancel() }
+        owedLeaves = [:]
         pushTask?.cancel()
         reconnectTask?.cancel()
         await closeConnection()
@@ -174,12 +188,14 @@ actor ManagerEngine {
         switch command {
         case .join(let uuid, let descriptor, let credentials):
             session.requestJoin(uuid, descriptor: descriptor, credentials: credentials, reason: .developerRequest)
+            if session.channel == uuid { settleLeave(uuid, id: nil, .superseded) }
         case .restore(let record, let descriptor):
             let token = record.pushToken.map { Data($0) }
             session.requestJoin(record.channel, descriptor: descriptor, credentials: record.credentials, reason: .channelRestoration,
                                 pushToken: token)
             // The device keeps the token it had: pushes sent while the app was dead still reach it.
             if let token, session.channel == record.channel { startPushes(token: token, channel: record.channel) }
+            if session.channel == record.channel { settleLeave(record.channel, id: nil, .superseded) }
         case .leave(let uuid): session.leave(uuid)
         case .begin(let uuid, let source): session.beginTransmitting(uuid, source: source)
         case .stop(let uuid, let source): session.stopTransmitting(uuid, source: source)
@@ -250,6 +266,8 @@ actor ManagerEngine {
             session.receptionMeasured(percent)
         case .replayPlaying(let slot, let burst, let playing):
             if playing { session.replayStarted(slot: slot, burst: burst) } else { session.replayFinished(slot: slot, burst: burst) }
+        case .leaveSettled(let channel, let id, let outcome):
+            settleLeave(channel, id: id, outcome)
         }
         await perform()
     }
@@ -365,6 +383,9 @@ actor ManagerEngine {
             do { try store.save(record) } catch { eventSink.yield(.notice(error.description)) }
         case .forgetRestoration:
             store.remove()
+        case .oweLeave(let channel, let credentials):
+            deliver(OwedLeave(channel: channel, credentials: credentials, leftAt: Date()))
+            saveOwedLeaves()
         case .event(let event):
             eventSink.yield(event)
         }
@@ -517,6 +538,118 @@ actor ManagerEngine {
             }
         }
         return "connection to \(server) failed: \(error)"
+    }
+
+    // MARK: Owed leaves
+
+    /// Starts delivering `leave` (replacing a delivery for the same channel).
+    func deliver(_ leave: OwedLeave) {
+        owedLeaves[leave.channel]?.task.cancel()
+        nextLeaveID += 1
+        let id = nextLeaveID
+        let sink = commandSink
+        let connection = configuration.connection
+        let task = Task {
+            var delivery = LeaveDelivery(leave)
+            while true {
+                let result = await Self.attemptLeave(delivery, connection: connection)
+                if Task.isCancelled { return }
+                switch delivery.ended(result) {
+                case .finished(let outcome):
+                    sink.yield(.leaveSettled(leave.channel, id: id, outcome))
+                    return
+                case .retry(let milliseconds):
+                    let wait = milliseconds / 2 + Int.random(in: 0 ... milliseconds - milliseconds / 2)
+                    do { try await Task.sleep(for: .milliseconds(wait)) } catch { return }
+                }
+            }
+        }
+        owedLeaves[leave.channel] = (leave, id, task)
+        snapshot.withLockedValue { $0.owedLeaves = Set(owedLeaves.keys) }
+    }
+
+    /// The delivery `id` for `channel` ended with `outcome`; with `id` nil, whichever is under way
+    /// gives way (the channel was joined again).
+    func settleLeave(_ channel: UUID, id: Int?, _ outcome: OwedLeaveOutcome) {
+        guard let owed = owedLeaves[channel], id == nil || id == owed.id else { return }
+        owed.task.cancel()
+        owedLeaves[channel] = nil
+        snapshot.withLockedValue { $0.owedLeaves = Set(owedLeaves.keys) }
+        saveOwedLeaves()
+        switch outcome {
+        case .delivered, .superseded: break
+        case .nothingToLeave(let why):
+            eventSink.yield(.notice("the server had no membership left to leave in channel \(channel): \(why)"))
+        case .undeliverable(let why):
+            eventSink.yield(.notice("the server could not be told that you left channel \(channel) (\(why)); it lists you there until an administrator removes you"))
+        }
+        eventSink.yield(.leaveSettled(channel, outcome))
+    }
+
+    func saveOwedLeaves() {
+        do {
+            try store.saveOwedLeaves(owedLeaves.values.map(\.leave).sorted { $0.leftAt < $1.leftAt })
+        } catch {
+            eventSink.yield(.notice(error.description))
+        }
+    }
+
+    /// One attempt at an owed leave, on a connection of its own: `join`, then `leave` once joined,
+    /// then close once the server acknowledged it. Gives up after `limit`.
+    static func attemptLeave(_ delivery: LeaveDelivery, connection: ConnectionConfiguration,
+                             limit: Duration = .seconds(15)) async -> LeaveDelivery.AttemptResult {
+        let credentials = delivery.leave.credentials
+        let client: WireClientChannel
+        do {
+            let validator = try loadCA(credentials.caPath)
+            var clientConfiguration = ClientConfiguration(serverName: credentials.serverName ?? credentials.host, validator: validator)
+            clientConfiguration.connection = connection
+            let address = try SocketAddress.makeAddressResolvingHost(credentials.host, port: credentials.port)
+            client = try WireClientChannel(configuration: clientConfiguration, server: address, onDatagram: { _ in })
+        } catch let problem as CAProblem {
+            return .failed(problem.message)
+        } catch {
+            return .failed(describeSetup(error, credentials))
+        }
+        let codec = MessageCodec()
+        // Closing the client ends its event stream, which ends the attempt: on time, or on cancellation.
+        let deadline = Task {
+            try? await Task.sleep(for: limit)
+            await client.close(code: CloseCode.normal.rawValue, reason: "client closed")
+        }
+        let connecting = Task { try? await client.connect() }
+        defer {
+            deadline.cancel()
+            connecting.cancel()
+        }
+        let result = await withTaskCancellationHandler { () async -> LeaveDelivery.AttemptResult in
+            var attempt = delivery.attempt()
+            for await event in client.events {
+                switch event {
+                case .connection(.connected):
+                    try? await client.send(control: codec.encode(attempt.join))
+                case .connection(.control(let bytes)):
+                    guard let message = try? codec.decodeServerMessage(bytes), let action = attempt.received(message) else { continue }
+                    switch action {
+                    case .send(let message):
+                        do { try await client.send(control: codec.encode(message)) } catch {
+                            return .failed("could not send \(message): \(error)")
+                        }
+                    case .end(let ended):
+                        return ended
+                    }
+                case .connection(.closed(let error)):
+                    return attempt.closed(error)
+                default:
+                    break
+                }
+            }
+            return .failed("no answer from squelchd at \(credentials.address) within \(limit)")
+        } onCancel: {
+            Task { await client.close(code: CloseCode.normal.rawValue, reason: "client closed") }
+        }
+        await client.close(code: CloseCode.normal.rawValue, reason: "client closed")
+        return result
     }
 
     // MARK: Pushes

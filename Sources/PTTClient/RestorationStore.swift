@@ -27,6 +27,10 @@ public enum RestorationError: Error, Sendable, Equatable, CustomStringConvertibl
 
     public var description: String {
         switch self {
+        case .corrupt(let path, let movedTo, let why) where path.hasSuffix(RestorationStore.owedLeavesFile):
+            "the leaves not yet delivered to the server, in \(path), could not be read (\(why)); the file was moved to \(movedTo); the server may still list you in those channels until an administrator removes you"
+        case .unwritable(let path, let why) where path.hasSuffix(RestorationStore.owedLeavesFile):
+            "could not save a leave for later delivery in \(path) (\(why)); if the app stops before the server hears it, it keeps listing you; check the directory's permissions"
         case .corrupt(let path, let movedTo, let why):
             "the saved channel in \(path) could not be read (\(why)); it was moved to \(movedTo) and the channel was not restored; join it again"
         case .unwritable(let path, let why):
@@ -58,9 +62,37 @@ public struct RestorationStore: Sendable {
     /// The saved record; nil if there is none. A file that can't be read is moved aside (never
     /// deleted: it may be worth a look) and reported.
     public func load() throws(RestorationError) -> RestorationRecord? {
+        try read(RestorationRecord.self, from: path)
+    }
+
+    public func save(_ record: RestorationRecord) throws(RestorationError) {
+        try write(record, to: path)
+    }
+
+    /// Where the leaves the server has not heard yet are kept (`OwedLeave`): apart from the record,
+    /// which a join of another channel replaces while a leave may still be owed for the old one.
+    public var owedLeavesPath: String { (directory as NSString).appendingPathComponent(Self.owedLeavesFile) }
+    static let owedLeavesFile = "owed-leaves.json"
+
+    /// The leaves still owed to servers, oldest first; empty if there are none. A file that can't be
+    /// read is moved aside and reported, as the record is.
+    public func loadOwedLeaves() throws(RestorationError) -> [OwedLeave] {
+        try read([OwedLeave].self, from: owedLeavesPath) ?? []
+    }
+
+    /// Replaces the owed leaves on disk; an empty list removes the file.
+    public func saveOwedLeaves(_ leaves: [OwedLeave]) throws(RestorationError) {
+        if leaves.isEmpty {
+            try? FileManager.default.removeItem(atPath: owedLeavesPath)
+            return
+        }
+        try write(leaves, to: owedLeavesPath)
+    }
+
+    private func read<Value: Decodable>(_ type: Value.Type, from path: String) throws(RestorationError) -> Value? {
         guard let data = FileManager.default.contents(atPath: path) else { return nil }
         do {
-            return try JSONDecoder().decode(RestorationRecord.self, from: data)
+            return try JSONDecoder().decode(Value.self, from: data)
         } catch {
             let aside = path + ".corrupt-\(Int(Date().timeIntervalSince1970))"
             try? FileManager.default.removeItem(atPath: aside)
@@ -69,18 +101,18 @@ public struct RestorationStore: Sendable {
         }
     }
 
-    public func save(_ record: RestorationRecord) throws(RestorationError) {
+    private func write<Value: Encodable>(_ value: Value, to path: String) throws(RestorationError) {
         do {
             try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true,
                                                     attributes: [.posixPermissions: 0o700])
             let encoder = JSONEncoder()
             encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
-            let data = try encoder.encode(record)
+            let data = try encoder.encode(value)
             let temporary = path + ".tmp-\(ProcessInfo.processInfo.processIdentifier)"
             guard FileManager.default.createFile(atPath: temporary, contents: data, attributes: [.posixPermissions: 0o600]) else {
                 throw CocoaError(.fileWriteUnknown)
             }
-            // rename(2) replaces the old file in one step: readers see the old record or the new one.
+            // rename(2) replaces the old file in one step: readers see the old contents or the new.
             guard rename(temporary, path) == 0 else {
                 let why = String(cString: strerror(errno))
                 try? FileManager.default.removeItem(atPath: temporary)

@@ -363,6 +363,11 @@ struct Status: AsyncParsableCommand {
         let store = RestorationStore(directory: state.stateDir ?? RestorationStore.defaultDirectory(app: "walkie"))
         let record: RestorationRecord?
         do { record = try store.load() } catch { fail(.other(error.description)) }
+        // Leaves the server has not heard yet, whatever the saved channel.
+        let owed = (try? store.loadOwedLeaves()) ?? []
+        for leave in owed {
+            say("not yet heard by the server: the leave of channel \(leave.channel) at \(leave.leftAt.formatted(.iso8601)) (\(leave.credentials.address)); 'walkie leave' tries again")
+        }
         guard let record else {
             say("no saved channel in \(store.directory); join one with 'walkie join --server HOST:PORT --token T'")
             throw ExitCode(2)
@@ -389,11 +394,28 @@ struct Leave: AsyncParsableCommand {
         let manager: ChannelManager
         do { manager = try await makeManager(delegate: delegate, stateDirectory: state.stateDir, push: nil, audio: .none) } catch { fail(error) }
         if let problem = manager.restorationError { fail(.other(problem.description)) }
-        guard let channel = manager.activeChannelUUID else {
-            say("no saved channel; nothing to leave")
-            throw ExitCode(2)
+        // Collected from the start: a leave owed from an earlier run may settle while this one joins.
+        let outcomes = NIOLockedValueBox<[UUID: OwedLeaveOutcome]>([:])
+        let collecting = Task {
+            for await event in manager.events {
+                if case .leaveSettled(let channel, let outcome) = event { outcomes.withLockedValue { $0[channel] = outcome } }
+            }
         }
-        // Rejoin (so the server hears the leave), then leave; without the server, forget it locally.
+        defer { collecting.cancel() }
+        let earlier = manager.owedLeaves
+        guard let channel = manager.activeChannelUUID else {
+            guard !earlier.isEmpty else {
+                say("no saved channel; nothing to leave")
+                throw ExitCode(2)
+            }
+            // Channels left before while the server couldn't hear it: try telling it now.
+            let code = await settle(manager, outcomes, earlier, within: .seconds(10))
+            await manager.invalidate()
+            if code != 0 { throw ExitCode(code) }
+            return
+        }
+        // Rejoin (so the server hears the leave on the channel's own connection), then leave. Without
+        // an answer the manager keeps the leave and delivers it on a connection of its own.
         let joined = await withTaskGroup(of: Bool.self) { group -> Bool in
             group.addTask { for await event in delegate.stream { if case .joined = event { return true } }; return false }
             group.addTask { try? await Task.sleep(for: .seconds(5)); return false }
@@ -402,10 +424,45 @@ struct Leave: AsyncParsableCommand {
             return first
         }
         manager.leaveChannel(channelUUID: channel)
-        try? await Task.sleep(for: .milliseconds(300))
-        await manager.invalidate()
-        say(joined ? "left the channel"
-            : "the server did not answer; the channel is forgotten here, but squelchd still lists you as a member (and may wake this device by push) until you leave again with squelchd up, or an administrator removes you (DELETE /v1/channels/<id>/members/<user>)")
+        var code: Int32 = 0
+        if joined {
+            // The manager waits for the server's acknowledgement of the leave before it closes.
+            await manager.invalidate()
+            say("left the channel")
+        } else {
+            try? await Task.sleep(for: .milliseconds(300))
+            // The server didn't answer the join for 5 s: a shorter wait for the leave's own try.
+            code = await settle(manager, outcomes, manager.owedLeaves.union(earlier), within: .seconds(5))
+            await manager.invalidate()
+        }
+        if code != 0 { throw ExitCode(code) }
+    }
+
+    /// Waits up to `limit` for the leaves in `channels` to settle and says how each did; the exit code.
+    func settle(_ manager: ChannelManager, _ outcomes: NIOLockedValueBox<[UUID: OwedLeaveOutcome]>, _ channels: Set<UUID>,
+                within limit: Duration) async -> Int32 {
+        let deadline = ContinuousClock.now + limit
+        while ContinuousClock.now < deadline, !manager.owedLeaves.isDisjoint(with: channels) {
+            try? await Task.sleep(for: .milliseconds(100))
+        }
+        var code: Int32 = 0
+        for channel in channels.sorted(by: { $0.uuidString < $1.uuidString }) {
+            switch outcomes.withLockedValue({ $0[channel] }) {
+            case .delivered?:
+                say("left channel \(channel): the server heard it")
+            case .nothingToLeave(let why)?:
+                say("left channel \(channel): the server no longer had you there (\(why))")
+            case .superseded?:
+                break
+            case .undeliverable(let why)?:
+                say("left channel \(channel) here, but the server refused the token (\(why)); it lists you there, and may wake this device, until an administrator removes you (DELETE /v1/channels/\(channel)/members/<user>)")
+                code = 4
+            case nil:
+                say("left channel \(channel) here, but the server did not answer; the leave is kept, and walkie tells the server the next time it runs (or run 'walkie leave' again)")
+                code = 3
+            }
+        }
+        return code
     }
 }
 

@@ -252,6 +252,38 @@ import Testing
         #expect(cat.process.terminationStatus == 3 && cat.err.contents.contains("was unavailable from"), "\(cat.out.contents) \(cat.err.contents)")
     }
 
+    /// `walkie leave` with squelchd down forgets the channel here and keeps the leave; `walkie status`
+    /// shows it, and the next `walkie leave` with squelchd back delivers it. (It used to say "leave
+    /// again with squelchd up", which found no saved channel.)
+    @Test func aLeaveSquelchdDidNotHearIsDeliveredLater() async throws {
+        let world = try await World()
+        defer { world.finish() }
+        let talk = try Executables.run("walkie", ["talk"] + world.arguments("ann") + ["--file", world.speech, "--push-port", "0"])
+        #expect(talk.status == 0, "\(talk.err)")
+        #expect(try KillRestartTests().storedMembers(world.channel, data: world.data)["ann"] != nil)
+        let state = world.dir + "/ann-state"
+        let credentials = ChannelCredentials(host: "127.0.0.1", port: world.server.voicePort, caPath: world.certs + "/ca.pem", token: world.tokens["ann"]!)
+        try RestorationStore(directory: state).save(RestorationRecord(channel: world.channel, descriptor: ChannelDescriptor(name: "Ops"),
+                                                                      credentials: credentials, pushToken: nil))
+        kill(world.server.process.processIdentifier, SIGKILL)
+        _ = await world.server.process.waitForExit(seconds: 10)
+
+        let offline = try Executables.run("walkie", ["leave", "--state-dir", state])
+        #expect(offline.status == 3 && offline.out.contains("the leave is kept"), "\(offline.out) \(offline.err)")
+        let status = try Executables.run("walkie", ["status", "--state-dir", state])
+        #expect(status.status == 2 && status.out.contains("not yet heard by the server: the leave of channel \(world.channel)"), "\(status.out)")
+        #expect(try KillRestartTests().storedMembers(world.channel, data: world.data)["ann"] != nil)
+
+        world.server = try await KillRestartTests().startServer(data: world.data, certs: world.certs, port: world.server.voicePort, reaper: world.reaper)
+        let online = try Executables.run("walkie", ["leave", "--state-dir", state])
+        #expect(online.status == 0 && online.out.contains("left channel \(world.channel): the server heard it"), "\(online.out) \(online.err)")
+        #expect(try KillRestartTests().storedMembers(world.channel, data: world.data)["ann"] == nil, "the server forgot Ann")
+        let after = try Executables.run("walkie", ["status", "--state-dir", state])
+        #expect(!after.out.contains("not yet heard"), "\(after.out)")
+        let nothing = try Executables.run("walkie", ["leave", "--state-dir", state])
+        #expect(nothing.status == 2 && nothing.out.contains("nothing to leave"), "\(nothing.out)")
+    }
+
     @Test func everyFailureIsOneLineWithItsExitCode() async throws {
         let world = try await World()
         defer { world.finish() }

@@ -917,3 +917,117 @@ final class FlakyPushTransport: PushTransport {
         await fixture.stop()
     }
 }
+
+/// Leaves the server could not hear at the time (suspended, or the network gone): delivered on a
+/// connection of their own, kept on disk across a restart, withdrawn by a rejoin.
+@Suite(.serialized, .timeLimit(.minutes(2))) struct OwedLeaveTests {
+    func manager(_ fixture: ClientFixture, _ name: String, _ delegate: RecordingDelegate) async throws -> ChannelManager {
+        try await ChannelManager.channelManager(delegate: delegate, restorationDelegate: delegate,
+                                                configuration: ChannelManagerConfiguration(stateDirectory: fixture.stateDirectory(name)))
+    }
+
+    /// Leaving while suspended (Apple's usual case: the user leaves from the system UI with the app in
+    /// the background) used to send nothing: the server kept the member, in everyone's roster and
+    /// woken by push, for good. The leave now goes on a connection of its own.
+    @Test func aLeaveWhileSuspendedReachesTheServer() async throws {
+        let fixture = try await ClientFixture(pushes: false)
+        let id = fixture.channel.id
+        let annDelegate = RecordingDelegate(), bobDelegate = RecordingDelegate()
+        let ann = try await manager(fixture, "owed-ann", annDelegate)
+        let bob = try await manager(fixture, "owed-bob", bobDelegate)
+        let annEvents = EventLog(ann)
+        ann.requestJoinChannel(channelUUID: id, descriptor: ChannelDescriptor(name: "Ops"), credentials: fixture.credentials(try await fixture.token("ann")))
+        bob.requestJoinChannel(channelUUID: id, descriptor: ChannelDescriptor(name: "Ops"), credentials: fixture.credentials(try await fixture.token("bob")))
+        #expect(await annDelegate.wait(for: .didJoin(.developerRequest)))
+        #expect(await bobDelegate.wait(for: .didJoin(.developerRequest)))
+        ann.suspend()
+        #expect(await eventually { bob.roster.first { $0.userID == "ann" }?.connection == .reconnecting })
+        ann.leaveChannel(channelUUID: id)
+        #expect(await annDelegate.wait(for: .didLeave(.developerRequest)))
+        #expect(ann.activeChannelUUID == nil, "the app is out of the channel at once, as on iOS")
+        #expect(await eventually(seconds: 10) { !bob.roster.contains { $0.userID == "ann" } },
+                "the server heard the leave: Ann is out of Bob's roster, not an offline member")
+        #expect(await eventually { annEvents.all.contains(.leaveSettled(id, .delivered)) && ann.owedLeaves.isEmpty })
+        #expect(!FileManager.default.fileExists(atPath: RestorationStore(directory: ann.stateDirectory).owedLeavesPath))
+        await ann.invalidate()
+        await bob.invalidate()
+        await fixture.stop()
+    }
+
+    /// A leave while the server can't be reached is kept on disk and delivered at the app's next start.
+    @Test func aLeaveTheServerCouldNotHearIsDeliveredAtTheNextStart() async throws {
+        let fixture = try await ClientFixture(pushes: false)
+        let id = fixture.channel.id
+        let (proxy, port) = try await fixture.proxy()
+        let annDelegate = RecordingDelegate(), bobDelegate = RecordingDelegate()
+        let ann = try await manager(fixture, "later-ann", annDelegate)
+        let bob = try await manager(fixture, "later-bob", bobDelegate)
+        var credentials = fixture.credentials(try await fixture.token("ann"))
+        credentials.port = port
+        ann.requestJoinChannel(channelUUID: id, descriptor: ChannelDescriptor(name: "Ops"), credentials: credentials)
+        bob.requestJoinChannel(channelUUID: id, descriptor: ChannelDescriptor(name: "Ops"), credentials: fixture.credentials(try await fixture.token("bob")))
+        #expect(await annDelegate.wait(for: .didJoin(.developerRequest)))
+        #expect(await bobDelegate.wait(for: .didJoin(.developerRequest)))
+        ann.suspend()
+        #expect(await eventually { bob.roster.first { $0.userID == "ann" }?.connection == .reconnecting })
+        // Ann's network is gone while she leaves, and her app stops before it comes back.
+        await proxy.blackhole(for: .seconds(3))
+        ann.leaveChannel(channelUUID: id)
+        #expect(await annDelegate.wait(for: .didLeave(.developerRequest)))
+        try await Task.sleep(for: .milliseconds(500))
+        #expect(ann.owedLeaves == [id])
+        await ann.invalidate()
+        let owed = try RestorationStore(directory: fixture.stateDirectory("later-ann")).loadOwedLeaves()
+        #expect(owed.map(\.channel) == [id] && owed.first?.credentials == credentials, "kept on disk for the next start")
+        #expect(bob.roster.contains { $0.userID == "ann" }, "the server has not heard it")
+
+        try await Task.sleep(for: .seconds(3))
+        let again = try await manager(fixture, "later-ann", annDelegate)
+        let againEvents = EventLog(again)
+        #expect(again.activeChannelUUID == nil, "the channel itself is not restored")
+        #expect(await eventually(seconds: 10) { !bob.roster.contains { $0.userID == "ann" } }, "delivered after the restart")
+        #expect(await eventually { againEvents.all.contains(.leaveSettled(id, .delivered)) && again.owedLeaves.isEmpty })
+        #expect(try RestorationStore(directory: fixture.stateDirectory("later-ann")).loadOwedLeaves().isEmpty)
+        await again.invalidate()
+        await bob.invalidate()
+        await proxy.stop()
+        await fixture.stop()
+    }
+
+    /// Joining the channel again before an owed leave got through withdraws the leave: delivered
+    /// later, it would end the new membership.
+    @Test func joiningAgainWithdrawsAnOwedLeave() async throws {
+        let fixture = try await ClientFixture(pushes: false)
+        let id = fixture.channel.id
+        let (proxy, port) = try await fixture.proxy()
+        let annDelegate = RecordingDelegate(), bobDelegate = RecordingDelegate()
+        let ann = try await manager(fixture, "rejoin-ann", annDelegate)
+        let bob = try await manager(fixture, "rejoin-bob", bobDelegate)
+        let annEvents = EventLog(ann)
+        var credentials = fixture.credentials(try await fixture.token("ann"))
+        credentials.port = port
+        ann.requestJoinChannel(channelUUID: id, descriptor: ChannelDescriptor(name: "Ops"), credentials: credentials)
+        bob.requestJoinChannel(channelUUID: id, descriptor: ChannelDescriptor(name: "Ops"), credentials: fixture.credentials(try await fixture.token("bob")))
+        #expect(await annDelegate.wait(for: .didJoin(.developerRequest)))
+        #expect(await bobDelegate.wait(for: .didJoin(.developerRequest)))
+        ann.suspend()
+        await proxy.blackhole(for: .seconds(2))
+        ann.leaveChannel(channelUUID: id)
+        #expect(await annDelegate.wait(for: .didLeave(.developerRequest)))
+        #expect(ann.owedLeaves == [id])
+        // Back in the channel directly (not through the dead network) before the leave got through.
+        ann.requestJoinChannel(channelUUID: id, descriptor: ChannelDescriptor(name: "Ops"), credentials: fixture.credentials(credentials.token))
+        #expect(await annDelegate.wait(for: .didJoin(.developerRequest), count: 2))
+        #expect(await eventually { annEvents.all.contains(.leaveSettled(id, .superseded)) })
+        #expect(ann.owedLeaves.isEmpty)
+        // Well after the network is back, Ann is still a connected member.
+        try await Task.sleep(for: .seconds(3))
+        #expect(bob.roster.first { $0.userID == "ann" }?.connection == .connected)
+        #expect(ann.activeChannelUUID == id && ann.serviceStatus == .ready)
+        #expect(try RestorationStore(directory: ann.stateDirectory).loadOwedLeaves().isEmpty)
+        await ann.invalidate()
+        await bob.invalidate()
+        await proxy.stop()
+        await fixture.stop()
+    }
+}
