@@ -283,6 +283,13 @@ actor ManagerEngine {
     func handlePush(_ push: IncomingPush) {
         // No channel, no wake: iOS drops pushtotalk pushes that arrive without an active channel.
         guard let channel = session.channel, let manager, let delegate else { return }
+        // A push that names another channel was sent for one this device has left (it waited in
+        // APNs, or in the command queue while the app left and joined another): answered now, its
+        // speaker would show, or its leave be obeyed, in the wrong channel.
+        if case .string(let named)? = push.payload["channel"], let other = UUID(uuidString: named), other != channel {
+            eventSink.yield(.notice("ignored a push for channel \(other), which this device has left"))
+            return
+        }
         if push.isServiceUpdate {
             let remaining = serviceBudget.spend(highPriority: push.isHighPriority, at: push.receivedAt)
             delegate.incomingServiceUpdatePush(channelManager: manager, channelUUID: channel, pushPayload: push.payload,

@@ -697,10 +697,15 @@ final class FlakyPushTransport: PushTransport {
         #expect(d.all.compactMap { if case .serviceUpdate(let high, let left) = $0 { return high ? left : -1 } else { return nil } }
                 == [5, 4, 3, 2, 1, 0, 0, -1])
         #expect(!d.all.contains(.push(nil)), "service updates don't go to incomingPushResult")
+        // A push for a channel the device has left is not this channel's: nobody is shown, nothing left.
+        let elsewhere = UUID()
+        transport.deliver(["activeSpeaker": .string("Zed"), "channel": .string(elsewhere.uuidString)])
+        transport.deliver(["channel": .string(elsewhere.uuidString)])
         // A push without a speaker: the app answers leave, and the channel is left.
         transport.deliver(["channel": .string(id.uuidString)])
         #expect(await d.wait(for: .didLeave(.developerRequest)))
         #expect(d.all.contains(.push(nil)) && m.activeChannelUUID == nil)
+        #expect(!d.all.contains(.push("Zed")) && d.all.filter { $0 == .push(nil) }.count == 1, "\(d.all)")
         #expect(try RestorationStore(directory: fixture.stateDirectory("local")).load() == nil, "the record goes with the channel")
         await m.invalidate()
         await fixture.stop()
