@@ -2,6 +2,7 @@ import ChannelProtocol
 import ChannelStore
 import Foundation
 import Hummingbird
+import Logging
 import NIOCore
 import ParticipantTokens
 import Prometheus
@@ -29,6 +30,9 @@ public struct AdminContext: Sendable {
     /// squelchd's covers the voice transport and the store writer (`StoreWriter.unhealthyReason`).
     /// `/healthz` also reads the store (a cheap `revision()`), so a database that fails reads shows too.
     public var readiness: @Sendable () async -> Readiness
+    /// Where every change made through the API is logged (notice level), as an audit trail: who was
+    /// removed, which token revoked or issued, which channel changed. Nil logs nothing.
+    public var auditLog: Logger?
 
     public enum Readiness: Sendable, Equatable {
         case ready
@@ -37,7 +41,7 @@ public struct AdminContext: Sendable {
 
     public init(store: any ChannelStore, tokens: TokenAuthority, adminKey: String, hub: (any AdminHubHooks)? = nil,
                 registry: PrometheusCollectorRegistry = PrometheusCollectorRegistry(), identitySummary: String,
-                started: Date = Date(), readiness: @escaping @Sendable () async -> Readiness = { .ready }) {
+                started: Date = Date(), readiness: @escaping @Sendable () async -> Readiness = { .ready }, auditLog: Logger? = nil) {
         self.store = store
         self.tokens = tokens
         self.adminKey = adminKey
@@ -46,6 +50,12 @@ public struct AdminContext: Sendable {
         self.identitySummary = identitySummary
         self.started = started
         self.readiness = readiness
+        self.auditLog = auditLog
+    }
+
+    /// One line of the audit trail. Tokens themselves are never logged, only their ids.
+    func audit(_ action: String, _ metadata: Logger.Metadata) {
+        auditLog?.notice("admin API: \(action)", metadata: metadata)
     }
 }
 
@@ -138,6 +148,8 @@ public enum AdminAPI {
             if let mode = body.mode { channel.mode = try transmissionMode(mode) }
             try channel.validate()
             try await store.createChannel(channel)
+            admin.audit("channel created", ["channel": "\(channel.id)", "name": "\(channel.name)", "mode": "\(channel.mode)",
+                                            "max_burst_seconds": "\(channel.maxBurstSeconds)"])
             await admin.hub?.channelChanged(channel.id)
             return try json(ChannelView(try await store.channel(channel.id) ?? channel), status: .created)
         }
@@ -154,12 +166,15 @@ public enum AdminAPI {
             if let burst = patch.maxBurstSeconds { channel.maxBurstSeconds = burst }
             try channel.validate()
             let updated = try await store.updateChannel(channel)
+            admin.audit("channel updated", ["channel": "\(id)", "name": "\(updated.name)", "mode": "\(updated.mode)",
+                                            "max_burst_seconds": "\(updated.maxBurstSeconds)", "image": "\(updated.image == nil ? "none" : "set")"])
             await admin.hub?.channelChanged(id)
             return try json(ChannelView(updated))
         }
         v1.delete("channels/:id") { _, context in
             let id = try channelID(context)
             try await store.deleteChannel(id)
+            admin.audit("channel deleted", ["channel": "\(id)"])
             await admin.hub?.channelDeleted(id)
             return Response(status: .noContent)
         }
@@ -185,6 +200,7 @@ public enum AdminAPI {
             // holds stop working, and a token issued from the next millisecond on lets it back in.
             let revocation = try await store.revoke(.member(channel: id, user: user, at: Date(), reason: "removed by an administrator"))
             do { try await store.removeMember(channel: id, user: user) } catch StoreError.memberNotFound {}
+            admin.audit("member removed", ["channel": "\(id)", "user": "\(user)"])
             await admin.hub?.memberRemoved(channel: id, user: user, revocation: revocation)
             return Response(status: .noContent)
         }
@@ -194,6 +210,8 @@ public enum AdminAPI {
             let body = try await decode(RevocationRequest.self, from: request)
             let revocation = try await body.revocation(channel: id, tokens: admin.tokens, now: Date())
             let stored = try await store.revoke(revocation)
+            admin.audit("token revoked", ["channel": "\(id)", "token_id": "\(stored.tokenID ?? "-")", "user": "\(stored.userID ?? "unknown")",
+                                          "reason": "\(stored.reason)"])
             await admin.hub?.tokenRevoked(stored)
             return try json(stored, status: .created)
         }
@@ -218,6 +236,9 @@ public enum AdminAPI {
             do { token = try await admin.tokens.issue(claims) } catch {
                 throw AdminError(.internalServerError, "could not sign the token (\(error)); check the token key in the data directory")
             }
+            admin.audit("token issued", ["channel": "\(id)", "user": "\(claims.userID)", "token_id": "\(claims.tokenID)",
+                                         "capabilities": "\(claims.capabilities.map(\.rawValue).sorted().joined(separator: ","))",
+                                         "priority": "\(claims.priority)", "expires_at": "\(claims.expiresAt.formatted(.iso8601))"])
             return try json(IssuedToken(token: token, tokenID: claims.tokenID, channel: id, user: claims.userID,
                                         expiresAt: claims.expiresAt), status: .created)
         }

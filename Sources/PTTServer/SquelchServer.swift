@@ -140,7 +140,7 @@ public struct SquelchServer: Sendable {
                 guard voice.isRunning else { return .unavailable(reason: "the voice transport is not running") }
                 if let problem = await voice.transportProblem() { return .unavailable(reason: problem) }
                 return writer.unhealthyReason().map { .unavailable(reason: $0) } ?? .ready
-            })
+            }, auditLog: logger)
         // Services stop in reverse order: the admin API, then the voice transport (no new bursts), then the
         // pushes already queued, then the simulator they may be going to, and the database last.
         var services: [ServiceGroupConfiguration.ServiceConfiguration] = [

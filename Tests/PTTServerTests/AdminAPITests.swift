@@ -4,6 +4,7 @@ import ChannelStore
 import Foundation
 import Hummingbird
 import HummingbirdTesting
+import Logging
 import ParticipantTokens
 import Prometheus
 import SquelchTesting
@@ -102,7 +103,56 @@ extension TestResponse {
     }
 }
 
+/// Keeps what is logged through it, for the audit trail's tests.
+struct RecordingLogHandler: LogHandler {
+    final class Lines: Sendable {
+        let value = Mutex<[String]>([])
+    }
+    let lines: Lines
+    var metadata: Logger.Metadata = [:]
+    var logLevel: Logger.Level = .trace
+    subscript(metadataKey key: String) -> Logger.Metadata.Value? {
+        get { metadata[key] }
+        set { metadata[key] = newValue }
+    }
+    func log(event: LogEvent) {
+        let fields = (event.metadata ?? [:]).sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: " ")
+        lines.value.withLock { $0.append("\(event.level) \(event.message) \(fields)") }
+    }
+}
+
 @Suite struct AdminAPITests {
+    /// Every change through the API leaves a line in the server's log: who was removed, which
+    /// token was revoked or issued (its id, never the token), which channel changed.
+    @Test func changesLeaveAnAuditTrail() async throws {
+        let lines = RecordingLogHandler.Lines()
+        let fixture = try await AdminFixture()
+        defer { Task { await fixture.cleanUp() } }
+        var context = fixture.context
+        context.auditLog = Logger(label: "audit") { _ in RecordingLogHandler(lines: lines) }
+        let app = Application(router: AdminAPI.router(context: context))
+        try await app.test(.router) { client in
+            let created = try await client.send(.post, "/v1/channels", json: #"{"name":"Ops"}"#)
+            #expect(created.status == .created)
+            let id = try #require((try JSONSerialization.jsonObject(with: Data(created.text.utf8)) as? [String: Any])?["id"] as? String)
+            #expect(try await client.send(.patch, "/v1/channels/\(id)", json: #"{"name":"Ops 2"}"#).status == .ok)
+            let issued = try await client.send(.post, "/v1/channels/\(id)/tokens", json: #"{"user":"ann","name":"Ann"}"#)
+            let token = try issued.decode(AdminAPI.IssuedToken.self)
+            #expect(try await client.send(.post, "/v1/channels/\(id)/revocations", json: #"{"tokenID":"\#(token.tokenID)","reason":"lost phone"}"#).status == .created)
+            #expect(try await client.send(.get, "/v1/channels/\(id)").status == .ok)
+            #expect(try await client.send(.delete, "/v1/channels/\(id)").status == .noContent)
+            let log = lines.value.withLock { $0 }
+            #expect(log.count == 5, "reads are not logged: \(log)")
+            #expect(log.allSatisfy { $0.hasPrefix("notice admin API: ") })
+            #expect(log[0].contains("channel created") && log[0].contains("channel=\(id)") && log[0].contains("name=Ops"))
+            #expect(log[1].contains("channel updated") && log[1].contains("name=Ops 2"))
+            #expect(log[2].contains("token issued") && log[2].contains("user=ann") && log[2].contains("token_id=\(token.tokenID)"))
+            #expect(!log[2].contains(token.token), "the token itself stays out of the log")
+            #expect(log[3].contains("token revoked") && log[3].contains("reason=lost phone"))
+            #expect(log[4].contains("channel deleted"))
+        }
+    }
+
     /// Over a real socket on 127.0.0.1 (`.live`), not the in-process router.
     @Test func healthzAnswersWithVersionAndCertificateOverASocket() async throws {
         let fixture = try await AdminFixture(hub: RecordingHub(connections: 3))
