@@ -415,6 +415,18 @@ public struct ServerConfiguration: Sendable, Equatable {
 
     // MARK: - Checks
 
+    /// Whether `host` (as given to `--admin-host` or `--host`) reaches this machine only: a loopback
+    /// address or `localhost`. A name that resolves elsewhere, or a wildcard, does not.
+    public static func isLoopback(_ host: String) -> Bool {
+        let bare = host.hasPrefix("[") && host.hasSuffix("]") ? String(host.dropFirst().dropLast()) : host
+        if bare.lowercased() == "localhost" { return true }
+        var v4 = in_addr()
+        if inet_pton(AF_INET, bare, &v4) == 1 { return UInt32(bigEndian: v4.s_addr) >> 24 == 127 }
+        var v6 = in6_addr()
+        guard inet_pton(AF_INET6, bare, &v6) == 1 else { return false }
+        return withUnsafeBytes(of: &v6) { Array($0) } == Array(repeating: 0, count: 15) + [1]
+    }
+
     /// Checks every value; the error names the setting, what is wrong and how to set it.
     public func validate() throws(ConfigurationError) {
         func check(_ ok: Bool, _ key: String, _ problem: String) throws(ConfigurationError) {

@@ -65,6 +65,11 @@ public struct SquelchServer: Sendable {
             onServerRunning: { channel in
                 let port = channel.localAddress?.port ?? 0
                 logger.notice("admin API listening on http://\(host):\(port)")
+                if !ServerConfiguration.isLoopback(host) {
+                    // Plain HTTP with a bearer key: anyone on the path reads the key, and anyone who
+                    // has it can remove members and issue tokens.
+                    logger.warning("the admin API is reachable beyond this machine (\(host)) over plain HTTP: the admin key crosses the network in clear text. Keep --admin-host on 127.0.0.1 and reach it through an SSH tunnel or a TLS proxy that authenticates")
+                }
                 await onListening(port)
             },
             logger: logger)

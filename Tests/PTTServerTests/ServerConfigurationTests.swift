@@ -24,6 +24,16 @@ import Testing
         #expect(config.disconnectGraceSeconds == 2 && config.maxQueue == 16 && config.logLevel == .info)
     }
 
+    /// What squelchd warns about at start: an admin API reachable from other machines.
+    @Test func loopbackHostsAreToldFromOthers() {
+        for host in ["127.0.0.1", "127.8.9.10", "localhost", "LOCALHOST", "::1", "[::1]", "0:0:0:0:0:0:0:1"] {
+            #expect(ServerConfiguration.isLoopback(host), "\(host)")
+        }
+        for host in ["0.0.0.0", "::", "10.0.0.5", "192.168.1.2", "admin.example.org", "128.0.0.1", "::2", ""] {
+            #expect(!ServerConfiguration.isLoopback(host), "\(host)")
+        }
+    }
+
     @Test func flagsBeatEnvironmentWhichBeatsTheFileWhichBeatsDefaults() throws {
         let file = try Self.writeFile("""
             {"port": 1000, "adminPort": 2000, "host": "10.0.0.1", "logLevel": "debug", "maxQueue": 3,
