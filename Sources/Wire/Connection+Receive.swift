@@ -454,7 +454,8 @@ extension Connection {
         var anyNew = false
         for range in ack.ranges(in: packet) {
             guard range.upperBound >= floor else { break }
-            for pn in max(range.lowerBound, floor)...range.upperBound {
+            guard let live = sent.clipped(range) else { continue }
+            for pn in live {
                 guard let acked = sent.take(pn) else { continue }
                 anyNew = true
                 onAcknowledged(acked)
@@ -499,8 +500,8 @@ extension Connection {
         lossTime = nil
         guard let largest = largestAckedByPeer else { return }
         let delay = rtt.lossDelay
-        var pn = sent.oldest
-        while pn < largest {
+        guard largest > 0, let live = sent.clipped(0...(largest - 1)) else { return }
+        for pn in live {
             if let packet = sent.peek(pn) {
                 if largest - pn >= 3 || packet.time + delay <= now {
                     _ = sent.take(pn)
@@ -510,7 +511,6 @@ extension Connection {
                     if lossTime.map({ at < $0 }) ?? true { lossTime = at }
                 }
             }
-            pn += 1
         }
     }
 
@@ -519,15 +519,15 @@ extension Connection {
     func probeTimeout(now: WireInstant) {
         stats.probeTimeouts += 1
         ptoCount += 1
-        var pn = sent.oldest
         var resent = false
-        while pn < appNextPN {
-            if let packet = sent.peek(pn), packet.retransmittable {
-                _ = sent.take(pn)
-                onLost(packet, probe: true)
-                resent = true
+        if let live = sent.clipped(0...UInt64.max) {
+            for pn in live {
+                if let packet = sent.peek(pn), packet.retransmittable {
+                    _ = sent.take(pn)
+                    onLost(packet, probe: true)
+                    resent = true
+                }
             }
-            pn += 1
         }
         if !resent { pendingPing = true }
         // Keep the timer running from now, so a lost probe is probed again (with backoff).

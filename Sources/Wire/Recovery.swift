@@ -130,7 +130,17 @@ struct SentPackets {
     /// No live packet has a number below this.
     private(set) var oldest: UInt64 = 0
     /// One past the highest number recorded.
-    private var next: UInt64 = 0
+    private(set) var next: UInt64 = 0
+
+    /// The part of `range` that may hold live packets: `oldest..<next`. Every walk over packet
+    /// numbers that a peer names (ACK ranges, the largest it acknowledged) goes through this, so
+    /// that it costs at most the ring's capacity: a peer acknowledging a million numbers at once
+    /// (the ACK-only packets in between are never recorded) must not make the event loop visit each.
+    func clipped(_ range: ClosedRange<UInt64>) -> ClosedRange<UInt64>? {
+        guard next > oldest else { return nil }
+        let lower = max(range.lowerBound, oldest), upper = min(range.upperBound, next - 1)
+        return lower <= upper ? lower...upper : nil
+    }
 
     init() { slots = Array(repeating: .empty, count: Self.initialCapacity) }
 

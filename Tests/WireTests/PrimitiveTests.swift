@@ -143,6 +143,26 @@ import Testing
         #expect(sent.allocated == SentPackets.capacity, "up to 1,023 packets in flight grew the ring to its limit")
     }
 
+    /// A peer names packet numbers in ACK ranges, and only ACK-eliciting packets are recorded, so a
+    /// range can span a million numbers with nothing live in it. The walks over it are clipped to
+    /// the numbers recorded and not yet settled: at most the ring's capacity, whatever the peer says.
+    @Test func peerNamedRangesAreClippedToTheLiveNumbers() {
+        var sent = SentPackets()
+        #expect(sent.clipped(0...UInt64.max) == nil, "nothing recorded")
+        var packet = SentPacket.empty
+        packet.live = true
+        for number: UInt64 in [10, 11, 15] {
+            packet.number = number
+            _ = sent.record(packet)
+        }
+        #expect(sent.clipped(0...1_000_000) == 10...15)
+        #expect(sent.clipped(12...13) == 12...13)
+        #expect(sent.clipped(16...1_000_000) == nil, "numbers above the highest recorded (ACK-only packets since)")
+        #expect(sent.clipped(0...9) == nil)
+        for number: UInt64 in [10, 11, 15] { _ = sent.take(number) }
+        #expect(sent.clipped(0...UInt64.max) == nil, "everything settled: a hostile ACK visits nothing")
+    }
+
     @Test func sentRingGrowsOnlyWithThePacketsInFlight() {
         var sent = SentPackets()
         func packet(_ number: UInt64) -> SentPacket {
