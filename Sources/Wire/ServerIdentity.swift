@@ -26,6 +26,9 @@ public struct ServerIdentity: Sendable {
         case keyDoesNotMatch(certificateSource: String, keySource: String)
         case expired(source: String, notValidAfter: Date)
         case notYetValid(source: String, notValidBefore: Date)
+        /// The chain doesn't fit the handshake's Certificate message (more certificates, or more
+        /// bytes, than it carries).
+        case chainTooLarge(source: String, detail: String)
 
         public var description: String {
             switch self {
@@ -37,6 +40,8 @@ public struct ServerIdentity: Sendable {
                 return "\(source) is not a readable private key (PEM, PKCS#8 or SEC1, P-256): \(reason)"
             case .keyDoesNotMatch(let cert, let key):
                 return "the private key in \(key) does not belong to the certificate in \(cert); pass the key that was made with it"
+            case .chainTooLarge(let source, let detail):
+                return "the certificate chain in \(source) is too large for the handshake (\(detail)); pass the leaf and the intermediates the clients need, not the root or a bundle"
             case .expired(let source, let date):
                 return "the certificate in \(source) expired on \(date); renew it (for development: ./certs/make-dev-certs.sh --force)"
             case .notYetValid(let source, let date):
@@ -84,6 +89,15 @@ public struct ServerIdentity: Sendable {
                 throw .unreadableCertificate(source: chainSource, reason: Self.reason(error))
             }
             derChain.append(serializer.serializedBytes)
+        }
+        // Checked here rather than found at the first ClientHello: the Certificate message can't carry
+        // more, and encoding it would trap on every handshake.
+        if derChain.count > HandshakeMessage.maximumCertificateChain {
+            throw .chainTooLarge(source: chainSource, detail: "\(derChain.count) certificates; the handshake carries at most \(HandshakeMessage.maximumCertificateChain)")
+        }
+        let messageBytes = 1 + derChain.reduce(0) { $0 + 3 + $1.count }
+        if messageBytes > HandshakeMessage.maximumLength {
+            throw .chainTooLarge(source: chainSource, detail: "\(messageBytes) bytes; the handshake carries at most \(HandshakeMessage.maximumLength)")
         }
         self.chain = chain
         self.privateKey = key

@@ -6,8 +6,8 @@ import X509
 @testable import Wire
 
 /// Makes a CA-signed P-256 leaf in memory, so each test controls validity dates and keys.
-func makeLeaf(notBefore: Date = Date().addingTimeInterval(-3_600), notAfter: Date = Date().addingTimeInterval(86_400))
-    throws -> (chainPEM: String, keyPEM: String) {
+func makeLeaf(notBefore: Date = Date().addingTimeInterval(-3_600), notAfter: Date = Date().addingTimeInterval(86_400),
+              names: [String] = ["localhost"]) throws -> (chainPEM: String, keyPEM: String) {
     let caKey = P256.Signing.PrivateKey()
     let leafKey = P256.Signing.PrivateKey()
     let caName = try DistinguishedName { CommonName("Test CA") }
@@ -16,7 +16,7 @@ func makeLeaf(notBefore: Date = Date().addingTimeInterval(-3_600), notAfter: Dat
         notValidBefore: notBefore, notValidAfter: notAfter,
         issuer: caName, subject: try DistinguishedName { CommonName("squelchd test") },
         signatureAlgorithm: .ecdsaWithSHA256,
-        extensions: try Certificate.Extensions { SubjectAlternativeNames([.dnsName("localhost")]) },
+        extensions: try Certificate.Extensions { SubjectAlternativeNames(names.map { .dnsName($0) }) },
         issuerPrivateKey: .init(caKey))
     return (try leaf.serializeAsPEM().pemString, leafKey.pemRepresentation)
 }
@@ -50,6 +50,21 @@ func makeLeaf(notBefore: Date = Date().addingTimeInterval(-3_600), notAfter: Dat
         } catch {
             #expect(!"\(error)".contains(certificateBody.prefix(16)), "\(error)")
         }
+    }
+
+    /// A chain the handshake's Certificate message can't carry is refused at load. It used to pass,
+    /// and then every ClientHello trapped the server while encoding the message.
+    @Test func aChainTooLargeForTheHandshakeIsRefusedAtLoad() throws {
+        let (chain, key) = try makeLeaf()
+        let nine = Array(repeating: chain, count: 9).joined(separator: "\n")
+        let many = #expect(throws: ServerIdentity.LoadError.self) { try ServerIdentity(chainPEM: nine, keyPEM: key, chainSource: "chain.pem") }
+        #expect("\(try #require(many))".contains("9 certificates; the handshake carries at most 8"))
+        #expect(try ServerIdentity(chainPEM: Array(repeating: chain, count: 8).joined(separator: "\n"), keyPEM: key).derChain.count == 8)
+
+        let names = (0..<700).map { "host-\($0).a-rather-long-subdomain.example.org" }
+        let (bulky, bulkyKey) = try makeLeaf(names: names)
+        let big = #expect(throws: ServerIdentity.LoadError.self) { try ServerIdentity(chainPEM: bulky, keyPEM: bulkyKey, chainSource: "big.pem") }
+        #expect("\(try #require(big))".contains("the handshake carries at most 16384"), "\(String(describing: big))")
     }
 
     @Test func aKeyForAnotherCertificateIsRefused() throws {
