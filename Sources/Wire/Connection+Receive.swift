@@ -28,8 +28,9 @@ extension Connection {
             case .retry(_, _, let source, let token, let tag):
                 receiveRetry(datagram, start: offset, source: source, token: token, tag: tag, now: now)
                 offset = datagram.count
-            case .versionNegotiation(_, _, let versions):
-                receiveVersionNegotiation(UnsafeRawBufferPointer(datagram), versions: versions, now: now)
+            case .versionNegotiation(let destination, let source, let versions):
+                receiveVersionNegotiation(UnsafeRawBufferPointer(datagram), destination: destination, source: source,
+                                          versions: versions, now: now)
                 offset = datagram.count
             case .unsupportedVersion:
                 stats.droppedMalformed += 1
@@ -195,8 +196,13 @@ extension Connection {
         handshakeRetransmitAt = now + rtt.probeTimeout(maxAckDelay: 0)
     }
 
-    func receiveVersionNegotiation(_ datagram: UnsafeRawBufferPointer, versions: Range<Int>, now: WireInstant) {
-        guard role == .client, state == .handshaking, !receivedServerPacket else { return }
+    func receiveVersionNegotiation(_ datagram: UnsafeRawBufferPointer, destination: ConnectionID, source: ConnectionID,
+                                   versions: Range<Int>, now: WireInstant) {
+        // Unauthenticated, and it ends the handshake for good: it must at least echo the connection
+        // IDs of our Initial (RFC 9000 §6.2, §17.2.1), which an off-path attacker spoofing the
+        // server's address has not seen. After a Retry the server has answered, so none can follow.
+        guard role == .client, state == .handshaking, !receivedServerPacket, retrySource == nil,
+              destination == localID, source == originalDestination else { return }
         var list: [UInt32] = []
         var index = versions.lowerBound
         while index + 4 <= versions.upperBound {
@@ -349,7 +355,12 @@ extension Connection {
         case .crypto:
             break  // no post-handshake messages in this version
         case .newToken(let range):
-            if role == .client { emit(.newToken(Array(packet[range]))) } else {
+            // A token is presented in every later Initial, which must still fit 1,200 bytes with
+            // room for the ClientHello: a longer one (a broken or hostile server's) would make every
+            // later handshake unsendable. Ours are 60 bytes; anything past 256 is not kept.
+            if role == .client {
+                if range.count <= Self.maximumNewTokenBytes { emit(.newToken(Array(packet[range]))) }
+            } else {
                 protocolViolation("NEW_TOKEN from a client", now: now)
             }
         case .control(let offset, let data):

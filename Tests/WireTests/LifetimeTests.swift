@@ -224,14 +224,25 @@ import Testing
         // A client whose version the server doesn't list gives up with an actionable error...
         let client = Connection(client: ClientConfiguration(serverName: "localhost", validator: pki.validator), remote: .v4(1, 1, 1, 1, port: 9),
                                 now: WireInstant(nanoseconds: 1), random: SeededRandom(seed: 3))
-        var other = [UInt8]()
-        other.append(0x80); other += [0, 0, 0, 0]; other.append(8); other += client.localID.bytes; other.append(8); other += [0, 0, 0, 0, 0, 0, 0, 1]
-        other += [0x0B, 0x0B, 0x0B, 0x0B]
+        func negotiation(destination: ConnectionID, source: ConnectionID) -> [UInt8] {
+            var packet = [UInt8]()
+            packet.append(0x80); packet += [0, 0, 0, 0]; packet.append(8); packet += destination.bytes; packet.append(8); packet += source.bytes
+            packet += [0x0B, 0x0B, 0x0B, 0x0B]
+            return packet
+        }
+        var other = negotiation(destination: client.localID, source: client.originalDestination)
         var listingOurs = other
         listingOurs += [0x53, 0x51, 0x00, 0x01]
         // ...but one that lists our version is forged or stale, and ignored.
         listingOurs.withUnsafeMutableBytes { client.receive($0, from: .v4(1, 1, 1, 1, port: 9), now: WireInstant(nanoseconds: 2)) }
         #expect(client.state == .handshaking)
+        // So is one that doesn't echo our Initial's connection IDs: an off-path attacker spoofing the
+        // server's address can't see them, and would otherwise end the handshake with one packet.
+        for var forged in [negotiation(destination: client.localID, source: ConnectionID(0x1)),
+                           negotiation(destination: ConnectionID(0x2), source: client.originalDestination)] {
+            forged.withUnsafeMutableBytes { client.receive($0, from: .v4(1, 1, 1, 1, port: 9), now: WireInstant(nanoseconds: 2)) }
+            #expect(client.state == .handshaking && client.error == nil)
+        }
         other.withUnsafeMutableBytes { client.receive($0, from: .v4(1, 1, 1, 1, port: 9), now: WireInstant(nanoseconds: 2)) }
         #expect(client.error == .versionNegotiation(serverVersions: [0x0B0B_0B0B]))
         #expect("\(client.error!)".contains("upgrade"))
