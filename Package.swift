@@ -238,6 +238,7 @@ let package = Package(
         .testTarget(name: "WireNIOTests", dependencies: [
             "WireNIO", "Wire", "WireTesting", "SquelchTesting",
             .product(name: "NIOCore", package: "swift-nio"),
+            .product(name: "NIOEmbedded", package: "swift-nio"),
             .product(name: "NIOPosix", package: "swift-nio"),
             .product(name: "Crypto", package: "swift-crypto"),
             .product(name: "X509", package: "swift-certificates"),

@@ -1,4 +1,7 @@
 import NIOCore
+#if canImport(Glibc)
+import Glibc
+#endif
 import Wire
 
 /// Writes what a sans-I/O core produces to the socket: each datagram is written once (no flush), and
@@ -111,8 +114,17 @@ struct DatagramOutput {
         failures += outcome.failures
         if outcome.failures > 0 { lastErrno = outcome.lastErrno }
         if let blocked = outcome.blockedFrom, let context {
-            // The kernel's buffer is full: NIO keeps the rest and sends it when the socket drains.
+            // The kernel's buffer is full: NIO keeps the rest and sends it when the socket drains,
+            // up to the channel's high watermark. Past it, what doesn't fit is dropped and counted
+            // (ENOBUFS): NIO's queue has no limit of its own, and under sustained overload it would
+            // grow every cycle while listeners got audio seconds late. The core counted the
+            // datagrams as sent, so for audio this is loss, and control data is sent again.
             for index in blocked..<batch.count {
+                guard context.channel.isWritable else {
+                    failures += batch.count - index
+                    lastErrno = ENOBUFS
+                    break
+                }
                 let (bytes, path) = batch.datagram(index)
                 guard let remote = addresses.socketAddress(for: path) else { continue }
                 var buffer = context.channel.allocator.buffer(capacity: bytes.count)

@@ -1,5 +1,6 @@
 import Crypto
 import NIOCore
+import NIOEmbedded
 import NIOPosix
 import SquelchTesting
 import Testing
@@ -441,6 +442,60 @@ struct BatchSendTests {
         batch.reset()
         batch.close()
         #expect(!batch.isOpen)
+    }
+
+    /// What the kernel's full buffer hands back goes to NIO only while the channel is under its
+    /// high watermark; past it, the rest is dropped and counted. NIO's queue has no limit of its
+    /// own: under sustained overload it grew every cycle. (An embedded channel stands in for NIO's,
+    /// since its writability can be set; the socket is real, as in the test above.)
+    @Test func aFullSocketHandsNIOOnlyWhatFitsUnderItsWatermark() throws {
+        let name = "squelch-watermark-\(UInt32.random(in: 0...UInt32.max))"
+        let receiver = socket(AF_UNIX, CInt(SOCK_DGRAM.rawValue), 0)
+        let sender = socket(AF_UNIX, CInt(SOCK_DGRAM.rawValue) | CInt(SOCK_NONBLOCK.rawValue), 0)
+        #expect(receiver >= 0 && sender >= 0)
+        defer { _ = close(receiver) }
+        let (address, length) = abstractAddress(name)
+        let bound = withUnsafeBytes(of: address) { bind(receiver, $0.baseAddress!.assumingMemoryBound(to: sockaddr.self), length) }
+        #expect(bound == 0)
+
+        final class Holder: ChannelOutboundHandler {
+            typealias OutboundIn = AddressedEnvelope<ByteBuffer>
+            var context: ChannelHandlerContext?
+            func handlerAdded(context: ChannelHandlerContext) { self.context = context }
+        }
+        let holder = Holder()
+        let channel = EmbeddedChannel(handler: holder)
+        let context = try #require(holder.context)
+        let batch = BatchSender(descriptor: sender, slot: 64)
+        var output = DatagramOutput(slot: 64)
+        output.attach(context, socketIsIPv6: false, batch: batch)
+        func fill(_ count: Int) {
+            for value in 0..<count {
+                batch.nextSlot.storeBytes(of: UInt8(value), as: UInt8.self)
+                withUnsafeBytes(of: address) { batch.nextAddress.copyMemory(from: $0.baseAddress!, byteCount: Int(length)) }
+                batch.commit(length: 1, path: PathAddress(ipv4: 0x7F00_0001, port: 4_000), addressLength: Int(length))
+            }
+        }
+        func handedToNIO() throws -> Int {
+            var count = 0
+            while try channel.readOutbound(as: AddressedEnvelope<ByteBuffer>.self) != nil { count += 1 }
+            return count
+        }
+        // Writable: what the kernel refused goes to NIO, every datagram of it.
+        fill(40)
+        output.flush()
+        let queued = try handedToNIO()
+        #expect(queued > 0, "the receiver's queue never filled")
+        #expect(output.takeFailures().count == 0)
+        // Over the watermark: the receiver's queue is still full, and nothing more goes to NIO.
+        channel.isWritable = false
+        fill(10)
+        output.flush()
+        #expect(try handedToNIO() == 0)
+        let dropped = output.takeFailures()
+        #expect(dropped.count == 10 && dropped.errno == ENOBUFS)
+        output.detach(context)
+        _ = try channel.finish()
     }
 
     func abstractAddress(_ name: String) -> (sockaddr_un, socklen_t) {
