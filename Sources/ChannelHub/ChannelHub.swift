@@ -35,6 +35,8 @@ public final class ChannelHub {
     var deletedChannels: Set<UUID> = []
     var channelsLoadedByChecks = false
     var sessions: [Link: Session] = [:]
+    /// Connections with no `join` yet, and the sweep that first saw them so (`closeUnjoined`).
+    var unjoined: [Link: WireInstant] = [:]
     /// Each connection's allowance of control messages (`HubConfiguration.controlMessagesPerSecond`).
     var controlBudget: [Link: TokenBucket] = [:]
     var outputs: [HubOutput] = []
@@ -358,6 +360,7 @@ public final class ChannelHub {
     /// place, and the floor if it held it, for the grace period.
     public func closed(_ link: Link, at time: HubTime) {
         controlBudget[link] = nil
+        unjoined[link] = nil
         rosterStreams[link] = nil
         if tokenChecks.removeValue(forKey: link) != nil { pruneCheckRevocations() }
         guard let session = sessions.removeValue(forKey: link) else { return }
@@ -416,6 +419,7 @@ public final class ChannelHub {
             switch session {
             case .connected:
                 sessions[link] = .verifying(channel: channel)
+                unjoined[link] = nil
                 checkStarted(link)
                 outputs.append(.verify(link, token: token, channel: channel, reason: reason))
             case .verifying, .joined:
@@ -1263,6 +1267,7 @@ public final class ChannelHub {
     ///   - isHeard: whether the transport has heard from `link` within the liveness window; a query,
     ///     so that the hub stays free of clocks and sockets.
     public func sweepLiveness(mayMarkSilent: Bool = true, at time: HubTime, isHeard: (Link) -> Bool) {
+        closeUnjoined(at: time)
         for channel in channels.values {
             var changed: [UInt16] = []
             var replaying = false
@@ -1293,6 +1298,29 @@ public final class ChannelHub {
             // Chunked as a joiner's roster is.
             var stream = RosterStream(channel: channel, slots: changed, next: 0)
             while !stream.isFinished { outputs.append(.send(.roster(nextRosterChunk(&stream)), to: links)) }
+        }
+    }
+
+    /// Refuses connections that have not sent `join` within `joinDeadline` of a sweep first seeing
+    /// them (so between the deadline and a sweep interval or two more). The transport's handshake
+    /// doesn't authenticate clients: without this, anyone could hold connections open for good with
+    /// keepalives, each with its control stream's reassembly buffer, and the hub's tables, pinned.
+    /// Every client joins right after its handshake.
+    func closeUnjoined(at time: HubTime) {
+        guard configuration.joinDeadline > 0 else { return }
+        var late: [Link] = []
+        for (link, session) in sessions {
+            guard case .connected = session else { continue }
+            guard let since = unjoined[link] else {
+                unjoined[link] = time.instant
+                continue
+            }
+            if time.instant.since(since) >= configuration.joinDeadline { late.append(link) }
+        }
+        let seconds = configuration.joinDeadline / 1_000_000_000
+        for link in late {
+            unjoined[link] = nil
+            refuse(link, code: .notJoined, reason: "no join within \(seconds) s of connecting; send join right after the handshake")
         }
     }
 

@@ -21,6 +21,9 @@ public struct HubTime: Sendable {
 public struct HubConfiguration: Sendable {
     /// Simultaneous talkers on a full-duplex channel.
     public var fullDuplexMaxTalkers = 4
+    /// A connection that has not sent `join` this long after the liveness sweep first saw it is
+    /// refused (`notJoined`) and closed (0: never). Clients join right after the handshake.
+    public var joinDeadline: UInt64 = 10_000_000_000
     /// How long a dropped member keeps its place (a talker keeps the floor) before it counts as gone.
     public var disconnectGrace: UInt64 = 2_000_000_000
     /// A talker whose burst brings no audio for this long loses the floor (`FloorArbiter`'s

@@ -612,6 +612,32 @@ final class Harness {
         #expect(errors.count == 41, "\(errors.count) errors: the 40 within the budget and one notice")
     }
 
+    /// A connection that never joins is refused and closed once the join deadline has passed since
+    /// a sweep first saw it: the handshake doesn't authenticate clients, and each open connection
+    /// pins transport and hub state. One that joins is left alone.
+    @Test func aConnectionThatNeverJoinsIsClosedAfterTheDeadline() {
+        let h = Harness()
+        let ann = h.join("ann")
+        let idle = Link(index: 900, generation: 1), late = Link(index: 901, generation: 1)
+        h.hub.connected(idle)
+        h.hub.connected(late)
+        h.hub.sweepLiveness(at: h.time) { _ in true }
+        h.advance(5_000_000_000)
+        h.send(.join(token: "t", channel: h.channel.id, reason: .developerRequest), from: late)  // joining, if late
+        h.hub.sweepLiveness(at: h.time) { _ in true }
+        h.drain()
+        #expect(!h.closes.contains { $0.0 == idle }, "5 s is within the deadline")
+        h.advance(5_000_000_000)
+        h.hub.sweepLiveness(at: h.time) { _ in true }
+        h.drain()
+        #expect(h.closes.contains { $0.0 == idle && $0.1 == .refused })
+        #expect(h.messages(to: idle).contains { if case .refused(.notJoined, let why) = $0 { return why.contains("10 s") } else { return false } })
+        #expect(!h.closes.contains { $0.0 == late || $0.0 == ann.link }, "joining and joined connections stay")
+        // Closed by the transport afterwards: nothing is left of it.
+        h.hub.closed(idle, at: h.time)
+        #expect(h.hub.unjoined.isEmpty)
+    }
+
     /// Burst numbers start where the configuration says, per channel, and wrap in the header's 16 bits.
     @Test func burstNumbersStartWhereConfiguredAndWrap() throws {
         var configuration = HubConfiguration()
