@@ -178,12 +178,14 @@ extension Connection {
                                      payloadEnd: w.offset, key: key, record: record, ackEliciting: ackEliciting, now: now)
     }
 
-    func writeAck(_ w: inout WireWriter, now: WireInstant) {
-        guard !received.ranges.isEmpty, w.remaining > 40 else { return }
+    /// `reserve`: bytes the rest of the packet needs after the ACK (an audio datagram's payload).
+    func writeAck(_ w: inout WireWriter, now: WireInstant, reserve: Int = 0) {
+        let room = w.remaining - reserve
+        guard !received.ranges.isEmpty, room > 40 else { return }
         let delay = ((largestReceivedTime.map { now.since($0) } ?? 0) / 1000) >> 3  // µs >> ack_delay_exponent 3
         // Fit the ranges to the room left: drop the oldest.
         var ranges = received.ranges[...]
-        while ranges.count > 1, ranges.count * 16 + 20 > w.remaining { ranges = ranges.dropLast() }
+        while ranges.count > 1, ranges.count * 16 + 20 > room { ranges = ranges.dropLast() }
         w.writeAck(ranges: ranges, delay: delay)
         ackElicitingSinceAck = 0
         datagramOnlySinceAck = 0
@@ -240,13 +242,25 @@ extension Connection {
         var w = WireWriter(UnsafeMutableRawBufferPointer(rebasing: buffer[..<(limit - 16)]))
         let pnOffset = w.writeShortHeader(destination: peerID, keyPhase: sendKeyPhase, packetNumber: pn, pnLength: pnLength)
         let payloadStart = w.offset
-        if ackElicitingSinceAck > 0, w.remaining > payload.count + 48 { writeAck(&w, now: now) }
+        // The ACK's state is taken back if the packet isn't sent: it would otherwise count as
+        // acknowledged, and no ACK would go until the peer's next ack-eliciting packet.
+        let ackState = (ackElicitingSinceAck, datagramOnlySinceAck, ackDeadline, ackNow)
+        // Sized around the payload (its frame type, and padding for a short packet number): with
+        // many ranges to report, an ACK sized to the whole packet left no room for the audio.
+        if ackElicitingSinceAck > 0, w.remaining > payload.count + 48 { writeAck(&w, now: now, reserve: payload.count + 4) }
         let needed = pnOffset + 4 - (w.offset + 1 + payload.count)
         if needed > 0 { w.writePadding(needed) }
         w.writeDatagram(payload, last: true)
-        guard !w.overflowed else { return nil }
+        guard !w.overflowed else {
+            (ackElicitingSinceAck, datagramOnlySinceAck, ackDeadline, ackNow) = ackState
+            return nil
+        }
         let length = w.offset + 16
-        guard length <= amplificationBudget else { stats.amplificationBlocked += 1; return nil }
+        guard length <= amplificationBudget else {
+            (ackElicitingSinceAck, datagramOnlySinceAck, ackDeadline, ackNow) = ackState
+            stats.amplificationBlocked += 1
+            return nil
+        }
         var record = SentPacket.empty
         record.number = pn
         record.time = now

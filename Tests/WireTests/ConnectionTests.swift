@@ -238,6 +238,28 @@ extension Simulation {
         #expect(server.state == .established)
     }
 
+    /// With many gaps to report, the ACK riding on an audio datagram is sized around the payload.
+    /// It was sized to the whole packet, and then a large payload no longer fit: `sendDatagram`
+    /// failed, and the ACK it had written counted as sent.
+    @Test func aLargeDatagramStillFitsBesideAnAckOfManyRanges() async throws {
+        let (sim, handle) = try await connected()
+        let client = sim.clients[0]
+        var buffer = [UInt8](repeating: 0, count: 1500)
+        // Every other datagram from the server reaches the client: dozens of ranges to acknowledge.
+        for i in 0..<80 {
+            let transmit = [UInt8(i)].withUnsafeBytes { p in buffer.withUnsafeMutableBytes { sim.endpoint.sendDatagram(p, to: handle, into: $0, now: sim.network.now) } }
+            let count = try #require(transmit).count
+            guard i % 2 == 0 else { continue }
+            var bytes = Array(buffer[..<count])
+            bytes.withUnsafeMutableBytes { client.receive($0, from: sim.serverAddress, now: sim.network.now) }
+        }
+        #expect(client.connection.ackElicitingSinceAck > 0, "\(client.connection.received.ranges.count) ranges, \(client.connection.ackElicitingSinceAck)")
+        // Large enough that the ACK and the payload together overflow, small enough that an ACK is tried.
+        let payload = [UInt8](repeating: 7, count: 1_115)
+        let sent = payload.withUnsafeBytes { p in buffer.withUnsafeMutableBytes { client.sendDatagram(p, into: $0, now: sim.network.now) } }
+        #expect(sent != nil, "the payload fits; the ACK gives way")
+    }
+
     @Test func oldPacketsOutsideTheReplayWindowAreDropped() async throws {
         let (sim, handle) = try await connected()
         let server = try #require(sim.endpoint.connection(handle))
