@@ -931,31 +931,48 @@ final class FlakyPushTransport: PushTransport {
                                                 configuration: ChannelManagerConfiguration(stateDirectory: fixture.stateDirectory(name)))
     }
 
+    /// Ann (through `port`, a proxy's, when given) and Bob joined; then Ann suspends, and Bob sees
+    /// her connection gone.
+    struct Pair {
+        let ann: ChannelManager, bob: ChannelManager
+        let annDelegate: RecordingDelegate
+        let annEvents: EventLog
+        let credentials: ChannelCredentials
+    }
+
+    func suspendedAnnAndBob(_ fixture: ClientFixture, _ name: String, port: Int? = nil) async throws -> Pair {
+        let id = fixture.channel.id
+        let annDelegate = RecordingDelegate(), bobDelegate = RecordingDelegate()
+        let ann = try await manager(fixture, name + "-ann", annDelegate)
+        let bob = try await manager(fixture, name + "-bob", bobDelegate)
+        let annEvents = EventLog(ann)
+        var credentials = fixture.credentials(try await fixture.token("ann"))
+        if let port { credentials.port = port }
+        ann.requestJoinChannel(channelUUID: id, descriptor: ChannelDescriptor(name: "Ops"), credentials: credentials)
+        bob.requestJoinChannel(channelUUID: id, descriptor: ChannelDescriptor(name: "Ops"), credentials: fixture.credentials(try await fixture.token("bob")))
+        #expect(await annDelegate.wait(for: .didJoin(.developerRequest)))
+        #expect(await bobDelegate.wait(for: .didJoin(.developerRequest)))
+        ann.suspend()
+        #expect(await eventually { bob.roster.first { $0.userID == "ann" }?.connection == .reconnecting })
+        return Pair(ann: ann, bob: bob, annDelegate: annDelegate, annEvents: annEvents, credentials: credentials)
+    }
+
     /// Leaving while suspended (Apple's usual case: the user leaves from the system UI with the app in
     /// the background) used to send nothing: the server kept the member, in everyone's roster and
     /// woken by push, for good. The leave now goes on a connection of its own.
     @Test func aLeaveWhileSuspendedReachesTheServer() async throws {
         let fixture = try await ClientFixture(pushes: false)
         let id = fixture.channel.id
-        let annDelegate = RecordingDelegate(), bobDelegate = RecordingDelegate()
-        let ann = try await manager(fixture, "owed-ann", annDelegate)
-        let bob = try await manager(fixture, "owed-bob", bobDelegate)
-        let annEvents = EventLog(ann)
-        ann.requestJoinChannel(channelUUID: id, descriptor: ChannelDescriptor(name: "Ops"), credentials: fixture.credentials(try await fixture.token("ann")))
-        bob.requestJoinChannel(channelUUID: id, descriptor: ChannelDescriptor(name: "Ops"), credentials: fixture.credentials(try await fixture.token("bob")))
-        #expect(await annDelegate.wait(for: .didJoin(.developerRequest)))
-        #expect(await bobDelegate.wait(for: .didJoin(.developerRequest)))
-        ann.suspend()
-        #expect(await eventually { bob.roster.first { $0.userID == "ann" }?.connection == .reconnecting })
-        ann.leaveChannel(channelUUID: id)
-        #expect(await annDelegate.wait(for: .didLeave(.developerRequest)))
-        #expect(ann.activeChannelUUID == nil, "the app is out of the channel at once, as on iOS")
-        #expect(await eventually(seconds: 10) { !bob.roster.contains { $0.userID == "ann" } },
+        let p = try await suspendedAnnAndBob(fixture, "owed")
+        p.ann.leaveChannel(channelUUID: id)
+        #expect(await p.annDelegate.wait(for: .didLeave(.developerRequest)))
+        #expect(p.ann.activeChannelUUID == nil, "the app is out of the channel at once, as on iOS")
+        #expect(await eventually(seconds: 10) { !p.bob.roster.contains { $0.userID == "ann" } },
                 "the server heard the leave: Ann is out of Bob's roster, not an offline member")
-        #expect(await eventually { annEvents.all.contains(.leaveSettled(id, .delivered)) && ann.owedLeaves.isEmpty })
-        #expect(!FileManager.default.fileExists(atPath: RestorationStore(directory: ann.stateDirectory).owedLeavesPath))
-        await ann.invalidate()
-        await bob.invalidate()
+        #expect(await eventually { p.annEvents.all.contains(.leaveSettled(id, .delivered)) && p.ann.owedLeaves.isEmpty })
+        #expect(!FileManager.default.fileExists(atPath: RestorationStore(directory: p.ann.stateDirectory).owedLeavesPath))
+        await p.ann.invalidate()
+        await p.bob.invalidate()
         await fixture.stop()
     }
 
@@ -964,37 +981,27 @@ final class FlakyPushTransport: PushTransport {
         let fixture = try await ClientFixture(pushes: false)
         let id = fixture.channel.id
         let (proxy, port) = try await fixture.proxy()
-        let annDelegate = RecordingDelegate(), bobDelegate = RecordingDelegate()
-        let ann = try await manager(fixture, "later-ann", annDelegate)
-        let bob = try await manager(fixture, "later-bob", bobDelegate)
-        var credentials = fixture.credentials(try await fixture.token("ann"))
-        credentials.port = port
-        ann.requestJoinChannel(channelUUID: id, descriptor: ChannelDescriptor(name: "Ops"), credentials: credentials)
-        bob.requestJoinChannel(channelUUID: id, descriptor: ChannelDescriptor(name: "Ops"), credentials: fixture.credentials(try await fixture.token("bob")))
-        #expect(await annDelegate.wait(for: .didJoin(.developerRequest)))
-        #expect(await bobDelegate.wait(for: .didJoin(.developerRequest)))
-        ann.suspend()
-        #expect(await eventually { bob.roster.first { $0.userID == "ann" }?.connection == .reconnecting })
+        let p = try await suspendedAnnAndBob(fixture, "later", port: port)
         // Ann's network is gone while she leaves, and her app stops before it comes back.
         await proxy.blackhole(for: .seconds(3))
-        ann.leaveChannel(channelUUID: id)
-        #expect(await annDelegate.wait(for: .didLeave(.developerRequest)))
+        p.ann.leaveChannel(channelUUID: id)
+        #expect(await p.annDelegate.wait(for: .didLeave(.developerRequest)))
         try await Task.sleep(for: .milliseconds(500))
-        #expect(ann.owedLeaves == [id])
-        await ann.invalidate()
+        #expect(p.ann.owedLeaves == [id])
+        await p.ann.invalidate()
         let owed = try RestorationStore(directory: fixture.stateDirectory("later-ann")).loadOwedLeaves()
-        #expect(owed.map(\.channel) == [id] && owed.first?.credentials == credentials, "kept on disk for the next start")
-        #expect(bob.roster.contains { $0.userID == "ann" }, "the server has not heard it")
+        #expect(owed.map(\.channel) == [id] && owed.first?.credentials == p.credentials, "kept on disk for the next start")
+        #expect(p.bob.roster.contains { $0.userID == "ann" }, "the server has not heard it")
 
         try await Task.sleep(for: .seconds(3))
-        let again = try await manager(fixture, "later-ann", annDelegate)
+        let again = try await manager(fixture, "later-ann", p.annDelegate)
         let againEvents = EventLog(again)
         #expect(again.activeChannelUUID == nil, "the channel itself is not restored")
-        #expect(await eventually(seconds: 10) { !bob.roster.contains { $0.userID == "ann" } }, "delivered after the restart")
+        #expect(await eventually(seconds: 10) { !p.bob.roster.contains { $0.userID == "ann" } }, "delivered after the restart")
         #expect(await eventually { againEvents.all.contains(.leaveSettled(id, .delivered)) && again.owedLeaves.isEmpty })
         #expect(try RestorationStore(directory: fixture.stateDirectory("later-ann")).loadOwedLeaves().isEmpty)
         await again.invalidate()
-        await bob.invalidate()
+        await p.bob.invalidate()
         await proxy.stop()
         await fixture.stop()
     }
@@ -1005,33 +1012,23 @@ final class FlakyPushTransport: PushTransport {
         let fixture = try await ClientFixture(pushes: false)
         let id = fixture.channel.id
         let (proxy, port) = try await fixture.proxy()
-        let annDelegate = RecordingDelegate(), bobDelegate = RecordingDelegate()
-        let ann = try await manager(fixture, "rejoin-ann", annDelegate)
-        let bob = try await manager(fixture, "rejoin-bob", bobDelegate)
-        let annEvents = EventLog(ann)
-        var credentials = fixture.credentials(try await fixture.token("ann"))
-        credentials.port = port
-        ann.requestJoinChannel(channelUUID: id, descriptor: ChannelDescriptor(name: "Ops"), credentials: credentials)
-        bob.requestJoinChannel(channelUUID: id, descriptor: ChannelDescriptor(name: "Ops"), credentials: fixture.credentials(try await fixture.token("bob")))
-        #expect(await annDelegate.wait(for: .didJoin(.developerRequest)))
-        #expect(await bobDelegate.wait(for: .didJoin(.developerRequest)))
-        ann.suspend()
+        let p = try await suspendedAnnAndBob(fixture, "rejoin", port: port)
         await proxy.blackhole(for: .seconds(2))
-        ann.leaveChannel(channelUUID: id)
-        #expect(await annDelegate.wait(for: .didLeave(.developerRequest)))
-        #expect(ann.owedLeaves == [id])
+        p.ann.leaveChannel(channelUUID: id)
+        #expect(await p.annDelegate.wait(for: .didLeave(.developerRequest)))
+        #expect(p.ann.owedLeaves == [id])
         // Back in the channel directly (not through the dead network) before the leave got through.
-        ann.requestJoinChannel(channelUUID: id, descriptor: ChannelDescriptor(name: "Ops"), credentials: fixture.credentials(credentials.token))
-        #expect(await annDelegate.wait(for: .didJoin(.developerRequest), count: 2))
-        #expect(await eventually { annEvents.all.contains(.leaveSettled(id, .superseded)) })
-        #expect(ann.owedLeaves.isEmpty)
+        p.ann.requestJoinChannel(channelUUID: id, descriptor: ChannelDescriptor(name: "Ops"), credentials: fixture.credentials(p.credentials.token))
+        #expect(await p.annDelegate.wait(for: .didJoin(.developerRequest), count: 2))
+        #expect(await eventually { p.annEvents.all.contains(.leaveSettled(id, .superseded)) })
+        #expect(p.ann.owedLeaves.isEmpty)
         // Well after the network is back, Ann is still a connected member.
         try await Task.sleep(for: .seconds(3))
-        #expect(bob.roster.first { $0.userID == "ann" }?.connection == .connected)
-        #expect(ann.activeChannelUUID == id && ann.serviceStatus == .ready)
-        #expect(try RestorationStore(directory: ann.stateDirectory).loadOwedLeaves().isEmpty)
-        await ann.invalidate()
-        await bob.invalidate()
+        #expect(p.bob.roster.first { $0.userID == "ann" }?.connection == .connected)
+        #expect(p.ann.activeChannelUUID == id && p.ann.serviceStatus == .ready)
+        #expect(try RestorationStore(directory: p.ann.stateDirectory).loadOwedLeaves().isEmpty)
+        await p.ann.invalidate()
+        await p.bob.invalidate()
         await proxy.stop()
         await fixture.stop()
     }

@@ -411,13 +411,8 @@ struct BatchSendTests {
     /// address nobody bound with ECONNREFUSED.
     @Test func aRefusedDestinationLosesOneDatagramAndAFullSocketHandsTheRestBack() throws {
         let name = "squelch-batch-\(UInt32.random(in: 0...UInt32.max))"
-        let receiver = socket(AF_UNIX, CInt(SOCK_DGRAM.rawValue), 0)
-        let sender = socket(AF_UNIX, CInt(SOCK_DGRAM.rawValue) | CInt(SOCK_NONBLOCK.rawValue), 0)
-        #expect(receiver >= 0 && sender >= 0)
+        let (receiver, sender, address, length) = try boundUnixPair(name)
         defer { _ = close(receiver) }
-        let (address, length) = abstractAddress(name)
-        let bound = withUnsafeBytes(of: address) { bind(receiver, $0.baseAddress!.assumingMemoryBound(to: sockaddr.self), length) }
-        #expect(bound == 0)
         let (nowhere, nowhereLength) = abstractAddress(name + "-none")
 
         let batch = BatchSender(descriptor: sender, slot: 64)
@@ -449,14 +444,8 @@ struct BatchSendTests {
     /// own: under sustained overload it grew every cycle. (An embedded channel stands in for NIO's,
     /// since its writability can be set; the socket is real, as in the test above.)
     @Test func aFullSocketHandsNIOOnlyWhatFitsUnderItsWatermark() throws {
-        let name = "squelch-watermark-\(UInt32.random(in: 0...UInt32.max))"
-        let receiver = socket(AF_UNIX, CInt(SOCK_DGRAM.rawValue), 0)
-        let sender = socket(AF_UNIX, CInt(SOCK_DGRAM.rawValue) | CInt(SOCK_NONBLOCK.rawValue), 0)
-        #expect(receiver >= 0 && sender >= 0)
+        let (receiver, sender, address, length) = try boundUnixPair("squelch-watermark-\(UInt32.random(in: 0...UInt32.max))")
         defer { _ = close(receiver) }
-        let (address, length) = abstractAddress(name)
-        let bound = withUnsafeBytes(of: address) { bind(receiver, $0.baseAddress!.assumingMemoryBound(to: sockaddr.self), length) }
-        #expect(bound == 0)
 
         final class Holder: ChannelOutboundHandler {
             typealias OutboundIn = AddressedEnvelope<ByteBuffer>
@@ -496,6 +485,17 @@ struct BatchSendTests {
         #expect(dropped.count == 10 && dropped.errno == ENOBUFS)
         output.detach(context)
         _ = try channel.finish()
+    }
+
+    /// A receiving Unix datagram socket bound to `name` (abstract namespace) and a non-blocking sender.
+    func boundUnixPair(_ name: String) throws -> (receiver: CInt, sender: CInt, address: sockaddr_un, length: socklen_t) {
+        let receiver = socket(AF_UNIX, CInt(SOCK_DGRAM.rawValue), 0)
+        let sender = socket(AF_UNIX, CInt(SOCK_DGRAM.rawValue) | CInt(SOCK_NONBLOCK.rawValue), 0)
+        try #require(receiver >= 0 && sender >= 0)
+        let (address, length) = abstractAddress(name)
+        let bound = withUnsafeBytes(of: address) { bind(receiver, $0.baseAddress!.assumingMemoryBound(to: sockaddr.self), length) }
+        try #require(bound == 0)
+        return (receiver, sender, address, length)
     }
 
     func abstractAddress(_ name: String) -> (sockaddr_un, socklen_t) {
