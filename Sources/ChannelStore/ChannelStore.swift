@@ -291,7 +291,17 @@ public struct RevocationRecord: Codable, Sendable, Equatable {
     /// One token.
     public static func token(_ id: String, channel: UUID, user: String?, expiresAt: Date?, at time: Date,
                              reason: String) -> RevocationRecord {
-        RevocationRecord(sequence: 0, channelID: channel, userID: user, tokenID: id, revokedAt: time, expiresAt: expiresAt, reason: reason)
+        RevocationRecord(sequence: 0, channelID: channel, userID: user, tokenID: canonicalTokenID(id), revokedAt: time,
+                         expiresAt: expiresAt, reason: reason)
+    }
+
+    /// A token id as revocations keep and compare it. squelchd issues UUIDs in upper case; the same id
+    /// typed or pasted in lower case (as many tools print UUIDs), or with spaces around it, must name
+    /// the same token: a revocation of the lower-case form used to be stored, answered with success,
+    /// and match nothing, which left a lost phone in the channel.
+    public static func canonicalTokenID(_ id: String) -> String {
+        let trimmed = id.trimmingCharacters(in: .whitespacesAndNewlines)
+        return UUID(uuidString: trimmed)?.uuidString ?? trimmed
     }
 
     /// Whether a token with these claims is void by this revocation.
@@ -301,7 +311,7 @@ public struct RevocationRecord: Codable, Sendable, Equatable {
     /// letting a removed member back in is the worse mistake (a new token a millisecond later works).
     public func voids(channel: UUID, user: String, tokenID: String, issuedAt: Date) -> Bool {
         guard channel == channelID else { return false }
-        if let revoked = self.tokenID { return revoked == tokenID }
+        if let revoked = self.tokenID { return Self.canonicalTokenID(revoked) == Self.canonicalTokenID(tokenID) }
         return userID == user && issuedAt.unixMilliseconds <= revokedAt.unixMilliseconds
     }
 

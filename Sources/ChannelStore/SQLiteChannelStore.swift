@@ -424,6 +424,7 @@ public final class SQLiteChannelStore: ChannelStore {
 
     public func revocation(channel: UUID, user: String, tokenID: String, issuedAt: Date) async throws(StoreError) -> RevocationRecord? {
         let issued = issuedAt.unixMilliseconds
+        let tokenID = RevocationRecord.canonicalTokenID(tokenID)
         return try await read("check token \(tokenID) against revocations") { db in
             let c = RevocationRow.Columns.self
             return try RevocationRow

@@ -412,7 +412,12 @@ import Wire
         let annTokenID = try #require(try storedMembers(channel, data: data)["ann"]?["tokenID"] as? String)
         let byID = try squelchd(["token", "revoke", "--channel", channel.uuidString, "--id", annTokenID, "--data-dir", data])
         #expect(byID.status == 0 && byID.out.contains("member 'ann' last joined with"), "\(byID.out) \(byID.err)")
+        // The same id in lower case (as many tools print UUIDs) names the same token.
+        let lower = try squelchd(["token", "revoke", "--channel", channel.uuidString, "--id", annTokenID.lowercased(), "--data-dir", data])
+        #expect(lower.status == 0 && lower.out.contains("member 'ann' last joined with") && lower.out.contains(annTokenID), "\(lower.out) \(lower.err)")
         let typo = try squelchd(["token", "revoke", "--channel", channel.uuidString, "--id", annTokenID + "x", "--data-dir", data])
-        #expect(typo.status == 0 && typo.err.contains("note: no member of the channel last joined with token id"), "\(typo.out) \(typo.err)")
+        #expect(typo.status == 64 && typo.err.contains("is not a token id"), "\(typo.out) \(typo.err)")
+        let unused = try squelchd(["token", "revoke", "--channel", channel.uuidString, "--id", UUID().uuidString, "--data-dir", data])
+        #expect(unused.status == 0 && unused.err.contains("note: no member of the channel last joined with token id"), "\(unused.out) \(unused.err)")
     }
 }

@@ -463,6 +463,27 @@ private func message(_ error: StoreError?) -> String {
 
     // MARK: Revocations
 
+    /// squelchd's token ids are upper-case UUIDs; typed in lower case, or pasted with spaces, the id
+    /// still names the token. (It used to be stored as given, reported as revoked, and match nothing.)
+    @Test func aTokenIDInLowerCaseOrWithSpacesNamesTheSameToken() async throws {
+        let store = try open()
+        let channel = makeChannel()
+        try await store.createChannel(channel)
+        let now = ms()
+        let id = UUID().uuidString
+        let revocation = RevocationRecord.token(" \(id.lowercased())\n", channel: channel.id, user: nil, expiresAt: nil, at: now, reason: "lost")
+        #expect(revocation.tokenID == id)
+        #expect(revocation.voids(channel: channel.id, user: "ann", tokenID: id, issuedAt: now))
+        _ = try await store.revoke(revocation)
+        #expect(try await store.revocation(channel: channel.id, user: "ann", tokenID: id, issuedAt: now) != nil)
+        #expect(try await store.revocation(channel: channel.id, user: "ann", tokenID: id.lowercased(), issuedAt: now) != nil,
+                "a token whose own id is in lower case")
+        #expect(try await store.revocation(channel: channel.id, user: "ann", tokenID: UUID().uuidString, issuedAt: now) == nil)
+        // An id that is no UUID is kept as it is, trimmed.
+        #expect(RevocationRecord.token(" jti-7 ", channel: channel.id, user: nil, expiresAt: nil, at: now, reason: "x").tokenID == "jti-7")
+        try await store.close()
+    }
+
     @Test func aRevokedTokenIsVoidAndOthersAreNot() async throws {
         let store = try open()
         let channel = makeChannel()
