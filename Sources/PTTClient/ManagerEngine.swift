@@ -143,7 +143,7 @@ actor ManagerEngine {
             }
         }
         do {
-            for leave in try store.loadOwedLeaves() { deliver(leave) }
+            for leave in try store.loadOwedLeaves() { startLeaveDelivery(leave) }
         } catch {
             eventSink.yield(.notice(error.description))
         }
@@ -391,7 +391,7 @@ actor ManagerEngine {
         case .forgetRestoration:
             store.remove()
         case .oweLeave(let channel, let credentials):
-            deliver(OwedLeave(channel: channel, credentials: credentials, leftAt: Date()))
+            startLeaveDelivery(OwedLeave(channel: channel, credentials: credentials, leftAt: Date()))
             saveOwedLeaves()
         case .event(let event):
             eventSink.yield(event)
@@ -550,7 +550,7 @@ actor ManagerEngine {
     // MARK: Owed leaves
 
     /// Starts delivering `leave` (replacing a delivery for the same channel).
-    func deliver(_ leave: OwedLeave) {
+    func startLeaveDelivery(_ leave: OwedLeave) {
         owedLeaves[leave.channel]?.task.cancel()
         nextLeaveID += 1
         let id = nextLeaveID

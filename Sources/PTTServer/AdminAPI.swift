@@ -365,9 +365,7 @@ public enum AdminAPI {
             let reason = (reason?.trimmingCharacters(in: .whitespacesAndNewlines)).flatMap { $0.isEmpty ? nil : $0 } ?? "revoked by an administrator"
             switch (tokenID, token) {
             case (let id?, nil):
-                // squelchd's token ids are UUIDs: anything else names no token it issued, and a
-                // revocation of it would be answered with success and revoke nothing.
-                guard UUID(uuidString: id.trimmingCharacters(in: .whitespacesAndNewlines)) != nil else {
+                guard RevocationRecord.isIssuedTokenID(id) else {
                     throw AdminError(.badRequest, "tokenID '\(id.prefix(64))' is not a token id (a UUID: the tokenID of the issue answer, or of the member in GET /v1/channels/:id/members); or send the token itself as token")
                 }
                 return .token(id, channel: channel, user: nil, expiresAt: nil, at: now, reason: reason)

@@ -167,9 +167,7 @@ struct Token: AsyncParsableCommand {
             case (_?, nil, nil), (nil, _?, _?): break
             default: throw ValidationError("give --token, or both --channel and --id")
             }
-            // squelchd's token ids are UUIDs: anything else would be stored, reported as revoked,
-            // and match no token.
-            if let id, UUID(uuidString: id.trimmingCharacters(in: .whitespacesAndNewlines)) == nil {
+            if let id, !RevocationRecord.isIssuedTokenID(id) {
                 throw ValidationError("--id '\(id.prefix(64))' is not a token id: it is a UUID ('squelchd channel show ID --json' lists each member's tokenID; 'squelchd token inspect TOKEN' shows a token's)")
             }
         }
