@@ -50,20 +50,14 @@ struct Talk: AsyncParsableCommand {
 
         // One reader of the manager's events for the whole command (a stream has one consumer, and
         // ends for good when a reader is cancelled): whether the request was queued, and whether
-        // squelchd has shown this member talking, whose change back confirms the release. Events,
-        // not samples: a short file's whole talking spell may fall between two looks.
-        struct Seen { var queued = false; var talking = false; var notice: String? }
-        let seen = NIOLockedValueBox(Seen())
+        // squelchd has shown this member talking and then, on the same connection, not talking,
+        // which confirms the release. Events, not samples: a short file's whole talking spell may
+        // fall between two looks, and only the events' order says which connection a roster came
+        // from (a squelchd restarted after the file's end shows the member not talking too, having
+        // never heard the burst's end).
+        let seen = NIOLockedValueBox(TalkSpell())
         let watcher = Task {
-            for await event in events {
-                switch event {
-                case .floorQueued: seen.withLockedValue { $0.queued = true }
-                case .notice(let text): seen.withLockedValue { $0.notice = text }
-                case .roster(let entries) where entries.first(where: \.isLocal)?.talking == true:
-                    seen.withLockedValue { $0.talking = true }
-                default: break
-                }
-            }
+            for await event in events { seen.withLockedValue { $0.note(event) } }
         }
         defer { watcher.cancel() }
         manager.requestBeginTransmitting(channelUUID: channel, source: .userRequest)
@@ -149,13 +143,13 @@ struct Talk: AsyncParsableCommand {
         // The file's end is only this side's: squelchd confirms the release (this member no longer
         // talking, on a connection that is up) once it has seen it, so a server that died or a
         // network that went away mid-file is not reported as a delivered announcement.
-        let confirmed = await releaseConfirmed(manager, sawTalking: { seen.withLockedValue { $0.talking } }, within: .seconds(3))
+        let confirmed = await releaseConfirmed({ seen.withLockedValue { $0.release } }, within: .seconds(3))
         let sent = await manager.statistics().framesSent
         let pushedAside = manager.isSuspended
         await finish(manager, channel: channel)
         if !confirmed, pushedAside { throw WalkieFailure.floor(Self.pushedAside(file)) }
         guard confirmed else {
-            throw WalkieFailure.unreachable("sent \(file) (\(sent) frames), but squelchd did not confirm the end of the transmission: the connection dropped during it, so the channel may not have heard all of it; check that squelchd runs, then send it again")
+            throw WalkieFailure.unreachable("sent \(file) (\(sent) frames), but squelchd did not confirm the end of the transmission: the connection dropped or stalled during it, so the channel may not have heard all of it; check that squelchd runs, then send it again")
         }
         say("sent \(file): \(String(format: "%.1f", seconds)) s in \(sent) frames")
     }
@@ -180,15 +174,37 @@ struct OneShotOptions: ParsableArguments {
     var leave = false
 }
 
-/// Whether squelchd, within `limit`, has shown this member talking (`sawTalking`, or seen here) and
-/// then no longer talking, on a connection that is up: it has seen the release.
-func releaseConfirmed(_ manager: ChannelManager, sawTalking: @Sendable () -> Bool, within limit: Duration) async -> Bool {
-    let deadline = ContinuousClock.now + limit
-    var talked = false
-    while ContinuousClock.now < deadline {
-        if manager.serviceStatus == .ready, let you = manager.roster.first(where: \.isLocal) {
-            if you.talking { talked = true } else if talked || sawTalking() { return true }
+/// What `walkie talk` has seen of its own talking spell, from the manager's events in their order.
+struct TalkSpell {
+    var queued = false
+    var notice: String?
+    /// squelchd has shown this member talking.
+    private(set) var talking = false
+    /// Whether squelchd has confirmed the release: true once it shows this member not talking on
+    /// the connection that showed it talking; false once that connection was lost (the service
+    /// status left `ready`) first, whatever a later connection shows; nil while neither happened.
+    private(set) var release: Bool?
+
+    mutating func note(_ event: ChannelManagerEvent) {
+        switch event {
+        case .floorQueued: queued = true
+        case .notice(let text): notice = text
+        case .serviceStatus(let status) where status != .ready:
+            if talking, release == nil { release = false }
+        case .roster(let entries):
+            guard let you = entries.first(where: \.isLocal) else { return }
+            if you.talking { talking = true } else if talking, release == nil { release = true }
+        default: break
         }
+    }
+}
+
+/// Waits, at most `limit`, for `release` to settle (see `TalkSpell.release`); true if squelchd
+/// confirmed the release.
+func releaseConfirmed(_ release: @Sendable () -> Bool?, within limit: Duration) async -> Bool {
+    let deadline = ContinuousClock.now + limit
+    while ContinuousClock.now < deadline {
+        if let settled = release() { return settled }
         try? await Task.sleep(for: .milliseconds(10))
     }
     return false

@@ -252,6 +252,30 @@ import Testing
         #expect(cat.process.terminationStatus == 3 && cat.err.contents.contains("was unavailable from"), "\(cat.out.contents) \(cat.err.contents)")
     }
 
+    /// squelchd killed just before the file's end and back before walkie's release check is over: the
+    /// restarted server shows Ann not talking (it never heard the burst), which is no confirmation of
+    /// the release, so the talk is not reported as sent. (It used to exit 0, and a cron announcement
+    /// that the channel only half heard passed for delivered.)
+    @Test func aServerRestartedAroundTheFilesEndDoesNotConfirmIt() async throws {
+        let world = try await World()
+        defer { world.finish() }
+        let file = world.dir + "/four.wav"
+        try World.writeSpeech(seconds: 4, to: file)
+        let ann = try Running(["talk"] + world.arguments("ann") + ["--file", file, "--push-port", "0"], reaper: world.reaper)
+        #expect(await ann.out.wait(for: "sending", seconds: 20) != nil, "\(ann.err.contents)")
+        // Killed in the file's last 100 ms and started again after its end, so that the audio meets
+        // no restarted server (which would end the transmission at once, a case already handled):
+        // only the release, sent again and again, does.
+        let sending = ContinuousClock.now
+        try await Task.sleep(for: .milliseconds(3_900))
+        kill(world.server.process.processIdentifier, SIGKILL)
+        _ = await world.server.process.waitForExit(seconds: 10)
+        try await Task.sleep(until: sending + .milliseconds(4_600))
+        world.server = try await KillRestartTests().startServer(data: world.data, certs: world.certs, port: world.server.voicePort, reaper: world.reaper)
+        #expect(await ann.process.waitForExit(seconds: 20))
+        #expect(ann.process.terminationStatus == 3 && ann.err.contents.contains("did not confirm the end"), "\(ann.out.contents) \(ann.err.contents)")
+    }
+
     /// `walkie leave` with squelchd down forgets the channel here and keeps the leave; `walkie status`
     /// shows it, and the next `walkie leave` with squelchd back delivers it. (It used to say "leave
     /// again with squelchd up", which found no saved channel.)
