@@ -18,7 +18,8 @@ let usage = """
                        [--talk-seconds S] [--record heard.wav] [--run-seconds 10] [--push-control-port 2198]
                        [--state-dir DIR] [--leave]
            ptt-example [--run-seconds 10] [--state-dir DIR]     restore the channel from last time
-    Logs every delegate callback on its own line. Exits 1 if the join fails, 2 if there is nothing to restore.
+    Logs every delegate callback on its own line. Exits 1 if the join fails, 2 if there is nothing to restore,
+    64 if an option is wrong.
     """
 if CommandLine.arguments.contains("--help") || CommandLine.arguments.contains("-h") {
     print(usage)
@@ -67,10 +68,41 @@ func option(_ name: String) -> String? {
     return args[i + 1]
 }
 
+/// Ends the app with status 64 (a usage error) and a line on standard error.
+func usageError(_ text: String) -> Never {
+    FileHandle.standardError.write(Data("ptt-example: \(text); see ptt-example --help\n".utf8))
+    exit(64)
+}
+
+/// An option's number, checked: a typo is said, not replaced by the default, and a number too large
+/// for Swift's durations (`--talk-seconds 1e300`) is an error rather than a crash.
+func number(_ name: String, default value: Double, in range: ClosedRange<Double>) -> Double {
+    guard let text = option(name) else { return value }
+    guard let number = Double(text), number.isFinite, range.contains(number) else {
+        usageError("\(name) \(text) is not a number from \(range.lowerBound.formatted()) to \(range.upperBound.formatted())")
+    }
+    return number
+}
+
+func port(_ name: String, default value: Int?) -> Int? {
+    guard let text = option(name) else { return value }
+    guard let port = Int(text), (1...65_535).contains(port) else { usageError("\(name) \(text) is not a port number (1-65535)") }
+    return port
+}
+
 let delegate = Delegate()
-let runSeconds = Double(option("--run-seconds") ?? "") ?? 10
-let talkSeconds = Double(option("--talk-seconds") ?? "") ?? 0
+let runSeconds = number("--run-seconds", default: 10, in: 0...86_400)
+// The speech is made in memory before it is sent: an hour of it is 170 MB.
+let talkSeconds = number("--talk-seconds", default: 0, in: 0...3_600)
 let record = option("--record")
+if let record {
+    // The recording is opened when the first audio comes: a path that can't be written would only
+    // show as a notice then, so it is checked now.
+    let directory = URL(fileURLWithPath: record).deletingLastPathComponent().path
+    guard FileManager.default.isWritableFile(atPath: directory) else {
+        usageError("--record \(record): can't write in \(directory); give a path in a directory that exists and is writable")
+    }
+}
 let pacer = RealTimePacer()
 var audio = AudioConfiguration()
 if talkSeconds > 0 {
@@ -79,7 +111,7 @@ if talkSeconds > 0 {
 }
 if let record { audio.makeOutput = { try WAVFileSink(path: record, pacer: pacer) } }
 var configuration = ChannelManagerConfiguration(appIdentifier: "ptt-example", stateDirectory: option("--state-dir"), audio: audio)
-if let port = option("--push-control-port").flatMap(Int.init) { configuration.pushTransport = SimulatedPushTransport(controlPort: port) }
+if let port = port("--push-control-port", default: nil) { configuration.pushTransport = SimulatedPushTransport(controlPort: port) }
 
 let manager: ChannelManager
 do {
@@ -90,8 +122,10 @@ do {
 }
 if let problem = manager.restorationError { delegate.log("restoration: \(problem)") }
 
+if let text = option("--channel"), UUID(uuidString: text) == nil { usageError("--channel \(text) is not a channel id (a UUID)") }
+if option("--channel") != nil, option("--token") == nil { usageError("--channel needs --token, the participant token for it") }
 if let channel = option("--channel").flatMap(UUID.init(uuidString:)), let token = option("--token") {
-    let credentials = ChannelCredentials(host: option("--host") ?? "127.0.0.1", port: Int(option("--port") ?? "") ?? 7700,
+    let credentials = ChannelCredentials(host: option("--host") ?? "127.0.0.1", port: port("--port", default: 7700)!,
                                          caPath: option("--ca") ?? "certs/ca.pem", token: token)
     manager.requestJoinChannel(channelUUID: channel, descriptor: ChannelDescriptor(name: "Example"), credentials: credentials)
 } else if manager.activeChannelUUID == nil {
@@ -125,5 +159,6 @@ while Date() < deadline {
 }
 if CommandLine.arguments.contains("--leave"), let channel = manager.activeChannelUUID { manager.leaveChannel(channelUUID: channel) }
 try await Task.sleep(for: .milliseconds(200))
+await exitIfTheJoinFailed()
 await manager.invalidate()
 delegate.log("exit")

@@ -33,7 +33,9 @@ struct Talk: AsyncParsableCommand {
 
     func talk() async throws {
         let (credentials, channel) = try server.credentials()
-        guard wait.isFinite, wait >= 0 else { throw WalkieFailure.usage("--wait \(wait) is not a number of seconds; give 0 or more") }
+        guard wait.isFinite, (0...CommandLimits.longestWait).contains(wait) else {
+            throw WalkieFailure.usage("--wait \(wait) is not a number of seconds from 0 to \(Int(CommandLimits.longestWait)) (a day)")
+        }
         var audio = AudioOptions()
         audio.inputFile = file
         let samples = try AudioOptions.readInput(file)
@@ -232,8 +234,8 @@ struct Listen: AsyncParsableCommand {
     }
 
     func listen() async throws {
-        if let duration, !(duration.isFinite && duration > 0) {
-            throw WalkieFailure.usage("--duration \(duration) is not a number of seconds; give more than 0, or leave it out to listen until interrupted")
+        if let duration, !(duration.isFinite && duration > 0 && duration <= CommandLimits.longestRecording) {
+            throw WalkieFailure.usage("--duration \(duration) is not a number of seconds over 0 and at most \(Int(CommandLimits.longestRecording)) (a year); or leave it out to listen until interrupted")
         }
         let (credentials, channel) = try server.credentials()
         var audio = AudioOptions()

@@ -144,6 +144,9 @@ enum Interactive {
         guard Key(name: options.key) != nil else {
             throw .usage("--key \(options.key) is not a key name; try space, a letter, or f1-f12")
         }
+        guard options.maxTransmit.isFinite, options.maxTransmit > 0, options.maxTransmit <= CommandLimits.longestTransmission else {
+            throw .usage("--max-transmit \(options.maxTransmit) is not a number of seconds over 0 and at most \(Int(CommandLimits.longestTransmission)) (an hour)")
+        }
         guard isatty(STDIN_FILENO) == 1, isatty(STDOUT_FILENO) == 1 else {
             throw .usage(TerminalError.notATerminal.description)
         }
@@ -157,9 +160,6 @@ enum Interactive {
 
     static func run(manager: ChannelManager, delegate: WalkieDelegate, options: InteractiveOptions, tokenFile: String?,
                     pushes: Bool, shared sharedBox: SharedBox = SharedBox()) async throws {
-        guard options.maxTransmit.isFinite, options.maxTransmit > 0 else {
-            throw WalkieFailure.usage("--max-transmit \(options.maxTransmit) is not a number of seconds; give more than 0")
-        }
         guard let key = Key(name: options.key) else {
             throw WalkieFailure.usage("--key \(options.key) is not a key name; try space, a letter, or f1-f12")
         }

@@ -61,6 +61,17 @@ struct WalkieFailure: Error, CustomStringConvertible {
 }
 
 /// Prints the failure as one line on stderr and exits with its code.
+/// The most the options that take seconds accept. Swift's durations trap beyond about 292 years, so
+/// "--duration 1e20" would crash walkie; nobody means more than these, and a typo gets a clear error.
+enum CommandLimits {
+    /// `talk --wait`: a day in the floor queue.
+    static let longestWait = 86_400.0
+    /// `listen --duration`: a year.
+    static let longestRecording = 31_536_000.0
+    /// `--max-transmit`: an hour; a channel's burst limit is usually far below it.
+    static let longestTransmission = 3_600.0
+}
+
 func fail(_ failure: WalkieFailure) -> Never {
     FileHandle.standardError.write(Data("walkie: \(failure.message)\n".utf8))
     exit(failure.code)

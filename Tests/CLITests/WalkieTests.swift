@@ -360,6 +360,13 @@ import Testing
                   mentions: "not a key name", "bad key")
         #expect(try Executables.run("walkie", ["status", "--state-dir", screenless]).status == 2, "a channel was saved")
         #expect(try KillRestartTests().storedMembers(world.channel, data: world.data)["cat"] == nil, "Cat joined")
+        // Seconds beyond what Swift's durations hold: an error, not a crash.
+        try check(["talk"] + world.arguments("ann") + ["--file", world.speech, "--wait", "1e300", "--push-port", "0"], code: 2,
+                  mentions: "from 0 to 86400", "--wait 1e300")
+        try check(["listen"] + world.arguments("bob") + ["--record", world.dir + "/long-listen.wav", "--duration", "1e20", "--push-port", "0"],
+                  code: 2, mentions: "at most 31536000", "--duration 1e20")
+        try check(["join"] + world.arguments("cat") + files + ["--push-port", "0", "--state-dir", screenless, "--max-transmit", "1e19"],
+                  code: 2, mentions: "at most 3600", "--max-transmit 1e19")
         // ArgumentParser's own usage errors exit 2 too, as --help promises (not its 64).
         let missing = try Executables.run("walkie", ["talk"] + world.arguments("ann"))
         #expect(missing.status == 2 && missing.err.contains("--file"), "\(missing.status): \(missing.err)")

@@ -85,4 +85,31 @@ import Testing
         #expect(refused.process.terminationStatus == 1)
         await fixture.stop()
     }
+
+    /// Wrong options end the app with 64 and say which option, before anything is joined: a number
+    /// beyond what Swift's durations hold used to crash it, and a bad port or record path went unsaid.
+    @Test func wrongOptionsAreSaidWithTheirName() throws {
+        let state = FileManager.default.temporaryDirectory.appendingPathComponent("ptt-example-options-\(UUID())").path
+        defer { try? FileManager.default.removeItem(atPath: state) }
+        let channel = ["--channel", UUID().uuidString, "--token", "t", "--state-dir", state]
+        for (arguments, mentions) in [(channel + ["--talk-seconds", "1e300"], "--talk-seconds 1e300"),
+                                      (channel + ["--run-seconds", "ten"], "--run-seconds ten"),
+                                      (channel + ["--port", "99999"], "--port 99999"),
+                                      (channel + ["--push-control-port", "0"], "--push-control-port 0"),
+                                      (channel + ["--record", "/no-such-directory/heard.wav"], "can't write in /no-such-directory"),
+                                      (["--channel", "ops", "--token", "t", "--state-dir", state], "--channel ops is not a channel id"),
+                                      (["--channel", UUID().uuidString, "--state-dir", state], "needs --token")] {
+            let process = Process()
+            process.executableURL = Self.executable("ptt-example")
+            process.arguments = arguments
+            let err = Pipe()
+            process.standardError = err
+            process.standardOutput = FileHandle.nullDevice
+            try process.run()
+            let said = String(decoding: err.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+            process.waitUntilExit()
+            #expect(process.terminationReason == .exit && process.terminationStatus == 64 && said.contains(mentions), "\(arguments): \(said)")
+        }
+        #expect(!FileManager.default.fileExists(atPath: state + "/channel.json"), "a channel was joined")
+    }
 }
