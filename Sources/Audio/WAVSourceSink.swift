@@ -63,11 +63,11 @@ public final class WAVFileSink: AudioSink {
     /// Opens `path` for writing, truncating a file already there: written through, as a shell's `>`
     /// would (`FileManager.createFile` writes a new file and renames it over the path, which replaced
     /// a symbolic link, or a device node, with a regular file). Only a regular file (or a new one)
-    /// will do: the header's sizes are written last, at the start.
+    /// will do: the header's sizes are rewritten at the start as the file grows.
     public init(path: String, pacer: any AudioPacer) throws(AudioError) {
         var status = stat()
         if stat(path, &status) == 0, status.st_mode & S_IFMT != S_IFREG {
-            throw .file(path: path, reason: "is not a regular file (a pipe, a device or a directory); a WAV recording needs a file, since its sizes are written at the end")
+            throw .file(path: path, reason: "is not a regular file (a pipe, a device or a directory); a WAV recording needs a file, since its sizes are written at its start as it grows")
         }
         let descriptor = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
         guard descriptor >= 0 else {
@@ -101,7 +101,22 @@ public final class WAVFileSink: AudioSink {
             throw .file(path: path, reason: "write failed: \(error.localizedDescription)")
         }
         dataBytes += scratch.count
+        if period % Self.headerRefreshPeriods == 0 { refreshHeader() }
         return timestamp
+    }
+
+    /// How often the header's sizes are brought up to date while recording: each second.
+    static let headerRefreshPeriods = 50
+
+    /// Writes the header's sizes for what is written so far, in place (`pwrite`, so that the next
+    /// period still goes at the end). A recorder killed with SIGKILL, or a machine that loses power,
+    /// never reaches `finish()`; without this its file would say it holds no audio, and players show
+    /// it empty. With it, at most the last second is outside the sizes. Data first, sizes after: the
+    /// sizes never count bytes that are not in the file. A failure here is left for `finish()`,
+    /// which writes the same bytes and says why.
+    private func refreshHeader() {
+        let header = WAVAudio.header(format: .pipeline, dataBytes: dataBytes)
+        _ = header.withUnsafeBytes { pwrite(handle.fileDescriptor, $0.baseAddress, $0.count, 0) }
     }
 
     public func finish() throws(AudioError) {

@@ -136,7 +136,7 @@ extension AudioOptions {
                 // join that fails (a wrong token, squelchd down) leaves a file already there untouched.
                 var status = stat()
                 if stat(file, &status) == 0, status.st_mode & S_IFMT != S_IFREG, status.st_mode & S_IFMT != S_IFDIR {
-                    throw .audio("\(file) is not a regular file (a pipe or a device); a WAV recording needs a file, since its sizes are written at the end; choose a file for \(outputFlag)")
+                    throw .audio("\(file) is not a regular file (a pipe or a device); a WAV recording needs a file, since its sizes are written at its start as it grows; choose a file for \(outputFlag)")
                 }
                 guard !file.isEmpty, Self.canWrite(file) else {
                     throw .audio("can't write '\(file)'; choose a writable path for \(outputFlag)")

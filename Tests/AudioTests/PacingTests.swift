@@ -47,6 +47,22 @@ import Testing
         #expect(audio.samples == .pcm16(expected))
     }
 
+    /// A recorder that never reaches `finish()` (SIGKILL, power lost) leaves a file whose header counts
+    /// every whole second written, rather than one that says it holds nothing.
+    @Test func anUnfinishedRecordingKeepsItsWholeSeconds() throws {
+        let path = temporaryPath("unfinished.wav")
+        let sink = try WAVFileSink(path: path, pacer: VirtualPacer())
+        let expected: [Int16] = (0..<(125 * 480)).map { Int16(truncatingIfNeeded: $0 * 7) }
+        for p in 0..<125 {
+            _ = try expected[p * 480..<(p + 1) * 480].withUnsafeBufferPointer { try sink.write($0) }
+        }
+        // Read while the sink is still open, as a file left by a killed recorder is.
+        let audio = try WAVAudio.read(path: path)
+        #expect(audio.samples == .pcm16(Array(expected[..<(100 * 480)])), "the header counts the first two seconds")
+        try sink.finish()
+        #expect(try WAVAudio.read(path: path).samples == .pcm16(expected))
+    }
+
     /// Written through, as a shell's `>` would: a symbolic link stays a link (and its target gets the
     /// audio), and a pipe or a device is refused up front rather than replaced by a regular file.
     @Test func wavSinkWritesThroughALinkAndRefusesPipesAndDevices() throws {
