@@ -181,9 +181,10 @@ extension Channel {
 
         /// The server's settings as far as these commands need them; a bad one exits 78, as the
         /// server would.
-        func configuration(tokenKey: String? = nil) throws -> ServerConfiguration {
+        func configuration(tokenKey: String? = nil, previousTokenKey: String? = nil) throws -> ServerConfiguration {
             var overrides = ConfigurationOverrides(dataDirectory: dataDir)
             overrides.tokenKeyPath = tokenKey
+            overrides.previousTokenKeyPath = previousTokenKey
             do {
                 return try ServerConfiguration.load(file: config, environment: ProcessInfo.processInfo.environment, overrides: overrides)
             } catch {

@@ -83,6 +83,8 @@ struct Token: AsyncParsableCommand {
         @OptionGroup var store: Channel.StoreOptions
         @Option(help: ArgumentHelp(ServerConfiguration.help("tokenKeyPath", "The server's token key (PEM), if not in the data directory."), valueName: "path"))
         var tokenKey: String?
+        @Option(help: ArgumentHelp(ServerConfiguration.help("previousTokenKeyPath", "During a key rotation, the key used before it: its tokens are read too, as the server accepts them."), valueName: "path"))
+        var previousTokenKey: String?
 
         struct Report: Encodable {
             var tokenID: String
@@ -101,10 +103,10 @@ struct Token: AsyncParsableCommand {
         }
 
         func run() async throws {
-            let authority = try await loadAuthority(try store.configuration(tokenKey: tokenKey), forIssue: false)
+            let authority = try await loadAuthority(try store.configuration(tokenKey: tokenKey, previousTokenKey: previousTokenKey), forIssue: false)
             let claims: ParticipantClaims
             do throws(TokenError) { claims = try await authority.inspect(token) } catch {
-                standardError("squelchd: \(error)")
+                standardError("squelchd: \(inspectionFailure(error, rotating: previousTokenKey != nil))")
                 throw ExitCode(1)
             }
             let (revocation, channelExists) = try await storedState(claims)
@@ -161,6 +163,8 @@ struct Token: AsyncParsableCommand {
         @OptionGroup var store: Channel.StoreOptions
         @Option(help: ArgumentHelp(ServerConfiguration.help("tokenKeyPath", "The server's token key (PEM), if not in the data directory."), valueName: "path"))
         var tokenKey: String?
+        @Option(help: ArgumentHelp(ServerConfiguration.help("previousTokenKeyPath", "During a key rotation, the key used before it: its tokens are read too, as the server accepts them."), valueName: "path"))
+        var previousTokenKey: String?
 
         func validate() throws {
             switch (token, channel, id) {
@@ -176,10 +180,10 @@ struct Token: AsyncParsableCommand {
             let revocation: RevocationRecord
             let now = Date()
             if let token {
-                let authority = try await loadAuthority(try store.configuration(tokenKey: tokenKey), forIssue: false)
+                let authority = try await loadAuthority(try store.configuration(tokenKey: tokenKey, previousTokenKey: previousTokenKey), forIssue: false)
                 let claims: ParticipantClaims
                 do throws(TokenError) { claims = try await authority.inspect(token) } catch {
-                    standardError("squelchd: \(error)")
+                    standardError("squelchd: \(inspectionFailure(error, rotating: previousTokenKey != nil))")
                     throw ExitCode(1)
                 }
                 revocation = .token(claims.tokenID, channel: claims.channel, user: claims.userID, expiresAt: claims.expiresAt,
@@ -202,6 +206,13 @@ struct Token: AsyncParsableCommand {
             }
         }
     }
+}
+
+/// Why `inspect` or `revoke --token` could not read a token, with the way out when it may be an old
+/// key's: after a rotation the server still accepts those, and they are often the ones to revoke.
+func inspectionFailure(_ error: TokenError, rotating: Bool) -> String {
+    guard error == .forged, !rotating, ProcessInfo.processInfo.environment["SQUELCH_PREVIOUS_TOKEN_KEY"] == nil else { return "\(error)" }
+    return "\(error) (if the token key was rotated and this token is from before, pass the old key with --previous-token-key)"
 }
 
 /// The server's token key. A broken or missing one is a configuration error (exit 78) with its fix.
