@@ -190,6 +190,34 @@ func failure(joining error: ChannelError, server: String) -> WalkieFailure {
 }
 
 /// Makes the manager for `stateDirectory` (the default one when nil).
+/// What `walkie join` was given that the channel manager's record does not keep, so that `walkie`
+/// with no command, after a restart, wakes by push through the same port and renews from the same
+/// token file rather than falling back to the defaults (pushes to a port nothing listens on would
+/// leave it unable to go to the background, and a session without its token file ends at expiry).
+struct SavedSettings: Codable, Equatable {
+    var pushPort: Int
+    var tokenFile: String?
+
+    static func path(in directory: String) -> String { directory + "/walkie.json" }
+
+    /// The settings saved in `directory`; nil when there are none or they can't be read (a file from
+    /// an older walkie, or damaged), which only costs the defaults.
+    static func load(from directory: String) -> SavedSettings? {
+        guard let data = FileManager.default.contents(atPath: path(in: directory)) else { return nil }
+        return try? JSONDecoder().decode(SavedSettings.self, from: data)
+    }
+
+    /// Saves these beside the channel's record; a failure is said, not fatal: the channel is joined.
+    func save(in directory: String) -> String? {
+        do {
+            try JSONEncoder().encode(self).write(to: URL(fileURLWithPath: Self.path(in: directory)), options: .atomic)
+            return nil
+        } catch {
+            return "could not save --push-port and --token-file for the next start in \(directory) (\(error.localizedDescription)); 'walkie' will use the defaults"
+        }
+    }
+}
+
 func makeManager(delegate: WalkieDelegate, stateDirectory: String?, push: (any PushTransport)?,
                  audio: AudioConfiguration) async throws(WalkieFailure) -> ChannelManager {
     do {

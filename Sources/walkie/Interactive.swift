@@ -53,6 +53,8 @@ struct Join: AsyncParsableCommand {
             // say what is happening and how to give up.
             say("joining at \(server.server)… (Ctrl-C to give up)")
             try await awaitJoin(delegate, server: server.server)
+            let tokenFile = server.tokenFile.map { URL(fileURLWithPath: $0).standardizedFileURL.path }
+            if let problem = SavedSettings(pushPort: server.pushPort, tokenFile: tokenFile).save(in: manager.stateDirectory) { say(problem) }
             let shared = Interactive.SharedBox()
             let renewals = server.tokenFile.map { path in
                 watchTokenFile(path, current: credentials.token, manager: manager, channel: channel) { text in shared.report(text) }
@@ -73,9 +75,9 @@ struct Resume: AsyncParsableCommand {
     @OptionGroup var audio: AudioOptions
     @OptionGroup var interactive: InteractiveOptions
     @OptionGroup var state: StateOptions
-    @Option(help: "The APNs simulator's control port, for wake-up pushes (0: no pushes).")
-    var pushPort: Int = 2198
-    @Option(help: "Renew the session whenever this file holds a new participant token (as 'walkie join --token-file').")
+    @Option(help: "The APNs simulator's control port, for wake-up pushes (0: no pushes; default: the one 'walkie join' was given, else 2198).")
+    var pushPort: Int?
+    @Option(help: "Renew the session whenever this file holds a new participant token (as 'walkie join --token-file'; default: the one 'walkie join' was given).")
     var tokenFile: String?
 
     func run() async throws {
@@ -87,6 +89,9 @@ struct Resume: AsyncParsableCommand {
             }
             let configuration = try audio.configuration(capture: true, playback: true)
             try Interactive.preflight(interactive)
+            let settings = SavedSettings.load(from: directory)
+            let pushPort = self.pushPort ?? settings?.pushPort ?? 2198
+            let tokenFile = self.tokenFile ?? settings?.tokenFile
             let push = pushPort > 0 ? SimulatedPushTransport(host: saved?.credentials.host ?? "127.0.0.1", controlPort: pushPort) : nil
             let delegate = WalkieDelegate()
             let manager = try await makeManager(delegate: delegate, stateDirectory: directory, push: push, audio: configuration)

@@ -535,10 +535,20 @@ import Testing
         kill(pid_t(walkiePid) ?? 0, SIGKILL)
         #expect(try await tmux.wait("bob", for: "EXITED"))
         _ = try tmux.run(["kill-session", "-t", "bob"])
-        try tmux.start("bob2", [walkie, "--state-dir", world.dir + "/state-bob", "--push-port", "\(world.pushPort)",
+        // Without --push-port: the restore wakes by push through the port the join was given (it
+        // used to fall back to 2198, where nothing listens here, and could not go to the background).
+        try tmux.start("bob2", [walkie, "--state-dir", world.dir + "/state-bob",
                                 "--input-file", world.speech, "--output-file", world.dir + "/bob2-heard.wav"])
         #expect(try await tmux.wait("bob2", for: "Ann"), "\(tmux.screen("bob2"))")
         #expect(try await tmux.wait("bob2", for: "ready"), "\(tmux.screen("bob2"))")
+        var restoredBackground = false
+        for _ in 0 ..< 30 where !restoredBackground {
+            try tmux.keys("bob2", "b")
+            restoredBackground = try await tmux.wait("bob2", for: "BACKGROUND", seconds: 1)
+        }
+        #expect(restoredBackground, "the restored walkie has no push channel: \(tmux.screen("bob2"))")
+        try tmux.keys("bob2", "b")
+        #expect(try await tmux.wait("bob2", for: "Connected to squelchd again"), "back in the foreground: \(tmux.screen("bob2"))")
         // Bob's microphone is the 2 s file. Latched past its end, walkie releases the floor itself
         // (rather than hold it in silence for 5 s), and the next tap talks again instead of only
         // unlatching a transmission that is over.
