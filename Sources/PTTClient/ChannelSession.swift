@@ -776,12 +776,14 @@ struct ChannelSession {
 
     static func error(for event: FloorEvent) -> ChannelError {
         let reason = event.reason ?? "the floor was refused"
+        let code: ChannelError.Code
         switch event.cause {
-        case .notAllowed?: return ChannelError(.transmissionNotAllowed, reason)
-        case .busy?, .queueFull?: return ChannelError(.transmissionInProgress, reason)
-        case .notJoined?: return ChannelError(.channelNotFound, reason)
-        default: return ChannelError(.unknown, reason)
+        case .notAllowed?: code = .transmissionNotAllowed
+        case .busy?, .queueFull?: code = .transmissionInProgress
+        case .notJoined?: code = .channelNotFound
+        default: code = .unknown
         }
+        return ChannelError(code, reason, floorCause: event.cause)
     }
 
     private mutating func remoteTalkStarted(slot: UInt16, burst: UInt16) {

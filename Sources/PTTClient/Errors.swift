@@ -32,11 +32,15 @@ public struct ChannelError: Error, Sendable, Hashable, CustomStringConvertible {
     public var message: String
     /// The server's refusal, when the server said no.
     public var refusal: RefusalCode?
+    /// Why the server denied a floor request, when it did: `busy` and `queueFull` both come as
+    /// `transmissionInProgress`, but only a busy floor is worth waiting in the queue for.
+    public var floorCause: FloorCause?
 
-    public init(_ code: Code, _ message: String, refusal: RefusalCode? = nil) {
+    public init(_ code: Code, _ message: String, refusal: RefusalCode? = nil, floorCause: FloorCause? = nil) {
         self.code = code
         self.message = message
         self.refusal = refusal
+        self.floorCause = floorCause
     }
 
     public var description: String { message }

@@ -1,5 +1,6 @@
 import ArgumentParser
 import Audio
+import ChannelProtocol
 import Foundation
 import ParticipantTokens
 import NIOConcurrencyHelpers
@@ -70,8 +71,11 @@ struct Talk: AsyncParsableCommand {
                     case .began: return nil
                     case .failedToBegin(let error):
                         let who = manager.activeRemoteParticipant.map { "\($0.name) is talking" } ?? error.message
-                        return error.code == .transmissionInProgress ? .floor("the floor is busy: \(who); try again, or pass --wait 30 to queue")
-                            : .floor("can't talk: \(error.message)")
+                        guard error.code == .transmissionInProgress else { return .floor("can't talk: \(error.message)") }
+                        // A full queue is busy too, but --wait can't help: say so rather than suggest it.
+                        return error.floorCause == .queueFull
+                            ? .floor("the floor is busy: \(who), and \(error.message); try again later")
+                            : .floor("the floor is busy: \(who); try again, or pass --wait 30 to queue")
                     default: continue
                     }
                 }
@@ -125,7 +129,10 @@ struct Talk: AsyncParsableCommand {
             // Removed from the channel, or the channel deleted: the session is over, and sending the
             // file again can't work until an administrator lets this user back in.
             let left = manager.activeChannelUUID == nil
-            let why = manager.activeRemoteParticipant.map { "\($0.name) took the floor" } ?? "the floor was taken back or the connection dropped"
+            // squelchd says why it took the floor back; without that, the connection went, or
+            // another member's stronger claim showed first.
+            let revoked = seen.withLockedValue { $0.revoked }
+            let why = revoked?.reason ?? manager.activeRemoteParticipant.map { "\($0.name) took the floor" } ?? "the floor was taken back or the connection dropped"
             if ending == nil { manager.stopTransmitting(channelUUID: channel, source: .userRequest) }
             try? await Task.sleep(for: .milliseconds(300))
             await finish(manager, channel: channel)
@@ -137,9 +144,10 @@ struct Talk: AsyncParsableCommand {
             guard connected else {
                 throw WalkieFailure.unreachable("the connection to squelchd dropped while \(file) was being sent, so the channel did not hear all of it; check that squelchd runs, then send it again")
             }
-            let again = seconds > Double(manager.channelInfo?.maxBurstSeconds ?? .max)
+            let overLimit = revoked.map { $0.cause == .maxBurstReached } ?? (seconds > Double(manager.channelInfo?.maxBurstSeconds ?? .max))
+            let again = overLimit
                 ? "the channel's bursts last at most \(manager.channelInfo?.maxBurstSeconds ?? 0) s: send it in shorter parts"
-                : "send it again"
+                : revoked?.cause == .preempted ? "send it again when they are done" : "send it again"
             throw WalkieFailure.floor("the transmission ended before all of \(file) was sent (\(why)); \(again)")
         }
         // The file's end is only this side's: squelchd confirms the release (this member no longer
@@ -180,6 +188,8 @@ struct OneShotOptions: ParsableArguments {
 struct TalkSpell {
     var queued = false
     var notice: String?
+    /// Why squelchd took the floor back, if it did.
+    private(set) var revoked: (cause: FloorCause?, reason: String)?
     /// squelchd has shown this member talking.
     private(set) var talking = false
     /// Whether squelchd has confirmed the release: true once it shows this member not talking on
@@ -191,6 +201,7 @@ struct TalkSpell {
         switch event {
         case .floorQueued: queued = true
         case .notice(let text): notice = text
+        case .transmissionRevoked(let cause, let reason): revoked = (cause, reason)
         case .serviceStatus(let status) where status != .ready:
             if talking, release == nil { release = false }
         case .roster(let entries):

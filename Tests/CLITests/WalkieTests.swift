@@ -276,6 +276,26 @@ import Testing
         #expect(ann.process.terminationStatus == 3 && ann.err.contents.contains("did not confirm the end"), "\(ann.out.contents) \(ann.err.contents)")
     }
 
+    /// A talk pre-empted by a member of higher priority says who and what to do, with the floor's exit
+    /// code, not "taken back or the connection dropped" nor the burst limit.
+    @Test func aPreemptedTalkSaysWhoTookTheFloor() async throws {
+        let world = try await World()
+        defer { world.finish() }
+        let long = world.dir + "/long.wav"
+        try World.writeSpeech(seconds: 6, to: long)
+        let boss = try Executables.run("squelchd", ["token", "issue", "--channel", world.channel.uuidString, "--user", "boss", "--name", "Boss",
+                                                    "--priority", "200", "--data-dir", world.data]).out.trimmingCharacters(in: .whitespacesAndNewlines)
+        let ann = try Running(["talk"] + world.arguments("ann") + ["--file", long, "--push-port", "0"], reaper: world.reaper)
+        #expect(await ann.out.wait(for: "sending", seconds: 20) != nil, "\(ann.err.contents)")
+        let bossTalk = try Executables.run("walkie", ["talk", "--server", "127.0.0.1:\(world.server.voicePort)", "--token", boss,
+                                                      "--ca", world.certs + "/ca.pem", "--file", world.speech, "--push-port", "0"])
+        #expect(bossTalk.status == 0, "\(bossTalk.err)")
+        #expect(await ann.process.waitForExit(seconds: 20))
+        #expect(ann.process.terminationStatus == 6 && ann.err.contents.contains("Boss has priority")
+                && ann.err.contents.contains("send it again when they are done") && !ann.err.contents.contains("shorter parts"),
+                "\(ann.out.contents) \(ann.err.contents)")
+    }
+
     /// `walkie leave` with squelchd down forgets the channel here and keeps the leave; `walkie status`
     /// shows it, and the next `walkie leave` with squelchd back delivers it. (It used to say "leave
     /// again with squelchd up", which found no saved channel.)

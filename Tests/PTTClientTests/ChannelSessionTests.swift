@@ -209,7 +209,12 @@ func sent(_ outputs: [SessionOutput]) -> [ClientMessage] {
         #expect(beginError(&s) == nil)
         #expect(beginError(&s) == .transmissionInProgress)
         s.received(.floor(FloorEvent(kind: .denied, cause: .busy, reason: "someone else is talking")))
-        #expect(delegateCalls(s.takeOutputs()) == [.failedToBegin(channelID, ChannelError(.transmissionInProgress, "someone else is talking"))])
+        #expect(delegateCalls(s.takeOutputs()) == [.failedToBegin(channelID, ChannelError(.transmissionInProgress, "someone else is talking", floorCause: .busy))])
+        // A full queue is the same code, told apart by its cause (waiting in the queue can't help).
+        #expect(beginError(&s) == nil)
+        s.received(.floor(FloorEvent(kind: .denied, cause: .queueFull, reason: "too many members are waiting to talk")))
+        #expect(delegateCalls(s.takeOutputs()) == [.failedToBegin(channelID, ChannelError(.transmissionInProgress, "too many members are waiting to talk",
+                                                                                           floorCause: .queueFull))])
         // A listen-only token maps to listenOnly mode.
         var l = joinedSession(canTalk: false)
         #expect(l.transmissionMode == .listenOnly)
