@@ -132,6 +132,9 @@ enum Interactive {
         /// The server ended the membership (removed, revoked, channel deleted): exit 4, as for a token
         /// refused at the join, since the same token won't get back in.
         var removed = false
+        /// The last push said leave: squelchd sends that only when an administrator removed the
+        /// member or deleted the channel, which a backgrounded walkie learns no other way.
+        var leavePushed = false
         var lastBurst: String?
         /// SIGTERM or SIGHUP arrived: quit as `q` would, so that the output WAV is completed.
         var stopRequested = false
@@ -185,9 +188,11 @@ enum Interactive {
                         // Granted after a wait: the queue line is history.
                         if state.status?.text.hasPrefix("Waiting for the floor") == true { state.status = nil }
                     case .left(let reason):
-                        state.removed = reason == .systemPolicy
+                        state.removed = reason == .systemPolicy || (reason == .developerRequest && state.leavePushed)
                         state.left = state.removed ? "an administrator removed you from the channel, revoked your token or deleted the channel; ask for a new token to join again" : "the channel was left"
-                    case .push(let speaker): state.status = .init("Woken by a push: \(speaker ?? "leave")")
+                    case .push(let speaker):
+                        state.leavePushed = speaker == nil
+                        state.status = .init("Woken by a push: \(speaker ?? "leave")")
                     default: break
                     }
                 }
