@@ -62,6 +62,13 @@ final class WalkieDelegate: ChannelManagerDelegate, ChannelRestorationDelegate {
     func channelDescriptor(restoredChannelUUID id: UUID) -> ChannelDescriptor { ChannelDescriptor(name: "Channel") }
 }
 
+/// Whether the token lets its member talk. A listen-only member's walkie opens no microphone: a
+/// radio that only receives (a monitor on a machine without one) must not fail for want of it. A
+/// token that can't be read counts as talking; the join says what is wrong with it.
+func mayTalk(_ token: String) -> Bool {
+    (try? tokenClaims(token))?.capabilities.contains(.talk) ?? true
+}
+
 /// The claims walkie reads from a participant token, unverified (the server verifies): which channel
 /// to join, and who we are, for messages.
 func tokenClaims(_ token: String) throws(WalkieFailure) -> ParticipantClaims {

@@ -31,7 +31,7 @@ struct Join: AsyncParsableCommand {
     func run() async throws {
         do {
             let (credentials, channel) = try server.credentials()
-            let configuration = try audio.configuration(capture: true, playback: true)
+            let configuration = try audio.configuration(capture: mayTalk(credentials.token), playback: true)
             try Interactive.preflight(interactive)
             let delegate = WalkieDelegate()
             let manager = try await makeManager(delegate: delegate, stateDirectory: state.stateDir, push: server.pushTransport(), audio: configuration)
@@ -87,11 +87,13 @@ struct Resume: AsyncParsableCommand {
             guard saved != nil || FileManager.default.fileExists(atPath: directory + "/channel.json") else {
                 throw WalkieFailure.usage("no channel to restore; join one with 'walkie join --server HOST:PORT --token T'")
             }
-            let configuration = try audio.configuration(capture: true, playback: true)
-            try Interactive.preflight(interactive)
             let settings = SavedSettings.load(from: directory)
             let pushPort = self.pushPort ?? settings?.pushPort ?? 2198
             let tokenFile = self.tokenFile ?? settings?.tokenFile
+            // The token to be restored with: a newer one in the token file, else the saved one.
+            let token = tokenFile.flatMap { try? readTokenFile($0) } ?? saved?.credentials.token
+            let configuration = try audio.configuration(capture: token.map(mayTalk) ?? true, playback: true)
+            try Interactive.preflight(interactive)
             let push = pushPort > 0 ? SimulatedPushTransport(host: saved?.credentials.host ?? "127.0.0.1", controlPort: pushPort) : nil
             let delegate = WalkieDelegate()
             let manager = try await makeManager(delegate: delegate, stateDirectory: directory, push: push, audio: configuration)
@@ -317,6 +319,10 @@ enum Interactive {
                 let time = monotonicNanoseconds()
                 if shared.withLockedValue({ $0.stopRequested }) { return nil }
                 guard let channel = manager.activeChannelUUID else {
+                    // The manager's state says so before its delegate does: wait (briefly) for the
+                    // listener to hear `didLeave`, whose reason decides the message and the exit code
+                    // (read too early, a removal came out as "the channel was left", exit 1).
+                    for _ in 0 ..< 100 where shared.withLockedValue({ $0.left == nil }) { usleep(10_000) }
                     return shared.withLockedValue { $0.left } ?? "the channel was left"
                 }
                 // The transmission the key started ended without it (the floor revoked or refused, the

@@ -462,6 +462,12 @@ import Testing
         try tmux.start("cat", join("cat", pushPort: 0))
         #expect(try await tmux.wait("cat", for: "pushes are off"), "\(tmux.screen("cat"))")
         #expect(!tmux.screen("cat").contains("BACKGROUND"), "\(tmux.screen("cat"))")
+        // A listen-only member's walkie needs no microphone (this machine has none, and no --input-file).
+        let dan = try Executables.run("squelchd", ["token", "issue", "--channel", world.channel.uuidString, "--user", "dan", "--name", "Dan",
+                                                   "--capability", "listen", "--data-dir", world.data]).out.trimmingCharacters(in: .whitespacesAndNewlines)
+        try tmux.start("dan", [walkie, "join", "--server", "127.0.0.1:\(world.server.voicePort)", "--token", dan, "--ca", world.certs + "/ca.pem",
+                               "--state-dir", world.dir + "/state-dan", "--push-port", "0", "--output-file", world.dir + "/dan.wav"])
+        #expect(try await tmux.wait("dan", for: "Dan (you)"), "\(tmux.screen("dan"))")
         // Cat is removed by an administrator: the screen ends with what happened and what to do, and
         // the exit code is the token's, as for a token refused at the join. Bob, removed while in the
         // background, learns it from squelchd's leave push: the same (it used to exit 1, "the channel
@@ -470,7 +476,7 @@ import Testing
         for user in ["cat", "bob"] {
             let removed = try Executables.runShell("curl -s -o /dev/null -w '%{http_code}' -X DELETE -H 'Authorization: Bearer \(adminKey)' http://127.0.0.1:\(world.server.adminPort)/v1/channels/\(world.channel.uuidString)/members/\(user)")
             #expect(removed == "204", "\(removed)")
-            #expect(try await tmux.wait(user, for: "EXITED 4"), "\(tmux.screen(user))")
+            #expect(try await tmux.wait(user, for: "EXITED 4"), "\(user): \(tmux.screen(user))")
             #expect(tmux.screen(user).contains("ask for a new token"), "\(tmux.screen(user))")
         }
     }
