@@ -164,6 +164,40 @@ public struct ServerConfiguration: Sendable, Equatable {
     /// Environment variable naming the config file when `--config` is not given.
     public static let configFileEnvironment = "SQUELCH_CONFIG"
 
+    /// The `SQUELCH_…` variables in `environment` that name no setting, each with the setting's
+    /// variable it most likely meant (nil if none is close): a typo such as `SQUELCH_PROT` would
+    /// otherwise be ignored without a word, and the server start on the default it was to replace.
+    public static func unknownEnvironmentVariables(_ environment: [String: String]) -> [(name: String, meant: String?)] {
+        var known: Set<String> = [configFileEnvironment]
+        for setting in settings { known.insert(setting.environment) }
+        let candidates = known.sorted()
+        var unknown: [(name: String, meant: String?)] = []
+        for name in environment.keys.sorted() where name.hasPrefix("SQUELCH_") && !known.contains(name) {
+            var best: (name: String, distance: Int)?
+            for candidate in candidates {
+                // A word spelled out (`…_DATA_DIRECTORY` for `…_DATA_DIR`) counts as one typo.
+                let distance = name.hasPrefix(candidate) || candidate.hasPrefix(name) ? 1 : editDistance(name, candidate)
+                if distance < (best?.distance ?? Int.max) { best = (candidate, distance) }
+            }
+            unknown.append((name, best.flatMap { $0.distance <= 3 ? $0.name : nil }))
+        }
+        return unknown
+    }
+
+    /// Levenshtein distance, for the suggestion above (names of a few dozen characters).
+    static func editDistance(_ a: String, _ b: String) -> Int {
+        let a = Array(a.utf8), b = Array(b.utf8)
+        var previous = Array(0...b.count)
+        for i in 1...max(a.count, 1) where !a.isEmpty {
+            var current = [i] + [Int](repeating: 0, count: b.count)
+            for j in stride(from: 1, through: b.count, by: 1) {
+                current[j] = min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1))
+            }
+            previous = current
+        }
+        return a.isEmpty ? b.count : previous[b.count]
+    }
+
     /// Every setting, in help order.
     public static var settings: [Setting] {
         let defaults = ServerConfiguration()

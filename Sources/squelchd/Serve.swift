@@ -147,6 +147,9 @@ struct Serve: AsyncParsableCommand {
             handler.logLevel = level
             return BenignShutdownErrors(base: handler)
         }
+        for (name, meant) in ServerConfiguration.unknownEnvironmentVariables(ProcessInfo.processInfo.environment) {
+            Logger(label: "squelchd").warning("\(name) is not a squelchd setting and is ignored\(meant.map { " (did you mean \($0)?)" } ?? ""); 'squelchd serve --help' lists the settings")
+        }
         let server: SquelchServer
         do { server = try SquelchServer(configuration: configuration) } catch {
             throw Self.configurationFailure(error)

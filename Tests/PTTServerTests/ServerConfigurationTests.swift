@@ -72,6 +72,18 @@ import Testing
         }
     }
 
+    /// A mistyped variable is named, with the one it was likely meant to be; the settings' own
+    /// variables, the config file's and other programs' are not.
+    @Test func aMistypedEnvironmentVariableIsNamedWithItsLikelyMeaning() {
+        let unknown = ServerConfiguration.unknownEnvironmentVariables([
+            "SQUELCH_PROT": "7701", "SQUELCH_PORT": "7700", "SQUELCH_CONFIG": "/etc/squelch.json", "SQUELCH_DATA_DIRECTORY": "/srv",
+            "SQUELCH_WHATEVER_ELSE_ENTIRELY": "1", "HOME": "/root", "SQUELCH_ADMIN_KEY": "k",
+        ])
+        #expect(unknown.map(\.name) == ["SQUELCH_DATA_DIRECTORY", "SQUELCH_PROT", "SQUELCH_WHATEVER_ELSE_ENTIRELY"])
+        #expect(unknown.map(\.meant) == ["SQUELCH_DATA_DIR", "SQUELCH_PORT", nil])
+        #expect(ServerConfiguration.unknownEnvironmentVariables(["SQUELCH_PORT": "1"]).isEmpty)
+    }
+
     @Test func anUnknownKeyIsNamedWithTheValidOnes() throws {
         let file = try Self.writeFile(#"{"port": 7701, "adminport": 1}"#)
         let error = #expect(throws: ServerConfiguration.ConfigurationError.self) {
