@@ -52,6 +52,15 @@ import Testing
             ["--server", "127.0.0.1:\(server.voicePort)", "--token", tokens[user]!, "--ca", certs + "/ca.pem"]
         }
 
+        /// `walkie talk` as `user` with `seconds` of speech, running, once it says it is sending.
+        func talking(_ user: String, seconds: Double) async throws -> Running {
+            let file = dir + "/\(user)-\(Int(seconds))s.wav"
+            try Self.writeSpeech(seconds: seconds, to: file)
+            let talk = try Running(["talk"] + arguments(user) + ["--file", file, "--push-port", "0"], reaper: reaper)
+            #expect(await talk.out.wait(for: "sending", seconds: 20) != nil, "\(talk.err.contents)")
+            return talk
+        }
+
         func finish() {
             reaper.killAll()
             try? FileManager.default.removeItem(atPath: dir)
@@ -259,10 +268,7 @@ import Testing
     @Test func aServerRestartedAroundTheFilesEndDoesNotConfirmIt() async throws {
         let world = try await World()
         defer { world.finish() }
-        let file = world.dir + "/four.wav"
-        try World.writeSpeech(seconds: 4, to: file)
-        let ann = try Running(["talk"] + world.arguments("ann") + ["--file", file, "--push-port", "0"], reaper: world.reaper)
-        #expect(await ann.out.wait(for: "sending", seconds: 20) != nil, "\(ann.err.contents)")
+        let ann = try await world.talking("ann", seconds: 4)
         // Killed in the file's last 100 ms and started again after its end, so that the audio meets
         // no restarted server (which would end the transmission at once, a case already handled):
         // only the release, sent again and again, does.
@@ -281,12 +287,9 @@ import Testing
     @Test func aPreemptedTalkSaysWhoTookTheFloor() async throws {
         let world = try await World()
         defer { world.finish() }
-        let long = world.dir + "/long.wav"
-        try World.writeSpeech(seconds: 6, to: long)
         let boss = try Executables.run("squelchd", ["token", "issue", "--channel", world.channel.uuidString, "--user", "boss", "--name", "Boss",
                                                     "--priority", "200", "--data-dir", world.data]).out.trimmingCharacters(in: .whitespacesAndNewlines)
-        let ann = try Running(["talk"] + world.arguments("ann") + ["--file", long, "--push-port", "0"], reaper: world.reaper)
-        #expect(await ann.out.wait(for: "sending", seconds: 20) != nil, "\(ann.err.contents)")
+        let ann = try await world.talking("ann", seconds: 6)
         let bossTalk = try Executables.run("walkie", ["talk", "--server", "127.0.0.1:\(world.server.voicePort)", "--token", boss,
                                                       "--ca", world.certs + "/ca.pem", "--file", world.speech, "--push-port", "0"])
         #expect(bossTalk.status == 0, "\(bossTalk.err)")
