@@ -79,7 +79,7 @@ func usageError(_ text: String) -> Never {
 func number(_ name: String, default value: Double, in range: ClosedRange<Double>) -> Double {
     guard let text = option(name) else { return value }
     guard let number = Double(text), number.isFinite, range.contains(number) else {
-        usageError("\(name) \(text) is not a number from \(range.lowerBound.formatted()) to \(range.upperBound.formatted())")
+        usageError("\(name) \(text) is not a number from \(Int(range.lowerBound)) to \(Int(range.upperBound))")
     }
     return number
 }
@@ -90,6 +90,9 @@ func port(_ name: String, default value: Int?) -> Int? {
     return port
 }
 
+// Checked before the manager is made, which may already be restoring a saved channel.
+if let text = option("--channel"), UUID(uuidString: text) == nil { usageError("--channel \(text) is not a channel id (a UUID)") }
+if option("--channel") != nil, option("--token") == nil { usageError("--channel needs --token, the participant token for it") }
 let delegate = Delegate()
 let runSeconds = number("--run-seconds", default: 10, in: 0...86_400)
 // The speech is made in memory before it is sent: an hour of it is 170 MB.
@@ -122,8 +125,6 @@ do {
 }
 if let problem = manager.restorationError { delegate.log("restoration: \(problem)") }
 
-if let text = option("--channel"), UUID(uuidString: text) == nil { usageError("--channel \(text) is not a channel id (a UUID)") }
-if option("--channel") != nil, option("--token") == nil { usageError("--channel needs --token, the participant token for it") }
 if let channel = option("--channel").flatMap(UUID.init(uuidString:)), let token = option("--token") {
     let credentials = ChannelCredentials(host: option("--host") ?? "127.0.0.1", port: port("--port", default: 7700)!,
                                          caPath: option("--ca") ?? "certs/ca.pem", token: token)

@@ -109,11 +109,12 @@ public final class WAVFileSink: AudioSink {
     static let headerRefreshPeriods = 50
 
     /// Writes the header's sizes for what is written so far, in place (`pwrite`, so that the next
-    /// period still goes at the end). A recorder killed with SIGKILL, or a machine that loses power,
-    /// never reaches `finish()`; without this its file would say it holds no audio, and players show
-    /// it empty. With it, at most the last second is outside the sizes. Data first, sizes after: the
-    /// sizes never count bytes that are not in the file. A failure here is left for `finish()`,
-    /// which writes the same bytes and says why.
+    /// period still goes at the end). A recorder killed with SIGKILL never reaches `finish()`;
+    /// without this its file would say it holds no audio, and players show it empty. With it, at
+    /// most the last second is outside the sizes. Data first, sizes after: the sizes never count
+    /// bytes the process has not written. (Nothing is synced, so after a power cut the disk may hold
+    /// either in any order; syncing every second would cost a recorder on a slow card its timing.)
+    /// A failure here is left for `finish()`, which writes the same bytes and says why.
     private func refreshHeader() {
         let header = WAVAudio.header(format: .pipeline, dataBytes: dataBytes)
         _ = header.withUnsafeBytes { pwrite(handle.fileDescriptor, $0.baseAddress, $0.count, 0) }

@@ -103,10 +103,11 @@ struct Token: AsyncParsableCommand {
         }
 
         func run() async throws {
-            let authority = try await loadAuthority(try store.configuration(tokenKey: tokenKey, previousTokenKey: previousTokenKey), forIssue: false)
+            let configuration = try store.configuration(tokenKey: tokenKey, previousTokenKey: previousTokenKey)
+            let authority = try await loadAuthority(configuration, forIssue: false)
             let claims: ParticipantClaims
             do throws(TokenError) { claims = try await authority.inspect(token) } catch {
-                standardError("squelchd: \(inspectionFailure(error, rotating: previousTokenKey != nil))")
+                standardError("squelchd: \(inspectionFailure(error, rotating: configuration.previousTokenKeyPath != nil))")
                 throw ExitCode(1)
             }
             let (revocation, channelExists) = try await storedState(claims)
@@ -180,10 +181,11 @@ struct Token: AsyncParsableCommand {
             let revocation: RevocationRecord
             let now = Date()
             if let token {
-                let authority = try await loadAuthority(try store.configuration(tokenKey: tokenKey, previousTokenKey: previousTokenKey), forIssue: false)
+                let configuration = try store.configuration(tokenKey: tokenKey, previousTokenKey: previousTokenKey)
+                let authority = try await loadAuthority(configuration, forIssue: false)
                 let claims: ParticipantClaims
                 do throws(TokenError) { claims = try await authority.inspect(token) } catch {
-                    standardError("squelchd: \(inspectionFailure(error, rotating: previousTokenKey != nil))")
+                    standardError("squelchd: \(inspectionFailure(error, rotating: configuration.previousTokenKeyPath != nil))")
                     throw ExitCode(1)
                 }
                 revocation = .token(claims.tokenID, channel: claims.channel, user: claims.userID, expiresAt: claims.expiresAt,
@@ -211,7 +213,7 @@ struct Token: AsyncParsableCommand {
 /// Why `inspect` or `revoke --token` could not read a token, with the way out when it may be an old
 /// key's: after a rotation the server still accepts those, and they are often the ones to revoke.
 func inspectionFailure(_ error: TokenError, rotating: Bool) -> String {
-    guard error == .forged, !rotating, ProcessInfo.processInfo.environment["SQUELCH_PREVIOUS_TOKEN_KEY"] == nil else { return "\(error)" }
+    guard error == .forged, !rotating else { return "\(error)" }
     return "\(error) (if the token key was rotated and this token is from before, pass the old key with --previous-token-key)"
 }
 

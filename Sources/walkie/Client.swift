@@ -49,10 +49,11 @@ final class WalkieDelegate: ChannelManagerDelegate, ChannelRestorationDelegate {
     func channelManager(_ m: ChannelManager, channelUUID: UUID, didEndTransmittingFrom source: ChannelTransmitRequestSource) { publish(.ended(source)) }
     func channelManager(_ m: ChannelManager, receivedEphemeralPushToken token: Data) {}
     func incomingPushResult(channelManager: ChannelManager, channelUUID: UUID, pushPayload: [String: PushValue]) -> PushResult {
-        let speaker = pushPayload["activeSpeaker"]?.stringValue
-        publish(.push(speaker))
-        // Apple's rule: a push without a speaker means leave the channel.
-        guard let speaker, let participant = try? Participant(name: speaker) else { return .leaveChannel }
+        // Apple's rule: a push without a speaker means leave the channel (and so does one whose
+        // speaker can't be shown). `.push(nil)` says it was a leave.
+        let participant = pushPayload["activeSpeaker"]?.stringValue.flatMap { try? Participant(name: $0) }
+        publish(.push(participant?.name))
+        guard let participant else { return .leaveChannel }
         return .activeRemoteParticipant(participant)
     }
     func channelManager(_ m: ChannelManager, didActivate audioSession: AudioSession) {}
@@ -62,9 +63,10 @@ final class WalkieDelegate: ChannelManagerDelegate, ChannelRestorationDelegate {
     func channelDescriptor(restoredChannelUUID id: UUID) -> ChannelDescriptor { ChannelDescriptor(name: "Channel") }
 }
 
-/// Whether the token lets its member talk. A listen-only member's walkie opens no microphone: a
-/// radio that only receives (a monitor on a machine without one) must not fail for want of it. A
-/// token that can't be read counts as talking; the join says what is wrong with it.
+/// Whether the token lets its member talk. A listen-only member's walkie doesn't open the microphone
+/// at start: a radio that only receives (a monitor on a machine without one) must not fail for want
+/// of it, and a renewal that lets it talk still opens it at the first press. A token that can't be
+/// read counts as talking; the join says what is wrong with it.
 func mayTalk(_ token: String) -> Bool {
     (try? tokenClaims(token))?.capabilities.contains(.talk) ?? true
 }
@@ -118,7 +120,9 @@ extension AudioOptions {
 
     /// Opens the devices once up front, so that a missing one is reported before anything else.
     /// - Parameter inputSamples: the input file's audio, when the caller has read it already.
-    func configuration(capture: Bool, playback: Bool, outputFlag: String = "--output-file",
+    /// `probeMicrophone` false opens the microphone only when a transmission starts, not now: for a
+    /// listen-only member, whose walkie must run without one.
+    func configuration(capture: Bool, playback: Bool, probeMicrophone: Bool = true, outputFlag: String = "--output-file",
                        inputSamples: [Int16]? = nil) throws(WalkieFailure) -> AudioConfiguration {
         var audio = AudioConfiguration()
         if capture {
@@ -131,8 +135,10 @@ extension AudioOptions {
             } else {
                 let device = input
                 ALSA.silenceErrorMessages()
-                do { try ALSACapture(device: device).close() } catch {
-                    throw .audio("can't open the microphone: \(error)")
+                if probeMicrophone {
+                    do { try ALSACapture(device: device).close() } catch {
+                        throw .audio("can't open the microphone: \(error)")
+                    }
                 }
                 audio.makeInput = { try ALSACapture(device: device) }
             }
@@ -196,7 +202,6 @@ func failure(joining error: ChannelError, server: String) -> WalkieFailure {
     return .other(error.message)
 }
 
-/// Makes the manager for `stateDirectory` (the default one when nil).
 /// What `walkie join` was given that the channel manager's record does not keep, so that `walkie`
 /// with no command, after a restart, wakes by push through the same port and renews from the same
 /// token file rather than falling back to the defaults (pushes to a port nothing listens on would
@@ -225,6 +230,7 @@ struct SavedSettings: Codable, Equatable {
     }
 }
 
+/// Makes the manager for `stateDirectory` (the default one when nil).
 func makeManager(delegate: WalkieDelegate, stateDirectory: String?, push: (any PushTransport)?,
                  audio: AudioConfiguration) async throws(WalkieFailure) -> ChannelManager {
     do {

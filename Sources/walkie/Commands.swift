@@ -70,12 +70,13 @@ struct Talk: AsyncParsableCommand {
                     switch event {
                     case .began: return nil
                     case .failedToBegin(let error):
-                        let who = manager.activeRemoteParticipant.map { "\($0.name) is talking" } ?? error.message
+                        let talker = manager.activeRemoteParticipant.map { "\($0.name) is talking" }
                         guard error.code == .transmissionInProgress else { return .floor("can't talk: \(error.message)") }
                         // A full queue is busy too, but --wait can't help: say so rather than suggest it.
-                        return error.floorCause == .queueFull
-                            ? .floor("the floor is busy: \(who), and \(error.message); try again later")
-                            : .floor("the floor is busy: \(who); try again, or pass --wait 30 to queue")
+                        if error.floorCause == .queueFull {
+                            return .floor("the floor is busy: \(talker.map { "\($0), and " } ?? "")\(error.message); try again later")
+                        }
+                        return .floor("the floor is busy: \(talker ?? error.message); try again, or pass --wait 30 to queue")
                     default: continue
                     }
                 }
@@ -129,12 +130,13 @@ struct Talk: AsyncParsableCommand {
             // Removed from the channel, or the channel deleted: the session is over, and sending the
             // file again can't work until an administrator lets this user back in.
             let left = manager.activeChannelUUID == nil
-            // squelchd says why it took the floor back; without that, the connection went, or
-            // another member's stronger claim showed first.
-            let revoked = seen.withLockedValue { $0.revoked }
-            let why = revoked?.reason ?? manager.activeRemoteParticipant.map { "\($0.name) took the floor" } ?? "the floor was taken back or the connection dropped"
             if ending == nil { manager.stopTransmitting(channelUUID: channel, source: .userRequest) }
             try? await Task.sleep(for: .milliseconds(300))
+            // squelchd says why it took the floor back; without that, the connection went, or
+            // another member's stronger claim showed first. Read after the pause: the revocation
+            // comes on the manager's events, which the watcher may not have read when `.ended` came.
+            let revoked = seen.withLockedValue { $0.revoked }
+            let why = revoked?.reason ?? manager.activeRemoteParticipant.map { "\($0.name) took the floor" } ?? "the floor was taken back or the connection dropped"
             await finish(manager, channel: channel)
             if pushedAside { throw WalkieFailure.floor(Self.pushedAside(file)) }
             if left {
@@ -145,9 +147,13 @@ struct Talk: AsyncParsableCommand {
                 throw WalkieFailure.unreachable("the connection to squelchd dropped while \(file) was being sent, so the channel did not hear all of it; check that squelchd runs, then send it again")
             }
             let overLimit = revoked.map { $0.cause == .maxBurstReached } ?? (seconds > Double(manager.channelInfo?.maxBurstSeconds ?? .max))
-            let again = overLimit
-                ? "the channel's bursts last at most \(manager.channelInfo?.maxBurstSeconds ?? 0) s: send it in shorter parts"
-                : revoked?.cause == .preempted ? "send it again when they are done" : "send it again"
+            let again: String
+            switch revoked?.cause {
+            case _ where overLimit: again = "the channel's bursts last at most \(manager.channelInfo?.maxBurstSeconds ?? 0) s: send it in shorter parts"
+            case .preempted?: again = "send it again when they are done"
+            case .notAllowed?: again = "this token can't talk; ask the channel's administrator for one that can"
+            default: again = "send it again"
+            }
             throw WalkieFailure.floor("the transmission ended before all of \(file) was sent (\(why)); \(again)")
         }
         // The file's end is only this side's: squelchd confirms the release (this member no longer
@@ -246,7 +252,7 @@ struct Listen: AsyncParsableCommand {
 
     func listen() async throws {
         if let duration, !(duration.isFinite && duration > 0 && duration <= CommandLimits.longestRecording) {
-            throw WalkieFailure.usage("--duration \(duration) is not a number of seconds over 0 and at most \(Int(CommandLimits.longestRecording)) (a year); or leave it out to listen until interrupted")
+            throw WalkieFailure.usage("--duration \(duration) is not a number of seconds over 0 and at most \(Int(CommandLimits.longestRecording)) (12 hours, as much as a WAV file holds); or leave it out to listen until interrupted")
         }
         let (credentials, channel) = try server.credentials()
         var audio = AudioOptions()

@@ -31,7 +31,7 @@ struct Join: AsyncParsableCommand {
     func run() async throws {
         do {
             let (credentials, channel) = try server.credentials()
-            let configuration = try audio.configuration(capture: mayTalk(credentials.token), playback: true)
+            let configuration = try audio.configuration(capture: true, playback: true, probeMicrophone: mayTalk(credentials.token))
             try Interactive.preflight(interactive)
             let delegate = WalkieDelegate()
             let manager = try await makeManager(delegate: delegate, stateDirectory: state.stateDir, push: server.pushTransport(), audio: configuration)
@@ -92,7 +92,7 @@ struct Resume: AsyncParsableCommand {
             let tokenFile = self.tokenFile ?? settings?.tokenFile
             // The token to be restored with: a newer one in the token file, else the saved one.
             let token = tokenFile.flatMap { try? readTokenFile($0) } ?? saved?.credentials.token
-            let configuration = try audio.configuration(capture: token.map(mayTalk) ?? true, playback: true)
+            let configuration = try audio.configuration(capture: true, playback: true, probeMicrophone: token.map(mayTalk) ?? true)
             try Interactive.preflight(interactive)
             let push = pushPort > 0 ? SimulatedPushTransport(host: saved?.credentials.host ?? "127.0.0.1", controlPort: pushPort) : nil
             let delegate = WalkieDelegate()
@@ -134,8 +134,9 @@ enum Interactive {
         /// The server ended the membership (removed, revoked, channel deleted): exit 4, as for a token
         /// refused at the join, since the same token won't get back in.
         var removed = false
-        /// The last push said leave: squelchd sends that only when an administrator removed the
-        /// member or deleted the channel, which a backgrounded walkie learns no other way.
+        /// The last push said leave: squelchd sends that when an administrator removed the member
+        /// or deleted the channel, or it forgot a member away too long; a backgrounded walkie learns
+        /// it no other way.
         var leavePushed = false
         var lastBurst: String?
         /// SIGTERM or SIGHUP arrived: quit as `q` would, so that the output WAV is completed.
@@ -189,8 +190,18 @@ enum Interactive {
                         state.requesting = false
                         // Granted after a wait: the queue line is history.
                         if state.status?.text.hasPrefix("Waiting for the floor") == true { state.status = nil }
+                    case .joined:
+                        // The stream replays what came before the screen (a saved channel left to
+                        // join this one): what ended that one says nothing of this one.
+                        state.left = nil
+                        state.removed = false
+                        state.leavePushed = false
+                    case .left(let reason) where reason == .developerRequest && state.leavePushed:
+                        // Also sent when squelchd forgets members away longer than it keeps them.
+                        state.removed = true
+                        state.left = "squelchd ended your membership: an administrator removed you or deleted the channel, or you were away longer than the server keeps members; join again with 'walkie join', with a new token if that one is refused"
                     case .left(let reason):
-                        state.removed = reason == .systemPolicy || (reason == .developerRequest && state.leavePushed)
+                        state.removed = reason == .systemPolicy
                         state.left = state.removed ? "an administrator removed you from the channel, revoked your token or deleted the channel; ask for a new token to join again" : "the channel was left"
                     case .push(let speaker):
                         state.leavePushed = speaker == nil

@@ -60,18 +60,18 @@ struct WalkieFailure: Error, CustomStringConvertible {
     static func other(_ detail: String) -> WalkieFailure { WalkieFailure(code: 1, message: detail) }
 }
 
-/// Prints the failure as one line on stderr and exits with its code.
 /// The most the options that take seconds accept. Swift's durations trap beyond about 292 years, so
 /// "--duration 1e20" would crash walkie; nobody means more than these, and a typo gets a clear error.
 enum CommandLimits {
     /// `talk --wait`: a day in the floor queue.
     static let longestWait = 86_400.0
-    /// `listen --duration`: a year.
-    static let longestRecording = 31_536_000.0
+    /// `listen --duration`: 12 hours, as a 48 kHz WAV file holds at most 4 GiB (12.4 hours).
+    static let longestRecording = 43_200.0
     /// `--max-transmit`: an hour; a channel's burst limit is usually far below it.
     static let longestTransmission = 3_600.0
 }
 
+/// Prints the failure as one line on stderr and exits with its code.
 func fail(_ failure: WalkieFailure) -> Never {
     FileHandle.standardError.write(Data("walkie: \(failure.message)\n".utf8))
     exit(failure.code)
