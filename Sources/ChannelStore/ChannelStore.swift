@@ -295,16 +295,16 @@ public struct RevocationRecord: Codable, Sendable, Equatable {
                          expiresAt: expiresAt, reason: reason)
     }
 
-    /// A token id as revocations keep and compare it. squelchd issues UUIDs in upper case; the same id
-    /// typed or pasted in lower case (as many tools print UUIDs), or with spaces around it, must name
-    /// the same token: a revocation of the lower-case form used to be stored, answered with success,
-    /// and match nothing, which left a lost phone in the channel.
     /// Whether `id` can be a token id squelchd issued (a UUID, in any case, spaces around it
     /// allowed). A revocation by any other id would be stored, reported as done, and match nothing.
     public static func isIssuedTokenID(_ id: String) -> Bool {
         UUID(uuidString: id.trimmingCharacters(in: .whitespacesAndNewlines)) != nil
     }
 
+    /// A token id as revocations keep and compare it. squelchd issues UUIDs in upper case; the same id
+    /// typed or pasted in lower case (as many tools print UUIDs), or with spaces around it, must name
+    /// the same token: a revocation of the lower-case form used to be stored, answered with success,
+    /// and match nothing, which left a lost phone in the channel.
     public static func canonicalTokenID(_ id: String) -> String {
         let trimmed = id.trimmingCharacters(in: .whitespacesAndNewlines)
         return UUID(uuidString: trimmed)?.uuidString ?? trimmed

@@ -425,23 +425,14 @@ actor ManagerEngine {
         let g = generation
         let sink = commandSink
         let client: WireClientChannel
-        let validator: CertificateValidator
-        do { validator = try Self.loadCA(credentials.caPath) } catch {
-            sink.yield(.transportFailed(g, error.message))
-            return
-        }
-        do {
-            var clientConfiguration = ClientConfiguration(serverName: credentials.serverName ?? credentials.host, validator: validator)
-            clientConfiguration.connection = configuration.connection
-            let address = try SocketAddress.makeAddressResolvingHost(credentials.host, port: credentials.port)
-            // Audio goes from the event loop straight into the jitter buffer, stamped as it arrives,
-            // rather than through a task that a busy thread pool (or a delegate blocking one of its
-            // threads) can hold back past the buffer's patience.
-            let receiver = self.receiver
-            client = try WireClientChannel(configuration: clientConfiguration, server: address,
-                                           onDatagram: { bytes in receiver.receive(bytes) })
+        // Audio goes from the event loop straight into the jitter buffer, stamped as it arrives,
+        // rather than through a task that a busy thread pool (or a delegate blocking one of its
+        // threads) can hold back past the buffer's patience.
+        let receiver = self.receiver
+        do throws(SetupProblem) {
+            client = try Self.makeClient(credentials, connection: configuration.connection, onDatagram: { bytes in receiver.receive(bytes) })
         } catch {
-            sink.yield(.transportFailed(g, Self.describeSetup(error, credentials)))
+            sink.yield(.transportFailed(g, error.message))
             return
         }
         self.client = client
@@ -514,23 +505,39 @@ actor ManagerEngine {
         "can't reach \(credentials.address): \(error); check the server address"
     }
 
-    struct CAProblem: Error { var message: String }
+    /// Why no client could be made, in words: the CA file, or the address.
+    struct SetupProblem: Error { var message: String }
+
+    /// A client for the server `credentials` name, not yet connected: the session's, or an owed
+    /// leave's. Fails with what to fix: a CA file that can't be used, an address that doesn't resolve.
+    static func makeClient(_ credentials: ChannelCredentials, connection: ConnectionConfiguration,
+                           onDatagram: @escaping WireClientChannel.DatagramHandler) throws(SetupProblem) -> WireClientChannel {
+        let validator = try loadCA(credentials.caPath)
+        do {
+            var clientConfiguration = ClientConfiguration(serverName: credentials.serverName ?? credentials.host, validator: validator)
+            clientConfiguration.connection = connection
+            let address = try SocketAddress.makeAddressResolvingHost(credentials.host, port: credentials.port)
+            return try WireClientChannel(configuration: clientConfiguration, server: address, onDatagram: onDatagram)
+        } catch {
+            throw SetupProblem(message: describeSetup(error, credentials))
+        }
+    }
 
     /// The CA certificates in `path`, or what is wrong with the file in words: missing, a directory,
     /// not readable, not text, or text without a certificate.
-    static func loadCA(_ path: String) throws(CAProblem) -> CertificateValidator {
+    static func loadCA(_ path: String) throws(SetupProblem) -> CertificateValidator {
         let advice = "pass the CA that signed the server's certificate (certs/ca.pem in development)"
         let pem: String
         do throws(PEMText.Problem) { pem = try PEMText.read(path) } catch {
             switch error {
-            case .missing: throw CAProblem(message: "the CA file \(path) does not exist; \(advice)")
-            case .directory: throw CAProblem(message: "the CA file \(path) is a directory; \(advice)")
-            case .unreadable: throw CAProblem(message: "can't read the CA file \(path) (check its permissions); \(advice)")
-            case .notText: throw CAProblem(message: "the CA file \(path) is not a PEM certificate (it isn't text); \(advice)")
+            case .missing: throw SetupProblem(message: "the CA file \(path) does not exist; \(advice)")
+            case .directory: throw SetupProblem(message: "the CA file \(path) is a directory; \(advice)")
+            case .unreadable: throw SetupProblem(message: "can't read the CA file \(path) (check its permissions); \(advice)")
+            case .notText: throw SetupProblem(message: "the CA file \(path) is not a PEM certificate (it isn't text); \(advice)")
             }
         }
         do { return try CertificateValidator(caPEM: pem) } catch {
-            throw CAProblem(message: "the CA file \(path) holds no readable CA certificate (\(error)); \(advice)")
+            throw SetupProblem(message: "the CA file \(path) holds no readable CA certificate (\(error)); \(advice)")
         }
     }
 
@@ -607,16 +614,8 @@ actor ManagerEngine {
                              limit: Duration = .seconds(15)) async -> LeaveDelivery.AttemptResult {
         let credentials = delivery.leave.credentials
         let client: WireClientChannel
-        do {
-            let validator = try loadCA(credentials.caPath)
-            var clientConfiguration = ClientConfiguration(serverName: credentials.serverName ?? credentials.host, validator: validator)
-            clientConfiguration.connection = connection
-            let address = try SocketAddress.makeAddressResolvingHost(credentials.host, port: credentials.port)
-            client = try WireClientChannel(configuration: clientConfiguration, server: address, onDatagram: { _ in })
-        } catch let problem as CAProblem {
-            return .failed(problem.message)
-        } catch {
-            return .failed(describeSetup(error, credentials))
+        do throws(SetupProblem) { client = try makeClient(credentials, connection: connection, onDatagram: { _ in }) } catch {
+            return .failed(error.message)
         }
         let codec = MessageCodec()
         // Closing the client ends its event stream, which ends the attempt: on time, or on cancellation.

@@ -89,6 +89,18 @@ public struct RestorationStore: Sendable {
         try write(leaves, to: owedLeavesPath)
     }
 
+    /// An app's own value, kept in `file` beside the record (settings the record doesn't hold), read
+    /// as the record is; nil if there is none.
+    public func loadValue<Value: Decodable>(_ type: Value.Type, named file: String) throws(RestorationError) -> Value? {
+        try read(type, from: (directory as NSString).appendingPathComponent(file))
+    }
+
+    /// Saves an app's own value in `file` beside the record, as the record is saved: in one step,
+    /// readable by this user only.
+    public func saveValue<Value: Encodable>(_ value: Value, named file: String) throws(RestorationError) {
+        try write(value, to: (directory as NSString).appendingPathComponent(file))
+    }
+
     private func read<Value: Decodable>(_ type: Value.Type, from path: String) throws(RestorationError) -> Value? {
         guard let data = FileManager.default.contents(atPath: path) else { return nil }
         do {

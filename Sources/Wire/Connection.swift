@@ -33,9 +33,9 @@ public final class Connection {
 
     // MARK: Connection IDs
 
-    /// The ID the peer puts in packets to us: for a client, its only one; for a server, the first.
     /// The longest NEW_TOKEN a client keeps (`Connection+Receive`).
     static let maximumNewTokenBytes = 256
+    /// The ID the peer puts in packets to us: for a client, its only one; for a server, the first.
     public let localID: ConnectionID
     /// The client's first destination ID (Initial keys and the transcript bind it).
     public let originalDestination: ConnectionID

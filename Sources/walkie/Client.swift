@@ -210,22 +210,22 @@ struct SavedSettings: Codable, Equatable {
     var pushPort: Int
     var tokenFile: String?
 
-    static func path(in directory: String) -> String { directory + "/walkie.json" }
+    static let file = "walkie.json"
 
     /// The settings saved in `directory`; nil when there are none or they can't be read (a file from
-    /// an older walkie, or damaged), which only costs the defaults.
+    /// an older walkie, or damaged, is moved aside), which only costs the defaults.
     static func load(from directory: String) -> SavedSettings? {
-        guard let data = FileManager.default.contents(atPath: path(in: directory)) else { return nil }
-        return try? JSONDecoder().decode(SavedSettings.self, from: data)
+        (try? RestorationStore(directory: directory).loadValue(SavedSettings.self, named: file)) ?? nil
     }
 
     /// Saves these beside the channel's record; a failure is said, not fatal: the channel is joined.
     func save(in directory: String) -> String? {
-        do {
-            try JSONEncoder().encode(self).write(to: URL(fileURLWithPath: Self.path(in: directory)), options: .atomic)
+        do throws(RestorationError) {
+            try RestorationStore(directory: directory).saveValue(self, named: Self.file)
             return nil
         } catch {
-            return "could not save --push-port and --token-file for the next start in \(directory) (\(error.localizedDescription)); 'walkie' will use the defaults"
+            let why = if case .unwritable(_, let why) = error { why } else { "\(error)" }
+            return "could not save --push-port and --token-file for the next start in \(directory) (\(why)); 'walkie' will use the defaults"
         }
     }
 }
