@@ -25,6 +25,8 @@ final class HubDriver: WireServerDelegate {
     weak var server: WireServer?
     var timer = LoopTimer()
     var published = HubCounters()
+    var publishedEndpoint = EndpointStats()
+    var publishedTroubles = ConnectionTroubleTotals()
     /// Control messages waiting for room in their connection's stream (a peer that acknowledges
     /// slowly; rosters wait in the hub instead, `pumpRosters`).
     var backlog = ControlBacklog()
@@ -394,5 +396,10 @@ final class HubDriver: WireServerDelegate {
         let now = hub.counters
         metrics.publish(from: published, to: now, connections: openConnections, channels: hub.channelCount)
         published = now
+        if let endpoint = server?.endpoint {
+            metrics.publish(from: publishedEndpoint, to: endpoint.stats, troubles: publishedTroubles, endpoint.troubleTotals)
+            publishedEndpoint = endpoint.stats
+            publishedTroubles = endpoint.troubleTotals
+        }
     }
 }

@@ -1,5 +1,6 @@
 import ChannelHub
 import Prometheus
+import Wire
 
 /// squelchd's Prometheus metrics (`/metrics`). The relay counts on its event loop in plain integers
 /// (`HubCounters`) and `publish` adds what changed once a second: an atomic increment per forwarded
@@ -29,6 +30,12 @@ public final class ServerMetrics: Sendable {
     let bytesOut: Counter
     let catchUpBytesOut: Counter
     let drops: [Counter]
+    let handshakes: [HandshakeOutcome: Counter]
+    let retriesSent: Counter
+    let statelessResetsSent: Counter
+    let versionNegotiationsSent: Counter
+    let unroutable: Counter
+    let transportTroubles: [Counter]
     let storeFailures: Counter
     let storeRetries: Counter
     let storeFolded: Counter
@@ -73,6 +80,29 @@ public final class ServerMetrics: Sendable {
         bytesOut = counter("bytes_out", "Audio datagram bytes forwarded live to listeners (header and payload).")
         catchUpBytesOut = counter("catchup_bytes_out", "Audio datagram bytes replayed to late joiners (header and payload).")
         drops = DropReason.allCases.map { counter("drops", "Audio datagrams dropped, by reason.", labels: [("reason", $0.label)]) }
+        handshakes = Dictionary(uniqueKeysWithValues: HandshakeOutcome.allCases.map {
+            ($0, counter("handshakes", "Transport handshakes by outcome: completed; failed (closed before the client's Finished: timed out, bad message, certificate or parameters refused); refused (server at its connection limit, stale Retry token); rate_limited (over handshakesPerSecondPerAddress from one IP, dropped).",
+                         labels: [("outcome", $0.rawValue)]))
+        })
+        retriesSent = counter("transport_retries", "Retry packets sent: handshakes asked to prove their address first, because many were in progress.")
+        statelessResetsSent = counter("transport_stateless_resets", "Stateless resets sent to packets for connections the server does not know (it restarted, or the connection closed).")
+        versionNegotiationsSent = counter("transport_version_negotiations", "Version Negotiation packets sent to clients of another protocol version.")
+        unroutable = counter("transport_datagrams_dropped", "Transport datagrams dropped, by reason: unroutable (no connection and cannot start one: too short, unparsable, bad Retry token); and for a connection, undecryptable (failed authentication: forged, tampered or damaged), replayed, malformed, no_keys (before its keys or after they were discarded).",
+                             labels: [("reason", "unroutable")])
+        transportTroubles = ConnectionTrouble.allCases.map { trouble in
+            switch trouble {
+            case .undecryptable, .replayed, .malformed, .noKeys:
+                let label = trouble == .noKeys ? "no_keys" : "\(trouble)"
+                return counter("transport_datagrams_dropped", "Transport datagrams dropped, by reason: unroutable (no connection and cannot start one: too short, unparsable, bad Retry token); and for a connection, undecryptable (failed authentication: forged, tampered or damaged), replayed, malformed, no_keys (before its keys or after they were discarded).",
+                               labels: [("reason", label)])
+            case .packetLost:
+                return counter("transport_packets_lost", "Packets the server sent and declared lost (no acknowledgement in time): the network's loss towards its clients.")
+            case .probeTimeout:
+                return counter("transport_probe_timeouts", "Probe timeouts: the server's packets went unacknowledged long enough to probe (a client gone silent, or heavy loss).")
+            case .amplificationBlocked:
+                return counter("transport_amplification_blocked", "Sends held back because a client's unvalidated address had used its 3x budget (anti-amplification).")
+            }
+        }
         storeFailures = counter("store_failures", "Database writes given up: refused by the database, or still failing when the server stopped.")
         storeRetries = counter("store_retries", "Database writes tried again after a failure that passes (locked too long, disk full, I/O error).")
         storeFolded = counter("store_folded", "Database writes folded into a waiting write of the same member (a newer last-seen time, push token or record, or a second removal).")
@@ -117,10 +147,33 @@ public final class ServerMetrics: Sendable {
         self.channels.set(Int64(channels))
     }
 
+    /// Adds the difference between two snapshots of the transport endpoint's counters.
+    func publish(from old: EndpointStats, to new: EndpointStats, troubles oldTroubles: ConnectionTroubleTotals,
+                 _ newTroubles: ConnectionTroubleTotals) {
+        func add(_ counter: Counter?, _ a: Int, _ b: Int) { if b > a { counter?.increment(by: Int64(b - a)) } }
+        add(handshakes[.completed], old.handshakesCompleted, new.handshakesCompleted)
+        add(handshakes[.failed], old.handshakesFailed, new.handshakesFailed)
+        add(handshakes[.refused], old.refused, new.refused)
+        add(handshakes[.rateLimited], old.rateLimited, new.rateLimited)
+        add(retriesSent, old.retriesSent, new.retriesSent)
+        add(statelessResetsSent, old.statelessResetsSent, new.statelessResetsSent)
+        add(versionNegotiationsSent, old.versionNegotiationsSent, new.versionNegotiationsSent)
+        add(unroutable, old.dropped, new.dropped)
+        for trouble in ConnectionTrouble.allCases {
+            add(transportTroubles[trouble.rawValue], oldTroubles[trouble], newTroubles[trouble])
+        }
+    }
+
     /// The Prometheus text exposition.
     public func emit() -> String {
         var buffer: [UInt8] = []
         registry.emit(into: &buffer)
         return String(decoding: buffer, as: UTF8.self)
     }
+}
+
+/// `squelch_handshakes_total{outcome}`.
+enum HandshakeOutcome: String, CaseIterable {
+    case completed, failed, refused
+    case rateLimited = "rate_limited"
 }

@@ -13,7 +13,7 @@ extension Connection {
         while offset < datagram.count, state != .closed, state != .draining {
             let header: PacketHeader
             do { header = try PacketHeader.parse(UnsafeRawBufferPointer(datagram), at: offset) } catch {
-                stats.droppedMalformed += 1
+                count(.malformed)
                 break
             }
             switch header {
@@ -33,7 +33,7 @@ extension Connection {
                                           versions: versions, now: now)
                 offset = datagram.count
             case .unsupportedVersion:
-                stats.droppedMalformed += 1
+                count(.malformed)
                 offset = datagram.count
             }
         }
@@ -97,16 +97,16 @@ extension Connection {
                      source: ConnectionID, token: Range<Int>, pnOffset: Int, end: Int, now: WireInstant) -> Bool {
         let packet = UnsafeMutableRawBufferPointer(rebasing: datagram[..<end])
         let spaceKey = type == .initial ? initialSpace.open : handshakeSpace.open
-        guard let key = spaceKey else { stats.droppedNoKeys += 1; return false }
+        guard let key = spaceKey else { count(.noKeys); return false }
         let largest = type == .initial ? initialSpace.largestReceived : handshakeSpace.largestReceived
         guard let (pn, payloadStart, first) = unprotectHeader(packet, start: start, pnOffset: pnOffset, key: key, long: true, largest: largest),
               first & 0x0C == 0 else {
-            stats.droppedMalformed += 1
+            count(.malformed)
             return false
         }
         let aad = UnsafeMutableRawBufferPointer(rebasing: packet[start...])
         guard key.open(aad, payloadStart: payloadStart - start, tagStart: end - 16 - start, packetNumber: pn) else {
-            stats.droppedUndecryptable += 1
+            count(.undecryptable)
             return false
         }
         stats.packetsReceived += 1
@@ -187,7 +187,7 @@ extension Connection {
         let expected = RetryIntegrity.tag(original: originalDestination, retryPacketWithoutTag: datagram[start..<tag.lowerBound])
         var difference: UInt8 = expected.count == 16 ? 0 : 1
         for (i, b) in expected.enumerated() { difference |= b ^ datagram[tag.lowerBound + i] }
-        guard difference == 0 else { stats.droppedUndecryptable += 1; return }
+        guard difference == 0 else { count(.undecryptable); return }
         retrySource = source
         retryToken = Array(datagram[token])
         peerID = source
@@ -219,12 +219,12 @@ extension Connection {
 
     func receiveShort(_ datagram: UnsafeMutableRawBufferPointer, start: Int, pnOffset: Int, from address: PathAddress, size: Int,
                       now: WireInstant, datagrams: (UnsafeRawBufferPointer) -> Void) -> Bool {
-        guard let current = appOpen, role == .client || peerFinished else { stats.droppedNoKeys += 1; return false }
+        guard let current = appOpen, role == .client || peerFinished else { count(.noKeys); return false }
         let packet = UnsafeMutableRawBufferPointer(rebasing: datagram[start...])
         guard let (pn, payloadStart, first) = unprotectHeader(packet, start: 0, pnOffset: pnOffset - start, key: current, long: false,
                                                               largest: replay.largest),
               first & 0x18 == 0 else {
-            stats.droppedMalformed += 1
+            count(.malformed)
             return false
         }
         let phase = first & PacketHeader.keyPhaseBit != 0
@@ -237,18 +237,18 @@ extension Connection {
             } else if let previous = appOpenPrevious {
                 key = previous
             } else {
-                stats.droppedNoKeys += 1
+                count(.noKeys)
                 return false
             }
         }
         guard key.open(packet, payloadStart: payloadStart, tagStart: packet.count - 16, packetNumber: pn) else {
-            stats.droppedUndecryptable += 1
+            count(.undecryptable)
             if key.uses >= suite.integrityLimit {
                 protocolViolation("too many forged packets", now: now, code: .aeadLimitReached)
             }
             return false
         }
-        guard replay.isFresh(pn) else { stats.droppedReplayed += 1; return false }
+        guard replay.isFresh(pn) else { count(.replayed); return false }
         replay.record(pn)
         stats.packetsReceived += 1
         if isNextPhase { rotateReadKeys(firstPN: pn, now: now) }
@@ -494,7 +494,7 @@ extension Connection {
     /// Requeues what `packet` carried. `probe`: resent because the probe timer fired, not because it
     /// was declared lost, so it doesn't count as a loss.
     func onLost(_ packet: SentPacket, probe: Bool = false) {
-        if !probe { stats.packetsLost += 1 }
+        if !probe { count(.packetLost) }
         if packet.retransmittable { retransmittableInFlight -= 1 }
         if packet.controlEnd > packet.controlStart { controlSend.markLost(packet.controlStart..<packet.controlEnd) }
         if packet.handshakeDone { pendingHandshakeDone = true }
@@ -528,7 +528,7 @@ extension Connection {
     /// No acknowledgement in time: everything retransmittable in flight is sent again (RFC 9002 §6.2,
     /// simplified: the control stream is small, so resending all of it is cheaper than guessing).
     func probeTimeout(now: WireInstant) {
-        stats.probeTimeouts += 1
+        count(.probeTimeout)
         ptoCount += 1
         var resent = false
         if let live = sent.clipped(0...UInt64.max) {

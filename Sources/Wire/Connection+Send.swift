@@ -16,7 +16,7 @@ extension Connection {
         }
         let budget = amplificationBudget
         guard budget >= 64 else {
-            if hasPendingOutput { stats.amplificationBlocked += 1 }
+            if hasPendingOutput { count(.amplificationBlocked) }
             return nil
         }
         let limit = min(buffer.count, config.maxDatagramSize, budget)
@@ -258,7 +258,7 @@ extension Connection {
         let length = w.offset + 16
         guard length <= amplificationBudget else {
             (ackElicitingSinceAck, datagramOnlySinceAck, ackDeadline, ackNow) = ackState
-            stats.amplificationBlocked += 1
+            count(.amplificationBlocked)
             return nil
         }
         var record = SentPacket.empty

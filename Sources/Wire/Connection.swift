@@ -25,6 +25,8 @@ public final class Connection {
     public var remoteAddress: PathAddress { path.address }
     @exclusivity(unchecked) public internal(set) var state: State = .handshaking
     @exclusivity(unchecked) public internal(set) var stats = ConnectionStats()
+    /// The endpoint's sum of every connection's troubles; nil for a client's connection.
+    @exclusivity(unchecked) var tally: TroubleTally?
     /// Why it ended, once it has.
     @exclusivity(unchecked) public internal(set) var error: ConnectionError?
 
@@ -281,6 +283,20 @@ public final class Connection {
     public func nextEvent() -> ConnectionEvent? { events.next() }
 
     func emit(_ event: ConnectionEvent) { events.append(event) }
+
+    /// Counts a drop or loss here and in the endpoint's totals (rare paths only: never per packet sent).
+    func count(_ trouble: ConnectionTrouble) {
+        switch trouble {
+        case .undecryptable: stats.droppedUndecryptable += 1
+        case .replayed: stats.droppedReplayed += 1
+        case .malformed: stats.droppedMalformed += 1
+        case .noKeys: stats.droppedNoKeys += 1
+        case .packetLost: stats.packetsLost += 1
+        case .probeTimeout: stats.probeTimeouts += 1
+        case .amplificationBlocked: stats.amplificationBlocked += 1
+        }
+        tally?.totals.counts[trouble.rawValue] += 1
+    }
 
     /// Queues a control message: delivered reliably, in order, exactly once.
     public func sendControl(_ message: [UInt8]) throws(ConnectionError) {
@@ -562,7 +578,7 @@ public final class Connection {
         default:
             return
         }
-        stats.probeTimeouts += 1
+        count(.probeTimeout)
         handshakeRetransmitAt = now + handshakeRetransmitInterval
     }
 

@@ -118,6 +118,26 @@ public struct ConnectionStats: Sendable, Equatable {
     public init() {}
 }
 
+/// Something a connection dropped or lost, as `ConnectionStats` counts it.
+public enum ConnectionTrouble: Int, Sendable, CaseIterable {
+    case undecryptable, replayed, malformed, noKeys, packetLost, probeTimeout, amplificationBlocked
+}
+
+/// The rare counters of `ConnectionStats` (drops, losses, probe timeouts, amplification stalls),
+/// summed over every connection an endpoint has had, live or closed (`Endpoint.troubleTotals`).
+/// Each connection adds to it as the event happens, so reading the sum costs nothing per connection
+/// and nothing is lost when a connection closes.
+public struct ConnectionTroubleTotals: Sendable, Equatable {
+    public var counts = [Int](repeating: 0, count: ConnectionTrouble.allCases.count)
+    public init() {}
+    public subscript(_ trouble: ConnectionTrouble) -> Int { counts[trouble.rawValue] }
+}
+
+/// Shared by an endpoint and its connections, on the endpoint's one thread (neither is Sendable).
+final class TroubleTally {
+    var totals = ConnectionTroubleTotals()
+}
+
 /// Settings both roles share.
 public struct ConnectionConfiguration: Sendable {
     /// Idle timeout this side advertises. The server keeps a silent session this long, which is what

@@ -21,6 +21,11 @@ public struct EndpointStats: Sendable, Equatable {
     /// Datagrams for no connection that could not start one (too short, malformed, bad token).
     public var dropped = 0
     public var accepted = 0
+    /// Handshakes that completed (the client's Finished verified).
+    public var handshakesCompleted = 0
+    /// Connections that closed before their handshake completed: timed out, a bad or unexpected
+    /// message, a certificate or transport parameter the server could not accept.
+    public var handshakesFailed = 0
     public init() {}
 }
 
@@ -74,6 +79,9 @@ public final class Endpoint {
     @exclusivity(unchecked) var rateWindow: UInt64 = 0
     @exclusivity(unchecked) public private(set) var connectionCount = 0
     @exclusivity(unchecked) var handshaking = 0
+    @exclusivity(unchecked) let tally = TroubleTally()
+    /// What every connection this endpoint has had dropped or lost, live or closed.
+    public var troubleTotals: ConnectionTroubleTotals { tally.totals }
 
     public init(secrets: ServerSecrets, configuration: EndpointConfiguration = EndpointConfiguration(),
                 random: any RandomNumberGenerator = SystemRandomNumberGenerator(),
@@ -200,6 +208,7 @@ public final class Endpoint {
         let handle = Handle(index: index, generation: generations[Int(index)])
         slots[Int(index)] = Slot(connection: connection, generation: handle.generation, deadline: nil, dirty: false,
                                  initialDestination: initialDestination)
+        connection.tally = tally
         connectionCount += 1
         handshaking += 1
         return handle
@@ -214,7 +223,10 @@ public final class Endpoint {
             if add { routes[id] = handle } else if routes[id] == handle { routes[id] = nil }
         }
         while let event = connection.nextEvent() {
-            if case .connected = event { handshaking -= 1 }
+            if case .connected = event {
+                handshaking -= 1
+                stats.handshakesCompleted += 1
+            }
             events.append((handle, event))
         }
         if markDirty, !(slots[index]!.dirty) {
@@ -243,7 +255,10 @@ public final class Endpoint {
     func remove(_ handle: Handle) {
         guard let slot = slots[Int(handle.index)], slot.generation == handle.generation else { return }
         for id in slot.connection.activeLocalIDs + [slot.initialDestination] where routes[id] == handle { routes[id] = nil }
-        if slot.connection.peerFinished == false { handshaking -= 1 }
+        if slot.connection.peerFinished == false {
+            handshaking -= 1
+            stats.handshakesFailed += 1
+        }
         slots[Int(handle.index)] = nil
         free.append(handle.index)
         connectionCount -= 1

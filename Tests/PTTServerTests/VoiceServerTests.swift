@@ -673,5 +673,42 @@ func slot(of member: TestMember) -> UInt16? {
         }
         try await store.close()
     }
+
+    /// Transport trouble shows in /metrics: handshakes by outcome (a member's completes, a client that
+    /// distrusts the certificate fails), and a datagram that names no connection.
+    @Test func handshakesAndStrayDatagramsAreCountedInMetrics() async throws {
+        let fixture = try await ServerFixture()
+        let (task, listening) = try await fixture.start()
+        let ann = try await fixture.member("ann", port: listening.voicePort)
+        let stranger = try TestMember(port: listening.voicePort, configuration: TestPKI(name: "Another CA").client())
+        await #expect(throws: ConnectionError.self) { try await stranger.connect() }
+        // One byte to the voice port, from a plain socket: too short to name a connection.
+        let socket = Glibc.socket(AF_INET, Int32(SOCK_DGRAM.rawValue), 0)
+        #expect(socket >= 0)
+        defer { close(socket) }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = in_port_t(UInt16(listening.voicePort).bigEndian)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        let sent = withUnsafePointer(to: &address) { pointer in
+            pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { target in
+                [UInt8](repeating: 0x40, count: 1).withUnsafeBytes { bytes in
+                    sendto(socket, bytes.baseAddress, 1, 0, target, socklen_t(MemoryLayout<sockaddr_in>.size))
+                }
+            }
+        }
+        #expect(sent == 1)
+        let wanted = ["squelch_handshakes_total{outcome=\"completed\"} 1", "squelch_handshakes_total{outcome=\"failed\"} 1",
+                      "squelch_transport_datagrams_dropped_total{reason=\"unroutable\"} 1"]
+        var text = ""
+        let counted = try await eventually(seconds: 15) {
+            text = try await fixture.metrics(listening)
+            return wanted.allSatisfy { text.contains($0) }
+        }
+        #expect(counted, "\(text.split(separator: "\n").filter { $0.contains("handshakes") || $0.contains("transport_") })")
+        await ann.client.close()
+        await listening.shutdown()
+        _ = await task.result
+    }
 }
 

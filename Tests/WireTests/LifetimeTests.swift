@@ -393,3 +393,52 @@ import Testing
         #expect("\(ConnectionError.handshakeTimeout)".contains("squelchd is running"))
     }
 }
+
+/// The endpoint's counters that squelchd exports as metrics: handshakes by outcome, and what its
+/// connections dropped, summed over connections that have since closed.
+@Suite struct EndpointCounterTests {
+    @Test func droppedPacketsAreSummedAcrossConnectionsAndKeptAfterTheyClose() async throws {
+        let pki = try TestPKI()
+        let sim = Simulation(seed: 41, conditions: .init(jitter: 0), pki: pki, secrets: try pki.secrets())
+        sim.addClient()
+        let handle = try await sim.connect(0)
+        #expect(sim.endpoint.stats.handshakesCompleted == 1)
+        #expect(sim.endpoint.stats.handshakesFailed == 0)
+        // One audio datagram from the client, taken off the wire and delivered three times as is
+        // (one fresh, two replays) and once with its last byte (the tag) changed.
+        sim.sendDatagram(client: 0, [1, 2, 3])
+        let sent = sim.network.queue.removeLast()
+        var forged = sent.bytes
+        forged[forged.count - 1] ^= 0x01
+        for var bytes in [sent.bytes, sent.bytes, sent.bytes, forged] {
+            bytes.withUnsafeMutableBytes { sim.endpoint.receive($0, from: sent.from, now: sim.network.now) }
+        }
+        #expect(sim.endpoint.connection(handle)?.stats.droppedReplayed == 2)
+        #expect(sim.endpoint.connection(handle)?.stats.droppedUndecryptable == 1)
+        #expect(sim.endpoint.troubleTotals[.replayed] == 2)
+        #expect(sim.endpoint.troubleTotals[.undecryptable] == 1)
+        // A datagram too short to name a connection belongs to none.
+        var stray: [UInt8] = [0x40]
+        stray.withUnsafeMutableBytes { sim.endpoint.receive($0, from: sent.from, now: sim.network.now) }
+        #expect(sim.endpoint.stats.dropped == 1)
+        // The connection closes; what it counted stays in the endpoint's totals.
+        sim.clients[0].close(now: sim.network.now)
+        #expect(await sim.run(for: seconds(5)) { sim.endpoint.connectionCount == 0 })
+        #expect(sim.endpoint.troubleTotals[.replayed] == 2)
+        #expect(sim.endpoint.troubleTotals[.undecryptable] == 1)
+        #expect(sim.endpoint.stats.handshakesFailed == 0, "a completed handshake that closes did not fail")
+    }
+
+    @Test func aClientThatGivesUpMidHandshakeCountsAsAFailedHandshake() async throws {
+        let pki = try TestPKI()
+        let stranger = try TestPKI(name: "Another CA")
+        let sim = Simulation(seed: 42, pki: stranger, secrets: try pki.secrets())
+        sim.addClient()
+        // The client distrusts the server's certificate and closes during the handshake.
+        await sim.run(for: seconds(10)) { sim.endpoint.stats.accepted == 1 && sim.endpoint.connectionCount == 0 }
+        #expect(sim.endpoint.stats.accepted == 1)
+        #expect(sim.endpoint.connectionCount == 0)
+        #expect(sim.endpoint.stats.handshakesFailed == 1)
+        #expect(sim.endpoint.stats.handshakesCompleted == 0)
+    }
+}
