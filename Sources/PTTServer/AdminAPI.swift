@@ -30,6 +30,9 @@ public struct AdminContext: Sendable {
     /// squelchd's covers the voice transport and the store writer (`StoreWriter.unhealthyReason`).
     /// `/healthz` also reads the store (a cheap `revision()`), so a database that fails reads shows too.
     public var readiness: @Sendable () async -> Readiness
+    /// Whether wake pushes are getting through (`PushHealth`); nil when pushes are off. A failing push
+    /// path makes `/healthz` "degraded", still 200: the voice service works for everyone connected.
+    public var pushStatus: (@Sendable () -> AdminAPI.PushStatus)?
     /// Where every change made through the API is logged (notice level), as an audit trail: who was
     /// removed, which token revoked or issued, which channel changed. Nil logs nothing.
     public var auditLog: Logger?
@@ -41,7 +44,8 @@ public struct AdminContext: Sendable {
 
     public init(store: any ChannelStore, tokens: TokenAuthority, adminKey: String, hub: (any AdminHubHooks)? = nil,
                 registry: PrometheusCollectorRegistry = PrometheusCollectorRegistry(), identitySummary: String,
-                started: Date = Date(), readiness: @escaping @Sendable () async -> Readiness = { .ready }, auditLog: Logger? = nil) {
+                started: Date = Date(), readiness: @escaping @Sendable () async -> Readiness = { .ready },
+                pushStatus: (@Sendable () -> AdminAPI.PushStatus)? = nil, auditLog: Logger? = nil) {
         self.store = store
         self.tokens = tokens
         self.adminKey = adminKey
@@ -50,6 +54,7 @@ public struct AdminContext: Sendable {
         self.identitySummary = identitySummary
         self.started = started
         self.readiness = readiness
+        self.pushStatus = pushStatus
         self.auditLog = auditLog
     }
 
@@ -74,7 +79,9 @@ public enum AdminAPI {
     public static let maxTransmissionLimit = 1_000
     public static let metricsContentType = "text/plain; version=0.0.4"
 
-    /// `GET /healthz` body. `status` is "ok" while the server can serve, else "unavailable" with `reason`.
+    /// `GET /healthz` body. `status` is "ok" while the server can serve; "degraded" (still 200) while
+    /// it serves connected members but wake pushes are failing; "unavailable" (503) when it can't
+    /// serve. `reason` says why for the last two.
     public struct Health: Codable, Sendable, Equatable {
         public var status: String
         public var reason: String?
@@ -83,6 +90,29 @@ public enum AdminAPI {
         public var certificate: String
         /// Live connections, when a hub is attached.
         public var connections: Int?
+        /// Wake pushes; absent when pushes are off.
+        public var pushes: PushStatus?
+    }
+
+    /// The push part of `/healthz`.
+    public struct PushStatus: Codable, Sendable, Equatable {
+        /// "ok" (the last push that said anything of the server went out), "idle" (none sent since
+        /// start), or "failing" (see `PushHealth`).
+        public var status: String
+        /// While failing: what the last failure says is wrong, and what to check.
+        public var reason: String?
+        public var failingSince: Date?
+        /// Failures on the server's side since the last delivery (device tokens' own don't count).
+        public var failuresSinceLastDelivery: Int
+        public var lastDelivered: Date?
+
+        public init(status: String, reason: String?, failingSince: Date?, failuresSinceLastDelivery: Int, lastDelivered: Date?) {
+            self.status = status
+            self.reason = reason
+            self.failingSince = failingSince
+            self.failuresSinceLastDelivery = failuresSinceLastDelivery
+            self.lastDelivered = lastDelivered
+        }
     }
 
     /// A channel member as `GET /v1/channels/:id/members` shows it.
@@ -272,10 +302,16 @@ public enum AdminAPI {
         if reason == nil {
             do { _ = try await admin.store.revision() } catch { reason = "the channel store is failing: \(error)" }
         }
-        let health = Health(status: reason == nil ? "ok" : "unavailable", reason: reason, version: SquelchInfo.version,
+        let pushes = admin.pushStatus?()
+        var status = reason == nil ? "ok" : "unavailable"
+        if reason == nil, let pushes, pushes.status == "failing" {
+            status = "degraded"
+            reason = "wake pushes are failing, so members who are not connected are not woken: \(pushes.reason ?? "see the log")"
+        }
+        let health = Health(status: status, reason: reason, version: SquelchInfo.version,
                             uptimeSeconds: Date().timeIntervalSince(admin.started), certificate: admin.identitySummary,
-                            connections: await admin.hub?.connectionCount())
-        return try json(health, status: reason == nil ? .ok : .serviceUnavailable)
+                            connections: await admin.hub?.connectionCount(), pushes: pushes)
+        return try json(health, status: status == "unavailable" ? .serviceUnavailable : .ok)
     }
 
     // MARK: - Request bodies

@@ -49,6 +49,7 @@ public final class PushDispatcher: Service, Sendable {
     private let doorbell: AsyncStream<Void>
     private let ring: AsyncStream<Void>.Continuation
     private let metrics: PushMetrics
+    private let health = NIOLockedValueBox(PushHealth())
     private let logger: Logger
     private let tokenRejected: @Sendable (_ channel: UUID, _ user: String, _ token: String) async -> Void
 
@@ -61,6 +62,9 @@ public final class PushDispatcher: Service, Sendable {
         self.tokenRejected = tokenRejected
         (doorbell, ring) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
     }
+
+    /// Whether pushes are getting through, for `/healthz`.
+    public var pushHealth: PushHealth { health.withLockedValue { $0 } }
 
     /// Queues a wake for each member. Never waits.
     public func wake(channel: UUID, speaker: String, members: [MemberRecord]) {
@@ -155,10 +159,12 @@ public final class PushDispatcher: Service, Sendable {
         let client = route.client(for: member.pushEnvironment)
         switch await client.send(notification, tokenRegisteredAt: member.pushRegisteredAt) {
         case .success(let delivery):
+            noteHealth { $0.delivered(at: Date()) }
             metrics.count(speaker == nil ? .deliveredLeave : .delivered, reason: "Success")
             logger.debug("push delivered", metadata: ["channel": "\(channel)", "user": "\(member.userID)",
                                                       "apns-id": "\(delivery.apnsID)", "attempts": "\(delivery.attempts)"])
         case .failure(let failure):
+            noteHealth { $0.failed(failure, at: Date()) }
             metrics.count(failure.dropToken ? .tokenDropped : .failed, reason: failure.reason.label)
             if failure.dropToken {
                 logger.info("push token dropped: APNs says it is no longer valid",
@@ -172,6 +178,26 @@ public final class PushDispatcher: Service, Sendable {
     }
 }
 
+extension PushDispatcher {
+    /// Applies a result to the health and logs the moments it turns: once when pushes start failing
+    /// (so a broken key is an error in the log, not only a metric), once when they recover.
+    private func noteHealth(_ change: (inout PushHealth) -> Void) {
+        let (before, after) = health.withLockedValue { health -> (PushHealth, PushHealth) in
+            let before = health
+            change(&health)
+            return (before, health)
+        }
+        metrics.failing.set(Int64(after.isFailing ? 1 : 0))
+        if !before.isFailing, after.isFailing {
+            logger.error("wake pushes are failing; members who are not connected are not woken",
+                         metadata: ["problem": "\(after.lastProblem ?? "")", "failures": "\(after.failuresSinceDelivery)"])
+        } else if before.isFailing, !after.isFailing {
+            logger.notice("wake pushes are getting through again",
+                          metadata: ["failingSince": "\(before.failingSince.map { "\($0)" } ?? "")"])
+        }
+    }
+}
+
 /// `squelch_pushes_total{outcome, reason}`: every push's ending, by APNs reason.
 final class PushMetrics: Sendable {
     enum Outcome: String {
@@ -181,9 +207,14 @@ final class PushMetrics: Sendable {
     }
 
     private let registry: PrometheusCollectorRegistry
+    /// `squelch_push_failing`: 1 while `PushHealth` says pushes are failing.
+    let failing: Gauge
 
     init(registry: PrometheusCollectorRegistry) {
         self.registry = registry
+        failing = registry.makeGauge(descriptor: MetricNameDescriptor(
+            namespace: "squelch", metricName: "push_failing", unitName: "",
+            helpText: "1 while wake pushes are failing on the server's side (APNs configuration, no connection to APNs, repeated timeouts or 5xx), else 0; /healthz says why."))
     }
 
     func count(_ outcome: Outcome, reason: String, by amount: Int = 1) {

@@ -138,6 +138,8 @@ public struct SquelchServer: Sendable {
                                  writer: writer, metrics: metrics, logger: logger, pushes: dispatcher,
                                  onListening: { address in await latch.voice(address.port ?? 0) })
         voiceBox.withLockedValue { $0 = voice }
+        var pushStatus: (@Sendable () -> AdminAPI.PushStatus)?
+        if let dispatcher { pushStatus = { dispatcher.pushHealth.status } }
         let admin = AdminContext(
             store: store, tokens: tokens, adminKey: adminKey, hub: voice,
             registry: metrics.registry, identitySummary: identity.summary,
@@ -145,7 +147,9 @@ public struct SquelchServer: Sendable {
                 guard voice.isRunning else { return .unavailable(reason: "the voice transport is not running") }
                 if let problem = await voice.transportProblem() { return .unavailable(reason: problem) }
                 return writer.unhealthyReason().map { .unavailable(reason: $0) } ?? .ready
-            }, auditLog: logger)
+            },
+            pushStatus: pushStatus,
+            auditLog: logger)
         // Services stop in reverse order: the admin API, then the voice transport (no new bursts), then the
         // pushes already queued, then the simulator they may be going to, and the database last.
         var services: [ServiceGroupConfiguration.ServiceConfiguration] = [

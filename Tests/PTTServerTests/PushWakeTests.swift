@@ -181,6 +181,16 @@ import FoundationNetworking
         let text = try await fixture.metrics(listening)
         #expect(text.contains(#"squelch_pushes_total{outcome="failed",reason="DeviceTokenNotForTopic"} 2"#),
                 "\(text.split(separator: "\n").filter { $0.contains("pushes") })")
+        // Every wake failing for the server's own setting: /healthz says so, still 200 (the members
+        // who are connected are served), and says what to check.
+        let failing = try await fixture.health(listening)
+        #expect(failing.status == 200)
+        #expect(failing.health.status == "degraded")
+        #expect(failing.health.pushes?.status == "failing")
+        #expect(failing.health.pushes?.failuresSinceLastDelivery == 2)
+        #expect(failing.health.reason?.contains("DeviceTokenNotForTopic") == true, "\(failing.health)")
+        #expect(failing.health.reason?.contains("topic") == true)
+        #expect(text.contains("squelch_push_failing 1"))
 
         // The setting is fixed (the script cleared): the kept tokens wake their devices again.
         simulator.setFaults(APNsFaultPlan())
@@ -190,6 +200,17 @@ import FoundationNetworking
         try await ann.send(.floorRequest())
         #expect(await ann.waitForFloor(.granted, after: mark) != nil)
         #expect(Set(await waitForPushes(simulator, count: 2).map(\.token)) == ["b0b0b0", "ca7ca7"])
+        // A delivery ends it (the simulator logs a push before squelchd reads the answer).
+        var recovered = try await fixture.health(listening)
+        _ = try await eventually(seconds: 5) {
+            recovered = try await fixture.health(listening)
+            return recovered.health.status == "ok"
+        }
+        #expect(recovered.health.status == "ok")
+        #expect(recovered.health.reason == nil)
+        #expect(recovered.health.pushes?.status == "ok")
+        #expect(recovered.health.pushes?.lastDelivered != nil)
+        #expect(try await fixture.metrics(listening).contains("squelch_push_failing 0"))
 
         await listening.shutdown()
         _ = await task.result

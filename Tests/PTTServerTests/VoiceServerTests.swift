@@ -112,6 +112,15 @@ final class ServerFixture: Sendable {
         return ((response as? HTTPURLResponse)?.statusCode ?? 0, String(decoding: body, as: UTF8.self))
     }
 
+    /// What `/healthz` says now, with its HTTP status.
+    func health(_ listening: SquelchServer.Listening) async throws -> (status: Int, health: AdminAPI.Health) {
+        let url = try #require(URL(string: "http://127.0.0.1:\(listening.adminPort)/healthz"))
+        let (body, response) = try await URLSession.shared.data(from: url)
+        let decoder = JSONDecoder()
+        decoder.dateDecodingStrategy = .iso8601
+        return ((response as? HTTPURLResponse)?.statusCode ?? 0, try decoder.decode(AdminAPI.Health.self, from: body))
+    }
+
     /// What `/metrics` shows now.
     func metrics(_ listening: SquelchServer.Listening) async throws -> String {
         let url = try #require(URL(string: "http://127.0.0.1:\(listening.adminPort)/metrics"))
