@@ -9,23 +9,38 @@
 set -euo pipefail
 
 usage() {
-    echo "usage: $0 [--force] [DIR]" >&2
+    echo "usage: $0 [--force] [--name NAME]... [DIR]" >&2
     echo "  Makes a dev CA, server and APNs-simulator certificates and an APNs .p8 key in DIR" >&2
     echo "  (default: $(dirname "$0")). Existing files are kept unless --force is given." >&2
+    echo "  --name adds a DNS name or IP address to the server certificate (besides localhost," >&2
+    echo "  127.0.0.1 and ::1), for clients on other machines; a server.pem without it is re-issued." >&2
 }
 
 force=0
 dir=""
-for arg in "$@"; do
-    case "$arg" in
+names=()
+while [[ $# -gt 0 ]]; do
+    case "$1" in
         --force) force=1 ;;
+        --name)
+            if [[ $# -lt 2 || -z "$2" || "$2" == -* ]]; then echo "--name needs a DNS name or IP address" >&2; usage; exit 2; fi
+            if [[ ! "$2" =~ ^[A-Za-z0-9.:*-]+$ ]]; then echo "--name '$2' is not a DNS name or IP address" >&2; exit 2; fi
+            names+=("$2"); shift ;;
         -h|--help) usage; exit 0 ;;
-        -*) echo "unknown option: $arg" >&2; usage; exit 2 ;;
+        -*) echo "unknown option: $1" >&2; usage; exit 2 ;;
         *)
             if [[ -n "$dir" ]]; then echo "only one DIR may be given" >&2; usage; exit 2; fi
-            dir="$arg"
+            dir="$1"
             ;;
     esac
+    shift
+done
+
+# The server certificate's subject alternative names: the loopback ones, then each --name (an IP
+# address if it parses as one, else a DNS name).
+server_san="DNS:localhost, IP:127.0.0.1, IP:::1"
+for n in "${names[@]}"; do
+    if [[ "$n" =~ ^[0-9.]+$ || "$n" == *:* ]]; then server_san+=", IP:$n"; else server_san+=", DNS:$n"; fi
 done
 
 if ! command -v openssl >/dev/null 2>&1; then
@@ -67,7 +82,7 @@ subjectKeyIdentifier   = hash
 basicConstraints       = CA:FALSE
 keyUsage               = critical, digitalSignature
 extendedKeyUsage       = serverAuth
-subjectAltName         = DNS:localhost, IP:127.0.0.1, IP:::1
+subjectAltName         = SAN_PLACEHOLDER
 subjectKeyIdentifier   = hash
 authorityKeyIdentifier = keyid:always
 EOF
@@ -109,11 +124,22 @@ make_key() {
     fi
 }
 
-# conf_for CN — a one-off config with that common name.
+# conf_for CN SAN — a one-off config with that common name and those subject alternative names.
 conf_for() {
-    local cn="$1" out="$tmp/req-$RANDOM.cnf"
-    sed "s|^CN = placeholder\$|CN = $cn|" "$tmp/openssl.cnf" >"$out"
+    local cn="$1" san="${2:-DNS:localhost, IP:127.0.0.1, IP:::1}" out="$tmp/req-$RANDOM.cnf"
+    sed -e "s|^CN = placeholder\$|CN = $cn|" -e "s|SAN_PLACEHOLDER|$san|" "$tmp/openssl.cnf" >"$out"
     echo "$out"
+}
+
+# lacks_name CERT — the first --name CERT is not valid for, if any.
+lacks_name() {
+    local n
+    for n in "${names[@]}"; do
+        local check=-checkhost
+        if [[ "$n" =~ ^[0-9.]+$ || "$n" == *:* ]]; then check=-checkip; fi
+        if ! openssl x509 -in "$1" -noout "$check" "$n" 2>/dev/null | grep -q "does match"; then echo "$n"; return 0; fi
+    done
+    return 1
 }
 
 # make_ca — ca.pem, self-signed with ca.key.
@@ -137,18 +163,19 @@ make_ca() {
     fi
 }
 
-# make_leaf NAME CN — NAME.pem for NAME.key, signed by the CA.
+# make_leaf NAME CN [SAN] — NAME.pem for NAME.key, signed by the CA.
 make_leaf() {
-    local name="$1" cn="$2" why=""
+    local name="$1" cn="$2" san="${3:-}" why="" missing=""
     local cert="$name.pem" key="$name.key"
     if need "$cert"; then why="new"
     elif was_made "$key"; then why="new key"
     elif was_made ca.pem; then why="new CA"
     elif [[ "$(cert_pub "$dir/$cert")" != "$(key_pub "$dir/$key")" ]]; then why="did not match $key"
     elif ! openssl verify -CAfile "$dir/ca.pem" "$dir/$cert" >/dev/null 2>&1; then why="not signed by ca.pem"
+    elif [[ -n "$san" ]] && missing="$(lacks_name "$dir/$cert")"; then why="had no $missing"
     fi
     if [[ -n "$why" ]]; then
-        local conf; conf="$(conf_for "$cn")"
+        local conf; conf="$(conf_for "$cn" "$san")"
         openssl req -new -config "$conf" -key "$dir/$key" -sha256 -out "$tmp/$name.csr"
         quiet openssl x509 -req -in "$tmp/$name.csr" \
             -CA "$dir/ca.pem" -CAkey "$dir/ca.key" -set_serial "$(serial)" \
@@ -184,7 +211,7 @@ make_ca
 
 # 2. The server certificate, and its chain for squelchd's --cert.
 make_key server.key
-make_leaf server "squelchd (dev)"
+make_leaf server "squelchd (dev)" "$server_san"
 cat "$dir/server.pem" "$dir/ca.pem" | make_file server-chain.pem
 
 # 3. The APNs simulator's TLS certificate.

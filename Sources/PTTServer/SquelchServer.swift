@@ -84,6 +84,12 @@ public struct SquelchServer: Sendable {
         logger.notice("squelchd starting", metadata: [
             "data": .string(dataDirectory), "certificate": .string(identity.summary),
         ])
+        let names = identity.names
+        if !ServerConfiguration.isLoopback(configuration.host), !names.isEmpty, names.allSatisfy(ServerConfiguration.isLoopback) {
+            // The development certificate, served to the network: every client elsewhere fails the
+            // handshake with a name mismatch, and the server's log would otherwise say nothing.
+            logger.warning("the voice transport listens on \(configuration.host), beyond this machine, but its certificate is only for \(names.joined(separator: ", ")): clients on other machines will refuse it, since the name they connect to is not in it. Serve a certificate issued for the name or address clients use (--cert and --key; certs/README.md says how to make one with the dev CA)")
+        }
         if !FileManager.default.fileExists(atPath: dataDirectory + "/" + SQLiteChannelStore.defaultFileName) {
             // A server started from another working directory, or by a unit without one, would otherwise
             // come up empty in silence: no channels, and a new token key that calls every token forged.

@@ -122,6 +122,25 @@ public struct ServerIdentity: Sendable {
                                   chainSource: chainPath, keySource: keyPath, now: now)
     }
 
+    /// The DNS names and IP addresses the leaf is valid for (its subject alternative names; clients
+    /// check the name they connect to against these), IP addresses in their usual text form.
+    public var names: [String] {
+        guard let alternatives = try? leaf.extensions.subjectAlternativeNames else { return [] }
+        return alternatives.compactMap { name in
+            switch name {
+            case .dnsName(let dns): return dns
+            case .ipAddress(let octets):
+                let bytes = Array(octets.bytes)
+                guard bytes.count == 4 || bytes.count == 16 else { return nil }
+                var text = [CChar](repeating: 0, count: Int(INET6_ADDRSTRLEN))
+                let family = bytes.count == 4 ? AF_INET : AF_INET6
+                guard inet_ntop(family, bytes, &text, socklen_t(text.count)) != nil else { return nil }
+                return String(decoding: text.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+            default: return nil
+            }
+        }
+    }
+
     /// Names the leaf for logs: subject and expiry.
     public var summary: String {
         "\(leaf.subject) (expires \(leaf.notValidAfter.formatted(.iso8601)))"

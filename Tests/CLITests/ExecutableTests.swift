@@ -70,10 +70,10 @@ enum Executables {
          "--apns-simulator-port", "0", "--apns-simulator-control-port", "0"]
     }
 
-    static func makeDevCertificates(into directory: String) throws {
+    static func makeDevCertificates(into directory: String, names: [String] = []) throws {
         let script = Process()
         script.executableURL = repository.appendingPathComponent("certs/make-dev-certs.sh")
-        script.arguments = [directory]
+        script.arguments = names.flatMap { ["--name", $0] } + [directory]
         script.standardOutput = FileHandle.nullDevice
         try script.run()
         script.waitUntilExit()
@@ -154,6 +154,38 @@ enum Executables {
         #expect(result.err.contains("the admin key \(keyFile) is open to other users (mode 0644)"), "\(result.err)")
         #expect(!result.err.contains("token-key.pem is open"), "the key it made itself is 0600")
         withExtendedLifetime(held) {}  // the port stays taken until squelchd has tried it
+    }
+
+    /// squelchd serving the network with the development certificate, which names only loopback
+    /// addresses, says that clients elsewhere will refuse it; with a certificate the script made for
+    /// another name too, it doesn't.
+    @Test func squelchdWarnsOfALoopbackCertificateServedToTheNetwork() async throws {
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("squelchd-names-\(UUID())")
+        defer { try? FileManager.default.removeItem(at: dir) }
+        let certs = dir.appendingPathComponent("certs").path
+        try Executables.makeDevCertificates(into: certs)
+        func serve() async throws -> String {
+            let process = Process()
+            process.executableURL = Executables.url("squelchd")
+            process.arguments = ["serve", "--host", "0.0.0.0", "--port", "0", "--admin-port", "0", "--apns", "off",
+                                 "--data-dir", dir.appendingPathComponent("data").path,
+                                 "--cert", certs + "/server-chain.pem", "--key", certs + "/server.key"]
+            let err = Pipe()
+            process.standardError = err
+            let log = PipeCollector(err)
+            try process.run()
+            defer { if process.isRunning { kill(process.processIdentifier, SIGKILL) } }
+            #expect(await log.wait(for: #"voice transport listening"#, seconds: 20) != nil, "\(log.contents)")
+            process.terminate()
+            #expect(await process.waitForExit(seconds: 15))
+            return log.contents
+        }
+        let loopbackOnly = try await serve()
+        #expect(loopbackOnly.contains("the voice transport listens on 0.0.0.0, beyond this machine, but its certificate is only for localhost, 127.0.0.1, ::1: clients on other machines will refuse it"),
+                "\(loopbackOnly)")
+        try Executables.makeDevCertificates(into: certs, names: ["voice.example.org"])
+        let named = try await serve()
+        #expect(!named.contains("clients on other machines will refuse it"), "\(named)")
     }
 
     /// Starts the real server on a free port with certificates from the real script, asks /healthz,
