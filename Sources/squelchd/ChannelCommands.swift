@@ -215,8 +215,15 @@ extension Channel {
             guard creating || FileManager.default.fileExists(atPath: file) else {
                 throw fail(.database("no database at \(file); pass the server's --data-dir or --config (or set SQUELCH_DATA_DIR), or create a channel first"))
             }
+            let isNew = !FileManager.default.fileExists(atPath: file)
             let store: SQLiteChannelStore
             do { store = try SQLiteChannelStore(directory: directory) } catch { throw fail(error) }
+            if isNew {
+                // The default data directory is relative: run from another directory than the server's,
+                // this makes a database squelchd never reads, and the channel seems to vanish.
+                let absolute = URL(fileURLWithPath: directory).standardizedFileURL.path
+                standardError("squelchd: note: no database in \(absolute); made a new one. If squelchd keeps its data elsewhere, it will not see this: pass its --data-dir or --config (or set SQUELCH_DATA_DIR), and remove \(absolute) if it was made by mistake")
+            }
             do {
                 let result = try await body(store)
                 // The writes are already durable; closing only folds the WAL into the main file.

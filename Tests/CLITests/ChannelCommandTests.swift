@@ -16,6 +16,12 @@ import Testing
         #expect(created.status == 0, "\(created.err)")
         let id = try #require(UUID(uuidString: created.out.trimmingCharacters(in: .whitespacesAndNewlines)), "stdout: \(created.out)")
         #expect(created.err.contains("squelchd token issue --channel \(id.uuidString)"), "\(created.err)")
+        // The first one made the database, and says where, in case the server keeps its data elsewhere.
+        #expect(created.err.contains("note: no database in \(URL(fileURLWithPath: dataDir).standardizedFileURL.path); made a new one"),
+                "\(created.err)")
+        let second = try squelchd(["create", "--name", "Spare"])
+        #expect(second.status == 0 && !second.err.contains("no database"), "\(second.err)")
+        #expect(try squelchd(["delete", second.out.trimmingCharacters(in: .whitespacesAndNewlines), "--yes"]).status == 0)
 
         let listed = try squelchd(["list"])
         #expect(listed.status == 0, "\(listed.err)")
