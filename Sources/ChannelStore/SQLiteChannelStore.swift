@@ -231,6 +231,26 @@ public final class SQLiteChannelStore: ChannelStore {
             // of a year of log.
             try db.execute(sql: "CREATE INDEX transmission_in_progress ON transmission(end_reason) WHERE end_reason = 'inProgress'")
         }
+        migrator.registerMigration("v7-canonical-token-ids") { db in
+            // Revocations by id were once stored as typed (a lower-case UUID pasted from a log, a
+            // trailing newline). The lookup compares canonical ids in SQL, so such a row no longer
+            // matched its token: a revoked token would be accepted again. Rewrite them canonically;
+            // where that makes two rows for one token, the first revocation stands, as `revoke` keeps it.
+            let rows = try Row.fetchAll(db, sql: "SELECT sequence, channel_id, token_id FROM revocation WHERE token_id IS NOT NULL ORDER BY sequence")
+            var seen = Set<[String]>()
+            for row in rows {
+                let sequence: Int64 = row["sequence"]
+                let stored: String = row["token_id"]
+                let canonical = RevocationRecord.canonicalTokenID(stored)
+                guard seen.insert([row["channel_id"], canonical]).inserted else {
+                    try db.execute(sql: "DELETE FROM revocation WHERE sequence = ?", arguments: [sequence])
+                    continue
+                }
+                if canonical != stored {
+                    try db.execute(sql: "UPDATE revocation SET token_id = ? WHERE sequence = ?", arguments: [canonical, sequence])
+                }
+            }
+        }
         return migrator
     }
 

@@ -604,12 +604,42 @@ private func message(_ error: StoreError?) -> String {
         #expect(try await store.revocations(after: 0, channel: nil).count == 1)
     }
 
+    /// Revocations an older squelchd stored as typed (lower case, a trailing newline) void their
+    /// token after the upgrade; two rows that turn out to be one token leave the first.
+    @Test func revocationsStoredAsTypedStillVoidTheirTokenAfterTheUpgrade() async throws {
+        let channel = makeChannel()
+        let token = UUID()
+        let other = UUID()
+        do {
+            let pool = try DatabasePool(path: path)
+            try SQLiteChannelStore.migrator.migrate(pool, upTo: "v6-transmissions-in-progress")
+            try await pool.write { db in
+                try db.execute(sql: "INSERT INTO channel (id, name, mode, max_burst_seconds, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?)",
+                               arguments: [channel.id.uuidString, "Ops", "halfDuplex", 45, 0, 0])
+                for (id, reason) in [(token.uuidString.lowercased() + "\n", "phone lost"), (token.uuidString, "again"),
+                                     (" " + other.uuidString.lowercased(), "left the crew"), ("not-a-uuid", "typo")] {
+                    try db.execute(sql: "INSERT INTO revocation (channel_id, token_id, revoked_at, reason) VALUES (?, ?, ?, ?)",
+                                   arguments: [channel.id.uuidString, id, 1_000, reason])
+                }
+            }
+            try pool.close()
+        }
+        let store = try open()
+        let issued = Date(timeIntervalSince1970: 0)
+        let hit = try await store.revocation(channel: channel.id, user: "ann", tokenID: token.uuidString, issuedAt: issued)
+        #expect(hit?.reason == "phone lost")
+        #expect(try await store.revocation(channel: channel.id, user: "bob", tokenID: other.uuidString, issuedAt: issued)?.reason == "left the crew")
+        let all = try await store.revocations(after: 0, channel: channel.id)
+        #expect(all.map(\.tokenID) == [token.uuidString, other.uuidString, "not-a-uuid"])
+    }
+
     @Test func schemaVersionIsRecorded() async throws {
         try await open().close()
         let applied = try await DatabaseQueue(path: path).read { db in
             try String.fetchAll(db, sql: "SELECT identifier FROM grdb_migrations ORDER BY identifier")
         }
-        #expect(applied == ["v1", "v2-revocations", "v3-member-grants", "v4-transmission-by-time", "v5-member-subscriptions", "v6-transmissions-in-progress"])
+        #expect(applied == ["v1", "v2-revocations", "v3-member-grants", "v4-transmission-by-time", "v5-member-subscriptions",
+                            "v6-transmissions-in-progress", "v7-canonical-token-ids"])
     }
 
     @Test func filesArePrivateAndCommitsAreFullySynced() async throws {
