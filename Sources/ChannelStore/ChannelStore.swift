@@ -462,3 +462,19 @@ public protocol ChannelStore: Sendable {
     /// the database. Called on graceful shutdown.
     func close() async throws(StoreError)
 }
+
+extension ChannelStore {
+    /// The member, and its channel, that last joined with the token whose id is `id`, if any: all a
+    /// revocation by id alone can be checked against, since issued tokens themselves are not stored.
+    /// Reads every channel's members; for administrators' commands, not for joins.
+    public func lastHolder(ofTokenID id: String) async throws(StoreError) -> (channel: UUID, userID: String)? {
+        let wanted = RevocationRecord.canonicalTokenID(id)
+        for channel in try await channels() {
+            let member = try await members(of: channel.id).first {
+                $0.grant.map { RevocationRecord.canonicalTokenID($0.tokenID) } == wanted
+            }
+            if let member { return (channel.id, member.userID) }
+        }
+        return nil
+    }
+}

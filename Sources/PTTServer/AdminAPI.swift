@@ -238,12 +238,22 @@ public enum AdminAPI {
             let id = try channelID(context)
             _ = try await existingChannel(id, in: store)
             let body = try await decode(RevocationRequest.self, from: request)
-            let revocation = try await body.revocation(channel: id, tokens: admin.tokens, now: Date())
+            var revocation = try await body.revocation(channel: id, tokens: admin.tokens, now: Date())
+            if body.token == nil, let tokenID = revocation.tokenID, let holder = try await store.lastHolder(ofTokenID: tokenID) {
+                // By id alone nothing else says whose token it is: a member that joined with it says
+                // which channel it is for, and a revocation stored on another would void nothing.
+                guard holder.channel == id else {
+                    throw AdminError(.badRequest, "token \(tokenID) is the one member '\(holder.userID)' of channel \(holder.channel) last joined with, not a token for this channel; revoke it there")
+                }
+                revocation.userID = holder.userID
+            }
+            let existing = try await store.revocations(after: 0, channel: id).contains { $0.tokenID != nil && $0.tokenID == revocation.tokenID }
             let stored = try await store.revoke(revocation)
-            admin.audit("token revoked", ["channel": "\(id)", "token_id": "\(stored.tokenID ?? "-")", "user": "\(stored.userID ?? "unknown")",
-                                          "reason": "\(stored.reason)"])
+            admin.audit(existing ? "token revocation repeated" : "token revoked",
+                        ["channel": "\(id)", "token_id": "\(stored.tokenID ?? "-")", "user": "\(stored.userID ?? "unknown")", "reason": "\(stored.reason)"])
             await admin.hub?.tokenRevoked(stored)
-            return try json(stored, status: .created)
+            // Revoked before: the first revocation stands (its time and reason), so nothing was created.
+            return try json(stored, status: existing ? .ok : .created)
         }
         v1.get("channels/:id/revocations") { _, context in
             let id = try channelID(context)

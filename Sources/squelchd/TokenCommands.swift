@@ -193,9 +193,30 @@ struct Token: AsyncParsableCommand {
             } else {
                 revocation = .token(id ?? "", channel: try parseChannelID(channel ?? ""), user: nil, expiresAt: nil, at: now, reason: reason)
             }
-            let (stored, holder) = try await store.withStore { db throws(StoreError) in
-                (try await db.revoke(revocation),
-                 try await db.members(of: revocation.channelID).first { $0.grant?.tokenID == revocation.tokenID }?.userID)
+            let outcome = try await store.withStore { db throws(StoreError) -> Result<(RevocationRecord, String?, Bool), RevokeRefusal> in
+                let holder = try await db.lastHolder(ofTokenID: revocation.tokenID ?? "")
+                if token == nil, let holder, holder.channel != revocation.channelID {
+                    // Stored on this channel it would void nothing: the token is another channel's.
+                    return .failure(RevokeRefusal(message: "token \(revocation.tokenID ?? "") is the one member '\(holder.userID)' of channel \(holder.channel.uuidString) last joined with, not a token for channel \(revocation.channelID.uuidString); nothing was revoked. Run: squelchd token revoke --channel \(holder.channel.uuidString) --id \(revocation.tokenID ?? "")\(store.dataDirFlag)"))
+                }
+                var revocation = revocation
+                if let holder, revocation.userID == nil { revocation.userID = holder.userID }
+                let before = try await db.revocations(after: 0, channel: revocation.channelID).contains { $0.tokenID == revocation.tokenID }
+                return .success((try await db.revoke(revocation), holder?.userID, before))
+            }
+            let stored: RevocationRecord
+            let holder: String?
+            let repeated: Bool
+            switch outcome {
+            case .success(let result): (stored, holder, repeated) = result
+            case .failure(let refusal):
+                standardError("squelchd: \(refusal.message)")
+                throw ExitCode(1)
+            }
+            if repeated {
+                // The first revocation stands; saying "revoked" with today's reason would misstate the record.
+                print("token \(stored.tokenID ?? "") on channel \(stored.channelID.uuidString) was already revoked at \(stored.revokedAt.formatted(.iso8601)): \(stored.reason)")
+                return
             }
             print("revoked token \(stored.tokenID ?? "") on channel \(stored.channelID.uuidString)")
             if token == nil {
@@ -272,4 +293,9 @@ func loadAuthority(_ configuration: ServerConfiguration, forIssue: Bool) async t
         standardError("squelchd: \(error)")
         throw ExitCode(78)
     }
+}
+
+/// A revocation by id that `token revoke` refuses before storing anything.
+struct RevokeRefusal: Error {
+    var message: String
 }

@@ -412,9 +412,18 @@ import Wire
         let annTokenID = try #require(try storedMembers(channel, data: data)["ann"]?["tokenID"] as? String)
         let byID = try squelchd(["token", "revoke", "--channel", channel.uuidString, "--id", annTokenID, "--data-dir", data])
         #expect(byID.status == 0 && byID.out.contains("member 'ann' last joined with"), "\(byID.out) \(byID.err)")
-        // The same id in lower case (as many tools print UUIDs) names the same token.
-        let lower = try squelchd(["token", "revoke", "--channel", channel.uuidString, "--id", annTokenID.lowercased(), "--data-dir", data])
-        #expect(lower.status == 0 && lower.out.contains("member 'ann' last joined with") && lower.out.contains(annTokenID), "\(lower.out) \(lower.err)")
+        // The same id in lower case (as many tools print UUIDs) names the same token, already revoked:
+        // the first revocation stands and is what is shown.
+        let lower = try squelchd(["token", "revoke", "--channel", channel.uuidString, "--id", annTokenID.lowercased(),
+                                  "--reason", "second thoughts", "--data-dir", data])
+        #expect(lower.status == 0 && lower.out.contains("token \(annTokenID) on channel \(channel.uuidString) was already revoked at")
+                && !lower.out.contains("second thoughts"), "\(lower.out) \(lower.err)")
+        // On another channel it would void nothing: refused, and the right command given.
+        let other = try squelchd(["channel", "create", "--name", "Other", "--data-dir", data])
+        let otherID = other.out.trimmingCharacters(in: .whitespacesAndNewlines)
+        let misplaced = try squelchd(["token", "revoke", "--channel", otherID, "--id", annTokenID, "--data-dir", data])
+        #expect(misplaced.status == 1 && misplaced.err.contains("is the one member 'ann' of channel \(channel.uuidString) last joined with")
+                && misplaced.err.contains("squelchd token revoke --channel \(channel.uuidString) --id \(annTokenID)"), "\(misplaced.out) \(misplaced.err)")
         let typo = try squelchd(["token", "revoke", "--channel", channel.uuidString, "--id", annTokenID + "x", "--data-dir", data])
         #expect(typo.status == 64 && typo.err.contains("is not a token id"), "\(typo.out) \(typo.err)")
         let unused = try squelchd(["token", "revoke", "--channel", channel.uuidString, "--id", UUID().uuidString, "--data-dir", data])

@@ -514,6 +514,24 @@ struct RecordingLogHandler: LogHandler {
                 #expect(wrong.status == .badRequest && wrong.errorMessage.contains("is not a token id"), "\(wrong.text)")
             }
             #expect(hub.events.count == 2, "refused revocations do not reach the hub")
+
+            // Revoked again: 200, and the first revocation (its reason) is what stands.
+            let again = try await client.send(.post, "/v1/channels/\(channel.id)/revocations",
+                                              json: #"{"tokenID":"\#(issued.tokenID.lowercased())","reason":"second thoughts"}"#)
+            #expect(again.status == .ok, "\(again.text)")
+            #expect(try again.decode(RevocationRecord.self).reason == "phone lost")
+            // By id, a token a member of another channel joined with: refused, naming where it belongs.
+            let carolID = UUID().uuidString
+            try await fixture.store.upsertMember(MemberRecord(channelID: elsewhere.id, userID: "carol", displayName: "Carol",
+                                                              grant: MemberGrant(canTalk: true, canListen: true, role: nil, priority: 0, tokenID: carolID,
+                                                                                 tokenIssuedAt: Date(), tokenExpiresAt: Date().addingTimeInterval(600))))
+            let misplaced = try await client.send(.post, "/v1/channels/\(channel.id)/revocations", json: #"{"tokenID":"\#(carolID)"}"#)
+            #expect(misplaced.status == .badRequest && misplaced.errorMessage.contains("member 'carol' of channel \(elsewhere.id)")
+                    && misplaced.errorMessage.contains("revoke it there"), "\(misplaced.text)")
+            // On its own channel it is taken, and the record names carol.
+            let placed = try await client.send(.post, "/v1/channels/\(elsewhere.id)/revocations", json: #"{"tokenID":"\#(carolID)"}"#)
+            #expect(placed.status == .created, "\(placed.text)")
+            #expect(try placed.decode(RevocationRecord.self).userID == "carol")
         }
     }
 
