@@ -47,6 +47,9 @@ public struct ServerConfiguration: Sendable, Equatable {
     /// New handshakes accepted per second from one IP address. Raise it when many members share an
     /// address (a dispatch centre behind one NAT, a load test).
     public var handshakesPerSecondPerAddress: Int = 20
+    /// Connections open at once from one IP address (IPv6: one /64); more are refused. Raise it for a
+    /// site with more members than this behind one NAT address.
+    public var maxConnectionsPerAddress: Int = 1_000
     /// Simultaneous talkers in a full-duplex channel.
     public var fullDuplexMaxTalkers: Int = 4
     /// How long a dropped member keeps its place (and the floor) before it counts as gone.
@@ -229,6 +232,9 @@ public struct ServerConfiguration: Sendable, Equatable {
             Setting(key: "handshakesPerSecondPerAddress", environment: "SQUELCH_HANDSHAKES_PER_SECOND_PER_ADDRESS",
                     flag: "--handshakes-per-second-per-address",
                     defaultDescription: "\(defaults.handshakesPerSecondPerAddress)", kind: .int(\.handshakesPerSecondPerAddress)),
+            Setting(key: "maxConnectionsPerAddress", environment: "SQUELCH_MAX_CONNECTIONS_PER_ADDRESS",
+                    flag: "--max-connections-per-address",
+                    defaultDescription: "\(defaults.maxConnectionsPerAddress)", kind: .int(\.maxConnectionsPerAddress)),
             Setting(key: "fullDuplexMaxTalkers", environment: "SQUELCH_FULL_DUPLEX_MAX_TALKERS", flag: "--full-duplex-max-talkers",
                     defaultDescription: "\(defaults.fullDuplexMaxTalkers)", kind: .int(\.fullDuplexMaxTalkers)),
             Setting(key: "disconnectGraceSeconds", environment: "SQUELCH_DISCONNECT_GRACE_SECONDS", flag: "--disconnect-grace-seconds",
@@ -318,6 +324,7 @@ public struct ServerConfiguration: Sendable, Equatable {
         if let value = layer.privateKeyPath { privateKeyPath = value }
         if let value = layer.maxConnections { maxConnections = value }
         if let value = layer.handshakesPerSecondPerAddress { handshakesPerSecondPerAddress = value }
+        if let value = layer.maxConnectionsPerAddress { maxConnectionsPerAddress = value }
         if let value = layer.fullDuplexMaxTalkers { fullDuplexMaxTalkers = value }
         if let value = layer.disconnectGraceSeconds { disconnectGraceSeconds = value }
         if let value = layer.maxQueue { maxQueue = value }
@@ -489,6 +496,8 @@ public struct ServerConfiguration: Sendable, Equatable {
         try check(!privateKeyPath.isEmpty, "privateKeyPath", "the private key path is empty")
         try check(Self.handshakeRateRange.contains(handshakesPerSecondPerAddress), "handshakesPerSecondPerAddress",
                   "handshakes per second per address \(handshakesPerSecondPerAddress) is out of range; use \(Self.handshakeRateRange.lowerBound)-\(Self.handshakeRateRange.upperBound)")
+        try check(Self.maxConnectionsRange.contains(maxConnectionsPerAddress), "maxConnectionsPerAddress",
+                  "maximum connections per address \(maxConnectionsPerAddress) is out of range; use \(Self.maxConnectionsRange.lowerBound)-\(Self.maxConnectionsRange.upperBound)")
         try check(Self.maxConnectionsRange.contains(maxConnections), "maxConnections",
                   "maximum connections \(maxConnections) is out of range; use \(Self.maxConnectionsRange.lowerBound)-\(Self.maxConnectionsRange.upperBound)")
         try check(Self.fullDuplexMaxTalkersRange.contains(fullDuplexMaxTalkers), "fullDuplexMaxTalkers",
@@ -647,6 +656,7 @@ public struct ConfigurationOverrides: Sendable, Equatable {
     public var privateKeyPath: String?
     public var maxConnections: Int?
     public var handshakesPerSecondPerAddress: Int?
+    public var maxConnectionsPerAddress: Int?
     public var fullDuplexMaxTalkers: Int?
     public var disconnectGraceSeconds: Double?
     public var maxQueue: Int?

@@ -81,7 +81,7 @@ public final class ServerMetrics: Sendable {
         catchUpBytesOut = counter("catchup_bytes_out", "Audio datagram bytes replayed to late joiners (header and payload).")
         drops = DropReason.allCases.map { counter("drops", "Audio datagrams dropped, by reason.", labels: [("reason", $0.label)]) }
         handshakes = Dictionary(uniqueKeysWithValues: HandshakeOutcome.allCases.map {
-            ($0, counter("handshakes", "Transport handshakes by outcome: completed; failed (closed before the client's Finished: timed out, bad message, certificate or parameters refused); refused (server at its connection limit, stale Retry token); rate_limited (over handshakesPerSecondPerAddress from one IP, dropped).",
+            ($0, counter("handshakes", "Transport handshakes by outcome: completed; failed (closed before the client's Finished: timed out, bad message, certificate or parameters refused); refused (server at its connection limit, stale Retry token); address_limit (refused: maxConnectionsPerAddress open from that IP already); rate_limited (over handshakesPerSecondPerAddress from one IP, dropped).",
                          labels: [("outcome", $0.rawValue)]))
         })
         retriesSent = counter("transport_retries", "Retry packets sent: handshakes asked to prove their address first, because many were in progress.")
@@ -153,8 +153,9 @@ public final class ServerMetrics: Sendable {
         func add(_ counter: Counter?, _ a: Int, _ b: Int) { if b > a { counter?.increment(by: Int64(b - a)) } }
         add(handshakes[.completed], old.handshakesCompleted, new.handshakesCompleted)
         add(handshakes[.failed], old.handshakesFailed, new.handshakesFailed)
-        add(handshakes[.refused], old.refused, new.refused)
+        add(handshakes[.refused], old.refused - old.refusedForAddress, new.refused - new.refusedForAddress)
         add(handshakes[.rateLimited], old.rateLimited, new.rateLimited)
+        add(handshakes[.addressLimit], old.refusedForAddress, new.refusedForAddress)
         add(retriesSent, old.retriesSent, new.retriesSent)
         add(statelessResetsSent, old.statelessResetsSent, new.statelessResetsSent)
         add(versionNegotiationsSent, old.versionNegotiationsSent, new.versionNegotiationsSent)
@@ -176,4 +177,5 @@ public final class ServerMetrics: Sendable {
 enum HandshakeOutcome: String, CaseIterable {
     case completed, failed, refused
     case rateLimited = "rate_limited"
+    case addressLimit = "address_limit"
 }

@@ -104,6 +104,7 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
         var endpointConfiguration = EndpointConfiguration()
         endpointConfiguration.maxConnections = configuration.maxConnections
         endpointConfiguration.handshakesPerSecondPerAddress = configuration.handshakesPerSecondPerAddress
+        endpointConfiguration.maxConnectionsPerAddress = configuration.maxConnectionsPerAddress
         let server: WireServer
         do {
             server = try await WireServer.start(host: configuration.host, port: configuration.port,

@@ -6,8 +6,12 @@ public struct EndpointConfiguration: Sendable {
     /// With this many handshakes in progress, clients without a valid token get a Retry first, which
     /// costs them a round trip and costs the server no state. 0: always.
     public var retryThreshold = 64
-    /// New handshakes accepted per second from one IP address; the rest are dropped.
+    /// New handshakes accepted per second from one IP address (IPv6: one /64); the rest are dropped.
     public var handshakesPerSecondPerAddress = 20
+    /// Connections open at once from one IP address (IPv6: one /64), counted from the address each
+    /// connected from; more are refused. Keeps one source from taking every slot of `maxConnections`,
+    /// yet leaves room for a site whose whole crew shares one NAT address.
+    public var maxConnectionsPerAddress = 1_000
     public init() {}
 }
 
@@ -17,6 +21,8 @@ public struct EndpointStats: Sendable, Equatable {
     public var statelessResetsSent = 0
     public var versionNegotiationsSent = 0
     public var refused = 0
+    /// Of `refused`, those whose address already had `maxConnectionsPerAddress` connections.
+    public var refusedForAddress = 0
     public var rateLimited = 0
     /// Datagrams for no connection that could not start one (too short, malformed, bad token).
     public var dropped = 0
@@ -53,6 +59,8 @@ public final class Endpoint {
         var deadline: WireInstant?
         var dirty: Bool
         var initialDestination: ConnectionID
+        /// The source it connected from (`PathAddress.source`), counted in `perSource` until it closes.
+        var source: PathAddress
     }
 
     public let secrets: ServerSecrets
@@ -77,6 +85,8 @@ public final class Endpoint {
     @exclusivity(unchecked) var events = FIFOQueue<(Handle, ConnectionEvent)>()
     @exclusivity(unchecked) var rate: [PathAddress: (window: UInt64, count: Int)] = [:]
     @exclusivity(unchecked) var rateWindow: UInt64 = 0
+    /// Open connections per source (`PathAddress.source`); sources with none are not kept.
+    @exclusivity(unchecked) var perSource: [PathAddress: Int] = [:]
     @exclusivity(unchecked) public private(set) var connectionCount = 0
     @exclusivity(unchecked) var handshaking = 0
     @exclusivity(unchecked) let tally = TroubleTally()
@@ -166,6 +176,12 @@ public final class Endpoint {
                    code: .connectionRefused, reason: "server at its connection limit; try again later")
             return
         }
+        if perSource[address.source, default: 0] >= configuration.maxConnectionsPerAddress {
+            stats.refusedForAddress += 1
+            refuse(datagram, from: address, destination: destination, source: source, now: now,
+                   code: .connectionRefused, reason: "too many connections from this address; close some, or ask the operator to raise maxConnectionsPerAddress")
+            return
+        }
         if !validated, handshaking >= configuration.retryThreshold {
             sendRetry(to: address, destination: source, original: destination, now: now)
             return
@@ -175,7 +191,7 @@ public final class Endpoint {
         let connection = Connection(server: secrets, configuration: configuration.connection, remote: address, now: now,
                                     initialDestination: destination, clientSource: source, originalDestination: original,
                                     retrySource: retrySource, addressValidated: validated, localID: localID, random: forkRandom(&random))
-        let handle = insert(connection, initialDestination: destination)
+        let handle = insert(connection, initialDestination: destination, source: address.source)
         routes[localID] = handle
         routes[destination] = handle
         stats.accepted += 1
@@ -190,14 +206,13 @@ public final class Endpoint {
             rate.removeAll(keepingCapacity: true)
             rateWindow = window
         }
-        var host = address
-        host.port = 0
+        let host = address.source
         let count = (rate[host]?.count ?? 0) + 1
         rate[host] = (window, count)
         return count <= configuration.handshakesPerSecondPerAddress
     }
 
-    func insert(_ connection: Connection, initialDestination: ConnectionID) -> Handle {
+    func insert(_ connection: Connection, initialDestination: ConnectionID, source: PathAddress) -> Handle {
         let index: UInt32
         if let reused = free.popLast() { index = reused } else {
             index = UInt32(slots.count)
@@ -207,7 +222,8 @@ public final class Endpoint {
         generations[Int(index)] &+= 1
         let handle = Handle(index: index, generation: generations[Int(index)])
         slots[Int(index)] = Slot(connection: connection, generation: handle.generation, deadline: nil, dirty: false,
-                                 initialDestination: initialDestination)
+                                 initialDestination: initialDestination, source: source)
+        perSource[source, default: 0] += 1
         connection.tally = tally
         connectionCount += 1
         handshaking += 1
@@ -259,6 +275,7 @@ public final class Endpoint {
             handshaking -= 1
             stats.handshakesFailed += 1
         }
+        if let count = perSource[slot.source], count > 1 { perSource[slot.source] = count - 1 } else { perSource[slot.source] = nil }
         slots[Int(handle.index)] = nil
         free.append(handle.index)
         connectionCount -= 1

@@ -30,6 +30,12 @@ public struct PathAddress: Hashable, Sendable, CustomStringConvertible {
         high = ipv6High; self.low = low; self.port = port; isIPv6 = true
     }
 
+    /// Who sent it, for per-source limits: the IPv4 address, or the IPv6 /64. One host, or one
+    /// subscriber's network, holds a whole /64, so a limit per IPv6 address would limit nothing.
+    public var source: PathAddress {
+        isIPv6 ? PathAddress(ipv6High: high, low: 0, port: 0) : PathAddress(ipv4: UInt32(truncatingIfNeeded: low), port: 0)
+    }
+
     /// Same host, maybe another port: NAT rebinding, which keeps RTT state (RFC 9000 §9.4).
     public func sameHost(as other: Self) -> Bool { high == other.high && low == other.low && isIPv6 == other.isIPv6 }
 

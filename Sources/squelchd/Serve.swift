@@ -58,6 +58,9 @@ struct Serve: AsyncParsableCommand {
     @Option(help: ArgumentHelp(ServerConfiguration.help("handshakesPerSecondPerAddress", "New connections accepted per second from one IP address."), valueName: "n"))
     var handshakesPerSecondPerAddress: Int?
 
+    @Option(help: ArgumentHelp(ServerConfiguration.help("maxConnectionsPerAddress", "Connections open at once from one IP address (IPv6: one /64); raise it for a site with more members behind one NAT."), valueName: "n"))
+    var maxConnectionsPerAddress: Int?
+
     @Option(help: ArgumentHelp(ServerConfiguration.help("fullDuplexMaxTalkers", "Simultaneous talkers in a full-duplex channel, 1-16."), valueName: "n"))
     var fullDuplexMaxTalkers: Int?
 
@@ -126,6 +129,7 @@ struct Serve: AsyncParsableCommand {
             apnsSimulatorControlPort: apnsSimulatorControlPort, apnsSimulatorCertPath: apnsSimulatorCert,
             apnsSimulatorKeyPath: apnsSimulatorKey, pushWakeSilenceSeconds: pushWakeSilenceSeconds)
         overrides.controlMessagesPerSecond = controlMessagesPerSecond
+        overrides.maxConnectionsPerAddress = maxConnectionsPerAddress
         overrides.transmissionLogDays = transmissionLogDays
         overrides.memberRetentionDays = memberRetentionDays
         overrides.tokenKeyPath = tokenKey

@@ -175,6 +175,43 @@ import Testing
         #expect(endpoint.stats.rateLimited == 7)
     }
 
+    @Test func oneAddressGetsAtMostItsShareOfConnections() async throws {
+        let pki = try TestPKI()
+        var configuration = EndpointConfiguration()
+        configuration.maxConnectionsPerAddress = 2
+        let sim = Simulation(seed: 43, pki: pki, secrets: try pki.secrets(), configuration: configuration)
+        // Three clients behind one NAT address (different ports), a fourth elsewhere.
+        for port in [40_001, 40_002, 40_003] as [UInt16] { sim.addClient(port: port) }
+        for index in 0..<3 { sim.clientAddresses[index] = .v4(198, 51, 100, 7, port: 40_001 + UInt16(index)) }
+        sim.addClient()
+        _ = try await sim.connect(0)
+        _ = try await sim.connect(1)
+        await sim.run(for: seconds(2)) { sim.clientError(2) != nil }
+        guard case .peer(let code, let reason, _) = sim.clientError(2) else { Issue.record("\(String(describing: sim.clientError(2)))"); return }
+        #expect(code == TransportErrorCode.connectionRefused.rawValue)
+        #expect(reason.contains("too many connections from this address"))
+        #expect(sim.endpoint.stats.refusedForAddress >= 1)
+        _ = try await sim.connect(3)
+        #expect(sim.endpoint.connectionCount == 3, "another address is not limited by the first")
+        // One of the first two closes: its address has room again.
+        sim.clients[0].close(now: sim.network.now)
+        #expect(await sim.run(for: seconds(5)) { sim.endpoint.connectionCount == 2 })
+        #expect(sim.endpoint.perSource[PathAddress.v4(198, 51, 100, 7, port: 0)] == 1)
+        let again = sim.addClient()
+        sim.clientAddresses[again] = .v4(198, 51, 100, 7, port: 40_009)
+        _ = try await sim.connect(again)
+        #expect(sim.endpoint.connectionCount == 3)
+    }
+
+    @Test func anIPv6SourceIsItsSlash64() {
+        let a = PathAddress(ipv6High: 0x2001_0db8_0000_0001, low: 0x1, port: 5)
+        let b = PathAddress(ipv6High: 0x2001_0db8_0000_0001, low: 0xFFFF_0000_1234_5678, port: 9)
+        let c = PathAddress(ipv6High: 0x2001_0db8_0000_0002, low: 0x1, port: 5)
+        #expect(a.source == b.source)
+        #expect(a.source != c.source)
+        #expect(PathAddress.v4(10, 0, 0, 1, port: 5).source == PathAddress.v4(10, 0, 0, 1, port: 6).source)
+    }
+
     @Test func beyondTheConnectionLimitClientsAreRefusedWithAReason() async throws {
         let pki = try TestPKI()
         var configuration = EndpointConfiguration()
