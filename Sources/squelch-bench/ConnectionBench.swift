@@ -26,7 +26,8 @@ struct Connections: AsyncParsableCommand {
         }
         let client = ClientConfiguration(serverName: "localhost", validator: try CertificateValidator(caPEM: ca))
         let server = try await ServerProcess.start(squelchd: executable, certs: certs,
-                                                   extra: ["--handshakes-per-second-per-address", "1000000", "--max-connections", "\(count + 100)"])
+                                                   extra: ["--handshakes-per-second-per-address", "1000000", "--max-connections", "\(count + 100)",
+                                                           "--max-connections-per-address", "\(count + 100)"])
         defer { server.stop() }
         try await Task.sleep(for: .seconds(1))
         let idleKB = server.residentKilobytes

@@ -102,6 +102,7 @@ struct FanoutRun {
     func run() async throws -> FanoutResult {
         let server = try await ServerProcess.start(squelchd: squelchd, certs: certs, extra: [
             "--handshakes-per-second-per-address", "100000", "--max-connections", "\(listeners + 100)",
+            "--max-connections-per-address", "\(listeners + 100)",
             // The grant measurement requests and releases the floor back to back, far faster than a person.
             "--control-messages-per-second", "100000"])
         defer { server.stop() }

@@ -74,6 +74,7 @@ struct Transport: AsyncParsableCommand {
     func fanoutPath(pki: BenchPKI) async throws {
         var configuration = EndpointConfiguration()
         configuration.handshakesPerSecondPerAddress = .max
+        configuration.maxConnectionsPerAddress = .max
         configuration.retryThreshold = .max
         let endpoint = Endpoint(secrets: ServerSecrets(identity: pki.identity, resetKey: SymmetricKey(size: .bits256)),
                                 configuration: configuration)
@@ -214,6 +215,7 @@ struct Transport: AsyncParsableCommand {
         let secrets = ServerSecrets(identity: pki.identity, resetKey: SymmetricKey(size: .bits256))
         var configuration = EndpointConfiguration()
         configuration.handshakesPerSecondPerAddress = .max
+        configuration.maxConnectionsPerAddress = .max
         configuration.retryThreshold = .max
         let endpoint = Endpoint(secrets: secrets, configuration: configuration)
         var serverNanoseconds: UInt64 = 0
