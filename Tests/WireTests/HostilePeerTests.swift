@@ -158,4 +158,117 @@ import Testing
         // age can't be read from it.
         #expect(AddressToken.validate(token, address: address, secrets: nextBoot, now: issued + seconds(60)) == nil)
     }
+
+    /// An authenticated peer that sends any mix of well-formed frames, in any order and with any
+    /// values (ACKs for packets never sent, stream and CRYPTO offsets far ahead, connection IDs out
+    /// of sequence, frames only a server may send, garbage after them): a seeded fuzz of the
+    /// connection's frame handling, where the frame-parser fuzz target stops. The server must never
+    /// trap, must end a connection it closes with a transport error code, and must keep its per-
+    /// connection state bounded; other connections carry on.
+    @Test func seededFrameSequencesFromAnAuthenticatedPeerNeverBreakTheServer() async throws {
+        let pki = try TestPKI()
+        var random = SeededRandom(seed: 0x5eed)
+        var closed = 0
+        var survived = 0
+        for round in 0..<30 {
+            let sim = Simulation(seed: 500 + UInt64(round), pki: pki, secrets: try pki.secrets())
+            sim.addClient()
+            sim.addClient()
+            let handle = try await sim.connect(0)
+            let bystander = try await sim.connect(1)
+            for _ in 0..<40 {
+                guard sim.endpoint.connection(handle)?.state == .established, sim.connected(0) else { break }
+                var packet = sealed(on: sim.clients[0].connection, now: sim.network.now) { w in
+                    for _ in 0..<(1 + Int(random.next() % 4)) { Self.writeRandomFrame(&w, &random) }
+                    // Sometimes bytes that are no frame at all follow.
+                    if random.next() % 8 == 0 { for _ in 0..<(random.next() % 6) { w.u8(UInt8(truncatingIfNeeded: random.next())) } }
+                }
+                packet.withUnsafeMutableBytes { sim.endpoint.receive($0, from: sim.clientAddresses[0], now: sim.network.now) }
+                await sim.run(for: ms(30))
+            }
+            if let connection = sim.endpoint.connection(handle) {
+                #expect(connection.issuedIDs.count <= 8, "round \(round): \(connection.issuedIDs.count) IDs issued")
+                #expect(connection.peerIDs.count <= 8, "round \(round): \(connection.peerIDs.count) peer IDs kept")
+                survived += 1
+            }
+            let serverCloses = sim.serverEvents.compactMap { $0.0 == handle ? { if case .closed(let e) = $0.1 { return e } else { return nil } }($0) : nil }
+            if let error = serverCloses.first {
+                closed += 1
+                // Closed for what the peer sent (a violation this side named with a transport code,
+                // or the peer's own close): never a timeout, and never this side's internal error.
+                switch error {
+                case .local(let code, _):
+                    #expect(TransportErrorCode(rawValue: code) != nil && code != TransportErrorCode.internalError.rawValue,
+                            "round \(round): \(error)")
+                case .peer: break
+                default: Issue.record("round \(round): closed by \(error)")
+                }
+            }
+            // The other member never noticed.
+            #expect(sim.endpoint.connection(bystander)?.state == .established, "round \(round)")
+            try sim.clients[1].sendControl([UInt8(round)])
+            await sim.run(for: ms(200))
+            #expect(sim.serverControlMessages(bystander).last == [UInt8(round)], "round \(round)")
+        }
+        // Both outcomes happened, or the sequences were too tame (or too wild) to test anything.
+        #expect(closed > 0 && survived > 0, "closed \(closed), survived \(survived)")
+    }
+
+    /// One short-header packet from `connection` carrying whatever `frames` writes, sealed with its
+    /// keys as its own packets are (so the server authenticates it).
+    func sealed(on connection: Connection, now: WireInstant, frames: (inout WireWriter) -> Void) -> [UInt8] {
+        var buffer = [UInt8](repeating: 0, count: 1_200)
+        let end = buffer.withUnsafeMutableBytes { raw -> Int in
+            guard let key = connection.appSeal else { return 0 }
+            let pn = connection.appNextPN
+            var w = WireWriter(UnsafeMutableRawBufferPointer(rebasing: raw[..<(raw.count - 16)]))
+            let pnOffset = w.writeShortHeader(destination: connection.peerID, keyPhase: connection.sendKeyPhase, packetNumber: pn, pnLength: 4)
+            let payloadStart = w.offset
+            frames(&w)
+            if w.offset < pnOffset + 8 { w.writePadding(pnOffset + 8 - w.offset) }
+            guard !w.overflowed else { return 0 }
+            var record = SentPacket.empty
+            record.number = pn
+            record.time = now
+            return connection.sealApplicationPacket(raw, start: 0, pnOffset: pnOffset, pnLength: 4, payloadStart: payloadStart,
+                                                    payloadEnd: w.offset, key: key, record: record, ackEliciting: false, now: now)
+        }
+        return Array(buffer[..<end])
+    }
+
+    static func writeRandomFrame(_ w: inout WireWriter, _ random: inout SeededRandom) {
+        func small() -> UInt64 { random.next() % 16 }
+        func any() -> UInt64 { [small(), random.next() % 70_000, random.next() % (1 << 30), (1 << 62) - 1][Int(random.next() % 4)] }
+        func bytes(_ count: Int) -> [UInt8] { (0..<count).map { _ in UInt8(truncatingIfNeeded: random.next()) } }
+        switch random.next() % 13 {
+        case 0: w.writePing()
+        case 1: w.writePadding(Int(small()))
+        case 2:
+            // Disjoint ranges, highest first, acknowledging packets that may never have been sent.
+            var ranges: [ClosedRange<UInt64>] = []
+            var top = min(any(), 1 << 40) + 40
+            for _ in 0..<(1 + random.next() % 3) where top >= 4 {
+                let length = min(random.next() % 4, top - 2)
+                ranges.append((top - length)...top)
+                guard top >= length + 4 else { break }
+                top = top - length - 2 - random.next() % 2
+            }
+            w.writeAck(ranges: ranges, delay: any())
+        case 3: bytes(Int(small())).withUnsafeBytes { w.writeCrypto(offset: any(), data: $0) }
+        case 4: bytes(Int(small()) * 4).withUnsafeBytes { w.writeControl(offset: any(), data: $0) }
+        case 5: bytes(Int(small())).withUnsafeBytes { w.writeNewToken($0) }
+        case 6:
+            let sequence = small()
+            bytes(16).withUnsafeBytes { w.writeNewConnectionID(sequence: sequence, retirePriorTo: random.next() % (sequence + 2),
+                                                               id: ConnectionID(random.next()), resetToken: $0) }
+        case 7: w.writeRetireConnectionID(sequence: any())
+        case 8: w.writePathChallenge(random.next())
+        case 9: w.writePathResponse(random.next())
+        case 10:
+            // Rarely: the peer closes, which ends the round early.
+            if random.next() % 10 == 0 { w.writeConnectionClose(code: small(), reason: "bye") } else { w.writePing() }
+        case 11: w.writeHandshakeDone()
+        default: bytes(Int(small())).withUnsafeBytes { w.writeDatagram($0, last: false) }
+        }
+    }
 }
