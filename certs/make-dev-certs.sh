@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Make the development TLS certificates and APNs key for Squelch.
 #
-#   ./certs/make-dev-certs.sh [--force] [DIR]
+#   ./certs/make-dev-certs.sh [--force] [--name NAME]... [DIR]
 #
 # DIR defaults to the directory holding this script. Files that already exist
 # are kept; missing ones are made. --force regenerates everything.
@@ -13,7 +13,8 @@ usage() {
     echo "  Makes a dev CA, server and APNs-simulator certificates and an APNs .p8 key in DIR" >&2
     echo "  (default: $(dirname "$0")). Existing files are kept unless --force is given." >&2
     echo "  --name adds a DNS name or IP address to the server certificate (besides localhost," >&2
-    echo "  127.0.0.1 and ::1), for clients on other machines; a server.pem without it is re-issued." >&2
+    echo "  127.0.0.1 and ::1), for clients on other machines; a server.pem without it is re-issued" >&2
+    echo "  with the names of this run only, so give every name each time." >&2
 }
 
 force=0
@@ -24,7 +25,8 @@ while [[ $# -gt 0 ]]; do
         --force) force=1 ;;
         --name)
             if [[ $# -lt 2 || -z "$2" || "$2" == -* ]]; then echo "--name needs a DNS name or IP address" >&2; usage; exit 2; fi
-            if [[ ! "$2" =~ ^[A-Za-z0-9.:*-]+$ ]]; then echo "--name '$2' is not a DNS name or IP address" >&2; exit 2; fi
+            # No wildcards: openssl's -checkhost can't confirm one, so the certificate would be re-issued every run.
+            if [[ ! "$2" =~ ^[A-Za-z0-9.:-]+$ ]]; then echo "--name '$2' is not a DNS name or IP address (no ports, no wildcards)" >&2; exit 2; fi
             names+=("$2"); shift ;;
         -h|--help) usage; exit 0 ;;
         -*) echo "unknown option: $1" >&2; usage; exit 2 ;;
@@ -137,7 +139,9 @@ lacks_name() {
     for n in "${names[@]}"; do
         local check=-checkhost
         if [[ "$n" =~ ^[0-9.]+$ || "$n" == *:* ]]; then check=-checkip; fi
-        if ! openssl x509 -in "$1" -noout "$check" "$n" 2>/dev/null | grep -q "does match"; then echo "$n"; return 0; fi
+        local answer
+        answer="$(openssl x509 -in "$1" -noout "$check" "$n" 2>/dev/null || true)"
+        if [[ "$answer" != *"does match"* ]]; then echo "$n"; return 0; fi
     done
     return 1
 }

@@ -235,19 +235,33 @@ public final class SQLiteChannelStore: ChannelStore {
             // Revocations by id were once stored as typed (a lower-case UUID pasted from a log, a
             // trailing newline). The lookup compares canonical ids in SQL, so such a row no longer
             // matched its token: a revoked token would be accepted again. Rewrite them canonically;
-            // where that makes two rows for one token, the first revocation stands, as `revoke` keeps it.
-            let rows = try Row.fetchAll(db, sql: "SELECT sequence, channel_id, token_id FROM revocation WHERE token_id IS NOT NULL ORDER BY sequence")
-            var seen = Set<[String]>()
+            // where that makes two rows for one token, the first revocation stands, as `revoke` keeps
+            // it, and learns the later row's user and expiry if it lacked them (as `revoke` does).
+            // The canonical form is spelled out here, not taken from `RevocationRecord`: a migration
+            // must mean the same thing however that function changes later.
+            func canonical(_ id: String) -> String {
+                let trimmed = id.trimmingCharacters(in: .whitespacesAndNewlines)
+                return UUID(uuidString: trimmed)?.uuidString ?? trimmed
+            }
+            let rows = try Row.fetchAll(db, sql: """
+                SELECT sequence, channel_id, token_id, user_id, expires_at FROM revocation WHERE token_id IS NOT NULL ORDER BY sequence
+                """)
+            var kept: [[String]: Int64] = [:]
             for row in rows {
                 let sequence: Int64 = row["sequence"]
                 let stored: String = row["token_id"]
-                let canonical = RevocationRecord.canonicalTokenID(stored)
-                guard seen.insert([row["channel_id"], canonical]).inserted else {
+                let id = canonical(stored)
+                let key: [String] = [row["channel_id"], id]
+                if let first = kept[key] {
+                    try db.execute(sql: """
+                        UPDATE revocation SET user_id = coalesce(user_id, ?), expires_at = coalesce(expires_at, ?) WHERE sequence = ?
+                        """, arguments: [row["user_id"] as String?, row["expires_at"] as Int64?, first])
                     try db.execute(sql: "DELETE FROM revocation WHERE sequence = ?", arguments: [sequence])
                     continue
                 }
-                if canonical != stored {
-                    try db.execute(sql: "UPDATE revocation SET token_id = ? WHERE sequence = ?", arguments: [canonical, sequence])
+                kept[key] = sequence
+                if id != stored {
+                    try db.execute(sql: "UPDATE revocation SET token_id = ? WHERE sequence = ?", arguments: [id, sequence])
                 }
             }
         }

@@ -247,7 +247,12 @@ public enum AdminAPI {
                 }
                 revocation.userID = holder.userID
             }
-            let existing = try await store.revocations(after: 0, channel: id).contains { $0.tokenID != nil && $0.tokenID == revocation.tokenID }
+            // One that has expired is pruned by `revoke` and replaced: that is a new revocation. (Two
+            // identical requests at once may both be told 201; the store keeps one row either way.)
+            let now = Date()
+            let existing = try await store.revocations(after: 0, channel: id).contains {
+                $0.tokenID != nil && $0.tokenID == revocation.tokenID && ($0.expiresAt.map { $0 >= now } ?? true)
+            }
             let stored = try await store.revoke(revocation)
             admin.audit(existing ? "token revocation repeated" : "token revoked",
                         ["channel": "\(id)", "token_id": "\(stored.tokenID ?? "-")", "user": "\(stored.userID ?? "unknown")", "reason": "\(stored.reason)"])

@@ -185,9 +185,11 @@ extension PushDispatcher {
         let (before, after) = health.withLockedValue { health -> (PushHealth, PushHealth) in
             let before = health
             change(&health)
+            // Under the lock: pushes end side by side, and set out of order the gauge could stay 1
+            // after the health said ok.
+            metrics.failing.set(Int64(health.isFailing ? 1 : 0))
             return (before, health)
         }
-        metrics.failing.set(Int64(after.isFailing ? 1 : 0))
         if !before.isFailing, after.isFailing {
             logger.error("wake pushes are failing; members who are not connected are not woken",
                          metadata: ["problem": "\(after.lastProblem ?? "")", "failures": "\(after.failuresSinceDelivery)"])

@@ -6,9 +6,11 @@ import Foundation
 /// A wrong APNs key or topic, or an APNs host the server can't reach, leaves the voice service working
 /// for everyone connected while nobody asleep is woken: the failure an operator otherwise learns of
 /// from users. Only failures that say something about the server's side count: a configuration error
-/// (one is proof enough), or three in a row of the kind that passes (no connection, timeouts, APNs's
-/// own 5xx, retries out of time). A dead or throttled device token is that device's business and
-/// changes nothing. A delivery ends the failing state.
+/// (one is proof enough: a wrong key, team or topic fails every push alike), or three in a row of
+/// the kind that passes (no connection, timeouts, APNs's own 5xx, retries out of time) or of a token
+/// refused before APNs has accepted anything (`BadDeviceToken`, `DeviceTokenNotForTopic`: a wrong
+/// topic or host, or only one stale token, which must not flip the health alone). A dead or throttled
+/// device token otherwise is that device's business and changes nothing. A delivery ends it.
 ///
 /// A plain value: the dispatcher keeps it under its lock and stamps each result with the wall clock.
 public struct PushHealth: Sendable, Equatable {
@@ -38,9 +40,18 @@ public struct PushHealth: Sendable, Equatable {
         guard let problem = Self.serverSideProblem(failure) else { return }
         failuresSinceDelivery += 1
         lastProblem = problem
-        if failingSince == nil, failure.isConfigurationError || failuresSinceDelivery >= Self.transientFailuresToFail {
+        if failingSince == nil, Self.failsAtOnce(failure) || failuresSinceDelivery >= Self.transientFailuresToFail {
             failingSince = time
         }
+    }
+
+    /// A configuration error that is no single token's answer.
+    static func failsAtOnce(_ failure: APNsPushFailure) -> Bool {
+        guard failure.isConfigurationError else { return false }
+        if case .rejected(let response) = failure.reason, response.reason == .badDeviceToken || response.reason == .deviceTokenNotForTopic {
+            return false
+        }
+        return true
     }
 
     /// What a failure says is wrong on the server's side, in words an operator can act on; nil for a

@@ -44,7 +44,7 @@ public struct ServerConfiguration: Sendable, Equatable {
     public var privateKeyPath: String = "certs/server.key"
     /// Live connections beyond this are refused (server busy).
     public var maxConnections: Int = 10_000
-    /// New handshakes accepted per second from one IP address. Raise it when many members share an
+    /// New handshakes accepted per second from one IP address (IPv6: one /64). Raise it when many members share an
     /// address (a dispatch centre behind one NAT, a load test).
     public var handshakesPerSecondPerAddress: Int = 20
     /// Connections open at once from one IP address (IPv6: one /64); more are refused. Raise it for a

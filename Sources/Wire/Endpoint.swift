@@ -30,7 +30,8 @@ public struct EndpointStats: Sendable, Equatable {
     /// Handshakes that completed (the client's Finished verified).
     public var handshakesCompleted = 0
     /// Connections that closed before their handshake completed: timed out, a bad or unexpected
-    /// message, a certificate or transport parameter the server could not accept.
+    /// message or transport parameter, the client refusing the server's certificate, or the server
+    /// shutting down mid-handshake.
     public var handshakesFailed = 0
     public init() {}
 }

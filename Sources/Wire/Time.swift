@@ -32,8 +32,14 @@ public struct PathAddress: Hashable, Sendable, CustomStringConvertible {
 
     /// Who sent it, for per-source limits: the IPv4 address, or the IPv6 /64. One host, or one
     /// subscriber's network, holds a whole /64, so a limit per IPv6 address would limit nothing.
+    /// Addresses that carry an IPv4 client in their low bits count by the whole address: IPv4-mapped
+    /// (`::ffff:a.b.c.d`, every IPv4 client of a dual-stack `::` socket, all in `::/64`) and Teredo
+    /// (`2001:0::/32`, whose clients share their relay's /64).
     public var source: PathAddress {
-        isIPv6 ? PathAddress(ipv6High: high, low: 0, port: 0) : PathAddress(ipv4: UInt32(truncatingIfNeeded: low), port: 0)
+        guard isIPv6 else { return PathAddress(ipv4: UInt32(truncatingIfNeeded: low), port: 0) }
+        let mapped = high == 0 && low >> 32 == 0xFFFF
+        let teredo = high >> 32 == 0x2001_0000
+        return PathAddress(ipv6High: high, low: mapped || teredo ? low : 0, port: 0)
     }
 
     /// Same host, maybe another port: NAT rebinding, which keeps RTT state (RFC 9000 §9.4).

@@ -156,6 +156,9 @@ struct Push: AsyncParsableCommand {
             if burst > 0 { times.append(last.timeIntervalSince(granted)) }
             try await talker.send(.floorRelease)
             guard await talker.waitForFloor(.idle, after: mark) != nil else { throw ValidationError("the floor was not released") }
+            // squelchd wakes one member at most once a second (PushSchedule): a burst sooner would
+            // measure that hold, not the wake path.
+            try await Task.sleep(for: .milliseconds(1_100))
         }
         let sorted = times.sorted()
         print("| sleeping members | bursts | grant → last push accepted, median | max |")

@@ -55,7 +55,7 @@ struct Serve: AsyncParsableCommand {
     @Option(help: ArgumentHelp(ServerConfiguration.help("maxConnections", "Live connections beyond this are refused."), valueName: "n"))
     var maxConnections: Int?
 
-    @Option(help: ArgumentHelp(ServerConfiguration.help("handshakesPerSecondPerAddress", "New connections accepted per second from one IP address."), valueName: "n"))
+    @Option(help: ArgumentHelp(ServerConfiguration.help("handshakesPerSecondPerAddress", "New connections accepted per second from one IP address (IPv6: one /64)."), valueName: "n"))
     var handshakesPerSecondPerAddress: Int?
 
     @Option(help: ArgumentHelp(ServerConfiguration.help("maxConnectionsPerAddress", "Connections open at once from one IP address (IPv6: one /64); raise it for a site with more members behind one NAT."), valueName: "n"))

@@ -193,15 +193,20 @@ struct Token: AsyncParsableCommand {
             } else {
                 revocation = .token(id ?? "", channel: try parseChannelID(channel ?? ""), user: nil, expiresAt: nil, at: now, reason: reason)
             }
+            // The reason goes into the suggested command too, quoted for the shell, unless it is the default.
+            let reasonFlag = reason == "revoked by an administrator" ? "" : " --reason '\(reason.replacingOccurrences(of: "'", with: "'\\''"))'"
             let outcome = try await store.withStore { db throws(StoreError) -> Result<(RevocationRecord, String?, Bool), RevokeRefusal> in
                 let holder = try await db.lastHolder(ofTokenID: revocation.tokenID ?? "")
                 if token == nil, let holder, holder.channel != revocation.channelID {
                     // Stored on this channel it would void nothing: the token is another channel's.
-                    return .failure(RevokeRefusal(message: "token \(revocation.tokenID ?? "") is the one member '\(holder.userID)' of channel \(holder.channel.uuidString) last joined with, not a token for channel \(revocation.channelID.uuidString); nothing was revoked. Run: squelchd token revoke --channel \(holder.channel.uuidString) --id \(revocation.tokenID ?? "")\(store.dataDirFlag)"))
+                    return .failure(RevokeRefusal(message: "token \(revocation.tokenID ?? "") is the one member '\(holder.userID)' of channel \(holder.channel.uuidString) last joined with, not a token for channel \(revocation.channelID.uuidString); nothing was revoked. Run: squelchd token revoke --channel \(holder.channel.uuidString) --id \(revocation.tokenID ?? "")\(reasonFlag)\(store.dataDirFlag)"))
                 }
                 var revocation = revocation
                 if let holder, revocation.userID == nil { revocation.userID = holder.userID }
-                let before = try await db.revocations(after: 0, channel: revocation.channelID).contains { $0.tokenID == revocation.tokenID }
+                // An expired one is pruned by `revoke` and replaced: that counts as new.
+                let before = try await db.revocations(after: 0, channel: revocation.channelID).contains {
+                    $0.tokenID == revocation.tokenID && ($0.expiresAt.map { $0 >= now } ?? true)
+                }
                 return .success((try await db.revoke(revocation), holder?.userID, before))
             }
             let stored: RevocationRecord

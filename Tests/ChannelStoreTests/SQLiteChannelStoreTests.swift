@@ -616,11 +616,14 @@ private func message(_ error: StoreError?) -> String {
             try await pool.write { db in
                 try db.execute(sql: "INSERT INTO channel (id, name, mode, max_burst_seconds, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?)",
                                arguments: [channel.id.uuidString, "Ops", "halfDuplex", 45, 0, 0])
-                for (id, reason) in [(token.uuidString.lowercased() + "\n", "phone lost"), (token.uuidString, "again"),
+                for (id, reason) in [(token.uuidString.lowercased() + "\n", "phone lost"),
                                      (" " + other.uuidString.lowercased(), "left the crew"), ("not-a-uuid", "typo")] {
                     try db.execute(sql: "INSERT INTO revocation (channel_id, token_id, revoked_at, reason) VALUES (?, ?, ?, ?)",
                                    arguments: [channel.id.uuidString, id, 1_000, reason])
                 }
+                // The same token revoked again, whole, by a build that stored it canonically.
+                try db.execute(sql: "INSERT INTO revocation (channel_id, user_id, token_id, revoked_at, expires_at, reason) VALUES (?, ?, ?, ?, ?, ?)",
+                               arguments: [channel.id.uuidString, "ann", token.uuidString, 2_000, 4_000_000_000_000, "again"])
             }
             try pool.close()
         }
@@ -628,6 +631,8 @@ private func message(_ error: StoreError?) -> String {
         let issued = Date(timeIntervalSince1970: 0)
         let hit = try await store.revocation(channel: channel.id, user: "ann", tokenID: token.uuidString, issuedAt: issued)
         #expect(hit?.reason == "phone lost")
+        // The first revocation stands and learned the later one's user and expiry, so it is pruned in time.
+        #expect(hit?.userID == "ann" && hit?.expiresAt == Date(timeIntervalSince1970: 4_000_000_000))
         #expect(try await store.revocation(channel: channel.id, user: "bob", tokenID: other.uuidString, issuedAt: issued)?.reason == "left the crew")
         let all = try await store.revocations(after: 0, channel: channel.id)
         #expect(all.map(\.tokenID) == [token.uuidString, other.uuidString, "not-a-uuid"])

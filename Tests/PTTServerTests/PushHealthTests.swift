@@ -46,6 +46,19 @@ import Testing
         #expect(health.status.reason?.contains("503") == true)
     }
 
+    @Test func tokensRefusedBeforeAnyDeliveryFailItOnlyThreeInARow() {
+        // Before APNs accepted anything, a refused token may mean a wrong topic (every token) or one
+        // stale token: one alone must not flip the health.
+        var health = PushHealth()
+        let notForTopic = rejected(400, "DeviceTokenNotForTopic", configuration: true)
+        health.failed(notForTopic, at: start)
+        health.failed(notForTopic, at: start)
+        #expect(!health.isFailing)
+        health.failed(notForTopic, at: start.addingTimeInterval(1))
+        #expect(health.isFailing)
+        #expect(health.status.reason?.contains("topic") == true)
+    }
+
     @Test func aDevicesOwnTokenProblemsChangeNothing() {
         var health = PushHealth()
         for _ in 0..<10 {

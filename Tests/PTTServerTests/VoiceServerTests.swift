@@ -707,8 +707,8 @@ func slot(of member: TestMember) -> UInt16? {
             }
         }
         #expect(sent == 1)
-        let wanted = ["squelch_handshakes_total{outcome=\"completed\"} 1", "squelch_handshakes_total{outcome=\"failed\"} 1",
-                      "squelch_transport_datagrams_dropped_total{reason=\"unroutable\"} 1"]
+        let wanted = ["squelch_handshakes_total{outcome=\"completed\"} 1\n", "squelch_handshakes_total{outcome=\"failed\"} 1\n",
+                      "squelch_transport_datagrams_dropped_total{reason=\"unroutable\"} 1\n"]
         var text = ""
         let counted = try await eventually(seconds: 15) {
             text = try await fixture.metrics(listening)

@@ -210,6 +210,14 @@ import Testing
         #expect(a.source == b.source)
         #expect(a.source != c.source)
         #expect(PathAddress.v4(10, 0, 0, 1, port: 5).source == PathAddress.v4(10, 0, 0, 1, port: 6).source)
+        // IPv4 clients of a dual-stack socket arrive as ::ffff:a.b.c.d, all in ::/64: each is its own.
+        let mapped1 = PathAddress(ipv6High: 0, low: 0x0000_FFFF_C633_6407, port: 5)
+        let mapped2 = PathAddress(ipv6High: 0, low: 0x0000_FFFF_C633_6408, port: 5)
+        #expect(mapped1.source != mapped2.source)
+        #expect(mapped1.source == PathAddress(ipv6High: 0, low: 0x0000_FFFF_C633_6407, port: 9).source)
+        // Teredo clients share their relay's /64.
+        #expect(PathAddress(ipv6High: 0x2001_0000_4136_E378, low: 1, port: 5).source
+                != PathAddress(ipv6High: 0x2001_0000_4136_E378, low: 2, port: 5).source)
     }
 
     @Test func beyondTheConnectionLimitClientsAreRefusedWithAReason() async throws {
