@@ -477,4 +477,34 @@ extension ChannelStore {
         }
         return nil
     }
+
+    /// Revokes one token as an administrator asks it (the admin API, `squelchd token revoke`):
+    /// - by id alone (`byIDAlone`), a token a member of another channel last joined with is refused,
+    ///   since stored on this channel the revocation would void nothing;
+    /// - the revocation names the member of this channel that last joined with it, if it lacks one;
+    /// - a token already revoked keeps its first revocation, and says so (`isNew` false). One that
+    ///   has expired is pruned by `revoke` and replaced: that counts as new. (Two identical requests
+    ///   at once may both be told new; `revoke` keeps one row either way.)
+    public func revokeToken(_ revocation: RevocationRecord, byIDAlone: Bool, now: Date = Date()) async throws(StoreError) -> TokenRevocation {
+        var revocation = revocation
+        let holder = try await lastHolder(ofTokenID: revocation.tokenID ?? "")
+        if byIDAlone, let holder, holder.channel != revocation.channelID {
+            return .otherChannel(holder.channel, holder: holder.userID)
+        }
+        let member = holder?.channel == revocation.channelID ? holder?.userID : nil
+        if revocation.userID == nil { revocation.userID = member }
+        let standing = try await revocations(after: 0, channel: revocation.channelID).contains {
+            $0.tokenID != nil && $0.tokenID == revocation.tokenID && ($0.expiresAt.map { $0 >= now } ?? true)
+        }
+        return .revoked(try await revoke(revocation), isNew: !standing, holder: member)
+    }
+}
+
+/// What `ChannelStore.revokeToken` did.
+public enum TokenRevocation: Sendable, Equatable {
+    /// Stored (`isNew`), or already revoked and its first revocation returned. `holder`: the member of
+    /// the channel that last joined with the token, if any.
+    case revoked(RevocationRecord, isNew: Bool, holder: String?)
+    /// Nothing stored: by id alone, the token is the one `holder` of that channel last joined with.
+    case otherChannel(UUID, holder: String)
 }

@@ -238,27 +238,20 @@ public enum AdminAPI {
             let id = try channelID(context)
             _ = try await existingChannel(id, in: store)
             let body = try await decode(RevocationRequest.self, from: request)
-            var revocation = try await body.revocation(channel: id, tokens: admin.tokens, now: Date())
-            if body.token == nil, let tokenID = revocation.tokenID, let holder = try await store.lastHolder(ofTokenID: tokenID) {
-                // By id alone nothing else says whose token it is: a member that joined with it says
-                // which channel it is for, and a revocation stored on another would void nothing.
-                guard holder.channel == id else {
-                    throw AdminError(.badRequest, "token \(tokenID) is the one member '\(holder.userID)' of channel \(holder.channel) last joined with, not a token for this channel; revoke it there")
-                }
-                revocation.userID = holder.userID
+            let revocation = try await body.revocation(channel: id, tokens: admin.tokens, now: Date())
+            let stored: RevocationRecord
+            let isNew: Bool
+            switch try await store.revokeToken(revocation, byIDAlone: body.token == nil) {
+            case .otherChannel(let channel, let holder):
+                throw AdminError(.badRequest, "token \(revocation.tokenID ?? "") is the one member '\(holder)' of channel \(channel) last joined with, not a token for this channel; revoke it there")
+            case .revoked(let record, let new, _):
+                (stored, isNew) = (record, new)
             }
-            // One that has expired is pruned by `revoke` and replaced: that is a new revocation. (Two
-            // identical requests at once may both be told 201; the store keeps one row either way.)
-            let now = Date()
-            let existing = try await store.revocations(after: 0, channel: id).contains {
-                $0.tokenID != nil && $0.tokenID == revocation.tokenID && ($0.expiresAt.map { $0 >= now } ?? true)
-            }
-            let stored = try await store.revoke(revocation)
-            admin.audit(existing ? "token revocation repeated" : "token revoked",
+            admin.audit(isNew ? "token revoked" : "token revocation repeated",
                         ["channel": "\(id)", "token_id": "\(stored.tokenID ?? "-")", "user": "\(stored.userID ?? "unknown")", "reason": "\(stored.reason)"])
             await admin.hub?.tokenRevoked(stored)
             // Revoked before: the first revocation stands (its time and reason), so nothing was created.
-            return try json(stored, status: existing ? .ok : .created)
+            return try json(stored, status: isNew ? .created : .ok)
         }
         v1.get("channels/:id/revocations") { _, context in
             let id = try channelID(context)

@@ -295,7 +295,7 @@ public final class Connection {
         case .probeTimeout: stats.probeTimeouts += 1
         case .amplificationBlocked: stats.amplificationBlocked += 1
         }
-        tally?.totals.counts[trouble.rawValue] += 1
+        tally?.totals[trouble] += 1
     }
 
     /// Queues a control message: delivered reliably, in order, exactly once.

@@ -127,10 +127,37 @@ public enum ConnectionTrouble: Int, Sendable, CaseIterable {
 /// summed over every connection an endpoint has had, live or closed (`Endpoint.troubleTotals`).
 /// Each connection adds to it as the event happens, so reading the sum costs nothing per connection
 /// and nothing is lost when a connection closes.
+///
+/// Plain fields, not an array: the metrics keep a copy of the last sum, and an array shared with
+/// it would be copied (allocated) at the next drop, on the receive path.
 public struct ConnectionTroubleTotals: Sendable, Equatable {
-    public var counts = [Int](repeating: 0, count: ConnectionTrouble.allCases.count)
+    var undecryptable = 0, replayed = 0, malformed = 0, noKeys = 0, packetLost = 0, probeTimeout = 0, amplificationBlocked = 0
     public init() {}
-    public subscript(_ trouble: ConnectionTrouble) -> Int { counts[trouble.rawValue] }
+
+    public subscript(_ trouble: ConnectionTrouble) -> Int {
+        get {
+            switch trouble {
+            case .undecryptable: undecryptable
+            case .replayed: replayed
+            case .malformed: malformed
+            case .noKeys: noKeys
+            case .packetLost: packetLost
+            case .probeTimeout: probeTimeout
+            case .amplificationBlocked: amplificationBlocked
+            }
+        }
+        set {
+            switch trouble {
+            case .undecryptable: undecryptable = newValue
+            case .replayed: replayed = newValue
+            case .malformed: malformed = newValue
+            case .noKeys: noKeys = newValue
+            case .packetLost: packetLost = newValue
+            case .probeTimeout: probeTimeout = newValue
+            case .amplificationBlocked: amplificationBlocked = newValue
+            }
+        }
+    }
 }
 
 /// Shared by an endpoint and its connections, on the endpoint's one thread (neither is Sendable).

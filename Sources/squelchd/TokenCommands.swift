@@ -195,30 +195,17 @@ struct Token: AsyncParsableCommand {
             }
             // The reason goes into the suggested command too, quoted for the shell, unless it is the default.
             let reasonFlag = reason == "revoked by an administrator" ? "" : " --reason '\(reason.replacingOccurrences(of: "'", with: "'\\''"))'"
-            let outcome = try await store.withStore { db throws(StoreError) -> Result<(RevocationRecord, String?, Bool), RevokeRefusal> in
-                let holder = try await db.lastHolder(ofTokenID: revocation.tokenID ?? "")
-                if token == nil, let holder, holder.channel != revocation.channelID {
-                    // Stored on this channel it would void nothing: the token is another channel's.
-                    return .failure(RevokeRefusal(message: "token \(revocation.tokenID ?? "") is the one member '\(holder.userID)' of channel \(holder.channel.uuidString) last joined with, not a token for channel \(revocation.channelID.uuidString); nothing was revoked. Run: squelchd token revoke --channel \(holder.channel.uuidString) --id \(revocation.tokenID ?? "")\(reasonFlag)\(store.dataDirFlag)"))
-                }
-                var revocation = revocation
-                if let holder, revocation.userID == nil { revocation.userID = holder.userID }
-                // An expired one is pruned by `revoke` and replaced: that counts as new.
-                let before = try await db.revocations(after: 0, channel: revocation.channelID).contains {
-                    $0.tokenID == revocation.tokenID && ($0.expiresAt.map { $0 >= now } ?? true)
-                }
-                return .success((try await db.revoke(revocation), holder?.userID, before))
-            }
             let stored: RevocationRecord
             let holder: String?
-            let repeated: Bool
-            switch outcome {
-            case .success(let result): (stored, holder, repeated) = result
-            case .failure(let refusal):
-                standardError("squelchd: \(refusal.message)")
+            let isNew: Bool
+            switch try await store.withStore({ db throws(StoreError) in try await db.revokeToken(revocation, byIDAlone: token == nil, now: now) }) {
+            case .otherChannel(let channel, let member):
+                standardError("squelchd: token \(revocation.tokenID ?? "") is the one member '\(member)' of channel \(channel.uuidString) last joined with, not a token for channel \(revocation.channelID.uuidString); nothing was revoked. Run: squelchd token revoke --channel \(channel.uuidString) --id \(revocation.tokenID ?? "")\(reasonFlag)\(store.dataDirFlag)")
                 throw ExitCode(1)
+            case .revoked(let record, let new, let member):
+                (stored, isNew, holder) = (record, new, member)
             }
-            if repeated {
+            if !isNew {
                 // The first revocation stands; saying "revoked" with today's reason would misstate the record.
                 print("token \(stored.tokenID ?? "") on channel \(stored.channelID.uuidString) was already revoked at \(stored.revokedAt.formatted(.iso8601)): \(stored.reason)")
                 return
@@ -298,9 +285,4 @@ func loadAuthority(_ configuration: ServerConfiguration, forIssue: Bool) async t
         standardError("squelchd: \(error)")
         throw ExitCode(78)
     }
-}
-
-/// A revocation by id that `token revoke` refuses before storing anything.
-struct RevokeRefusal: Error {
-    var message: String
 }
