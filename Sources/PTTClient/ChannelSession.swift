@@ -38,6 +38,9 @@ enum SessionOutput: Sendable, Equatable {
     /// Try the connection again after at most this long (the engine waits a random time between half
     /// and all of it); answer with `reconnectDue`.
     case scheduleReconnect(milliseconds: Int)
+    /// A press made while not connected waits this long for the channel to be rejoined; answer with
+    /// `transmitWaitDue(request:)`.
+    case scheduleTransmitWait(milliseconds: Int, request: UInt32)
     /// The server dropped control messages for their rate; answer with `resyncDue` after this long, to
     /// say again what may have been lost.
     case scheduleResync(milliseconds: Int)
@@ -251,16 +254,35 @@ struct ChannelSession {
             transmit = .requesting(source)
             floorRequestNumber &+= 1
             outputs.append(.send(.floorRequest(request: floorRequestNumber)))
-        case .suspended:
-            // A suspended client wakes to talk: the request goes out once the channel is rejoined.
-            transmit = .requesting(source)
-            floorRequestNumber &+= 1
-            connect()
         case .down where tokenExpired:
             emit(.failedToBegin(uuid, ChannelError(.transmissionNotAllowed, "the participant token expired; hand the channel a new one with renewToken to talk again")))
-        case .down, .connecting, .joining:
-            emit(.failedToBegin(uuid, ChannelError(.transmissionNotAllowed, "not connected to the channel yet; wait for the service to be ready")))
+        case .suspended, .down, .connecting, .joining:
+            // Not connected (woken from the background, or the connection is being remade): the
+            // press is held, and the request goes out once the channel is rejoined, as a radio keys
+            // up as soon as it has the network. Refused instead, it looked ignored: the failure was
+            // soon replaced on screen by "connected again". A reconnect waiting out its backoff is
+            // tried now; the user is waiting. The wait is bounded (`transmitWaitDue`).
+            transmit = .requesting(source)
+            floorRequestNumber &+= 1
+            outputs.append(.scheduleTransmitWait(milliseconds: Self.transmitWaitMilliseconds, request: floorRequestNumber))
+            if link == .suspended || link == .down { connect() }
         }
+    }
+
+    /// How long a press made while not connected waits for the channel to be rejoined before it
+    /// fails: MCPTT's floor-request budget (T101 × C101) is seconds too, and a user holding the key
+    /// must learn soon that nobody hears.
+    static let transmitWaitMilliseconds = 4_000
+
+    /// The wait of a press made while not connected is over. Still not rejoined (the request never
+    /// went out): it fails, and the reconnecting goes on. Once the request is sent, the stall
+    /// timeout and the floor's own answers take over.
+    mutating func transmitWaitDue(request: UInt32) {
+        guard let channel, request == floorRequestNumber, case .requesting = transmit, link != .joined else { return }
+        transmit = .idle
+        emit(.failedToBegin(channel, ChannelError(.transmissionNotAllowed, tokenExpired
+            ? "the participant token expired; hand the channel a new one with renewToken to talk again"
+            : "squelchd could not be reached within \(Self.transmitWaitMilliseconds / 1_000) s; still trying, talk again once the service is ready")))
     }
 
     mutating func stopTransmitting(_ uuid: UUID, source: ChannelTransmitRequestSource) {

@@ -38,6 +38,7 @@ actor ManagerEngine {
         case notice(String)
         case reconnectDue
         case resyncDue
+        case transmitWaitDue(UInt32)
         case playbackStopped
         case playbackMuted(Bool)
         case receptionMeasured(Int)
@@ -256,6 +257,8 @@ actor ManagerEngine {
             session.reconnectDue()
         case .resyncDue:
             session.resyncDue()
+        case .transmitWaitDue(let request):
+            session.transmitWaitDue(request: request)
         case .playbackStopped:
             session.playbackStopped()
         case .playbackMuted(let muted):
@@ -374,6 +377,12 @@ actor ManagerEngine {
             reconnectTask = Task {
                 try? await Task.sleep(for: .milliseconds(wait))
                 if !Task.isCancelled { sink.yield(.reconnectDue) }
+            }
+        case .scheduleTransmitWait(let milliseconds, let request):
+            let sink = commandSink
+            Task {
+                try? await Task.sleep(for: .milliseconds(milliseconds))
+                sink.yield(.transmitWaitDue(request))
             }
         case .scheduleResync(let milliseconds):
             let sink = commandSink

@@ -350,8 +350,9 @@ enum Interactive {
                 for action in keyboard.receive(input.bytes, now: time) + keyboard.tick(now: time) {
                     switch action {
                     case .startTransmit:
-                        // Not `resume()` first: a suspended session asked to transmit reconnects and
-                        // requests the floor once joined, whereas one already reconnecting refuses.
+                        // Not `resume()` first: a session not connected (suspended or reconnecting)
+                        // holds the request, reconnects and asks for the floor once joined, for up to
+                        // `ChannelSession.transmitWaitMilliseconds`.
                         shared.withLockedValue { $0.requesting = true; $0.status = nil }
                         manager.requestBeginTransmitting(channelUUID: channel, source: .userRequest)
                     case .stopTransmit(let reason):

@@ -805,6 +805,31 @@ final class FlakyPushTransport: PushTransport {
         await fixture.stop()
     }
 
+    @Test func aPressWhileReconnectingTalksOnceTheChannelIsBack() async throws {
+        let fixture = try await ClientFixture(pushes: false)
+        let id = fixture.channel.id
+        let (proxy, port) = try await fixture.proxy()
+        // Liveness shortened from 20 s, so that the client gives the connection up and handshakes
+        // again (status `connecting`) while the path is still dead.
+        var connection = ConnectionConfiguration.client
+        connection.keepAliveInterval = 500_000_000
+        connection.livenessTimeout = 1_500_000_000
+        let (ann, delegate, _) = try await joinAnn(fixture, port: port, state: "press-reconnecting", connection: connection)
+        await proxy.blackhole(for: .milliseconds(2_500))
+        #expect(await eventually(seconds: 5) { ann.serviceStatus == .connecting })
+        // The user presses while the channel is being rejoined (as walkie does just back from the
+        // background): held, and granted once rejoined, with no second press.
+        ann.requestBeginTransmitting(channelUUID: id)
+        #expect(await delegate.wait(for: .didBegin(.developerRequest), seconds: 8), "\(delegate.all)")
+        #expect(!delegate.all.contains(.failedToBegin(.transmissionNotAllowed)), "\(delegate.errors.withLockedValue { $0 })")
+        #expect(delegate.all.filter { $0 == .didJoin(.developerRequest) }.count == 1, "rejoined, not joined again")
+        ann.stopTransmitting(channelUUID: id)
+        #expect(await delegate.wait(for: .didEnd(.developerRequest)))
+        await ann.invalidate()
+        await proxy.stop()
+        await fixture.stop()
+    }
+
     @Test func aFloorRequestIntoASilentServerFailsInSecondsAndTheChannelCarriesOnWhenItAnswers() async throws {
         let fixture = try await ClientFixture(pushes: false)
         let id = fixture.channel.id

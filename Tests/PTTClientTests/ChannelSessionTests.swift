@@ -602,19 +602,75 @@ func sent(_ outputs: [SessionOutput]) -> [ClientMessage] {
         #expect(!s.takeOutputs().contains { if case .event(.transmissionMode) = $0 { return true } else { return false } })
     }
 
-    @Test func reconnectingBlocksTransmitAndRejoinsWithoutASecondDidJoin() {
+    @Test func reconnectingHoldsAPressUntilRejoinedWithoutASecondDidJoin() {
         var s = joinedSession()
         s.transportReconnecting()
         #expect(s.serviceStatus == .connecting)
         s.beginTransmitting(channelID, source: .userRequest)
-        #expect(delegateCalls(s.takeOutputs()).contains { if case .failedToBegin(_, let e) = $0 { return e.code == .transmissionNotAllowed } else { return false } })
+        var out = s.takeOutputs()
+        #expect(delegateCalls(out).isEmpty, "the press is held, not refused")
+        #expect(out.contains(.scheduleTransmitWait(milliseconds: ChannelSession.transmitWaitMilliseconds, request: 1)))
+        #expect(!out.contains(.connect(credentials)), "the transport is already handshaking again")
+        s.transportConnected()
+        #expect(sent(s.takeOutputs()).allSatisfy { if case .floorRequest = $0 { false } else { true } }, "not before the join is answered")
+        s.received(.joined(channel: ChannelInfo(id: channelID, name: "Ops", image: nil, mode: .halfDuplex, maxBurstSeconds: 60), you: 1,
+                           roster: [participant(1, "Ann")], talkers: []))
+        out = s.takeOutputs()
+        #expect(!delegateCalls(out).contains(.didJoin(channelID, .developerRequest)))
+        #expect(sent(out).contains(.registerPushToken(token: "abcd", environment: .sandbox)), "the token goes again")
+        #expect(sent(out).contains(.floorRequest(request: 1)), "the held press asks for the floor")
+        s.received(.floor(FloorEvent(kind: .granted, burst: 9, request: 1)))
+        #expect(delegateCalls(s.takeOutputs()).contains(.didBeginTransmitting(channelID, .userRequest)))
+        // The wait's timer, when it comes after the join, changes nothing.
+        s.transmitWaitDue(request: 1)
+        #expect(delegateCalls(s.takeOutputs()).isEmpty && s.transmit == .active(.userRequest, burst: 9))
+    }
+
+    @Test func aPressWhileReconnectingShowsTheBurstInProgressOnRejoin() {
+        var s = joinedSession()
+        s.transportReconnecting()
         s.transportConnected()
         s.received(.joined(channel: ChannelInfo(id: channelID, name: "Ops", image: nil, mode: .halfDuplex, maxBurstSeconds: 60), you: 1,
                            roster: [participant(1, "Ann")], talkers: [Talker(slot: 3, burst: 4)]))
-        let out = s.takeOutputs()
-        #expect(!delegateCalls(out).contains(.didJoin(channelID, .developerRequest)))
-        #expect(sent(out).contains(.registerPushToken(token: "abcd", environment: .sandbox)), "the token goes again")
+        _ = s.takeOutputs()
         #expect(s.serviceStatus == .ready && s.activeRemoteParticipant != nil, "a burst in progress shows its talker")
+    }
+
+    @Test func aPressWhileDownReconnectsAtOnceAndFailsIfTheServerStaysAway() {
+        var s = joinedSession()
+        s.transportFailed("no answer")
+        #expect(s.takeOutputs().contains(.scheduleReconnect(milliseconds: 500)) && s.link == .down)
+        s.beginTransmitting(channelID, source: .userRequest)
+        var out = s.takeOutputs()
+        #expect(out.contains(.connect(credentials)), "the user is waiting: no backoff")
+        #expect(delegateCalls(out).isEmpty && s.link == .connecting)
+        // The backoff's own timer then finds a connection under way and leaves it alone.
+        s.reconnectDue()
+        #expect(!s.takeOutputs().contains(.connect(credentials)))
+        // A stale timer (an earlier press) is not this press's.
+        s.transmitWaitDue(request: 0)
+        #expect(delegateCalls(s.takeOutputs()).isEmpty)
+        s.transmitWaitDue(request: 1)
+        out = s.takeOutputs()
+        let errors = delegateCalls(out).compactMap { if case .failedToBegin(_, let e) = $0 { e } else { nil } }
+        #expect(errors.count == 1 && errors.first?.code == .transmissionNotAllowed && errors.first?.message.contains("could not be reached") == true)
+        // Joined later: the press that gave up is not sent.
+        s.transportConnected()
+        s.received(.joined(channel: ChannelInfo(id: channelID, name: "Ops", image: nil, mode: .halfDuplex, maxBurstSeconds: 60), you: 1,
+                           roster: [participant(1, "Ann")], talkers: []))
+        #expect(sent(s.takeOutputs()).allSatisfy { if case .floorRequest = $0 { false } else { true } })
+        // Letting go before the rejoin withdraws the press: nothing goes out once joined.
+        s.transportReconnecting()
+        s.beginTransmitting(channelID, source: .userRequest)
+        s.stopTransmitting(channelID, source: .userRequest)
+        out = s.takeOutputs()
+        #expect(out.contains(.event(.transmitCancelled)) && delegateCalls(out).filter { if case .failedToStop = $0 { true } else { false } }.isEmpty)
+        s.transportConnected()
+        s.received(.joined(channel: ChannelInfo(id: channelID, name: "Ops", image: nil, mode: .halfDuplex, maxBurstSeconds: 60), you: 1,
+                           roster: [participant(1, "Ann")], talkers: []))
+        out = s.takeOutputs()
+        #expect(sent(out).allSatisfy { if case .floorRequest = $0 { false } else { true } })
+        #expect(sent(out).allSatisfy { $0 != .floorRelease }, "nothing was asked on this connection, so nothing is released")
     }
 
     @Test func aTalkerBackWithinTheGraceGivesBackTheFloorItNoLongerUses() {
