@@ -265,6 +265,21 @@ public final class SQLiteChannelStore: ChannelStore {
                 }
             }
         }
+        migrator.registerMigration("v8-audit") { db in
+            // No foreign key to channel: the record of a channel's deletion outlives the channel.
+            try db.create(table: "audit") { t in
+                t.autoIncrementedPrimaryKey("id")
+                t.column("at", .integer).notNull()  // unix milliseconds
+                t.column("source", .text).notNull()
+                t.column("actor", .text)
+                t.column("action", .text).notNull()
+                t.column("channel_id", .text)
+                t.column("user_id", .text)
+                t.column("details", .text).notNull()
+            }
+            try db.create(index: "audit_by_time", on: "audit", columns: ["at"])
+            try db.create(index: "audit_by_channel", on: "audit", columns: ["channel_id", "id"])
+        }
         return migrator
     }
 
@@ -554,6 +569,31 @@ public final class SQLiteChannelStore: ChannelStore {
         }
     }
 
+    // MARK: Audit trail
+
+    public func recordAudit(_ record: AuditRecord) async throws(StoreError) {
+        let row = try AuditRow(record)
+        try await write("record '\(record.action)' in the audit trail") { db in try row.insert(db) }
+    }
+
+    public func auditRecords(channel: UUID?, limit: Int) async throws(StoreError) -> [AuditRecord] {
+        try await read("read the audit trail") { db in
+            var request = AuditRow.order(AuditRow.Columns.id.desc)
+            if let channel { request = request.filter(AuditRow.Columns.channelID == channel.uuidString) }
+            return try request.limit(max(0, limit)).fetchAll(db).map { row throws(StoreError) in try row.record() }
+        }
+    }
+
+    public func pruneAudit(before cutoff: Date, limit: Int) async throws(StoreError) -> Int {
+        let before = cutoff.unixMilliseconds
+        return try await write("prune the audit trail") { db in
+            try db.execute(sql: """
+                DELETE FROM audit WHERE id IN (SELECT id FROM audit WHERE at < ? ORDER BY at LIMIT ?)
+                """, arguments: [before, max(0, limit)])
+            return db.changesCount
+        }
+    }
+
     // MARK: Closing
 
     public func close() async throws(StoreError) {
@@ -835,6 +875,58 @@ private struct TransmissionRow: Codable, FetchableRecord, PersistableRecord {
         TransmissionRecord(channelID: try uuid(channelID, in: "transmission"), userID: userID,
                            startedAt: Date(unixMilliseconds: startedAt), durationMilliseconds: durationMilliseconds,
                            endReason: endReason)
+    }
+}
+
+private struct AuditRow: Codable, FetchableRecord, PersistableRecord {
+    static let databaseTableName = "audit"
+    /// Nil on insert: SQLite assigns it, in the order the changes were made.
+    var id: Int64?
+    var at: Int64
+    var source: String
+    var actor: String?
+    var action: String
+    var channelID: String?
+    var userID: String?
+    /// A JSON object of strings.
+    var details: String
+
+    enum CodingKeys: String, CodingKey {
+        case id, at, source, actor, action, channelID = "channel_id", userID = "user_id", details
+    }
+
+    enum Columns {
+        static let id = Column(CodingKeys.id)
+        static let channelID = Column(CodingKeys.channelID)
+    }
+
+    init(_ record: AuditRecord) throws(StoreError) {
+        id = nil
+        at = record.at.unixMilliseconds
+        source = record.source
+        actor = record.actor
+        action = record.action
+        channelID = record.channelID?.uuidString
+        userID = record.userID
+        do {
+            let encoder = JSONEncoder()
+            encoder.outputFormatting = .sortedKeys
+            details = String(decoding: try encoder.encode(record.details), as: UTF8.self)
+        } catch {
+            throw .invalid("the audit record's details cannot be stored: \(error)")
+        }
+    }
+
+    func record() throws(StoreError) -> AuditRecord {
+        let fields: [String: String]
+        do { fields = try JSONDecoder().decode([String: String].self, from: Data(details.utf8)) } catch {
+            throw .database("audit record \(id ?? 0) has details that are not a JSON object of strings; the database was edited by hand or is damaged")
+        }
+        var record = AuditRecord(at: Date(unixMilliseconds: at), source: source, actor: actor, action: action,
+                                 channelID: try channelID.map { id throws(StoreError) in try uuid(id, in: "audit") },
+                                 userID: userID, details: fields)
+        record.sequence = id ?? 0
+        return record
     }
 }
 

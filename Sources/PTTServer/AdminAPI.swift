@@ -58,9 +58,22 @@ public struct AdminContext: Sendable {
         self.auditLog = auditLog
     }
 
-    /// One line of the audit trail. Tokens themselves are never logged, only their ids.
-    func audit(_ action: String, _ metadata: Logger.Metadata) {
+    /// One entry of the audit trail: a line in the log and a record in the store (`AuditRecord`), which
+    /// `GET /v1/audit` and `squelchd audit` read. Tokens themselves are never recorded, only their ids.
+    /// Written after the change it records: a store that fails here fails the record, not the change,
+    /// which is made and answered (a retry would repeat it); the log line says so.
+    func audit(_ action: String, channel: UUID?, user: String? = nil, _ details: [String: String] = [:]) async {
+        var metadata: Logger.Metadata = details.mapValues { .string($0) }
+        if let channel { metadata["channel"] = "\(channel)" }
+        if let user { metadata["user"] = .string(user) }
         auditLog?.notice("admin API: \(action)", metadata: metadata)
+        do {
+            try await store.recordAudit(AuditRecord(source: AuditRecord.Source.api, action: action, channelID: channel,
+                                                    userID: user, details: details))
+        } catch {
+            metadata["error"] = "\(error)"
+            (auditLog ?? Logger(label: "squelchd.audit")).error("admin API: '\(action)' was made but could not be recorded in the audit trail", metadata: metadata)
+        }
     }
 }
 
@@ -137,6 +150,7 @@ public enum AdminAPI {
         ("/v1/channels/:id/members", [.get]), ("/v1/channels/:id/members/:user", [.delete]),
         ("/v1/channels/:id/revocations", [.get, .post]), ("/v1/channels/:id/roster", [.get]),
         ("/v1/channels/:id/tokens", [.post]), ("/v1/channels/:id/transmissions", [.get]),
+        ("/v1/audit", [.get]),
     ]
 
     /// The methods of the endpoint `path` names (nil: no endpoint has this path).
@@ -178,8 +192,8 @@ public enum AdminAPI {
             if let mode = body.mode { channel.mode = try transmissionMode(mode) }
             try channel.validate()
             try await store.createChannel(channel)
-            admin.audit("channel created", ["channel": "\(channel.id)", "name": "\(channel.name)", "mode": "\(channel.mode)",
-                                            "max_burst_seconds": "\(channel.maxBurstSeconds)"])
+            await admin.audit("channel created", channel: channel.id, ["name": channel.name, "mode": "\(channel.mode)",
+                                                                       "max_burst_seconds": "\(channel.maxBurstSeconds)"])
             await admin.hub?.channelChanged(channel.id)
             return try json(ChannelView(try await store.channel(channel.id) ?? channel), status: .created)
         }
@@ -196,15 +210,15 @@ public enum AdminAPI {
             if let burst = patch.maxBurstSeconds { channel.maxBurstSeconds = burst }
             try channel.validate()
             let updated = try await store.updateChannel(channel)
-            admin.audit("channel updated", ["channel": "\(id)", "name": "\(updated.name)", "mode": "\(updated.mode)",
-                                            "max_burst_seconds": "\(updated.maxBurstSeconds)", "image": "\(updated.image == nil ? "none" : "set")"])
+            await admin.audit("channel updated", channel: id, ["name": updated.name, "mode": "\(updated.mode)",
+                                                               "max_burst_seconds": "\(updated.maxBurstSeconds)", "image": updated.image == nil ? "none" : "set"])
             await admin.hub?.channelChanged(id)
             return try json(ChannelView(updated))
         }
         v1.delete("channels/:id") { _, context in
             let id = try channelID(context)
             try await store.deleteChannel(id)
-            admin.audit("channel deleted", ["channel": "\(id)"])
+            await admin.audit("channel deleted", channel: id)
             await admin.hub?.channelDeleted(id)
             return Response(status: .noContent)
         }
@@ -230,7 +244,7 @@ public enum AdminAPI {
             // holds stop working, and a token issued from the next millisecond on lets it back in.
             let revocation = try await store.revoke(.member(channel: id, user: user, at: Date(), reason: "removed by an administrator"))
             do { try await store.removeMember(channel: id, user: user) } catch StoreError.memberNotFound {}
-            admin.audit("member removed", ["channel": "\(id)", "user": "\(user)"])
+            await admin.audit("member removed", channel: id, user: user)
             await admin.hub?.memberRemoved(channel: id, user: user, revocation: revocation)
             return Response(status: .noContent)
         }
@@ -247,8 +261,8 @@ public enum AdminAPI {
             case .revoked(let record, let new, _):
                 (stored, isNew) = (record, new)
             }
-            admin.audit(isNew ? "token revoked" : "token revocation repeated",
-                        ["channel": "\(id)", "token_id": "\(stored.tokenID ?? "-")", "user": "\(stored.userID ?? "unknown")", "reason": "\(stored.reason)"])
+            await admin.audit(isNew ? "token revoked" : "token revocation repeated", channel: id, user: stored.userID,
+                              ["token_id": stored.tokenID ?? "-", "reason": stored.reason])
             await admin.hub?.tokenRevoked(stored)
             // Revoked before: the first revocation stands (its time and reason), so nothing was created.
             return try json(stored, status: isNew ? .created : .ok)
@@ -274,27 +288,31 @@ public enum AdminAPI {
             do { token = try await admin.tokens.issue(claims) } catch {
                 throw AdminError(.internalServerError, "could not sign the token (\(error)); check the token key in the data directory")
             }
-            admin.audit("token issued", ["channel": "\(id)", "user": "\(claims.userID)", "token_id": "\(claims.tokenID)",
-                                         "capabilities": "\(claims.capabilities.map(\.rawValue).sorted().joined(separator: ","))",
-                                         "priority": "\(claims.priority)", "expires_at": "\(claims.expiresAt.formatted(.iso8601))"])
+            await admin.audit("token issued", channel: id, user: claims.userID, AuditRecord.tokenDetails(claims))
             return try json(IssuedToken(token: token, tokenID: claims.tokenID, channel: id, user: claims.userID,
                                         expiresAt: claims.expiresAt), status: .created)
         }
 
         v1.get("channels/:id/transmissions") { request, context in
             let id = try channelID(context)
-            var limit = defaultTransmissionLimit
-            if let text = request.uri.queryParameters.get("limit") {
-                guard let value = Int(text), (1...maxTransmissionLimit).contains(value) else {
-                    throw AdminError(.badRequest, "limit must be a whole number from 1 to \(maxTransmissionLimit), not '\(text)'")
-                }
-                limit = value
-            }
+            let limit = try limitParameter(request)
             // The log outlives a deleted channel, so a deleted channel's bursts can still be read; a
             // channel that never had any and doesn't exist is a 404.
             let log = try await store.transmissions(of: id, limit: limit)
             if log.isEmpty { _ = try await existingChannel(id, in: store) }
             return try json(log)
+        }
+        v1.get("audit") { request, _ in
+            let limit = try limitParameter(request)
+            var channel: UUID?
+            if let text = request.uri.queryParameters.get("channel") {
+                guard let id = UUID(uuidString: text) else {
+                    throw AdminError(.badRequest, "channel must be a channel UUID, not '\(text)'; GET /v1/channels lists them")
+                }
+                channel = id
+            }
+            // A deleted channel's records stay readable, as its transmission log does.
+            return try json(try await store.auditRecords(channel: channel, limit: limit))
         }
         // Last, so that it wraps only what no route matched (Hummingbird applies a router's
         // middleware to the routes added after it, and to its not-found answer).
@@ -477,6 +495,15 @@ public enum AdminAPI {
         encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
         return encoder
     }()
+
+    /// `?limit=` of the endpoints that list a log, newest first.
+    static func limitParameter(_ request: Request) throws(AdminError) -> Int {
+        guard let text = request.uri.queryParameters.get("limit") else { return defaultTransmissionLimit }
+        guard let value = Int(text), (1...maxTransmissionLimit).contains(value) else {
+            throw AdminError(.badRequest, "limit must be a whole number from 1 to \(maxTransmissionLimit), not '\(text)'")
+        }
+        return value
+    }
 
     static func json(_ value: some Encodable, status: HTTPResponse.Status = .ok) throws -> Response {
         let data = try encoder.encode(value)

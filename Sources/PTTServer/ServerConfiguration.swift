@@ -62,6 +62,9 @@ public struct ServerConfiguration: Sendable, Equatable {
     /// Days the transmission log keeps each burst; older records are deleted every hour. 0 keeps them
     /// for good (then the log grows with every burst: about 100 bytes each).
     public var transmissionLogDays: Int = 365
+    /// Days the audit trail keeps each administrator's change (`GET /v1/audit`, `squelchd audit`);
+    /// older records are deleted every hour. 0 keeps them for good.
+    public var auditDays: Int = 365
     /// Days a member may stay away before it is forgotten (leaves the roster and the wake list; its
     /// device is told to leave the channel; a token it still holds lets it join again). 0, the
     /// default, keeps members until an administrator removes them.
@@ -102,6 +105,7 @@ public struct ServerConfiguration: Sendable, Equatable {
     public static let maxQueueRange = 0...256
     public static let controlMessageRateRange = 1...1_000_000
     public static let transmissionLogDaysRange = 0...36_500
+    public static let auditDaysRange = 0...36_500
     public static let memberRetentionDaysRange = 0...36_500
     public static let minimumAdminKeyLength = 16
     /// File name of the generated admin key inside the data directory.
@@ -245,6 +249,8 @@ public struct ServerConfiguration: Sendable, Equatable {
                     defaultDescription: "\(defaults.controlMessagesPerSecond)", kind: .int(\.controlMessagesPerSecond)),
             Setting(key: "transmissionLogDays", environment: "SQUELCH_TRANSMISSION_LOG_DAYS", flag: "--transmission-log-days",
                     defaultDescription: "\(defaults.transmissionLogDays)", kind: .int(\.transmissionLogDays)),
+            Setting(key: "auditDays", environment: "SQUELCH_AUDIT_DAYS", flag: "--audit-days",
+                    defaultDescription: "\(defaults.auditDays)", kind: .int(\.auditDays)),
             Setting(key: "memberRetentionDays", environment: "SQUELCH_MEMBER_RETENTION_DAYS", flag: "--member-retention-days",
                     defaultDescription: "\(defaults.memberRetentionDays)", kind: .int(\.memberRetentionDays)),
             Setting(key: "logLevel", environment: "SQUELCH_LOG_LEVEL", flag: "--log-level",
@@ -330,6 +336,7 @@ public struct ServerConfiguration: Sendable, Equatable {
         if let value = layer.maxQueue { maxQueue = value }
         if let value = layer.controlMessagesPerSecond { controlMessagesPerSecond = value }
         if let value = layer.transmissionLogDays { transmissionLogDays = value }
+        if let value = layer.auditDays { auditDays = value }
         if let value = layer.memberRetentionDays { memberRetentionDays = value }
         if let value = layer.apns { apns = value }
         if let value = layer.apnsKeyPath { apnsKeyPath = value }
@@ -510,6 +517,8 @@ public struct ServerConfiguration: Sendable, Equatable {
                   "control message rate \(controlMessagesPerSecond) is out of range; use \(Self.controlMessageRateRange.lowerBound)-\(Self.controlMessageRateRange.upperBound) per second")
         try check(Self.transmissionLogDaysRange.contains(transmissionLogDays), "transmissionLogDays",
                   "transmission log retention \(transmissionLogDays) days is out of range; use 1-\(Self.transmissionLogDaysRange.upperBound) days, or 0 to keep the log for good")
+        try check(Self.auditDaysRange.contains(auditDays), "auditDays",
+                  "audit trail retention \(auditDays) days is out of range; use 1-\(Self.auditDaysRange.upperBound) days, or 0 to keep the trail for good")
         try check(Self.memberRetentionDaysRange.contains(memberRetentionDays), "memberRetentionDays",
                   "member retention \(memberRetentionDays) days is out of range; use 1-\(Self.memberRetentionDaysRange.upperBound) days, or 0 to keep members until removed")
         try validateAPNs()
@@ -662,6 +671,7 @@ public struct ConfigurationOverrides: Sendable, Equatable {
     public var maxQueue: Int?
     public var controlMessagesPerSecond: Int?
     public var transmissionLogDays: Int?
+    public var auditDays: Int?
     public var memberRetentionDays: Int?
     public var logLevel: String?
     public var apns: String?

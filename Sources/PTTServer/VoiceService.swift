@@ -129,6 +129,7 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
                 chores.addTask {
                     while !Task.isCancelled {
                         await self.pruneTransmissionLog()
+                        await self.pruneAuditTrail()
                         // Not once shutdown began: the last record is written after the transport stops.
                         guard !Task.isCancelled else { break }
                         await self.recordAlive()
@@ -227,6 +228,29 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
         }
         if total > 0 {
             logger.notice("transmission log pruned", metadata: ["deleted": "\(total)", "older than days": "\(days)"])
+        }
+        return total
+    }
+
+    /// Deletes audit records older than `auditDays` (0: none), in batches, as the transmission log's
+    /// prune does; returns how many went.
+    @discardableResult
+    func pruneAuditTrail(now: Date = Date()) async -> Int {
+        let days = configuration.auditDays
+        guard let cutoff = Self.cutoff(days: days, before: now) else { return 0 }
+        var total = 0
+        do {
+            while !Task.isCancelled {
+                let deleted = try await store.pruneAudit(before: cutoff, limit: Self.pruneBatch)
+                total += deleted
+                if deleted < Self.pruneBatch { break }
+            }
+        } catch {
+            logger.warning("could not prune the audit trail; trying again in an hour",
+                           metadata: ["error": "\(error)", "deleted": "\(total)", "next": "check the data directory's disk (space, I/O errors)"])
+        }
+        if total > 0 {
+            logger.notice("audit trail pruned", metadata: ["deleted": "\(total)", "older than days": "\(days)"])
         }
         return total
     }

@@ -27,7 +27,11 @@ struct Channel: AsyncParsableCommand {
 
         func run() async throws {
             let channel = ChannelRecord(name: name, image: image, mode: mode.mode, maxBurstSeconds: maxBurst)
-            try await store.withStore(creating: true) { db throws(StoreError) in try await db.createChannel(channel) }
+            try await store.withStore(creating: true) { db throws(StoreError) in
+                try await db.createChannel(channel)
+                await audit(db, "channel created", channel: channel.id, ["name": channel.name, "mode": "\(channel.mode)",
+                                                                         "max_burst_seconds": "\(channel.maxBurstSeconds)"])
+            }
             print(channel.id.uuidString)
             standardError("next: squelchd token issue --channel \(channel.id.uuidString) --user <user-id> --name <display-name>\(store.dataDirFlag)")
         }
@@ -124,7 +128,10 @@ struct Channel: AsyncParsableCommand {
                 if clearImage { channel.image = nil }
                 if let mode { channel.mode = mode.mode }
                 if let maxBurst { channel.maxBurstSeconds = maxBurst }
-                return try await db.updateChannel(channel)
+                let updated = try await db.updateChannel(channel)
+                await audit(db, "channel updated", channel: channelID, ["name": updated.name, "mode": "\(updated.mode)",
+                                                                        "max_burst_seconds": "\(updated.maxBurstSeconds)", "image": updated.image == nil ? "none" : "set"])
+                return updated
             }
             print("updated channel \(updated.id.uuidString) (\(updated.name))")
         }
@@ -145,7 +152,10 @@ struct Channel: AsyncParsableCommand {
             let outcome = try await store.withStore { db throws(StoreError) -> (ChannelRecord, members: Int) in
                 guard let channel = try await db.channel(channelID) else { throw StoreError.channelNotFound(channelID) }
                 let members = try await db.members(of: channelID).count
-                if confirmed { try await db.deleteChannel(channelID) }
+                if confirmed {
+                    try await db.deleteChannel(channelID)
+                    await audit(db, "channel deleted", channel: channelID)
+                }
                 return (channel, members)
             }
             guard confirmed else {
@@ -153,6 +163,18 @@ struct Channel: AsyncParsableCommand {
             }
             print("deleted channel \(channelID.uuidString) (\(outcome.0.name))")
         }
+    }
+}
+
+/// Records a change a command made in the audit trail (`AuditRecord`), as the admin API records its
+/// own: source `cli`, and the user and host that ran the command. A failure is said on stderr, and the
+/// change stands: it is made, and running the command again would repeat it.
+func audit(_ db: any ChannelStore, _ action: String, channel: UUID?, user: String? = nil, _ details: [String: String] = [:]) async {
+    do {
+        try await db.recordAudit(AuditRecord(source: AuditRecord.Source.cli, actor: AuditRecord.localActor, action: action,
+                                             channelID: channel, userID: user, details: details))
+    } catch {
+        standardError("squelchd: warning: \(action), but that could not be recorded in the audit trail: \(error)")
     }
 }
 
@@ -317,7 +339,7 @@ private func describeImage(_ image: String?) -> String {
 }
 
 /// Left-aligned columns two spaces apart.
-private func table(_ header: [String], _ rows: [[String]]) -> String {
+func table(_ header: [String], _ rows: [[String]]) -> String {
     let all = [header] + rows
     let widths = header.indices.map { column in all.map { $0[column].count }.max() ?? 0 }
     return all.map { row in

@@ -76,6 +76,9 @@ struct Serve: AsyncParsableCommand {
     @Option(help: ArgumentHelp(ServerConfiguration.help("transmissionLogDays", "Days the transmission log keeps each burst (who talked, when, how long); older records are deleted hourly. 0 keeps them for good. 0-36500."), valueName: "days"))
     var transmissionLogDays: Int?
 
+    @Option(help: ArgumentHelp(ServerConfiguration.help("auditDays", "Days the audit trail keeps each change made through the admin API or the squelchd commands (GET /v1/audit, squelchd audit); older records are deleted hourly. 0 keeps them for good. 0-36500."), valueName: "days"))
+    var auditDays: Int?
+
     @Option(help: ArgumentHelp(ServerConfiguration.help("memberRetentionDays", "Days a member may stay away before it is forgotten: it leaves the roster and the wake list, and its device is told to leave the channel (a token it still holds lets it back in). Checked every minute, 20 members at a time. 0 keeps members until removed. 0-36500."), valueName: "days"))
     var memberRetentionDays: Int?
 
@@ -131,6 +134,7 @@ struct Serve: AsyncParsableCommand {
         overrides.controlMessagesPerSecond = controlMessagesPerSecond
         overrides.maxConnectionsPerAddress = maxConnectionsPerAddress
         overrides.transmissionLogDays = transmissionLogDays
+        overrides.auditDays = auditDays
         overrides.memberRetentionDays = memberRetentionDays
         overrides.tokenKeyPath = tokenKey
         overrides.previousTokenKeyPath = previousTokenKey

@@ -64,12 +64,20 @@ struct Token: AsyncParsableCommand {
             // A token for a channel the server doesn't have is refused at every join, long after the
             // typo; the check needs the database, which a host holding only the key (--token-key) lacks.
             // Before the key is loaded, which may make it: a mistyped command leaves nothing behind.
-            if FileManager.default.fileExists(atPath: Channel.StoreOptions.databasePath(in: configuration.dataDirectory)) {
+            let database = FileManager.default.fileExists(atPath: Channel.StoreOptions.databasePath(in: configuration.dataDirectory))
+            if database {
                 try await store.withStore { db throws(StoreError) in
                     guard try await db.channel(channelID) != nil else { throw StoreError.channelNotFound(channelID) }
                 }
             }
-            print(try await loadAuthority(configuration, forIssue: true).issue(claims))
+            let token = try await loadAuthority(configuration, forIssue: true).issue(claims)
+            // Recorded where the database is; a host holding only the key has no trail to add to.
+            if database {
+                try await store.withStore { db throws(StoreError) in
+                    await audit(db, "token issued", channel: channelID, user: claims.userID, AuditRecord.tokenDetails(claims))
+                }
+            }
+            print(token)
         }
     }
 
@@ -198,7 +206,15 @@ struct Token: AsyncParsableCommand {
             let stored: RevocationRecord
             let holder: String?
             let isNew: Bool
-            switch try await store.withStore({ db throws(StoreError) in try await db.revokeToken(revocation, byIDAlone: token == nil, now: now) }) {
+            let outcome = try await store.withStore { db throws(StoreError) in
+                let outcome = try await db.revokeToken(revocation, byIDAlone: token == nil, now: now)
+                if case .revoked(let record, let isNew, _) = outcome {
+                    await audit(db, isNew ? "token revoked" : "token revocation repeated", channel: record.channelID, user: record.userID,
+                                ["token_id": record.tokenID ?? "-", "reason": record.reason])
+                }
+                return outcome
+            }
+            switch outcome {
             case .otherChannel(let channel, let member):
                 standardError("squelchd: token \(revocation.tokenID ?? "") is the one member '\(member)' of channel \(channel.uuidString) last joined with, not a token for channel \(revocation.channelID.uuidString); nothing was revoked. Run: squelchd token revoke --channel \(channel.uuidString) --id \(revocation.tokenID ?? "")\(reasonFlag)\(store.dataDirFlag)")
                 throw ExitCode(1)

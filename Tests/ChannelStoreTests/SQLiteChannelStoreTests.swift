@@ -374,6 +374,38 @@ private func message(_ error: StoreError?) -> String {
         #expect(try await store.transmissions(of: gone.id, limit: 10).map(\.userID) == ["u4", "u3"])
     }
 
+    /// The audit trail: newest first, by channel or all, limited, kept across a reopen and after
+    /// its channel is deleted, and pruned by age in batches.
+    @Test func theAuditTrailIsKeptReadAndPruned() async throws {
+        var store = try open()
+        let channel = makeChannel(), other = makeChannel("Other")
+        try await store.createChannel(channel)
+        let now = ms()
+        for (index, days) in [40.0, 31, 29, 1].enumerated() {
+            try await store.recordAudit(AuditRecord(at: now.addingTimeInterval(-days * 86_400), source: AuditRecord.Source.cli,
+                                                    actor: "ops@host", action: "token issued", channelID: channel.id,
+                                                    userID: "u\(index)", details: ["token_id": "t\(index)", "note": "a=b \"quoted\""]))
+        }
+        try await store.recordAudit(AuditRecord(at: now, source: AuditRecord.Source.api, action: "channel deleted", channelID: other.id))
+        try await store.deleteChannel(channel.id)
+        try await store.close()
+        store = try open()
+        let all = try await store.auditRecords(channel: nil, limit: 10)
+        #expect(all.map(\.action) == ["channel deleted", "token issued", "token issued", "token issued", "token issued"])
+        #expect(all.map(\.sequence) == [5, 4, 3, 2, 1])
+        #expect(all[0].actor == nil && all[0].source == "api" && all[0].details.isEmpty && all[0].userID == nil)
+        let mine = try await store.auditRecords(channel: channel.id, limit: 2)
+        #expect(mine.map(\.userID) == ["u3", "u2"])
+        #expect(mine[0].details == ["token_id": "t3", "note": "a=b \"quoted\""] && mine[0].actor == "ops@host")
+        #expect(mine[0].at == now.addingTimeInterval(-86_400))
+        let cutoff = now.addingTimeInterval(-30 * 86_400)
+        #expect(try await store.pruneAudit(before: cutoff, limit: 1) == 1)
+        #expect(try await store.pruneAudit(before: cutoff, limit: 5) == 1)
+        #expect(try await store.pruneAudit(before: cutoff, limit: 5) == 0)
+        #expect(try await store.auditRecords(channel: channel.id, limit: 10).map(\.userID) == ["u3", "u2"])
+        try await store.close()
+    }
+
     /// The hourly touch never moves a time back and creates no row; the alive record credits the
     /// downtime once, from the later of itself and the newest last-seen time, capped at now.
     @Test func touchesAndTheAliveRecordCreditDowntimeOnce() async throws {

@@ -122,8 +122,9 @@ struct RecordingLogHandler: LogHandler {
 }
 
 @Suite struct AdminAPITests {
-    /// Every change through the API leaves a line in the server's log: who was removed, which
-    /// token was revoked or issued (its id, never the token), which channel changed.
+    /// Every change through the API leaves a line in the server's log and a record in the store's
+    /// audit trail: who was removed, which token was revoked or issued (its id, never the token),
+    /// which channel changed.
     @Test func changesLeaveAnAuditTrail() async throws {
         let lines = RecordingLogHandler.Lines()
         let fixture = try await AdminFixture()
@@ -150,6 +151,27 @@ struct RecordingLogHandler: LogHandler {
             #expect(!log[2].contains(token.token), "the token itself stays out of the log")
             #expect(log[3].contains("token revoked") && log[3].contains("reason=lost phone"))
             #expect(log[4].contains("channel deleted"))
+
+            // The same five are records in the store, which GET /v1/audit reads, newest first, and
+            // which outlive the deleted channel.
+            let decoder = JSONDecoder()
+            decoder.dateDecodingStrategy = .iso8601
+            let trail = try decoder.decode([AuditRecord].self, from: Data(try await client.send(.get, "/v1/audit").text.utf8))
+            #expect(trail.map(\.action) == ["channel deleted", "token revoked", "token issued", "channel updated", "channel created"])
+            #expect(trail.allSatisfy { $0.source == "api" && $0.actor == nil && $0.channelID?.uuidString == id })
+            #expect(trail[2].userID == "ann" && trail[2].details["token_id"] == token.tokenID && trail[2].details["capabilities"] == "listen,talk")
+            #expect(!trail[2].details.values.contains(token.token), "the token itself stays out of the trail")
+            #expect(trail[1].details["reason"] == "lost phone")
+            #expect(trail[4].details["name"] == "Ops")
+            let other = try await client.send(.post, "/v1/channels", json: #"{"name":"Other"}"#)
+            let otherID = try #require((try JSONSerialization.jsonObject(with: Data(other.text.utf8)) as? [String: Any])?["id"] as? String)
+            let filtered = try decoder.decode([AuditRecord].self, from: Data(try await client.send(.get, "/v1/audit?channel=\(id)&limit=2").text.utf8))
+            #expect(filtered.map(\.action) == ["channel deleted", "token revoked"])
+            let newest = try decoder.decode([AuditRecord].self, from: Data(try await client.send(.get, "/v1/audit?limit=1").text.utf8))
+            #expect(newest.map(\.channelID?.uuidString) == [otherID])
+            let badChannel = try await client.send(.get, "/v1/audit?channel=ops")
+            #expect(badChannel.status == .badRequest && badChannel.text.contains("channel must be a channel UUID"))
+            #expect(try await client.send(.get, "/v1/audit?limit=0").status == .badRequest)
         }
     }
 

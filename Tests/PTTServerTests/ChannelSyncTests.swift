@@ -54,6 +54,21 @@ import Testing
         await hook.withLock { $0 }?.value
     }
 
+    /// The hourly chore deletes audit records older than `auditDays` (365 by default), and only those.
+    @Test func theHourlyChorePrunesTheAuditTrailByAge() async throws {
+        try await withVoiceService { fixture, store, voice in
+            let now = Date()
+            try await store.recordAudit(AuditRecord(at: now.addingTimeInterval(-400 * 86_400), source: AuditRecord.Source.api,
+                                                    action: "channel updated", channelID: fixture.channel.id))
+            try await store.recordAudit(AuditRecord(at: now.addingTimeInterval(-300 * 86_400), source: AuditRecord.Source.cli,
+                                                    action: "token issued", channelID: fixture.channel.id))
+            // The chore's first run, at start, may come after these records and take the old one first.
+            #expect(await voice.pruneAuditTrail(now: now) <= 1)
+            #expect(try await store.auditRecords(channel: nil, limit: 10).map(\.action) == ["token issued"])
+            #expect(await voice.pruneAuditTrail(now: now) == 0)
+        }
+    }
+
     @Test func aRenameDuringAReloadIsNotUndone() async throws {
         try await withVoiceService { fixture, store, voice in
             var record = fixture.channel

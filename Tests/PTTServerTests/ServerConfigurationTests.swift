@@ -183,7 +183,7 @@ import Testing
         #expect(Set(settings.map(\.key)).count == settings.count)
         #expect(Set(settings.map(\.environment)).count == settings.count)
         #expect(settings.allSatisfy { $0.environment.hasPrefix("SQUELCH_") && !$0.defaultDescription.isEmpty })
-        #expect(settings.count == 33, "a new ServerConfiguration field needs a row in settings and a flag in Serve")
+        #expect(settings.count == 34, "a new ServerConfiguration field needs a row in settings and a flag in Serve")
     }
 
     @Test func theTokenKeyDefaultsToTheDataDirectoryAndCanBeSetAnywhere() throws {
@@ -217,6 +217,11 @@ import Testing
         config.transmissionLogDays = -1
         let retention = #expect(throws: ServerConfiguration.ConfigurationError.self) { try config.prepare() }
         #expect(String(describing: try #require(retention)).contains("--transmission-log-days"))
+        config = ServerConfiguration()
+        config.auditDays = 36_501
+        let audit = #expect(throws: ServerConfiguration.ConfigurationError.self) { try config.prepare() }
+        #expect(String(describing: try #require(audit)).contains("--audit-days"))
+        #expect(try ServerConfiguration.load(file: nil, environment: ["SQUELCH_AUDIT_DAYS": "30"]).auditDays == 30)
         config = ServerConfiguration()
         config.memberRetentionDays = 40_000
         let members = #expect(throws: ServerConfiguration.ConfigurationError.self) { try config.prepare() }
