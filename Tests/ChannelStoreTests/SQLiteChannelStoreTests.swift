@@ -676,7 +676,7 @@ private func message(_ error: StoreError?) -> String {
             try String.fetchAll(db, sql: "SELECT identifier FROM grdb_migrations ORDER BY identifier")
         }
         #expect(applied == ["v1", "v2-revocations", "v3-member-grants", "v4-transmission-by-time", "v5-member-subscriptions",
-                            "v6-transmissions-in-progress", "v7-canonical-token-ids"])
+                            "v6-transmissions-in-progress", "v7-canonical-token-ids", "v8-audit"])
     }
 
     @Test func filesArePrivateAndCommitsAreFullySynced() async throws {
