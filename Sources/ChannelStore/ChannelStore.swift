@@ -466,8 +466,9 @@ public protocol ChannelStore: Sendable {
     /// Stores `revocation` and returns it with its sequence; also drops revocations whose tokens have
     /// expired. A member revocation replaces an earlier one for the same member (its cut-off is later);
     /// a token already revoked returns the stored revocation (completed with the token's expiry and
-    /// user if it was made by id alone) rather than a second one.
-    func revoke(_ revocation: RevocationRecord) async throws(StoreError) -> RevocationRecord
+    /// user if it was made by id alone) rather than a second one, with `isNew` false. Decided in the
+    /// write itself, so of two identical requests at once exactly one is told new.
+    func storeRevocation(_ revocation: RevocationRecord) async throws(StoreError) -> (record: RevocationRecord, isNew: Bool)
     /// The revocation that voids a token with these claims, if any: checked on every join.
     func revocation(channel: UUID, user: String, tokenID: String, issuedAt: Date) async throws(StoreError) -> RevocationRecord?
     /// Revocations stored after `sequence`, oldest first; only `channel`'s when given.
@@ -509,6 +510,11 @@ public protocol ChannelStore: Sendable {
 }
 
 extension ChannelStore {
+    /// `storeRevocation`, for callers that don't need to know whether it was new.
+    public func revoke(_ revocation: RevocationRecord) async throws(StoreError) -> RevocationRecord {
+        try await storeRevocation(revocation).record
+    }
+
     /// The member, and its channel, that last joined with the token whose id is `id`, if any: all a
     /// revocation by id alone can be checked against, since issued tokens themselves are not stored.
     /// Reads every channel's members; for administrators' commands, not for joins.
@@ -528,9 +534,9 @@ extension ChannelStore {
     ///   since stored on this channel the revocation would void nothing;
     /// - the revocation names the member of this channel that last joined with it, if it lacks one;
     /// - a token already revoked keeps its first revocation, and says so (`isNew` false). One that
-    ///   has expired is pruned by `revoke` and replaced: that counts as new. (Two identical requests
-    ///   at once may both be told new; `revoke` keeps one row either way.)
-    public func revokeToken(_ revocation: RevocationRecord, byIDAlone: Bool, now: Date = Date()) async throws(StoreError) -> TokenRevocation {
+    ///   has expired is pruned by `storeRevocation` and replaced: that counts as new. Of two identical
+    ///   requests at once, one is told new.
+    public func revokeToken(_ revocation: RevocationRecord, byIDAlone: Bool) async throws(StoreError) -> TokenRevocation {
         var revocation = revocation
         let holder = try await lastHolder(ofTokenID: revocation.tokenID ?? "")
         if byIDAlone, let holder, holder.channel != revocation.channelID {
@@ -538,10 +544,8 @@ extension ChannelStore {
         }
         let member = holder?.channel == revocation.channelID ? holder?.userID : nil
         if revocation.userID == nil { revocation.userID = member }
-        let standing = try await revocations(after: 0, channel: revocation.channelID).contains {
-            $0.tokenID != nil && $0.tokenID == revocation.tokenID && ($0.expiresAt.map { $0 >= now } ?? true)
-        }
-        return .revoked(try await revoke(revocation), isNew: !standing, holder: member)
+        let (stored, isNew) = try await storeRevocation(revocation)
+        return .revoked(stored, isNew: isNew, holder: member)
     }
 }
 

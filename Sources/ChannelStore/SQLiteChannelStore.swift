@@ -443,7 +443,7 @@ public final class SQLiteChannelStore: ChannelStore {
 
     // MARK: Revocations
 
-    public func revoke(_ revocation: RevocationRecord) async throws(StoreError) -> RevocationRecord {
+    public func storeRevocation(_ revocation: RevocationRecord) async throws(StoreError) -> (record: RevocationRecord, isNew: Bool) {
         try revocation.validate()
         let newRow = RevocationRow(revocation)
         let now = Date().unixMilliseconds
@@ -463,11 +463,11 @@ public final class SQLiteChannelStore: ChannelStore {
                     existing.userID = existing.userID ?? newRow.userID
                     try existing.update(db)
                 }
-                return try existing.record()
+                return (try existing.record(), false)
             }
             var row = newRow
             try row.insert(db)
-            return try row.record()
+            return (try row.record(), true)
         }
     }
 

@@ -207,7 +207,7 @@ struct Token: AsyncParsableCommand {
             let holder: String?
             let isNew: Bool
             let outcome = try await store.withStore { db throws(StoreError) in
-                let outcome = try await db.revokeToken(revocation, byIDAlone: token == nil, now: now)
+                let outcome = try await db.revokeToken(revocation, byIDAlone: token == nil)
                 if case .revoked(let record, let isNew, _) = outcome {
                     await audit(db, isNew ? "token revoked" : "token revocation repeated", channel: record.channelID, user: record.userID,
                                 ["token_id": record.tokenID ?? "-", "reason": record.reason])

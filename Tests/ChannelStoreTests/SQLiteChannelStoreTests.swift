@@ -606,6 +606,40 @@ private func message(_ error: StoreError?) -> String {
         }).contains("1-128"))
     }
 
+    /// Two administrators (or a retry racing the first try) revoking the same token at once: one is
+    /// told it revoked the token, the others that it was already revoked, with the one record.
+    @Test func ofIdenticalRevocationsAtOnceExactlyOneIsNew() async throws {
+        let store = try open()
+        let channel = makeChannel()
+        try await store.createChannel(channel)
+        for round in 0 ..< 5 {
+            let token = UUID().uuidString
+            let outcomes = try await withThrowingTaskGroup(of: TokenRevocation.self) { group in
+                for attempt in 0 ..< 8 {
+                    group.addTask {
+                        try await store.revokeToken(.token(token, channel: channel.id, user: nil, expiresAt: nil, at: ms(),
+                                                           reason: "attempt \(attempt)"), byIDAlone: true)
+                    }
+                }
+                return try await group.reduce(into: [TokenRevocation]()) { $0.append($1) }
+            }
+            let records = outcomes.compactMap { if case .revoked(let record, let isNew, _) = $0 { (record, isNew) } else { nil } }
+            #expect(records.count == 8 && records.filter(\.1).count == 1, "round \(round): \(records.map(\.1))")
+            #expect(Set(records.map(\.0.sequence)).count == 1, "one stored revocation, returned to all")
+            #expect(records.first { $0.1 }?.0.reason == records.first?.0.reason)
+        }
+        // Revoked again later: not new either; an expired revocation pruned and made again is.
+        let token = UUID().uuidString
+        guard case .revoked(_, true, _) = try await store.revokeToken(.token(token, channel: channel.id, user: nil, expiresAt: nil, at: ms(), reason: "r"),
+                                                                      byIDAlone: true) else { Issue.record("first revocation not new"); return }
+        guard case .revoked(_, false, _) = try await store.revokeToken(.token(token, channel: channel.id, user: nil, expiresAt: nil, at: ms(), reason: "r"),
+                                                                       byIDAlone: true) else { Issue.record("repeat told new"); return }
+        let lapsed = UUID().uuidString
+        _ = try await store.revoke(.token(lapsed, channel: channel.id, user: nil, expiresAt: ms().addingTimeInterval(-5), at: ms(), reason: "r"))
+        guard case .revoked(_, true, _) = try await store.revokeToken(.token(lapsed, channel: channel.id, user: nil, expiresAt: nil, at: ms(), reason: "r"),
+                                                                      byIDAlone: true) else { Issue.record("a pruned revocation made again is new"); return }
+    }
+
     @Test func revocationsMadeByAnotherConnectionMoveTheRevision() async throws {
         let store = try open()
         let channel = makeChannel()
