@@ -274,6 +274,14 @@ struct ChannelSession {
     /// must learn soon that nobody hears.
     static let transmitWaitMilliseconds = 4_000
 
+    /// A press held while not connected (never sent) fails now, saying why: the channel it waits for
+    /// is gone, or can't be rejoined without the app's help.
+    private mutating func failHeldPress(_ message: String) {
+        guard let channel, link != .joined, case .requesting = transmit else { return }
+        transmit = .idle
+        emit(.failedToBegin(channel, ChannelError(.transmissionNotAllowed, message)))
+    }
+
     /// The wait of a press made while not connected is over. Still not rejoined (the request never
     /// went out): it fails, and the reconnecting goes on. Once the request is sent, the stall
     /// timeout and the floor's own answers take over.
@@ -448,6 +456,7 @@ struct ChannelSession {
     /// and the channel comes back.
     private mutating func sessionTokenExpired(_ reason: String, announce: Bool = true) {
         lostConnection()
+        failHeldPress("the participant token expired; hand the channel a new one with renewToken to talk again")
         outputs.append(.disconnect)
         link = .down
         tokenExpired = true
@@ -525,6 +534,7 @@ struct ChannelSession {
         if !joinReported && joinReason == .developerRequest {
             // The first join never got through: it failed, and the channel is not active.
             emit(.failedToJoin(channel, ChannelError(.unknown, message)))
+            failHeldPress("the channel could not be joined: \(message)")
             updateStatus(.unavailable)
             outputs.append(.flushPlayback)  // taking audio since the connection opened
             reset()
@@ -958,9 +968,12 @@ struct ChannelSession {
 
     /// The connection is gone for now: what depended on it ends.
     private mutating func lostConnection() {
+        let sent = link == .joined
         forgetConnectionState()
         if case .active = transmit { endTransmission(source: .unknown, release: false) }
-        if transmit != .idle {
+        // A press made while not connected was never sent: it stays held for the next join, or until
+        // its wait ends it (`transmitWaitDue`). One sent on this connection dies with it.
+        if transmit != .idle, sent {
             // A request in flight dies with the connection; the app hears why.
             if let channel { emit(.failedToBegin(channel, ChannelError(.transmissionNotAllowed, "the connection dropped before the floor was granted"))) }
             transmit = .idle
@@ -1018,6 +1031,7 @@ struct ChannelSession {
             default: error = ChannelError(.unknown, reason, refusal: code)
             }
             emit(.failedToJoin(channel, error))
+            failHeldPress("the channel could not be joined: \(reason)")
             updateStatus(.unavailable)
             outputs.append(.disconnect)
             outputs.append(.flushPlayback)  // taking audio since the connection opened
@@ -1034,6 +1048,7 @@ struct ChannelSession {
             // channel back; a push does too, where the member's push token is still this device's
             // (the other connection, a one-shot, registered none) and the server sends pushes.
             lostConnection()
+            failHeldPress("\(reason); this one stepped aside, talk again to take the channel back")
             link = .suspended
             outputs.append(.disconnect)
             outputs.append(.event(.notice("\(reason): this one stepped aside and keeps the channel; talk to take it back")))
@@ -1053,6 +1068,7 @@ struct ChannelSession {
     private mutating func finish(reason: ChannelLeaveReason) {
         guard let channel else { return }
         if case .active = transmit { endTransmission(source: .unknown, release: false) }
+        failHeldPress("the channel was left before it was rejoined")
         transmit = .idle
         clearRemote()
         deactivateAudioIfIdle(force: true)

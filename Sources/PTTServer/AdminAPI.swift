@@ -192,9 +192,11 @@ public enum AdminAPI {
             if let mode = body.mode { channel.mode = try transmissionMode(mode) }
             try channel.validate()
             try await store.createChannel(channel)
+            // The hub first: the trail's write (which may wait on a busy database) must not delay
+            // what connected members see.
+            await admin.hub?.channelChanged(channel.id)
             await admin.audit("channel created", channel: channel.id, ["name": channel.name, "mode": "\(channel.mode)",
                                                                        "max_burst_seconds": "\(channel.maxBurstSeconds)"])
-            await admin.hub?.channelChanged(channel.id)
             return try json(ChannelView(try await store.channel(channel.id) ?? channel), status: .created)
         }
         v1.get("channels/:id") { _, context in
@@ -210,16 +212,16 @@ public enum AdminAPI {
             if let burst = patch.maxBurstSeconds { channel.maxBurstSeconds = burst }
             try channel.validate()
             let updated = try await store.updateChannel(channel)
+            await admin.hub?.channelChanged(id)
             await admin.audit("channel updated", channel: id, ["name": updated.name, "mode": "\(updated.mode)",
                                                                "max_burst_seconds": "\(updated.maxBurstSeconds)", "image": updated.image == nil ? "none" : "set"])
-            await admin.hub?.channelChanged(id)
             return try json(ChannelView(updated))
         }
         v1.delete("channels/:id") { _, context in
             let id = try channelID(context)
             try await store.deleteChannel(id)
-            await admin.audit("channel deleted", channel: id)
             await admin.hub?.channelDeleted(id)
+            await admin.audit("channel deleted", channel: id)
             return Response(status: .noContent)
         }
 
@@ -244,8 +246,8 @@ public enum AdminAPI {
             // holds stop working, and a token issued from the next millisecond on lets it back in.
             let revocation = try await store.revoke(.member(channel: id, user: user, at: Date(), reason: "removed by an administrator"))
             do { try await store.removeMember(channel: id, user: user) } catch StoreError.memberNotFound {}
-            await admin.audit("member removed", channel: id, user: user)
             await admin.hub?.memberRemoved(channel: id, user: user, revocation: revocation)
+            await admin.audit("member removed", channel: id, user: user)
             return Response(status: .noContent)
         }
         v1.post("channels/:id/revocations") { request, context in
@@ -261,9 +263,9 @@ public enum AdminAPI {
             case .revoked(let record, let new, _):
                 (stored, isNew) = (record, new)
             }
+            await admin.hub?.tokenRevoked(stored)
             await admin.audit(isNew ? "token revoked" : "token revocation repeated", channel: id, user: stored.userID,
                               ["token_id": stored.tokenID ?? "-", "reason": stored.reason])
-            await admin.hub?.tokenRevoked(stored)
             // Revoked before: the first revocation stands (its time and reason), so nothing was created.
             return try json(stored, status: isNew ? .created : .ok)
         }

@@ -71,10 +71,15 @@ struct Token: AsyncParsableCommand {
                 }
             }
             let token = try await loadAuthority(configuration, forIssue: true).issue(claims)
-            // Recorded where the database is; a host holding only the key has no trail to add to.
+            // Recorded where the database is; a host holding only the key has no trail to add to. The
+            // token is signed and valid either way, so it is printed even if the trail can't be written.
             if database {
-                try await store.withStore { db throws(StoreError) in
-                    await audit(db, "token issued", channel: channelID, user: claims.userID, AuditRecord.tokenDetails(claims))
+                do {
+                    try await store.withStore { db throws(StoreError) in
+                        await audit(db, "token issued", channel: channelID, user: claims.userID, AuditRecord.tokenDetails(claims))
+                    }
+                } catch {
+                    standardError("squelchd: warning: token issued, but that could not be recorded in the audit trail: \(error)")
                 }
             }
             print(token)

@@ -626,6 +626,49 @@ func sent(_ outputs: [SessionOutput]) -> [ClientMessage] {
         #expect(delegateCalls(s.takeOutputs()).isEmpty && s.transmit == .active(.userRequest, burst: 9))
     }
 
+    @Test func aHeldPressOutlivesAFailedConnectAndEndsWithTheChannel() {
+        func failures(_ outputs: [SessionOutput]) -> [String] {
+            delegateCalls(outputs).compactMap { if case .failedToBegin(_, let e) = $0 { e.message } else { nil } }
+        }
+        let joined = ChannelInfo(id: channelID, name: "Ops", image: nil, mode: .halfDuplex, maxBurstSeconds: 60)
+        // Pressed while down; the connect it starts fails at once (the server still away): the press
+        // was never sent, so it waits on for the next attempt, within its 4 s.
+        var s = joinedSession()
+        s.transportFailed("no answer")
+        s.beginTransmitting(channelID, source: .userRequest)
+        _ = s.takeOutputs()
+        s.transportFailed("no answer")
+        #expect(failures(s.takeOutputs()).isEmpty)
+        s.reconnectDue()
+        s.transportConnected()
+        s.received(.joined(channel: joined, you: 1, roster: [participant(1, "Ann")], talkers: []))
+        #expect(sent(s.takeOutputs()).contains(.floorRequest(request: 1)))
+        // The token runs out while the press waits: it fails now, saying what to do.
+        var t = joinedSession()
+        t.transportReconnecting()
+        t.beginTransmitting(channelID, source: .userRequest)
+        t.transportConnected()
+        _ = t.takeOutputs()
+        t.received(.refused(code: .tokenExpired, reason: "token expired"))
+        #expect(failures(t.takeOutputs()) == ["the participant token expired; hand the channel a new one with renewToken to talk again"])
+        // Left while it waits: the app hears that it ended.
+        var l = joinedSession()
+        l.transportReconnecting()
+        l.beginTransmitting(channelID, source: .userRequest)
+        _ = l.takeOutputs()
+        l.leave(channelID)
+        #expect(failures(l.takeOutputs()) == ["the channel was left before it was rejoined"])
+        // Pressed during the very first join, which then fails: both are said, nothing waits on.
+        var f = ChannelSession()
+        f.requestJoin(channelID, descriptor: descriptor, credentials: credentials, reason: .developerRequest)
+        f.beginTransmitting(channelID, source: .userRequest)
+        _ = f.takeOutputs()
+        f.transportFailed("no answer")
+        let out = f.takeOutputs()
+        #expect(delegateCalls(out).contains(.failedToJoin(channelID, ChannelError(.unknown, "no answer"))))
+        #expect(failures(out) == ["the channel could not be joined: no answer"])
+    }
+
     @Test func aPressWhileReconnectingShowsTheBurstInProgressOnRejoin() {
         var s = joinedSession()
         s.transportReconnecting()
