@@ -150,6 +150,12 @@ public final class ChannelManager: Sendable {
 
     public func leaveChannel(channelUUID: UUID) { engine.submit(.leave(channelUUID)) }
 
+    /// How long a press made while not connected (suspended, reconnecting) waits for the channel to
+    /// be rejoined before `failedToBeginTransmitting` (`transmissionNotAllowed`).
+    public static let heldPressWaitSeconds = ChannelSession.transmitWaitMilliseconds / 1_000
+
+    /// Asks for the floor. Not connected (suspended, reconnecting, or between reconnect attempts),
+    /// the request is held and sent once the channel is rejoined, for up to `heldPressWaitSeconds`.
     public func requestBeginTransmitting(channelUUID: UUID, source: ChannelTransmitRequestSource = .developerRequest) {
         engine.submit(.begin(channelUUID, source))
     }

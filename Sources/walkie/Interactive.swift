@@ -189,7 +189,7 @@ enum Interactive {
                     case .began:
                         state.requesting = false
                         // Granted after a wait: the queue line is history.
-                        if state.status?.text.hasPrefix("Waiting for the floor") == true { state.status = nil }
+                        if let text = state.status?.text, text.hasPrefix("Waiting for the floor") || text.hasPrefix("Not connected") { state.status = nil }
                     case .joined:
                         // The stream replays what came before the screen (a saved channel left to
                         // join this one): what ended that one says nothing of this one.
@@ -353,7 +353,12 @@ enum Interactive {
                         // Not `resume()` first: a session not connected (suspended or reconnecting)
                         // holds the request, reconnects and asks for the floor once joined, for up to
                         // `ChannelSession.transmitWaitMilliseconds`.
-                        shared.withLockedValue { $0.requesting = true; $0.status = nil }
+                        let waiting = manager.serviceStatus != .ready || manager.isSuspended
+                        shared.withLockedValue {
+                            $0.requesting = true
+                            // Said, so that a press while reconnecting doesn't look ignored while it waits.
+                            $0.status = waiting ? .init("Not connected: talking as soon as the channel is back (up to \(ChannelManager.heldPressWaitSeconds) s)") : nil
+                        }
                         manager.requestBeginTransmitting(channelUUID: channel, source: .userRequest)
                     case .stopTransmit(let reason):
                         shared.withLockedValue { state in

@@ -544,6 +544,13 @@ import Testing
         world.server.process.terminate()
         world.server.process.waitUntilExit()
         #expect(try await tmux.wait("bob", for: "connecting"), "\(tmux.screen("bob"))")
+        // A press while the server is away is held and said, not dropped in silence; when it can't
+        // reach the server within its wait, the line says so and the key is free again.
+        #expect(try await tmux.wait("ann", for: "connecting"), "\(tmux.screen("ann"))")
+        try tmux.keys("ann", "Space")
+        #expect(try await tmux.wait("ann", for: "Not connected: talking as soon as the channel is back"), "\(tmux.screen("ann"))")
+        #expect(try await tmux.wait("ann", for: "could not be reached"), "\(tmux.screen("ann"))")
+        // (Ann's next tap, after the restart below, must talk rather than unlatch this one.)
         world.server = try await KillRestartTests().startServer(
             data: world.data, certs: world.certs, port: world.server.voicePort, adminPort: world.server.adminPort,
             extraArguments: ["--apns-simulator-control-port", "\(world.pushPort)"], reaper: world.reaper)
