@@ -212,45 +212,39 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
     /// how many went. A failure is logged, and the next hour tries again.
     @discardableResult
     func pruneTransmissionLog(now: Date = Date()) async -> Int {
-        let days = configuration.transmissionLogDays
-        guard let cutoff = Self.cutoff(days: days, before: now) else { return 0 }
-        var total = 0
-        do {
-            while !Task.isCancelled {
-                let deleted = try await store.pruneTransmissions(startedBefore: cutoff, limit: Self.pruneBatch)
-                total += deleted
-                metrics.transmissionsPruned.increment(by: Int64(deleted))
-                if deleted < Self.pruneBatch { break }
-            }
-        } catch {
-            logger.warning("could not prune the transmission log; trying again in an hour",
-                           metadata: ["error": "\(error)", "deleted": "\(total)", "next": "check the data directory's disk (space, I/O errors)"])
+        await prune("transmission log", days: configuration.transmissionLogDays, now: now) { cutoff throws(StoreError) in
+            let deleted = try await store.pruneTransmissions(startedBefore: cutoff, limit: Self.pruneBatch)
+            metrics.transmissionsPruned.increment(by: Int64(deleted))
+            return deleted
         }
-        if total > 0 {
-            logger.notice("transmission log pruned", metadata: ["deleted": "\(total)", "older than days": "\(days)"])
-        }
-        return total
     }
 
-    /// Deletes audit records older than `auditDays` (0: none), in batches, as the transmission log's
-    /// prune does; returns how many went.
+    /// Deletes audit records older than `auditDays` (0: none), as the transmission log's prune does.
     @discardableResult
     func pruneAuditTrail(now: Date = Date()) async -> Int {
-        let days = configuration.auditDays
+        await prune("audit trail", days: configuration.auditDays, now: now) { cutoff throws(StoreError) in
+            try await store.pruneAudit(before: cutoff, limit: Self.pruneBatch)
+        }
+    }
+
+    /// Runs `batch` (which deletes at most `pruneBatch` records older than its cut-off) until a batch
+    /// comes back short; logs what went, or why it stopped.
+    private func prune(_ what: String, days: Int, now: Date,
+                       _ batch: (Date) async throws(StoreError) -> Int) async -> Int {
         guard let cutoff = Self.cutoff(days: days, before: now) else { return 0 }
         var total = 0
         do {
             while !Task.isCancelled {
-                let deleted = try await store.pruneAudit(before: cutoff, limit: Self.pruneBatch)
+                let deleted = try await batch(cutoff)
                 total += deleted
                 if deleted < Self.pruneBatch { break }
             }
         } catch {
-            logger.warning("could not prune the audit trail; trying again in an hour",
+            logger.warning("could not prune the \(what); trying again in an hour",
                            metadata: ["error": "\(error)", "deleted": "\(total)", "next": "check the data directory's disk (space, I/O errors)"])
         }
         if total > 0 {
-            logger.notice("audit trail pruned", metadata: ["deleted": "\(total)", "older than days": "\(days)"])
+            logger.notice("\(what) pruned", metadata: ["deleted": "\(total)", "older than days": "\(days)"])
         }
         return total
     }

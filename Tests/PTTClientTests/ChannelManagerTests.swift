@@ -779,14 +779,19 @@ final class FlakyPushTransport: PushTransport {
         return (ann, delegate, events)
     }
 
-    @Test func aServerThatStopsAnsweringShowsAsConnectingThenReadyAgain() async throws {
-        let fixture = try await ClientFixture(pushes: false)
-        let (proxy, port) = try await fixture.proxy()
-        // The client's timers shortened from 5 s and 20 s so that the test takes seconds.
+    /// The client's keepalive and liveness shortened from 5 s and 20 s, so that a dead path is
+    /// noticed, and given up, in seconds.
+    static var quickLiveness: ConnectionConfiguration {
         var connection = ConnectionConfiguration.client
         connection.keepAliveInterval = 500_000_000
         connection.livenessTimeout = 1_500_000_000
-        let (ann, delegate, events) = try await joinAnn(fixture, port: port, state: "liveness", connection: connection)
+        return connection
+    }
+
+    @Test func aServerThatStopsAnsweringShowsAsConnectingThenReadyAgain() async throws {
+        let fixture = try await ClientFixture(pushes: false)
+        let (proxy, port) = try await fixture.proxy()
+        let (ann, delegate, events) = try await joinAnn(fixture, port: port, state: "liveness", connection: Self.quickLiveness)
         // The path dies for 3 s (a crashed server or a dead network look the same from here).
         await proxy.blackhole(for: .seconds(3))
         #expect(await eventually(seconds: 5) { ann.serviceStatus == .connecting }, "noticed long before the 300 s idle timeout")
@@ -809,12 +814,9 @@ final class FlakyPushTransport: PushTransport {
         let fixture = try await ClientFixture(pushes: false)
         let id = fixture.channel.id
         let (proxy, port) = try await fixture.proxy()
-        // Liveness shortened from 20 s, so that the client gives the connection up and handshakes
-        // again (status `connecting`) while the path is still dead.
-        var connection = ConnectionConfiguration.client
-        connection.keepAliveInterval = 500_000_000
-        connection.livenessTimeout = 1_500_000_000
-        let (ann, delegate, _) = try await joinAnn(fixture, port: port, state: "press-reconnecting", connection: connection)
+        // With quick liveness, the client gives the connection up and handshakes again (status
+        // `connecting`) while the path is still dead.
+        let (ann, delegate, _) = try await joinAnn(fixture, port: port, state: "press-reconnecting", connection: Self.quickLiveness)
         await proxy.blackhole(for: .milliseconds(2_500))
         #expect(await eventually(seconds: 5) { ann.serviceStatus == .connecting })
         // The user presses while the channel is being rejoined (as walkie does just back from the

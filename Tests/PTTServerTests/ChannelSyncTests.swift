@@ -54,10 +54,18 @@ import Testing
         await hook.withLock { $0 }?.value
     }
 
-    /// The hourly chore deletes audit records older than `auditDays` (365 by default), and only those.
-    @Test func theHourlyChorePrunesTheAuditTrailByAge() async throws {
+    /// The hourly chore deletes audit records older than `auditDays` and bursts older than
+    /// `transmissionLogDays` (365 days each by default), and only those.
+    @Test func theHourlyChorePrunesTheAuditTrailAndTheTransmissionLogByAge() async throws {
         try await withVoiceService { fixture, store, voice in
             let now = Date()
+            for days in [400.0, 300] {
+                try await store.logTransmission(TransmissionRecord(channelID: fixture.channel.id, userID: "u\(Int(days))",
+                                                                   startedAt: now.addingTimeInterval(-days * 86_400),
+                                                                   durationMilliseconds: 1_000, endReason: "released"))
+            }
+            #expect(await voice.pruneTransmissionLog(now: now) <= 1)
+            #expect(try await store.transmissions(of: fixture.channel.id, limit: 10).map(\.userID) == ["u300"])
             try await store.recordAudit(AuditRecord(at: now.addingTimeInterval(-400 * 86_400), source: AuditRecord.Source.api,
                                                     action: "channel updated", channelID: fixture.channel.id))
             try await store.recordAudit(AuditRecord(at: now.addingTimeInterval(-300 * 86_400), source: AuditRecord.Source.cli,
