@@ -256,6 +256,10 @@ struct ChannelSession {
             outputs.append(.send(.floorRequest(request: floorRequestNumber)))
         case .down where tokenExpired:
             emit(.failedToBegin(uuid, ChannelError(.transmissionNotAllowed, "the participant token expired; hand the channel a new one with renewToken to talk again")))
+        case .joining where stalled:
+            // The join went out and squelchd has not answered it for the stall timeout: as a stall
+            // while joined, refused now rather than held in silence.
+            emit(.failedToBegin(uuid, ChannelError(.transmissionNotAllowed, "squelchd did not answer the join; the connection may be down")))
         case .suspended, .down, .connecting, .joining:
             // Not connected (woken from the background, or the connection is being remade): the
             // press is held, and the request goes out once the channel is rejoined, as a radio keys
@@ -290,7 +294,7 @@ struct ChannelSession {
         transmit = .idle
         emit(.failedToBegin(channel, ChannelError(.transmissionNotAllowed, tokenExpired
             ? "the participant token expired; hand the channel a new one with renewToken to talk again"
-            : "squelchd could not be reached within \(Self.transmitWaitMilliseconds / 1_000) s; still trying, talk again once the service is ready")))
+            : "the channel could not be rejoined within \(Self.transmitWaitMilliseconds / 1_000) s; still trying, talk again once the service is ready")))
     }
 
     mutating func stopTransmitting(_ uuid: UUID, source: ChannelTransmitRequestSource) {
@@ -533,8 +537,8 @@ struct ChannelSession {
         guard let channel, link != .suspended, link != .down else { return }
         if !joinReported && joinReason == .developerRequest {
             // The first join never got through: it failed, and the channel is not active.
-            emit(.failedToJoin(channel, ChannelError(.unknown, message)))
             failHeldPress("the channel could not be joined: \(message)")
+            emit(.failedToJoin(channel, ChannelError(.unknown, message)))
             updateStatus(.unavailable)
             outputs.append(.flushPlayback)  // taking audio since the connection opened
             reset()
@@ -1030,8 +1034,8 @@ struct ChannelSession {
             case .channelNotFound, .tokenWrongChannel: error = ChannelError(.channelNotFound, reason, refusal: code)
             default: error = ChannelError(.unknown, reason, refusal: code)
             }
-            emit(.failedToJoin(channel, error))
             failHeldPress("the channel could not be joined: \(reason)")
+            emit(.failedToJoin(channel, error))
             updateStatus(.unavailable)
             outputs.append(.disconnect)
             outputs.append(.flushPlayback)  // taking audio since the connection opened
@@ -1068,7 +1072,7 @@ struct ChannelSession {
     private mutating func finish(reason: ChannelLeaveReason) {
         guard let channel else { return }
         if case .active = transmit { endTransmission(source: .unknown, release: false) }
-        failHeldPress("the channel was left before it was rejoined")
+        failHeldPress("the channel ended before it was rejoined")
         transmit = .idle
         clearRemote()
         deactivateAudioIfIdle(force: true)

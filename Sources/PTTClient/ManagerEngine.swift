@@ -331,6 +331,7 @@ actor ManagerEngine {
             snap.roster = s.rosterEntries
             if case .active = s.transmit { snap.isTransmitting = true } else { snap.isTransmitting = false }
             snap.isSuspended = s.link == .suspended
+            snap.isJoined = s.link == .joined
             snap.tokenExpired = s.tokenExpired
             snap.channelInfo = s.serverInfo
         }

@@ -79,7 +79,8 @@ struct Token: AsyncParsableCommand {
                         await audit(db, "token issued", channel: channelID, user: claims.userID, AuditRecord.tokenDetails(claims))
                     }
                 } catch {
-                    standardError("squelchd: warning: token issued, but that could not be recorded in the audit trail: \(error)")
+                    // `withStore` has said why the database could not be opened.
+                    standardError("squelchd: warning: the token below is issued and valid, but the audit trail could not be opened to record it")
                 }
             }
             print(token)

@@ -223,10 +223,17 @@ enum Interactive {
                 shared.withLockedValue { state in
                     switch event {
                     case .floorQueued(let position): state.status = .init("Waiting for the floor: number \(position) in the queue")
+                    case .transmitCancelled:
+                        // Let go while the press waited for the channel: nothing waits any more.
+                        if state.status?.text.hasPrefix("Not connected") == true { state.status = nil }
                     case .serviceStatus(.ready):
                         // Back after an outage: the line that said why it went (or anything from
                         // before) is over.
-                        if state.wasDown, state.status != nil { state.status = .init("Connected to squelchd again") }
+                        if state.wasDown, state.status != nil {
+                            state.status = .init("Connected to squelchd again")
+                        } else if !state.requesting, state.status?.text.hasPrefix("Not connected") == true {
+                            state.status = nil
+                        }
                         state.wasDown = false
                         state.everReady = true
                     case .serviceStatus(.connecting), .serviceStatus(.unavailable):
@@ -353,7 +360,7 @@ enum Interactive {
                         // Not `resume()` first: a session not connected (suspended or reconnecting)
                         // holds the request, reconnects and asks for the floor once joined, for up to
                         // `ChannelSession.transmitWaitMilliseconds`.
-                        let waiting = manager.serviceStatus != .ready || manager.isSuspended
+                        let waiting = !manager.isJoined
                         shared.withLockedValue {
                             $0.requesting = true
                             // Said, so that a press while reconnecting doesn't look ignored while it waits.

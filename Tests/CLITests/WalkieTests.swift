@@ -549,7 +549,7 @@ import Testing
         #expect(try await tmux.wait("ann", for: "connecting"), "\(tmux.screen("ann"))")
         try tmux.keys("ann", "Space")
         #expect(try await tmux.wait("ann", for: "Not connected: talking as soon as the channel is back"), "\(tmux.screen("ann"))")
-        #expect(try await tmux.wait("ann", for: "could not be reached"), "\(tmux.screen("ann"))")
+        #expect(try await tmux.wait("ann", for: "could not be rejoined"), "\(tmux.screen("ann"))")
         // (Ann's next tap, after the restart below, must talk rather than unlatch this one.)
         world.server = try await KillRestartTests().startServer(
             data: world.data, certs: world.certs, port: world.server.voicePort, adminPort: world.server.adminPort,

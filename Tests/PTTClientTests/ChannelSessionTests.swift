@@ -651,13 +651,21 @@ func sent(_ outputs: [SessionOutput]) -> [ClientMessage] {
         _ = t.takeOutputs()
         t.received(.refused(code: .tokenExpired, reason: "token expired"))
         #expect(failures(t.takeOutputs()) == ["the participant token expired; hand the channel a new one with renewToken to talk again"])
+        // A join that went unanswered for the stall timeout: a new press is refused, not held.
+        var j = joinedSession()
+        j.transportReconnecting()
+        j.transportConnected()
+        j.transportStalled(true)
+        _ = j.takeOutputs()
+        j.beginTransmitting(channelID, source: .userRequest)
+        #expect(failures(j.takeOutputs()) == ["squelchd did not answer the join; the connection may be down"])
         // Left while it waits: the app hears that it ended.
         var l = joinedSession()
         l.transportReconnecting()
         l.beginTransmitting(channelID, source: .userRequest)
         _ = l.takeOutputs()
         l.leave(channelID)
-        #expect(failures(l.takeOutputs()) == ["the channel was left before it was rejoined"])
+        #expect(failures(l.takeOutputs()) == ["the channel ended before it was rejoined"])
         // Pressed during the very first join, which then fails: both are said, nothing waits on.
         var f = ChannelSession()
         f.requestJoin(channelID, descriptor: descriptor, credentials: credentials, reason: .developerRequest)
@@ -696,7 +704,7 @@ func sent(_ outputs: [SessionOutput]) -> [ClientMessage] {
         s.transmitWaitDue(request: 1)
         out = s.takeOutputs()
         let errors = delegateCalls(out).compactMap { if case .failedToBegin(_, let e) = $0 { e } else { nil } }
-        #expect(errors.count == 1 && errors.first?.code == .transmissionNotAllowed && errors.first?.message.contains("could not be reached") == true)
+        #expect(errors.count == 1 && errors.first?.code == .transmissionNotAllowed && errors.first?.message.contains("could not be rejoined") == true)
         // Joined later: the press that gave up is not sent.
         s.transportConnected()
         s.received(.joined(channel: ChannelInfo(id: channelID, name: "Ops", image: nil, mode: .halfDuplex, maxBurstSeconds: 60), you: 1,
