@@ -71,6 +71,10 @@ extension Connection {
         let (lengthOffset, pnOffset) = w.writeLongHeader(type: type, version: WireVersion.v1, destination: peerID, source: localID,
                                                          token: token, packetNumber: pn, pnLength: 4)
         let payloadStart = w.offset
+        if space.pingsOwed > 0 {
+            w.writePing()
+            space.pingsOwed -= 1
+        }
         let room = w.remaining - 16 - 16
         if room > 0, space.flightSent < space.flight.count {
             let chunk = min(room, space.flight.count - space.flightSent)

@@ -107,7 +107,10 @@ public final class Connection {
         var flightSent = 0
         var receive = ReassemblyBuffer(limit: 64 * 1024)
         var inbox: [UInt8] = []
-        var hasSomethingToSend: Bool { seal != nil && flightSent < flight.count }
+        /// Client, Initial space: padded PING datagrams owed to a server whose flight has not all come
+        /// (`Connection.oweFlightAcknowledgement`).
+        var pingsOwed = 0
+        var hasSomethingToSend: Bool { seal != nil && (flightSent < flight.count || pingsOwed > 0) }
     }
     @exclusivity(unchecked) var initialSpace = HandshakeSpace()
     @exclusivity(unchecked) var handshakeSpace = HandshakeSpace()

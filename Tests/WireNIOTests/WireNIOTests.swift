@@ -56,6 +56,26 @@ struct WireNIOTests {
         }
     }
 
+    /// A certificate chain near the 16 KiB the handshake carries (a corporate CA's RSA chain, or
+    /// many names) connects over real sockets: the client's acknowledgements lift the server's 3×
+    /// limit as the flight arrives. Before, the handshake of any chain over about 3.4 KB timed out.
+    @Test func aLargeCertificateChainConnects() async throws {
+        let pki = try TestPKI()
+        let identity = try pki.identity(names: ["localhost", "127.0.0.1"] + (0..<500).map { "relay-\($0).squelch.example.net" })
+        #expect(identity.derChain.reduce(0) { $0 + $1.count } > 15_000)
+        try await withEventLoopGroup { group in
+            let (server, records) = try await startServer(secrets: try pki.secrets(identity: identity), echoPrefix: [0xEC], group: group)
+            let client = try WireClientChannel(configuration: pki.client(), server: server.localAddress, group: group)
+            let datagrams = Recorder(client.datagrams)
+            try await client.connect()
+            _ = try await records.connectedHandle("server connected")
+            #expect(await client.send(datagram: [1, 2, 3]))
+            try await datagrams.wait("the echo at the client") { $0.contains([0xEC, 1, 2, 3]) }
+            await client.close(code: 0, reason: "done")
+            await server.stop()
+        }
+    }
+
     @Test func worksOverIPv6() async throws {
         let pki = try TestPKI()
         let secrets = try pki.secrets()

@@ -487,3 +487,51 @@ import Testing
         #expect(sim.endpoint.stats.handshakesCompleted == 0)
     }
 }
+
+@Suite struct LargeChainTests {
+    /// A server chain larger than the 3× budget of the client's first datagram (3,600 bytes): the
+    /// server sends what the budget allows and waits; the client's acknowledgement of what arrived is
+    /// what lifts the limit. It must come at once, so a big chain costs a round trip, not a probe
+    /// timeout.
+    @Test func aChainOverTheFirstFlightsBudgetCostsARoundTripNotAProbeTimeout() async throws {
+        let pki = try TestPKI()
+        var conditions = SimulatedNetwork.Conditions()
+        conditions.delay = ms(20)
+        conditions.reorder = 0
+        func handshakeTime(names: [String]) async throws -> (UInt64, Int) {
+            let identity = try pki.identity(names: names)
+            let sim = Simulation(seed: 61, conditions: conditions, pki: pki, secrets: try pki.secrets(identity: identity))
+            sim.addClient()
+            let start = sim.network.now
+            _ = try await sim.connect(0)
+            return (sim.network.now.nanoseconds - start.nanoseconds, identity.derChain.reduce(0) { $0 + $1.count })
+        }
+        let (small, smallChain) = try await handshakeTime(names: ["localhost"])
+        let (large, largeChain) = try await handshakeTime(names: ["localhost"] + (0..<250).map { "relay-\($0).squelch.example.net" })
+        #expect(smallChain < 1_000)
+        #expect(largeChain > 6_000, "the chain must be over the first flight's 3× budget")
+        #expect(large <= small + ms(2 * 20 + 5), "a \(largeChain)-byte chain took \(large / 1_000_000) ms, against \(small / 1_000_000) ms")
+    }
+
+    /// Near the 16 KiB a chain may have, and with a fifth of the datagrams lost both ways, the
+    /// handshake still completes; the client's acknowledgements stay bounded by the server's flight.
+    @Test func aChainNearTheLimitConnectsOverALossyLink() async throws {
+        let pki = try TestPKI()
+        let identity = try pki.identity(names: ["localhost"] + (0..<520).map { "relay-\($0).squelch.example.net" })
+        let chain = identity.derChain.reduce(0) { $0 + $1.count }
+        #expect(chain > 15_000 && chain <= 16 * 1024)
+        for seed in UInt64(70)..<UInt64(76) {
+            var conditions = SimulatedNetwork.Conditions()
+            conditions.loss = seed == 70 ? 0 : 0.2
+            let sim = Simulation(seed: seed, conditions: conditions, pki: pki, secrets: try pki.secrets(identity: identity))
+            sim.addClient()
+            _ = try await sim.connect(0)
+            if seed == 70 {
+                // Loss-free: the client sent at most one datagram per 1,200 bytes of the flight, plus
+                // its ClientHello and Finished.
+                let clientBytes = sim.clients[0].connection.stats.bytesSent
+                #expect(clientBytes <= 1_200 * (chain / 1_200 + 4), "the client sent \(clientBytes) bytes for a \(chain)-byte chain")
+            }
+        }
+    }
+}
