@@ -1072,7 +1072,14 @@ struct ChannelSession {
     private mutating func finish(reason: ChannelLeaveReason) {
         guard let channel else { return }
         if case .active = transmit { endTransmission(source: .unknown, release: false) }
-        failHeldPress("the channel ended before it was rejoined")
+        // A press still waiting (held while reconnecting, sent and unanswered, or queued) gets its
+        // answer: the app would otherwise keep showing "requesting" for a channel that is gone.
+        switch transmit {
+        case .requesting, .queued:
+            emit(.failedToBegin(channel, ChannelError(.transmissionNotAllowed, link == .joined
+                ? "the channel ended before the floor was granted" : "the channel ended before it was rejoined")))
+        case .idle, .active: break
+        }
         transmit = .idle
         clearRemote()
         deactivateAudioIfIdle(force: true)

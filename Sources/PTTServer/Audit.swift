@@ -21,8 +21,12 @@ extension AuditRecord {
         var entry = passwd()
         var result: UnsafeMutablePointer<passwd>?
         var buffer = [CChar](repeating: 0, count: 4_096)
-        if getpwuid_r(uid, &entry, &buffer, buffer.count, &result) == 0, let found = result?.pointee.pw_name {
-            name = String(cString: found)
+        // `pw_name` points into `buffer`: it is read while the buffer's pointer is still valid.
+        buffer.withUnsafeMutableBufferPointer { storage in
+            if let base = storage.baseAddress, getpwuid_r(uid, &entry, base, storage.count, &result) == 0,
+               let found = result?.pointee.pw_name {
+                name = String(cString: found)
+            }
         }
         return "\(name)@\(ProcessInfo.processInfo.hostName)"
     }

@@ -677,6 +677,27 @@ func sent(_ outputs: [SessionOutput]) -> [ClientMessage] {
         #expect(failures(out) == ["the channel could not be joined: no answer"])
     }
 
+    @Test func aRequestSentOrQueuedWhenTheChannelEndsIsAnswered() {
+        // Sent and unanswered, then the member is removed: the app hears the press failed before the leave.
+        var s = joinedSession()
+        s.beginTransmitting(channelID, source: .userRequest)
+        _ = s.takeOutputs()
+        s.received(.refused(code: .removedByAdmin, reason: "removed"))
+        var calls = delegateCalls(s.takeOutputs())
+        #expect(calls == [.failedToBegin(channelID, ChannelError(.transmissionNotAllowed, "the channel ended before the floor was granted")),
+                          .didLeave(channelID, .systemPolicy)])
+        // Queued behind a talker, then the channel is deleted.
+        var q = joinedSession()
+        q.beginTransmitting(channelID, source: .userRequest)
+        q.received(.floor(FloorEvent(kind: .queued, slot: 1, position: 1, request: 1)))
+        _ = q.takeOutputs()
+        q.received(.refused(code: .channelDeleted, reason: "the channel was deleted"))
+        calls = delegateCalls(q.takeOutputs())
+        #expect(calls.first == .failedToBegin(channelID, ChannelError(.transmissionNotAllowed, "the channel ended before the floor was granted")))
+        #expect(calls.last == .didLeave(channelID, .systemPolicy))
+        #expect(q.transmit == .idle)
+    }
+
     @Test func aPressWhileReconnectingShowsTheBurstInProgressOnRejoin() {
         var s = joinedSession()
         s.transportReconnecting()
