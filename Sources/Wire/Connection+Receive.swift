@@ -353,15 +353,33 @@ extension Connection {
     }
 
     func migratePath(to address: PathAddress, size: Int, now: WireInstant) {
+        // Back on an address this connection validated and left less than `recentPathLifetime` ago
+        // (a phone between Wi-Fi and cellular): the peer's ownership of it is still proven (RFC 9000
+        // §9.3 lets validation be skipped for an address seen recently), so the path is validated
+        // at once. Validated again instead, the 3× limit would drop its audio for a round trip, a
+        // gap FEC can't fill. A replayed old packet can't bring the path back: the replay window
+        // drops it before it gets here.
+        let returning = recentlyValidated.map { $0.address == address && now.since($0.leftAt) <= Self.recentPathLifetime } ?? false
+        if path.validated { recentlyValidated = (path.address, now) }
         if previousPath == nil || path.validated { previousPath = path }
         let sameHost = address.sameHost(as: path.address)
-        path = Path(address: address, validated: false, bytesReceived: size)
+        path = Path(address: address, validated: returning, bytesReceived: size)
         // A new host is a new network path: its RTT is unknown. A new port on the same host is NAT
         // rebinding, which keeps the estimate (RFC 9000 §9.4).
         if !sameHost { rtt.reset() }
-        startPathChallenge(now: now)
         emit(.peerMigrated(address))
+        if returning {
+            previousPath = nil
+            emit(.pathValidated(address))
+        } else {
+            startPathChallenge(now: now)
+        }
     }
+
+    /// How long an address the connection left counts as still the peer's: RFC 4787's shortest UDP
+    /// mapping lifetime (REQ-5, 2 minutes), within which a NAT can't have handed the address to
+    /// another host.
+    static let recentPathLifetime = seconds(120)
 
     func handleApplicationFrame(_ frame: Frame, packet: UnsafeRawBufferPointer, from address: PathAddress, now: WireInstant,
                                 datagrams: (UnsafeRawBufferPointer) -> Void) throws(WireParseError) {

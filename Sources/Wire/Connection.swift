@@ -93,6 +93,8 @@ public final class Connection {
     }
     @exclusivity(unchecked) var path: Path
     @exclusivity(unchecked) var previousPath: Path?
+    /// The last validated address the peer moved away from, and when (`migratePath`).
+    @exclusivity(unchecked) var recentlyValidated: (address: PathAddress, leftAt: WireInstant)?
     @exclusivity(unchecked) var pendingPathResponse: UInt64?
 
     // MARK: Packet spaces

@@ -29,6 +29,56 @@ import Testing
         #expect(sim.clientDatagrams[0] == [[5]])
     }
 
+    /// A phone moves from Wi-Fi to cellular and back: the address it returns to was validated
+    /// minutes ago at most, so it is trusted at once and its audio is not held to the 3× limit while
+    /// a challenge goes round; one left longer ago than a NAT must keep a mapping is validated again.
+    @Test func anAddressLeftRecentlyIsTrustedAgainAtOnce() async throws {
+        let pki = try TestPKI()
+        let sim = Simulation(seed: 23, pki: pki, secrets: try pki.secrets())
+        sim.addClient()
+        let handle = try await sim.connect(0)
+        await sim.run(for: seconds(1))
+        let wifi = sim.clientAddresses[0]
+        let cellular = PathAddress.v4(100, 64, 0, 7, port: 41_000)
+        func move(to address: PathAddress) async {
+            func migrations() -> Int { sim.serverEvents.filter { $0.1 == .peerMigrated(address) }.count }
+            let before = migrations()
+            sim.clientAddresses[0] = address
+            try? sim.clients[0].sendControl([1])
+            // Until the server has the packet, not a moment longer: no answer from the client yet.
+            #expect(await sim.run(for: seconds(1)) { migrations() > before }, "the server saw the move to \(address)")
+        }
+        func validations(_ address: PathAddress) -> Int {
+            sim.serverEvents.filter { $0.1 == .pathValidated(address) }.count
+        }
+        await move(to: cellular)
+        await sim.run(for: seconds(1))
+        #expect(sim.endpoint.connection(handle)?.path.validated == true, "the new network is validated by a challenge")
+
+        // Back on Wi-Fi 30 s later: validated as it arrives, and a burst of audio goes out in full
+        // before any answer from the client could have come back.
+        await sim.run(for: seconds(30))
+        let blocked = sim.endpoint.connection(handle)?.stats.amplificationBlocked ?? 0
+        await move(to: wifi)
+        #expect(sim.endpoint.connection(handle)?.path.validated == true)
+        #expect(sim.endpoint.connection(handle)?.path.challenge == nil, "no challenge for an address left 30 s ago")
+        var sent = 0
+        for _ in 0..<20 where sim.sendDatagram(server: handle, [UInt8](repeating: 9, count: 80)) { sent += 1 }
+        #expect(sent == 20)
+        #expect(sim.endpoint.connection(handle)?.stats.amplificationBlocked == blocked)
+        #expect(validations(wifi) == 1, "said once, as it happened")
+
+        // To cellular and, three minutes later, back: the old mapping may be someone else's by now.
+        await move(to: cellular)
+        await sim.run(for: seconds(180))
+        await move(to: wifi)
+        #expect(sim.endpoint.connection(handle)?.path.validated == false)
+        #expect(sim.endpoint.connection(handle)?.path.challenge != nil)
+        await sim.run(for: seconds(1))
+        #expect(sim.endpoint.connection(handle)?.path.validated == true)
+        #expect(sim.endpoint.connection(handle)?.state == .established)
+    }
+
     @Test func anUnvalidatedPathGetsAtMostThreeTimesWhatItSent() async throws {
         let pki = try TestPKI()
         let sim = Simulation(seed: 21, pki: pki, secrets: try pki.secrets())
