@@ -276,8 +276,9 @@ public final class ChannelManager: Sendable {
     public var roster: [RosterEntry] { snapshot.withLockedValue { $0.roster } }
     public var isTransmitting: Bool { snapshot.withLockedValue { $0.isTransmitting } }
     public var isSuspended: Bool { snapshot.withLockedValue { $0.isSuspended } }
-    /// The channel is joined on a live connection: a press asks for the floor at once. Otherwise
-    /// (suspended, reconnecting, between attempts) a press is held for `heldPressWaitSeconds`.
+    /// The channel is joined on a connection: a press asks for the floor at once (or, while the
+    /// server has stopped answering, fails at once). Otherwise (suspended, reconnecting, between
+    /// attempts) a press is held for `heldPressWaitSeconds`.
     public var isJoined: Bool { snapshot.withLockedValue { $0.isJoined } }
     /// The server ended the session because its participant token expired (or refused a restored
     /// channel's saved token as expired): the channel is kept, and nothing connects until the app

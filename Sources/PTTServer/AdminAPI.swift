@@ -219,9 +219,11 @@ public enum AdminAPI {
         }
         v1.delete("channels/:id") { _, context in
             let id = try channelID(context)
+            // Read first: once deleted, the trail's record is all that names the channel.
+            let channel = try await existingChannel(id, in: store)
             try await store.deleteChannel(id)
             await admin.hub?.channelDeleted(id)
-            await admin.audit("channel deleted", channel: id)
+            await admin.audit("channel deleted", channel: id, ["name": channel.name])
             return Response(status: .noContent)
         }
 
@@ -265,7 +267,7 @@ public enum AdminAPI {
             }
             await admin.hub?.tokenRevoked(stored)
             await admin.audit(isNew ? "token revoked" : "token revocation repeated", channel: id, user: stored.userID,
-                              ["token_id": stored.tokenID ?? "-", "reason": stored.reason])
+                              AuditRecord.revocationDetails(stored, requestedReason: revocation.reason))
             // Revoked before: the first revocation stands (its time and reason), so nothing was created.
             return try json(stored, status: isNew ? .created : .ok)
         }

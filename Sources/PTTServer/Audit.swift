@@ -12,6 +12,15 @@ extension AuditRecord {
         return details
     }
 
+    /// What the audit trail keeps of a revocation: the token's id and the reason that stands. A
+    /// repeated one keeps the first revocation's reason, so the reason this request gave is kept
+    /// beside it when it differs: the trail says what each administrator asked for.
+    public static func revocationDetails(_ stored: RevocationRecord, requestedReason: String) -> [String: String] {
+        var details = ["token_id": stored.tokenID ?? "-", "reason": stored.reason]
+        if requestedReason != stored.reason { details["requested_reason"] = requestedReason }
+        return details
+    }
+
     /// Who runs this process, for the records of `squelchd` commands: `user@host`. The login name
     /// from the password database (not `$USER`, which `sudo` and scripts leave stale); the numeric
     /// id when the user has no entry (a container's arbitrary uid).

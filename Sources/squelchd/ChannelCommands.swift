@@ -154,7 +154,7 @@ struct Channel: AsyncParsableCommand {
                 let members = try await db.members(of: channelID).count
                 if confirmed {
                     try await db.deleteChannel(channelID)
-                    await audit(db, "channel deleted", channel: channelID)
+                    await audit(db, "channel deleted", channel: channelID, ["name": channel.name])
                 }
                 return (channel, members)
             }

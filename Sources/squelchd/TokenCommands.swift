@@ -216,7 +216,7 @@ struct Token: AsyncParsableCommand {
                 let outcome = try await db.revokeToken(revocation, byIDAlone: token == nil)
                 if case .revoked(let record, let isNew, _) = outcome {
                     await audit(db, isNew ? "token revoked" : "token revocation repeated", channel: record.channelID, user: record.userID,
-                                ["token_id": record.tokenID ?? "-", "reason": record.reason])
+                                AuditRecord.revocationDetails(record, requestedReason: reason))
                 }
                 return outcome
             }

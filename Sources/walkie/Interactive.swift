@@ -130,6 +130,10 @@ enum Interactive {
         /// `ready` was seen once: the `connecting` every session starts with is no outage.
         var everReady = false
         var requesting = false
+        /// A press is held while the channel is away, and the line says so: the outage's own notices
+        /// (connecting, push delivery down) don't replace it, or the press would look dropped. Its
+        /// end (granted, failed, let go) clears or replaces the line.
+        var holdsWaitingLine: Bool { requesting && status?.text.hasPrefix("Not connected") == true }
         var left: String?
         /// The server ended the membership (removed, revoked, channel deleted): exit 4, as for a token
         /// refused at the join, since the same token won't get back in.
@@ -238,9 +242,12 @@ enum Interactive {
                         state.everReady = true
                     case .serviceStatus(.connecting), .serviceStatus(.unavailable):
                         if state.everReady { state.wasDown = true }
+                        guard !state.holdsWaitingLine else { break }
                         if let (line, isError) = describe(event, tokenFile: tokenFile) { state.status = .init(line, isError: isError) }
                     case .transmissionRevoked(_, let reason): state.status = .init("Floor taken away: \(reason)", isError: true)
-                    case .notice(let text): state.status = .init(text)
+                    case .notice(let text):
+                        guard !state.holdsWaitingLine else { break }
+                        state.status = .init(text)
                     case .inputEnded:
                         // The manager ended the transmission with the file (`endTransmissionWhenInputEnds`).
                         state.status = .init("The input file ended: floor released; press again to send it again")

@@ -72,6 +72,9 @@ import Testing
         let revoked = try Executables.run("squelchd", ["token", "revoke", "--channel", channel.uuidString, "--id", tokenID,
                                                        "--reason", "lost phone", "--data-dir", dir])
         #expect(revoked.status == 0, "\(revoked.err)")
+        let again = try Executables.run("squelchd", ["token", "revoke", "--channel", channel.uuidString, "--id", tokenID,
+                                                     "--reason", "stolen", "--data-dir", dir])
+        #expect(again.status == 0 && again.out.contains("already revoked"), "\(again.out) \(again.err)")
         let other = try createChannel(in: dir)
         let deleted = try Executables.run("squelchd", ["channel", "delete", other.uuidString, "--yes", "--data-dir", dir])
         #expect(deleted.status == 0, "\(deleted.err)")
@@ -79,17 +82,19 @@ import Testing
         let listed = try Executables.run("squelchd", ["audit", "--channel", channel.uuidString, "--json", "--data-dir", dir])
         #expect(listed.status == 0, "\(listed.err)")
         let records = try #require(try JSONSerialization.jsonObject(with: Data(listed.out.utf8)) as? [[String: Any]])
-        #expect(records.map { $0["action"] as? String } == ["token revoked", "token issued", "channel created"])
+        #expect(records.map { $0["action"] as? String } == ["token revocation repeated", "token revoked", "token issued", "channel created"])
+        let repeated = try #require(records.first?["details"] as? [String: String])
+        #expect(repeated["reason"] == "lost phone" && repeated["requested_reason"] == "stolen", "\(repeated)")
         #expect(records.allSatisfy { $0["source"] as? String == "cli" && ($0["actor"] as? String)?.contains("@") == true })
-        let issue = try #require(records.dropFirst().first?["details"] as? [String: String])
+        let issue = try #require(records.dropFirst(2).first?["details"] as? [String: String])
         #expect(issue["role"] == "dispatcher" && issue["token_id"] != nil)
         #expect(!listed.out.contains(issued.out.trimmingCharacters(in: .whitespacesAndNewlines)), "the token itself stays out of the trail")
-        #expect((records.first?["details"] as? [String: String])?["reason"] == "lost phone")
+        #expect((records.dropFirst().first?["details"] as? [String: String])?["reason"] == "lost phone")
         // All channels, as a table: the deleted channel's record is still there, on top.
         let table = try Executables.run("squelchd", ["audit", "--limit", "2", "--data-dir", dir])
         let lines = table.out.split(separator: "\n")
         #expect(table.status == 0 && lines.count == 3 && lines[0].hasPrefix("TIME"), "\(table.out)")
-        #expect(lines[1].contains("channel deleted") && lines[1].contains(other.uuidString), "\(table.out)")
+        #expect(lines[1].contains("channel deleted") && lines[1].contains(other.uuidString) && lines[1].contains("name=Ops"), "\(table.out)")
         let bad = try Executables.run("squelchd", ["audit", "--limit", "0", "--data-dir", dir])
         #expect(bad.status != 0 && bad.err.contains("--limit must be 1-"), "\(bad.err)")
     }

@@ -817,11 +817,14 @@ final class FlakyPushTransport: PushTransport {
         // With quick liveness, the client gives the connection up and handshakes again (status
         // `connecting`) while the path is still dead.
         let (ann, delegate, _) = try await joinAnn(fixture, port: port, state: "press-reconnecting", connection: Self.quickLiveness)
-        await proxy.blackhole(for: .milliseconds(2_500))
+        await proxy.blackhole(for: .seconds(30))
         #expect(await eventually(seconds: 5) { ann.serviceStatus == .connecting })
         // The user presses while the channel is being rejoined (as walkie does just back from the
-        // background): held, and granted once rejoined, with no second press.
+        // background): held, and granted once rejoined, with no second press. The path comes back
+        // right after the press, so the handshake's next resend (about a second on) gets through
+        // well within the press's 4 s, however slow this machine is.
         ann.requestBeginTransmitting(channelUUID: id)
+        await proxy.blackhole(for: .zero)
         #expect(await delegate.wait(for: .didBegin(.developerRequest), seconds: 8), "\(delegate.all)")
         #expect(!delegate.all.contains(.failedToBegin(.transmissionNotAllowed)), "\(delegate.errors.withLockedValue { $0 })")
         #expect(delegate.all.filter { $0 == .didJoin(.developerRequest) }.count == 1, "rejoined, not joined again")

@@ -140,24 +140,34 @@ struct RecordingLogHandler: LogHandler {
             let issued = try await client.send(.post, "/v1/channels/\(id)/tokens", json: #"{"user":"ann","name":"Ann"}"#)
             let token = try issued.decode(AdminAPI.IssuedToken.self)
             #expect(try await client.send(.post, "/v1/channels/\(id)/revocations", json: #"{"tokenID":"\#(token.tokenID)","reason":"lost phone"}"#).status == .created)
+            // Revoked again with another reason: the first stands, and the trail keeps what was asked.
+            #expect(try await client.send(.post, "/v1/channels/\(id)/revocations", json: #"{"tokenID":"\#(token.tokenID)","reason":"stolen"}"#).status == .ok)
             #expect(try await client.send(.get, "/v1/channels/\(id)").status == .ok)
             #expect(try await client.send(.delete, "/v1/channels/\(id)").status == .noContent)
             let log = lines.value.withLock { $0 }
-            #expect(log.count == 5, "reads are not logged: \(log)")
+            #expect(log.count == 6, "reads are not logged: \(log)")
             #expect(log.allSatisfy { $0.hasPrefix("notice admin API: ") })
             #expect(log[0].contains("channel created") && log[0].contains("channel=\(id)") && log[0].contains("name=Ops"))
             #expect(log[1].contains("channel updated") && log[1].contains("name=Ops 2"))
             #expect(log[2].contains("token issued") && log[2].contains("user=ann") && log[2].contains("token_id=\(token.tokenID)"))
             #expect(!log[2].contains(token.token), "the token itself stays out of the log")
             #expect(log[3].contains("token revoked") && log[3].contains("reason=lost phone"))
-            #expect(log[4].contains("channel deleted"))
+            #expect(log[4].contains("token revocation repeated") && log[4].contains("requested_reason=stolen"))
+            #expect(log[5].contains("channel deleted") && log[5].contains("name=Ops 2"))
 
-            // The same five are records in the store, which GET /v1/audit reads, newest first, and
+            // The same six are records in the store, which GET /v1/audit reads, newest first, and
             // which outlive the deleted channel.
             let decoder = JSONDecoder()
             decoder.dateDecodingStrategy = .iso8601
-            let trail = try decoder.decode([AuditRecord].self, from: Data(try await client.send(.get, "/v1/audit").text.utf8))
-            #expect(trail.map(\.action) == ["channel deleted", "token revoked", "token issued", "channel updated", "channel created"])
+            let raw = try await client.send(.get, "/v1/audit").text
+            #expect(!raw.contains(token.token), "the token itself stays out of the trail")
+            var trail = try decoder.decode([AuditRecord].self, from: Data(raw.utf8))
+            #expect(trail.map(\.action) == ["channel deleted", "token revocation repeated", "token revoked", "token issued", "channel updated",
+                                             "channel created"])
+            #expect(trail[0].details["name"] == "Ops 2", "a deleted channel's record names it")
+            #expect(trail[1].details["reason"] == "lost phone" && trail[1].details["requested_reason"] == "stolen")
+            #expect(trail[2].details["requested_reason"] == nil)
+            trail.remove(at: 1)
             #expect(trail.allSatisfy { $0.source == "api" && $0.actor == nil && $0.channelID?.uuidString == id })
             #expect(trail[2].userID == "ann" && trail[2].details["token_id"] == token.tokenID && trail[2].details["capabilities"] == "listen,talk")
             #expect(!trail[2].details.values.contains(token.token), "the token itself stays out of the trail")
@@ -166,7 +176,7 @@ struct RecordingLogHandler: LogHandler {
             let other = try await client.send(.post, "/v1/channels", json: #"{"name":"Other"}"#)
             let otherID = try #require((try JSONSerialization.jsonObject(with: Data(other.text.utf8)) as? [String: Any])?["id"] as? String)
             let filtered = try decoder.decode([AuditRecord].self, from: Data(try await client.send(.get, "/v1/audit?channel=\(id)&limit=2").text.utf8))
-            #expect(filtered.map(\.action) == ["channel deleted", "token revoked"])
+            #expect(filtered.map(\.action) == ["channel deleted", "token revocation repeated"])
             let newest = try decoder.decode([AuditRecord].self, from: Data(try await client.send(.get, "/v1/audit?limit=1").text.utf8))
             #expect(newest.map(\.channelID?.uuidString) == [otherID])
             let badChannel = try await client.send(.get, "/v1/audit?channel=ops")
