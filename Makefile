@@ -115,6 +115,9 @@ fuzz-build: deps
 	$(SWIFT)c -sanitize=fuzzer,address -parse-as-library -g -O -use-ld=lld -module-name PushPayloadFuzz \
 	  $(FUZZ_DIR)/PushPayloadFuzz.swift Sources/PTTClient/PushValue.swift \
 	  -o $(FUZZ_BIN)/push-payload
+	$(SWIFT)c -sanitize=fuzzer,address -parse-as-library -g -O -use-ld=lld -module-name APNsResponseFuzz \
+	  $(FUZZ_DIR)/APNsResponseFuzz.swift Sources/APNs/APNsReason.swift Sources/APNs/DeliveryPolicy.swift Sources/APNs/PushToTalkNotification.swift \
+	  -o $(FUZZ_BIN)/apns-response
 
 fuzz: fuzz-build
 	@mkdir -p $(FUZZ_LOGS); for t in $(FUZZ_BIN)/*; do \
