@@ -232,7 +232,8 @@ struct SavedSettings: Codable, Equatable {
 
 /// Makes the manager for `stateDirectory` (the default one when nil).
 func makeManager(delegate: WalkieDelegate, stateDirectory: String?, push: (any PushTransport)?,
-                 audio: AudioConfiguration) async throws(WalkieFailure) -> ChannelManager {
+                 audio: AudioConfiguration, purpose: StateDirectoryLock.Purpose = .use) async throws(WalkieFailure) -> ChannelManager {
+    try StateDirectoryLock.acquire(stateDirectory ?? RestorationStore.defaultDirectory(app: "walkie"), for: purpose)
     do {
         return try await ChannelManager.channelManager(
             delegate: delegate, restorationDelegate: delegate,
@@ -334,5 +335,47 @@ func describe(_ event: ChannelManagerEvent, tokenFile: String?) -> (line: String
         return ("no listener reports losing your audio now; error correction off", false)
     default:
         return nil
+    }
+}
+
+/// One walkie per state directory. Two would share one saved channel and one membership: a `walkie
+/// leave` beside a running walkie made the server forget the member, and the running one, which had
+/// only stepped aside for the leave's connection, took the channel back at the next press and saved
+/// it again, so the leave quietly came undone. The lock is `flock` on `walkie.lock` in the directory,
+/// held until the process exits (the kernel lets go of it then, `kill -9` included, so a crashed
+/// walkie never leaves a stale lock); the file holds the holder's pid for the message.
+enum StateDirectoryLock {
+    enum Purpose { case use, leave }
+
+    static let fileName = "walkie.lock"
+
+    static func acquire(_ directory: String, for purpose: Purpose) throws(WalkieFailure) {
+        do {
+            try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true,
+                                                    attributes: [.posixPermissions: 0o700])
+        } catch {
+            throw .other("can't create the state directory \(directory) (\(error.localizedDescription)); check its permissions or give another with --state-dir")
+        }
+        let path = (directory as NSString).appendingPathComponent(fileName)
+        let fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
+        guard fd >= 0 else {
+            throw .other("can't open \(path) (\(String(cString: strerror(errno)))); check the state directory's permissions or give another with --state-dir")
+        }
+        guard flock(fd, LOCK_EX | LOCK_NB) == 0 else {
+            let holder = (try? String(contentsOfFile: path, encoding: .utf8))?.trimmingCharacters(in: .whitespacesAndNewlines)
+            close(fd)
+            let who = holder.flatMap { Int32($0) }.map { "another walkie (pid \($0))" } ?? "another walkie"
+            switch purpose {
+            case .leave:
+                throw .other("\(who) has this channel open (state directory \(directory)); leave from it: quit it with q, then run 'walkie leave' again")
+            case .use:
+                throw .other("\(who) is using the state directory \(directory); quit it with q first, or give this one its own --state-dir")
+            }
+        }
+        let pid = Array("\(getpid())\n".utf8)
+        _ = ftruncate(fd, 0)
+        _ = pid.withUnsafeBytes { pwrite(fd, $0.baseAddress, $0.count, 0) }
+        // The descriptor stays open, on purpose, for the rest of the process: closing it would let go of
+        // the lock.
     }
 }

@@ -427,7 +427,7 @@ struct Leave: AsyncParsableCommand {
     func run() async throws {
         let delegate = WalkieDelegate()
         let manager: ChannelManager
-        do { manager = try await makeManager(delegate: delegate, stateDirectory: state.stateDir, push: nil, audio: .none) } catch { fail(error) }
+        do { manager = try await makeManager(delegate: delegate, stateDirectory: state.stateDir, push: nil, audio: .none, purpose: .leave) } catch { fail(error) }
         if let problem = manager.restorationError { fail(.other(problem.description)) }
         // Collected from the start: a leave owed from an earlier run may settle while this one joins.
         let outcomes = NIOLockedValueBox<[UUID: OwedLeaveOutcome]>([:])

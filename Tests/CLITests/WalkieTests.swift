@@ -584,6 +584,12 @@ import Testing
                                 "--input-file", world.speech, "--output-file", world.dir + "/bob2-heard.wav"])
         #expect(try await tmux.wait("bob2", for: "Ann"), "\(tmux.screen("bob2"))")
         #expect(try await tmux.wait("bob2", for: "ready"), "\(tmux.screen("bob2"))")
+        // (The killed walkie's lock on the state directory went with it.) A `walkie leave` beside this
+        // one would make squelchd forget Bob while this walkie, pushed aside by the leave's connection,
+        // took the channel back at its next press: it is refused while this one runs.
+        let leave = try Executables.run("walkie", ["leave", "--state-dir", world.dir + "/state-bob"])
+        #expect(leave.status == 1 && leave.err.contains("has this channel open") && leave.err.contains("pid "), "\(leave.err)")
+        #expect(!tmux.screen("bob2").contains("stepped aside"), "\(tmux.screen("bob2"))")
         #expect(try await tmux.background("bob2"), "the restored walkie has no push channel: \(tmux.screen("bob2"))")
         try tmux.keys("bob2", "b")
         #expect(try await tmux.wait("bob2", for: "Connected to squelchd again"), "back in the foreground: \(tmux.screen("bob2"))")
@@ -622,6 +628,9 @@ import Testing
         #expect(try await tmux.wait("ann", for: "EXITED 0"), "\(tmux.screen("ann"))")
         let heard = try Self.envelope(world.dir + "/ann-heard.wav")
         #expect(heard.filter { $0 > 0.01 }.count > 50, "Bob's bursts are in Ann's file: \(heard.count) periods")
+        // Bob's walkie has quit: the leave goes through now.
+        let left = try Executables.run("walkie", ["leave", "--state-dir", world.dir + "/state-bob"])
+        #expect(left.status == 0 && left.out.contains("left the channel"), "\(left.out) \(left.err)")
     }
 }
 
