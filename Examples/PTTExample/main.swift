@@ -18,24 +18,44 @@ let usage = """
                        [--talk-seconds S] [--record heard.wav] [--run-seconds 10] [--push-control-port 2198]
                        [--state-dir DIR] [--leave]
            ptt-example [--run-seconds 10] [--state-dir DIR]     restore the channel from last time
-    Logs every delegate callback on its own line. Exits 1 if the join fails, 2 if there is nothing to restore,
-    64 if an option is wrong.
+    Logs every delegate callback on its own line. Exits 1 if the join fails or no join comes within
+    --run-seconds, 2 if there is nothing to restore, 64 if an option is wrong.
     """
 if CommandLine.arguments.contains("--help") || CommandLine.arguments.contains("-h") {
     print(usage)
     exit(0)
 }
 
+// Every argument must be one of these: a misspelt option (`--chanel`) would otherwise be ignored and
+// the app would restore or wait as if it had not been given.
+let valued: Set<String> = ["--host", "--port", "--ca", "--token", "--channel", "--talk-seconds", "--record", "--run-seconds",
+                           "--push-control-port", "--state-dir"]
+do {
+    var rest = CommandLine.arguments.dropFirst()
+    while let argument = rest.popFirst() {
+        if valued.contains(argument) {
+            guard rest.popFirst() != nil else { usageError("\(argument) needs a value") }
+        } else if argument != "--leave" {
+            usageError("\(argument) is not an option of ptt-example")
+        }
+    }
+}
+
 final class Delegate: ChannelManagerDelegate, ChannelRestorationDelegate {
     /// Set when the join fails, so that the app doesn't wait to talk on a channel it never joined.
     let joinFailed = Mutex(false)
+    /// Set at `didJoin`: a run that ends without it did nothing and must not exit 0.
+    let joined = Mutex(false)
 
     func log(_ line: String) {
         // Unbuffered, so that a parent process reading the pipe sees each line at once. A reader
         // that went away (`| head -1`) is not a crash: `write(_:)` traps on EPIPE, this throws.
         try? FileHandle.standardOutput.write(contentsOf: Data((line + "\n").utf8))
     }
-    func channelManager(_ m: ChannelManager, didJoinChannel id: UUID, reason: ChannelJoinReason) { log("didJoin \(id) reason=\(reason)") }
+    func channelManager(_ m: ChannelManager, didJoinChannel id: UUID, reason: ChannelJoinReason) {
+        log("didJoin \(id) reason=\(reason)")
+        joined.withLock { $0 = true }
+    }
     func channelManager(_ m: ChannelManager, didLeaveChannel id: UUID, reason: ChannelLeaveReason) { log("didLeave \(id) reason=\(reason)") }
     func channelManager(_ m: ChannelManager, channelUUID: UUID, didBeginTransmittingFrom source: ChannelTransmitRequestSource) {
         log("didBeginTransmitting source=\(source)")
@@ -161,5 +181,13 @@ while Date() < deadline {
 if CommandLine.arguments.contains("--leave"), let channel = manager.activeChannelUUID { manager.leaveChannel(channelUUID: channel) }
 try await Task.sleep(for: .milliseconds(200))
 await exitIfTheJoinFailed()
+let host = option("--channel") == nil ? "the saved channel's server" : "\(option("--host") ?? "127.0.0.1"):\(option("--port") ?? "7700")"
 await manager.invalidate()
+guard delegate.joined.withLock({ $0 }) else {
+    // No answer within the run (squelchd not running, a wrong --port, a network in the way): the
+    // manager was still trying. Exit 1 as for a failed join, saying so.
+    delegate.log("not joined within \(runSeconds) s: no answer from \(host); check that squelchd runs there, or give a longer --run-seconds")
+    delegate.log("exit")
+    exit(1)
+}
 delegate.log("exit")

@@ -86,6 +86,30 @@ import Testing
         await fixture.stop()
     }
 
+    /// Nothing answers at --port: the run ends with exit 1 and says so. It used to print only `exit`
+    /// and exit 0, as if it had joined.
+    @Test func aRunThatNeverJoinedExitsOneAndSaysWhy() async throws {
+        let fixture = try await ClientFixture(pushes: false)
+        // A port nothing listens on: one the kernel handed out for a socket that is closed again.
+        let probe = socket(AF_INET, Int32(SOCK_DGRAM.rawValue), 0)
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        _ = withUnsafeMutablePointer(to: &address) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(probe, $0, length) } }
+        _ = withUnsafeMutablePointer(to: &address) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(probe, $0, &length) } }
+        close(probe)
+        let port = Int(UInt16(bigEndian: address.sin_port))
+        let child = try Child(["--host", "127.0.0.1", "--port", "\(port)", "--ca", fixture.caPath, "--token", try await fixture.token("fay"),
+                               "--channel", fixture.channel.id.uuidString, "--state-dir", fixture.stateDirectory("never"),
+                               "--run-seconds", "2"])
+        child.process.waitUntilExit()
+        let lines = child.lines.withLockedValue { $0 }
+        #expect(child.process.terminationStatus == 1, "\(lines)")
+        #expect(lines.contains { $0.hasPrefix("not joined within 2.0 s: no answer from 127.0.0.1:\(port)") }, "\(lines)")
+        await fixture.stop()
+    }
+
     /// Wrong options end the app with 64 and say which option, before anything is joined: a number
     /// beyond what Swift's durations hold used to crash it, and a bad port or record path went unsaid.
     @Test func wrongOptionsAreSaidWithTheirName() throws {
@@ -98,7 +122,9 @@ import Testing
                                       (channel + ["--push-control-port", "0"], "--push-control-port 0"),
                                       (channel + ["--record", "/no-such-directory/heard.wav"], "can't write in /no-such-directory"),
                                       (["--channel", "ops", "--token", "t", "--state-dir", state], "--channel ops is not a channel id"),
-                                      (["--channel", UUID().uuidString, "--state-dir", state], "needs --token")] {
+                                      (["--channel", UUID().uuidString, "--state-dir", state], "needs --token"),
+                                      (channel + ["--bogus"], "--bogus is not an option"),
+                                      (channel + ["--run-seconds"], "--run-seconds needs a value")] {
             let process = Process()
             process.executableURL = Self.executable("ptt-example")
             process.arguments = arguments
