@@ -103,6 +103,13 @@ public struct WAVAudio: Sendable, Hashable {
                 format = try parseFormat(&reader, size: size)
             case "data":
                 guard let format else { throw .malformedWAV(reason: "the data chunk comes before the fmt chunk") }
+                var size = size
+                // Writers that stream (arecord or ffmpeg into a pipe, a recorder killed before it
+                // finished) leave the sizes as placeholders: 0xFFFFFFFF, or 0 in a header never
+                // rewritten (its RIFF size doesn't match the file). The samples then run to the end
+                // of the file, as sox and ffmpeg read them. A 0 in a finished header is an empty chunk.
+                let finished = Int(riffSize) + 8 == bytes.count
+                if size == 0xFFFF_FFFF || (size == 0 && !finished) { size = reader.remaining }
                 guard size <= maximumDataBytes else {
                     throw .malformedWAV(reason: "the data chunk declares \(size) bytes, more than the \(maximumDataBytes)-byte limit")
                 }

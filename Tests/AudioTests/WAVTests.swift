@@ -86,6 +86,23 @@ struct WAVBuilder {
         #expect(try parse(bytes).format == WAVFormat(encoding: .pcm16, sampleRate: 48_000, channels: 1))
     }
 
+    /// A streamed WAV (arecord or ffmpeg into a pipe, or a recorder killed before it finished) keeps
+    /// its placeholder sizes: its samples run to the end of the file, as sox reads them. It used to
+    /// be refused ("declares 4294967295 bytes") or read as holding no audio.
+    @Test func placeholderSizesOfAStreamedFileReadToTheEnd() throws {
+        var unfilled = WAVBuilder(); unfilled.riffSize = 0xFFFF_FFFF; unfilled.dataSize = 0xFFFF_FFFF
+        #expect(try parse(unfilled.bytes()).samples == .pcm16([1, 2, 3, 4]))
+        var zeroed = WAVBuilder(); zeroed.riffSize = 0; zeroed.dataSize = 0
+        #expect(try parse(zeroed.bytes()).samples == .pcm16([1, 2, 3, 4]))
+        // A placeholder with a half frame at the end: the whole frames only.
+        var odd = WAVBuilder(); odd.dataSize = 0xFFFF_FFFF; odd.data = [1, 0, 2, 0, 3]
+        #expect(try parse(odd.bytes()).samples == .pcm16([1, 2]))
+        // A finished header (its RIFF size is the file's) with an empty data chunk and a chunk after
+        // it: empty, not the next chunk's bytes read as audio.
+        var empty = WAVBuilder(); empty.dataSize = 0; empty.data = Array("LIST".utf8) + [2, 0, 0, 0, 7, 7]
+        #expect(try parse(empty.bytes()).samples == .pcm16([]))
+    }
+
     @Test func truncatedHeaderIsRejected() throws {
         let error = #expect(throws: AudioError.self) { try parse(Array(WAVBuilder().bytes().prefix(10))) }
         #expect(String(describing: try #require(error)).contains("truncated header"))
