@@ -259,7 +259,7 @@ final class HubDriver: WireServerDelegate {
 
     /// A connection silent this long (ns) is asleep or gone as far as audio goes, even while its session
     /// is kept for a fast resume (`pushWakeSilenceSeconds`).
-    var livenessWindow: UInt64 = 35_000_000_000
+    var livenessWindow: UInt64 = 12_000_000_000
 
     func isLive(_ link: Link) -> Bool {
         guard let connection = server?.endpoint.connection(link) else { return false }

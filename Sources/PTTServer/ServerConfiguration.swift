@@ -93,9 +93,11 @@ public struct ServerConfiguration: Sendable, Equatable {
     public var apnsSimulatorCertPath: String = "certs/apns-sim.pem"
     public var apnsSimulatorKeyPath: String = "certs/apns-sim.key"
     /// A connected member silent this long still gets a wake push, and shows as `reconnecting` in the
-    /// roster until it is heard again: a client PINGs every 15 s, so one quiet for two of those (plus
-    /// slack for loss) is asleep or gone as far as audio goes.
-    public var pushWakeSilenceSeconds: Double = 35
+    /// roster until it is heard again. A foreground client PINGs every 5 s, and every 500 ms while a
+    /// PING goes unanswered, so one quiet for two keepalives and then some is asleep or gone as far as
+    /// audio goes: a dispatcher sees that within about 12 s, not the 35 s this was while clients PINGed
+    /// every 15 s (before 2026-11-24; set 35 for such clients, or their members flap).
+    public var pushWakeSilenceSeconds: Double = 12
 
     public static let portRange = 0...65_535
     public static let maxConnectionsRange = 1...1_000_000
