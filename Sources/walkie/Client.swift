@@ -349,6 +349,18 @@ enum StateDirectoryLock {
 
     static let fileName = "walkie.lock"
 
+    /// Whether a walkie holds `directory` now (`.some`, with its pid when the file says it), without
+    /// taking it: the lock is tried and let go at once.
+    static func holder(of directory: String) -> Int32?? {
+        let path = (directory as NSString).appendingPathComponent(fileName)
+        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { return nil }
+        defer { close(fd) }
+        guard flock(fd, LOCK_EX | LOCK_NB) != 0 else { return nil }
+        let text = (try? String(contentsOfFile: path, encoding: .utf8))?.trimmingCharacters(in: .whitespacesAndNewlines)
+        return .some(text.flatMap { Int32($0) })
+    }
+
     static func acquire(_ directory: String, for purpose: Purpose) throws(WalkieFailure) {
         do {
             try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true,

@@ -415,7 +415,16 @@ struct Status: AsyncParsableCommand {
             say("token     " + (claims.expiresAt < Date() ? "expired " : "valid until ") + claims.expiresAt.formatted(.iso8601))
         }
         say("push      " + (record.pushToken == nil ? "no push token yet" : "registered (\(record.pushToken!.count)-byte token)"))
-        say("run 'walkie' to rejoin, 'walkie leave' to leave")
+        // What to run next, for this directory: plain 'walkie' looks in the default one.
+        let directoryFlag = state.stateDir.map { " --state-dir '\($0.replacingOccurrences(of: "'", with: "'\\''"))'" } ?? ""
+        if let holder = StateDirectoryLock.holder(of: store.directory) {
+            say("open in a running walkie\(holder.map { " (pid \($0))" } ?? ""); leave from it, or quit it with q first")
+        } else if let claims, claims.expiresAt < Date(), SavedSettings.load(from: store.directory)?.tokenFile == nil {
+            // The saved token can't rejoin: 'walkie' would only be refused.
+            say("the saved token has expired: rejoin with a new one, 'walkie join --server \(record.credentials.address) --token NEW\(directoryFlag)', or 'walkie leave\(directoryFlag)' to leave")
+        } else {
+            say("run 'walkie\(directoryFlag)' to rejoin, 'walkie leave\(directoryFlag)' to leave")
+        }
     }
 }
 

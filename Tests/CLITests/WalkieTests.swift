@@ -331,6 +331,30 @@ import Testing
         #expect(nothing.status == 2 && nothing.out.contains("nothing to leave"), "\(nothing.out)")
     }
 
+    /// `walkie status` says what will work from here: with the saved token expired, a join with a new
+    /// one (plain `walkie` would only be refused), and for a directory given with --state-dir, commands
+    /// that name it (plain `walkie` looks in the default one).
+    @Test func statusAdvisesWhatWillWorkForThisDirectory() async throws {
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("walkie-status-\(UUID())").path
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let authority = try await TokenAuthority.loadOrCreate(in: dir + "/key")
+        func saved(_ state: String, ttl: TimeInterval) async throws {
+            let token = try await authority.issue(ParticipantClaims(userID: "ann", name: "Ann", channel: UUID(), capabilities: [.talk, .listen],
+                                                                    priority: 0, expiresAt: Date().addingTimeInterval(ttl)))
+            let credentials = ChannelCredentials(host: "127.0.0.1", port: 7700, caPath: "certs/ca.pem", token: token)
+            try RestorationStore(directory: state).save(RestorationRecord(channel: UUID(), descriptor: ChannelDescriptor(name: "Ops"),
+                                                                          credentials: credentials, pushToken: nil))
+        }
+        try await saved(dir + "/valid", ttl: 3_600)
+        let valid = try Executables.run("walkie", ["status", "--state-dir", dir + "/valid"])
+        #expect(valid.status == 0 && valid.out.contains("run 'walkie --state-dir '\(dir)/valid'' to rejoin"), "\(valid.out)")
+        try await saved(dir + "/expired", ttl: -60)
+        let expired = try Executables.run("walkie", ["status", "--state-dir", dir + "/expired"])
+        #expect(expired.out.contains("the saved token has expired: rejoin with a new one, 'walkie join --server 127.0.0.1:7700 --token NEW --state-dir"),
+                "\(expired.out)")
+        #expect(!expired.out.contains("run 'walkie"), "\(expired.out)")
+    }
+
     @Test func everyFailureIsOneLineWithItsExitCode() async throws {
         let world = try await World()
         defer { world.finish() }
@@ -565,6 +589,7 @@ import Testing
         // The saved channel carries the server's name for it, not the placeholder of the join.
         let status = try Executables.run("walkie", ["status", "--state-dir", world.dir + "/state-ann"])
         #expect(status.out.contains("channel   Ops ("), "\(status.out)")
+        #expect(status.out.contains("open in a running walkie (pid "), "\(status.out)")
         #expect(try await tmux.background("bob"), "no push channel after the restart: \(tmux.screen("bob"))")
         try tmux.keys("ann", "Space")
         #expect(try await tmux.wait("bob", for: "Speaker: Ann"), "woken after the restart: \(tmux.screen("bob"))")
