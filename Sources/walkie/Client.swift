@@ -296,24 +296,42 @@ func readTokenFile(_ path: String) throws(WalkieFailure) -> String {
 /// Hands the manager every new token that appears in `path`, so that a session outlives its first
 /// token (the server ends a session when its token expires). The file is read once a second: it is
 /// replaced far less often than that, and polling works on any filesystem. An unreadable or
-/// half-written file is skipped until the next read; a token the server refuses is reported by the
-/// manager (`tokenRenewalFailed`) and not sent again until the file changes. `problem` hears of a
-/// token the manager won't even offer (another user's).
+/// half-written file is skipped until the next read, but one that stays unusable (gone, empty, not a
+/// token) for `unusableGrace` reads is said once, while the current token still works: otherwise the
+/// first sign of a broken renewal job would be the session ending when that token expires. A token
+/// the server refuses is reported by the manager (`tokenRenewalFailed`) and not sent again until the
+/// file changes. `problem` hears of both, and of a token the manager won't even offer (another user's).
 func watchTokenFile(_ path: String, current: String, manager: ChannelManager, channel: UUID,
                     problem: @escaping @Sendable (String) -> Void) -> Task<Void, Never> {
     Task {
         var last = current
+        var unusableReads = 0
         while !Task.isCancelled {
-            if let token = try? readTokenFile(path), token != last, (try? tokenClaims(token)) != nil {
-                last = token
-                do throws(ChannelError) { try await manager.renewToken(token, channelUUID: channel) } catch {
-                    problem("the token in \(path) was not used: \(error.message)")
+            do throws(WalkieFailure) {
+                let token = try readTokenFile(path)
+                _ = try tokenClaims(token)
+                unusableReads = 0
+                if token != last {
+                    last = token
+                    do throws(ChannelError) { try await manager.renewToken(token, channelUUID: channel) } catch {
+                        problem("the token in \(path) was not used: \(error.message)")
+                    }
+                }
+            } catch {
+                unusableReads += 1
+                if unusableReads == tokenFileUnusableGrace {
+                    let until = (try? tokenClaims(last)).map { " until \($0.expiresAt.formatted(date: .omitted, time: .shortened))" } ?? ""
+                    problem("the token file can't be used (\(error.message)); the current token goes on\(until); put the output of 'squelchd token issue' in \(path)")
                 }
             }
             try? await Task.sleep(for: .seconds(1))
         }
     }
 }
+
+/// Reads (a second apart) a token file may be unusable before it is said: a writer that truncates
+/// and then writes takes far less.
+let tokenFileUnusableGrace = 5
 
 /// What a session event (the token's, the listeners' loss) means for the person at the terminal: a
 /// line, and whether it is a problem.

@@ -163,7 +163,13 @@ import Testing
         #expect(await listener.out.wait(for: "token expires at .*; put a new token in", seconds: 10) != nil, "\(listener.out.contents)")
         try issue("1h").write(toFile: tokenFile, atomically: true, encoding: .utf8)
         #expect(await listener.out.wait(for: "token renewed; valid until", seconds: 10) != nil, "\(listener.out.contents)")
-        try await Task.sleep(for: .seconds(10))  // the first token has expired by now
+        // A renewal job that writes garbage: said after a few seconds, while the current token goes on.
+        let renewed = try String(contentsOfFile: tokenFile, encoding: .utf8)
+        try "garbage".write(toFile: tokenFile, atomically: true, encoding: .utf8)
+        #expect(await listener.out.wait(for: "the token file can't be used .*; the current token goes on until", seconds: 10) != nil,
+                "\(listener.out.contents)")
+        try renewed.write(toFile: tokenFile, atomically: true, encoding: .utf8)
+        try await Task.sleep(for: .seconds(4))  // the first token has expired by now
         let talk = try Executables.run("walkie", ["talk"] + world.arguments("ann") + ["--file", world.speech, "--push-port", "0"])
         #expect(talk.status == 0, "\(talk.err)")
         #expect(await listener.process.waitForExit(seconds: 20))
