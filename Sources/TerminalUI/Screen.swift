@@ -18,7 +18,8 @@ public struct Frame: Hashable, Sendable {
 /// Layout at 80×24, top to bottom: header (walkie, channel, service status, mode), rule, the state banner,
 /// the speaker, microphone meter, network stats, rule, the members, and at the bottom a rule, the status
 /// line and key hints. On smaller screens spacers go first, then rules, then the meter, network and member
-/// title lines; the header, banner and key hints always stay. Lines are cut with "…", never wrapped.
+/// title lines; the header, banner and key hints always stay. Lines are cut with "…", except the status
+/// message, which wraps onto up to three lines.
 public enum Screen {
     /// The frame for `model` on a `width` × `height` terminal.
     public static func render(_ model: ScreenModel, width: Int, height: Int) -> Frame {
@@ -129,13 +130,41 @@ private struct Layout {
 
     private func bottomRows() -> [Row] {
         let status = model.status.map { DisplayWidth.sanitize($0.text) }
-        return [
-            rule(),
-            Row(text: status.map { "  " + $0 } ?? "",
-                style: model.status?.isError == true ? .error : .plain,
-                priority: status == nil ? .spacer : .high),
-            Row(text: " " + firstFitting(hints(), margin: 1), style: .dim, priority: .essential),
-        ]
+        let style: Frame.Style = model.status?.isError == true ? .error : .plain
+        // Wrapped, not cut: the end of a message is the part that says what to do ("check that it
+        // runs", "press b once it is back"). At most `maximumStatusLines`; members give up the rows.
+        let statusRows = status.map { text in
+            Self.wrap(text, width: width - 2, lines: Self.maximumStatusLines).map { Row(text: "  " + $0, style: style, priority: .high) }
+        } ?? [Row(text: "", style: .plain, priority: .spacer)]
+        return [rule()] + statusRows + [Row(text: " " + firstFitting(hints(), margin: 1), style: .dim, priority: .essential)]
+    }
+
+    static let maximumStatusLines = 3
+
+    /// `text` in lines of at most `width` columns, broken at spaces; a word wider than a line, and
+    /// whatever is left past the last line, are cut with "…" when the frame is drawn.
+    static func wrap(_ text: String, width: Int, lines: Int) -> [String] {
+        guard width > 0, DisplayWidth.of(text) > width, lines > 1 else { return [text] }
+        var result: [String] = []
+        var current = ""
+        var words = text.split(separator: " ", omittingEmptySubsequences: true)[...]
+        while let word = words.first {
+            let candidate = current.isEmpty ? String(word) : current + " " + word
+            if DisplayWidth.of(candidate) <= width || current.isEmpty {
+                current = candidate
+                words = words.dropFirst()
+                continue
+            }
+            result.append(current)
+            current = ""
+            if result.count == lines - 1 {
+                // The last line takes the rest; the frame cuts it with "…".
+                current = words.joined(separator: " ")
+                break
+            }
+        }
+        if !current.isEmpty { result.append(current) }
+        return result
     }
 
     private func rule() -> Row {

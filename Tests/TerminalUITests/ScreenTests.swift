@@ -45,6 +45,29 @@ struct ScreenTests {
         #expect(frame.styles[frame.lines.firstIndex { $0.contains("RECEIVING") }!] == .receive)
     }
 
+    @Test("a long status message wraps, so its advice at the end shows")
+    func statusWraps() {
+        var model = sampleModel()
+        model.status = .init("no answer from squelchd at 127.0.0.1:27700; check that it runs and the address and port are right", isError: true)
+        let frame = Screen.render(model, width: 80, height: 24)
+        checkBounds(frame, width: 80, height: 24)
+        let rows = frame.lines.indices.filter { frame.styles[$0] == .error }
+        #expect(rows.count == 2, "\(frame.lines)")
+        #expect(frame.lines[rows[0]] == "  no answer from squelchd at 127.0.0.1:27700; check that it runs and the address")
+        #expect(frame.lines[rows[1]] == "  and port are right")
+        #expect(frame.lines[23].contains("q quit"), "the hints stay on the bottom line")
+        #expect(rows.allSatisfy { !frame.lines[$0].contains("…") }, "nothing of it cut")
+        // Three lines at most: the rest is cut.
+        model.status = .init(String(repeating: "word ", count: 60))
+        let narrow = Screen.render(model, width: 40, height: 24)
+        checkBounds(narrow, width: 40, height: 24)
+        let statusRows = narrow.lines.filter { $0.hasPrefix("  word") }
+        #expect(statusRows.count == 3 && statusRows[2].hasSuffix("…"), "\(narrow.lines)")
+        // A short one stays one line.
+        model.status = .init("Connected to squelchd again")
+        #expect(Screen.render(model, width: 80, height: 24).lines.filter { $0.contains("Connected to squelchd again") }.count == 1)
+    }
+
     @Test("40×12 keeps the essentials and summarises the roster")
     func small() {
         let frame = Screen.render(sampleModel(members: 9), width: 40, height: 12)
