@@ -1,4 +1,5 @@
 import Foundation
+import SquelchInfo
 import KeyFiles
 import Logging
 #if canImport(Glibc)
@@ -185,26 +186,12 @@ public struct ServerConfiguration: Sendable, Equatable {
             var best: (name: String, distance: Int)?
             for candidate in candidates {
                 // A word spelled out (`…_DATA_DIRECTORY` for `…_DATA_DIR`) counts as one typo.
-                let distance = name.hasPrefix(candidate) || candidate.hasPrefix(name) ? 1 : editDistance(name, candidate)
+                let distance = name.hasPrefix(candidate) || candidate.hasPrefix(name) ? 1 : SquelchInfo.editDistance(name, candidate)
                 if distance < (best?.distance ?? Int.max) { best = (candidate, distance) }
             }
             unknown.append((name, best.flatMap { $0.distance <= 3 ? $0.name : nil }))
         }
         return unknown
-    }
-
-    /// Levenshtein distance, for the suggestion above (names of a few dozen characters).
-    static func editDistance(_ a: String, _ b: String) -> Int {
-        let a = Array(a.utf8), b = Array(b.utf8)
-        var previous = Array(0...b.count)
-        for i in 1...max(a.count, 1) where !a.isEmpty {
-            var current = [i] + [Int](repeating: 0, count: b.count)
-            for j in stride(from: 1, through: b.count, by: 1) {
-                current[j] = min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1))
-            }
-            previous = current
-        }
-        return a.isEmpty ? b.count : previous[b.count]
     }
 
     /// Every setting, in help order.

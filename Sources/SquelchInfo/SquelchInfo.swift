@@ -2,4 +2,19 @@
 public enum SquelchInfo {
     /// The release version, printed by `--version` of every executable.
     public static let version = "0.1.0"
+
+    /// Levenshtein distance, for the "did you mean" every executable offers for a mistyped name (a
+    /// setting, a command): names of a few dozen characters.
+    public static func editDistance(_ a: String, _ b: String) -> Int {
+        let a = Array(a.utf8), b = Array(b.utf8)
+        var previous = Array(0...b.count)
+        for i in 1...max(a.count, 1) where !a.isEmpty {
+            var current = [i] + [Int](repeating: 0, count: b.count)
+            for j in stride(from: 1, through: b.count, by: 1) {
+                current[j] = min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1))
+            }
+            previous = current
+        }
+        return a.isEmpty ? b.count : previous[b.count]
+    }
 }

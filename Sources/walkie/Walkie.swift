@@ -36,6 +36,17 @@ struct Walkie: AsyncParsableCommand {
                 try command.run()
             }
         } catch {
+            // A mistyped command ('walkie tlak') reaches the default command as an argument it doesn't
+            // take: say which command was likely meant, rather than the default command's usage.
+            let arguments = CommandLine.arguments.dropFirst()
+            if exitCode(for: error) == .validationFailure, let word = arguments.first, !word.hasPrefix("-") {
+                let commands = configuration.subcommands.map { $0._commandName }
+                if !commands.contains(word), let meant = commands.min(by: { SquelchInfo.editDistance(word, $0) < SquelchInfo.editDistance(word, $1) }),
+                   SquelchInfo.editDistance(word, meant) <= 2 {
+                    FileHandle.standardError.write(Data("walkie: '\(word)' is not a command; did you mean '\(meant)'? ('walkie --help' lists them)\n".utf8))
+                    Foundation.exit(2)
+                }
+            }
             if exitCode(for: error) == .validationFailure {
                 FileHandle.standardError.write(Data((fullMessage(for: error) + "\n").utf8))
                 Foundation.exit(2)

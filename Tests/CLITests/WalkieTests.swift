@@ -370,6 +370,8 @@ import Testing
             #expect(run.status == code, "\(comment): status \(run.status): \(run.err)")
             #expect(lines.count == 1 && run.err.hasPrefix("walkie: ") && run.err.contains(mentions), "\(comment): \(run.err)")
         }
+        // A mistyped command: the one likely meant, not the default command's usage.
+        try check(["tlak", "--file", "x.wav"], code: 2, mentions: "'tlak' is not a command; did you mean 'talk'?", "typo")
         // A token for another server (signed by another key): refused as forged.
         let forged = try await TokenAuthority.loadOrCreate(in: world.dir + "/elsewhere").issue(ParticipantClaims(
             userID: "eve", name: "Eve", channel: world.channel, capabilities: [.talk, .listen], expiresAt: Date().addingTimeInterval(3_600)))
