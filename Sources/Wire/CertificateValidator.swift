@@ -17,10 +17,27 @@ public struct CertificateValidator: Sendable {
 
     public init(roots: [Certificate]) { self.roots = roots }
 
+    /// Why a CA file gave no roots, said as the file's problem: a `HandshakeFailure` here read as
+    /// "the server sent a certificate that cannot be parsed", though nothing had been sent yet.
+    public struct CAFileProblem: Error, Sendable, CustomStringConvertible {
+        public let description: String
+    }
+
     public init(caPEM: String) throws {
-        let documents = try PEMDocument.parseMultiple(pemString: caPEM)
-        roots = try documents.filter { $0.discriminator == "CERTIFICATE" }.map { try Certificate(pemDocument: $0) }
-        guard !roots.isEmpty else { throw HandshakeFailure.unreadableCertificate(reason: "no CERTIFICATE in the CA file") }
+        let documents: [PEMDocument]
+        do { documents = try PEMDocument.parseMultiple(pemString: caPEM) } catch {
+            throw CAFileProblem(description: "it is not PEM text (\(error))")
+        }
+        let kinds = Set(documents.map(\.discriminator)).sorted()
+        do {
+            roots = try documents.filter { $0.discriminator == "CERTIFICATE" }.map { try Certificate(pemDocument: $0) }
+        } catch {
+            throw CAFileProblem(description: "a certificate in it can't be read (\(error))")
+        }
+        guard !roots.isEmpty else {
+            throw CAFileProblem(description: kinds.isEmpty ? "it holds no PEM block"
+                : "it holds \(kinds.joined(separator: ", ")) but no CERTIFICATE: is it a key rather than the CA certificate?")
+        }
     }
 
     /// Validates at wall-clock time `time`. Distinct failures: untrusted chain, expired, wrong name.

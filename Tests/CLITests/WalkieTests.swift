@@ -391,6 +391,10 @@ import Testing
         // A CA file that isn't one: what it is, once, not a permission problem.
         try check(["talk", "--server", "127.0.0.1:\(world.server.voicePort)", "--token", world.tokens["ann"]!, "--ca", world.speech,
                    "--file", world.speech, "--push-port", "0"], code: 5, mentions: "is not a PEM certificate (it isn't text); pass the CA", "CA not PEM")
+        // The server's key given as the CA: the file's problem, not "the server sent a certificate".
+        try check(["talk", "--server", "127.0.0.1:\(world.server.voicePort)", "--token", world.tokens["ann"]!, "--ca", world.certs + "/server.key",
+                   "--file", world.speech, "--push-port", "0"], code: 5, mentions: "but no CERTIFICATE: is it a key rather than the CA certificate?",
+                  "a key as the CA")
         try check(["join"] + world.arguments("ann") + ["--input", "no-such-device", "--push-port", "0", "--state-dir", world.dir + "/s"],
                   code: 7, mentions: "walkie devices", "missing device")
         // The floor is busy while Ann talks for a while.
