@@ -35,7 +35,7 @@ enum APNsControlAPI {
         } catch {
             task.cancel()
             throw APNsSimulatorError.bindFailed(what: "APNs simulator control API", host: configuration.host,
-                                                port: configuration.controlPort, underlying: "\(error)")
+                                                port: configuration.controlPort, underlying: APNsSimulatorError.bindReason(error))
         }
     }
 

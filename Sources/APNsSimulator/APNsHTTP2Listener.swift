@@ -41,7 +41,7 @@ enum APNsHTTP2Listener {
             return try await bootstrap.bind(host: configuration.host, port: configuration.port).get()
         } catch {
             throw APNsSimulatorError.bindFailed(what: "APNs simulator (HTTP/2)", host: configuration.host,
-                                                port: configuration.port, underlying: "\(error)")
+                                                port: configuration.port, underlying: APNsSimulatorError.bindReason(error))
         }
     }
 

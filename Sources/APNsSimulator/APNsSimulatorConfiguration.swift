@@ -2,6 +2,7 @@ import Crypto
 import Foundation
 import JWTKit
 import Logging
+import NIOCore
 
 /// How to run an `APNsSimulator`.
 public struct APNsSimulatorConfiguration: Sendable {
@@ -97,6 +98,17 @@ public enum APNsSimulatorError: Error, CustomStringConvertible, Sendable, Equata
             "the APNs simulator was already started; make a new one to start again"
         case .bindFailed(let what, let host, let port, let underlying):
             "cannot listen for the \(what) on \(host):\(port) (\(underlying)); pick another port or stop what uses it"
+        }
+    }
+
+    /// What went wrong opening a socket, in words where the errno says enough (NIO's own text is
+    /// "bind(descriptor:ptr:bytes:): Address already in use) (errno: 98)").
+    static func bindReason(_ error: any Error) -> String {
+        switch (error as? IOError)?.errnoCode {
+        case EADDRINUSE?: "the port is in use, perhaps by another squelchd"
+        case EACCES?: "permission denied: ports below 1024 need root or CAP_NET_BIND_SERVICE"
+        case EADDRNOTAVAIL?: "this machine has no such address"
+        default: "\(error)"
         }
     }
 }

@@ -62,7 +62,7 @@ enum PushSetup {
             do { endpoints = try await simulator.start() } catch {
                 // Its certificate loaded: what fails now is a socket (a port in use, most likely).
                 throw ServerConfiguration.ConfigurationError.invalidValue(
-                    "the embedded APNs simulator could not start: \(error); set its ports with --apns-simulator-port and --apns-simulator-control-port, or use --apns off")
+                    "the embedded APNs simulator could not start: \(error); set its ports with --apns-simulator-port and --apns-simulator-control-port (0: any free one), or use --apns off")
             }
             logger.notice("APNs simulator listening", metadata: [
                 "apns": "https://127.0.0.1:\(endpoints.port)", "control": "http://127.0.0.1:\(endpoints.controlPort)",

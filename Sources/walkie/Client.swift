@@ -88,9 +88,10 @@ extension ServerOptions {
             throw .usage("give a token with --token or --token-file (from 'squelchd token issue')")
         }
         let claims = try tokenClaims(token)
-        guard let colon = server.lastIndex(of: ":"), let port = Int(server[server.index(after: colon)...]), (1...65535).contains(port) else {
+        guard let colon = server.lastIndex(of: ":"), let port = Int(server[server.index(after: colon)...]) else {
             throw .usage("--server must be HOST:PORT, like 127.0.0.1:7700")
         }
+        guard (1...65535).contains(port) else { throw .usage("--server \(server): the port must be 1-65535 (squelchd's default is 7700)") }
         let host = String(server[..<colon]).trimmingCharacters(in: CharacterSet(charactersIn: "[]"))
         guard FileManager.default.isReadableFile(atPath: ca) else {
             throw .certificate("can't read the CA file \(ca); pass the CA that signed the server's certificate with --ca (certs/ca.pem in development)")

@@ -156,6 +156,27 @@ enum Executables {
         withExtendedLifetime(held) {}  // the port stays taken until squelchd has tried it
     }
 
+    /// The embedded APNs simulator's port taken: said in words, with the settings to change, not as
+    /// NIO's "bind(descriptor:ptr:bytes:): Address already in use) (errno: 98))".
+    @Test func squelchdNamesASimulatorPortInUse() throws {
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("squelchd-sim-port-\(UUID())")
+        defer { try? FileManager.default.removeItem(at: dir) }
+        let certs = dir.appendingPathComponent("certs").path
+        try Executables.makeDevCertificates(into: certs)
+        let held = try #require(HeldPort(tcpListening: true))
+        let result = try Executables.run("squelchd", ["serve", "--port", "0", "--admin-port", "0", "--apns-simulator-port", "\(held.port)",
+                                                      "--apns-simulator-control-port", "0", "--data-dir", dir.appendingPathComponent("data").path,
+                                                      "--cert", certs + "/server-chain.pem", "--key", certs + "/server.key",
+                                                      "--apns-key", certs + "/AuthKey_DEVKEY0001.p8", "--apns-simulator-cert", certs + "/apns-sim.pem",
+                                                      "--apns-simulator-key", certs + "/apns-sim.key", "--apns-ca", certs + "/ca.pem"])
+        #expect(result.status == 78, "\(result.err)")
+        #expect(result.err.contains("the embedded APNs simulator could not start: cannot listen for the APNs simulator (HTTP/2) on 127.0.0.1:\(held.port) "
+                                    + "(the port is in use, perhaps by another squelchd)"), "\(result.err)")
+        #expect(result.err.contains("--apns-simulator-port"), "\(result.err)")
+        #expect(!result.err.contains("errno"), "\(result.err)")
+        withExtendedLifetime(held) {}
+    }
+
     /// squelchd serving the network with the development certificate, which names only loopback
     /// addresses, says that clients elsewhere will refuse it; with a certificate the script made for
     /// another name too, it doesn't.

@@ -370,6 +370,8 @@ import Testing
             #expect(run.status == code, "\(comment): status \(run.status): \(run.err)")
             #expect(lines.count == 1 && run.err.hasPrefix("walkie: ") && run.err.contains(mentions), "\(comment): \(run.err)")
         }
+        try check(["talk", "--server", "127.0.0.1:70000", "--token", world.tokens["ann"]!, "--file", world.speech],
+                  code: 2, mentions: "the port must be 1-65535", "port out of range")
         // A mistyped command: the one likely meant, not the default command's usage.
         try check(["tlak", "--file", "x.wav"], code: 2, mentions: "'tlak' is not a command; did you mean 'talk'?", "typo")
         // A token for another server (signed by another key): refused as forged.

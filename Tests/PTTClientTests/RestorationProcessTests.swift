@@ -90,16 +90,9 @@ import Testing
     /// and exit 0, as if it had joined.
     @Test func aRunThatNeverJoinedExitsOneAndSaysWhy() async throws {
         let fixture = try await ClientFixture(pushes: false)
-        // A port nothing listens on: one the kernel handed out for a socket that is closed again.
-        let probe = socket(AF_INET, Int32(SOCK_DGRAM.rawValue), 0)
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        _ = withUnsafeMutablePointer(to: &address) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(probe, $0, length) } }
-        _ = withUnsafeMutablePointer(to: &address) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(probe, $0, &length) } }
-        close(probe)
-        let port = Int(UInt16(bigEndian: address.sin_port))
+        // A UDP port a socket holds and never reads: nothing answers there.
+        let held = try #require(HeldPort(tcpListening: false))
+        let port = held.port
         let child = try Child(["--host", "127.0.0.1", "--port", "\(port)", "--ca", fixture.caPath, "--token", try await fixture.token("fay"),
                                "--channel", fixture.channel.id.uuidString, "--state-dir", fixture.stateDirectory("never"),
                                "--run-seconds", "2"])
@@ -107,6 +100,7 @@ import Testing
         let lines = child.lines.withLockedValue { $0 }
         #expect(child.process.terminationStatus == 1, "\(lines)")
         #expect(lines.contains { $0.hasPrefix("not joined within 2.0 s: no answer from 127.0.0.1:\(port)") }, "\(lines)")
+        withExtendedLifetime(held) {}
         await fixture.stop()
     }
 
