@@ -472,12 +472,17 @@ public enum AdminAPI {
 
     // MARK: - Helpers
 
+    /// The mode as the API names it ("halfDuplex"), or as `squelchd channel --mode` does ("half"),
+    /// so that what works on the command line works in a request too. Answers always name it in full.
     static func transmissionMode(_ text: String) throws(AdminError) -> TransmissionMode {
-        guard let mode = TransmissionMode(rawValue: text) else {
+        if let mode = TransmissionMode(rawValue: text) { return mode }
+        switch text {
+        case "half": return .halfDuplex
+        case "full": return .fullDuplex
+        default:
             let valid = TransmissionMode.allCases.map { "\"\($0.rawValue)\"" }.joined(separator: " or ")
-            throw AdminError(.badRequest, "mode must be \(valid), not \"\(text)\"")
+            throw AdminError(.badRequest, "mode must be \(valid) (or \"half\", \"full\"), not \"\(text)\"")
         }
-        return mode
     }
 
     static func channelID(_ context: BasicRequestContext) throws(AdminError) -> UUID {

@@ -359,8 +359,10 @@ struct RecordingLogHandler: LogHandler {
             let stored = try #require(try await fixture.store.channel(channel.id))
             #expect(stored.name == "Dispatch 2" && stored.image == nil)
 
-            let mode = try await client.send(.patch, "/v1/channels/\(channel.id)", json: #"{"mode":"halfDuplex"}"#)
+            // The command line's spelling ("--mode half") works here too; the answer names it in full.
+            let mode = try await client.send(.patch, "/v1/channels/\(channel.id)", json: #"{"mode":"half"}"#)
             #expect(try mode.decode(ChannelRecord.self).mode == .halfDuplex)
+            #expect(mode.text.contains(#""mode":"halfDuplex""#), "\(mode.text)")
             #expect(try await fixture.store.channel(channel.id)?.name == "Dispatch 2", "an absent name is not cleared")
 
             let deleted = try await client.send(.delete, "/v1/channels/\(channel.id)")
