@@ -889,6 +889,7 @@ public final class ChannelHub {
                 if var member = channel.members[slot] {
                     member.talking = false
                     member.burstStartedAt = nil
+                    member.burstProgressAt = nil
                     channel.members[slot] = member
                     outputs.append(.send(.participant(member.participant), to: channel.connectedLinks))
                 }
@@ -934,9 +935,30 @@ public final class ChannelHub {
                                                request: member.floorRequest)), to: [link]))
     }
 
+    /// Writes the length so far of every burst going on for `burstProgressInterval` since it started
+    /// or was last written (the driver calls it about once a second). The record stays `inProgress`;
+    /// its end replaces it. Without it, a burst the server was killed during stayed in the log with a
+    /// length of 0 (`interrupted` at the next start), as if it had never been heard.
+    public func logBurstProgress(at time: HubTime) {
+        let interval = Double(configuration.burstProgressInterval) / 1e9
+        guard interval > 0 else { return }
+        for channel in channels.values {
+            for slot in channel.floor.currentTalkers {
+                guard let member = channel.members[slot], let started = member.burstStartedAt,
+                      time.date.timeIntervalSince(member.burstProgressAt ?? started) >= interval else { continue }
+                channel.members[slot]?.burstProgressAt = time.date
+                outputs.append(.store(.logTransmission(TransmissionRecord(
+                    channelID: channel.record.id, userID: member.userID, startedAt: started,
+                    durationMilliseconds: max(1, Int(time.date.timeIntervalSince(started) * 1000)),
+                    endReason: TransmissionRecord.inProgress))))
+            }
+        }
+    }
+
     func logBurstEnd(_ channel: ChannelState, slot: UInt16, reason: String, at time: HubTime) {
         guard let member = channel.members[slot], let started = member.burstStartedAt else { return }
         channel.members[slot]?.burstStartedAt = nil
+        channel.members[slot]?.burstProgressAt = nil
         // A burst ended for silence or a lost connection was over before the floor noticed: the
         // log's length ends at the last audio (or the disconnect), not after the wait that found it.
         let noticedAfter: UInt64 = switch reason {

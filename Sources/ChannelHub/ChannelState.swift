@@ -36,6 +36,8 @@ struct Member {
     var catchUp: [CatchUpCursor] = []
     /// When the current burst started (wall clock), for the transmission log.
     var burstStartedAt: Date?
+    /// When the current burst's length was last written to the log (`ChannelHub.logBurstProgress`).
+    var burstProgressAt: Date?
     /// User ids this member chose not to hear (`setSubscriptions`).
     var unheard: Set<String> = []
     /// The token it last joined with, so that revoking that token, or removing the member from another

@@ -31,6 +31,9 @@ public struct HubConfiguration: Sendable {
     /// floor before the maximum burst length. Five seconds rides out a cellular handover or a short
     /// tunnel; 250 lost packets in a row are no conversation anyway.
     public var talkerSilenceLimit: UInt64 = 5_000_000_000
+    /// How often a burst going on has its length so far written to the transmission log: a server
+    /// killed during it leaves the burst `interrupted` with its length to within this, not 0.
+    public var burstProgressInterval: UInt64 = 5_000_000_000
     /// Floor requests that may wait in a channel's queue.
     public var maxQueue = 16
     /// Catch-up packets sent to a late joiner at once, before pacing starts.

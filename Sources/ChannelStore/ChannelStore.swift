@@ -484,8 +484,10 @@ public protocol ChannelStore: Sendable {
     func setServerKey(named name: String, value: [UInt8]) async throws(StoreError)
 
     // Transmission log
-    /// Logs a burst. A record with another end reason than `inProgress` replaces the `inProgress`
-    /// record of the same channel, user and start (written when the burst began), or is added.
+    /// Logs a burst. A record with another end reason than `inProgress`, or an `inProgress` one with
+    /// a length (the burst's progress so far), replaces the `inProgress` record of the same channel,
+    /// user and start (written when the burst began), or is added. An `inProgress` record of length 0
+    /// (the start) is always added.
     func logTransmission(_ record: TransmissionRecord) async throws(StoreError)
     /// Marks every `inProgress` record `interrupted`, and returns how many there were: what a server
     /// does at start, since only one server runs on a data directory and it ended none of them.

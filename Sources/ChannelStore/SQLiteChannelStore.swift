@@ -526,7 +526,10 @@ public final class SQLiteChannelStore: ChannelStore {
     public func logTransmission(_ record: TransmissionRecord) async throws(StoreError) {
         let row = TransmissionRow(record)
         try await write("log a transmission on channel \(record.channelID)") { db in
-            if record.endReason != TransmissionRecord.inProgress {
+            // A burst's start inserts its row; its progress (in progress, with the length so far) and
+            // its end update that row. A start is never an update: two bursts of a user starting in
+            // the same millisecond (two connections, full duplex) each get a row.
+            if record.endReason != TransmissionRecord.inProgress || record.durationMilliseconds > 0 {
                 // One row: two bursts of a user starting in the same millisecond each end their own.
                 try db.execute(sql: """
                     UPDATE transmission SET duration_ms = ?, end_reason = ?

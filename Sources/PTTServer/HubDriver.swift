@@ -277,7 +277,9 @@ final class HubDriver: WireServerDelegate {
         // has passed since, in which every live client has sent something new.
         if let lastSweep, now - lastSweep > .seconds(3) { quietUntil = now + .seconds(15) }
         lastSweep = now
-        hub.sweepLiveness(mayMarkSilent: quietUntil.map { now >= $0 } ?? true, at: HubDriver.now(), isHeard: isLive)
+        let time = HubDriver.now()
+        hub.sweepLiveness(mayMarkSilent: quietUntil.map { now >= $0 } ?? true, at: time, isHeard: isLive)
+        hub.logBurstProgress(at: time)
         flush()
     }
 

@@ -29,8 +29,8 @@ import Foundation
 /// (record, last-seen time, record, …) folds into one write; an administrator adding and removing the
 /// same member still queues one write per change.
 ///
-/// Transmission-log records fold only one way: a burst's end replaces its own start record
-/// (`inProgress`) while that still waits. They are the only writes that can be shed: past
+/// Transmission-log records fold only one way: a burst's progress or end replaces its own start or
+/// progress record (`inProgress`) while that still waits. They are the only writes that can be shed: past
 /// `maxWaitingLogRecords` waiting, new ones are refused and counted, so a database that stays stalled
 /// can't take the server's memory with it; a start is refused from half that, so that the ends of the
 /// bursts whose starts got in still have room (a start kept without its end would read as a burst
@@ -69,6 +69,11 @@ struct StoreQueue {
             guard case .logTransmission(let record) = operation else { return .refused }  // every other write has a key
             let burst = BurstKey(channel: record.channelID, user: record.userID, startedAt: record.startedAt)
             if record.endReason == TransmissionRecord.inProgress {
+                // Progress (the length so far) replaces the burst's start or progress still waiting.
+                if let sequence = waitingStarts[burst], entries[sequence - base] != nil {
+                    entries[sequence - base] = operation
+                    return .folded
+                }
                 guard waitingLogRecords < maxWaitingLogRecords / 2 else { return .refused }
                 waitingStarts[burst] = base + entries.count
             } else {

@@ -322,6 +322,29 @@ private func message(_ error: StoreError?) -> String {
         #expect(try await store.transmissions(of: channel.id, limit: 100).count == 5)
     }
 
+    /// A burst's progress (in progress, with its length so far) updates its start's row; one the
+    /// server was killed during keeps that length when it is marked interrupted.
+    @Test func aBurstsProgressUpdatesItsRowAndOutlivesAKill() async throws {
+        let store = try open()
+        let channel = makeChannel()
+        try await store.createChannel(channel)
+        let start = ms()
+        func record(_ duration: Int, _ reason: String = TransmissionRecord.inProgress) -> TransmissionRecord {
+            TransmissionRecord(channelID: channel.id, userID: "ann", startedAt: start, durationMilliseconds: duration, endReason: reason)
+        }
+        try await store.logTransmission(record(0))
+        try await store.logTransmission(record(5_000))
+        try await store.logTransmission(record(10_000))
+        #expect(try await store.transmissions(of: channel.id, limit: 10) == [record(10_000)], "one row, its length so far")
+        #expect(try await store.closeInterruptedTransmissions() == 1)
+        #expect(try await store.transmissions(of: channel.id, limit: 10) == [record(10_000, TransmissionRecord.interrupted)])
+        // Progress whose start never got written (shed in a stall) is a row of its own.
+        let other = start.addingTimeInterval(60)
+        try await store.logTransmission(TransmissionRecord(channelID: channel.id, userID: "bob", startedAt: other, durationMilliseconds: 5_000,
+                                                           endReason: TransmissionRecord.inProgress))
+        #expect(try await store.transmissions(of: channel.id, limit: 10).map(\.userID) == ["bob", "ann"])
+    }
+
     /// A burst is logged as it starts (`inProgress`) and its end replaces that record; one a dead
     /// server never ended is `interrupted` at the next start; an end without a start is added.
     @Test func aBurstLoggedAtItsStartIsReplacedByItsEndOrMarkedInterrupted() async throws {

@@ -32,6 +32,28 @@ import Testing
         return out
     }
 
+    /// A burst's progress replaces its start (or earlier progress) while that waits; its end then
+    /// replaces the progress. Once the start is handed out, progress queues behind it.
+    @Test func aBurstsProgressFoldsIntoItsWaitingStartAndItsEndIntoThat() {
+        func burst(_ duration: Int, _ reason: String = TransmissionRecord.inProgress) -> StoreOperation {
+            .logTransmission(TransmissionRecord(channelID: channel, userID: "ann", startedAt: t0, durationMilliseconds: duration, endReason: reason))
+        }
+        var queue = StoreQueue()
+        #expect(queue.push(burst(0)) == .queued)
+        #expect(queue.push(burst(5_000)) == .folded)
+        #expect(queue.push(burst(10_000)) == .folded)
+        #expect(queue.count == 1 && queue.waitingLogRecords == 1)
+        #expect(queue.push(burst(12_000, "released")) == .folded)
+        #expect(drain(&queue) == [burst(12_000, "released")])
+        #expect(queue.waitingLogRecords == 0)
+        // Handed out, then progress: it waits on its own, and the end folds into it.
+        #expect(queue.push(burst(0)) == .queued)
+        #expect(queue.pop() == burst(0))
+        #expect(queue.push(burst(5_000)) == .queued)
+        #expect(queue.push(burst(7_000, "released")) == .folded)
+        #expect(drain(&queue) == [burst(7_000, "released")])
+    }
+
     @Test func repeatedLastSeenTimesOfOneMemberFoldIntoTheNewest() {
         var queue = StoreQueue()
         #expect(queue.push(touch("ann", 1)) == .queued)
