@@ -54,7 +54,7 @@ public func fuzzAPNsResponse(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt 
     for attempt in 0..<attemptCount {
         let step = attempt * 2 < timing.count ? timing[attempt * 2] : 0
         let jitter = attempt * 2 + 1 < timing.count ? Double(timing[attempt * 2 + 1]) / 256 : 0.5
-        elapsed += .milliseconds(Int(step) * 4)
+        elapsed += .milliseconds(Int(step) * 16)  // up to 4 s a step: past the 2 s budget
         let next = attempts.next(after: .rejected(response), elapsed: elapsed, random: jitter)
         precondition(attempts.attempts == attempt + 1, "attempts miscounted")
         switch next {

@@ -186,6 +186,10 @@ public struct APNsDeliveryAttempts: Sendable {
             guard !refreshedProviderToken else {
                 return .failed(APNsPushFailure(reason: .rejected(response), isConfigurationError: true, attempts: attempts))
             }
+            // All attempts of a push end within the budget, this one too: a wake that late is useless.
+            guard elapsed < policy.budget else {
+                return .failed(APNsPushFailure(reason: .budgetExhausted(last: result), attempts: attempts))
+            }
             refreshedProviderToken = true
             return .retry(after: .zero, refreshProviderToken: true)
         case .tooManyRequests:

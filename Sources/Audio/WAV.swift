@@ -70,6 +70,11 @@ public struct WAVAudio: Sendable, Hashable {
     /// The largest data chunk we accept: 1 GiB is over 3 hours of 48 kHz stereo float.
     public static let maximumDataBytes = 1 << 30
 
+    /// A declared size this large that the file doesn't hold is a streaming writer's placeholder, not
+    /// a truncation: arecord into a pipe writes 0x80000000 (its RIFF size 0x80000024), others
+    /// 0xFFFFFFFF.
+    static let streamingPlaceholder = 0x7FFF_FFFF
+
     /// Parses a whole WAV file. Unknown chunks (LIST, fact, cue …) are skipped; every size field is
     /// checked against the bytes that are really there before anything is allocated.
     public static func parse(_ bytes: UnsafeRawBufferPointer) throws(AudioError) -> WAVAudio {
@@ -86,7 +91,7 @@ public struct WAVAudio: Sendable, Hashable {
         guard wave == "WAVE" else { throw .malformedWAV(reason: "the RIFF form type is '\(printable(wave))', not 'WAVE'") }
         // Some writers put a wrong RIFF size when they stream; the chunks themselves are authoritative,
         // but a RIFF size larger than the file means it was cut short.
-        guard Int(riffSize) + 8 <= bytes.count || riffSize == 0xFFFF_FFFF else {
+        guard Int(riffSize) + 8 <= bytes.count || Int(riffSize) >= streamingPlaceholder else {
             throw .malformedWAV(reason: "the RIFF header declares \(Int(riffSize) + 8) bytes but the file has \(bytes.count): it is truncated")
         }
 
@@ -105,11 +110,12 @@ public struct WAVAudio: Sendable, Hashable {
                 guard let format else { throw .malformedWAV(reason: "the data chunk comes before the fmt chunk") }
                 var size = size
                 // Writers that stream (arecord or ffmpeg into a pipe, a recorder killed before it
-                // finished) leave the sizes as placeholders: 0xFFFFFFFF, or 0 in a header never
-                // rewritten (its RIFF size doesn't match the file). The samples then run to the end
-                // of the file, as sox and ffmpeg read them. A 0 in a finished header is an empty chunk.
+                // finished) leave the sizes as placeholders: 2 GiB or more that the file doesn't hold,
+                // or 0 in a header never rewritten (its RIFF size doesn't match the file). The
+                // samples then run to the end of the file, as sox and ffmpeg read them. A 0 in a
+                // finished header is an empty chunk.
                 let finished = Int(riffSize) + 8 == bytes.count
-                if size == 0xFFFF_FFFF || (size == 0 && !finished) { size = reader.remaining }
+                if (size >= streamingPlaceholder && size > reader.remaining) || (size == 0 && !finished) { size = reader.remaining }
                 guard size <= maximumDataBytes else {
                     throw .malformedWAV(reason: "the data chunk declares \(size) bytes, more than the \(maximumDataBytes)-byte limit")
                 }

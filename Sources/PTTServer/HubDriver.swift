@@ -273,8 +273,9 @@ final class HubDriver: WireServerDelegate {
         let now = NIODeadline.now()
         // A sweep much later than a second after the last means this process stalled (a blocked
         // loop, a stopped process, a VM pause): the sockets may hold everyone's packets unread, or
-        // have dropped them when full. Nobody is called silent until a keepalive interval (15 s)
-        // has passed since, in which every live client has sent something new.
+        // have dropped them when full. Nobody is called silent for the next 15 s, three keepalive
+        // intervals (and the whole interval of clients older than 2026-11-24), in which every live
+        // client has sent something new.
         if let lastSweep, now - lastSweep > .seconds(3) { quietUntil = now + .seconds(15) }
         lastSweep = now
         let time = HubDriver.now()

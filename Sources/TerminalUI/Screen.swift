@@ -78,6 +78,9 @@ private struct Row {
     var text: String
     var style: Frame.Style
     var priority: Priority
+    /// The lines of a wrapped status message: when the rest are dropped for room, the first ends in "…".
+    enum StatusPart { case first, rest }
+    var statusPart: StatusPart? = nil
 }
 
 private struct Layout {
@@ -93,7 +96,12 @@ private struct Layout {
         for dropping in [Row.Priority.spacer, .rule, .medium, .high] {
             if top.count + bottom.count + wantedMembers <= height { break }
             top.removeAll { $0.priority == dropping }
+            let hadRest = bottom.contains { $0.statusPart == .rest }
             bottom.removeAll { $0.priority == dropping }
+            if hadRest, !bottom.contains(where: { $0.statusPart == .rest }), let first = bottom.firstIndex(where: { $0.statusPart == .first }) {
+                // The rest of the message went for room: "…" says so, cutting the line if it is full.
+                bottom[first].text = DisplayWidth.truncate(bottom[first].text + " …", to: width)
+            }
         }
         let memberSpace = height - top.count - bottom.count
         guard memberSpace >= 0 else {
@@ -133,8 +141,12 @@ private struct Layout {
         let style: Frame.Style = model.status?.isError == true ? .error : .plain
         // Wrapped, not cut: the end of a message is the part that says what to do ("check that it
         // runs", "press b once it is back"). At most `maximumStatusLines`; members give up the rows.
+        // The first line stays as long as the speaker line does; the rest go before it (with the
+        // meter and network lines), and the first then ends in "…" to say it goes on.
         let statusRows = status.map { text in
-            Self.wrap(text, width: width - 2, lines: Self.maximumStatusLines).map { Row(text: "  " + $0, style: style, priority: .high) }
+            Self.wrap(text, width: width - 2, lines: Self.maximumStatusLines).enumerated().map { index, line in
+                Row(text: "  " + line, style: style, priority: index == 0 ? .high : .medium, statusPart: index == 0 ? .first : .rest)
+            }
         } ?? [Row(text: "", style: .plain, priority: .spacer)]
         return [rule()] + statusRows + [Row(text: " " + firstFitting(hints(), margin: 1), style: .dim, priority: .essential)]
     }

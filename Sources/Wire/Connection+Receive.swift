@@ -10,6 +10,9 @@ extension Connection {
         if address == path.address { path.bytesReceived += datagram.count }
         var offset = 0
         var authenticated = false
+        // Only a datagram with a Handshake packet is part of the flight a ping is owed for: Initial
+        // keys are derived from what anyone on the path sees, so Initials alone prove nothing.
+        let handshakePacketsBefore = handshakePacketsReceived
         while offset < datagram.count, state != .closed, state != .draining {
             let header: PacketHeader
             do { header = try PacketHeader.parse(UnsafeRawBufferPointer(datagram), at: offset) } catch {
@@ -37,7 +40,7 @@ extension Connection {
                 offset = datagram.count
             }
         }
-        if authenticated, role == .client, state == .handshaking { oweFlightAcknowledgement() }
+        if authenticated, role == .client, state == .handshaking, handshakePacketsReceived > handshakePacketsBefore { oweFlightAcknowledgement() }
         if authenticated {
             lastReceiveTime = now
             forgetUnanswered()
@@ -57,7 +60,8 @@ extension Connection {
         }
     }
 
-    /// Client, during the handshake: after each datagram of the server's flight while the rest of it
+    /// Client, during the handshake: after each datagram of the server's flight (one that brought an
+    /// authenticated Handshake packet) while the rest of it
     /// is still to come, sends a PING padded to 1,200 bytes, which lifts the server's 3× limit (RFC
     /// 9000 §8.1) by 3,600 bytes. The handshake spaces carry no ACKs, so without it a flight over
     /// the first 3,600 bytes (a large certificate chain) waited for the ClientHello's resend, which
@@ -136,6 +140,7 @@ extension Connection {
             receivedServerPacket = true
             peerID = source
         }
+        if type == .handshake { handshakePacketsReceived += 1 }
         if role == .server, type == .handshake { path.validated = true }
         var parser = FrameParser(payload: UnsafeRawBufferPointer(rebasing: datagram[..<(end - 16)]), offset: payloadStart)
         do {

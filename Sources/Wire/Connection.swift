@@ -117,6 +117,8 @@ public final class Connection {
     @exclusivity(unchecked) var initialSpace = HandshakeSpace()
     @exclusivity(unchecked) var handshakeSpace = HandshakeSpace()
     @exclusivity(unchecked) var closeInHandshakeSpace = false
+    /// Authenticated Handshake packets received, for `oweFlightAcknowledgement`.
+    @exclusivity(unchecked) var handshakePacketsReceived = 0
 
     @exclusivity(unchecked) var appSeal: PacketKey?
     @exclusivity(unchecked) var appOpen: PacketKey?

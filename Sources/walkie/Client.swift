@@ -368,16 +368,24 @@ enum StateDirectoryLock {
 
     static let fileName = "walkie.lock"
 
-    /// Whether a walkie holds `directory` now (`.some`, with its pid when the file says it), without
-    /// taking it: the lock is tried and let go at once.
+    /// Whether a walkie holds `directory` now (`.some`, with its pid when the file names a live
+    /// process), without taking it: a shared lock, tried and let go at once, which two `status` runs
+    /// can hold together. A filesystem without locks (some NFS or FUSE mounts) answers nil.
     static func holder(of directory: String) -> Int32?? {
         let path = (directory as NSString).appendingPathComponent(fileName)
         let fd = open(path, O_RDONLY | O_CLOEXEC)
         guard fd >= 0 else { return nil }
         defer { close(fd) }
-        guard flock(fd, LOCK_EX | LOCK_NB) != 0 else { return nil }
+        guard flock(fd, LOCK_SH | LOCK_NB) != 0, errno == EWOULDBLOCK else { return nil }
+        return .some(recordedPid(path))
+    }
+
+    /// The pid the lock file names, if that process is alive: a walkie that lost a race to start may
+    /// read the file before the winner has written its own.
+    static func recordedPid(_ path: String) -> Int32? {
         let text = (try? String(contentsOfFile: path, encoding: .utf8))?.trimmingCharacters(in: .whitespacesAndNewlines)
-        return .some(text.flatMap { Int32($0) })
+        guard let pid = text.flatMap({ Int32($0) }), pid > 0, kill(pid, 0) == 0 || errno == EPERM else { return nil }
+        return pid
     }
 
     static func acquire(_ directory: String, for purpose: Purpose) throws(WalkieFailure) {
@@ -392,10 +400,23 @@ enum StateDirectoryLock {
         guard fd >= 0 else {
             throw .other("can't open \(path) (\(String(cString: strerror(errno)))); check the state directory's permissions or give another with --state-dir")
         }
-        guard flock(fd, LOCK_EX | LOCK_NB) == 0 else {
-            let holder = (try? String(contentsOfFile: path, encoding: .utf8))?.trimmingCharacters(in: .whitespacesAndNewlines)
+        // A `walkie status` looking at the same moment holds a shared lock for microseconds: tried a few
+        // times over 100 ms before another walkie is taken to hold it.
+        var attempts = 0
+        while flock(fd, LOCK_EX | LOCK_NB) != 0 {
+            guard errno == EWOULDBLOCK else {
+                // No locks on this filesystem (ENOLCK, EOPNOTSUPP): go on unguarded rather than refuse
+                // to run at all.
+                FileHandle.standardError.write(Data("walkie: can't lock \(path) (\(String(cString: strerror(errno)))); running without the guard against a second walkie on this state directory\n".utf8))
+                return
+            }
+            attempts += 1
+            guard attempts >= 5 else {
+                usleep(20_000)
+                continue
+            }
             close(fd)
-            let who = holder.flatMap { Int32($0) }.map { "another walkie (pid \($0))" } ?? "another walkie"
+            let who = recordedPid(path).map { "another walkie (pid \($0))" } ?? "another walkie"
             switch purpose {
             case .leave:
                 throw .other("\(who) has this channel open (state directory \(directory)); leave from it: quit it with q, then run 'walkie leave' again")

@@ -93,6 +93,11 @@ import Testing
         }
         #expect(failure.isConfigurationError)
         #expect(failure.attempts == 2)
+        // Past the budget already (a first attempt that took that long): no retry, not even this one
+        // (found by the apns-response fuzz target once its attempts could take seconds).
+        var late = APNsDeliveryAttempts(policy: policy, tokenRegisteredAt: nil)
+        #expect(late.next(after: rejected(.expiredProviderToken), elapsed: .seconds(3), random: 0.5)
+                == .failed(APNsPushFailure(reason: .budgetExhausted(last: rejected(.expiredProviderToken)), attempts: 1)))
     }
 
     @Test func tooManyRequestsBacksOffTheToken() {

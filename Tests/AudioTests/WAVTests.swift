@@ -92,6 +92,9 @@ struct WAVBuilder {
     @Test func placeholderSizesOfAStreamedFileReadToTheEnd() throws {
         var unfilled = WAVBuilder(); unfilled.riffSize = 0xFFFF_FFFF; unfilled.dataSize = 0xFFFF_FFFF
         #expect(try parse(unfilled.bytes()).samples == .pcm16([1, 2, 3, 4]))
+        // arecord writing to a pipe: 0x80000000 bytes of data, a RIFF size to match.
+        var arecord = WAVBuilder(); arecord.riffSize = 0x8000_0024; arecord.dataSize = 0x8000_0000
+        #expect(try parse(arecord.bytes()).samples == .pcm16([1, 2, 3, 4]))
         var zeroed = WAVBuilder(); zeroed.riffSize = 0; zeroed.dataSize = 0
         #expect(try parse(zeroed.bytes()).samples == .pcm16([1, 2, 3, 4]))
         // A placeholder with a half frame at the end: the whole frames only.
@@ -134,9 +137,13 @@ struct WAVBuilder {
     }
 
     @Test func hugeDeclaredSizeIsRejectedWithoutAllocating() throws {
-        var b = WAVBuilder(); b.dataSize = 0xFFFF_FFF0; b.riffSize = 36 + 8
+        // Over the limit but under the 2 GiB of a streaming placeholder, and not in the file.
+        var b = WAVBuilder(); b.dataSize = 0x5000_0000; b.riffSize = 36 + 8
         let error = #expect(throws: AudioError.self) { try parse(b.bytes()) }
         #expect(String(describing: try #require(error)).contains("limit"))
+        // A placeholder's size is never allocated: what the file holds is read.
+        var placeholder = WAVBuilder(); placeholder.dataSize = 0xFFFF_FFF0; placeholder.riffSize = 36 + 8
+        #expect(try parse(placeholder.bytes()).samples == .pcm16([1, 2, 3, 4]))
     }
 
     @Test func unsupportedFormatsAreNamed() throws {

@@ -63,6 +63,16 @@ struct ScreenTests {
         checkBounds(narrow, width: 40, height: 24)
         let statusRows = narrow.lines.filter { $0.hasPrefix("  word") }
         #expect(statusRows.count == 3 && statusRows[2].hasSuffix("…"), "\(narrow.lines)")
+        // A short terminal keeps the first line, marked as going on, before it gives up the speaker.
+        model.status = .init("no answer from squelchd at 127.0.0.1:27700; check that it runs and the address and port are right", isError: true)
+        let short = Screen.render(model, width: 80, height: 8)
+        checkBounds(short, width: 80, height: 8)
+        let kept = short.lines.filter { $0.hasPrefix("  no answer") }
+        #expect(kept.count == 1 && kept[0].hasSuffix("…"), "\(short.lines)")
+        #expect(short.lines.contains { $0.contains("Speaker: Alice") }, "\(short.lines)")
+        model.status = .init("a message that wraps at forty columns onto a second line")
+        let cut = Screen.render(model, width: 40, height: 8).lines.filter { $0.hasPrefix("  a message") }
+        #expect(cut == ["  a message that wraps at forty columns…"], "\(cut)")
         // A short one stays one line.
         model.status = .init("Connected to squelchd again")
         #expect(Screen.render(model, width: 80, height: 24).lines.filter { $0.contains("Connected to squelchd again") }.count == 1)
