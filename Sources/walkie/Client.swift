@@ -112,8 +112,10 @@ extension AudioOptions {
     /// The input file's audio at the pipeline's rate. Read once: a pipe or a FIFO
     /// (`--file /dev/stdin`, `<(…)`) can't be read a second time.
     static func readInput(_ file: String) throws(WalkieFailure) -> [Int16] {
+        // "-" is standard input, as for most tools (`sox … -t wav - | walkie talk --file -`).
+        let path = file == "-" ? "/dev/stdin" : file
         // AudioError names the path and says what to do.
-        do { return try WAVAudio.read(path: file).pipelineSamples(resampler: Resampler()) } catch {
+        do { return try WAVAudio.read(path: path).pipelineSamples(resampler: Resampler()) } catch {
             let text = "\(error)"
             throw .audio(text.hasPrefix(file + ":") ? text : "can't use \(file) as input: \(text)")
         }
@@ -311,6 +313,11 @@ func watchTokenFile(_ path: String, current: String, manager: ChannelManager, ch
             do throws(WalkieFailure) {
                 let token = try readTokenFile(path)
                 _ = try tokenClaims(token)
+                if unusableReads >= tokenFileUnusableGrace, token == last {
+                    // Said to be unusable, and now holds the token in use again: say that it is over
+                    // (a new token says so itself, "token renewed").
+                    problem("the token file \(path) holds the current token again")
+                }
                 unusableReads = 0
                 if token != last {
                     last = token

@@ -416,7 +416,14 @@ struct Status: AsyncParsableCommand {
         }
         say("push      " + (record.pushToken == nil ? "no push token yet" : "registered (\(record.pushToken!.count)-byte token)"))
         // What to run next, for this directory: plain 'walkie' looks in the default one.
-        let directoryFlag = state.stateDir.map { " --state-dir '\($0.replacingOccurrences(of: "'", with: "'\\''"))'" } ?? ""
+        // Quoted only when the shell needs it, and with double quotes: the command itself is shown in
+        // single quotes.
+        let directoryFlag = state.stateDir.map { dir in
+            let plain = !dir.isEmpty && dir.allSatisfy { $0.isLetter || $0.isNumber || "/._-+:@%".contains($0) }
+            let escaped = dir.replacingOccurrences(of: "\\", with: "\\\\").replacingOccurrences(of: "\"", with: "\\\"")
+                .replacingOccurrences(of: "$", with: "\\$").replacingOccurrences(of: "`", with: "\\`")
+            return " --state-dir " + (plain ? dir : "\"\(escaped)\"")
+        } ?? ""
         if let holder = StateDirectoryLock.holder(of: store.directory) {
             say("open in a running walkie\(holder.map { " (pid \($0))" } ?? ""); leave from it, or quit it with q first")
         } else if let claims, claims.expiresAt < Date(), SavedSettings.load(from: store.directory)?.tokenFile == nil {

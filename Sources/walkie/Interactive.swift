@@ -228,8 +228,11 @@ enum Interactive {
                     switch event {
                     case .floorQueued(let position): state.status = .init("Waiting for the floor: number \(position) in the queue")
                     case .transmitCancelled:
-                        // Let go while the press waited for the channel: nothing waits any more.
-                        if state.status?.text.hasPrefix("Not connected") == true { state.status = nil }
+                        // Let go while the press waited for the channel or in the floor queue: nothing
+                        // waits any more, and a line saying it does would stay after the floor is free.
+                        if let text = state.status?.text, text.hasPrefix("Not connected") || text.hasPrefix("Waiting for the floor") {
+                            state.status = nil
+                        }
                     case .serviceStatus(.ready):
                         // Back after an outage: the line that said why it went (or anything from
                         // before) is over.
