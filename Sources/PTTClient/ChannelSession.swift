@@ -115,6 +115,8 @@ struct ChannelSession {
     private var joinReason = ChannelJoinReason.developerRequest
     /// Failed connection attempts in a row, for the backoff.
     private(set) var reconnectAttempts = 0
+    /// squelchd closed saying it was going away, and no connection has come up since.
+    private(set) var serverAway = false
     private(set) var unheard: Set<String> = []
     /// The server ended the session because the participant token expired: no connection is tried
     /// until the app hands over a new token (`renewToken`), since every join would be refused.
@@ -526,6 +528,7 @@ struct ChannelSession {
     // MARK: Transport
 
     mutating func transportConnected() {
+        serverAway = false
         guard link == .connecting, let channel, let credentials else { return }
         link = .joining
         outputs.append(.send(.join(token: credentials.token, channel: channel,
@@ -533,7 +536,11 @@ struct ChannelSession {
     }
 
     /// The handshake failed or the connection ended for good.
-    mutating func transportFailed(_ message: String) {
+    mutating func transportFailed(_ message: String, serverWentAway: Bool = false) {
+        // A server that said it was going away: later failures (no answer while it restarts) say so
+        // too, or its own notice would be replaced at once by "no answer … check that it runs".
+        if serverWentAway { serverAway = true }
+        let message = serverAway && !serverWentAway ? "squelchd went away (shutting down) and is not back yet: \(message)" : message
         guard let channel, link != .suspended, link != .down else { return }
         if !joinReported && joinReason == .developerRequest {
             // The first join never got through: it failed, and the channel is not active.

@@ -27,7 +27,9 @@ actor ManagerEngine {
         case strategy(any SubscriptionStrategy)
         case refreshStrategy
         case transportConnected(Int)
-        case transportFailed(Int, String)
+        /// The connection failed or closed: what to tell the user, and whether squelchd said it was
+        /// going away (shutting down for a restart or an upgrade) as it closed.
+        case transportFailed(Int, String, serverWentAway: Bool = false)
         case transportReconnecting(Int)
         /// The server stopped answering (`ConnectionEvent.stalled`), or answers again.
         case transportStalled(Int, Bool)
@@ -223,9 +225,9 @@ actor ManagerEngine {
         case .transportConnected(let g):
             guard g == generation else { return }
             session.transportConnected()
-        case .transportFailed(let g, let message):
+        case .transportFailed(let g, let message, let serverWentAway):
             guard g == generation else { return }
-            session.transportFailed(message)
+            session.transportFailed(message, serverWentAway: serverWentAway)
         case .transportReconnecting(let g):
             guard g == generation else { return }
             session.transportReconnecting()
@@ -467,7 +469,7 @@ actor ManagerEngine {
                         // second connection after the backoff.
                         break
                     case .connection(.closed(let error)):
-                        sink.yield(.transportFailed(g, Self.describe(error, credentials)))
+                        sink.yield(.transportFailed(g, Self.describe(error, credentials), serverWentAway: Self.isGoingAway(error)))
                     default:
                         break
                     }
@@ -551,9 +553,18 @@ actor ManagerEngine {
         }
     }
 
+    /// squelchd closed saying it is going away: it is shutting down (SIGTERM, a restart, an upgrade).
+    static func isGoingAway(_ error: ConnectionError) -> Bool {
+        if case .peer(let code, _, true) = error { return code == CloseCode.goingAway.rawValue }
+        return false
+    }
+
     static func describe(_ error: any Error, _ credentials: ChannelCredentials) -> String {
         let server = credentials.address
         if let error = error as? ConnectionError {
+            if isGoingAway(error), case .peer(_, let reason, _) = error {
+                return "squelchd at \(server) is going away (\(reason.isEmpty ? "shutting down" : reason)): a restart or an upgrade, most likely; reconnecting on its own once it is back"
+            }
             switch error {
             case .handshakeTimeout:
                 return "no answer from squelchd at \(server); check that it runs and the address and port are right"

@@ -810,6 +810,18 @@ final class FlakyPushTransport: PushTransport {
         await fixture.stop()
     }
 
+    /// squelchd shutting down (SIGTERM, a restart) closes with "going away": the client says that,
+    /// not only, as before, the failures of its reconnecting ("no answer … check that it runs").
+    @Test func aServerShuttingDownIsSaidAsSuch() async throws {
+        let fixture = try await ClientFixture(pushes: false)
+        let (ann, _, events) = try await joinAnn(fixture, port: fixture.listening.voicePort, state: "going-away")
+        await fixture.stop()
+        #expect(await eventually(seconds: 5) {
+            events.all.contains { if case .notice(let text) = $0 { text.contains("is going away (server shutting down)") } else { false } }
+        }, "\(events.all)")
+        await ann.invalidate()
+    }
+
     @Test func aPressWhileReconnectingTalksOnceTheChannelIsBack() async throws {
         let fixture = try await ClientFixture(pushes: false)
         let id = fixture.channel.id

@@ -677,6 +677,27 @@ func sent(_ outputs: [SessionOutput]) -> [ClientMessage] {
         #expect(failures(out) == ["the channel could not be joined: no answer"])
     }
 
+    /// squelchd going away (SIGTERM for a restart) is said, and the failures while it is gone say it
+    /// too rather than "check that it runs"; once connected again, a failure is plain again.
+    @Test func aServerGoingAwayIsSaidUntilItIsBack() {
+        func notices(_ outputs: [SessionOutput]) -> [String] {
+            outputs.compactMap { if case .event(.notice(let text)) = $0 { text } else { nil } }
+        }
+        var s = joinedSession()
+        s.transportFailed("squelchd at 127.0.0.1:7700 is going away (server shutting down)", serverWentAway: true)
+        #expect(notices(s.takeOutputs()) == ["squelchd at 127.0.0.1:7700 is going away (server shutting down)"])
+        s.reconnectDue()
+        s.transportFailed("no answer from squelchd at 127.0.0.1:7700; check that it runs")
+        #expect(notices(s.takeOutputs()) == ["squelchd went away (shutting down) and is not back yet: no answer from squelchd at 127.0.0.1:7700; check that it runs"])
+        s.reconnectDue()
+        s.transportConnected()
+        s.received(.joined(channel: ChannelInfo(id: channelID, name: "Ops", image: nil, mode: .halfDuplex, maxBurstSeconds: 60), you: 1,
+                           roster: [participant(1, "Ann")], talkers: []))
+        _ = s.takeOutputs()
+        s.transportFailed("no answer")
+        #expect(notices(s.takeOutputs()) == ["no answer"])
+    }
+
     @Test func aRequestSentOrQueuedWhenTheChannelEndsIsAnswered() {
         // Sent and unanswered, then the member is removed: the app hears the press failed before the leave.
         var s = joinedSession()
