@@ -145,9 +145,12 @@ do {
 }
 if let problem = manager.restorationError { delegate.log("restoration: \(problem)") }
 
+/// The server the run joins, for its last word if no join comes: the one given, or the saved one's.
+var server = "the saved channel's server"
 if let channel = option("--channel").flatMap(UUID.init(uuidString:)), let token = option("--token") {
     let credentials = ChannelCredentials(host: option("--host") ?? "127.0.0.1", port: port("--port", default: 7700)!,
                                          caPath: option("--ca") ?? "certs/ca.pem", token: token)
+    server = credentials.address
     manager.requestJoinChannel(channelUUID: channel, descriptor: ChannelDescriptor(name: "Example"), credentials: credentials)
 } else if manager.activeChannelUUID == nil {
     delegate.log("no channel to restore; pass --channel and --token to join one (ptt-example --help)")
@@ -181,12 +184,11 @@ while Date() < deadline {
 if CommandLine.arguments.contains("--leave"), let channel = manager.activeChannelUUID { manager.leaveChannel(channelUUID: channel) }
 try await Task.sleep(for: .milliseconds(200))
 await exitIfTheJoinFailed()
-let host = option("--channel") == nil ? "the saved channel's server" : "\(option("--host") ?? "127.0.0.1"):\(option("--port") ?? "7700")"
 await manager.invalidate()
 guard delegate.joined.withLock({ $0 }) else {
     // No answer within the run (squelchd not running, a wrong --port, a network in the way): the
     // manager was still trying. Exit 1 as for a failed join, saying so.
-    delegate.log("not joined within \(runSeconds) s: no answer from \(host); check that squelchd runs there, or give a longer --run-seconds")
+    delegate.log("not joined within \(runSeconds) s: no answer from \(server); check that squelchd runs there, or give a longer --run-seconds")
     delegate.log("exit")
     exit(1)
 }

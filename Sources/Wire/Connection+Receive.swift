@@ -73,8 +73,9 @@ extension Connection {
     /// come back. The client sends at most one datagram per datagram it received, so this gives no
     /// one a way to make it send more than it is sent.
     func oweFlightAcknowledgement() {
-        // Handshake keys: the ServerHello is in, and the flight has begun.
-        guard serverFinishedHash.isEmpty, handshakeSpace.open != nil, initialSpace.seal != nil else { return }
+        // Called only after an authenticated Handshake packet, so the flight has begun; it is still
+        // owed until the server's Finished, and can be sent while the Initial keys are kept.
+        guard serverFinishedHash.isEmpty, initialSpace.seal != nil else { return }
         initialSpace.pingsOwed += 1
     }
 
