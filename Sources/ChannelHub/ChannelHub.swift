@@ -365,19 +365,25 @@ public final class ChannelHub {
         if tokenChecks.removeValue(forKey: link) != nil { pruneCheckRevocations() }
         guard let session = sessions.removeValue(forKey: link) else { return }
         guard case .joined(let channel, let slot) = session, var member = channel.members[slot] else { return }
+        // Silent long enough to show offline already (`silentOffline`): the idle timeout that closes
+        // its connection now is no sign of it coming back.
+        let wasOffline = member.connection == .offline
         member.link = nil
-        member.connection = .reconnecting
+        member.silentSince = nil
         member.lastSeen = time.date
-        member.reconnectingUntil = time.instant + configuration.disconnectGrace
+        if !wasOffline {
+            member.connection = .reconnecting
+            member.reconnectingUntil = time.instant + configuration.disconnectGrace
+            reconnecting.append((channel, slot))
+        }
         owe(channel, slot: slot, replaying: member.catchUp, at: time.instant)
         stopCatchUp(&member, in: channel)
         channel.members[slot] = member
-        reconnecting.append((channel, slot))
         dropExpiry { $0.channel === channel && $0.slot == slot }
         channel.floor.disconnected(slot, now: time.instant.nanoseconds)
         applyFloorEvents(channel, at: time)
         listenersChanged(channel)
-        outputs.append(.send(.participant(member.participant), to: channel.links(except: slot)))
+        if !wasOffline { outputs.append(.send(.participant(member.participant), to: channel.links(except: slot))) }
         outputs.append(.store(.touchMember(channel: channel.record.id, user: member.userID, lastSeen: time.date)))
     }
 
@@ -556,6 +562,7 @@ public final class ChannelHub {
         member.connection = .connected
         member.lastSeen = time.date
         member.reconnectingUntil = nil
+        member.silentSince = nil
         // A new session: the client starts both loss figures at 0. (Until then the member has no
         // link, which keeps its old figure out of every talker's worst.)
         member.receptionLoss = 0
@@ -1275,8 +1282,9 @@ public final class ChannelHub {
     /// has gone silent, because its phone died or lost its network or its app went to the background
     /// with keepalives off, would otherwise show `connected` until the transport's idle timeout,
     /// minutes later, and a dispatcher would call a unit that can't hear. Such a member shows
-    /// `reconnecting` until it is heard again (then `connected`) or its connection closes (then
-    /// `closed(_:at:)` takes over). Only the roster changes: its place, the floor
+    /// `reconnecting` until it is heard again (then `connected`), its connection closes (then
+    /// `closed(_:at:)` takes over), or it has been silent for `silentOffline` (then `offline`, the
+    /// session still open for a resume). Only the roster changes: its place, the floor
     /// (`FloorArbiter.silenceLimit` covers a silent talker) and the relay are as they were.
     ///
     /// The changes of one sweep go out as one `roster` message per channel (in chunks), not one
@@ -1301,11 +1309,16 @@ public final class ChannelHub {
                 let heard = isHeard(link)
                 if heard, member.connection != .connected {
                     channel.members[slot]!.connection = .connected
+                    channel.members[slot]!.silentSince = nil
                     if replayOwed(channel, slot: slot, at: time, rebuild: false) { replaying = true }
                 } else if !heard, mayMarkSilent, member.connection == .connected {
                     channel.members[slot]!.connection = .reconnecting
+                    channel.members[slot]!.silentSince = time.instant
                     counters.silentMembers += 1
                     owe(channel, slot: slot, replaying: [], at: time.instant)
+                } else if !heard, mayMarkSilent, member.connection == .reconnecting, configuration.silentOffline > 0,
+                          let since = member.silentSince, time.instant.since(since) >= configuration.silentOffline {
+                    channel.members[slot]!.connection = .offline
                 } else {
                     continue
                 }
@@ -1351,6 +1364,7 @@ public final class ChannelHub {
     private func markHeard(_ channel: ChannelState, slot: UInt16, at time: HubTime) {
         guard channel.members[slot]?.link != nil else { return }
         channel.members[slot]!.connection = .connected
+        channel.members[slot]!.silentSince = nil
         outputs.append(.send(.participant(channel.members[slot]!.participant), to: channel.connectedLinks))
         replayOwed(channel, slot: slot, at: time)
     }

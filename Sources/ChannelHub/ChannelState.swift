@@ -18,6 +18,9 @@ struct Member {
     var connection: ConnectionState
     /// While `.reconnecting`: when the member counts as offline.
     var reconnectingUntil: WireInstant?
+    /// While its connection is open but silent (the liveness sweep marked it): since when, for
+    /// `HubConfiguration.silentOffline`.
+    var silentSince: WireInstant?
     var talking = false
     var muted = false
     /// The number of the newest `floorRequest` from this member (nil: it sent none, or an unnumbered

@@ -26,6 +26,12 @@ public struct HubConfiguration: Sendable {
     public var joinDeadline: UInt64 = 10_000_000_000
     /// How long a dropped member keeps its place (a talker keeps the floor) before it counts as gone.
     public var disconnectGrace: UInt64 = 2_000_000_000
+    /// A member whose connection the liveness sweep found silent shows `reconnecting`; still silent
+    /// this much later, it shows `offline` (0: never, until the transport's idle timeout closes the
+    /// connection, minutes later). A radio that died or lost its network for good is then not shown
+    /// as about to come back. Its session stays open, so a phone back from a long tunnel resumes it
+    /// and shows `connected` again. 30 s outlasts a cellular handover or a short tunnel.
+    public var silentOffline: UInt64 = 30_000_000_000
     /// A talker whose burst brings no audio for this long loses the floor (`FloorArbiter`'s
     /// `silenceLimit`; 0: never): its phone died or lost its network, and nothing else would free the
     /// floor before the maximum burst length. Five seconds rides out a cellular handover or a short

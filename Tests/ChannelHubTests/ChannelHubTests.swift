@@ -1183,6 +1183,56 @@ final class Harness {
         #expect(annSeenBy(bob.link) == .reconnecting)
     }
 
+    /// A radio that died for good is not shown as about to come back until the transport's idle
+    /// timeout, minutes later: silent for `silentOffline` after the sweep found it so, it shows
+    /// `offline`, keeps its session (and hears the channel, should it be only deaf to us one way),
+    /// and shows `connected` the moment it is heard again.
+    @Test func aMemberSilentForLongShowsOfflineAndKeepsItsSession() {
+        let h = Harness()
+        let ann = h.join("ann"), bob = h.join("bob")
+        func annSeenBy(_ link: Link) -> [ConnectionState] {
+            h.messages(to: link).compactMap { if case .participant(let p) = $0, p.userID == "ann" { return p.connection } else { return nil } }
+        }
+        h.hub.sweepLiveness(at: h.time) { $0 != ann.link }
+        h.drain()
+        #expect(annSeenBy(bob.link).last == .reconnecting)
+        h.advance(29_999 * ms)
+        h.hub.sweepLiveness(at: h.time) { $0 != ann.link }
+        h.drain()
+        #expect(annSeenBy(bob.link).last == .reconnecting)
+        h.advance(1 * ms)
+        h.hub.sweepLiveness(at: h.time) { $0 != ann.link }
+        h.hub.sweepLiveness(at: h.time) { $0 != ann.link }
+        h.drain()
+        #expect(annSeenBy(bob.link).suffix(2) == [.reconnecting, .offline], "told once: \(annSeenBy(bob.link))")
+        #expect(h.hub.roster(of: h.channel.id).first { $0.userID == "ann" }?.connection == .offline)
+        h.send(.floorRequest(), from: bob.link)
+        h.audio(from: bob.link, burst: h.grantedBurst(bob.link)!, sequence: 0, payload: [7])
+        #expect(h.audio(to: ann.link).count == 1)
+        h.send(.floorRelease, from: bob.link)
+
+        // Heard again: connected at once, and the clock starts over the next time.
+        h.hub.sweepLiveness(at: h.time) { _ in true }
+        h.drain()
+        #expect(annSeenBy(bob.link).last == .connected)
+        h.hub.sweepLiveness(at: h.time) { $0 != ann.link }
+        h.advance(10_000 * ms)
+        h.hub.sweepLiveness(at: h.time) { $0 != ann.link }
+        h.drain()
+        #expect(annSeenBy(bob.link).last == .reconnecting)
+
+        // Offline, then the idle timeout closes the connection: no flicker back to reconnecting.
+        h.advance(20_000 * ms)
+        h.hub.sweepLiveness(at: h.time) { $0 != ann.link }
+        h.drain()
+        let told = annSeenBy(bob.link).count
+        #expect(annSeenBy(bob.link).last == .offline)
+        h.hub.closed(ann.link, at: h.time)
+        h.advance(3_000 * ms)
+        #expect(annSeenBy(bob.link).count == told)
+        #expect(h.hub.roster(of: h.channel.id).first { $0.userID == "ann" }?.connection == .offline)
+    }
+
     /// A join's check may read a channel the hub has not loaded (made by the CLI): it is loaded then.
     /// One the hub deleted meanwhile stays deleted, and one it knows is not overwritten by the
     /// check's copy.
