@@ -94,8 +94,13 @@ public struct BurstStatistics: Sendable, Equatable {
         self.burst = burst
     }
 
-    /// Lost frames over frames due (played + lost): what a listener missed, before FEC.
-    public var lossFraction: Double { played + lost == 0 ? 0 : Double(lost) / Double(played + lost) }
+    /// The burst's frames as far as this listener knows them: played from their own packet, or lost
+    /// (then recovered with FEC, concealed or skipped). Not `concealed`: an underrun's concealment is
+    /// a frame of waiting, not one of the talker's, and counting it says 239 for a 238-frame burst.
+    public var framesDue: Int { played + lost }
+
+    /// Lost frames over frames due: what a listener missed, before FEC.
+    public var lossFraction: Double { framesDue == 0 ? 0 : Double(lost) / Double(framesDue) }
 }
 
 /// A buffered frame handed to the caller; valid until the next mutating call.

@@ -281,7 +281,7 @@ struct Listen: AsyncParsableCommand {
             for await event in manager.events {
                 switch event {
                 case .burstFinished(let s):
-                    say("heard a burst: \(s.played + s.fecRecovered + s.concealed) frames, \(s.lost) lost")
+                    say("heard a burst: \(s.framesDue) frames, \(s.lost) lost")
                 case .notice(let text):
                     seen.withLockedValue { $0.notice = text }
                 case .outputFailed(let reason):

@@ -122,7 +122,10 @@ import Testing
         #expect(talk.out.contains("sending ") && talk.out.contains("sent "), "\(talk.out)")
         #expect(await listener.process.waitForExit(seconds: 20))
         #expect(listener.process.terminationStatus == 0, "\(listener.err.contents)")
-        #expect(listener.out.contents.contains("heard a burst"), "\(listener.out.contents)")
+        // Every frame sent is counted once, none lost on loopback, none made up while waiting.
+        let sent = talk.out.firstMatch(of: /in (\d+) frames/).map { String($0.1) }
+        #expect(sent != nil && listener.out.contents.contains("heard a burst: \(sent ?? "?") frames, 0 lost"),
+                "talk: \(talk.out) listen: \(listener.out.contents)")
         // The speech's loudness contour is in the recording, intact: same shape, same length.
         let said = try Self.envelope(world.speech), got = try Self.envelope(heard)
         let match = Self.bestCorrelation(said, in: got)

@@ -122,6 +122,8 @@ func burst(frames: Int, start: UInt64 = 0, burst: UInt16 = 7, slot: UInt16 = 1, 
         #expect(Set(run.fec.map { Int($0) }) == recoverable)
         #expect(stats.played + stats.fecRecovered + stats.concealed - stats.underruns == 200)
         #expect(stats.lost == lostSet.count)
+        // What a listener is told it heard: the burst's 200 frames, its underruns' waiting not among them.
+        #expect(stats.framesDue == 200 && stats.underruns > 0)
     }
 
     @Test func neighboursSwappedWithinTheTargetAllPlayInOrder() {
@@ -155,6 +157,7 @@ func burst(frames: Int, start: UInt64 = 0, burst: UInt16 = 7, slot: UInt16 = 1, 
         #expect(stats.targetDelayMilliseconds > 60, "it grew within the burst")
         #expect(stats.underruns > 0)
         #expect(stats.played + stats.fecRecovered + stats.concealed - stats.underruns == 150)
+        #expect(stats.framesDue == 150)
         let afterSpike = buffer.currentTargetMilliseconds
         #expect(afterSpike > 60, "the next burst starts with more room: \(afterSpike)")
         // Calm bursts bring it back down to the minimum.
