@@ -144,6 +144,7 @@ struct Talk: AsyncParsableCommand {
                 throw WalkieFailure.token("\(why); the channel did not hear all of \(file), and sending it again needs a new token or membership from the channel's administrator")
             }
             guard connected else {
+                if seen.withLockedValue({ $0.serverWentAway }) { throw WalkieFailure.unreachable(Self.serverShutDown(file)) }
                 throw WalkieFailure.unreachable("the connection to squelchd dropped while \(file) was being sent, so the channel did not hear all of it; check that squelchd runs, then send it again")
             }
             let overLimit = revoked.map { $0.cause == .maxBurstReached } ?? (seconds > Double(manager.channelInfo?.maxBurstSeconds ?? .max))
@@ -165,9 +166,16 @@ struct Talk: AsyncParsableCommand {
         await finish(manager, channel: channel)
         if !confirmed, pushedAside { throw WalkieFailure.floor(Self.pushedAside(file)) }
         guard confirmed else {
+            if seen.withLockedValue({ $0.serverWentAway }) { throw WalkieFailure.unreachable(Self.serverShutDown(file)) }
             throw WalkieFailure.unreachable("sent \(file) (\(sent) frames), but squelchd did not confirm the end of the transmission: the connection dropped or stalled during it, so the channel may not have heard all of it; check that squelchd runs, then send it again")
         }
         say("sent \(file): \(String(format: "%.1f", seconds)) s in \(sent) frames")
+    }
+
+    /// squelchd said it was going away (SIGTERM: a restart or an upgrade) during the file: nothing to
+    /// check on this side, only to wait.
+    static func serverShutDown(_ file: String) -> String {
+        "squelchd shut down (it said it was going away: a restart or an upgrade, most likely) while \(file) was being sent, so the channel did not hear all of it; send it again once squelchd is back"
     }
 
     /// Another connection of the same user (the user's own walkie or phone, taking the channel back)
@@ -194,6 +202,9 @@ struct OneShotOptions: ParsableArguments {
 struct TalkSpell {
     var queued = false
     var notice: String?
+    /// squelchd closed the connection saying it was going away (the channel manager's notice says
+    /// so in words; `ChannelManagerTests` holds the library to that wording).
+    private(set) var serverWentAway = false
     /// Why squelchd took the floor back, if it did.
     private(set) var revoked: (cause: FloorCause?, reason: String)?
     /// squelchd has shown this member talking.
@@ -206,7 +217,9 @@ struct TalkSpell {
     mutating func note(_ event: ChannelManagerEvent) {
         switch event {
         case .floorQueued: queued = true
-        case .notice(let text): notice = text
+        case .notice(let text):
+            notice = text
+            if text.contains("is going away (") { serverWentAway = true }
         case .transmissionRevoked(let cause, let reason): revoked = (cause, reason)
         case .serviceStatus(let status) where status != .ready:
             if talking, release == nil { release = false }

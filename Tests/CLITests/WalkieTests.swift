@@ -265,6 +265,19 @@ import Testing
         #expect(await ann.process.waitForExit(seconds: 20))
         #expect(ann.process.terminationStatus == 3 && ann.err.contents.contains("did not confirm the end"), "\(ann.out.contents) \(ann.err.contents)")
 
+        // squelchd shuts down (SIGTERM, a restart) while Ann's file is being sent: said as such,
+        // not as a server to go and look for.
+        let stopping = try await KillRestartTests().startServer(data: world.data, certs: world.certs, reaper: world.reaper)
+        let annAgain = try Running(["talk", "--server", "127.0.0.1:\(stopping.voicePort)", "--token", world.tokens["ann"]!, "--ca", world.certs + "/ca.pem",
+                                    "--file", long, "--push-port", "0"], reaper: world.reaper)
+        #expect(await annAgain.out.wait(for: "sending", seconds: 20) != nil, "\(annAgain.err.contents)")
+        try await Task.sleep(for: .milliseconds(500))
+        kill(stopping.process.processIdentifier, SIGTERM)
+        #expect(await annAgain.process.waitForExit(seconds: 20))
+        #expect(annAgain.process.terminationStatus == 3 && annAgain.err.contents.contains("squelchd shut down")
+                && !annAgain.err.contents.contains("check that squelchd runs"), "\(annAgain.out.contents) \(annAgain.err.contents)")
+        _ = await stopping.process.waitForExit(seconds: 10)
+
         // squelchd stops while Cat records: she is told at once (a dead one is noticed within 35 s),
         // and the recording's end is reported as possibly incomplete.
         let server = try await KillRestartTests().startServer(data: world.data, certs: world.certs, reaper: world.reaper)
