@@ -342,6 +342,8 @@ final class Receiver: Sendable {
         var pcm = [Int16](repeating: 0, count: decoders[0].maximumFrameSamples)
         var mix = [Int32](repeating: 0, count: frame)
         var out = [Int16](repeating: 0, count: frame)
+        // Talkers at once (full duplex) add up past 16 bits: scaled down, not clipped.
+        var limiter = MixLimiter()
         // Per track, reused every tick: what to do, the payload it needs, and a burst that just ended.
         enum Step { case decode, fec, conceal, silence }
         var steps = [Step](repeating: .silence, count: Self.maxTracks)
@@ -432,7 +434,13 @@ final class Receiver: Sendable {
                 }
                 for i in 0..<min(produced, frame) { mix[i] += Int32(pcm[i]) }
             }
-            for i in 0..<frame { out[i] = muted ? 0 : Int16(clamping: mix[i]) }
+            if muted {
+                for i in 0..<frame { out[i] = 0 }
+            } else {
+                mix.withUnsafeBufferPointer { sums in
+                    out.withUnsafeMutableBufferPointer { limiter.process(UnsafeBufferPointer(rebasing: sums[0..<frame]), into: $0) }
+                }
+            }
             do {
                 try out.withUnsafeBufferPointer { all in
                     try sink.write(UnsafeBufferPointer(rebasing: all[0..<period]))
