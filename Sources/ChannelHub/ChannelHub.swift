@@ -942,17 +942,19 @@ public final class ChannelHub {
                                                request: member.floorRequest)), to: [link]))
     }
 
-    /// Writes the length so far of every burst going on for `burstProgressInterval` since it started
-    /// or was last written (the driver calls it about once a second). The record stays `inProgress`;
-    /// its end replaces it. Without it, a burst the server was killed during stayed in the log with a
-    /// length of 0 (`interrupted` at the next start), as if it had never been heard.
+    /// Writes the length so far of every burst going on: a second after it started, then every
+    /// `burstProgressInterval` (the driver calls it about once a second). The record stays
+    /// `inProgress`; its end replaces it. Without it, a burst the server was killed during stayed in
+    /// the log with a length of 0 (`interrupted` at the next start), as if it had never been heard;
+    /// the first write comes early because most bursts are over in a few seconds.
     public func logBurstProgress(at time: HubTime) {
         let interval = Double(configuration.burstProgressInterval) / 1e9
         guard interval > 0 else { return }
         for channel in channels.values {
             for slot in channel.floor.currentTalkers {
                 guard let member = channel.members[slot], let started = member.burstStartedAt,
-                      time.date.timeIntervalSince(member.burstProgressAt ?? started) >= interval else { continue }
+                      time.date.timeIntervalSince(member.burstProgressAt ?? started) >= (member.burstProgressAt == nil ? min(1, interval) : interval)
+                else { continue }
                 channel.members[slot]?.burstProgressAt = time.date
                 outputs.append(.store(.logTransmission(TransmissionRecord(
                     channelID: channel.record.id, userID: member.userID, startedAt: started,
