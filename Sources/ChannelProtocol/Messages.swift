@@ -25,6 +25,14 @@ public enum JoinReason: String, Codable, Sendable {
     case channelRestoration
 }
 
+/// Limits that client and server must agree on.
+public enum ChannelLimits {
+    /// The most members a full-duplex channel lets talk at once (squelchd's `fullDuplexMaxTalkers`
+    /// goes up to it), and so the most talkers a client mixes: a client mixing fewer would drop the
+    /// rest without anyone knowing.
+    public static let maxSimultaneousTalkers = 16
+}
+
 /// A channel as members see it: Apple's channel descriptor plus what the server enforces.
 public struct ChannelInfo: Codable, Sendable, Equatable {
     public var id: UUID

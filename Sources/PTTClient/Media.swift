@@ -210,8 +210,11 @@ final class Transmitter: Sendable {
 /// one after the other: `JitterBuffer`'s deferral), else to a free track, else to one whose burst has
 /// its end marker; with none, the packet is dropped rather than cut a live talker off.
 final class Receiver: Sendable {
-    /// Talkers mixed at once: the server's default limit of simultaneous talkers in full duplex.
-    static let maxTracks = 4
+    /// Talkers mixed at once: as many as squelchd can be configured to let talk together, so that
+    /// none is dropped unheard. (It was 4, the server's default, and a channel allowed 6 lost two
+    /// talkers at every listener without a word.) An idle track costs its buffer's 35 KB and a
+    /// decoder, and nothing per frame but a look.
+    static let maxTracks = ChannelLimits.maxSimultaneousTalkers
 
     struct State {
         var tracks = [JitterBuffer]()

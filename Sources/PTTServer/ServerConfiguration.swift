@@ -1,3 +1,4 @@
+import ChannelProtocol
 import Foundation
 import SquelchInfo
 import KeyFiles
@@ -103,7 +104,7 @@ public struct ServerConfiguration: Sendable, Equatable {
     public static let portRange = 0...65_535
     public static let maxConnectionsRange = 1...1_000_000
     public static let handshakeRateRange = 1...1_000_000
-    public static let fullDuplexMaxTalkersRange = 1...16
+    public static let fullDuplexMaxTalkersRange = 1...ChannelLimits.maxSimultaneousTalkers
     public static let disconnectGraceRange: ClosedRange<Double> = 0...60
     public static let maxQueueRange = 0...256
     public static let controlMessageRateRange = 1...1_000_000
