@@ -451,10 +451,10 @@ public final class ChannelHub {
             // No leave push: the device left by itself, and its token died with the channel (reference §1.5).
             // The membership, token included, goes from the store with `forget`.
             outputs.append(.close(link, code: .normal, reason: "left the channel"))
-        case .floorRequest(let request):
+        case .floorRequest(let request, let queue):
             channel.members[slot]!.floorRequest = request
             let member = channel.members[slot]!
-            channel.floor.request(slot, priority: member.priority, canTalk: member.canTalk, now: time.instant.nanoseconds)
+            channel.floor.request(slot, priority: member.priority, canTalk: member.canTalk, mayQueue: queue, now: time.instant.nanoseconds)
             applyFloorEvents(channel, at: time)
         case .floorRelease:
             channel.floor.release(slot, now: time.instant.nanoseconds)
@@ -759,7 +759,7 @@ public final class ChannelHub {
         // A joined member's floor request gets its answer, one for one as within the rate (its client
         // waits for it); from a connection that hasn't joined it gets the capped `error` below, as
         // anything else does.
-        if case .floorRequest(let request)? = message, case .joined(let channel, let slot)? = sessions[link] {
+        if case .floorRequest(let request, _)? = message, case .joined(let channel, let slot)? = sessions[link] {
             // A member that holds the floor or waits for it is told where it stands (granted, or its
             // place), never denied: a denial would end the client's request while the floor still
             // counts it. The answer comes from here, to it alone, and the floor is not asked: a
@@ -839,6 +839,7 @@ public final class ChannelHub {
                 case .busy: cause = .busy; text = "someone else is talking"
                 case .listenOnly: cause = .notAllowed; text = "your token allows listening only"
                 case .queueFull: cause = .queueFull; text = "too many members are waiting to talk"
+                case .outranked: cause = .queueFull; text = "your place in the full queue went to a member with a higher priority"
                 }
                 if let member = channel.members[slot], let link = member.link {
                     outputs.append(.send(.floor(FloorEvent(kind: .denied, slot: slot, cause: cause, reason: text,

@@ -6,7 +6,7 @@ import Foundation
 
 private enum Keys: String, CodingKey {
     case type, token, channel, reason, muted, environment, you, roster, talkers, code, participant, slot,
-         userID, event, descriptor, status, participants, unheard, expiresAt, loss, request
+         userID, event, descriptor, status, participants, unheard, expiresAt, loss, request, queue
 }
 
 extension ClientMessage: Codable {
@@ -17,7 +17,9 @@ extension ClientMessage: Codable {
             self = .join(token: try c.decode(String.self, forKey: .token), channel: try c.decode(UUID.self, forKey: .channel),
                          reason: try c.decodeIfPresent(JoinReason.self, forKey: .reason) ?? .developerRequest)
         case "leave": self = .leave
-        case "floorRequest": self = .floorRequest(request: try c.decodeIfPresent(UInt32.self, forKey: .request))
+        case "floorRequest":
+            self = .floorRequest(request: try c.decodeIfPresent(UInt32.self, forKey: .request),
+                                 queue: try c.decodeIfPresent(Bool.self, forKey: .queue) ?? true)
         case "floorRelease": self = .floorRelease
         case "setMuted": self = .setMuted(try c.decode(Bool.self, forKey: .muted))
         case "registerPushToken":
@@ -40,9 +42,11 @@ extension ClientMessage: Codable {
             try c.encode(channel, forKey: .channel)
             try c.encode(reason, forKey: .reason)
         case .leave: try c.encode("leave", forKey: .type)
-        case .floorRequest(let request):
+        case .floorRequest(let request, let queue):
             try c.encode("floorRequest", forKey: .type)
             try c.encodeIfPresent(request, forKey: .request)
+            // Only when false: what older servers read is unchanged.
+            if !queue { try c.encode(false, forKey: .queue) }
         case .floorRelease: try c.encode("floorRelease", forKey: .type)
         case .setMuted(let muted):
             try c.encode("setMuted", forKey: .type)

@@ -231,7 +231,9 @@ public enum ClientMessage: Sendable, Equatable {
     /// Ask for the floor. `request` numbers the press (the client's own counter, new for each press):
     /// the server names it in its answer (`FloorEvent.request`), so that the answer to a request the
     /// client has already withdrawn is never taken for a newer one's. Absent from older clients.
-    case floorRequest(request: UInt32? = nil)
+    /// `queue` false: refuse it (`denied`, `busy`) rather than queue it when the floor is taken, as
+    /// for a one-shot that won't wait; sent only when false.
+    case floorRequest(request: UInt32? = nil, queue: Bool = true)
     /// Let go of the floor, or withdraw the request waiting for it.
     case floorRelease
     case setMuted(Bool)

@@ -51,6 +51,9 @@ public struct FloorArbiter<Member: Hashable & Sendable> {
         case listenOnly = 5
         /// The queue is full (cause 7).
         case queueFull = 7
+        /// The member was waiting in a full queue and gave its place up to a request of higher
+        /// priority. Not a TS 24.380 cause: it goes to the member as `queueFull`, with its own words.
+        case outranked = 107
     }
 
     /// Why the floor was taken away from a talker.
@@ -144,8 +147,11 @@ public struct FloorArbiter<Member: Hashable & Sendable> {
     // MARK: Commands
 
     /// A floor request (the user pressed the talk button). `canTalk` is the member's `talk`
-    /// capability from its token; `priority` 0–255 comes from the token too.
-    public mutating func request(_ member: Member, priority: UInt8, canTalk: Bool, now: UInt64) {
+    /// capability from its token; `priority` 0–255 comes from the token too. `mayQueue` false: a
+    /// request that can't be granted now (no free slot, nobody to pre-empt) is denied `busy` rather
+    /// than queued, so that it takes nobody's place in a full queue (a one-shot announcement that
+    /// would give up at once anyway).
+    public mutating func request(_ member: Member, priority: UInt8, canTalk: Bool, mayQueue: Bool = true, now: UInt64) {
         guard canTalk else { pending.append(.denied(member, .listenOnly)); return }
         if let index = talkers.firstIndex(where: { $0.member == member }) {
             // A repeated request (the grant was lost): confirm, and a reconnect ends the grace.
@@ -178,14 +184,14 @@ public struct FloorArbiter<Member: Hashable & Sendable> {
             grant(member, priority: priority, now: now)
             return
         }
-        guard configuration.maxQueue > 0 else { pending.append(.denied(member, .busy)); return }
+        guard configuration.maxQueue > 0, mayQueue else { pending.append(.denied(member, .busy)); return }
         if queue.count >= configuration.maxQueue {
             // The queue is ordered by priority, so admission to it is too: a dispatcher must not be
             // locked out by a full queue of members who would wait behind it. The last waiting member
             // (lowest priority, latest arrival) gives up its place if the newcomer outranks it.
             guard let last = queue.last, last.priority < priority else { pending.append(.denied(member, .queueFull)); return }
             queue.removeLast()
-            pending.append(.denied(last.member, .queueFull))
+            pending.append(.denied(last.member, .outranked))
         }
         arrivals += 1
         queue.append(Waiting(member: member, priority: priority, order: arrivals))

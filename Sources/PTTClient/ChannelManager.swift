@@ -17,15 +17,21 @@ public struct ChannelManagerConfiguration: Sendable {
     public var subscriptionStrategy: any SubscriptionStrategy
     /// Transport settings (keepalive, idle timeout).
     public var connection: ConnectionConfiguration
+    /// Whether a transmit request made while others hold the floor waits in squelchd's queue
+    /// (`ChannelManagerEvent.floorQueued`, then `didBeginTransmitting` when its turn comes), as a
+    /// radio user holding the key expects; false: it fails at once with `transmissionInProgress`,
+    /// taking nobody's place in the queue, for an app that would not wait (a one-shot announcement).
+    public var waitsForFloor: Bool
 
     public init(appIdentifier: String = "default", stateDirectory: String? = nil, pushTransport: (any PushTransport)? = nil,
                 audio: AudioConfiguration = .none, subscriptionStrategy: any SubscriptionStrategy = SubscribeToAll(),
-                connection: ConnectionConfiguration = .client) {
+                connection: ConnectionConfiguration = .client, waitsForFloor: Bool = true) {
         self.stateDirectory = stateDirectory ?? RestorationStore.defaultDirectory(app: appIdentifier)
         self.pushTransport = pushTransport
         self.audio = audio
         self.subscriptionStrategy = subscriptionStrategy
         self.connection = connection
+        self.waitsForFloor = waitsForFloor
     }
 }
 

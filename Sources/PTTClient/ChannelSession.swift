@@ -143,6 +143,8 @@ struct ChannelSession {
     /// the floor, so an answer to a request withdrawn since (by letting go or by a stall) is told from
     /// the current one's. Taken for the next press, a late grant would start a burst that ends at once.
     private var floorRequestNumber: UInt32 = 0
+    /// Whether floor requests may wait in squelchd's queue (`ChannelManagerConfiguration.waitsForFloor`).
+    var waitsForFloor = true
     /// This connection's server numbers its answers (it echoed a request number): `owedFloorAnswers`
     /// is not needed.
     private var serverNumbersAnswers = false
@@ -255,7 +257,7 @@ struct ChannelSession {
             }
             transmit = .requesting(source)
             floorRequestNumber &+= 1
-            outputs.append(.send(.floorRequest(request: floorRequestNumber)))
+            outputs.append(.send(.floorRequest(request: floorRequestNumber, queue: waitsForFloor)))
         case .down where tokenExpired:
             emit(.failedToBegin(uuid, ChannelError(.transmissionNotAllowed, "the participant token expired; hand the channel a new one with renewToken to talk again")))
         case .joining where stalled:
@@ -660,7 +662,7 @@ struct ChannelSession {
             // connection, so the floor goes back at once rather than staying held in silence until
             // the maximum burst length. A press made meanwhile asks after it, for a burst of its own.
             if talkers.contains(where: { $0.slot == slot }) { outputs.append(.send(.floorRelease)) }
-            if case .requesting = transmit { outputs.append(.send(.floorRequest(request: floorRequestNumber))) }
+            if case .requesting = transmit { outputs.append(.send(.floorRequest(request: floorRequestNumber, queue: waitsForFloor))) }
             // A renewal in flight died with the old connection; the newest token is offered again.
             renewalInFlight = nil
             sendPendingRenewal()

@@ -116,6 +116,7 @@ actor ManagerEngine {
             }
         }
         session.pushEnvironment = configuration.pushTransport?.environment ?? .sandbox
+        session.waitsForFloor = configuration.waitsForFloor
     }
 
     nonisolated func submit(_ command: Command) { commandSink.yield(command) }

@@ -235,12 +235,13 @@ struct SavedSettings: Codable, Equatable {
 
 /// Makes the manager for `stateDirectory` (the default one when nil).
 func makeManager(delegate: WalkieDelegate, stateDirectory: String?, push: (any PushTransport)?,
-                 audio: AudioConfiguration, purpose: StateDirectoryLock.Purpose = .use) async throws(WalkieFailure) -> ChannelManager {
+                 audio: AudioConfiguration, purpose: StateDirectoryLock.Purpose = .use, waitsForFloor: Bool = true) async throws(WalkieFailure) -> ChannelManager {
     try StateDirectoryLock.acquire(stateDirectory ?? RestorationStore.defaultDirectory(app: "walkie"), for: purpose)
     do {
         return try await ChannelManager.channelManager(
             delegate: delegate, restorationDelegate: delegate,
-            configuration: ChannelManagerConfiguration(appIdentifier: "walkie", stateDirectory: stateDirectory, pushTransport: push, audio: audio))
+            configuration: ChannelManagerConfiguration(appIdentifier: "walkie", stateDirectory: stateDirectory, pushTransport: push, audio: audio,
+                                                       waitsForFloor: waitsForFloor))
     } catch {
         throw .other(error.message)
     }

@@ -17,14 +17,14 @@ func temporaryState() -> String {
 struct Talk: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Join, take the floor, send a WAV file in real time, release and exit.",
-        discussion: "Exits 0 once the whole file is sent and squelchd has confirmed the release; 6 if the floor is busy or taken; 3 if the connection dropped during the file (see 'walkie --help' for the other codes).")
+        discussion: "Exits 0 once the whole file is sent and squelchd has confirmed the release; 6 if the floor is busy or taken; 3 if the connection dropped during the file; 130 (Ctrl-C), 143 (SIGTERM) or 129 (SIGHUP) if stopped, after letting go of the floor (see 'walkie --help' for the other codes). Without --wait the request does not queue: a busy floor fails at once.")
 
     @OptionGroup var server: ServerOptions
     @Option(help: "The WAV file to send (any rate; 16-bit or float PCM).")
     var file: String
     // `.unconditional` on the numbers: "--wait -1" reaches the check that says what to give, rather than
     // ArgumentParser's "missing value" (it takes "-1" for an option).
-    @Option(parsing: .unconditional, help: "Wait this long in the floor queue when someone else is talking (0: don't wait).")
+    @Option(parsing: .unconditional, help: "Wait this long in the floor queue when someone else is talking (0: don't queue; fail at once).")
     var wait: Double = 0
     @OptionGroup var oneShot: OneShotOptions
 
@@ -46,10 +46,24 @@ struct Talk: AsyncParsableCommand {
         let state = temporaryState()
         defer { try? FileManager.default.removeItem(atPath: state) }
         let delegate = WalkieDelegate()
-        let manager = try await makeManager(delegate: delegate, stateDirectory: state, push: nil, audio: configuration)
+        // Without --wait the request is not queued at all: one that would give up at once must not
+        // take a place in a full queue from a member who waits (squelchd gives the last place to a
+        // higher priority).
+        let manager = try await makeManager(delegate: delegate, stateDirectory: state, push: nil, audio: configuration, waitsForFloor: wait > 0)
         let events = manager.events
         manager.requestJoinChannel(channelUUID: channel, descriptor: ChannelDescriptor(name: "walkie talk"), credentials: credentials)
         try await awaitJoin(delegate, server: server.server)
+        // Ctrl-C, SIGTERM or SIGHUP from here on let go of the floor before walkie exits: killed
+        // outright, it left the floor held in silence until squelchd's 5 s silence limit, with the
+        // queue waiting behind it.
+        let interruption = NIOLockedValueBox<Int32?>(nil)
+        let stopSources = [SIGINT, SIGTERM, SIGHUP].flatMap { number in
+            takeStopSignals([number]) {
+                interruption.withLockedValue { if $0 == nil { $0 = number } }
+                manager.stopTransmitting(channelUUID: channel, source: .userRequest)
+            }
+        }
+        defer { for source in stopSources { source.cancel() } }
 
         // One reader of the manager's events for the whole command (a stream has one consumer, and
         // ends for good when a reader is cancelled): whether the request was queued, and whether
@@ -59,8 +73,15 @@ struct Talk: AsyncParsableCommand {
         // from (a squelchd restarted after the file's end shows the member not talking too, having
         // never heard the burst's end).
         let seen = NIOLockedValueBox(TalkSpell())
+        let waitLimit = wait
         let watcher = Task {
-            for await event in events { seen.withLockedValue { $0.note(event) } }
+            for await event in events {
+                seen.withLockedValue { $0.note(event) }
+                // Waiting in the queue is seconds of nothing on the terminal otherwise.
+                if case .floorQueued(let position) = event {
+                    say("queued: number \(position) for the floor (\(Self.busyWith(manager))); waiting up to \(Self.seconds(waitLimit))")
+                }
+            }
         }
         defer { watcher.cancel() }
         manager.requestBeginTransmitting(channelUUID: channel, source: .userRequest)
@@ -70,13 +91,18 @@ struct Talk: AsyncParsableCommand {
                     switch event {
                     case .began: return nil
                     case .failedToBegin(let error):
-                        let talker = manager.activeRemoteParticipant.map { "\($0.name) is talking" }
+                        if let number = interruption.withLockedValue({ $0 }) { return Self.interrupted(number, "before the floor was granted; nothing was sent") }
                         guard error.code == .transmissionInProgress else { return .floor("can't talk: \(error.message)") }
+                        let busy = Self.busyWith(manager)
                         // A full queue is busy too, but --wait can't help: say so rather than suggest it.
                         if error.floorCause == .queueFull {
-                            return .floor("the floor is busy: \(talker.map { "\($0), and " } ?? "")\(error.message); try again later")
+                            return .floor("the floor is busy: \(busy), and \(error.message); try again later")
                         }
-                        return .floor("the floor is busy: \(talker ?? error.message); try again, or pass --wait 30 to queue")
+                        // Asked to wait and refused at once: squelchd keeps no queue here.
+                        if wait > 0, !seen.withLockedValue({ $0.queued }) {
+                            return .floor("the floor is busy: \(busy), and squelchd keeps no queue to wait in (its maxQueue is 0); try again when the channel is clear")
+                        }
+                        return .floor("the floor is busy: \(busy); try again, or pass --wait 30 to queue")
                     default: continue
                     }
                 }
@@ -87,9 +113,17 @@ struct Talk: AsyncParsableCommand {
                 while !Task.isCancelled {
                     if seen.withLockedValue({ $0.queued }) {
                         try? await Task.sleep(for: .seconds(wait))
-                        let who = manager.activeRemoteParticipant.map { "\($0.name) is talking" } ?? "someone else is talking"
-                        return .floor("the floor is busy: \(who); try again, or pass --wait 30 to queue")
+                        if Task.isCancelled { return nil }
+                        return .floor("waited \(Self.seconds(wait)) in the floor queue and the floor is still busy (\(Self.busyWith(manager))); try again, or pass a longer --wait")
                     }
+                    try? await Task.sleep(for: .milliseconds(20))
+                }
+                return nil
+            }
+            group.addTask {
+                // Interrupted while waiting: the request is withdrawn (the handler stopped it).
+                while !Task.isCancelled {
+                    if let number = interruption.withLockedValue({ $0 }) { return Self.interrupted(number, "before the floor was granted; nothing was sent") }
                     try? await Task.sleep(for: .milliseconds(20))
                 }
                 return nil
@@ -109,6 +143,7 @@ struct Talk: AsyncParsableCommand {
         let seconds = Double(frames) / Double(PipelineAudio.sampleRate)
         // A long announcement is seconds of silence on the terminal otherwise: say it is on air.
         say("sending \(file): \(String(format: "%.1f", seconds)) s")
+        let sendingSince = ContinuousClock.now
         // The file's end stops it with the source that began it (.userRequest); a revoked floor or a
         // lost connection ends it with .unknown, before the file was sent.
         let ending = await withTaskGroup(of: ChannelTransmitRequestSource?.self) { group -> ChannelTransmitRequestSource? in
@@ -123,6 +158,14 @@ struct Talk: AsyncParsableCommand {
             let first = await group.next() ?? nil
             group.cancelAll()
             return first
+        }
+        if let number = interruption.withLockedValue({ $0 }) {
+            // The handler stopped the transmission; squelchd confirms the release, as at a file's end.
+            let sent = (ContinuousClock.now - sendingSince) / .seconds(1)
+            let released = await releaseConfirmed({ seen.withLockedValue { $0.release } }, within: .seconds(2))
+            await finish(manager, channel: channel)
+            throw Self.interrupted(number, "after \(String(format: "%.1f", min(sent, seconds))) s of \(file)'s \(String(format: "%.1f", seconds)) s, so the channel heard only its start; "
+                                   + (released ? "the floor is released" : "squelchd did not confirm the release; it frees the floor within 5 s of silence"))
         }
         guard let ending, ending == .userRequest else {
             let connected = manager.serviceStatus == .ready
@@ -170,6 +213,26 @@ struct Talk: AsyncParsableCommand {
             throw WalkieFailure.unreachable("sent \(file) (\(sent) frames), but squelchd did not confirm the end of the transmission: the connection dropped or stalled during it, so the channel may not have heard all of it; check that squelchd runs, then send it again")
         }
         say("sent \(file): \(String(format: "%.1f", seconds)) s in \(sent) frames")
+    }
+
+    /// Who holds the floor, as the roster shows it: every talker of a full-duplex channel, not the
+    /// one the speaker line shows.
+    static func busyWith(_ manager: ChannelManager) -> String {
+        let names = manager.roster.filter { $0.talking && !$0.isLocal }.map(\.name)
+        switch names.count {
+        case 0: return manager.activeRemoteParticipant.map { "\($0.name) is talking" } ?? "someone else is talking"
+        case 1: return "\(names[0]) is talking"
+        default: return "\(names.dropLast().joined(separator: ", ")) and \(names.last!) are talking"
+        }
+    }
+
+    static func seconds(_ value: Double) -> String { "\(value.formatted(.number.precision(.fractionLength(0...1)))) s" }
+
+    /// Stopped by a signal (the shell's 128 + its number, as a killed process would exit), having
+    /// let go of the floor first.
+    static func interrupted(_ number: Int32, _ what: String) -> WalkieFailure {
+        let name = [SIGINT: "Ctrl-C", SIGTERM: "SIGTERM", SIGHUP: "SIGHUP"][number] ?? "signal \(number)"
+        return WalkieFailure(code: 128 + number, message: "interrupted (\(name)) \(what)")
     }
 
     /// squelchd said it was going away (SIGTERM: a restart or an upgrade) during the file: nothing to

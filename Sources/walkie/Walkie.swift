@@ -20,6 +20,7 @@ struct Walkie: AsyncParsableCommand {
           5  the server's certificate is not signed by --ca
           6  the floor was busy or not allowed
           7  an audio device or file could not be used
+          129, 130, 143  'talk' stopped by SIGHUP, Ctrl-C or SIGTERM, having let go of the floor
         """,
         version: SquelchInfo.version,
         subcommands: [Resume.self, Join.self, Talk.self, Listen.self, Status.self, Leave.self, Devices.self],

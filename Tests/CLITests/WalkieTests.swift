@@ -328,6 +328,30 @@ import Testing
                 "\(ann.out.contents) \(ann.err.contents)")
     }
 
+    /// A talk that waits says where it waits; one that won't wait is refused without queueing; and
+    /// one stopped with Ctrl-C lets go of the floor at once, so the next in the queue talks now rather
+    /// than after the interrupted file's length or the server's 5 s silence limit.
+    @Test func aQueuedTalkSaysSoAndAnInterruptedOneLetsGoOfTheFloor() async throws {
+        let world = try await World()
+        defer { world.finish() }
+        let ann = try await world.talking("ann", seconds: 8)
+        let bob = try Running(["talk"] + world.arguments("bob") + ["--file", world.speech, "--wait", "30", "--push-port", "0"], reaper: world.reaper)
+        #expect(await bob.out.wait(for: #"queued: number 1 for the floor \(Ann is talking\); waiting up to 30 s"#, seconds: 20) != nil,
+                "\(bob.out.contents) \(bob.err.contents)")
+        let cat = try Executables.run("walkie", ["talk"] + world.arguments("cat") + ["--file", world.speech, "--push-port", "0"])
+        #expect(cat.status == 6 && cat.err.contains("the floor is busy: Ann is talking; try again, or pass --wait 30 to queue"), "\(cat.err)")
+        kill(ann.process.processIdentifier, SIGINT)
+        let interrupted = ContinuousClock.now
+        #expect(await ann.process.waitForExit(seconds: 10))
+        #expect(ann.process.terminationStatus == 130 && ann.err.contents.contains("interrupted (Ctrl-C) after")
+                && ann.err.contents.contains("the floor is released"), "\(ann.out.contents) \(ann.err.contents)")
+        #expect(await bob.out.wait(for: "sending", seconds: 10) != nil, "\(bob.out.contents) \(bob.err.contents)")
+        let handedOver = ContinuousClock.now - interrupted
+        #expect(handedOver < .seconds(3), "Bob had the floor \(handedOver) after Ann's Ctrl-C")
+        #expect(await bob.process.waitForExit(seconds: 20))
+        #expect(bob.process.terminationStatus == 0, "\(bob.out.contents) \(bob.err.contents)")
+    }
+
     /// `walkie leave` with squelchd down forgets the channel here and keeps the leave; `walkie status`
     /// shows it, and the next `walkie leave` with squelchd back delivers it. (It used to say "leave
     /// again with squelchd up", which found no saved channel.)

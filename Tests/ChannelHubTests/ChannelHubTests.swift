@@ -157,6 +157,24 @@ final class Harness {
         #expect(answer(h, ann) == "queued nil")
     }
 
+    /// A request that won't wait (`queue` false, as `walkie talk` without --wait sends) is denied
+    /// busy, with the talker named by the roster, and waits nowhere: the member already waiting
+    /// keeps its place.
+    @Test func aRequestThatWontWaitIsDeniedBusyAndLeavesTheQueueAlone() throws {
+        let h = Harness()
+        let ann = h.join("ann"), bob = h.join("bob"), cy = h.join("cy")
+        h.send(.floorRequest(), from: ann.link)
+        h.send(.floorRequest(), from: bob.link)
+        #expect(h.floorEvents(to: bob.link).last?.kind == .queued)
+        h.send(.floorRequest(request: 5, queue: false), from: cy.link)
+        let answer = try #require(h.floorEvents(to: cy.link).last)
+        #expect(answer.kind == .denied && answer.cause == .busy && answer.request == 5)
+        #expect(h.hub.counters.floorDenials == 1)
+        h.send(.floorRelease, from: ann.link)
+        #expect(h.floorEvents(to: bob.link).last?.kind == .granted)
+        #expect(h.floorEvents(to: cy.link).last?.kind != .granted)
+    }
+
     /// Slots are 16 bits: a channel with 65,535 members refuses the next newcomer as busy (the search
     /// for a free slot used to loop forever on the shared event loop), stored members past the limit
     /// stay out of the hub, and a member already in keeps its slot.

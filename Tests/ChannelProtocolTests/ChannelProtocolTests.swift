@@ -9,7 +9,7 @@ import Testing
         let channel = UUID()
         let messages: [ClientMessage] = [
             .join(token: "abc.def.ghi", channel: channel, reason: .channelRestoration), .leave, .floorRequest(),
-            .floorRequest(request: 0), .floorRequest(request: .max), .floorRelease,
+            .floorRequest(request: 0), .floorRequest(request: .max), .floorRequest(request: 2, queue: false), .floorRelease,
             .setMuted(true), .registerPushToken(token: "00aaff", environment: .sandbox), .setSubscriptions(unheard: ["ann", "bob"]),
             .renewToken(token: "abc.def.ghj"), .receptionReport(lossPercent: 0), .receptionReport(lossPercent: 100),
         ]
@@ -17,6 +17,10 @@ import Testing
         let json = String(decoding: codec.encode(ClientMessage.floorRequest()), as: UTF8.self)
         #expect(json == #"{"type":"floorRequest"}"#)
         #expect(String(decoding: codec.encode(ClientMessage.floorRequest(request: 12)), as: UTF8.self) == #"{"request":12,"type":"floorRequest"}"#)
+        // `queue` goes out only when false, so that older servers read what they always did.
+        #expect(String(decoding: codec.encode(ClientMessage.floorRequest(request: 12, queue: false)), as: UTF8.self)
+                == #"{"queue":false,"request":12,"type":"floorRequest"}"#)
+        #expect(try codec.decodeClientMessage(Array(#"{"type":"floorRequest","queue":true}"#.utf8)) == .floorRequest())
         // A number outside 0...2^32-1 is a bad message, not a trap or a silent wrap.
         for bad in [#"{"type":"floorRequest","request":-1}"#, #"{"type":"floorRequest","request":4294967296}"#,
                     #"{"type":"floorRequest","request":"1"}"#] {

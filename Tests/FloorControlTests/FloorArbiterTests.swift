@@ -54,6 +54,26 @@ let second: UInt64 = 1_000_000_000
         #expect(small.takeEvents().last == .denied("c", .queueFull))
     }
 
+    /// A request that won't wait (`mayQueue` false: a one-shot announcement) is denied `busy` when
+    /// it can't be granted, and so takes nobody's place in a full queue; it still pre-empts a lower
+    /// priority, and a free slot still grants it.
+    @Test func aRequestThatWontWaitIsDeniedRatherThanQueued() {
+        var floor = Arbiter(configuration: .init(maxQueue: 1))
+        floor.request("crew1", priority: 0, canTalk: true, now: 0)
+        floor.request("crew2", priority: 0, canTalk: true, now: 1)
+        _ = floor.takeEvents()
+        floor.request("dispatch", priority: 5, canTalk: true, mayQueue: false, now: 2)
+        #expect(floor.takeEvents().first == .revoked("crew1", .preempted(by: "dispatch", priority: 5)), "pre-empts as ever")
+        floor.request("crew3", priority: 9, canTalk: true, mayQueue: false, now: 3)
+        #expect(floor.takeEvents().first == .revoked("dispatch", .preempted(by: "crew3", priority: 9)))
+        floor.request("crew4", priority: 9, canTalk: true, mayQueue: false, now: 4)
+        #expect(floor.takeEvents() == [.denied("crew4", .busy)])
+        #expect(floor.queuedMembers == ["crew2"], "the one waiting keeps its place")
+        var free = Arbiter()
+        free.request("a", priority: 0, canTalk: true, mayQueue: false, now: 0)
+        #expect(free.currentTalkers == ["a"])
+    }
+
     @Test func aFullQueueLetsAHigherPriorityInAtItsTailsExpense() {
         var floor = Arbiter(configuration: .init(maxQueue: 2))
         floor.request("dispatch", priority: 5, canTalk: true, now: 0)
@@ -62,7 +82,7 @@ let second: UInt64 = 1_000_000_000
         _ = floor.takeEvents()
         // Another dispatcher can't pre-empt an equal priority, and must not be locked out by the crew.
         floor.request("dispatch2", priority: 5, canTalk: true, now: 3)
-        #expect(floor.takeEvents() == [.denied("crew2", .queueFull), .queued("dispatch2", position: 1), .queued("crew1", position: 2)])
+        #expect(floor.takeEvents() == [.denied("crew2", .outranked), .queued("dispatch2", position: 1), .queued("crew1", position: 2)])
         #expect(floor.queuedMembers == ["dispatch2", "crew1"])
         // Equal to the tail is not enough: arrival order stands.
         floor.request("crew3", priority: 0, canTalk: true, now: 4)

@@ -167,6 +167,17 @@ func sent(_ outputs: [SessionOutput]) -> [ClientMessage] {
         #expect(t.channel == channelID)
     }
 
+    /// A manager that won't wait for the floor (`waitsForFloor` false) says so in every request, and a
+    /// busy floor's denial fails the press with `transmissionInProgress`.
+    @Test func aSessionThatWontWaitAsksNotToBeQueued() {
+        var s = joinedSession()
+        s.waitsForFloor = false
+        s.beginTransmitting(channelID, source: .userRequest)
+        #expect(sent(s.takeOutputs()) == [.floorRequest(request: 1, queue: false)])
+        s.received(.floor(FloorEvent(kind: .denied, cause: .busy, reason: "someone else is talking", request: 1)))
+        #expect(delegateCalls(s.takeOutputs()).contains { if case .failedToBegin(_, let e) = $0 { e.code == .transmissionInProgress } else { false } })
+    }
+
     @Test func transmitBeginsOnGrantThenActivatesAndEndsThenDeactivates() {
         var s = joinedSession()
         s.beginTransmitting(channelID, source: .userRequest)
