@@ -75,6 +75,16 @@ public struct SquelchServer: Sendable {
             logger: logger)
     }
 
+    /// What to do when the default token key is gone from a data directory whose database was served
+    /// with one.
+    public static func lostTokenKey(path: String, dataDirectory: String) -> String {
+        "the token key \(path) is missing, but this data directory's database was served with one: every participant token issued so far is signed with it. " + lostTokenKeyAdvice(path: path, dataDirectory: dataDirectory)
+    }
+
+    public static func lostTokenKeyAdvice(path: String, dataDirectory: String) -> String {
+        "Restore \(path) from a backup (or point --token-key at it, if it is kept elsewhere). If it is lost for good, 'squelchd token new-key --data-dir \(dataDirectory) --every-token-stops-working' makes a new one, and every member then needs a new token"
+    }
+
     /// Runs until a shutdown signal arrives (or the task is cancelled), then stops gracefully: the
     /// admin API first, then the voice transport (members are told the server is going away), and
     /// the database last, once every pending write is in. `onReady` runs once both listeners are up.
@@ -105,6 +115,14 @@ public struct SquelchServer: Sendable {
                 throw TokenKeyError(message: "\(error.message); point \(ServerConfiguration.setting("tokenKeyPath").howToSet) at the key the channel's tokens were signed with, or unset it to use <data-dir>/\(ServerConfiguration.tokenKeyFileName)")
             }
         } else {
+            let path = configuration.resolvedTokenKeyPath
+            // A database that was served before has its key's public half on record: the key file
+            // gone (a backup restored without it, a file deleted) is a loss to report, not a first
+            // start. A new key made in silence would call every token issued so far forged.
+            if !FileManager.default.fileExists(atPath: path),
+               let recorded = try? await store.serverKey(named: TokenAuthority.publicKeyRecordName), !recorded.isEmpty {
+                throw TokenKeyError(message: Self.lostTokenKey(path: path, dataDirectory: configuration.dataDirectory))
+            }
             tokens = try await TokenAuthority.loadOrCreate(in: configuration.dataDirectory)
         }
         if let path = configuration.previousTokenKeyPath {

@@ -10,7 +10,7 @@ import PTTServer
 struct Token: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Issue, inspect and revoke participant tokens.",
-        subcommands: [Issue.self, Inspect.self, Revoke.self])
+        subcommands: [Issue.self, Inspect.self, Revoke.self, NewKey.self])
 
     struct Issue: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
@@ -245,6 +245,50 @@ struct Token: AsyncParsableCommand {
     }
 }
 
+extension Token {
+    /// The way out when the token key is lost for good: squelchd refuses to start without it rather
+    /// than make a new one in silence, so making one is a decision an administrator takes here.
+    struct NewKey: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            commandName: "new-key",
+            abstract: "Make a new token key in the data directory, when the old one is lost for good.",
+            discussion: "Every participant token issued so far was signed with the old key and is refused as forged from then on: issue every member a new one. Restore the old key from a backup instead if you can. To change keys without breaking the tokens out there, rotate: start squelchd with the new key and --previous-token-key. Run it with squelchd stopped.")
+
+        @OptionGroup var store: Channel.StoreOptions
+        @Flag(help: "Confirm that every token issued so far stops working.") var everyTokenStopsWorking = false
+
+        func run() async throws {
+            let configuration = try store.configuration(tokenKey: nil, previousTokenKey: nil)
+            let path = configuration.resolvedTokenKeyPath
+            let database = Channel.StoreOptions.databasePath(in: configuration.dataDirectory)
+            guard FileManager.default.fileExists(atPath: database) else {
+                standardError("squelchd: there is no server database at \(database); pass the server's --data-dir. (A new server makes its key when it first starts.)")
+                throw ExitCode(78)
+            }
+            guard !FileManager.default.fileExists(atPath: path) else {
+                standardError("squelchd: there is a token key at \(path) already; nothing was changed. To change keys, rotate (start squelchd with the new key and --previous-token-key) so that issued tokens keep working")
+                throw ExitCode(78)
+            }
+            guard everyTokenStopsWorking else {
+                standardError("squelchd: a new token key makes every participant token issued so far fail as forged; restore \(path) from a backup if you can. To go ahead, pass --every-token-stops-working")
+                throw ExitCode(1)
+            }
+            let lock: DataDirectoryLock
+            do { lock = try DataDirectoryLock(directory: configuration.dataDirectory) } catch {
+                standardError("squelchd: \(error); stop it, then run this again")
+                throw ExitCode(1)
+            }
+            defer { withExtendedLifetime(lock) {} }
+            let authority = try await TokenAuthority.loadOrCreate(at: path)
+            try await store.withStore { db throws(StoreError) in
+                try await db.setServerKey(named: TokenAuthority.publicKeyRecordName, value: Array(authority.publicKeyPEM.utf8))
+                await audit(db, "token key replaced", channel: nil, ["path": path])
+            }
+            print("made a new token key at \(path); every token issued before it is refused as forged from now on: issue new ones with 'squelchd token issue'")
+        }
+    }
+}
+
 /// Why `inspect` or `revoke --token` could not read a token, with the way out when it may be an old
 /// key's: after a rotation the server still accepts those, and they are often the ones to revoke.
 func inspectionFailure(_ error: TokenError, rotating: Bool) -> String {
@@ -286,7 +330,7 @@ func loadAuthority(_ configuration: ServerConfiguration, forIssue: Bool) async t
             } else if serverKey != nil {
                 // The server signs with a key kept elsewhere (its tokenKeyPath): a new default key here
                 // would only make tokens it refuses.
-                throw TokenKeyError(message: "squelchd runs with a token key that is not in \(configuration.dataDirectory); pass the server's --token-key, or the --config it runs with")
+                throw TokenKeyError(message: "squelchd was served with a token key that is not at \(path). If it keeps its key elsewhere, pass the server's --token-key or the --config it runs with. If the file was lost: \(SquelchServer.lostTokenKeyAdvice(path: path, dataDirectory: configuration.dataDirectory))")
             } else if forIssue {
                 authority = try await TokenAuthority.loadOrCreate(at: path)
             } else {

@@ -319,6 +319,40 @@ import Wire
 
     /// Two servers on one data directory would split its members between them: the second is refused
     /// at once, naming the first; after the first is killed (`kill -9`, no clean-up), one starts again.
+    /// A data directory restored from a backup without its token key: squelchd refuses to start
+    /// rather than make a new key that calls every issued token forged, and says how to restore it;
+    /// a new key is an administrator's decision (`token new-key`, confirmed, with squelchd stopped).
+    @Test func aLostTokenKeyStopsTheStartAndANewOneIsAnAdministratorsDecision() async throws {
+        let workspace = try Workspace("lost-key")
+        defer { workspace.cleanUp() }
+        let reaper = Reaper()
+        defer { reaper.killAll() }
+        let first = try await startServer(data: workspace.data, certs: workspace.certs, reaper: reaper)
+        let key = workspace.data + "/token-key.pem"
+        let old = try String(contentsOfFile: key, encoding: .utf8)
+        let whileRunning = try squelchd(["token", "new-key", "--data-dir", workspace.data, "--every-token-stops-working"])
+        #expect(whileRunning.status == 78 && whileRunning.err.contains("already"), "\(whileRunning.err)")
+        kill(first.process.processIdentifier, SIGKILL)
+        first.process.waitUntilExit()
+        try FileManager.default.removeItem(atPath: key)
+        let serve = ["serve", "--data-dir", workspace.data, "--port", "0", "--admin-port", "0",
+                     "--cert", workspace.certs + "/server-chain.pem", "--key", workspace.certs + "/server.key", "--apns", "off"]
+        let refused = try squelchd(serve)
+        #expect(refused.status == 78 && refused.err.contains("token-key.pem is missing, but this data directory's database was served with one")
+                && refused.err.contains("token new-key"), "\(refused.err)")
+        #expect(!FileManager.default.fileExists(atPath: key), "no key made in silence")
+        let unconfirmed = try squelchd(["token", "new-key", "--data-dir", workspace.data])
+        #expect(unconfirmed.status == 1 && unconfirmed.err.contains("--every-token-stops-working"), "\(unconfirmed.err)")
+        #expect(!FileManager.default.fileExists(atPath: key))
+        let made = try squelchd(["token", "new-key", "--data-dir", workspace.data, "--every-token-stops-working"])
+        #expect(made.status == 0 && made.out.contains("made a new token key"), "\(made.err)")
+        #expect(try String(contentsOfFile: key, encoding: .utf8) != old)
+        let again = try await startServer(data: workspace.data, certs: workspace.certs, reaper: reaper)
+        #expect(again.process.isRunning)
+        let audit = try squelchd(["audit", "--data-dir", workspace.data])
+        #expect(audit.out.contains("token key replaced"), "\(audit.out)")
+    }
+
     @Test func aSecondServerOnTheSameDataDirectoryIsRefused() async throws {
         let workspace = try Workspace("data-lock")
         defer { workspace.cleanUp() }
