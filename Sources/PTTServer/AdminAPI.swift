@@ -33,6 +33,9 @@ public struct AdminContext: Sendable {
     /// Whether wake pushes are getting through (`PushHealth`); nil when pushes are off. A failing push
     /// path makes `/healthz` "degraded", still 200: the voice service works for everyone connected.
     public var pushStatus: (@Sendable () -> AdminAPI.PushStatus)?
+    /// The transport certificate's expiry: `/healthz` is "degraded" within two weeks of it (the
+    /// readiness check makes it "unavailable" once it has passed). Nil: not checked.
+    public var certificateExpiry: CertificateExpiry?
     /// Where every change made through the API is logged (notice level), as an audit trail: who was
     /// removed, which token revoked or issued, which channel changed. Nil logs nothing.
     public var auditLog: Logger?
@@ -45,7 +48,8 @@ public struct AdminContext: Sendable {
     public init(store: any ChannelStore, tokens: TokenAuthority, adminKey: String, hub: (any AdminHubHooks)? = nil,
                 registry: PrometheusCollectorRegistry = PrometheusCollectorRegistry(), identitySummary: String,
                 started: Date = Date(), readiness: @escaping @Sendable () async -> Readiness = { .ready },
-                pushStatus: (@Sendable () -> AdminAPI.PushStatus)? = nil, auditLog: Logger? = nil) {
+                pushStatus: (@Sendable () -> AdminAPI.PushStatus)? = nil, certificateExpiry: CertificateExpiry? = nil,
+                auditLog: Logger? = nil) {
         self.store = store
         self.tokens = tokens
         self.adminKey = adminKey
@@ -55,6 +59,7 @@ public struct AdminContext: Sendable {
         self.started = started
         self.readiness = readiness
         self.pushStatus = pushStatus
+        self.certificateExpiry = certificateExpiry
         self.auditLog = auditLog
     }
 
@@ -337,6 +342,10 @@ public enum AdminAPI {
         if reason == nil, let pushes, pushes.status == "failing" {
             status = "degraded"
             reason = "wake pushes are failing, so members who are not connected are not woken: \(pushes.reason ?? "see the log")"
+        }
+        if status != "unavailable", case .expiresSoon(let why)? = admin.certificateExpiry?.status() {
+            status = "degraded"
+            reason = reason.map { "\($0); and \(why)" } ?? why
         }
         let health = Health(status: status, reason: reason, version: SquelchInfo.version,
                             uptimeSeconds: Date().timeIntervalSince(admin.started), certificate: admin.identitySummary,

@@ -164,20 +164,24 @@ public struct SquelchServer: Sendable {
         voiceBox.withLockedValue { $0 = voice }
         var pushStatus: (@Sendable () -> AdminAPI.PushStatus)?
         if let dispatcher { pushStatus = { dispatcher.pushHealth.status } }
+        let certificateExpiry = CertificateExpiry(subject: "\(identity.leaf.subject)", notValidAfter: identity.leaf.notValidAfter)
         let admin = AdminContext(
             store: store, tokens: tokens, adminKey: adminKey, hub: voice,
             registry: metrics.registry, identitySummary: identity.summary,
             readiness: {
                 guard voice.isRunning else { return .unavailable(reason: "the voice transport is not running") }
+                if case .expired(let why) = certificateExpiry.status() { return .unavailable(reason: why) }
                 if let problem = await voice.transportProblem() { return .unavailable(reason: problem) }
                 return writer.unhealthyReason().map { .unavailable(reason: $0) } ?? .ready
             },
             pushStatus: pushStatus,
+            certificateExpiry: certificateExpiry,
             auditLog: logger)
         // Services stop in reverse order: the admin API, then the voice transport (no new bursts), then the
         // pushes already queued, then the simulator they may be going to, and the database last.
         var services: [ServiceGroupConfiguration.ServiceConfiguration] = [
             .init(service: StoreService(writer: writer, store: store, logger: logger)),
+            .init(service: CertificateWatch(expiry: certificateExpiry, logger: logger)),
         ]
         if let (simulator, _) = push.simulator { services.append(.init(service: SimulatorService(simulator: simulator, logger: logger))) }
         if let dispatcher { services.append(.init(service: dispatcher)) }

@@ -255,6 +255,36 @@ struct RecordingLogHandler: LogHandler {
         }
     }
 
+    /// A certificate that expires while the server runs: clients refuse it from that moment, so
+    /// `/healthz` warns two weeks ahead ("degraded", still 200) and the log says so once a day; the
+    /// squelchd readiness check makes an expired one "unavailable" (503).
+    @Test func healthzWarnsOfACertificateAboutToExpire() async throws {
+        let now = Date()
+        let soon = CertificateExpiry(subject: "CN=squelchd", notValidAfter: now.addingTimeInterval(3 * 86_400 + 60))
+        guard case .expiresSoon(let text) = soon.status(at: now) else { Issue.record("not flagged: \(soon.status(at: now))"); return }
+        #expect(text.contains("in 3 days") && text.contains("CN=squelchd") && text.contains("--cert"), "\(text)")
+        #expect(CertificateExpiry(subject: "CN=x", notValidAfter: now.addingTimeInterval(30 * 86_400)).status(at: now) == .fine)
+        guard case .expired(let gone) = CertificateExpiry(subject: "CN=x", notValidAfter: now.addingTimeInterval(-1)).status(at: now) else {
+            Issue.record("an expired certificate is not flagged"); return
+        }
+        #expect(gone.contains("every client refuses the handshake"))
+        // The log looks again when the warning window opens, then daily, then hourly once expired.
+        #expect(CertificateExpiry(subject: "CN=x", notValidAfter: now.addingTimeInterval(15 * 86_400)).nextLook(at: now) == 86_400)
+        #expect(soon.nextLook(at: now) == 86_400)
+        #expect(CertificateExpiry(subject: "CN=x", notValidAfter: now.addingTimeInterval(-5)).nextLook(at: now) == 3_600)
+
+        let fixture = try await AdminFixture()
+        defer { Task { await fixture.cleanUp() } }
+        var context = fixture.context
+        context.certificateExpiry = soon
+        try await Application(router: AdminAPI.router(context: context)).test(.router) { client in
+            let response = try await client.execute(uri: "/healthz", method: .get)
+            #expect(response.status == .ok)
+            let health = try response.decode(AdminAPI.Health.self)
+            #expect(health.status == "degraded" && health.reason?.contains("expires at") == true, "\(health)")
+        }
+    }
+
     @Test func versionAndMetricsNeedNoKey() async throws {
         let fixture = try await AdminFixture()
         defer { Task { await fixture.cleanUp() } }
