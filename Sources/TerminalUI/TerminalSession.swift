@@ -152,6 +152,11 @@ public final class TerminalSession {
         SignalRestore.phase.store(SignalRestore.Phase.active, ordering: .sequentiallyConsistent)
         installHandlers()
         SignalRestore.enterTerminal()
+        // Keys typed before the screen was up (while walkie was joining) are dropped, not read as the
+        // screen's: nothing said what they would do, and the line discipline leaves a Ctrl-D typed in
+        // cooked mode in the queue as a 0 byte, which reads as Ctrl-Space, the talk key with Ctrl, and
+        // latched a transmission (found by an operator pressing Ctrl-D to give up a slow join).
+        _ = tcflush(input, TCIFLUSH)
         if options.probeKeyboard { write(Self.keyboardProbe) }
     }
 

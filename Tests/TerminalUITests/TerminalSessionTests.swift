@@ -138,6 +138,24 @@ struct TerminalSessionTests {
         again.restore()
     }
 
+    @Test("keys typed before the screen starts are dropped, a cooked-mode Ctrl-D among them")
+    func typeAheadIsDropped() throws {
+        let pty = try PseudoTerminal()
+        #expect(pty.isCooked)
+        // Typed while walkie was still joining: a Ctrl-D (which the line discipline queues as a 0
+        // byte, read as Ctrl-Space in raw mode) and a space.
+        pty.type("\u{04} ")
+        usleep(50_000)
+        let session = try TerminalSession(input: pty.slave, output: pty.slave, options: .init(probeKeyboard: false))
+        try session.start()
+        defer { session.restore() }
+        let input = session.waitForInput(timeout: 200_000_000)
+        #expect(input.bytes.isEmpty && !input.endOfInput, "\(input.bytes)")
+        // What is typed once the screen is up arrives as ever.
+        pty.type("q")
+        #expect(session.waitForInput(timeout: 2_000_000_000).bytes == Array("q".utf8))
+    }
+
     @Test("one session per process")
     func oneSession() throws {
         let pty = try PseudoTerminal()
