@@ -542,6 +542,10 @@ public struct ServerConfiguration: Sendable, Equatable {
             let path = url?.path ?? ""
             try check(url?.scheme == "https" && !(url?.host ?? "").isEmpty && (path.isEmpty || path == "/"), "apns",
                       "apns '\(apns)' is not simulator, apple, off or an https://host[:port] URL")
+            // Foundation takes any number for the port: 99999 would connect to 34463 (it wraps).
+            if let port = url?.port {
+                try check((1...65_535).contains(port), "apns", "apns '\(apns)' has port \(port); the port must be 1-65535")
+            }
         }
         try check(pushWakeSilenceSeconds.isFinite && pushWakeSilenceSeconds >= 0.1 && pushWakeSilenceSeconds <= 3600, "pushWakeSilenceSeconds",
                   "push wake silence \(pushWakeSilenceSeconds.formatted()) s is out of range; use 0.1-3600 seconds")

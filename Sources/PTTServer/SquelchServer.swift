@@ -100,6 +100,11 @@ public struct SquelchServer: Sendable {
             // handshake with a name mismatch, and the server's log would otherwise say nothing.
             logger.warning("the voice transport listens on \(configuration.host), beyond this machine, but its certificate is only for \(names.joined(separator: ", ")): clients on other machines will refuse it, since the name they connect to is not in it. Serve a certificate issued for the name or address clients use (--cert and --key; certs/README.md says how to make one with the dev CA)")
         }
+        if !ServerConfiguration.isLoopback(configuration.host), configuration.pushTarget == .simulator {
+            // The default suits a machine's own tests; served to real phones, it accepts every push
+            // and wakes nobody, and /healthz reports pushes as fine.
+            logger.warning("the voice transport listens on \(configuration.host), beyond this machine, but wake pushes go to the embedded APNs simulator, which wakes no real phone: members whose app sleeps will not hear a burst. For real devices set \(ServerConfiguration.setting("apns").howToSet) to apple (with the APNs key, key id, team id and topic), or to off")
+        }
         if !FileManager.default.fileExists(atPath: dataDirectory + "/" + SQLiteChannelStore.defaultFileName) {
             // A server started from another working directory, or by a unit without one, would otherwise
             // come up empty in silence: no channels, and a new token key that calls every token forged.

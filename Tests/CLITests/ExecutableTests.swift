@@ -185,12 +185,12 @@ enum Executables {
         defer { try? FileManager.default.removeItem(at: dir) }
         let certs = dir.appendingPathComponent("certs").path
         try Executables.makeDevCertificates(into: certs)
-        func serve() async throws -> String {
+        func serve(pushes: [String] = ["--apns", "off"]) async throws -> String {
             let process = Process()
             process.executableURL = Executables.url("squelchd")
-            process.arguments = ["serve", "--host", "0.0.0.0", "--port", "0", "--admin-port", "0", "--apns", "off",
+            process.arguments = ["serve", "--host", "0.0.0.0", "--port", "0", "--admin-port", "0",
                                  "--data-dir", dir.appendingPathComponent("data").path,
-                                 "--cert", certs + "/server-chain.pem", "--key", certs + "/server.key"]
+                                 "--cert", certs + "/server-chain.pem", "--key", certs + "/server.key"] + pushes
             let err = Pipe()
             process.standardError = err
             let log = PipeCollector(err)
@@ -207,6 +207,11 @@ enum Executables {
         try Executables.makeDevCertificates(into: certs, names: ["voice.example.org"])
         let named = try await serve()
         #expect(!named.contains("clients on other machines will refuse it"), "\(named)")
+        #expect(!named.contains("APNs simulator, which wakes no real phone"), "\(named)")
+        // Serving the network with pushes still going to the embedded simulator (the default):
+        // real phones are never woken, and /healthz says pushes are fine. Said at start.
+        let simulated = try await serve(pushes: Executables.simulatorArguments(certs: certs))
+        #expect(simulated.contains("wake pushes go to the embedded APNs simulator, which wakes no real phone"), "\(simulated)")
     }
 
     /// Starts the real server on a free port with certificates from the real script, asks /healthz,

@@ -141,6 +141,8 @@ import Testing
             (ConfigurationOverrides(), ["SQUELCH_ADMIN_KEY": "short"], ["at least 16", "SQUELCH_ADMIN_KEY"]),
             (ConfigurationOverrides(), ["SQUELCH_DISCONNECT_GRACE_SECONDS": "soon"], ["SQUELCH_DISCONNECT_GRACE_SECONDS='soon' is not a number"]),
             (ConfigurationOverrides(apns: "http://apns.example"), [:], ["apns 'http://apns.example'", "--apns"]),
+            (ConfigurationOverrides(apns: "https://127.0.0.1:99999"), [:], ["has port 99999", "1-65535", "--apns"]),
+            (ConfigurationOverrides(apns: "https://127.0.0.1:0"), [:], ["has port 0"]),
             (ConfigurationOverrides(apnsKeyID: "short"), [:], ["10-character Key ID", "--apns-key-id"]),
             (ConfigurationOverrides(apnsTopic: "org.example.app"), [:], ["<bundle id>.voip-ptt", "--apns-topic"]),
             (ConfigurationOverrides(apnsPoolSize: 0), [:], ["pool size 0"]),
