@@ -2,6 +2,7 @@ import ChannelProtocol
 import ChannelStore
 import Foundation
 import Hummingbird
+import HummingbirdCore
 import Logging
 import NIOCore
 import ParticipantTokens
@@ -168,6 +169,14 @@ public enum AdminAPI {
     }
 
     /// Builds the router.
+    /// The HTTP server the API runs on: HTTP/1.1, closing a connection that sends nothing for
+    /// `idleTimeout`, half-sent requests included. Without it a client that sent half its headers
+    /// held its connection for good, and one that stalled mid-body held squelchd's shutdown for its
+    /// whole 30 s budget, before the voice members were told the server was going away.
+    public static func httpServer(idleTimeout: Duration = .seconds(10)) -> HTTPServerBuilder {
+        .http1(configuration: .init(idleTimeout: TimeAmount(idleTimeout)))
+    }
+
     public static func router(context admin: AdminContext) -> Router<BasicRequestContext> {
         let router = Router()
         router.get("/healthz") { _, _ in try await health(admin) }

@@ -61,6 +61,7 @@ public struct SquelchServer: Sendable {
         let host = configuration.adminHost
         return Application(
             router: AdminAPI.router(context: context),
+            server: AdminAPI.httpServer(),
             configuration: .init(address: .hostname(host, port: configuration.adminPort), serverName: "squelchd"),
             onServerRunning: { channel in
                 let port = channel.localAddress?.port ?? 0

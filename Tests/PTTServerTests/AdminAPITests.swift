@@ -2,6 +2,8 @@ import ChannelHub
 import ChannelProtocol
 import ChannelStore
 import Foundation
+import Glibc
+import NIOConcurrencyHelpers
 import Hummingbird
 import HummingbirdTesting
 import Logging
@@ -217,6 +219,39 @@ struct RecordingLogHandler: LogHandler {
                 #expect(response.errorMessage == "/v1/channels takes GET, POST, not PUT", "\(response.text)")
             }
         }
+    }
+
+    /// A client that sends half its request and then nothing (slowloris, or a script that died) is
+    /// closed after the idle timeout, rather than holding its connection, and squelchd's shutdown,
+    /// for as long as it likes. A real socket: the timeout lives in the HTTP server, not the router.
+    @Test func aHalfSentRequestIsClosedAfterTheIdleTimeout() async throws {
+        let fixture = try await AdminFixture()
+        defer { Task { await fixture.cleanUp() } }
+        let port = NIOLockedValueBox(0)
+        let app = Application(router: AdminAPI.router(context: fixture.context), server: AdminAPI.httpServer(idleTimeout: .milliseconds(500)),
+                              configuration: .init(address: .hostname("127.0.0.1", port: 0)),
+                              onServerRunning: { channel in port.withLockedValue { $0 = channel.localAddress?.port ?? 0 } })
+        let running = Task { try await app.runService() }
+        defer { running.cancel() }
+        for _ in 0 ..< 200 where port.withLockedValue({ $0 }) == 0 { try await Task.sleep(for: .milliseconds(10)) }
+        let socket = Glibc.socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        defer { close(socket) }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = in_port_t(UInt16(port.withLockedValue { $0 }).bigEndian)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        let connected = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(socket, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+        }
+        #expect(connected == 0)
+        let half = Array("GET /heal".utf8)
+        #expect(send(socket, half, half.count, 0) == half.count)
+        let started = ContinuousClock.now
+        var ready = pollfd(fd: socket, events: Int16(POLLIN), revents: 0)
+        #expect(poll(&ready, 1, 5_000) == 1, "still open after 5 s")
+        var buffer = [UInt8](repeating: 0, count: 512)
+        #expect(recv(socket, &buffer, buffer.count, 0) == 0, "closed, not answered")
+        #expect(ContinuousClock.now - started < .seconds(3))
     }
 
     /// The endpoint table behind 405 agrees with the router: each listed method reaches a handler
