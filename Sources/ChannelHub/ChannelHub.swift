@@ -357,8 +357,11 @@ public final class ChannelHub {
     }
 
     /// The connection closed (or timed out). A joined member turns `reconnecting` and keeps its
-    /// place, and the floor if it held it, for the grace period.
-    public func closed(_ link: Link, at time: HubTime) {
+    /// place, and the floor if it held it, for the grace period. `deliberately`: its client closed it
+    /// on purpose (CONNECTION_CLOSE with `CloseCode.normal`: the app quit, or went to the
+    /// background), so there is nothing to wait for: it is `offline` at once, and its floor or place
+    /// in the queue goes now. (Every `walkie talk` showed its member `reconnecting` for 2 s after.)
+    public func closed(_ link: Link, deliberately: Bool = false, at time: HubTime) {
         controlBudget[link] = nil
         unjoined[link] = nil
         rosterStreams[link] = nil
@@ -371,7 +374,10 @@ public final class ChannelHub {
         member.link = nil
         member.silentSince = nil
         member.lastSeen = time.date
-        if !wasOffline {
+        if deliberately {
+            member.connection = .offline
+            member.reconnectingUntil = nil
+        } else if !wasOffline {
             member.connection = .reconnecting
             member.reconnectingUntil = time.instant + configuration.disconnectGrace
             reconnecting.append((channel, slot))
@@ -380,7 +386,12 @@ public final class ChannelHub {
         stopCatchUp(&member, in: channel)
         channel.members[slot] = member
         dropExpiry { $0.channel === channel && $0.slot == slot }
-        channel.floor.disconnected(slot, now: time.instant.nanoseconds)
+        if deliberately {
+            if channel.floor.mayTalk(slot) { channel.endReasons[slot] = "disconnected" }
+            channel.floor.release(slot, now: time.instant.nanoseconds)
+        } else {
+            channel.floor.disconnected(slot, now: time.instant.nanoseconds)
+        }
         applyFloorEvents(channel, at: time)
         listenersChanged(channel)
         if !wasOffline { outputs.append(.send(.participant(member.participant), to: channel.links(except: slot))) }

@@ -59,7 +59,9 @@ final class HubDriver: WireServerDelegate {
             logger.debug("connection closed", metadata: ["link": "\(handle)", "why": "\(error)"])
             backlog.remove(handle)
             rosterWaits[handle] = nil
-            hub.closed(handle, at: Self.now())
+            var deliberately = false
+            if case .peer(let code, _, true) = error { deliberately = code == CloseCode.normal.rawValue }
+            hub.closed(handle, deliberately: deliberately, at: Self.now())
         default: return
         }
         flush()

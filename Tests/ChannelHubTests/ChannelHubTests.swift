@@ -1152,6 +1152,29 @@ final class Harness {
         #expect(h.hub.roster(of: h.channel.id).first { $0.userID == "ann" }?.connection == .offline)
     }
 
+    /// A client that closes its connection on purpose (the app quit, `walkie talk` done) is offline
+    /// at once, and its floor goes to the next in the queue now, not after the grace period.
+    @Test func aDeliberateCloseIsOfflineAtOnceAndFreesTheFloor() throws {
+        let h = Harness()
+        let ann = h.join("ann"), bob = h.join("bob"), cat = h.join("cat")
+        h.send(.floorRequest(), from: ann.link)
+        h.send(.floorRequest(), from: bob.link)
+        h.send(.floorRequest(), from: cat.link)
+        #expect(h.floorEvents(to: cat.link).last?.position == 2)
+        // Bob, waiting, quits: out of the queue at once.
+        h.hub.closed(bob.link, deliberately: true, at: h.time)
+        h.drain()
+        #expect(h.floorEvents(to: cat.link).last?.position == 1)
+        #expect(h.hub.roster(of: h.channel.id).first { $0.userID == "bob" }?.connection == .offline)
+        // Ann, talking, quits: Cat has the floor without waiting out the grace.
+        h.hub.closed(ann.link, deliberately: true, at: h.time)
+        h.drain()
+        #expect(h.floorEvents(to: cat.link).last?.kind == .granted)
+        #expect(h.messages(to: cat.link).contains(.participant(Participant(slot: ann.slot, userID: "ann", name: "Ann", connection: .offline))))
+        #expect(!h.messages(to: cat.link).contains { if case .participant(let p) = $0 { p.connection == .reconnecting } else { false } })
+        #expect(h.stored.contains { if case .logTransmission(let t) = $0 { t.userID == "ann" && t.endReason == "disconnected" } else { false } })
+    }
+
     @Test func aMemberWhoseConnectionGoesSilentShowsReconnectingUntilHeardAgain() {
         let h = Harness()
         let ann = h.join("ann"), bob = h.join("bob"), cat = h.join("cat")
