@@ -312,9 +312,12 @@ public enum ControlLimits {
 
 /// Application close codes the server puts in CONNECTION_CLOSE (docs/protocol.md §16.5).
 public enum CloseCode: UInt64, Sendable {
-    /// The member left, or the client closed normally.
+    /// The member left, or the client closed on purpose (quit, background): the server shows it
+    /// offline at once.
     case normal = 0
-    /// The server is shutting down or restarting: reconnect (with backoff) and rejoin.
+    /// From the server: it is shutting down or restarting: reconnect (with backoff) and rejoin. From
+    /// a client: this connection is being replaced by a new one; keep the member's place for the
+    /// grace period.
     case goingAway = 1
     /// The join was refused; the `refused` message before the close says why. Don't retry blindly.
     case refused = 2

@@ -433,7 +433,10 @@ actor ManagerEngine {
     // MARK: Connection
 
     func openConnection(_ credentials: ChannelCredentials) async {
-        await closeConnection()
+        // A connection replaced by a new one closes as going away, not normally: squelchd shows a
+        // member whose client closed normally offline at once and gives its floor away, while this
+        // one is back in a moment (its grace period covers that).
+        await closeConnection(code: .goingAway)
         generation += 1
         let g = generation
         let sink = commandSink
@@ -486,14 +489,14 @@ actor ManagerEngine {
         ]
     }
 
-    func closeConnection() async {
+    func closeConnection(code: CloseCode = .normal) async {
         guard let client else { return }
         self.client = nil
         generation += 1
         let tasks = connectionTasks
         connectionTasks = []
         await Self.waitUntilControlAcknowledged(client, atMost: .milliseconds(1_500))
-        await client.close(code: CloseCode.normal.rawValue, reason: "client closed")
+        await client.close(code: code.rawValue, reason: code == .normal ? "client closed" : "client reconnecting")
         for task in tasks { task.cancel() }
     }
 

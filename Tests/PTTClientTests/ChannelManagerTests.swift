@@ -995,7 +995,8 @@ final class FlakyPushTransport: PushTransport {
         #expect(await annDelegate.wait(for: .didJoin(.developerRequest)))
         #expect(await bobDelegate.wait(for: .didJoin(.developerRequest)))
         ann.suspend()
-        #expect(await eventually { bob.roster.first { $0.userID == "ann" }?.connection == .reconnecting })
+        // Suspending closes the connection on purpose: offline at once, not reconnecting first.
+        #expect(await eventually { bob.roster.first { $0.userID == "ann" }?.connection == .offline })
         return Pair(ann: ann, bob: bob, annDelegate: annDelegate, annEvents: annEvents, credentials: credentials)
     }
 
