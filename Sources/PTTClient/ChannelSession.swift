@@ -519,7 +519,7 @@ struct ChannelSession {
         roster.values.sorted { $0.slot < $1.slot }.map { p in
             RosterEntry(userID: p.userID, name: p.name, role: p.role, priority: p.priority, canTalk: p.canTalk,
                         canListen: p.canListen, connection: p.connection, talking: p.talking, muted: p.muted,
-                        subscribe: unheard.contains(p.userID) ? .none : .audio, isLocal: p.slot == you)
+                        subscribe: unheard.contains(p.userID) ? .none : .audio, isLocal: p.slot == you, slot: p.slot)
         }
     }
 

@@ -145,6 +145,9 @@ public struct RosterEntry: Sendable, Hashable {
     public var subscribe: SubscribeType
     /// This is you.
     public var isLocal: Bool
+    /// Their number in the channel while the server runs: what `BurstStatistics.slot` and the audio
+    /// name them by.
+    public var slot: UInt16
 }
 
 /// Decides, per participant, whether to hear them (after the IVS stage strategy). Evaluated when a

@@ -357,7 +357,9 @@ struct Listen: AsyncParsableCommand {
             for await event in manager.events {
                 switch event {
                 case .burstFinished(let s):
-                    say("heard a burst: \(s.framesDue) frames, \(s.lost) lost")
+                    // Named: in full duplex several bursts end together.
+                    let who = manager.roster.first { $0.slot == s.slot }.map { " from \($0.name)" } ?? ""
+                    say("heard a burst\(who): \(s.framesDue) frames, \(s.lost) lost")
                 case .notice(let text):
                     seen.withLockedValue { $0.notice = text }
                 case .outputFailed(let reason):

@@ -255,7 +255,8 @@ enum Interactive {
                         // The manager ended the transmission with the file (`endTransmissionWhenInputEnds`).
                         state.status = .init("The input file ended: floor released; press again to send it again")
                     case .burstFinished(let s):
-                        state.lastBurst = "\(s.framesDue) frames, \(s.lost) lost"
+                        let who = manager.roster.first { $0.slot == s.slot }.map { "\($0.name), " } ?? ""
+                        state.lastBurst = "\(who)\(s.framesDue) frames, \(s.lost) lost"
                     default:
                         if let (line, isError) = describe(event, tokenFile: tokenFile) { state.status = .init(line, isError: isError) }
                     }

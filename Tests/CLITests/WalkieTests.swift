@@ -124,7 +124,7 @@ import Testing
         #expect(listener.process.terminationStatus == 0, "\(listener.err.contents)")
         // Every frame sent is counted once, none lost on loopback, none made up while waiting.
         let sent = talk.out.firstMatch(of: /in (\d+) frames/).map { String($0.1) }
-        #expect(sent != nil && listener.out.contents.contains("heard a burst: \(sent ?? "?") frames, 0 lost"),
+        #expect(sent != nil && listener.out.contents.contains("heard a burst from Ann: \(sent ?? "?") frames, 0 lost"),
                 "talk: \(talk.out) listen: \(listener.out.contents)")
         // The speech's loudness contour is in the recording, intact: same shape, same length.
         let said = try Self.envelope(world.speech), got = try Self.envelope(heard)
