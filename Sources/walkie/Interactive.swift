@@ -187,8 +187,7 @@ enum Interactive {
                     switch event {
                     case .failedToBegin(let error):
                         state.requesting = false
-                        let who = manager.activeRemoteParticipant.map { "\($0.name) is talking" }
-                        state.status = .init(error.code == .transmissionInProgress ? "Floor busy: \(who ?? error.message); wait for the channel to clear"
+                        state.status = .init(error.code == .transmissionInProgress ? "Floor busy: \(Talk.busyWith(manager)); wait for the channel to clear"
                                                                                      : "Can't talk: \(error.message)", isError: true)
                     case .began:
                         state.requesting = false
@@ -446,7 +445,12 @@ enum Interactive {
             } else if remote != nil {
                 model.localState = .receiving
             }
-            model.activeSpeaker = manager.isTransmitting ? "you" : remote?.name
+            // Everyone talking, as full duplex allows several (the manager's active participant is
+            // one of them); only while connected, when the roster is current.
+            var speakers = manager.serviceStatus == .ready ? manager.roster.filter { $0.talking && !$0.isLocal }.map(\.name) : []
+            if let remote, !speakers.contains(remote.name) { speakers.insert(remote.name, at: 0) }
+            if manager.isTransmitting { speakers.insert("you", at: 0) }
+            model.activeSpeaker = speakers.isEmpty ? nil : speakers.joined(separator: ", ")
             model.roster = manager.roster
                 .sorted { ($0.talking ? 0 : 1, $0.name) < ($1.talking ? 0 : 1, $1.name) }
                 .map { entry in
