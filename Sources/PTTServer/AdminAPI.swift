@@ -18,6 +18,9 @@ public struct AdminContext: Sendable {
     public var tokens: TokenAuthority
     /// The bearer key every `/v1` request must present (`ServerConfiguration.resolveAdminKey()`).
     public var adminKey: String
+    /// Where `adminKey` comes from, in words, for a 401's advice: "the one in <data-dir>/admin-key",
+    /// the key file, or the setting.
+    public var adminKeySource = "the one in <data-dir>/admin-key, unless set with --admin-key-file, SQUELCH_ADMIN_KEY or SQUELCH_ADMIN_KEY_FILE"
     /// The live channel hub, told about edits so that connected members see them at once. `nil` when
     /// the API runs without a hub (the roster is then empty and edits take effect at the next poll).
     public var hub: (any AdminHubHooks)?
@@ -193,7 +196,7 @@ public enum AdminAPI {
 
         let v1 = router.group("v1")
             .add(middleware: JSONErrorMiddleware())
-            .add(middleware: BearerAuthMiddleware(key: admin.adminKey))
+            .add(middleware: BearerAuthMiddleware(key: admin.adminKey, source: admin.adminKeySource))
         let store = admin.store
 
         v1.get("channels") { _, _ in
@@ -687,21 +690,26 @@ struct UnknownEndpointMiddleware<Context: RequestContext>: RouterMiddleware {
 /// Checks `Authorization: Bearer <key>` in constant time.
 struct BearerAuthMiddleware<Context: RequestContext>: RouterMiddleware {
     let key: [UInt8]
+    /// Where the key is, for the 401's advice.
+    let source: String
 
-    init(key: String) { self.key = Array(key.utf8) }
+    init(key: String, source: String) {
+        self.key = Array(key.utf8)
+        self.source = source
+    }
 
     func handle(_ request: Request, context: Context,
                 next: (Request, Context) async throws -> Response) async throws -> Response {
         let challenge: HTTPFields = [.wwwAuthenticate: "Bearer"]
         guard let header = request.headers[.authorization] else {
-            throw AdminError(.unauthorized, "missing Authorization header; send 'Authorization: Bearer <admin key>' (the key is in <data-dir>/admin-key unless set with SQUELCH_ADMIN_KEY)", headers: challenge)
+            throw AdminError(.unauthorized, "missing Authorization header; send 'Authorization: Bearer <admin key>' (this server's key is \(source))", headers: challenge)
         }
         let parts = header.split(separator: " ", maxSplits: 1, omittingEmptySubsequences: true)
         guard parts.count == 2, parts[0].lowercased() == "bearer" else {
             throw AdminError(.unauthorized, "the Authorization header must be 'Bearer <admin key>'", headers: challenge)
         }
         guard Self.constantTimeEqual(Array(parts[1].trimmingCharacters(in: .whitespaces).utf8), key) else {
-            throw AdminError(.unauthorized, "wrong admin key; use the key in <data-dir>/admin-key or the one set with SQUELCH_ADMIN_KEY", headers: challenge)
+            throw AdminError(.unauthorized, "wrong admin key; this server's key is \(source)", headers: challenge)
         }
         return try await next(request, context)
     }

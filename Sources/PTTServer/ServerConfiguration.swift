@@ -601,6 +601,13 @@ public struct ServerConfiguration: Sendable, Equatable {
 
     /// The admin API key: `adminKey` if set, else the contents of `adminKeyFile`, else the key in
     /// `<dataDirectory>/admin-key`, generated there (mode 0600) on first use. Call after `prepare()`.
+    /// Where `resolveAdminKey` finds the key, in words (a 401 says it).
+    public var adminKeySource: String {
+        if adminKey != nil { return "the one set with SQUELCH_ADMIN_KEY or \"adminKey\" in the config file" }
+        if let adminKeyFile { return "the one in \(adminKeyFile) (--admin-key-file)" }
+        return "the one in \(generatedAdminKeyPath)"
+    }
+
     public func resolveAdminKey() throws(ConfigurationError) -> String {
         if let adminKey { return adminKey }
         if let adminKeyFile {

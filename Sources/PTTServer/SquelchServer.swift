@@ -111,6 +111,9 @@ public struct SquelchServer: Sendable {
             // come up empty in silence: no channels, and a new token key that calls every token forged.
             logger.warning("no database in \(dataDirectory): starting a new one, with no channels. If this server had channels, it kept them in another directory: stop it and pass that one with --data-dir (a relative path counts from the working directory)")
         }
+        // A configured key file is checked before anything is made in the data directory: a bad one
+        // used to stop the start only after the database and token key were created.
+        if configuration.adminKey == nil, configuration.adminKeyFile != nil { _ = try configuration.resolveAdminKey() }
         // Before the database: a second server must not even migrate or prune it.
         let lock = try DataDirectoryLock(directory: dataDirectory)
         defer { withExtendedLifetime(lock) {} }
@@ -171,7 +174,7 @@ public struct SquelchServer: Sendable {
         var pushStatus: (@Sendable () -> AdminAPI.PushStatus)?
         if let dispatcher { pushStatus = { dispatcher.pushHealth.status } }
         let certificateExpiry = CertificateExpiry(subject: "\(identity.leaf.subject)", notValidAfter: identity.leaf.notValidAfter)
-        let admin = AdminContext(
+        var admin = AdminContext(
             store: store, tokens: tokens, adminKey: adminKey, hub: voice,
             registry: metrics.registry, identitySummary: identity.summary,
             readiness: {
@@ -183,6 +186,7 @@ public struct SquelchServer: Sendable {
             pushStatus: pushStatus,
             certificateExpiry: certificateExpiry,
             auditLog: logger)
+        admin.adminKeySource = configuration.adminKeySource
         // Services stop in reverse order: the admin API, then the voice transport (no new bursts), then the
         // pushes already queued, then the simulator they may be going to, and the database last.
         var services: [ServiceGroupConfiguration.ServiceConfiguration] = [

@@ -154,6 +154,16 @@ enum Executables {
         #expect(result.err.contains("the admin key \(keyFile) is open to other users (mode 0644)"), "\(result.err)")
         #expect(!result.err.contains("token-key.pem is open"), "the key it made itself is 0600")
         withExtendedLifetime(held) {}  // the port stays taken until squelchd has tried it
+
+        // A key file too short to be a key stops the start before anything is made in the data
+        // directory (it used to come after the database and the token key).
+        let short = dir.appendingPathComponent("short.key").path
+        try "short\n".write(toFile: short, atomically: true, encoding: .utf8)
+        let fresh = dir.appendingPathComponent("fresh").path
+        let refused = try Executables.run("squelchd", ["serve", "--port", "0", "--admin-port", "0", "--apns", "off", "--admin-key-file", short,
+                                                       "--data-dir", fresh, "--cert", certs + "/server-chain.pem", "--key", certs + "/server.key"])
+        #expect(refused.status == 78 && refused.err.contains(short), "\(refused.err)")
+        #expect(!FileManager.default.fileExists(atPath: fresh + "/squelch.sqlite") && !FileManager.default.fileExists(atPath: fresh + "/token-key.pem"))
     }
 
     /// The embedded APNs simulator's port taken: said in words, with the settings to change, not as

@@ -353,6 +353,18 @@ struct RecordingLogHandler: LogHandler {
             #expect(wrong.status == .unauthorized)
             #expect(wrong.headers[.wwwAuthenticate] == "Bearer")
             #expect(wrong.errorMessage.contains("wrong admin key"))
+        }
+        // The 401 names where this server's key is: with a key file, that file, not a stale
+        // <data-dir>/admin-key left from before.
+        var configuration = ServerConfiguration()
+        configuration.adminKeyFile = "/etc/squelch/admin.key"
+        var context = fixture.context
+        context.adminKeySource = configuration.adminKeySource
+        try await Application(router: AdminAPI.router(context: context)).test(.router) { client in
+            let wrong = try await client.send(.get, "/v1/channels", key: AdminFixture.key + "x")
+            #expect(wrong.errorMessage == "wrong admin key; this server's key is the one in /etc/squelch/admin.key (--admin-key-file)", "\(wrong.errorMessage)")
+        }
+        try await fixture.application.test(.router) { client in
 
             let prefix = try await client.send(.get, "/v1/channels", key: String(AdminFixture.key.dropLast()))
             #expect(prefix.status == .unauthorized)
