@@ -143,6 +143,8 @@ enum Interactive {
         /// it no other way.
         var leavePushed = false
         var lastBurst: String?
+        /// Since when a floor notice ("Floor busy", "Floor taken away") has stood over a quiet channel.
+        var floorNoticeQuietSince: UInt64?
         /// SIGTERM or SIGHUP arrived: quit as `q` would, so that the output WAV is completed.
         var stopRequested = false
     }
@@ -420,6 +422,20 @@ enum Interactive {
         }
 
         func render(time: UInt64, muted: Bool) -> Frame {
+            // A floor notice says how the last press went; once the channel has been quiet for 5 s
+            // after it, it is history (it used to stay over "Idle" until the next key).
+            let quiet = manager.activeRemoteParticipant == nil && !manager.isTransmitting
+            shared.withLockedValue { s in
+                guard let text = s.status?.text, text.hasPrefix("Floor busy") || text.hasPrefix("Floor taken away"), quiet, !s.requesting else {
+                    s.floorNoticeQuietSince = nil
+                    return
+                }
+                guard let since = s.floorNoticeQuietSince else { s.floorNoticeQuietSince = time; return }
+                if time - since >= 5_000_000_000 {
+                    s.status = nil
+                    s.floorNoticeQuietSince = nil
+                }
+            }
             let state = shared.withLockedValue { $0 }
             let figures = statistics.withLockedValue { $0 }
             let ptt = keyboard.holdToTalk
