@@ -176,9 +176,11 @@ public final class ChannelHub {
     /// The roster as an operator sees it, with each connected listener's reported loss.
     public func liveRoster(of id: UUID) -> [LiveMember] {
         guard let channel = channels[id] else { return [] }
+        let queue = channel.floor.queuedMembers
         return channel.members.values.sorted { $0.slot < $1.slot }.map { member in
             LiveMember(participant: member.participant,
-                       receptionLoss: member.link != nil && member.canListen ? member.receptionLoss : nil)
+                       receptionLoss: member.link != nil && member.canListen ? member.receptionLoss : nil,
+                       queuePosition: queue.firstIndex(of: member.slot).map { $0 + 1 })
         }
     }
 

@@ -166,6 +166,9 @@ final class Harness {
         h.send(.floorRequest(), from: ann.link)
         h.send(.floorRequest(), from: bob.link)
         #expect(h.floorEvents(to: bob.link).last?.kind == .queued)
+        // The admin API's live roster shows who waits, and where.
+        #expect(h.hub.liveRoster(of: h.channel.id).map { "\($0.participant.userID) \($0.queuePosition.map(String.init) ?? "-")" }
+                == ["ann -", "bob 1", "cy -"])
         h.send(.floorRequest(request: 5, queue: false), from: cy.link)
         let answer = try #require(h.floorEvents(to: cy.link).last)
         #expect(answer.kind == .denied && answer.cause == .busy && answer.request == 5)
