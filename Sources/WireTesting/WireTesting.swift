@@ -44,9 +44,10 @@ public struct TestPKI: Sendable {
 
     public var validator: CertificateValidator { CertificateValidator(roots: [ca]) }
 
-    /// A server identity for `names` (DNS names or IP literals), valid between the given dates.
+    /// A server identity for `names` (DNS names or IP literals), valid between the given dates (90
+    /// days ahead by default: squelchd calls a certificate within 14 days of its end degraded).
     public func identity(names: [String] = ["localhost", "127.0.0.1"], notBefore: Date = Date().addingTimeInterval(-3_600),
-                  notAfter: Date = Date().addingTimeInterval(86_400)) throws -> ServerIdentity {
+                  notAfter: Date = Date().addingTimeInterval(86_400 * 90)) throws -> ServerIdentity {
         let key = P256.Signing.PrivateKey()
         let sans: [GeneralName] = names.map { name in
             if let ip = IPv4Address(name) { return .ipAddress(ASN1OctetString(contentBytes: ArraySlice(ip.bytes))) }

@@ -320,6 +320,18 @@ struct RecordingLogHandler: LogHandler {
         }
     }
 
+    /// An alert on delivered or failed pushes has a series to read from the start, at 0, not "no
+    /// data" until the first push.
+    @Test func thePushCountersExistBeforeTheFirstPush() {
+        let registry = PrometheusCollectorRegistry()
+        _ = PushMetrics(registry: registry)
+        var bytes: [UInt8] = []
+        registry.emit(into: &bytes)
+        let text = String(decoding: bytes, as: UTF8.self)
+        #expect(text.contains(#"squelch_pushes_total{outcome="delivered",reason="Success"} 0"#), "\(text)")
+        #expect(text.contains(#"squelch_pushes_total{outcome="failed",reason="QueueFull"} 0"#), "\(text)")
+    }
+
     @Test func versionAndMetricsNeedNoKey() async throws {
         let fixture = try await AdminFixture()
         defer { Task { await fixture.cleanUp() } }
