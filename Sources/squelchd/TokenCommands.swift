@@ -90,7 +90,7 @@ struct Token: AsyncParsableCommand {
     struct Inspect: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
             abstract: "Show what a participant token holds, and whether it would be let in now.",
-            discussion: "Checks the signature with the token key in the data directory, then the times and the revocations in its database.")
+            discussion: "Checks the signature with the token key in the data directory, then the times and the revocations in its database. Exits 0 if the token would be let in now; 3 if it would not (expired, not yet valid, revoked, or its channel is gone), after the report; 1 if it can't be read (forged, malformed).")
 
         @Argument(help: "The token.") var token: String
         @Flag(help: "Print JSON instead of lines.") var json = false
@@ -134,8 +134,7 @@ struct Token: AsyncParsableCommand {
                                 capabilities: claims.capabilities.sorted().map(\.rawValue), role: claims.role,
                                 priority: Int(claims.priority), issuedAt: claims.issuedAt, expiresAt: claims.expiresAt,
                                 status: status, revocation: revocation)
-            if json { return try printJSON(report) }
-            print("""
+            if json { try printJSON(report) } else { print("""
                 token id      \(report.tokenID)
                 channel       \(report.channel.uuidString)
                 user          \(report.user) (\(report.name))
@@ -145,7 +144,9 @@ struct Token: AsyncParsableCommand {
                 issued        \(report.issuedAt.formatted(.iso8601))
                 expires       \(report.expiresAt.formatted(.iso8601))
                 status        \(status)\(revocation.map { " at \($0.revokedAt.formatted(.iso8601)): \($0.reason)" } ?? "")\(channelExists ? "" : " (no such channel in this data directory: deleted, or the token is for another server; 'squelchd channel list' shows the channels)")
-                """)
+                """) }
+            // Scripts check a token by the exit code, as the server would judge it.
+            if status != "valid" { throw ExitCode(3) }
         }
 
         /// The revocation voiding `claims`, and whether its channel exists, if the database does (a
