@@ -232,7 +232,7 @@ public struct ServerConfiguration: Sendable, Equatable {
             Setting(key: "fullDuplexMaxTalkers", environment: "SQUELCH_FULL_DUPLEX_MAX_TALKERS", flag: "--full-duplex-max-talkers",
                     defaultDescription: "\(defaults.fullDuplexMaxTalkers)", kind: .int(\.fullDuplexMaxTalkers)),
             Setting(key: "disconnectGraceSeconds", environment: "SQUELCH_DISCONNECT_GRACE_SECONDS", flag: "--disconnect-grace-seconds",
-                    defaultDescription: "\(defaults.disconnectGraceSeconds.formatted())", kind: .double(\.disconnectGraceSeconds)),
+                    defaultDescription: "\(SquelchInfo.plainNumber(defaults.disconnectGraceSeconds))", kind: .double(\.disconnectGraceSeconds)),
             Setting(key: "maxQueue", environment: "SQUELCH_MAX_QUEUE", flag: "--max-queue",
                     defaultDescription: "\(defaults.maxQueue)", kind: .int(\.maxQueue)),
             Setting(key: "controlMessagesPerSecond", environment: "SQUELCH_CONTROL_MESSAGES_PER_SECOND", flag: "--control-messages-per-second",
@@ -269,7 +269,7 @@ public struct ServerConfiguration: Sendable, Equatable {
             Setting(key: "apnsSimulatorKeyPath", environment: "SQUELCH_APNS_SIMULATOR_KEY", flag: "--apns-simulator-key",
                     defaultDescription: defaults.apnsSimulatorKeyPath, kind: .string(\.apnsSimulatorKeyPath)),
             Setting(key: "pushWakeSilenceSeconds", environment: "SQUELCH_PUSH_WAKE_SILENCE_SECONDS", flag: "--push-wake-silence-seconds",
-                    defaultDescription: "\(defaults.pushWakeSilenceSeconds.formatted())", kind: .double(\.pushWakeSilenceSeconds)),
+                    defaultDescription: "\(SquelchInfo.plainNumber(defaults.pushWakeSilenceSeconds))", kind: .double(\.pushWakeSilenceSeconds)),
         ]
     }
 
@@ -365,7 +365,7 @@ public struct ServerConfiguration: Sendable, Equatable {
         var kindDescription: String {
             switch self {
             case .null: return "null"
-            case .number(let number): return number.formatted()
+            case .number(let number): return SquelchInfo.plainNumber(number)
             case .bool(let bool): return "\(bool)"
             case .string(let string): return "\"\(string)\""
             case .other: return "an array or object"
@@ -500,7 +500,7 @@ public struct ServerConfiguration: Sendable, Equatable {
         try check(Self.fullDuplexMaxTalkersRange.contains(fullDuplexMaxTalkers), "fullDuplexMaxTalkers",
                   "full-duplex talkers \(fullDuplexMaxTalkers) is out of range; use \(Self.fullDuplexMaxTalkersRange.lowerBound)-\(Self.fullDuplexMaxTalkersRange.upperBound)")
         try check(disconnectGraceSeconds.isFinite && Self.disconnectGraceRange.contains(disconnectGraceSeconds), "disconnectGraceSeconds",
-                  "disconnect grace \(disconnectGraceSeconds.formatted()) s is out of range; use 0-\(Self.disconnectGraceRange.upperBound.formatted()) seconds")
+                  "disconnect grace \(SquelchInfo.plainNumber(disconnectGraceSeconds)) s is out of range; use 0-\(SquelchInfo.plainNumber(Self.disconnectGraceRange.upperBound)) seconds")
         try check(Self.maxQueueRange.contains(maxQueue), "maxQueue",
                   "floor queue length \(maxQueue) is out of range; use \(Self.maxQueueRange.lowerBound)-\(Self.maxQueueRange.upperBound)")
         try check(Self.controlMessageRateRange.contains(controlMessagesPerSecond), "controlMessagesPerSecond",
@@ -548,7 +548,7 @@ public struct ServerConfiguration: Sendable, Equatable {
             }
         }
         try check(pushWakeSilenceSeconds.isFinite && pushWakeSilenceSeconds >= 0.1 && pushWakeSilenceSeconds <= 3600, "pushWakeSilenceSeconds",
-                  "push wake silence \(pushWakeSilenceSeconds.formatted()) s is out of range; use 0.1-3600 seconds")
+                  "push wake silence \(SquelchInfo.plainNumber(pushWakeSilenceSeconds)) s is out of range; use 0.1-3600 seconds")
         guard pushTarget != .off else { return }
         try check(apnsKeyID.count == 10, "apnsKeyID", "the APNs key ID '\(apnsKeyID)' must be the 10-character Key ID from the Apple Developer account")
         try check(apnsTeamID.count == 10, "apnsTeamID", "the APNs team ID '\(apnsTeamID)' must be the 10-character Team ID")

@@ -3,6 +3,13 @@ public enum SquelchInfo {
     /// The release version, printed by `--version` of every executable.
     public static let version = "0.1.0"
 
+    /// A number as a setting is written (`7793.5`, `30`, `1e+20`): no thousands separators or other
+    /// locale forms, which `formatted()` adds ("7,793.5") and which read as a list in an error.
+    public static func plainNumber(_ value: Double) -> String {
+        if value.isFinite, value == value.rounded(), abs(value) < 1e15 { return String(Int64(value)) }
+        return "\(value)"
+    }
+
     /// Levenshtein distance, for the "did you mean" every executable offers for a mistyped name (a
     /// setting, a command): names of a few dozen characters.
     public static func editDistance(_ a: String, _ b: String) -> Int {

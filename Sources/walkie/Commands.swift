@@ -5,6 +5,7 @@ import Foundation
 import ParticipantTokens
 import NIOConcurrencyHelpers
 import PTTClient
+import SquelchInfo
 
 /// A one-shot client (talk, listen) keeps its manager in a directory of its own, so that it never
 /// disturbs the interactive walkie's saved channel. When done it closes its connection rather than
@@ -226,7 +227,7 @@ struct Talk: AsyncParsableCommand {
         }
     }
 
-    static func seconds(_ value: Double) -> String { "\(value.formatted(.number.precision(.fractionLength(0...1)))) s" }
+    static func seconds(_ value: Double) -> String { "\(SquelchInfo.plainNumber((value * 10).rounded() / 10)) s" }
 
     /// Stopped by a signal (the shell's 128 + its number, as a killed process would exit), having
     /// let go of the floor first.

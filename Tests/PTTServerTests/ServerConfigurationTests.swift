@@ -110,7 +110,7 @@ import Testing
             (#"{"port": 77"#, "not valid JSON"),
             (#"[1, 2]"#, "one JSON object"),
             (#"{"port": "7700"}"#, "\"port\" must be a whole number, not \"7700\""),
-            (#"{"port": 7700.5}"#, "\"port\" must be a whole number"),
+            (#"{"port": 7793.5}"#, "\"port\" must be a whole number, not 7793.5"),
             (#"{"host": 1}"#, "\"host\" must be a string"),
             (#"{"logLevel": "loud"}"#, "log level 'loud'"),
         ]
