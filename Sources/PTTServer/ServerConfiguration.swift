@@ -295,7 +295,7 @@ public struct ServerConfiguration: Sendable, Equatable {
         if let path = file ?? environment[configFileEnvironment].flatMap({ $0.isEmpty ? nil : $0 }) {
             try configuration.apply(try fileOverrides(path: path))
         }
-        try configuration.apply(try environmentOverrides(environment))
+        try configuration.apply(try environmentOverrides(environment, except: overrides))
         try configuration.apply(overrides)
         try configuration.validate()
         return configuration
@@ -428,10 +428,19 @@ public struct ServerConfiguration: Sendable, Equatable {
         }
     }
 
-    static func environmentOverrides(_ environment: [String: String]) throws(ConfigurationError) -> ConfigurationOverrides {
+    /// The environment's layer. A setting a flag sets (`flags`) is not read from it: the flag wins
+    /// anyway, and a bad value it replaces must not stop the start ("--port 7700" with a stale
+    /// SQUELCH_PORT=abc exited 78).
+    static func environmentOverrides(_ environment: [String: String],
+                                     except flags: ConfigurationOverrides = ConfigurationOverrides()) throws(ConfigurationError) -> ConfigurationOverrides {
         var layer = ConfigurationOverrides()
         for setting in settings {
             guard let raw = environment[setting.environment], !raw.isEmpty else { continue }
+            switch setting.kind {
+            case .string(let path): if flags[keyPath: path] != nil { continue }
+            case .int(let path): if flags[keyPath: path] != nil { continue }
+            case .double(let path): if flags[keyPath: path] != nil { continue }
+            }
             let text = raw.trimmingCharacters(in: .whitespaces)
             switch setting.kind {
             case .string(let path):

@@ -59,6 +59,11 @@ import Testing
         // Without --config, SQUELCH_CONFIG names the file.
         let viaEnvironment = try ServerConfiguration.load(file: nil, environment: ["SQUELCH_CONFIG": file])
         #expect(viaEnvironment.port == 1000 && viaEnvironment.adminPort == 2000)
+
+        // A flag replaces a bad variable without it being read: a stale SQUELCH_PORT=abc does not
+        // stop a start given --port.
+        let flagged = try ServerConfiguration.load(file: nil, environment: ["SQUELCH_PORT": "abc"], overrides: ConfigurationOverrides(port: 7700))
+        #expect(flagged.port == 7700)
     }
 
     @Test func aLaterAdminKeyFileReplacesAnEarlierKey() throws {
@@ -132,6 +137,7 @@ import Testing
             (ConfigurationOverrides(port: 70_000), [:], ["UDP port 70000", "1-65535", "--port", "SQUELCH_PORT"]),
             (ConfigurationOverrides(adminPort: -1), [:], ["admin port -1", "--admin-port"]),
             (ConfigurationOverrides(), ["SQUELCH_PORT": "seventy"], ["SQUELCH_PORT='seventy' is not a whole number"]),
+            (ConfigurationOverrides(port: 7700), ["SQUELCH_DISCONNECT_GRACE_SECONDS": "soon"], ["SQUELCH_DISCONNECT_GRACE_SECONDS='soon'"]),
             (ConfigurationOverrides(fullDuplexMaxTalkers: 17), [:], ["1-16", "--full-duplex-max-talkers"]),
             (ConfigurationOverrides(fullDuplexMaxTalkers: 0), [:], ["1-16"]),
             (ConfigurationOverrides(maxConnections: 0), [:], ["maximum connections 0"]),
