@@ -305,9 +305,10 @@ public struct ServerConfiguration: Sendable, Equatable {
     /// is an error; across layers the later one replaces the other.
     mutating func apply(_ layer: ConfigurationOverrides) throws(ConfigurationError) {
         if let value = layer.dataDirectory { dataDirectory = value }
-        if let value = layer.host { host = value }
+        // "[::1]", as a URL writes an IPv6 address, is the address ::1.
+        if let value = layer.host { host = Self.unbracketed(value) }
         if let value = layer.port { port = value }
-        if let value = layer.adminHost { adminHost = value }
+        if let value = layer.adminHost { adminHost = Self.unbracketed(value) }
         if let value = layer.adminPort { adminPort = value }
         if layer.adminKey != nil, layer.adminKeyFile != nil {
             throw .invalidValue("both adminKey and adminKeyFile are set; set one of them")
@@ -464,8 +465,15 @@ public struct ServerConfiguration: Sendable, Equatable {
 
     /// Whether `host` (as given to `--admin-host` or `--host`) reaches this machine only: a loopback
     /// address or `localhost`. A name that resolves elsewhere, or a wildcard, does not.
+    static func unbracketed(_ host: String) -> String {
+        host.hasPrefix("[") && host.hasSuffix("]") ? String(host.dropFirst().dropLast()) : host
+    }
+
+    /// `host` as it goes in a URL or before ":port": an IPv6 address in brackets.
+    public static func urlHost(_ host: String) -> String { host.contains(":") ? "[\(host)]" : host }
+
     public static func isLoopback(_ host: String) -> Bool {
-        let bare = host.hasPrefix("[") && host.hasSuffix("]") ? String(host.dropFirst().dropLast()) : host
+        let bare = unbracketed(host)
         if bare.lowercased() == "localhost" { return true }
         var v4 = in_addr()
         if inet_pton(AF_INET, bare, &v4) == 1 { return UInt32(bigEndian: v4.s_addr) >> 24 == 127 }
@@ -580,6 +588,16 @@ public struct ServerConfiguration: Sendable, Equatable {
         try check(Self.portRange.contains(apnsSimulatorPort), "apnsSimulatorPort", "simulator port \(apnsSimulatorPort) is out of range; use 1-65535, or 0")
         try check(Self.portRange.contains(apnsSimulatorControlPort), "apnsSimulatorControlPort",
                   "simulator control port \(apnsSimulatorControlPort) is out of range; use 1-65535, or 0")
+        if pushTarget == .simulator {
+            // All three are TCP ports of this one process: a clash would otherwise be reported as a
+            // port in use by "another squelchd?".
+            for (key, port, name) in [("apnsSimulatorPort", apnsSimulatorPort, "the APNs simulator's port"),
+                                      ("apnsSimulatorControlPort", apnsSimulatorControlPort, "the APNs simulator's control port")] {
+                try check(port == 0 || port != adminPort, key, "the admin API and \(name) are both set to port \(port); give them different ports")
+            }
+            try check(apnsSimulatorPort == 0 || apnsSimulatorPort != apnsSimulatorControlPort, "apnsSimulatorControlPort",
+                      "the APNs simulator's port and its control port are both \(apnsSimulatorPort); give them different ports")
+        }
     }
 
     /// Checks the values and creates the data directory.

@@ -65,7 +65,7 @@ public struct SquelchServer: Sendable {
             configuration: .init(address: .hostname(host, port: configuration.adminPort), serverName: "squelchd"),
             onServerRunning: { channel in
                 let port = channel.localAddress?.port ?? 0
-                logger.notice("admin API listening on http://\(host):\(port)")
+                logger.notice("admin API listening on http://\(ServerConfiguration.urlHost(host)):\(port)")
                 if !ServerConfiguration.isLoopback(host) {
                     // Plain HTTP with a bearer key: anyone on the path reads the key, and anyone who
                     // has it can remove members and issue tokens.

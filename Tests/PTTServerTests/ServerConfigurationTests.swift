@@ -64,6 +64,9 @@ import Testing
         // stop a start given --port.
         let flagged = try ServerConfiguration.load(file: nil, environment: ["SQUELCH_PORT": "abc"], overrides: ConfigurationOverrides(port: 7700))
         #expect(flagged.port == 7700)
+        // An IPv6 address in brackets, as URLs write it, is the address.
+        let bracketed = try ServerConfiguration.load(file: nil, environment: [:], overrides: ConfigurationOverrides(host: "[::1]", adminHost: "[::1]"))
+        #expect(bracketed.host == "::1" && bracketed.adminHost == "::1" && ServerConfiguration.urlHost(bracketed.adminHost) == "[::1]")
     }
 
     @Test func aLaterAdminKeyFileReplacesAnEarlierKey() throws {
@@ -138,6 +141,7 @@ import Testing
             (ConfigurationOverrides(adminPort: -1), [:], ["admin port -1", "--admin-port"]),
             (ConfigurationOverrides(), ["SQUELCH_PORT": "seventy"], ["SQUELCH_PORT='seventy' is not a whole number"]),
             (ConfigurationOverrides(port: 7700), ["SQUELCH_DISCONNECT_GRACE_SECONDS": "soon"], ["SQUELCH_DISCONNECT_GRACE_SECONDS='soon'"]),
+            (ConfigurationOverrides(adminPort: 2198), [:], ["the admin API and the APNs simulator's control port are both set to port 2198"]),
             (ConfigurationOverrides(fullDuplexMaxTalkers: 17), [:], ["1-16", "--full-duplex-max-talkers"]),
             (ConfigurationOverrides(fullDuplexMaxTalkers: 0), [:], ["1-16"]),
             (ConfigurationOverrides(maxConnections: 0), [:], ["maximum connections 0"]),
