@@ -611,7 +611,7 @@ public struct ServerConfiguration: Sendable, Equatable {
                 try FileManager.default.createDirectory(atPath: dataDirectory, withIntermediateDirectories: true,
                                                         attributes: [.posixPermissions: 0o700])
             } catch {
-                throw .dataDirectory(path: dataDirectory, reason: "cannot create it (\(error.localizedDescription))")
+                throw .dataDirectory(path: dataDirectory, reason: "cannot create it (\(Self.fileProblem(error, path: dataDirectory)))")
             }
         }
         guard FileManager.default.isWritableFile(atPath: dataDirectory) else {
@@ -664,10 +664,45 @@ public struct ServerConfiguration: Sendable, Equatable {
             .replacingOccurrences(of: "=", with: "")
     }
 
+    /// Why a file or directory could not be read or made, in words: Foundation's own are
+    /// "NSCocoaErrorDomain error 512" for a path through a file, or 256 for a directory read as a file.
+    static func fileProblem(_ error: any Error, path: String) -> String {
+        let ns = error as NSError
+        if let posix = ns.userInfo[NSUnderlyingErrorKey] as? NSError, posix.domain == NSPOSIXErrorDomain {
+            if posix.code == Int(ENOTDIR) { return Self.fileInTheWay(of: path) ?? "a part of the path is a file, not a directory" }
+            return String(cString: strerror(Int32(posix.code))).lowercased()
+        }
+        if let blocker = Self.fileInTheWay(of: path) { return blocker }
+        var isDirectory: ObjCBool = false
+        if FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory), isDirectory.boolValue { return "it is a directory" }
+        guard ns.domain == NSCocoaErrorDomain else { return ns.localizedDescription }
+        switch ns.code {
+        case NSFileReadNoPermissionError, NSFileWriteNoPermissionError: return "permission denied"
+        case NSFileReadNoSuchFileError: return "no such file"
+        default: return ns.localizedDescription
+        }
+    }
+
+    /// The first part of `path` above it that exists and is a file, said so.
+    static func fileInTheWay(of path: String) -> String? {
+        var url = URL(fileURLWithPath: path).deletingLastPathComponent()
+        while url.path != "/" && !url.path.isEmpty {
+            var isDirectory: ObjCBool = false
+            if FileManager.default.fileExists(atPath: url.path, isDirectory: &isDirectory) {
+                return isDirectory.boolValue ? nil : "\(url.path) is a file, not a directory"
+            }
+            url = url.deletingLastPathComponent()
+        }
+        return nil
+    }
+
     static func readAdminKey(at path: String, advice: String) throws(ConfigurationError) -> String {
         let text: String
         do { text = try String(contentsOfFile: path, encoding: .utf8) } catch {
-            throw .adminKey(path: path, reason: "cannot read it (\(error.localizedDescription)); \(advice)")
+            let problem = fileProblem(error, path: path)
+            // Someone else's file is to be given back, not replaced.
+            let fix = problem == "permission denied" ? "run squelchd as the user that owns it, or give it to this one (keep it mode 600)" : advice
+            throw .adminKey(path: path, reason: "cannot read it (\(problem)); \(fix)")
         }
         let key = text.trimmingCharacters(in: .whitespacesAndNewlines)
         guard key.count >= minimumAdminKeyLength, key.unicodeScalars.allSatisfy({ $0.value > 0x20 && $0.value < 0x7F }) else {

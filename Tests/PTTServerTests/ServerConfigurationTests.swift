@@ -166,6 +166,22 @@ import Testing
         }
     }
 
+    /// Files in the way are said in words, not as "NSCocoaErrorDomain error 512".
+    @Test func pathsThatCantBeUsedSayWhy() throws {
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("config-paths-\(UUID())").path
+        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        try "x".write(toFile: dir + "/afile", atomically: true, encoding: .utf8)
+        var configuration = ServerConfiguration()
+        configuration.dataDirectory = dir + "/afile/data"
+        let underAFile = #expect(throws: ServerConfiguration.ConfigurationError.self) { try configuration.prepare() }
+        #expect("\(underAFile!)".contains("\(dir)/afile is a file, not a directory") && !"\(underAFile!)".contains("NSCocoaErrorDomain"), "\(underAFile!)")
+        configuration.dataDirectory = dir
+        configuration.adminKeyFile = dir
+        let aDirectory = #expect(throws: ServerConfiguration.ConfigurationError.self) { try configuration.resolveAdminKey() }
+        #expect("\(aDirectory!)".contains("it is a directory") && !"\(aDirectory!)".contains("NSCocoaErrorDomain"), "\(aDirectory!)")
+    }
+
     @Test func pushTargetsParse() throws {
         #expect(try ServerConfiguration.load(file: nil, environment: [:]).pushTarget == .simulator)
         #expect(try ServerConfiguration.load(file: nil, environment: ["SQUELCH_APNS": "off"]).pushTarget == .off)
