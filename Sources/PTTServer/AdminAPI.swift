@@ -682,7 +682,7 @@ struct UnknownEndpointMiddleware<Context: RequestContext>: RouterMiddleware {
                 throw AdminError(.methodNotAllowed, "\(request.uri.path) takes \(allowed), not \(request.method)",
                                  headers: [.allow: allowed])
             }
-            throw AdminError(.notFound, "there is no \(request.method) \(request.uri.path); the admin API has GET /healthz, /version and /metrics, and its JSON endpoints under /v1/channels (docs/architecture.md, \"Admin API\")")
+            throw AdminError(.notFound, "there is no \(request.method) \(request.uri.path); the admin API has GET /healthz, /version and /metrics, and its JSON endpoints under /v1/channels and /v1/audit (docs/architecture.md, \"Admin API\")")
         }
     }
 }

@@ -281,7 +281,7 @@ public struct ServerConfiguration: Sendable, Equatable {
     /// Help text for a flag: the abstract, then where else it can be set and its default.
     public static func help(_ key: String, _ abstract: String) -> String {
         let setting = setting(key)
-        return "\(abstract) (env: \(setting.environment); default: \(setting.defaultDescription))"
+        return "\(abstract) (env: \(setting.environment); config file: \"\(setting.key)\"; default: \(setting.defaultDescription))"
     }
 
     // MARK: - Loading

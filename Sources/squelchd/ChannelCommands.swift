@@ -191,7 +191,7 @@ extension Channel {
     /// The server's data directory, found as the server finds it (flag, then `SQUELCH_DATA_DIR`, then
     /// the config file's `dataDirectory`), and opening the store in it.
     struct StoreOptions: ParsableArguments {
-        @Option(help: ArgumentHelp("The server's JSON config file (env: \(ServerConfiguration.configFileEnvironment)), read for its data directory and token keys (current and previous).",
+        @Option(help: ArgumentHelp("The server's JSON config file (env: \(ServerConfiguration.configFileEnvironment)), read for its data directory (and, by the token commands, its token keys, current and previous).",
                                    valueName: "path"))
         var config: String?
 

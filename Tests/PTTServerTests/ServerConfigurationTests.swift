@@ -206,7 +206,7 @@ import Testing
     }
 
     @Test func helpNamesTheVariableAndDefaultOfEverySetting() {
-        #expect(ServerConfiguration.help("port", "UDP port.") == "UDP port. (env: SQUELCH_PORT; default: 7700)")
+        #expect(ServerConfiguration.help("port", "UDP port.") == "UDP port. (env: SQUELCH_PORT; config file: \"port\"; default: 7700)")
         let settings = ServerConfiguration.settings
         #expect(Set(settings.map(\.key)).count == settings.count)
         #expect(Set(settings.map(\.environment)).count == settings.count)
