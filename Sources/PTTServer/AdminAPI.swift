@@ -464,6 +464,11 @@ public enum AdminAPI {
                 guard claims.channel == channel else {
                     throw AdminError(.badRequest, "the token is for channel \(claims.channel), not \(channel); revoke it there")
                 }
+                // Its revocation would be pruned as soon as stored (it outlives the token by nothing),
+                // and a second request would be told "new" again: say what is true instead.
+                guard claims.expiresAt > now else {
+                    throw AdminError(.conflict, "the token expired at \(claims.expiresAt.formatted(.iso8601)), so it can't join anyway; nothing was revoked")
+                }
                 return .token(claims.tokenID, channel: channel, user: claims.userID, expiresAt: claims.expiresAt, at: now, reason: reason)
             default:
                 throw AdminError(.badRequest, "send either tokenID (from the token's issue answer) or token (the token itself)")

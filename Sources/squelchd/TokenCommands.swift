@@ -203,6 +203,11 @@ struct Token: AsyncParsableCommand {
                     standardError("squelchd: \(inspectionFailure(error, rotating: configuration.previousTokenKeyPath != nil))")
                     throw ExitCode(1)
                 }
+                guard claims.expiresAt > now else {
+                    // Stored, its revocation would be pruned at once (and a second revoke told "new").
+                    print("token \(claims.tokenID) expired at \(claims.expiresAt.formatted(.iso8601)), so it can't join anyway; nothing was revoked")
+                    return
+                }
                 revocation = .token(claims.tokenID, channel: claims.channel, user: claims.userID, expiresAt: claims.expiresAt,
                                     at: now, reason: reason)
             } else {

@@ -637,6 +637,13 @@ struct RecordingLogHandler: LogHandler {
                 #expect(wrong.status == .badRequest && wrong.errorMessage.contains("is not a token id"), "\(wrong.text)")
             }
             #expect(hub.events.count == 2, "refused revocations do not reach the hub")
+            // An expired token can't join anyway: said so, nothing stored (its revocation would be
+            // pruned at once, and a second request told "created" again).
+            let expired = try await fixture.tokens.issue(ParticipantClaims(userID: "cy", name: "Cy", channel: channel.id, capabilities: [.listen],
+                                                                           issuedAt: Date().addingTimeInterval(-7_200), expiresAt: Date().addingTimeInterval(-3_600)))
+            let late = try await client.send(.post, "/v1/channels/\(channel.id)/revocations", json: #"{"token":"\#(expired)"}"#)
+            #expect(late.status == .conflict && late.errorMessage.contains("nothing was revoked"), "\(late.text)")
+            #expect(hub.events.count == 2)
 
             // Revoked again: 200, and the first revocation (its reason) is what stands.
             let again = try await client.send(.post, "/v1/channels/\(channel.id)/revocations",
