@@ -195,8 +195,9 @@ func failure(joining error: ChannelError, server: String) -> WalkieFailure {
     default: break
     }
     if error.message.contains("certificate") || error.message.contains("CA") {
-        // The transport's message may say what to do already.
-        return .certificate(error.message.contains("--ca") || error.message.contains("pass the CA")
+        // The transport's message may say what to do already (after a ';'): an expired certificate
+        // is the operator's to renew, a wrong name the address's to fix; --ca fits neither.
+        return .certificate(error.message.contains("--ca") || error.message.contains("pass the CA") || error.message.contains(";")
                             ? error.message : "\(error.message); pass the CA that signed squelchd's certificate with --ca")
     }
     if error.message.contains("no answer") || error.message.contains("can't reach") {
