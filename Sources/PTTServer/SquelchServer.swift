@@ -157,6 +157,12 @@ public struct SquelchServer: Sendable {
             warnIfLoose(configuration.adminKeyFile ?? configuration.generatedAdminKeyPath, "the admin key",
                         "anyone who reads it can use the admin API")
         }
+        warnIfLoose(configuration.privateKeyPath, "the transport's private key", "anyone who reads it can pose as this server")
+        if case .isCertificateAuthority? = try? identity.leaf.extensions.basicConstraints {
+            // Clients accept it if it is the CA they pin, but a CA's key serving as a server is the
+            // key that signs every other certificate, now on a network-facing machine.
+            logger.warning("the transport's certificate \(identity.leaf.subject) is a CA certificate (\(configuration.certificateChainPath)): serve a leaf certificate issued by the CA (certs/README.md), and keep the CA's key off this server")
+        }
         let metrics = ServerMetrics()
         let writer = StoreWriter(store: store, metrics: metrics, logger: logger)
         let push = try await PushSetup.make(configuration: configuration, logger: logger)

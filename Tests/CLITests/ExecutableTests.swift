@@ -153,7 +153,16 @@ enum Executables {
         #expect(result.err.contains("no database in \(dir.appendingPathComponent("data").path)"))
         #expect(result.err.contains("the admin key \(keyFile) is open to other users (mode 0644)"), "\(result.err)")
         #expect(!result.err.contains("token-key.pem is open"), "the key it made itself is 0600")
-        withExtendedLifetime(held) {}  // the port stays taken until squelchd has tried it
+
+        // The transport's own key readable by everyone, and the CA's certificate served as the
+        // server's: both warned of.
+        try FileManager.default.setAttributes([.posixPermissions: 0o644], ofItemAtPath: certs + "/ca.key")
+        let asCA = try Executables.run("squelchd", ["serve", "--port", "\(port)", "--admin-port", "0", "--apns", "off",
+                                                    "--data-dir", dir.appendingPathComponent("data").path,
+                                                    "--cert", certs + "/ca.pem", "--key", certs + "/ca.key"])
+        #expect(asCA.err.contains("the transport's private key \(certs)/ca.key is open to other users (mode 0644)"), "\(asCA.err)")
+        #expect(asCA.err.contains("is a CA certificate"), "\(asCA.err)")
+        withExtendedLifetime(held) {}  // the port stays taken until squelchd has tried it (both runs stop there)
 
         // A key file too short to be a key stops the start before anything is made in the data
         // directory (it used to come after the database and the token key).
