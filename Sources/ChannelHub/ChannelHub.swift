@@ -389,7 +389,8 @@ public final class ChannelHub {
         channel.members[slot] = member
         dropExpiry { $0.channel === channel && $0.slot == slot }
         if deliberately {
-            if channel.floor.mayTalk(slot) { channel.endReasons[slot] = "disconnected" }
+            // Not "disconnected", whose length is taken back by the grace it waited: this one waited none.
+            if channel.floor.mayTalk(slot) { channel.endReasons[slot] = "closed" }
             channel.floor.release(slot, now: time.instant.nanoseconds)
         } else {
             channel.floor.disconnected(slot, now: time.instant.nanoseconds)

@@ -588,13 +588,18 @@ public struct ServerConfiguration: Sendable, Equatable {
         try check(Self.portRange.contains(apnsSimulatorPort), "apnsSimulatorPort", "simulator port \(apnsSimulatorPort) is out of range; use 1-65535, or 0")
         try check(Self.portRange.contains(apnsSimulatorControlPort), "apnsSimulatorControlPort",
                   "simulator control port \(apnsSimulatorControlPort) is out of range; use 1-65535, or 0")
-        if pushTarget == .simulator {
+        // The simulator listens on 127.0.0.1: an admin API there, on a wildcard, or on localhost
+        // would take the same port.
+        let adminSharesLoopback = ["0.0.0.0", "::", "localhost"].contains(adminHost.lowercased()) || adminHost.hasPrefix("127.")
+        if pushTarget == .simulator, adminSharesLoopback {
             // All three are TCP ports of this one process: a clash would otherwise be reported as a
             // port in use by "another squelchd?".
             for (key, port, name) in [("apnsSimulatorPort", apnsSimulatorPort, "the APNs simulator's port"),
                                       ("apnsSimulatorControlPort", apnsSimulatorControlPort, "the APNs simulator's control port")] {
-                try check(port == 0 || port != adminPort, key, "the admin API and \(name) are both set to port \(port); give them different ports")
+                try check(port == 0 || port != adminPort, key, "the admin API and \(name) are both set to port \(port); give them different ports (--admin-port, or the simulator's)")
             }
+        }
+        if pushTarget == .simulator {
             try check(apnsSimulatorPort == 0 || apnsSimulatorPort != apnsSimulatorControlPort, "apnsSimulatorControlPort",
                       "the APNs simulator's port and its control port are both \(apnsSimulatorPort); give them different ports")
         }
@@ -631,8 +636,9 @@ public struct ServerConfiguration: Sendable, Equatable {
     /// Where `resolveAdminKey` finds the key, in words (a 401 says it).
     public var adminKeySource: String {
         if adminKey != nil { return "the one set with SQUELCH_ADMIN_KEY or \"adminKey\" in the config file" }
-        if let adminKeyFile { return "the one in \(adminKeyFile) (--admin-key-file)" }
-        return "the one in \(generatedAdminKeyPath)"
+        // No path: the 401 goes to whoever asks, before any key.
+        if adminKeyFile != nil { return "the one in the file set with --admin-key-file, SQUELCH_ADMIN_KEY_FILE or \"adminKeyFile\" in the config file" }
+        return "the one in <data-dir>/\(URL(fileURLWithPath: generatedAdminKeyPath).lastPathComponent)"
     }
 
     public func resolveAdminKey() throws(ConfigurationError) -> String {

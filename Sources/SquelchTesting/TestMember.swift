@@ -137,5 +137,6 @@ public final class TestMember: Sendable {
         return nil
     }
 
-    public func close() async { await client.close() }
+    /// Closes the connection with an application close `code` (0, `normal`: on purpose).
+    public func close(code: UInt64 = 0) async { await client.close(code: code) }
 }

@@ -79,7 +79,7 @@ struct Talk: AsyncParsableCommand {
             for await event in events {
                 seen.withLockedValue { $0.note(event) }
                 // Waiting in the queue is seconds of nothing on the terminal otherwise.
-                if case .floorQueued(let position) = event {
+                if case .floorQueued(let position) = event, waitLimit > 0 {
                     say("queued: number \(position) for the floor (\(Self.busyWith(manager))); waiting up to \(Self.seconds(waitLimit))")
                 }
             }
@@ -113,6 +113,9 @@ struct Talk: AsyncParsableCommand {
                 // Queued behind someone: wait as long as asked, then give up.
                 while !Task.isCancelled {
                     if seen.withLockedValue({ $0.queued }) {
+                        // Queued without --wait: a squelchd older than `queue: false` queues anyway;
+                        // the request is withdrawn at once (below), as busy.
+                        if wait == 0 { return .floor("the floor is busy: \(Self.busyWith(manager)); try again, or pass --wait 30 to queue") }
                         try? await Task.sleep(for: .seconds(wait))
                         if Task.isCancelled { return nil }
                         return .floor("waited \(Self.seconds(wait)) in the floor queue and the floor is still busy (\(Self.busyWith(manager))); try again, or pass a longer --wait")
@@ -160,7 +163,9 @@ struct Talk: AsyncParsableCommand {
             group.cancelAll()
             return first
         }
-        if let number = interruption.withLockedValue({ $0 }) {
+        // A signal that came once the file was all sent stopped nothing: the file's end reports as usual.
+        let allSent = await manager.statistics().framesSent >= frames / (2 * PipelineAudio.periodFrames) - 1  // 20 ms frames
+        if let number = interruption.withLockedValue({ $0 }), !allSent {
             // The handler stopped the transmission; squelchd confirms the release, as at a file's end.
             let sent = (ContinuousClock.now - sendingSince) / .seconds(1)
             let released = await releaseConfirmed({ seen.withLockedValue { $0.release } }, within: .seconds(2))
@@ -453,13 +458,15 @@ func waitForEnd(seconds: Double?, or stops: AsyncStream<Void>) async {
 }
 
 /// Takes `numbers` from their default action (which kills walkie with its output file unfinished) to
-/// `handler`, through dispatch sources that the caller cancels when done. SIGHUP is left ignored when
-/// walkie started with it ignored: under `nohup` it was asked to outlive its terminal.
+/// `handler`, through dispatch sources that the caller cancels when done. SIGHUP and SIGINT are left
+/// ignored when walkie started with them ignored: under `nohup` it was asked to outlive its terminal,
+/// and a shell runs a background job (`walkie talk … &` in a script) with SIGINT ignored so that the
+/// terminal's Ctrl-C is not its.
 func takeStopSignals(_ numbers: [Int32], handler: @escaping @Sendable () -> Void) -> [any DispatchSourceSignal] {
     numbers.compactMap { number in
         let previous = signal(number, SIG_IGN)
         // SIG_IGN is the handler value 1; C function pointers are not Equatable in Swift.
-        if number == SIGHUP, previous.map({ unsafeBitCast($0, to: Int.self) == 1 }) ?? false { return nil }
+        if number == SIGHUP || number == SIGINT, previous.map({ unsafeBitCast($0, to: Int.self) == 1 }) ?? false { return nil }
         let source = DispatchSource.makeSignalSource(signal: number)
         source.setEventHandler(handler: handler)
         source.resume()

@@ -317,8 +317,6 @@ import Wire
         #expect(listed.status == 0 && listed.out.contains("Ops"), "\(listed.out) \(listed.err)")
     }
 
-    /// Two servers on one data directory would split its members between them: the second is refused
-    /// at once, naming the first; after the first is killed (`kill -9`, no clean-up), one starts again.
     /// A data directory restored from a backup without its token key: squelchd refuses to start
     /// rather than make a new key that calls every issued token forged, and says how to restore it;
     /// a new key is an administrator's decision (`token new-key`, confirmed, with squelchd stopped).
@@ -353,6 +351,8 @@ import Wire
         #expect(audit.out.contains("token key replaced"), "\(audit.out)")
     }
 
+    /// Two servers on one data directory would split its members between them: the second is refused
+    /// at once, naming the first; after the first is killed (`kill -9`, no clean-up), one starts again.
     @Test func aSecondServerOnTheSameDataDirectoryIsRefused() async throws {
         let workspace = try Workspace("data-lock")
         defer { workspace.cleanUp() }

@@ -1169,13 +1169,16 @@ final class Harness {
         h.drain()
         #expect(h.floorEvents(to: cat.link).last?.position == 1)
         #expect(h.hub.roster(of: h.channel.id).first { $0.userID == "bob" }?.connection == .offline)
-        // Ann, talking, quits: Cat has the floor without waiting out the grace.
+        // Ann, talking for 3 s, quits: Cat has the floor without waiting out the grace, and the
+        // log has Ann's 3 s (not less the grace a dropped talker's length gives back).
+        h.advance(3_000 * ms)
         h.hub.closed(ann.link, deliberately: true, at: h.time)
         h.drain()
         #expect(h.floorEvents(to: cat.link).last?.kind == .granted)
         #expect(h.messages(to: cat.link).contains(.participant(Participant(slot: ann.slot, userID: "ann", name: "Ann", connection: .offline))))
         #expect(!h.messages(to: cat.link).contains { if case .participant(let p) = $0 { p.connection == .reconnecting } else { false } })
-        #expect(h.stored.contains { if case .logTransmission(let t) = $0 { t.userID == "ann" && t.endReason == "disconnected" } else { false } })
+        #expect(h.stored.contains { if case .logTransmission(let t) = $0 { t.userID == "ann" && t.endReason == "closed" && t.durationMilliseconds == 3_000 } else { false } },
+                "\(h.stored)")
     }
 
     @Test func aMemberWhoseConnectionGoesSilentShowsReconnectingUntilHeardAgain() {

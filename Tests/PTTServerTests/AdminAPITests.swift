@@ -366,15 +366,16 @@ struct RecordingLogHandler: LogHandler {
             #expect(wrong.headers[.wwwAuthenticate] == "Bearer")
             #expect(wrong.errorMessage.contains("wrong admin key"))
         }
-        // The 401 names where this server's key is: with a key file, that file, not a stale
-        // <data-dir>/admin-key left from before.
+        // The 401 names where this server's key is: with a key file, that setting, not a stale
+        // <data-dir>/admin-key left from before (and no path: it goes to whoever asks).
         var configuration = ServerConfiguration()
         configuration.adminKeyFile = "/etc/squelch/admin.key"
         var context = fixture.context
         context.adminKeySource = configuration.adminKeySource
         try await Application(router: AdminAPI.router(context: context)).test(.router) { client in
             let wrong = try await client.send(.get, "/v1/channels", key: AdminFixture.key + "x")
-            #expect(wrong.errorMessage == "wrong admin key; this server's key is the one in /etc/squelch/admin.key (--admin-key-file)", "\(wrong.errorMessage)")
+            #expect(wrong.errorMessage.contains("this server's key is the one in the file set with --admin-key-file")
+                    && !wrong.errorMessage.contains("/etc/squelch"), "\(wrong.errorMessage)")
         }
         try await fixture.application.test(.router) { client in
 

@@ -190,6 +190,28 @@ func slot(of member: TestMember) -> UInt16? {
         _ = await task.result
     }
 
+    /// Over real UDP: a client's close with code 0 (on purpose) shows its member offline at once; one
+    /// with `goingAway` (a reconnect) shows it reconnecting for the grace, as a dropped connection.
+    @Test func aCloseOnPurposeIsOfflineAtOnceAndAReconnectsCloseKeepsTheGrace() async throws {
+        let fixture = try await ServerFixture()
+        let (task, listening) = try await fixture.start()
+        defer { task.cancel() }
+        let ann = try await fixture.member("ann", port: listening.voicePort)
+        let bob = try await fixture.member("bob", port: listening.voicePort)
+        let cat = try await fixture.member("cat", port: listening.voicePort)
+        func seen(_ user: String) -> [ConnectionState] {
+            ann.messages.compactMap { if case .participant(let p) = $0, p.userID == user { p.connection } else { nil } }
+        }
+        await bob.close(code: CloseCode.normal.rawValue)
+        #expect(await ann.waitFor { if case .participant(let p) = $0 { p.userID == "bob" && p.connection == .offline } else { false } } != nil)
+        #expect(!seen("bob").contains(.reconnecting), "\(seen("bob"))")
+        await cat.close(code: CloseCode.goingAway.rawValue)
+        #expect(await ann.waitFor { if case .participant(let p) = $0 { p.userID == "cat" && p.connection == .reconnecting } else { false } } != nil,
+                "\(seen("cat"))")
+        await listening.shutdown()
+        _ = await task.result
+    }
+
     @Test func contentionQueuesAndPriorityPreempts() async throws {
         let fixture = try await ServerFixture()
         let (task, listening) = try await fixture.start()
