@@ -16,7 +16,8 @@ struct Serve: AsyncParsableCommand {
             SQUELCH_* environment variables, then these flags. The admin API key is set with \
             SQUELCH_ADMIN_KEY, "adminKey" in the config file or --admin-key-file; without one, a key is \
             generated into <data-dir>/admin-key (mode 0600) and reused. A bad setting, or a data directory \
-            another squelchd serves, exits with status 78; a database that can't be opened, with 74.
+            another squelchd serves, exits with status 78; a flag whose value doesn't parse ('--port abc'), \
+            with 64, as any command-line mistake; a database that can't be opened, with 74.
             """)
 
     @Option(help: ArgumentHelp("JSON config file (env: \(ServerConfiguration.configFileEnvironment); default: none).", valueName: "path"))
