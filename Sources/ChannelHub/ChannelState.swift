@@ -107,7 +107,8 @@ final class ChannelState {
             maxBurst: UInt64(record.maxBurstSeconds) * 1_000_000_000,
             disconnectGrace: configuration.disconnectGrace,
             maxQueue: configuration.maxQueue,
-            silenceLimit: configuration.talkerSilenceLimit)
+            silenceLimit: configuration.talkerSilenceLimit,
+            firstAudioLimit: configuration.talkerFirstAudioLimit)
     }
 
     var info: ChannelInfo {

@@ -37,6 +37,10 @@ public struct HubConfiguration: Sendable {
     /// floor before the maximum burst length. Five seconds rides out a cellular handover or a short
     /// tunnel; 250 lost packets in a row are no conversation anyway.
     public var talkerSilenceLimit: UInt64 = 5_000_000_000
+    /// The same before a burst's first audio, when shorter (`FloorArbiter`'s `firstAudioLimit`; 0:
+    /// `talkerSilenceLimit`). A client sends from its grant on; one granted from the queue after it
+    /// died (kill -9, a flat battery) held everyone waiting behind it for the whole 5 s.
+    public var talkerFirstAudioLimit: UInt64 = 2_500_000_000
     /// How often a burst going on has its length so far written to the transmission log: a server
     /// killed during it leaves the burst `interrupted` with its length to within this, not 0.
     public var burstProgressInterval: UInt64 = 5_000_000_000

@@ -28,9 +28,15 @@ public struct FloorArbiter<Member: Hashable & Sendable> {
         /// in silence. A sender keeps sending while the button is down (no DTX), so seconds of
         /// silence mean it is gone.
         public var silenceLimit: UInt64
+        /// Before a burst's first audio, the silence limit is this, when shorter (0: `silenceLimit`).
+        /// A client sends as soon as it is granted, so a grant that brings nothing within a couple of
+        /// seconds went to a client that is gone: above all one granted from the queue, which may
+        /// have died while it waited, and would hold everyone behind it in silence for the whole limit.
+        public var firstAudioLimit: UInt64
 
         public init(maxTalkers: Int = 1, maxBurst: UInt64 = 60_000_000_000, disconnectGrace: UInt64 = 2_000_000_000,
-                    maxQueue: Int = 16, preemption: Bool = true, silenceLimit: UInt64 = 0) {
+                    maxQueue: Int = 16, preemption: Bool = true, silenceLimit: UInt64 = 0, firstAudioLimit: UInt64 = 0) {
+            self.firstAudioLimit = firstAudioLimit
             self.maxTalkers = max(1, maxTalkers)
             self.maxBurst = maxBurst
             self.disconnectGrace = disconnectGrace
@@ -100,6 +106,8 @@ public struct FloorArbiter<Member: Hashable & Sendable> {
         var disconnectedAt: UInt64?
         /// When the talker was last heard (audio in its burst), or granted, confirmed or back.
         var lastHeard: UInt64
+        /// Whether any audio of the burst has been heard (`Configuration.firstAudioLimit`).
+        var heardAudio = false
     }
 
     struct Waiting: Equatable {
@@ -298,6 +306,7 @@ public struct FloorArbiter<Member: Hashable & Sendable> {
     public mutating func heard(_ member: Member, now: UInt64) {
         for index in talkers.indices where talkers[index].member == member {
             talkers[index].lastHeard = now
+            talkers[index].heardAudio = true
             return
         }
     }
@@ -308,8 +317,14 @@ public struct FloorArbiter<Member: Hashable & Sendable> {
         talkers.map { talker in
             let end = talker.since + configuration.maxBurst
             if let gone = talker.disconnectedAt { return min(end, gone + configuration.disconnectGrace) }
-            return configuration.silenceLimit > 0 ? min(end, talker.lastHeard + configuration.silenceLimit) : end
+            return configuration.silenceLimit > 0 ? min(end, talker.lastHeard + silenceLimit(of: talker)) : end
         }.min()
+    }
+
+    /// How long `talker` may stay silent now: shorter before its first audio (`firstAudioLimit`).
+    func silenceLimit(of talker: Talker) -> UInt64 {
+        guard !talker.heardAudio, configuration.firstAudioLimit > 0 else { return configuration.silenceLimit }
+        return min(configuration.silenceLimit, configuration.firstAudioLimit)
     }
 
     public mutating func handleTimeout(now: UInt64) {
@@ -322,7 +337,7 @@ public struct FloorArbiter<Member: Hashable & Sendable> {
                 reason = .maxBurstReached
             } else if let gone = talker.disconnectedAt {
                 reason = now >= gone + configuration.disconnectGrace ? .disconnected : nil
-            } else if configuration.silenceLimit > 0, now >= talker.lastHeard + configuration.silenceLimit {
+            } else if configuration.silenceLimit > 0, now >= talker.lastHeard + silenceLimit(of: talker) {
                 reason = .silent
             } else {
                 reason = nil

@@ -744,6 +744,7 @@ final class Harness {
         h.hub.upsertChannel(record, at: h.time)
         let ann = h.join("ann")
         h.send(.floorRequest(), from: ann.link)
+        h.audio(from: ann.link, burst: h.grantedBurst(ann.link)!, sequence: 0, payload: [1])
         h.advance(4_999 * ms)
         #expect(h.floorEvents(to: ann.link).last?.kind == .granted)
         h.advance(1 * ms)
@@ -1171,7 +1172,10 @@ final class Harness {
         #expect(h.hub.roster(of: h.channel.id).first { $0.userID == "bob" }?.connection == .offline)
         // Ann, talking for 3 s, quits: Cat has the floor without waiting out the grace, and the
         // log has Ann's 3 s (not less the grace a dropped talker's length gives back).
-        h.advance(3_000 * ms)
+        h.audio(from: ann.link, burst: h.grantedBurst(ann.link)!, sequence: 0, payload: [1])
+        h.advance(2_000 * ms)
+        h.audio(from: ann.link, burst: h.grantedBurst(ann.link)!, sequence: 1, payload: [1])
+        h.advance(1_000 * ms)
         h.hub.closed(ann.link, deliberately: true, at: h.time)
         h.drain()
         #expect(h.floorEvents(to: cat.link).last?.kind == .granted)
@@ -1380,6 +1384,7 @@ final class Harness {
         let ann = h.join("ann")
         h.send(.floorRequest(), from: ann.link)
         let burst = h.grantedBurst(ann.link)!
+        h.audio(from: ann.link, burst: burst, sequence: 0, payload: [1])
         h.hub.closed(ann.link, at: h.time)
         h.advance(500 * ms)
         let again = h.join("ann")

@@ -74,6 +74,29 @@ let second: UInt64 = 1_000_000_000
         #expect(free.currentTalkers == ["a"])
     }
 
+    /// A member granted from the queue that sends nothing (it died while it waited) loses the floor
+    /// after `firstAudioLimit`, not the whole silence limit; one whose audio came has the whole limit.
+    @Test func aGrantThatBringsNoAudioEndsSooner() {
+        var floor = Arbiter(configuration: .init(silenceLimit: 5 * second, firstAudioLimit: 2_500_000_000))
+        floor.request("ann", priority: 0, canTalk: true, now: 0)
+        floor.request("bob", priority: 0, canTalk: true, now: 0)
+        floor.heard("ann", now: 100_000_000)
+        floor.release("ann", now: second)
+        _ = floor.takeEvents()
+        #expect(floor.currentTalkers == ["bob"])
+        floor.handleTimeout(now: second + 2_499_000_000)
+        #expect(floor.currentTalkers == ["bob"])
+        floor.handleTimeout(now: second + 2_500_000_000)
+        #expect(floor.takeEvents().first == .revoked("bob", .silent))
+        // Heard once, the whole limit counts.
+        floor.request("cat", priority: 0, canTalk: true, now: 10 * second)
+        floor.heard("cat", now: 10 * second + 20_000_000)
+        floor.handleTimeout(now: 14 * second)
+        #expect(floor.currentTalkers == ["cat"])
+        floor.handleTimeout(now: 15 * second + 20_000_000)
+        #expect(floor.currentTalkers.isEmpty)
+    }
+
     @Test func aFullQueueLetsAHigherPriorityInAtItsTailsExpense() {
         var floor = Arbiter(configuration: .init(maxQueue: 2))
         floor.request("dispatch", priority: 5, canTalk: true, now: 0)
