@@ -967,9 +967,9 @@ public final class ChannelHub {
         guard interval > 0 else { return }
         for channel in channels.values {
             for slot in channel.floor.currentTalkers {
-                guard let member = channel.members[slot], let started = member.burstStartedAt,
-                      time.date.timeIntervalSince(member.burstProgressAt ?? started) >= (member.burstProgressAt == nil ? min(1, interval) : interval)
-                else { continue }
+                guard let member = channel.members[slot], let started = member.burstStartedAt else { continue }
+                let due = member.burstProgressAt.map { $0.addingTimeInterval(interval) } ?? started.addingTimeInterval(min(1, interval))
+                guard time.date >= due else { continue }
                 channel.members[slot]?.burstProgressAt = time.date
                 outputs.append(.store(.logTransmission(TransmissionRecord(
                     channelID: channel.record.id, userID: member.userID, startedAt: started,

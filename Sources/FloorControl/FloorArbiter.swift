@@ -36,13 +36,13 @@ public struct FloorArbiter<Member: Hashable & Sendable> {
 
         public init(maxTalkers: Int = 1, maxBurst: UInt64 = 60_000_000_000, disconnectGrace: UInt64 = 2_000_000_000,
                     maxQueue: Int = 16, preemption: Bool = true, silenceLimit: UInt64 = 0, firstAudioLimit: UInt64 = 0) {
-            self.firstAudioLimit = firstAudioLimit
             self.maxTalkers = max(1, maxTalkers)
             self.maxBurst = maxBurst
             self.disconnectGrace = disconnectGrace
             self.maxQueue = max(0, maxQueue)
             self.preemption = preemption
             self.silenceLimit = silenceLimit
+            self.firstAudioLimit = firstAudioLimit
         }
 
         public static var halfDuplex: Configuration { Configuration() }

@@ -1,3 +1,4 @@
+import Foundation
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Musl)
@@ -64,5 +65,41 @@ public enum KeyFiles {
             close(directoryDescriptor)
         }
         return .created
+    }
+}
+
+extension KeyFiles {
+    /// Why a key file (or the directory for it) could not be read or made, in words an operator can
+    /// act on: Foundation's own are "NSCocoaErrorDomain error 512" for a path through a file, or 256
+    /// for a directory read as a file.
+    public static func problem(_ error: any Error, at path: String) -> String {
+        let ns = error as NSError
+        if let posix = ns.userInfo[NSUnderlyingErrorKey] as? NSError, posix.domain == NSPOSIXErrorDomain {
+            if posix.code == Int(ENOTDIR) { return fileInTheWay(of: path) ?? "a part of the path is a file, not a directory" }
+            return String(cString: strerror(Int32(posix.code))).lowercased()
+        }
+        if let blocker = fileInTheWay(of: path) { return blocker }
+        var isDirectory: ObjCBool = false
+        if FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory), isDirectory.boolValue { return "it is a directory" }
+        guard ns.domain == NSCocoaErrorDomain else { return ns.localizedDescription }
+        switch ns.code {
+        case NSFileReadNoPermissionError, NSFileWriteNoPermissionError: return "permission denied"
+        case NSFileReadNoSuchFileError: return "no such file"
+        case NSFileReadInapplicableStringEncodingError: return "it is not text"
+        default: return ns.localizedDescription
+        }
+    }
+
+    /// The first part of `path` above it that exists and is a file, said so.
+    static func fileInTheWay(of path: String) -> String? {
+        var url = URL(fileURLWithPath: path).deletingLastPathComponent()
+        while url.path != "/" && !url.path.isEmpty {
+            var isDirectory: ObjCBool = false
+            if FileManager.default.fileExists(atPath: url.path, isDirectory: &isDirectory) {
+                return isDirectory.boolValue ? nil : "\(url.path) is a file, not a directory"
+            }
+            url = url.deletingLastPathComponent()
+        }
+        return nil
     }
 }

@@ -171,7 +171,6 @@ public enum AdminAPI {
         }?.methods
     }
 
-    /// Builds the router.
     /// The HTTP server the API runs on: HTTP/1.1, closing a connection that sends nothing for
     /// `idleTimeout`, half-sent requests included. Without it a client that sent half its headers
     /// held its connection for good, and one that stalled mid-body held squelchd's shutdown for its
@@ -180,6 +179,7 @@ public enum AdminAPI {
         .http1(configuration: .init(idleTimeout: TimeAmount(idleTimeout)))
     }
 
+    /// Builds the router.
     public static func router(context admin: AdminContext) -> Router<BasicRequestContext> {
         let router = Router()
         router.get("/healthz") { _, _ in try await health(admin) }

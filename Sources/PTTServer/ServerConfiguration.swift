@@ -437,21 +437,19 @@ public struct ServerConfiguration: Sendable, Equatable {
         var layer = ConfigurationOverrides()
         for setting in settings {
             guard let raw = environment[setting.environment], !raw.isEmpty else { continue }
-            switch setting.kind {
-            case .string(let path): if flags[keyPath: path] != nil { continue }
-            case .int(let path): if flags[keyPath: path] != nil { continue }
-            case .double(let path): if flags[keyPath: path] != nil { continue }
-            }
             let text = raw.trimmingCharacters(in: .whitespaces)
             switch setting.kind {
             case .string(let path):
+                guard flags[keyPath: path] == nil else { continue }
                 layer[keyPath: path] = setting.key == "adminKey" ? raw : text
             case .int(let path):
+                guard flags[keyPath: path] == nil else { continue }
                 guard let value = Int(text) else {
                     throw .invalidValue("\(setting.environment)='\(raw)' is not a whole number; set it to one such as \(setting.defaultDescription), or unset it")
                 }
                 layer[keyPath: path] = value
             case .double(let path):
+                guard flags[keyPath: path] == nil else { continue }
                 guard let value = Double(text), value.isFinite else {
                     throw .invalidValue("\(setting.environment)='\(raw)' is not a number; set it to one such as \(setting.defaultDescription), or unset it")
                 }
@@ -463,8 +461,7 @@ public struct ServerConfiguration: Sendable, Equatable {
 
     // MARK: - Checks
 
-    /// Whether `host` (as given to `--admin-host` or `--host`) reaches this machine only: a loopback
-    /// address or `localhost`. A name that resolves elsewhere, or a wildcard, does not.
+    /// `host` without the brackets a URL puts around an IPv6 address ("[::1]" is ::1).
     static func unbracketed(_ host: String) -> String {
         host.hasPrefix("[") && host.hasSuffix("]") ? String(host.dropFirst().dropLast()) : host
     }
@@ -472,6 +469,8 @@ public struct ServerConfiguration: Sendable, Equatable {
     /// `host` as it goes in a URL or before ":port": an IPv6 address in brackets.
     public static func urlHost(_ host: String) -> String { host.contains(":") ? "[\(host)]" : host }
 
+    /// Whether `host` (as given to `--admin-host` or `--host`) reaches this machine only: a loopback
+    /// address or `localhost`. A name that resolves elsewhere, or a wildcard, does not.
     public static func isLoopback(_ host: String) -> Bool {
         let bare = unbracketed(host)
         if bare.lowercased() == "localhost" { return true }
@@ -588,20 +587,17 @@ public struct ServerConfiguration: Sendable, Equatable {
         try check(Self.portRange.contains(apnsSimulatorPort), "apnsSimulatorPort", "simulator port \(apnsSimulatorPort) is out of range; use 1-65535, or 0")
         try check(Self.portRange.contains(apnsSimulatorControlPort), "apnsSimulatorControlPort",
                   "simulator control port \(apnsSimulatorControlPort) is out of range; use 1-65535, or 0")
-        // The simulator listens on 127.0.0.1: an admin API there, on a wildcard, or on localhost
-        // would take the same port.
-        let adminSharesLoopback = ["0.0.0.0", "::", "localhost"].contains(adminHost.lowercased()) || adminHost.hasPrefix("127.")
-        if pushTarget == .simulator, adminSharesLoopback {
-            // All three are TCP ports of this one process: a clash would otherwise be reported as a
-            // port in use by "another squelchd?".
-            for (key, port, name) in [("apnsSimulatorPort", apnsSimulatorPort, "the APNs simulator's port"),
-                                      ("apnsSimulatorControlPort", apnsSimulatorControlPort, "the APNs simulator's control port")] {
-                try check(port == 0 || port != adminPort, key, "the admin API and \(name) are both set to port \(port); give them different ports (--admin-port, or the simulator's)")
-            }
-        }
+        // All three are TCP ports of this one process: a clash would otherwise be reported as a port
+        // in use by "another squelchd?". The simulator listens on 127.0.0.1, so the admin API takes
+        // the same port only there, on a wildcard, or on localhost.
         if pushTarget == .simulator {
             try check(apnsSimulatorPort == 0 || apnsSimulatorPort != apnsSimulatorControlPort, "apnsSimulatorControlPort",
                       "the APNs simulator's port and its control port are both \(apnsSimulatorPort); give them different ports")
+            let adminSharesLoopback = ["0.0.0.0", "::", "localhost"].contains(adminHost.lowercased()) || adminHost.hasPrefix("127.")
+            for (key, port, name) in [("apnsSimulatorPort", apnsSimulatorPort, "the APNs simulator's port"),
+                                      ("apnsSimulatorControlPort", apnsSimulatorControlPort, "the APNs simulator's control port")] where adminSharesLoopback {
+                try check(port == 0 || port != adminPort, key, "the admin API and \(name) are both set to port \(port); give them different ports (--admin-port, or the simulator's)")
+            }
         }
     }
 
@@ -616,7 +612,7 @@ public struct ServerConfiguration: Sendable, Equatable {
                 try FileManager.default.createDirectory(atPath: dataDirectory, withIntermediateDirectories: true,
                                                         attributes: [.posixPermissions: 0o700])
             } catch {
-                throw .dataDirectory(path: dataDirectory, reason: "cannot create it (\(Self.fileProblem(error, path: dataDirectory)))")
+                throw .dataDirectory(path: dataDirectory, reason: "cannot create it (\(KeyFiles.problem(error, at: dataDirectory)))")
             }
         }
         guard FileManager.default.isWritableFile(atPath: dataDirectory) else {
@@ -631,8 +627,6 @@ public struct ServerConfiguration: Sendable, Equatable {
         URL(fileURLWithPath: dataDirectory).appendingPathComponent(Self.adminKeyFileName).path
     }
 
-    /// The admin API key: `adminKey` if set, else the contents of `adminKeyFile`, else the key in
-    /// `<dataDirectory>/admin-key`, generated there (mode 0600) on first use. Call after `prepare()`.
     /// Where `resolveAdminKey` finds the key, in words (a 401 says it).
     public var adminKeySource: String {
         if adminKey != nil { return "the one set with SQUELCH_ADMIN_KEY or \"adminKey\" in the config file" }
@@ -641,6 +635,8 @@ public struct ServerConfiguration: Sendable, Equatable {
         return "the one in <data-dir>/\(URL(fileURLWithPath: generatedAdminKeyPath).lastPathComponent)"
     }
 
+    /// The admin API key: `adminKey` if set, else the contents of `adminKeyFile`, else the key in
+    /// `<dataDirectory>/admin-key`, generated there (mode 0600) on first use. Call after `prepare()`.
     public func resolveAdminKey() throws(ConfigurationError) -> String {
         if let adminKey { return adminKey }
         if let adminKeyFile {
@@ -670,42 +666,10 @@ public struct ServerConfiguration: Sendable, Equatable {
             .replacingOccurrences(of: "=", with: "")
     }
 
-    /// Why a file or directory could not be read or made, in words: Foundation's own are
-    /// "NSCocoaErrorDomain error 512" for a path through a file, or 256 for a directory read as a file.
-    static func fileProblem(_ error: any Error, path: String) -> String {
-        let ns = error as NSError
-        if let posix = ns.userInfo[NSUnderlyingErrorKey] as? NSError, posix.domain == NSPOSIXErrorDomain {
-            if posix.code == Int(ENOTDIR) { return Self.fileInTheWay(of: path) ?? "a part of the path is a file, not a directory" }
-            return String(cString: strerror(Int32(posix.code))).lowercased()
-        }
-        if let blocker = Self.fileInTheWay(of: path) { return blocker }
-        var isDirectory: ObjCBool = false
-        if FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory), isDirectory.boolValue { return "it is a directory" }
-        guard ns.domain == NSCocoaErrorDomain else { return ns.localizedDescription }
-        switch ns.code {
-        case NSFileReadNoPermissionError, NSFileWriteNoPermissionError: return "permission denied"
-        case NSFileReadNoSuchFileError: return "no such file"
-        default: return ns.localizedDescription
-        }
-    }
-
-    /// The first part of `path` above it that exists and is a file, said so.
-    static func fileInTheWay(of path: String) -> String? {
-        var url = URL(fileURLWithPath: path).deletingLastPathComponent()
-        while url.path != "/" && !url.path.isEmpty {
-            var isDirectory: ObjCBool = false
-            if FileManager.default.fileExists(atPath: url.path, isDirectory: &isDirectory) {
-                return isDirectory.boolValue ? nil : "\(url.path) is a file, not a directory"
-            }
-            url = url.deletingLastPathComponent()
-        }
-        return nil
-    }
-
     static func readAdminKey(at path: String, advice: String) throws(ConfigurationError) -> String {
         let text: String
         do { text = try String(contentsOfFile: path, encoding: .utf8) } catch {
-            let problem = fileProblem(error, path: path)
+            let problem = KeyFiles.problem(error, at: path)
             // Someone else's file is to be given back, not replaced.
             let fix = problem == "permission denied" ? "run squelchd as the user that owns it, or give it to this one (keep it mode 600)" : advice
             throw .adminKey(path: path, reason: "cannot read it (\(problem)); \(fix)")

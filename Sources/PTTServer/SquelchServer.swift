@@ -127,8 +127,8 @@ public struct SquelchServer: Sendable {
             let path = configuration.resolvedTokenKeyPath
             // A database that was served before has its key's public half on record: the key file
             // gone (a backup restored without it, a file deleted) is a loss to report, not a first
-            // start. A new key made in silence would call every token issued so far forged.
-            // A database that can't say fails the start (its error), rather than a key made in silence.
+            // start. A new key made in silence would call every token issued so far forged; a database
+            // that can't say fails the start with its error, for the same reason.
             if !FileManager.default.fileExists(atPath: path),
                let recorded = try await store.serverKey(named: TokenAuthority.publicKeyRecordName), !recorded.isEmpty {
                 throw TokenKeyError(message: Self.lostTokenKey(path: path, dataDirectory: configuration.dataDirectory))

@@ -215,24 +215,11 @@ public struct TokenAuthority: Sendable {
     static func load(_ path: String) async throws -> TokenAuthority {
         let pem: String
         do { pem = try String(contentsOfFile: path, encoding: .utf8) } catch {
-            throw TokenKeyError(message: "cannot read \(path) (\(Self.describe(error))); run squelchd as the user that owns it, or fix its permissions (it must stay mode 600)")
+            throw TokenKeyError(message: "cannot read \(path) (\(KeyFiles.problem(error, at: path))); run squelchd as the user that owns it, or fix its permissions (it must stay mode 600)")
         }
         do { return try await TokenAuthority(privateKeyPEM: pem) } catch {
             // Not the parser's own words ("invalidPEMDocument"): what the file should be, and what to do.
             throw TokenKeyError(message: "\(path) does not hold a P-256 private key in PEM ('-----BEGIN PRIVATE KEY-----' or 'EC PRIVATE KEY'); restore it from a backup (every issued token is signed with it)")
-        }
-    }
-
-    /// A read failure in words (Foundation's own are "NSCocoaErrorDomain error 257"); a key that
-    /// doesn't parse says so.
-    static func describe(_ error: any Error) -> String {
-        let code = (error as NSError).domain == NSCocoaErrorDomain ? (error as NSError).code : nil
-        switch code {
-        case NSFileReadNoPermissionError?: return "permission denied"
-        case NSFileReadNoSuchFileError?: return "no such file"
-        case NSFileReadInvalidFileNameError?, NSFileReadUnknownError?: return "it can't be read as a file (a directory?)"
-        case NSFileReadInapplicableStringEncodingError?: return "it is not text"
-        default: return code == nil ? "not a PEM key" : "it can't be read"
         }
     }
 
@@ -242,12 +229,13 @@ public struct TokenAuthority: Sendable {
         guard FileManager.default.fileExists(atPath: path) else {
             throw TokenKeyError(message: "there is no previous token key at \(path)")
         }
+        let pem: String
+        do { pem = try String(contentsOfFile: path, encoding: .utf8) } catch {
+            throw TokenKeyError(message: "cannot read the previous token key at \(path) (\(KeyFiles.problem(error, at: path))); restore the key the server used before the rotation")
+        }
         let previous: TokenAuthority
-        do {
-            let pem = try String(contentsOfFile: path, encoding: .utf8)
-            previous = try await TokenAuthority(privateKeyPEM: pem)
-        } catch {
-            throw TokenKeyError(message: "the previous token key at \(path) can't be read as a P-256 private key in PEM (\(Self.describe(error))); restore the key the server used before the rotation")
+        do { previous = try await TokenAuthority(privateKeyPEM: pem) } catch {
+            throw TokenKeyError(message: "the previous token key at \(path) does not hold a P-256 private key in PEM; restore the key the server used before the rotation")
         }
         guard previous.publicKeyPEM != publicKeyPEM else {
             throw TokenKeyError(message: "the previous token key at \(path) is the current key; point it at the key used before the rotation")

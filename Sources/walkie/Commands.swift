@@ -232,6 +232,11 @@ struct Talk: AsyncParsableCommand {
         }
     }
 
+    /// Who a slot (as `BurstStatistics` names a talker) is in the roster.
+    static func name(ofSlot slot: UInt16, in manager: ChannelManager) -> String? {
+        manager.roster.first { $0.slot == slot }?.name
+    }
+
     static func seconds(_ value: Double) -> String { "\(SquelchInfo.plainNumber((value * 10).rounded() / 10)) s" }
 
     /// Stopped by a signal (the shell's 128 + its number, as a killed process would exit), having
@@ -364,7 +369,7 @@ struct Listen: AsyncParsableCommand {
                 switch event {
                 case .burstFinished(let s):
                     // Named: in full duplex several bursts end together.
-                    let who = manager.roster.first { $0.slot == s.slot }.map { " from \($0.name)" } ?? ""
+                    let who = Talk.name(ofSlot: s.slot, in: manager).map { " from \($0)" } ?? ""
                     say("heard a burst\(who): \(s.framesDue) frames, \(s.lost) lost")
                 case .notice(let text):
                     seen.withLockedValue { $0.notice = text }

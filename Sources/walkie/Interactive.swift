@@ -256,7 +256,7 @@ enum Interactive {
                         // The manager ended the transmission with the file (`endTransmissionWhenInputEnds`).
                         state.status = .init("The input file ended: floor released; press again to send it again")
                     case .burstFinished(let s):
-                        let who = manager.roster.first { $0.slot == s.slot }.map { "\($0.name), " } ?? ""
+                        let who = Talk.name(ofSlot: s.slot, in: manager).map { "\($0), " } ?? ""
                         state.lastBurst = "\(who)\(s.framesDue) frames, \(s.lost) lost"
                     default:
                         if let (line, isError) = describe(event, tokenFile: tokenFile) { state.status = .init(line, isError: isError) }
