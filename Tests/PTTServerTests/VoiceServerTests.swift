@@ -515,7 +515,12 @@ func slot(of member: TestMember) -> UInt16? {
         #expect(!ann.messages[mark...].contains {
             if case .participant(let p) = $0 { return p.userID == "ann" && p.connection != .connected } else { return false }
         }, "Ann kept being heard")
-        let text = try await fixture.metrics(listening)
+        // The counters reach /metrics once a second: the roster can be ahead of them.
+        var text = try await fixture.metrics(listening)
+        for _ in 0 ..< 30 where !text.contains("squelch_members_silent_total 1") {
+            try await Task.sleep(for: .milliseconds(100))
+            text = try await fixture.metrics(listening)
+        }
         #expect(text.contains("squelch_members_silent_total 1"),
                 "\(text.split(separator: "\n").filter { $0.contains("silent") })")
         // Eve speaks up: everyone sees her connected again.
