@@ -206,9 +206,11 @@ final class Transmitter: Sendable {
 /// One jitter buffer and decoder per talker heard at once (up to `maxTracks`), mixed. In a full-duplex
 /// channel several members talk together; a single buffer would switch to whichever talker's packet
 /// came last and drop the other's as late. A talker's packets go to the track playing it; a new
-/// talker's go behind a catch-up burst if one is playing (a listener who is behind hears the bursts
-/// one after the other: `JitterBuffer`'s deferral), else to a free track, else to one whose burst has
-/// its end marker; with none, the packet is dropped rather than cut a live talker off.
+/// talker's go to a free track, which waits while this listener is still catching up on bursts that
+/// had ended before it began (so a listener who is behind hears them first, one after the other,
+/// and then the talkers who began together, together); with no free track, behind a catch-up burst
+/// (`JitterBuffer`'s deferral), else to a track whose burst has its end marker; with none, the
+/// packet is dropped rather than cut a live talker off.
 final class Receiver: Sendable {
     /// Talkers mixed at once: as many as squelchd can be configured to let talk together, so that
     /// none is dropped unheard. (It was 4, the server's default, and a channel allowed 6 lost two
@@ -228,16 +230,44 @@ final class Receiver: Sendable {
         /// Packets dropped because every track was playing another talker's burst.
         var tooManyTalkers = 0
 
-        /// The track a packet of `slot` goes to, nil when none can take it. The track playing this
-        /// talker; else one replaying a burst that had ended (a listener catching up hears the next
-        /// burst after it, as in half duplex); else a free one; else one whose burst has its end
+        /// Per track, the bursts (`burstID`) it waits for before it plays; empty when it plays. A
+        /// talker who began while this listener was still catching up on bursts that had ended
+        /// waits for those (each began and ended before this talker began), but not for talkers
+        /// who were still talking when it began: in a full-duplex channel, members who talked
+        /// together are heard together, from their first words, once the listener has caught up.
+        /// (One `JitterBuffer`'s deferral queued them all behind the catch-up, one after the
+        /// other, and split a talker's burst in two when its later packets found a free track.)
+        var waitsFor: [[UInt32]] = []
+
+        static func burstID(slot: UInt16, burst: UInt16) -> UInt32 { UInt32(slot) << 16 | UInt32(burst) }
+
+        /// The track a packet of `slot` goes to, nil when none can take it, and the bursts it is to
+        /// wait for when it starts a new one there. The track playing this talker; else a free one,
+        /// waiting for every track replaying a burst that had ended; else, while a listener is
+        /// catching up, behind such a burst on its own track; else one whose burst has its end
         /// marker (cutting its last buffered frames). A live talker is never cut off.
-        func track(for slot: UInt16) -> Int? {
-            for i in tracks.indices where tracks[i].activeSlot == slot { return i }
-            for i in tracks.indices where tracks[i].isReplayingAnEndedBurst { return i }
-            for i in tracks.indices where tracks[i].activeSlot == nil { return i }
-            for i in tracks.indices where tracks[i].endKnown { return i }
+        func track(for slot: UInt16) -> (index: Int, waitFor: [UInt32])? {
+            for i in tracks.indices where tracks[i].activeSlot == slot { return (i, []) }
+            var behind: [UInt32] = []
+            for i in tracks.indices where tracks[i].isReplayingAnEndedBurst {
+                if let playing = tracks[i].playing { behind.append(Self.burstID(slot: playing.slot, burst: playing.burst)) }
+            }
+            for i in tracks.indices where tracks[i].activeSlot == nil { return (i, behind) }
+            for i in tracks.indices where tracks[i].isReplayingAnEndedBurst { return (i, []) }
+            for i in tracks.indices where tracks[i].endKnown { return (i, []) }
             return nil
+        }
+
+        /// Lets a waiting track play once none of the bursts it waits for is on any track any more
+        /// (each ended, or was dropped with the rest of a reset).
+        mutating func releaseWaitingTracks() {
+            for t in waitsFor.indices where !waitsFor[t].isEmpty {
+                let stillThere = tracks.indices.contains { u in
+                    guard u != t, let playing = tracks[u].playing else { return false }
+                    return waitsFor[t].contains(Self.burstID(slot: playing.slot, burst: playing.burst))
+                }
+                if !stillThere { waitsFor[t].removeAll() }
+            }
         }
     }
 
@@ -262,6 +292,7 @@ final class Receiver: Sendable {
         self.onEvent = onEvent
         var state = State()
         state.tracks = (0..<Self.maxTracks).map { _ in JitterBuffer(configuration: configuration.jitterBuffer) }
+        state.waitsFor = [[UInt32]](repeating: [], count: Self.maxTracks)
         self.state = NIOLockedValueBox(state)
     }
 
@@ -281,13 +312,19 @@ final class Receiver: Sendable {
             // A burst that ended on any track stays ended: its repeated end markers must not start it
             // again on a free one.
             for track in state.tracks.indices where state.tracks[track].hasFinished(slot: header.slot, burst: header.burst) { return }
-            guard let track = state.track(for: header.slot) else {
+            guard let (track, waitFor) = state.track(for: header.slot) else {
                 state.tooManyTalkers += 1
                 return
             }
+            let starting = state.tracks[track].activeSlot == nil
+            // A track that waits is behind: it takes its talker's packets as catch-up, played whole
+            // from the first once it may play, with no jitter cushion and no skipping ahead.
+            let waiting = !state.waitsFor[track].isEmpty || !waitFor.isEmpty
             _ = state.tracks[track].insert(slot: header.slot, burst: header.burst, sequence: header.sequence,
-                                           endOfBurst: header.flags.contains(.endOfBurst), catchUp: header.flags.contains(.catchUp),
+                                           endOfBurst: header.flags.contains(.endOfBurst),
+                                           catchUp: header.flags.contains(.catchUp) || waiting,
                                            payload: payload, now: now)
+            if starting, !waitFor.isEmpty, state.tracks[track].activeSlot == header.slot { state.waitsFor[track] = waitFor }
         }
     }
 
@@ -309,6 +346,7 @@ final class Receiver: Sendable {
     func discardAll() {
         state.withLockedValue { state in
             for t in state.tracks.indices { state.tracks[t].reset() }
+            for t in state.waitsFor.indices { state.waitsFor[t].removeAll() }
         }
     }
 
@@ -365,7 +403,12 @@ final class Receiver: Sendable {
         while !thread.stopRequested {
             let now = monotonicNanoseconds()
             let muted = state.withLockedValue { state -> Bool in
+                state.releaseWaitingTracks()
                 for t in state.tracks.indices {
+                    guard state.waitsFor[t].isEmpty else {
+                        steps[t] = .silence
+                        continue
+                    }
                     let decision = state.tracks[t].nextFrame(now: now)
                     switch decision {
                     case .play(let ref), .recoverWithFEC(next: let ref):

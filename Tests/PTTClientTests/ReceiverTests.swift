@@ -1,6 +1,7 @@
 import Audio
 import ChannelProtocol
 import Foundation
+import JitterBuffer
 import NIOConcurrencyHelpers
 @testable import PTTClient
 import Testing
@@ -14,6 +15,17 @@ final class FillingSink: AudioSink {
     func write(_ samples: UnsafeBufferPointer<Int16>) throws(AudioError) -> UInt64 {
         written += 1
         guard written <= periods else { throw .file(path: "full.wav", reason: "write failed: No space left on device") }
+        return monotonicNanoseconds()
+    }
+    func finish() throws(AudioError) {}
+}
+
+/// A sink that takes every period at once and counts them: the playout loop runs as fast as it
+/// can, and a test reads the period an event came in as its time.
+final class CountingSink: AudioSink, Sendable {
+    let periods = NIOLockedValueBox(0)
+    func write(_ samples: UnsafeBufferPointer<Int16>) throws(AudioError) -> UInt64 {
+        periods.withLockedValue { $0 += 1 }
         return monotonicNanoseconds()
     }
     func finish() throws(AudioError) {}
@@ -64,5 +76,71 @@ final class FillingSink: AudioSink {
         #expect(seen.first?.contains("No space left on device") == true)
         #expect(!receiver.isPlaying, "playback stopped")
         await receiver.stop()
+    }
+
+    /// A listener catching up on a burst that had ended (a phone its push woke hears the burst
+    /// it missed) while two members of a full-duplex channel begin to talk together: it hears the
+    /// missed burst first, then the two together, each whole from its first frame. Talkers who
+    /// began one after the other (the second after the first had ended) are still heard one after
+    /// the other. Before, every new talker queued behind the replay on its one track: the two were
+    /// heard one after the other, and a burst whose later packets found a free track was split.
+    @Test func talkersWhoBeganTogetherWhileAListenerCaughtUpAreHeardTogether() async throws {
+        let sink = CountingSink()
+        let events = NIOLockedValueBox<[(period: Int, event: Receiver.ReceiverEvent)]>([])
+        let receiver = Receiver(configuration: AudioConfiguration(makeOutput: { sink }), onEvent: { event in
+            let period = sink.periods.withLockedValue { $0 }
+            events.withLockedValue { $0.append((period, event)) }
+        })
+        receiver.arm()
+        func deliver(slot: UInt16, burst: UInt16, sequence: UInt16, flags: AudioHeader.Flags = []) {
+            AudioHeader(flags: flags, slot: slot, burst: burst, sequence: sequence).datagram(payload: [UInt8](repeating: 0xF8, count: 40))
+                .withUnsafeBytes { receiver.receive($0) }
+        }
+        // The missed burst, replayed whole: 25 frames and its end.
+        for sequence in 0..<UInt16(25) { deliver(slot: 1, burst: 10, sequence: sequence, flags: .catchUp) }
+        deliver(slot: 1, burst: 10, sequence: 25, flags: [.catchUp, .endOfBurst])
+        // Two live talkers at once, their packets interleaved; then a third who begins after both ended.
+        for sequence in 0..<UInt16(20) {
+            deliver(slot: 2, burst: 11, sequence: sequence)
+            deliver(slot: 3, burst: 12, sequence: sequence)
+        }
+        deliver(slot: 2, burst: 11, sequence: 20, flags: .endOfBurst)
+        deliver(slot: 3, burst: 12, sequence: 20, flags: .endOfBurst)
+        for sequence in 0..<UInt16(10) { deliver(slot: 4, burst: 13, sequence: sequence) }
+        deliver(slot: 4, burst: 13, sequence: 10, flags: .endOfBurst)
+        receiver.start()
+        let deadline = Date().addingTimeInterval(10)
+        while events.withLockedValue({ $0.filter { if case .burstFinished = $0.event { true } else { false } }.count }) < 4, Date() < deadline {
+            try await Task.sleep(for: .milliseconds(10))
+        }
+        await receiver.stop()
+
+        var starts: [UInt16: Int] = [:], finishes: [UInt16: (period: Int, statistics: BurstStatistics)] = [:]
+        var startCounts: [UInt16: Int] = [:]
+        for (period, event) in events.withLockedValue({ $0 }) {
+            switch event {
+            case .burstStarted(let slot, _, _):
+                starts[slot] = period
+                startCounts[slot, default: 0] += 1
+            case .burstFinished(let statistics): finishes[statistics.slot] = (period, statistics)
+            default: break
+            }
+        }
+        for slot in [UInt16(1), 2, 3, 4] {
+            #expect(startCounts[slot] == 1, "talker \(slot)'s burst started once: \(startCounts)")
+        }
+        guard let missed = finishes[1], let second = starts[2], let third = starts[3], let fourth = starts[4],
+              let secondEnd = finishes[2], let thirdEnd = finishes[3] else {
+            Issue.record("not every burst started and finished: starts \(starts), finishes \(finishes.keys.sorted())")
+            return
+        }
+        // Each period is 10 ms; a frame 20 ms, two periods. Events are read a tick late at most.
+        #expect(second >= missed.period - 2, "the missed burst is heard first: it ended at \(missed.period), talker 2 began at \(second)")
+        #expect(abs(second - third) <= 2, "the two who talked together are heard together: periods \(second) and \(third)")
+        #expect(fourth >= max(secondEnd.period, thirdEnd.period) - 2,
+                "the talker who began after them is heard after them: \(fourth) against \(secondEnd.period), \(thirdEnd.period)")
+        for slot in [UInt16(2), 3] {
+            #expect(finishes[slot]?.statistics.played == 21, "talker \(slot)'s burst was played whole: \(String(describing: finishes[slot]?.statistics))")
+        }
     }
 }
