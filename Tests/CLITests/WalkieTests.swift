@@ -585,6 +585,66 @@ import Testing
         }
     }
 
+    /// The screen's own lines with more than one thing going on, which the other terminal tests
+    /// don't reach: a press taken away by a higher priority says so, and the notice goes once the
+    /// channel has been quiet for 5 s (it used to stay over "Idle" until the next key); and in a
+    /// full-duplex channel, the speaker line names everyone talking at once.
+    @Test func theScreenNamesEveryTalkerAndLetsAnOldFloorNoticeGo() async throws {
+        let world = try await World()
+        defer { world.finish() }
+        let tmux = Tmux()
+        defer { tmux.stop() }
+        let walkie = Executables.url("walkie").path
+        let longSpeech = world.dir + "/long-speech.wav"
+        try World.writeSpeech(seconds: 20, to: longSpeech)
+        try tmux.start("bob", [walkie, "join"] + world.arguments("bob") + ["--state-dir", world.dir + "/state-bob", "--push-port", "0",
+                                                                          "--input-file", longSpeech, "--output-file", world.dir + "/bob-heard.wav"])
+        #expect(try await tmux.wait("bob", for: "Bob (you)"), "\(tmux.screen("bob"))")
+        #expect(try await tmux.wait("bob", for: "ready"), "\(tmux.screen("bob"))")
+
+        // Half duplex: Bob latches; Boss (priority 200) takes the floor for the 2 s file.
+        try tmux.keys("bob", "Space")
+        #expect(try await tmux.wait("bob", for: "LATCHED"), "\(tmux.screen("bob"))")
+        let boss = try Executables.run("squelchd", ["token", "issue", "--channel", world.channel.uuidString, "--user", "boss", "--name", "Boss",
+                                                    "--priority", "200", "--data-dir", world.data]).out.trimmingCharacters(in: .whitespacesAndNewlines)
+        let bossTalk = try Running(["talk", "--server", "127.0.0.1:\(world.server.voicePort)", "--token", boss, "--ca", world.certs + "/ca.pem",
+                                    "--file", world.speech, "--push-port", "0"], reaper: world.reaper)
+        #expect(try await tmux.wait("bob", for: "Floor taken away"), "\(tmux.screen("bob"))")
+        #expect(try await tmux.wait("bob", for: "Speaker: Boss"), "\(tmux.screen("bob"))")
+        #expect(await bossTalk.process.waitForExit(seconds: 20) && bossTalk.process.terminationStatus == 0, "\(bossTalk.err.contents)")
+        #expect(try await tmux.wait("bob", for: "Speaker: —"), "\(tmux.screen("bob"))")
+        let quietAt = Date()
+        #expect(tmux.screen("bob").contains("Floor taken away"), "the notice outlasts the burst that caused it: \(tmux.screen("bob"))")
+        var gone = false
+        while !gone, Date().timeIntervalSince(quietAt) < 15 {
+            gone = !tmux.screen("bob").contains("Floor taken away")
+            if !gone { try await Task.sleep(for: .milliseconds(100)) }
+        }
+        #expect(gone, "the notice goes once the channel has been quiet a while: \(tmux.screen("bob"))")
+        #expect(Date().timeIntervalSince(quietAt) >= 3, "it stays a few seconds after the channel goes quiet, to be read")
+
+        // Full duplex (changed from the command line while Bob is in the channel): two talk at once,
+        // and Bob's speaker line names both.
+        let update = try Executables.run("squelchd", ["channel", "update", world.channel.uuidString, "--mode", "full", "--data-dir", world.data])
+        #expect(update.status == 0, "\(update.err)")
+        #expect(try await tmux.wait("bob", for: "full-duplex"), "the channel's new mode reached the screen: \(tmux.screen("bob"))")
+        let ann = try await world.talking("ann", seconds: 6)
+        let cat = try await world.talking("cat", seconds: 6)
+        var both = false
+        let deadline = Date().addingTimeInterval(20)
+        while !both, Date() < deadline {
+            let screen = tmux.screen("bob")
+            both = screen.contains("Speaker: Ann, Cat") || screen.contains("Speaker: Cat, Ann")
+            if !both { try await Task.sleep(for: .milliseconds(100)) }
+        }
+        #expect(both, "\(tmux.screen("bob"))")
+        #expect(await ann.process.waitForExit(seconds: 20) && ann.process.terminationStatus == 0, "\(ann.err.contents)")
+        #expect(await cat.process.waitForExit(seconds: 20) && cat.process.terminationStatus == 0, "\(cat.err.contents)")
+        #expect(try await tmux.wait("bob", for: "Speaker: —"), "\(tmux.screen("bob"))")
+        try tmux.keys("bob", "q")
+        #expect(try await tmux.wait("bob", for: "EXITED 0"), "\(tmux.screen("bob"))")
+    }
+
     @Test func twoTerminalsTalkThroughTheServerAndAKilledWalkieRestores() async throws {
         let world = try await World()
         defer { world.finish() }
