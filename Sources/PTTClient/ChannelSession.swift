@@ -564,7 +564,7 @@ struct ChannelSession {
     }
 
     private mutating func scheduleReconnect() {
-        let delay = min(30_000, 500 << min(reconnectAttempts, 6))
+        let delay = Backoff.milliseconds(first: 500, failuresBefore: reconnectAttempts, ceiling: 30_000)
         reconnectAttempts += 1
         outputs.append(.scheduleReconnect(milliseconds: delay))
     }

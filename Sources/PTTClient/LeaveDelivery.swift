@@ -136,7 +136,6 @@ struct LeaveDelivery: Sendable {
 
     private mutating func retry() -> Next {
         failures += 1
-        let wait = 1_000 << min(failures - 1, 6)
-        return .retry(afterMilliseconds: min(wait, Self.maximumBackoffMilliseconds))
+        return .retry(afterMilliseconds: Backoff.milliseconds(first: 1_000, failuresBefore: failures - 1, ceiling: Self.maximumBackoffMilliseconds))
     }
 }

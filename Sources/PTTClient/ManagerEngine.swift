@@ -375,9 +375,7 @@ actor ManagerEngine {
         case .scheduleReconnect(let milliseconds):
             let sink = commandSink
             reconnectTask?.cancel()
-            // Between half and all of the backoff, at random: after a server restart or an outage,
-            // every client of a channel would otherwise knock at the same moments.
-            let wait = milliseconds / 2 + Int.random(in: 0 ... max(0, milliseconds - milliseconds / 2))
+            let wait = Backoff.jittered(milliseconds)
             reconnectTask = Task {
                 try? await Task.sleep(for: .milliseconds(wait))
                 if !Task.isCancelled { sink.yield(.reconnectDue) }
@@ -598,8 +596,7 @@ actor ManagerEngine {
                     sink.yield(.leaveSettled(leave.channel, id: id, outcome))
                     return
                 case .retry(let milliseconds):
-                    let wait = milliseconds / 2 + Int.random(in: 0 ... milliseconds - milliseconds / 2)
-                    do { try await Task.sleep(for: .milliseconds(wait)) } catch { return }
+                    do { try await Task.sleep(for: .milliseconds(Backoff.jittered(milliseconds))) } catch { return }
                 }
             }
         }
