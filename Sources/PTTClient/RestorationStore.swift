@@ -19,22 +19,43 @@ public struct RestorationRecord: Sendable, Equatable, Codable {
     }
 }
 
+/// Which of the files in a restoration directory an error is about.
+public enum RestorationFile: Sendable, Equatable {
+    /// The channel to restore (`RestorationRecord`).
+    case channel
+    /// The leaves not yet delivered to a server (`OwedLeave`).
+    case owedLeaves
+    /// An app's own file beside them (`saveValue(_:named:)`), by its name.
+    case app(String)
+}
+
 /// Why the restoration record could not be used.
 public enum RestorationError: Error, Sendable, Equatable, CustomStringConvertible {
     /// The file was unreadable or not a record; it was moved aside to `movedTo`.
-    case corrupt(path: String, movedTo: String, why: String)
-    case unwritable(path: String, why: String)
+    case corrupt(RestorationFile, path: String, movedTo: String, why: String)
+    case unwritable(RestorationFile, path: String, why: String)
+
+    /// The file the error is about.
+    public var file: RestorationFile {
+        switch self {
+        case .corrupt(let file, _, _, _), .unwritable(let file, _, _): file
+        }
+    }
 
     public var description: String {
         switch self {
-        case .corrupt(let path, let movedTo, let why) where path.hasSuffix(RestorationStore.owedLeavesFile):
+        case .corrupt(.owedLeaves, let path, let movedTo, let why):
             "the leaves not yet delivered to the server, in \(path), could not be read (\(why)); the file was moved to \(movedTo); the server may still list you in those channels until an administrator removes you"
-        case .unwritable(let path, let why) where path.hasSuffix(RestorationStore.owedLeavesFile):
+        case .unwritable(.owedLeaves, let path, let why):
             "could not save a leave for later delivery in \(path) (\(why)); if the app stops before the server hears it, it keeps listing you; check the directory's permissions"
-        case .corrupt(let path, let movedTo, let why):
+        case .corrupt(.channel, let path, let movedTo, let why):
             "the saved channel in \(path) could not be read (\(why)); it was moved to \(movedTo) and the channel was not restored; join it again"
-        case .unwritable(let path, let why):
+        case .unwritable(.channel, let path, let why):
             "could not save the channel for restoration in \(path) (\(why)); check the directory's permissions or set XDG_STATE_HOME"
+        case .corrupt(.app, let path, let movedTo, let why):
+            "the saved settings in \(path) could not be read (\(why)); the file was moved to \(movedTo) and the defaults apply"
+        case .unwritable(.app, let path, let why):
+            "could not save settings in \(path) (\(why)); check the directory's permissions or set XDG_STATE_HOME"
         }
     }
 }
@@ -62,11 +83,11 @@ public struct RestorationStore: Sendable {
     /// The saved record; nil if there is none. A file that can't be read is moved aside (never
     /// deleted: it may be worth a look) and reported.
     public func load() throws(RestorationError) -> RestorationRecord? {
-        try read(RestorationRecord.self, from: path)
+        try read(RestorationRecord.self, .channel, from: path)
     }
 
     public func save(_ record: RestorationRecord) throws(RestorationError) {
-        try write(record, to: path)
+        try write(record, .channel, to: path)
     }
 
     /// Where the leaves the server has not heard yet are kept (`OwedLeave`): apart from the record,
@@ -77,7 +98,7 @@ public struct RestorationStore: Sendable {
     /// The leaves still owed to servers, oldest first; empty if there are none. A file that can't be
     /// read is moved aside and reported, as the record is.
     public func loadOwedLeaves() throws(RestorationError) -> [OwedLeave] {
-        try read([OwedLeave].self, from: owedLeavesPath) ?? []
+        try read([OwedLeave].self, .owedLeaves, from: owedLeavesPath) ?? []
     }
 
     /// Replaces the owed leaves on disk; an empty list removes the file.
@@ -86,22 +107,22 @@ public struct RestorationStore: Sendable {
             try? FileManager.default.removeItem(atPath: owedLeavesPath)
             return
         }
-        try write(leaves, to: owedLeavesPath)
+        try write(leaves, .owedLeaves, to: owedLeavesPath)
     }
 
     /// An app's own value, kept in `file` beside the record (settings the record doesn't hold), read
     /// as the record is; nil if there is none.
     public func loadValue<Value: Decodable>(_ type: Value.Type, named file: String) throws(RestorationError) -> Value? {
-        try read(type, from: (directory as NSString).appendingPathComponent(file))
+        try read(type, .app(file), from: (directory as NSString).appendingPathComponent(file))
     }
 
     /// Saves an app's own value in `file` beside the record, as the record is saved: in one step,
     /// readable by this user only.
     public func saveValue<Value: Encodable>(_ value: Value, named file: String) throws(RestorationError) {
-        try write(value, to: (directory as NSString).appendingPathComponent(file))
+        try write(value, .app(file), to: (directory as NSString).appendingPathComponent(file))
     }
 
-    private func read<Value: Decodable>(_ type: Value.Type, from path: String) throws(RestorationError) -> Value? {
+    private func read<Value: Decodable>(_ type: Value.Type, _ file: RestorationFile, from path: String) throws(RestorationError) -> Value? {
         guard let data = FileManager.default.contents(atPath: path) else { return nil }
         do {
             return try JSONDecoder().decode(Value.self, from: data)
@@ -109,11 +130,11 @@ public struct RestorationStore: Sendable {
             let aside = path + ".corrupt-\(Int(Date().timeIntervalSince1970))"
             try? FileManager.default.removeItem(atPath: aside)
             try? FileManager.default.moveItem(atPath: path, toPath: aside)
-            throw .corrupt(path: path, movedTo: aside, why: Self.describe(error))
+            throw .corrupt(file, path: path, movedTo: aside, why: Self.describe(error))
         }
     }
 
-    private func write<Value: Encodable>(_ value: Value, to path: String) throws(RestorationError) {
+    private func write<Value: Encodable>(_ value: Value, _ file: RestorationFile, to path: String) throws(RestorationError) {
         do {
             try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true,
                                                     attributes: [.posixPermissions: 0o700])
@@ -128,12 +149,12 @@ public struct RestorationStore: Sendable {
             guard rename(temporary, path) == 0 else {
                 let why = String(cString: strerror(errno))
                 try? FileManager.default.removeItem(atPath: temporary)
-                throw RestorationError.unwritable(path: path, why: why)
+                throw RestorationError.unwritable(file, path: path, why: why)
             }
         } catch let error as RestorationError {
             throw error
         } catch {
-            throw .unwritable(path: path, why: Self.describe(error))
+            throw .unwritable(file, path: path, why: Self.describe(error))
         }
     }
 

@@ -228,7 +228,7 @@ struct SavedSettings: Codable, Equatable {
             try RestorationStore(directory: directory).saveValue(self, named: Self.file)
             return nil
         } catch {
-            let why = if case .unwritable(_, let why) = error { why } else { "\(error)" }
+            let why = if case .unwritable(_, _, let why) = error { why } else { "\(error)" }
             return "could not save --push-port and --token-file for the next start in \(directory) (\(why)); 'walkie' will use the defaults"
         }
     }

@@ -282,7 +282,7 @@ import X509
         let d = RecordingDelegate()
         let manager = try await ChannelManager.channelManager(delegate: d, restorationDelegate: d,
                                                               configuration: ChannelManagerConfiguration(stateDirectory: directory))
-        guard case .corrupt(_, let aside, let why)? = manager.restorationError else {
+        guard case .corrupt(.channel, _, let aside, let why)? = manager.restorationError else {
             Issue.record("no restoration error: \(String(describing: manager.restorationError))")
             return
         }
