@@ -52,6 +52,20 @@ import Testing
             ["--server", "127.0.0.1:\(server.voicePort)", "--token", tokens[user]!, "--ca", certs + "/ca.pem"]
         }
 
+        /// A speech file of `seconds`, written once, for a walkie's microphone.
+        func speechFile(seconds: Int) throws -> String {
+            let path = dir + "/speech-\(seconds)s.wav"
+            if !FileManager.default.fileExists(atPath: path) { try Self.writeSpeech(seconds: Double(seconds), to: path) }
+            return path
+        }
+
+        /// `walkie join` for a terminal, as `user`, with its own state directory, `input` as its
+        /// microphone and what it hears recorded in `<user>-heard.wav`.
+        func join(_ user: String, pushPort: Int, input: String) -> [String] {
+            [Executables.url("walkie").path, "join"] + arguments(user)
+                + ["--state-dir", dir + "/state-\(user)", "--push-port", "\(pushPort)", "--input-file", input, "--output-file", dir + "/\(user)-heard.wav"]
+        }
+
         /// `walkie talk` as `user` with `seconds` of speech, running, once it says it is sending.
         func talking(_ user: String, seconds: Double) async throws -> Running {
             let file = dir + "/\(user)-\(Int(seconds))s.wav"
@@ -594,11 +608,7 @@ import Testing
         defer { world.finish() }
         let tmux = Tmux()
         defer { tmux.stop() }
-        let walkie = Executables.url("walkie").path
-        let longSpeech = world.dir + "/long-speech.wav"
-        try World.writeSpeech(seconds: 20, to: longSpeech)
-        try tmux.start("bob", [walkie, "join"] + world.arguments("bob") + ["--state-dir", world.dir + "/state-bob", "--push-port", "0",
-                                                                          "--input-file", longSpeech, "--output-file", world.dir + "/bob-heard.wav"])
+        try tmux.start("bob", world.join("bob", pushPort: 0, input: try world.speechFile(seconds: 20)))
         #expect(try await tmux.wait("bob", for: "Bob (you)"), "\(tmux.screen("bob"))")
         #expect(try await tmux.wait("bob", for: "ready"), "\(tmux.screen("bob"))")
 
@@ -653,12 +663,8 @@ import Testing
         let walkie = Executables.url("walkie").path
         // The microphone outlasts every latch here: once its file ends, walkie releases the floor (the
         // end of this test checks that with a short file).
-        let longSpeech = world.dir + "/long-speech.wav"
-        try World.writeSpeech(seconds: 20, to: longSpeech)
-        func join(_ user: String) -> [String] {
-            [walkie, "join"] + world.arguments(user) + ["--state-dir", world.dir + "/state-\(user)", "--push-port", "\(world.pushPort)",
-                                                        "--input-file", longSpeech, "--output-file", world.dir + "/\(user)-heard.wav"]
-        }
+        let longSpeech = try world.speechFile(seconds: 20)
+        func join(_ user: String) -> [String] { world.join(user, pushPort: world.pushPort, input: longSpeech) }
         try tmux.start("ann", join("ann"))
         try tmux.start("bob", join("bob"))
         // Each sees the channel, its readiness and both members.
