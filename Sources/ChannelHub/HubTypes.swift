@@ -141,19 +141,6 @@ public struct WakeCandidate: Sendable, Equatable {
     }
 }
 
-/// A write the hub wants persisted.
-public enum StoreOperation: Sendable, Equatable {
-    case upsertMember(MemberRecord)
-    case touchMember(channel: UUID, user: String, lastSeen: Date)
-    case setPushToken(channel: UUID, user: String, token: String, environment: PushEnvironment, registeredAt: Date)
-    case removeMember(channel: UUID, user: String)
-    /// APNs said the token is dead.
-    case clearPushToken(channel: UUID, user: String)
-    /// The member's subscription list (`MemberRecord.unheard`) changed.
-    case setSubscriptions(channel: UUID, user: String, unheard: [String])
-    case logTransmission(TransmissionRecord)
-}
-
 /// Why the relay dropped an incoming audio datagram.
 public enum DropReason: Int, CaseIterable, Sendable {
     /// Not an audio datagram of this protocol.

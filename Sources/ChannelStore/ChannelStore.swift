@@ -419,6 +419,20 @@ public struct MemberKey: Hashable, Sendable {
     }
 }
 
+/// A write the hub wants persisted, as the store's own methods of the same names do it: what
+/// `ChannelStore.apply(_:)` takes many of at once.
+public enum StoreOperation: Sendable, Equatable {
+    case upsertMember(MemberRecord)
+    case touchMember(channel: UUID, user: String, lastSeen: Date)
+    case setPushToken(channel: UUID, user: String, token: String, environment: PushEnvironment, registeredAt: Date)
+    case removeMember(channel: UUID, user: String)
+    /// APNs said the token is dead.
+    case clearPushToken(channel: UUID, user: String)
+    /// The member's subscription list (`MemberRecord.unheard`) changed.
+    case setSubscriptions(channel: UUID, user: String, unheard: [String])
+    case logTransmission(TransmissionRecord)
+}
+
 /// Where squelchd keeps what must survive a restart. SQLite (`SQLiteChannelStore`) is the embedded
 /// default; the protocol leaves room for PostgreSQL in a multi-node deployment.
 ///
@@ -509,6 +523,16 @@ public protocol ChannelStore: Sendable {
     /// Makes every committed write durable in the main database file (a WAL checkpoint) and releases
     /// the database. Called on graceful shutdown.
     func close() async throws(StoreError)
+
+    /// Applies `operations` in order, all durable when the call returns, and returns what became of
+    /// each: nil when it was applied, or the error it was refused with (`memberNotFound`,
+    /// `channelNotFound`, `invalid`, or a `database` error of that write alone), which leaves the
+    /// others applied. Throws, with none of them applied, when the database can't take writes now
+    /// (an `unavailable` error: locked, disk full) or at all: one transaction, so that a failure
+    /// leaves nothing half done to apply twice (a burst's start is added, not replaced). One commit
+    /// for many writes matters: a server's writes come in bursts (a channel's members reconnecting
+    /// after a restart), and each durable commit costs a disk flush.
+    func apply(_ operations: [StoreOperation]) async throws(StoreError) -> [StoreError?]
 }
 
 extension ChannelStore {

@@ -338,20 +338,8 @@ public final class SQLiteChannelStore: ChannelStore {
     // MARK: Members
 
     public func upsertMember(_ member: MemberRecord) async throws(StoreError) {
-        let newRow = MemberRow(member)
-        try await write("store member '\(member.userID)' of channel \(member.channelID)") { db in
-            var row = newRow
-            guard try ChannelRow.exists(db, key: row.channelID) else { throw StoreError.channelNotFound(member.channelID) }
-            if row.pushToken == nil || row.tokenID == nil, let existing = try MemberRow.fetchOne(db, key: row.key) {
-                if row.pushToken == nil {
-                    row.pushToken = existing.pushToken
-                    row.pushEnvironment = existing.pushEnvironment
-                    row.pushRegisteredAt = existing.pushRegisteredAt
-                }
-                if row.tokenID == nil { row.grant = existing.grant }
-            }
-            try row.save(db)
-        }
+        let operation = StoreOperation.upsertMember(member)
+        try await write(Self.action(operation)) { db in try Self.perform(operation, in: db) }
     }
 
     public func members(of channel: UUID) async throws(StoreError) -> [MemberRecord] {
@@ -369,15 +357,13 @@ public final class SQLiteChannelStore: ChannelStore {
     }
 
     public func removeMember(channel: UUID, user: String) async throws(StoreError) {
-        try await write("remove member '\(user)' of channel \(channel)") { db in
-            guard try MemberRow.deleteOne(db, key: MemberRow.key(channel, user)) else {
-                throw StoreError.memberNotFound(channel: channel, user: user)
-            }
-        }
+        let operation = StoreOperation.removeMember(channel: channel, user: user)
+        try await write(Self.action(operation)) { db in try Self.perform(operation, in: db) }
     }
 
     public func touchMember(channel: UUID, user: String, lastSeen: Date) async throws(StoreError) {
-        try await updateMember(channel, user, "update last seen of") { [MemberRow.Columns.lastSeen.set(to: lastSeen.unixMilliseconds)] }
+        let operation = StoreOperation.touchMember(channel: channel, user: user, lastSeen: lastSeen)
+        try await write(Self.action(operation)) { db in try Self.perform(operation, in: db) }
     }
 
     public func touchMembers(_ members: [MemberKey], lastSeen: Date) async throws(StoreError) {
@@ -411,34 +397,101 @@ public final class SQLiteChannelStore: ChannelStore {
 
     public func setPushToken(channel: UUID, user: String, token: String, environment: PushEnvironment,
                              registeredAt: Date) async throws(StoreError) {
-        try await updateMember(channel, user, "store the push token of") {
-            [MemberRow.Columns.pushToken.set(to: token),
-             MemberRow.Columns.pushEnvironment.set(to: environment.rawValue),
-             MemberRow.Columns.pushRegisteredAt.set(to: registeredAt.unixMilliseconds)]
-        }
+        let operation = StoreOperation.setPushToken(channel: channel, user: user, token: token, environment: environment, registeredAt: registeredAt)
+        try await write(Self.action(operation)) { db in try Self.perform(operation, in: db) }
     }
 
     public func clearPushToken(channel: UUID, user: String) async throws(StoreError) {
-        try await updateMember(channel, user, "clear the push token of") {
-            [MemberRow.Columns.pushToken.set(to: nil),
-             MemberRow.Columns.pushEnvironment.set(to: nil),
-             MemberRow.Columns.pushRegisteredAt.set(to: nil)]
-        }
+        let operation = StoreOperation.clearPushToken(channel: channel, user: user)
+        try await write(Self.action(operation)) { db in try Self.perform(operation, in: db) }
     }
 
     public func setSubscriptions(channel: UUID, user: String, unheard: [String]) async throws(StoreError) {
-        let value = MemberRow.unheardColumn(unheard)
-        try await updateMember(channel, user, "store the subscriptions of") { [MemberRow.Columns.unheard.set(to: value)] }
+        let operation = StoreOperation.setSubscriptions(channel: channel, user: user, unheard: unheard)
+        try await write(Self.action(operation)) { db in try Self.perform(operation, in: db) }
     }
 
-    /// `assignments` is a builder because GRDB's `ColumnAssignment` is not Sendable and the update
-    /// runs on GRDB's writer queue.
-    private func updateMember(_ channel: UUID, _ user: String, _ action: String,
-                              _ assignments: @Sendable () -> [ColumnAssignment]) async throws(StoreError) {
-        try await write("\(action) member '\(user)' of channel \(channel)") { db in
-            let changed = try MemberRow.filter(key: MemberRow.key(channel, user)).updateAll(db, assignments())
-            guard changed > 0 else { throw StoreError.memberNotFound(channel: channel, user: user) }
+    /// Every write in one transaction, each in a savepoint of its own: a write refused (no such
+    /// member, a value refused) is undone alone and reported, the others commit together, with one
+    /// disk flush for all of them.
+    public func apply(_ operations: [StoreOperation]) async throws(StoreError) -> [StoreError?] {
+        guard !operations.isEmpty else { return [] }
+        return try await write("save \(operations.count) changes") { db in
+            var outcomes: [StoreError?] = []
+            outcomes.reserveCapacity(operations.count)
+            for operation in operations {
+                do {
+                    try db.inSavepoint {
+                        try Self.perform(operation, in: db)
+                        return .commit
+                    }
+                    outcomes.append(nil)
+                } catch {
+                    let refusal = Self.storeError("cannot " + Self.action(operation), error)
+                    // One that may pass later (the disk full, an I/O error) fails them all: the
+                    // transaction is rolled back and the caller tries the whole batch again.
+                    if refusal.isTransient { throw error }
+                    outcomes.append(refusal)
+                }
+            }
+            return outcomes
         }
+    }
+
+    /// What `operation` does, for error messages: "store member 'ann' of channel …".
+    static func action(_ operation: StoreOperation) -> String {
+        switch operation {
+        case .upsertMember(let member): "store member '\(member.userID)' of channel \(member.channelID)"
+        case .touchMember(let channel, let user, _): "update last seen of member '\(user)' of channel \(channel)"
+        case .setPushToken(let channel, let user, _, _, _): "store the push token of member '\(user)' of channel \(channel)"
+        case .removeMember(let channel, let user): "remove member '\(user)' of channel \(channel)"
+        case .clearPushToken(let channel, let user): "clear the push token of member '\(user)' of channel \(channel)"
+        case .setSubscriptions(let channel, let user, _): "store the subscriptions of member '\(user)' of channel \(channel)"
+        case .logTransmission(let record): "log a transmission on channel \(record.channelID)"
+        }
+    }
+
+    /// One write, inside the caller's transaction.
+    static func perform(_ operation: StoreOperation, in db: Database) throws {
+        switch operation {
+        case .upsertMember(let member):
+            var row = MemberRow(member)
+            guard try ChannelRow.exists(db, key: row.channelID) else { throw StoreError.channelNotFound(member.channelID) }
+            if row.pushToken == nil || row.tokenID == nil, let existing = try MemberRow.fetchOne(db, key: row.key) {
+                if row.pushToken == nil {
+                    row.pushToken = existing.pushToken
+                    row.pushEnvironment = existing.pushEnvironment
+                    row.pushRegisteredAt = existing.pushRegisteredAt
+                }
+                if row.tokenID == nil { row.grant = existing.grant }
+            }
+            try row.save(db)
+        case .touchMember(let channel, let user, let lastSeen):
+            try updateMember(channel, user, in: db, [MemberRow.Columns.lastSeen.set(to: lastSeen.unixMilliseconds)])
+        case .setPushToken(let channel, let user, let token, let environment, let registeredAt):
+            try updateMember(channel, user, in: db,
+                             [MemberRow.Columns.pushToken.set(to: token),
+                              MemberRow.Columns.pushEnvironment.set(to: environment.rawValue),
+                              MemberRow.Columns.pushRegisteredAt.set(to: registeredAt.unixMilliseconds)])
+        case .removeMember(let channel, let user):
+            guard try MemberRow.deleteOne(db, key: MemberRow.key(channel, user)) else {
+                throw StoreError.memberNotFound(channel: channel, user: user)
+            }
+        case .clearPushToken(let channel, let user):
+            try updateMember(channel, user, in: db,
+                             [MemberRow.Columns.pushToken.set(to: nil),
+                              MemberRow.Columns.pushEnvironment.set(to: nil),
+                              MemberRow.Columns.pushRegisteredAt.set(to: nil)])
+        case .setSubscriptions(let channel, let user, let unheard):
+            try updateMember(channel, user, in: db, [MemberRow.Columns.unheard.set(to: MemberRow.unheardColumn(unheard))])
+        case .logTransmission(let record):
+            try logTransmission(TransmissionRow(record), in: db)
+        }
+    }
+
+    private static func updateMember(_ channel: UUID, _ user: String, in db: Database, _ assignments: [ColumnAssignment]) throws {
+        let changed = try MemberRow.filter(key: MemberRow.key(channel, user)).updateAll(db, assignments)
+        guard changed > 0 else { throw StoreError.memberNotFound(channel: channel, user: user) }
     }
 
     // MARK: Revocations
@@ -524,24 +577,26 @@ public final class SQLiteChannelStore: ChannelStore {
     // MARK: Transmission log
 
     public func logTransmission(_ record: TransmissionRecord) async throws(StoreError) {
-        let row = TransmissionRow(record)
-        try await write("log a transmission on channel \(record.channelID)") { db in
-            // A burst's start inserts its row; its progress (in progress, with the length so far) and
-            // its end update that row. A start is never an update: two bursts of a user starting in
-            // the same millisecond (two connections, full duplex) each get a row.
-            if record.endReason != TransmissionRecord.inProgress || record.durationMilliseconds > 0 {
-                // One row: two bursts of a user starting in the same millisecond each end their own.
-                try db.execute(sql: """
-                    UPDATE transmission SET duration_ms = ?, end_reason = ?
-                    WHERE id = (SELECT id FROM transmission
-                                WHERE channel_id = ? AND user_id = ? AND started_at = ? AND end_reason = ?
-                                ORDER BY id LIMIT 1)
-                    """, arguments: [row.durationMilliseconds, row.endReason, row.channelID, row.userID, row.startedAt,
-                                     TransmissionRecord.inProgress])
-                if db.changesCount > 0 { return }
-            }
-            try row.insert(db)
+        let operation = StoreOperation.logTransmission(record)
+        try await write(Self.action(operation)) { db in try Self.perform(operation, in: db) }
+    }
+
+    private static func logTransmission(_ row: TransmissionRow, in db: Database) throws {
+        // A burst's start inserts its row; its progress (in progress, with the length so far) and
+        // its end update that row. A start is never an update: two bursts of a user starting in
+        // the same millisecond (two connections, full duplex) each get a row.
+        if row.endReason != TransmissionRecord.inProgress || row.durationMilliseconds > 0 {
+            // One row: two bursts of a user starting in the same millisecond each end their own.
+            try db.execute(sql: """
+                UPDATE transmission SET duration_ms = ?, end_reason = ?
+                WHERE id = (SELECT id FROM transmission
+                            WHERE channel_id = ? AND user_id = ? AND started_at = ? AND end_reason = ?
+                            ORDER BY id LIMIT 1)
+                """, arguments: [row.durationMilliseconds, row.endReason, row.channelID, row.userID, row.startedAt,
+                                 TransmissionRecord.inProgress])
+            if db.changesCount > 0 { return }
         }
+        try row.insert(db)
     }
 
     public func closeInterruptedTransmissions() async throws(StoreError) -> Int {

@@ -28,8 +28,10 @@ public final class StoreWriter: Sendable {
         var refusals = 0
         /// Since the last write the database failed, until one succeeds.
         var failing: WriteFailure?
-        /// When the write in hand was first tried; nil between writes.
+        /// When the writes in hand were first tried; nil between batches.
         var writingSince: ContinuousClock.Instant?
+        /// How many writes are in hand: taken off the queue, not in the database yet.
+        var inHand = 0
         /// Writes the database failed for good (not a reason that passes), the last one's time and
         /// error; reported for `lostWritesReported` after the last.
         var lost: (count: Int, last: ContinuousClock.Instant, error: String)?
@@ -62,9 +64,9 @@ public final class StoreWriter: Sendable {
     /// goes on, but what changes is kept only in memory and a restart now would lose it. So does a
     /// write the database failed for good, for `lostWritesReported` after the last one.
     public func unhealthyReason(now: ContinuousClock.Instant = .now, stuckAfter: Duration = .seconds(15)) -> String? {
-        // The write in hand counts: it was taken off the queue but is not in the database either.
+        // The writes in hand count: taken off the queue, they are not in the database either.
         let (failing, writingSince, waiting, lost) = state.withLockedValue {
-            ($0.failing, $0.writingSince, $0.queue.count + ($0.writingSince == nil ? 0 : 1), $0.lost)
+            ($0.failing, $0.writingSince, $0.queue.count + $0.inHand, $0.lost)
         }
         let held = "\(waiting) \(waiting == 1 ? "write waits" : "writes wait") in memory and will be written once it recovers, but a restart now loses them"
         let next = "check the data directory's disk (space, I/O errors, permissions) and whether another process holds the database locked"
@@ -79,6 +81,9 @@ public final class StoreWriter: Sendable {
         }
         return nil
     }
+
+    /// Writes taken off the queue and not in the database yet.
+    var writesInHand: Int { state.withLockedValue { $0.inHand } }
 
     /// How long `/healthz` reports writes the database failed for good (SQLITE_READONLY, data that
     /// reads back damaged): long enough for a monitor's few probes to see it, after which a quiet
@@ -147,22 +152,32 @@ public final class StoreWriter: Sendable {
         }
     }
 
+    /// The most writes committed together. A channel's members reconnecting after a restart queue
+    /// a few writes each; one transaction for them costs one disk flush instead of one per write
+    /// (`synchronous = FULL`), which on a virtual disk took 0.3 ms of wall time and 0.12 ms of CPU
+    /// each. Bounded so that one transaction holds the database's write lock only briefly (the CLI
+    /// edits the same file).
+    static let maxBatch = 256
+
     private func drainQueue() async {
         var bell = doorbell.makeAsyncIterator()
         var abandoned = 0
         while true {
-            while let operation = state.withLockedValue({ state -> StoreOperation? in
-                let operation = state.queue.pop()
-                metrics?.storeWaiting.set(Int64(state.queue.count))
-                // A stall that is over starts the next one's reports from the first refusal again.
-                if state.queue.waitingLogRecords == 0 { state.refusals = 0 }
-                return operation
-            }) {
+            while true {
+                let batch = state.withLockedValue { state -> [StoreOperation] in
+                    var batch: [StoreOperation] = []
+                    while batch.count < Self.maxBatch, let operation = state.queue.pop() { batch.append(operation) }
+                    metrics?.storeWaiting.set(Int64(state.queue.count))
+                    // A stall that is over starts the next one's reports from the first refusal again.
+                    if state.queue.waitingLogRecords == 0 { state.refusals = 0 }
+                    return batch
+                }
+                if batch.isEmpty { break }
                 if abandoned > 0 {
-                    abandoned += 1
+                    abandoned += batch.count
                     continue
                 }
-                if await !write(operation) { abandoned = 1 }
+                if await !write(batch) { abandoned = batch.count }
             }
             let done = state.withLockedValue { state in
                 state.drained = state.finished && state.queue.isEmpty
@@ -182,18 +197,32 @@ public final class StoreWriter: Sendable {
         }
     }
 
-    /// Applies one write, trying it again while it fails for a reason that passes. False when the
-    /// server is stopping and the retry budget is spent: this write and every later one are given up.
-    private func write(_ operation: StoreOperation) async -> Bool {
+    /// Applies a batch of writes in one transaction, trying it again while it fails for a reason
+    /// that passes. A write the database refuses alone is settled (`settle`) and the others stand.
+    /// False when the server is stopping and the retry budget is spent: this batch and every later
+    /// write are given up.
+    private func write(_ batch: [StoreOperation]) async -> Bool {
         var failures = 0
-        state.withLockedValue { $0.writingSince = .now }
-        defer { state.withLockedValue { $0.writingSince = nil } }
+        state.withLockedValue {
+            $0.writingSince = .now
+            $0.inHand = batch.count
+        }
+        defer {
+            state.withLockedValue {
+                $0.writingSince = nil
+                $0.inHand = 0
+            }
+        }
         while true {
             do {
-                try await apply(operation)
+                let outcomes = try await store.apply(batch)
+                metrics?.storeCommits.increment()
                 noteDatabaseAnswered()
                 if failures > 0 {
                     logger.notice("database writes resumed", metadata: ["attempts": "\(failures + 1)"])
+                }
+                for (operation, outcome) in zip(batch, outcomes) {
+                    if let outcome { settle(operation, refusedWith: outcome) }
                 }
                 return true
             } catch {
@@ -202,12 +231,12 @@ public final class StoreWriter: Sendable {
                 let decision = retry.decide(error, failures: failures, stoppingFor: stoppingFor)
                 switch (error, decision) {
                 case (.database(let why), .drop):
-                    // Nothing waits on it any more: the failure is a loss now, reported for a while.
-                    noteWriteLost(why)
+                    // Nothing waits on them any more: the failure is a loss now, reported for a while.
+                    noteWriteLost(why, count: batch.count)
                 case (.database(let why), _), (.unavailable(let why), _):
                     noteDatabaseFailed(why)
                 case (.invalid, _), (.channelNotFound, _), (.memberNotFound, _):
-                    // The database answered; the write itself is refused.
+                    // The database answered; the writes themselves are refused.
                     noteDatabaseAnswered()
                 }
                 switch decision {
@@ -219,21 +248,41 @@ public final class StoreWriter: Sendable {
                     if failures & (failures - 1) == 0 || failures % 30 == 0 {
                         logger.warning("store write failed; it is kept and tried again",
                                        metadata: ["error": "\(error)", "attempts": "\(failures)", "next in": "\(delay)",
-                                                  "waiting": "\(state.withLockedValue { $0.queue.count })"])
+                                                  "writes": "\(batch.count)", "waiting": "\(state.withLockedValue { $0.queue.count })"])
                     }
                     try? await Task.sleep(for: delay)
                 case .drop:
-                    // Refused outright (its channel was deleted meanwhile, a value is refused): trying
-                    // again cannot help. The live state is still right.
-                    metrics?.storeFailures.increment()
-                    logger.error("store write failed", metadata: ["operation": "\(operation)", "error": "\(error)"])
+                    // Refused outright (a database it cannot write, a damaged file): trying again
+                    // cannot help. The live state is still right.
+                    metrics?.storeFailures.increment(by: Int64(batch.count))
+                    logger.error("store writes failed", metadata: ["writes": "\(batch.count)", "first": "\(batch[0])", "error": "\(error)"])
                     return true
                 case .abandon:
-                    logger.error("store write failed while stopping; giving up", metadata: ["operation": "\(operation)", "error": "\(error)"])
+                    logger.error("store write failed while stopping; giving up",
+                                 metadata: ["writes": "\(batch.count)", "first": "\(batch[0])", "error": "\(error)"])
                     return false
                 }
             }
         }
+    }
+
+    /// One write of a batch that the database refused alone. A member removed meanwhile (an
+    /// administrator's removal, whose own write follows) needs no last-seen time, push token or
+    /// subscriptions, and is removed already: nothing is lost. Anything else is refused outright
+    /// (its channel deleted meanwhile, a value refused, a write the database fails): trying again
+    /// cannot help, and the live state is still right.
+    private func settle(_ operation: StoreOperation, refusedWith error: StoreError) {
+        switch (operation, error) {
+        case (.touchMember, .memberNotFound), (.setPushToken, .memberNotFound), (.removeMember, .memberNotFound),
+             (.clearPushToken, .memberNotFound), (.setSubscriptions, .memberNotFound):
+            return
+        case (_, .database(let why)):
+            noteWriteLost(why, count: 1)
+        default:
+            break
+        }
+        metrics?.storeFailures.increment()
+        logger.error("store write failed", metadata: ["operation": "\(operation)", "error": "\(error)"])
     }
 
     private func noteDatabaseFailed(_ why: String) {
@@ -245,12 +294,12 @@ public final class StoreWriter: Sendable {
         if started { metrics?.storeFailing.set(Int64(1)) }
     }
 
-    private func noteWriteLost(_ why: String) {
+    private func noteWriteLost(_ why: String, count: Int) {
         noteDatabaseAnswered()
         state.withLockedValue { state in
             let now = ContinuousClock.now
             let earlier = state.lost.flatMap { now - $0.last < Self.lostWritesReported ? $0.count : nil } ?? 0
-            state.lost = (earlier + 1, now, why)
+            state.lost = (earlier + count, now, why)
         }
     }
 
@@ -260,25 +309,5 @@ public final class StoreWriter: Sendable {
             return state.failing != nil
         }
         if ended { metrics?.storeFailing.set(Int64(0)) }
-    }
-
-    func apply(_ operation: StoreOperation) async throws(StoreError) {
-        switch operation {
-        case .upsertMember(let member): try await store.upsertMember(member)
-        case .touchMember(let channel, let user, let lastSeen):
-            do { try await store.touchMember(channel: channel, user: user, lastSeen: lastSeen) } catch .memberNotFound {}
-        case .setPushToken(let channel, let user, let token, let environment, let registeredAt):
-            // A row deleted meanwhile (an administrator's removal, whose own write follows) needs no token.
-            do {
-                try await store.setPushToken(channel: channel, user: user, token: token, environment: environment, registeredAt: registeredAt)
-            } catch .memberNotFound {}
-        case .removeMember(let channel, let user):
-            do { try await store.removeMember(channel: channel, user: user) } catch .memberNotFound {}
-        case .clearPushToken(let channel, let user):
-            do { try await store.clearPushToken(channel: channel, user: user) } catch .memberNotFound {}
-        case .setSubscriptions(let channel, let user, let unheard):
-            do { try await store.setSubscriptions(channel: channel, user: user, unheard: unheard) } catch .memberNotFound {}
-        case .logTransmission(let record): try await store.logTransmission(record)
-        }
     }
 }

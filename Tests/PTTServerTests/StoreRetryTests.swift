@@ -175,6 +175,8 @@ import Testing
         let lock = try WriteLockHolder(path: store.path)
         let running = Task { await writer.run() }
         writer.enqueue(.upsertMember(record("ann")))
+        // From when the write is in hand (on a loaded machine the writer may take a while to wake).
+        while writer.writesInHand == 0 { try await Task.sleep(for: .milliseconds(5)) }
         try await Task.sleep(for: .milliseconds(300))
         #expect(writer.unhealthyReason(stuckAfter: .seconds(30)) == nil, "waiting less than the limit is not reported")
         let reason = try #require(writer.unhealthyReason(stuckAfter: .milliseconds(200)))
@@ -227,6 +229,58 @@ import Testing
         #expect(value("squelch_store_failures_total", in: metrics) == 7, "and one that comes after the writer stopped")
         lock.unlock()
         #expect(try await store.members(of: channel).isEmpty)
+        try await store.close()
+    }
+
+    /// A crowd's writes are committed together: 300 members' records and last-seen times, queued at
+    /// once, take a couple of transactions (each a disk flush), not 600. A write refused in a batch
+    /// (another channel's member, a last-seen time of nobody) is undone alone; the rest stand.
+    @Test func writesThatWaitTogetherAreCommittedTogether() async throws {
+        let directory = temporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let store = try await storeWithChannel(in: directory)
+        let metrics = ServerMetrics()
+        let writer = StoreWriter(store: store, metrics: metrics, logger: quiet)
+        // Queued before the writer runs, as when a restarted server's members reconnect all at once.
+        let users = (0..<300).map { "user\($0)" }
+        for user in users {
+            writer.enqueue(.upsertMember(record(user)))
+            writer.enqueue(.setPushToken(channel: channel, user: user, token: "t-\(user)", environment: .sandbox, registeredAt: t0))
+        }
+        writer.enqueue(.upsertMember(MemberRecord(channelID: UUID(), userID: "ghost", displayName: "Ghost", joinedAt: t0, lastSeen: t0)))
+        writer.enqueue(.touchMember(channel: channel, user: "nobody", lastSeen: t0))
+        writer.enqueue(log("user7", 1))
+        let running = Task { await writer.run() }
+        writer.finish()
+        await running.value
+        let members = try await store.members(of: channel)
+        #expect(members.count == 300 && members.allSatisfy { $0.pushToken == "t-\($0.userID)" })
+        #expect(try await store.transmissions(of: channel, limit: 10).map(\.userID) == ["user7"])
+        let commits = value("squelch_store_commits_total", in: metrics)
+        #expect((1...4).contains(commits), "603 writes in \(commits) transactions")
+        #expect(value("squelch_store_failures_total", in: metrics) == 1, "the other channel's member only; a last-seen time of nobody loses nothing")
+        try await store.close()
+    }
+
+    /// A batch that fails for a reason that passes (the database locked) is applied whole later,
+    /// never in part: nothing of it is in the database meanwhile, and nothing twice after.
+    @Test func aBatchIsAppliedWholeOrNotAtAll() async throws {
+        let directory = temporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let store = try await storeWithChannel(in: directory, busyTimeout: 0.05)
+        let lock = try WriteLockHolder(path: store.path)
+        let batch: [StoreOperation] = [.upsertMember(record("ann")), log("ann", 0), .touchMember(channel: channel, user: "nobody", lastSeen: t0)]
+        var thrown: StoreError?
+        do { _ = try await store.apply(batch) } catch { thrown = error }
+        #expect(thrown?.isTransient == true, "\(String(describing: thrown))")
+        lock.unlock()
+        #expect(try await store.members(of: channel).isEmpty)
+        #expect(try await store.transmissions(of: channel, limit: 10).isEmpty)
+        let outcomes = try await store.apply(batch)
+        #expect(outcomes.count == 3 && outcomes[0] == nil && outcomes[1] == nil, "\(outcomes)")
+        #expect(outcomes[2] == .memberNotFound(channel: channel, user: "nobody"), "\(outcomes)")
+        #expect(try await store.members(of: channel).map(\.userID) == ["ann"])
+        #expect(try await store.transmissions(of: channel, limit: 10).count == 1)
         try await store.close()
     }
 }
