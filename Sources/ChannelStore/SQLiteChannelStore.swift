@@ -416,7 +416,8 @@ public final class SQLiteChannelStore: ChannelStore {
     /// disk flush for all of them.
     public func apply(_ operations: [StoreOperation]) async throws(StoreError) -> [StoreError?] {
         guard !operations.isEmpty else { return [] }
-        return try await write("save \(operations.count) changes") { db in
+        let action = operations.count == 1 ? Self.action(operations[0]) : "save \(operations.count) changes"
+        return try await write(action) { db in
             var outcomes: [StoreError?] = []
             outcomes.reserveCapacity(operations.count)
             for operation in operations {
@@ -429,8 +430,11 @@ public final class SQLiteChannelStore: ChannelStore {
                 } catch {
                     let refusal = Self.storeError("cannot " + Self.action(operation), error)
                     // One that may pass later (the disk full, an I/O error) fails them all: the
-                    // transaction is rolled back and the caller tries the whole batch again.
-                    if refusal.isTransient { throw error }
+                    // transaction is rolled back and the caller tries the whole batch again. So does
+                    // one after which SQLite rolled the whole transaction back itself (out of memory,
+                    // a damaged page): the caller learns its own words, not the next statement's
+                    // "transaction was aborted".
+                    if refusal.isTransient || !db.isInsideTransaction { throw error }
                     outcomes.append(refusal)
                 }
             }

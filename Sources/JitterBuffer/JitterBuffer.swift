@@ -161,6 +161,9 @@ public struct JitterBuffer: Sendable {
     /// burst whole, one after the other; a live listener still switches to a new burst at once.
     private var deferred: [DeferredPacket] = []
     private var deferredBytes: [UInt8] = []
+    /// The bursts (`slot << 16 | burst`) among `deferred`, so that a caller can keep a burst's later
+    /// packets on the buffer that holds its first ones.
+    private var deferredBursts: [UInt32] = []
 
     struct DeferredPacket {
         var slot: UInt16
@@ -213,6 +216,13 @@ public struct JitterBuffer: Sendable {
     /// this listener caught up, which later bursts are best played after (JitterBuffer defers them).
     public var isReplayingAnEndedBurst: Bool { burst.map { $0.catchUp && $0.endSequence != nil } ?? false }
 
+    /// Whether this buffer plays that burst or holds its packets behind the one it plays: where the
+    /// burst's later packets belong.
+    public func holds(slot: UInt16, burst number: UInt16) -> Bool {
+        if let burst, burst.stats.slot == slot, burst.stats.burst == number { return true }
+        return deferredBursts.contains(UInt32(slot) << 16 | UInt32(number))
+    }
+
     /// Whether this buffer ended that burst lately: its stragglers (repeated end markers) must not
     /// start it again, here or on another buffer.
     public func hasFinished(slot: UInt16, burst number: UInt16) -> Bool {
@@ -241,6 +251,7 @@ public struct JitterBuffer: Sendable {
         finished.removeAll()
         deferred.removeAll()
         deferredBytes.removeAll()
+        deferredBursts.removeAll()
     }
 
     // MARK: Arrivals
@@ -258,6 +269,7 @@ public struct JitterBuffer: Sendable {
                 deferred.append(DeferredPacket(slot: slot, burst: number, sequence: sequence, endOfBurst: endOfBurst,
                                                offset: deferredBytes.count, count: payload.count))
                 deferredBytes.append(contentsOf: payload)
+                if !deferredBursts.contains(id) { deferredBursts.append(id) }
                 return .deferred
             }
             if let old = burst { finish(old, reason: old.endSequence != nil ? .endOfBurst : .superseded, now: now) }
@@ -489,6 +501,7 @@ public struct JitterBuffer: Sendable {
         var packets: [DeferredPacket] = [], bytes: [UInt8] = []
         swap(&packets, &deferred)
         swap(&bytes, &deferredBytes)
+        deferredBursts.removeAll(keepingCapacity: true)
         bytes.withUnsafeBytes { all in
             for p in packets {
                 _ = insert(slot: p.slot, burst: p.burst, sequence: p.sequence, endOfBurst: p.endOfBurst, catchUp: true,

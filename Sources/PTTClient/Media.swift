@@ -231,30 +231,41 @@ final class Receiver: Sendable {
         var tooManyTalkers = 0
 
         /// Per track, the bursts (`burstID`) it waits for before it plays; empty when it plays. A
-        /// talker who began while this listener was still catching up on bursts that had ended
-        /// waits for those (each began and ended before this talker began), but not for talkers
-        /// who were still talking when it began: in a full-duplex channel, members who talked
-        /// together are heard together, from their first words, once the listener has caught up.
-        /// (One `JitterBuffer`'s deferral queued them all behind the catch-up, one after the
-        /// other, and split a talker's burst in two when its later packets found a free track.)
+        /// burst that began while this listener was still catching up on bursts that had ended waits
+        /// for those (each began and ended before it began), but not for talkers who were still
+        /// talking when it began: bursts that came one after the other are heard one after the other
+        /// (the server replays a push-woken phone's missed bursts back to back, much faster than
+        /// they were said), and in a full-duplex channel, members who talked together are heard
+        /// together, from their first words, once the listener has caught up. (One `JitterBuffer`'s
+        /// deferral queued them all behind the catch-up, one after the other, and split a talker's
+        /// burst in two when its later packets found a free track.)
         var waitsFor: [[UInt32]] = []
 
         static func burstID(slot: UInt16, burst: UInt16) -> UInt32 { UInt32(slot) << 16 | UInt32(burst) }
 
-        /// The track a packet of `slot` goes to, nil when none can take it, and the bursts it is to
-        /// wait for when it starts a new one there. The track playing this talker; else a free one,
-        /// waiting for every track replaying a burst that had ended; else, while a listener is
-        /// catching up, behind such a burst on its own track; else one whose burst has its end
-        /// marker (cutting its last buffered frames). A live talker is never cut off.
-        func track(for slot: UInt16) -> (index: Int, waitFor: [UInt32])? {
-            for i in tracks.indices where tracks[i].activeSlot == slot { return (i, []) }
+        /// The track a packet of this burst goes to, nil when none can take it, and the bursts it is
+        /// to wait for when it starts there.
+        /// - The track that holds the burst (playing it, or its first packets behind another).
+        /// - A talker's next burst follows its last on the same track (replacing a live one, or
+        ///   behind a catch-up still going), unless that one is a replay that had ended.
+        /// - While the listener is catching up (a track replays a burst that had ended), a free track
+        ///   that waits for every such burst; with none free, behind one of them (its talker's own
+        ///   if it is one).
+        /// - Otherwise a free track, else one whose burst has its end marker (cutting its last
+        ///   buffered frames). A live talker is never cut off.
+        func track(slot: UInt16, burst: UInt16) -> (index: Int, waitFor: [UInt32])? {
+            for i in tracks.indices where tracks[i].holds(slot: slot, burst: burst) { return (i, []) }
+            for i in tracks.indices where tracks[i].activeSlot == slot && !tracks[i].isReplayingAnEndedBurst { return (i, []) }
             var behind: [UInt32] = []
             for i in tracks.indices where tracks[i].isReplayingAnEndedBurst {
                 if let playing = tracks[i].playing { behind.append(Self.burstID(slot: playing.slot, burst: playing.burst)) }
             }
             for i in tracks.indices where tracks[i].activeSlot == nil { return (i, behind) }
-            for i in tracks.indices where tracks[i].isReplayingAnEndedBurst { return (i, []) }
-            for i in tracks.indices where tracks[i].endKnown { return (i, []) }
+            if !behind.isEmpty {
+                for i in tracks.indices where tracks[i].activeSlot == slot { return (i, []) }
+                for i in tracks.indices where tracks[i].isReplayingAnEndedBurst { return (i, []) }
+            }
+            for i in tracks.indices where tracks[i].endKnown && waitsFor[i].isEmpty { return (i, []) }
             return nil
         }
 
@@ -312,7 +323,7 @@ final class Receiver: Sendable {
             // A burst that ended on any track stays ended: its repeated end markers must not start it
             // again on a free one.
             for track in state.tracks.indices where state.tracks[track].hasFinished(slot: header.slot, burst: header.burst) { return }
-            guard let (track, waitFor) = state.track(for: header.slot) else {
+            guard let (track, waitFor) = state.track(slot: header.slot, burst: header.burst) else {
                 state.tooManyTalkers += 1
                 return
             }

@@ -105,7 +105,7 @@ public final class ServerMetrics: Sendable {
             }
         }
         storeFailures = counter("store_failures", "Database writes given up: refused by the database, or still failing when the server stopped.")
-        storeRetries = counter("store_retries", "Database writes tried again after a failure that passes (locked too long, disk full, I/O error).")
+        storeRetries = counter("store_retries", "Database transactions (each the writes waiting together) tried again after a failure that passes (locked too long, disk full, I/O error).")
         storeCommits = counter("store_commits", "Database transactions that saved the hub's writes, several writes each when they come together; each costs a disk flush.")
         storeFolded = counter("store_folded", "Database writes folded into a waiting write of the same member (a newer last-seen time, push token or record, or a second removal).")
         transmissionsPruned = counter("transmissions_pruned", "Transmission-log records deleted for being older than transmissionLogDays.")

@@ -177,7 +177,16 @@ public final class StoreWriter: Sendable {
                     abandoned += batch.count
                     continue
                 }
-                if await !write(batch) { abandoned = batch.count }
+                state.withLockedValue {
+                    $0.writingSince = .now
+                    $0.inHand = batch.count
+                }
+                let given = await write(batch)
+                state.withLockedValue {
+                    $0.writingSince = nil
+                    $0.inHand = 0
+                }
+                abandoned = given
             }
             let done = state.withLockedValue { state in
                 state.drained = state.finished && state.queue.isEmpty
@@ -199,20 +208,10 @@ public final class StoreWriter: Sendable {
 
     /// Applies a batch of writes in one transaction, trying it again while it fails for a reason
     /// that passes. A write the database refuses alone is settled (`settle`) and the others stand.
-    /// False when the server is stopping and the retry budget is spent: this batch and every later
-    /// write are given up.
-    private func write(_ batch: [StoreOperation]) async -> Bool {
+    /// Returns how many of the batch were given up because the server is stopping and the retry
+    /// budget is spent (every later write is given up too); 0 when all are settled.
+    private func write(_ batch: [StoreOperation]) async -> Int {
         var failures = 0
-        state.withLockedValue {
-            $0.writingSince = .now
-            $0.inHand = batch.count
-        }
-        defer {
-            state.withLockedValue {
-                $0.writingSince = nil
-                $0.inHand = 0
-            }
-        }
         while true {
             do {
                 let outcomes = try await store.apply(batch)
@@ -224,12 +223,14 @@ public final class StoreWriter: Sendable {
                 for (operation, outcome) in zip(batch, outcomes) {
                     if let outcome { settle(operation, refusedWith: outcome) }
                 }
-                return true
+                return 0
             } catch {
                 failures += 1
                 let stoppingFor = state.withLockedValue { $0.finishedAt }.map { ContinuousClock.now - $0 }
                 let decision = retry.decide(error, failures: failures, stoppingFor: stoppingFor)
                 switch (error, decision) {
+                case (_, .drop) where batch.count > 1:
+                    break  // tried one at a time below, each reporting for itself
                 case (.database(let why), .drop):
                     // Nothing waits on them any more: the failure is a loss now, reported for a while.
                     noteWriteLost(why, count: batch.count)
@@ -251,16 +252,26 @@ public final class StoreWriter: Sendable {
                                                   "writes": "\(batch.count)", "waiting": "\(state.withLockedValue { $0.queue.count })"])
                     }
                     try? await Task.sleep(for: delay)
+                case .drop where batch.count > 1:
+                    // Some errors (out of memory, a page that reads back damaged) abort the whole
+                    // transaction whichever write met them: each write alone, so that only those the
+                    // database can't take are lost.
+                    logger.warning("a batch of store writes failed; trying them one at a time",
+                                   metadata: ["writes": "\(batch.count)", "error": "\(error)"])
+                    for (index, operation) in batch.enumerated() {
+                        if await write([operation]) > 0 { return batch.count - index }
+                    }
+                    return 0
                 case .drop:
                     // Refused outright (a database it cannot write, a damaged file): trying again
                     // cannot help. The live state is still right.
-                    metrics?.storeFailures.increment(by: Int64(batch.count))
-                    logger.error("store writes failed", metadata: ["writes": "\(batch.count)", "first": "\(batch[0])", "error": "\(error)"])
-                    return true
+                    metrics?.storeFailures.increment()
+                    logger.error("store write failed", metadata: ["operation": "\(batch[0])", "error": "\(error)"])
+                    return 0
                 case .abandon:
                     logger.error("store write failed while stopping; giving up",
                                  metadata: ["writes": "\(batch.count)", "first": "\(batch[0])", "error": "\(error)"])
-                    return false
+                    return batch.count
                 }
             }
         }

@@ -295,6 +295,22 @@ func burst(frames: Int, start: UInt64 = 0, burst: UInt16 = 7, slot: UInt16 = 1, 
         #expect(late == .late)
     }
 
+    /// A burst's later packets belong where its first ones went: the buffer says it holds a burst
+    /// it plays, and one whose packets wait behind the catch-up it plays, until it is reset.
+    @Test func itSaysWhichBurstsItHolds() {
+        var buffer = JitterBuffer()
+        let frame = [UInt8](repeating: 0xF8, count: 40)
+        func insert(slot: UInt16, burst: UInt16, sequence: UInt16, catchUp: Bool) -> ArrivalOutcome {
+            frame.withUnsafeBytes { buffer.insert(slot: slot, burst: burst, sequence: sequence, endOfBurst: false, catchUp: catchUp, payload: $0, now: 0) }
+        }
+        #expect(insert(slot: 1, burst: 5, sequence: 0, catchUp: true) == .newBurst)
+        #expect(insert(slot: 2, burst: 6, sequence: 0, catchUp: false) == .deferred)
+        #expect(buffer.holds(slot: 1, burst: 5) && buffer.holds(slot: 2, burst: 6))
+        #expect(!buffer.holds(slot: 2, burst: 7) && !buffer.holds(slot: 3, burst: 6))
+        buffer.reset()
+        #expect(!buffer.holds(slot: 1, burst: 5) && !buffer.holds(slot: 2, burst: 6))
+    }
+
     @Test func sequenceNumbersWrapAround() {
         var buffer = JitterBuffer()
         let run = simulate(&buffer, burst(frames: 40, firstSequence: 65_520), until: 2_000 * ms)

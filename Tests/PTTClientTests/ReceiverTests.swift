@@ -143,4 +143,47 @@ final class CountingSink: AudioSink, Sendable {
             #expect(finishes[slot]?.statistics.played == 21, "talker \(slot)'s burst was played whole: \(String(describing: finishes[slot]?.statistics))")
         }
     }
+
+    /// A phone its push woke missed Ann, then Bob, then Ann again; squelchd replays the three back
+    /// to back, far faster than they were said. They play in that order, one after the other: Ann's
+    /// second burst must not start on her track (and over Bob) as soon as her first one ends.
+    @Test func missedBurstsReplayedBackToBackPlayInTheirOrder() async throws {
+        let sink = CountingSink()
+        let events = NIOLockedValueBox<[(period: Int, event: Receiver.ReceiverEvent)]>([])
+        let receiver = Receiver(configuration: AudioConfiguration(makeOutput: { sink }), onEvent: { event in
+            let period = sink.periods.withLockedValue { $0 }
+            events.withLockedValue { $0.append((period, event)) }
+        })
+        receiver.arm()
+        func replay(slot: UInt16, burst: UInt16, frames: UInt16) {
+            for sequence in 0...frames {
+                let flags: AudioHeader.Flags = sequence == frames ? [.catchUp, .endOfBurst] : .catchUp
+                AudioHeader(flags: flags, slot: slot, burst: burst, sequence: sequence).datagram(payload: [UInt8](repeating: 0xF8, count: 40))
+                    .withUnsafeBytes { receiver.receive($0) }
+            }
+        }
+        replay(slot: 1, burst: 20, frames: 15)
+        replay(slot: 2, burst: 21, frames: 10)
+        replay(slot: 1, burst: 22, frames: 10)
+        receiver.start()
+        let deadline = Date().addingTimeInterval(10)
+        while events.withLockedValue({ $0.filter { if case .burstFinished = $0.event { true } else { false } }.count }) < 3, Date() < deadline {
+            try await Task.sleep(for: .milliseconds(10))
+        }
+        await receiver.stop()
+        var starts: [UInt16: Int] = [:], ends: [UInt16: Int] = [:]
+        for (period, event) in events.withLockedValue({ $0 }) {
+            switch event {
+            case .burstStarted(_, let burst, _): starts[burst] = period
+            case .burstFinished(let statistics): ends[statistics.burst] = period
+            default: break
+            }
+        }
+        guard let first = ends[20], let bob = starts[21], let bobEnd = ends[21], let second = starts[22] else {
+            Issue.record("not every burst started and finished: starts \(starts), ends \(ends)")
+            return
+        }
+        #expect(bob >= first - 2, "Bob after Ann's first: \(bob) against \(first)")
+        #expect(second >= bobEnd - 2, "Ann's second after Bob: \(second) against \(bobEnd)")
+    }
 }

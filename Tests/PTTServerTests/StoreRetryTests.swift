@@ -283,4 +283,31 @@ import Testing
         #expect(try await store.transmissions(of: channel, limit: 10).count == 1)
         try await store.close()
     }
+
+    /// An error that rolls back the whole transaction, whichever write met it (SQLite does so for
+    /// some: out of memory, a page that reads back damaged; here a trigger's `RAISE(ROLLBACK)` stands
+    /// in for them), costs only that write: the batch is tried again one write at a time.
+    @Test func aWriteThatRollsBackItsWholeBatchCostsOnlyItself() async throws {
+        let directory = temporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let store = try await storeWithChannel(in: directory)
+        let other = try DatabaseQueue(path: store.path)
+        try await other.write { db in
+            try db.execute(sql: """
+                CREATE TRIGGER refuse BEFORE INSERT ON member WHEN NEW.user_id = 'bad'
+                BEGIN SELECT RAISE(ROLLBACK, 'rolled back by test trigger'); END
+                """)
+        }
+        let metrics = ServerMetrics()
+        let writer = StoreWriter(store: store, metrics: metrics, logger: quiet)
+        for user in ["ann", "bad", "bob"] { writer.enqueue(.upsertMember(record(user))) }
+        let running = Task { await writer.run() }
+        writer.finish()
+        await running.value
+        #expect(try await store.members(of: channel).map(\.userID).sorted() == ["ann", "bob"])
+        #expect(value("squelch_store_failures_total", in: metrics) == 1, "only the write that met the error")
+        let reason = try #require(writer.unhealthyReason())
+        #expect(reason.contains("refused 1 write for good") && reason.contains("rolled back by test trigger"), "\(reason)")
+        try await store.close()
+    }
 }
