@@ -968,7 +968,7 @@ public final class ChannelHub {
         for channel in channels.values {
             for slot in channel.floor.currentTalkers {
                 guard let member = channel.members[slot], let started = member.burstStartedAt else { continue }
-                let due = member.burstProgressAt.map { $0.addingTimeInterval(interval) } ?? started.addingTimeInterval(min(1, interval))
+                let due = (member.burstProgressAt ?? started).addingTimeInterval(interval)
                 guard time.date >= due else { continue }
                 channel.members[slot]?.burstProgressAt = time.date
                 outputs.append(.store(.logTransmission(TransmissionRecord(

@@ -182,15 +182,25 @@ import Wire
         }
         #expect(stored, "the push token or the burst did not reach the database: \(first.log.contents)")
 
-        // Bob starts talking; the burst is in the log as it starts, so the kill below can't erase it.
+        // Bob starts talking; the burst is in the log as it starts, so the kill below can't erase it,
+        // and its length so far is brought up to date every second.
         try await bob.send(.floorRequest())
-        #expect(await bob.waitForFloor(.granted) != nil)
-        let bobLogged = try await eventually {
-            try await transmissions(channel, adminPort: first.adminPort, key: adminKey).contains {
+        let bobBurst = await bob.waitForFloor(.granted)?.burst
+        #expect(bobBurst != nil)
+        let grantedAt = ContinuousClock.now
+        _ = await bob.sendAudio(burst: bobBurst ?? 0, sequence: 0, payload: [UInt8](repeating: 0x5A, count: 80))
+        func bobsLength() async throws -> Int? {
+            try await transmissions(channel, adminPort: first.adminPort, key: adminKey).first {
                 $0["userID"] as? String == "bob" && $0["endReason"] as? String == "inProgress"
-            }
+            }?["durationMilliseconds"] as? Int
         }
-        #expect(bobLogged, "bob's burst was not logged as it started")
+        #expect(try await eventually { try await bobsLength() != nil }, "bob's burst was not logged as it started")
+        // Up to date within about two seconds (the driver's tick is a second): it was the first
+        // second, then every 5 s, and a 4.5 s burst cut by the kill was logged as 1.9 s.
+        let uptoDate = try await eventually(seconds: 8) { try await bobsLength() ?? 0 >= 2_000 }
+        let after = ContinuousClock.now - grantedAt
+        let length = try await bobsLength()
+        #expect(uptoDate && after < .seconds(4.5), "bob's length so far: \(String(describing: length)) after \(after)")
 
         // 5. kill -9.
         kill(first.process.processIdentifier, SIGKILL)
@@ -219,6 +229,7 @@ import Wire
         #expect(log.last?["userID"] as? String == "ann" && log.last?["endReason"] as? String == "released", "\(log)")
         // Bob's burst, cut by the kill: kept, and marked as the server never ending it.
         #expect(log.first?["userID"] as? String == "bob" && log.first?["endReason"] as? String == "interrupted", "\(log)")
+        #expect((log.first?["durationMilliseconds"] as? Int ?? 0) >= 2_000, "its length as last written: \(log)")
 
         // The tokens issued before the kill still verify: the token key survived. bob sees ann as a
         // stored, offline member.
