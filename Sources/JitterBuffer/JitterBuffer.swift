@@ -79,6 +79,10 @@ public struct BurstStatistics: Sendable, Equatable {
     public var underruns = 0
     public var silenceFrames = 0
     public var resyncs = 0
+    /// Frames that arrived but were never played: dropped when this listener had fallen so far
+    /// behind live speech that it skipped ahead (a stalled or overloaded device), or still buffered
+    /// when another burst replaced this one. Not loss on the way: this end could not keep up.
+    public var skipped = 0
     public var catchUpFrames = 0
     /// Frames decoded from their own packet.
     public var played = 0
@@ -94,10 +98,12 @@ public struct BurstStatistics: Sendable, Equatable {
         self.burst = burst
     }
 
-    /// The burst's frames as far as this listener knows them: played from their own packet, or lost
-    /// (then recovered with FEC, concealed or skipped). Not `concealed`: an underrun's concealment is
-    /// a frame of waiting, not one of the talker's, and counting it says 239 for a 238-frame burst.
-    public var framesDue: Int { played + lost }
+    /// The burst's frames as far as this listener knows them: played from their own packet, lost
+    /// (then recovered with FEC, concealed or skipped over), or received and skipped. Not
+    /// `concealed`: an underrun's concealment is a frame of waiting, not one of the talker's, and
+    /// counting it says 239 for a 238-frame burst. (Without `skipped`, a listener that fell behind
+    /// reported a 300-frame burst as "149 frames, 0 lost".)
+    public var framesDue: Int { played + lost + skipped }
 
     /// Lost frames over frames due: what a listener missed, before FEC.
     public var lossFraction: Double { framesDue == 0 ? 0 : Double(lost) / Double(framesDue) }
@@ -308,14 +314,20 @@ public struct JitterBuffer: Sendable {
                 // Live and too far behind: skip to this frame, dropping what is older, so that the
                 // listener is back to live speech instead of a growing backlog.
                 let newNext = sequence
-                var skipped = 0
+                var missing = 0, dropped = 0
                 var s = b.nextToPlay
                 while Self.distance(s, newNext) > 0 {
                     let i = Int(s) & (slots.count - 1)
-                    if slots[i].filled && slots[i].sequence == s { slots[i].filled = false } else { skipped += 1 }
+                    if slots[i].filled && slots[i].sequence == s {
+                        slots[i].filled = false
+                        dropped += 1
+                    } else {
+                        missing += 1
+                    }
                     s &+= 1
                 }
-                b.stats.lost += skipped
+                b.stats.lost += missing
+                b.stats.skipped += dropped
                 b.stats.resyncs += 1
                 b.nextToPlay = newNext
                 outcome = .resynced
@@ -489,6 +501,8 @@ public struct JitterBuffer: Sendable {
     private mutating func finish(_ b: Burst, reason: BurstEndReason, now: UInt64) {
         var stats = b.stats
         stats.bufferedFrames = 0
+        // Frames still waiting when another burst replaces this one are never played.
+        stats.skipped += slots.reduce(0) { $0 + ($1.filled ? 1 : 0) }
         for i in slots.indices { slots[i].filled = false }
         pendingEnd = (stats, reason)
         burst = nil

@@ -2,6 +2,7 @@ import ArgumentParser
 import Audio
 import ChannelProtocol
 import Foundation
+import JitterBuffer
 import ParticipantTokens
 import NIOConcurrencyHelpers
 import PTTClient
@@ -239,6 +240,13 @@ struct Talk: AsyncParsableCommand {
 
     static func seconds(_ value: Double) -> String { "\(SquelchInfo.plainNumber((value * 10).rounded() / 10)) s" }
 
+    /// How a heard burst went: "300 frames, 2 lost", and the frames this end received but could not
+    /// play in time (an overloaded or stalled machine), which are not the network's loss.
+    static func burstSummary(_ statistics: BurstStatistics) -> String {
+        "\(statistics.framesDue) frames, \(statistics.lost) lost"
+            + (statistics.skipped > 0 ? ", \(statistics.skipped) skipped (this end fell behind)" : "")
+    }
+
     /// Stopped by a signal (the shell's 128 + its number, as a killed process would exit), having
     /// let go of the floor first.
     static func interrupted(_ number: Int32, _ what: String) -> WalkieFailure {
@@ -370,7 +378,7 @@ struct Listen: AsyncParsableCommand {
                 case .burstFinished(let s):
                     // Named: in full duplex several bursts end together.
                     let who = Talk.name(ofSlot: s.slot, in: manager).map { " from \($0)" } ?? ""
-                    say("heard a burst\(who): \(s.framesDue) frames, \(s.lost) lost")
+                    say("heard a burst\(who): \(Talk.burstSummary(s))")
                 case .notice(let text):
                     seen.withLockedValue { $0.notice = text }
                 case .outputFailed(let reason):

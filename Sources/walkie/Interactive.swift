@@ -257,7 +257,7 @@ enum Interactive {
                         state.status = .init("The input file ended: floor released; press again to send it again")
                     case .burstFinished(let s):
                         let who = Talk.name(ofSlot: s.slot, in: manager).map { "\($0), " } ?? ""
-                        state.lastBurst = "\(who)\(s.framesDue) frames, \(s.lost) lost"
+                        state.lastBurst = who + Talk.burstSummary(s)
                     default:
                         if let (line, isError) = describe(event, tokenFile: tokenFile) { state.status = .init(line, isError: isError) }
                     }

@@ -311,6 +311,29 @@ func burst(frames: Int, start: UInt64 = 0, burst: UInt16 = 7, slot: UInt16 = 1, 
         #expect(!buffer.holds(slot: 1, burst: 5) && !buffer.holds(slot: 2, burst: 6))
     }
 
+    /// A listener that stops playing for a while (an overloaded or stalled machine) skips ahead to
+    /// live speech when it resumes, and says so: the frames it received but dropped are counted as
+    /// skipped, not lost and not left out, so the burst's frames still add up to what was sent.
+    @Test func framesDroppedToCatchUpWithLiveSpeechAreCountedAsSkipped() {
+        var buffer = JitterBuffer()
+        let frame = [UInt8](repeating: 0xF8, count: 40)
+        for sequence in 0..<UInt16(100) {
+            _ = frame.withUnsafeBytes { buffer.insert(slot: 1, burst: 3, sequence: sequence, endOfBurst: false, catchUp: false, payload: $0, now: 0) }
+        }
+        _ = [UInt8]().withUnsafeBytes { buffer.insert(slot: 1, burst: 3, sequence: 100, endOfBurst: true, catchUp: false, payload: $0, now: 0) }
+        var ended: BurstStatistics?
+        for tick in 0..<400 where ended == nil {
+            if case .ended(let statistics, _) = buffer.nextFrame(now: 1_000 * ms + UInt64(tick) * 20 * ms) { ended = statistics }
+        }
+        guard let statistics = ended else {
+            Issue.record("the burst never ended")
+            return
+        }
+        #expect(statistics.lost == 0, "every frame arrived: \(statistics)")
+        #expect(statistics.skipped > 0 && statistics.framesDue == 100, "\(statistics)")
+        #expect(statistics.played + statistics.skipped == 100)
+    }
+
     @Test func sequenceNumbersWrapAround() {
         var buffer = JitterBuffer()
         let run = simulate(&buffer, burst(frames: 40, firstSequence: 65_520), until: 2_000 * ms)
