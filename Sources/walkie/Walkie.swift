@@ -100,7 +100,8 @@ struct ServerOptions: ParsableArguments {
     var tokenFile: String?
     @Option(help: "The CA that signed the server's certificate.")
     var ca: String = "certs/ca.pem"
-    @Option(help: "The APNs simulator's control port, for wake-up pushes (0: no pushes).")
+    @Option(help: ArgumentHelp("The APNs simulator's control port, for wake-up pushes (0: no pushes).",
+                               discussion: "Used by 'walkie join' and 'walkie' (resume), which can wait in the background for a push. 'talk' and 'listen' stay connected while they run and register no push token, so they take it and ignore it."))
     var pushPort: Int = 2198
 }
 
