@@ -374,6 +374,39 @@ public struct ServerConfiguration: Sendable, Equatable {
         }
     }
 
+    /// The keys of the file's outer object that appear more than once, in order. Foundation's
+    /// decoder keeps the first of a repeated key without a word, and no reader here reports them;
+    /// the file has been decoded already (valid JSON), so this only walks its tokens: strings (with
+    /// their escapes) and nesting, a key being a string at depth 1 followed by a colon.
+    static func duplicateTopLevelKeys(in data: Data) -> [String] {
+        let bytes = [UInt8](data)
+        var seen: Set<String> = [], repeated: [String] = []
+        var depth = 0, index = 0
+        while index < bytes.count {
+            switch bytes[index] {
+            case UInt8(ascii: "{"), UInt8(ascii: "["): depth += 1
+            case UInt8(ascii: "}"), UInt8(ascii: "]"): depth -= 1
+            case UInt8(ascii: "\""):
+                let start = index
+                index += 1
+                while index < bytes.count, bytes[index] != UInt8(ascii: "\"") {
+                    index += bytes[index] == UInt8(ascii: "\\") ? 2 : 1
+                }
+                guard depth == 1, index < bytes.count else { break }
+                var next = index + 1
+                while next < bytes.count, [UInt8(ascii: " "), UInt8(ascii: "\t"), UInt8(ascii: "\n"), UInt8(ascii: "\r")].contains(bytes[next]) {
+                    next += 1
+                }
+                guard next < bytes.count, bytes[next] == UInt8(ascii: ":"),
+                      let key = try? JSONDecoder().decode(String.self, from: Data(bytes[start...index])) else { break }
+                if !seen.insert(key).inserted, !repeated.contains(key) { repeated.append(key) }
+            default: break
+            }
+            index += 1
+        }
+        return repeated
+    }
+
     static func fileOverrides(path: String) throws(ConfigurationError) -> ConfigurationOverrides {
         let data: Data
         var isDirectory: ObjCBool = false
@@ -394,6 +427,9 @@ public struct ServerConfiguration: Sendable, Equatable {
                 why = "it is not valid JSON"
             }
             throw .configFile(path: path, problem: "\(why); write one JSON object such as {\"port\": 7700, \"logLevel\": \"info\"}")
+        }
+        if let repeated = duplicateTopLevelKeys(in: data).first {
+            throw .configFile(path: path, problem: "\"\(repeated)\" is set more than once; keep one (this reader takes the first, most JSON tools the last, so an override added at the end would be ignored)")
         }
         let settings = self.settings
         var layer = ConfigurationOverrides()

@@ -121,6 +121,9 @@ import Testing
             (#"{"port": 7793.5}"#, "\"port\" must be a whole number, not 7793.5"),
             (#"{"host": 1}"#, "\"host\" must be a string"),
             (#"{"logLevel": "loud"}"#, "log level 'loud'"),
+            // A key given twice: Foundation keeps the first without a word, most tools the last.
+            (#"{"port": 7715, "logLevel": "info", "port": 7716}"#, "\"port\" is set more than once; keep one"),
+            ("{\"maxQueue\": 4,\n  \"max\\u0051ueue\": 999}", "\"maxQueue\" is set more than once"),
         ]
         for (text, expected) in cases {
             let file = try Self.writeFile(text)
@@ -130,6 +133,9 @@ import Testing
             let message = error.map { String(describing: $0) } ?? ""
             #expect(message.contains(expected), "\(text) → \(message)")
         }
+        // The same text inside a value, or a nested object's keys, is not a repeated setting.
+        #expect(ServerConfiguration.duplicateTopLevelKeys(in: Data(#"{"host": "port", "port": 1, "x": {"port": 2}, "y": ["port", {"port": 3}]}"#.utf8)) == [])
+        #expect(ServerConfiguration.duplicateTopLevelKeys(in: Data(#"{"a\"b": 1, "a\"b": 2, "c": "\\", "c": 3}"#.utf8)) == ["a\"b", "c"])
         // null keeps the default.
         let nulls = try ServerConfiguration.load(file: try Self.writeFile(#"{"port": null}"#), environment: [:])
         #expect(nulls.port == 7700)
