@@ -142,6 +142,18 @@ enum Interactive {
         /// or deleted the channel, or it forgot a member away too long; a backgrounded walkie learns
         /// it no other way.
         var leavePushed = false
+        /// The session's last notice and when (monotonic ns): squelchd's own words for a removal
+        /// ("the channel was deleted by an administrator", "your participant token was revoked"),
+        /// which come on the manager's event stream around the delegate's `didLeave`.
+        var lastNotice: (text: String, at: UInt64)?
+        var leftAt: UInt64?
+        /// What the screen ends with: the removal in squelchd's words when they came with it.
+        var leftMessage: String? {
+            guard let left else { return nil }
+            guard removed, !leavePushed, let notice = lastNotice, let leftAt,
+                  max(notice.at, leftAt) - min(notice.at, leftAt) < 2_000_000_000 else { return left }
+            return "\(notice.text); ask for a new token to join again"
+        }
         var lastBurst: String?
         /// Since when a floor notice ("Floor busy", "Floor taken away") has stood over a quiet channel.
         var floorNoticeQuietSince: UInt64?
@@ -206,6 +218,7 @@ enum Interactive {
                         state.removed = true
                         state.left = "squelchd ended your membership: an administrator removed you or deleted the channel, or you were away longer than the server keeps members; join again with 'walkie join', with a new token if that one is refused"
                     case .left(let reason):
+                        state.leftAt = monotonicNanoseconds()
                         state.removed = reason == .systemPolicy
                         state.left = state.removed ? "an administrator removed you from the channel, revoked your token or deleted the channel; ask for a new token to join again" : "the channel was left"
                     case .push(let speaker):
@@ -250,6 +263,7 @@ enum Interactive {
                         if let (line, isError) = describe(event, tokenFile: tokenFile) { state.status = .init(line, isError: isError) }
                     case .transmissionRevoked(_, let reason): state.status = .init("Floor taken away: \(reason)", isError: true)
                     case .notice(let text):
+                        state.lastNotice = (text, monotonicNanoseconds())
                         guard !state.holdsWaitingLine else { break }
                         state.status = .init(text)
                     case .inputEnded:
@@ -353,7 +367,9 @@ enum Interactive {
                     // listener to hear `didLeave`, whose reason decides the message and the exit code
                     // (read too early, a removal came out as "the channel was left", exit 1).
                     for _ in 0 ..< 100 where shared.withLockedValue({ $0.left == nil }) { usleep(10_000) }
-                    return shared.withLockedValue { $0.left } ?? "the channel was left"
+                    // A removal's reason comes on the other stream: give it a moment too.
+                    for _ in 0 ..< 20 where shared.withLockedValue({ $0.removed && $0.leftMessage == $0.left }) { usleep(10_000) }
+                    return shared.withLockedValue { $0.leftMessage } ?? "the channel was left"
                 }
                 // The transmission the key started ended without it (the floor revoked or refused, the
                 // input file over): unlatch, or the next tap would only unlatch what is already gone.

@@ -651,8 +651,13 @@ import Testing
         #expect(await ann.process.waitForExit(seconds: 20) && ann.process.terminationStatus == 0, "\(ann.err.contents)")
         #expect(await cat.process.waitForExit(seconds: 20) && cat.process.terminationStatus == 0, "\(cat.err.contents)")
         #expect(try await tmux.wait("bob", for: "Speaker: —"), "\(tmux.screen("bob"))")
-        try tmux.keys("bob", "q")
-        #expect(try await tmux.wait("bob", for: "EXITED 0"), "\(tmux.screen("bob"))")
+
+        // The channel is deleted: the screen ends with squelchd's own words for it (it said only
+        // "removed you, revoked your token or deleted the channel"), and the token's exit code.
+        let deleted = try Executables.run("squelchd", ["channel", "delete", world.channel.uuidString, "--yes", "--data-dir", world.data])
+        #expect(deleted.status == 0, "\(deleted.err)")
+        #expect(try await tmux.wait("bob", for: "EXITED 4"), "\(tmux.screen("bob"))")
+        #expect(tmux.screen("bob").contains("deleted by an administrator"), "\(tmux.screen("bob"))")
     }
 
     @Test func twoTerminalsTalkThroughTheServerAndAKilledWalkieRestores() async throws {
