@@ -327,6 +327,25 @@ import Testing
 
     /// A talk pre-empted by a member of higher priority says who and what to do, with the floor's exit
     /// code, not "taken back or the connection dropped" nor the burst limit.
+    /// A talker removed by an administrator in the middle of a burst: the listener's summary of
+    /// that burst still names them (it used to say "heard a burst: 163 frames", nameless, because
+    /// the roster had lost them by the burst's end).
+    @Test func aBurstCutByTheTalkersRemovalIsStillNamed() async throws {
+        let world = try await World()
+        defer { world.finish() }
+        let listener = try Running(["listen"] + world.arguments("bob") + ["--record", world.dir + "/heard.wav", "--duration", "8", "--push-port", "0"],
+                                   reaper: world.reaper)
+        #expect(await listener.out.wait(for: "listening", seconds: 20) != nil, "\(listener.err.contents)")
+        let ann = try await world.talking("ann", seconds: 6)
+        try await Task.sleep(for: .seconds(1.5))
+        let adminKey = try String(contentsOfFile: world.data + "/admin-key", encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)
+        let removed = try Executables.runShell("curl -s -o /dev/null -w '%{http_code}' -X DELETE -H 'Authorization: Bearer \(adminKey)' http://127.0.0.1:\(world.server.adminPort)/v1/channels/\(world.channel.uuidString)/members/ann")
+        #expect(removed == "204", "\(removed)")
+        #expect(await ann.process.waitForExit(seconds: 20) && ann.process.terminationStatus == 4, "\(ann.err.contents)")
+        #expect(await listener.process.waitForExit(seconds: 20))
+        #expect(listener.out.contents.contains("heard a burst from Ann: "), "\(listener.out.contents)")
+    }
+
     @Test func aPreemptedTalkSaysWhoTookTheFloor() async throws {
         let world = try await World()
         defer { world.finish() }
