@@ -31,6 +31,39 @@ final class CountingSink: AudioSink, Sendable {
     func finish() throws(AudioError) {}
 }
 
+/// A receiver playing into a `CountingSink`, fed datagrams before playout starts, and its events
+/// with the period each came in.
+struct PlayoutProbe {
+    let sink = CountingSink()
+    let events = NIOLockedValueBox<[(period: Int, event: Receiver.ReceiverEvent)]>([])
+    let receiver: Receiver
+
+    init() {
+        let sink = self.sink, events = self.events
+        receiver = Receiver(configuration: AudioConfiguration(makeOutput: { sink }), onEvent: { event in
+            let period = sink.periods.withLockedValue { $0 }
+            events.withLockedValue { $0.append((period, event)) }
+        })
+        receiver.arm()
+    }
+
+    func deliver(slot: UInt16, burst: UInt16, sequence: UInt16, flags: AudioHeader.Flags = []) {
+        AudioHeader(flags: flags, slot: slot, burst: burst, sequence: sequence).datagram(payload: [UInt8](repeating: 0xF8, count: 40))
+            .withUnsafeBytes { receiver.receive($0) }
+    }
+
+    /// Plays what was delivered until `bursts` bursts have finished (10 s at most); the events.
+    func play(untilFinished bursts: Int) async throws -> [(period: Int, event: Receiver.ReceiverEvent)] {
+        receiver.start()
+        let deadline = Date().addingTimeInterval(10)
+        while events.withLockedValue({ $0.filter { if case .burstFinished = $0.event { true } else { false } }.count }) < bursts, Date() < deadline {
+            try await Task.sleep(for: .milliseconds(10))
+        }
+        await receiver.stop()
+        return events.withLockedValue { $0 }
+    }
+}
+
 /// The playout side's own drop counters, fed datagrams directly (the server can't be made to send
 /// these: it relays at most 16 talkers at once and only well-formed audio).
 @Suite struct ReceiverTests {
@@ -85,39 +118,24 @@ final class CountingSink: AudioSink, Sendable {
     /// the other. Before, every new talker queued behind the replay on its one track: the two were
     /// heard one after the other, and a burst whose later packets found a free track was split.
     @Test func talkersWhoBeganTogetherWhileAListenerCaughtUpAreHeardTogether() async throws {
-        let sink = CountingSink()
-        let events = NIOLockedValueBox<[(period: Int, event: Receiver.ReceiverEvent)]>([])
-        let receiver = Receiver(configuration: AudioConfiguration(makeOutput: { sink }), onEvent: { event in
-            let period = sink.periods.withLockedValue { $0 }
-            events.withLockedValue { $0.append((period, event)) }
-        })
-        receiver.arm()
-        func deliver(slot: UInt16, burst: UInt16, sequence: UInt16, flags: AudioHeader.Flags = []) {
-            AudioHeader(flags: flags, slot: slot, burst: burst, sequence: sequence).datagram(payload: [UInt8](repeating: 0xF8, count: 40))
-                .withUnsafeBytes { receiver.receive($0) }
-        }
+        let probe = PlayoutProbe()
         // The missed burst, replayed whole: 25 frames and its end.
-        for sequence in 0..<UInt16(25) { deliver(slot: 1, burst: 10, sequence: sequence, flags: .catchUp) }
-        deliver(slot: 1, burst: 10, sequence: 25, flags: [.catchUp, .endOfBurst])
+        for sequence in 0..<UInt16(25) { probe.deliver(slot: 1, burst: 10, sequence: sequence, flags: .catchUp) }
+        probe.deliver(slot: 1, burst: 10, sequence: 25, flags: [.catchUp, .endOfBurst])
         // Two live talkers at once, their packets interleaved; then a third who begins after both ended.
         for sequence in 0..<UInt16(20) {
-            deliver(slot: 2, burst: 11, sequence: sequence)
-            deliver(slot: 3, burst: 12, sequence: sequence)
+            probe.deliver(slot: 2, burst: 11, sequence: sequence)
+            probe.deliver(slot: 3, burst: 12, sequence: sequence)
         }
-        deliver(slot: 2, burst: 11, sequence: 20, flags: .endOfBurst)
-        deliver(slot: 3, burst: 12, sequence: 20, flags: .endOfBurst)
-        for sequence in 0..<UInt16(10) { deliver(slot: 4, burst: 13, sequence: sequence) }
-        deliver(slot: 4, burst: 13, sequence: 10, flags: .endOfBurst)
-        receiver.start()
-        let deadline = Date().addingTimeInterval(10)
-        while events.withLockedValue({ $0.filter { if case .burstFinished = $0.event { true } else { false } }.count }) < 4, Date() < deadline {
-            try await Task.sleep(for: .milliseconds(10))
-        }
-        await receiver.stop()
+        probe.deliver(slot: 2, burst: 11, sequence: 20, flags: .endOfBurst)
+        probe.deliver(slot: 3, burst: 12, sequence: 20, flags: .endOfBurst)
+        for sequence in 0..<UInt16(10) { probe.deliver(slot: 4, burst: 13, sequence: sequence) }
+        probe.deliver(slot: 4, burst: 13, sequence: 10, flags: .endOfBurst)
+        let events = try await probe.play(untilFinished: 4)
 
         var starts: [UInt16: Int] = [:], finishes: [UInt16: (period: Int, statistics: BurstStatistics)] = [:]
         var startCounts: [UInt16: Int] = [:]
-        for (period, event) in events.withLockedValue({ $0 }) {
+        for (period, event) in events {
             switch event {
             case .burstStarted(let slot, _, _):
                 starts[slot] = period
@@ -148,31 +166,18 @@ final class CountingSink: AudioSink, Sendable {
     /// to back, far faster than they were said. They play in that order, one after the other: Ann's
     /// second burst must not start on her track (and over Bob) as soon as her first one ends.
     @Test func missedBurstsReplayedBackToBackPlayInTheirOrder() async throws {
-        let sink = CountingSink()
-        let events = NIOLockedValueBox<[(period: Int, event: Receiver.ReceiverEvent)]>([])
-        let receiver = Receiver(configuration: AudioConfiguration(makeOutput: { sink }), onEvent: { event in
-            let period = sink.periods.withLockedValue { $0 }
-            events.withLockedValue { $0.append((period, event)) }
-        })
-        receiver.arm()
+        let probe = PlayoutProbe()
         func replay(slot: UInt16, burst: UInt16, frames: UInt16) {
             for sequence in 0...frames {
-                let flags: AudioHeader.Flags = sequence == frames ? [.catchUp, .endOfBurst] : .catchUp
-                AudioHeader(flags: flags, slot: slot, burst: burst, sequence: sequence).datagram(payload: [UInt8](repeating: 0xF8, count: 40))
-                    .withUnsafeBytes { receiver.receive($0) }
+                probe.deliver(slot: slot, burst: burst, sequence: sequence, flags: sequence == frames ? [.catchUp, .endOfBurst] : .catchUp)
             }
         }
         replay(slot: 1, burst: 20, frames: 15)
         replay(slot: 2, burst: 21, frames: 10)
         replay(slot: 1, burst: 22, frames: 10)
-        receiver.start()
-        let deadline = Date().addingTimeInterval(10)
-        while events.withLockedValue({ $0.filter { if case .burstFinished = $0.event { true } else { false } }.count }) < 3, Date() < deadline {
-            try await Task.sleep(for: .milliseconds(10))
-        }
-        await receiver.stop()
+        let events = try await probe.play(untilFinished: 3)
         var starts: [UInt16: Int] = [:], ends: [UInt16: Int] = [:]
-        for (period, event) in events.withLockedValue({ $0 }) {
+        for (period, event) in events {
             switch event {
             case .burstStarted(_, let burst, _): starts[burst] = period
             case .burstFinished(let statistics): ends[statistics.burst] = period
