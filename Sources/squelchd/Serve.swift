@@ -29,13 +29,15 @@ struct Serve: AsyncParsableCommand {
     @Option(help: ArgumentHelp(ServerConfiguration.help("host", "UDP address the push-to-talk transport binds."), valueName: "address"))
     var host: String?
 
-    @Option(help: ArgumentHelp(ServerConfiguration.help("port", "UDP port of the transport (0: any free port)."), valueName: "port"))
+    // Numeric options take the next word whatever it is: a negative value ("-1") then reaches the
+    // range checks, which say what to use, where the parser took it for a flag ("Missing value").
+    @Option(parsing: .unconditional, help: ArgumentHelp(ServerConfiguration.help("port", "UDP port of the transport (0: any free port)."), valueName: "port"))
     var port: Int?
 
     @Option(help: ArgumentHelp(ServerConfiguration.help("adminHost", "Address of the admin HTTP API. Keep it on loopback unless a proxy authenticates."), valueName: "address"))
     var adminHost: String?
 
-    @Option(help: ArgumentHelp(ServerConfiguration.help("adminPort", "Port of the admin HTTP API (0: any free port)."), valueName: "port"))
+    @Option(parsing: .unconditional, help: ArgumentHelp(ServerConfiguration.help("adminPort", "Port of the admin HTTP API (0: any free port)."), valueName: "port"))
     var adminPort: Int?
 
     @Option(help: ArgumentHelp(ServerConfiguration.help("adminKeyFile", "File holding the admin API key (SQUELCH_ADMIN_KEY sets the key itself; without either, one is generated into <data-dir>/admin-key)."), valueName: "path"))
@@ -53,34 +55,34 @@ struct Serve: AsyncParsableCommand {
     @Option(help: ArgumentHelp(ServerConfiguration.help("privateKeyPath", "PEM private key of the leaf certificate."), valueName: "path"))
     var key: String?
 
-    @Option(help: ArgumentHelp(ServerConfiguration.help("maxConnections", "Live connections beyond this are refused."), valueName: "n"))
+    @Option(parsing: .unconditional, help: ArgumentHelp(ServerConfiguration.help("maxConnections", "Live connections beyond this are refused."), valueName: "n"))
     var maxConnections: Int?
 
-    @Option(help: ArgumentHelp(ServerConfiguration.help("handshakesPerSecondPerAddress", "New connections accepted per second from one IP address (IPv6: one /64)."), valueName: "n"))
+    @Option(parsing: .unconditional, help: ArgumentHelp(ServerConfiguration.help("handshakesPerSecondPerAddress", "New connections accepted per second from one IP address (IPv6: one /64)."), valueName: "n"))
     var handshakesPerSecondPerAddress: Int?
 
-    @Option(help: ArgumentHelp(ServerConfiguration.help("maxConnectionsPerAddress", "Connections open at once from one IP address (IPv6: one /64); raise it for a site with more members behind one NAT."), valueName: "n"))
+    @Option(parsing: .unconditional, help: ArgumentHelp(ServerConfiguration.help("maxConnectionsPerAddress", "Connections open at once from one IP address (IPv6: one /64); raise it for a site with more members behind one NAT."), valueName: "n"))
     var maxConnectionsPerAddress: Int?
 
-    @Option(help: ArgumentHelp(ServerConfiguration.help("fullDuplexMaxTalkers", "Simultaneous talkers in a full-duplex channel, 1-16."), valueName: "n"))
+    @Option(parsing: .unconditional, help: ArgumentHelp(ServerConfiguration.help("fullDuplexMaxTalkers", "Simultaneous talkers in a full-duplex channel, 1-16."), valueName: "n"))
     var fullDuplexMaxTalkers: Int?
 
-    @Option(help: ArgumentHelp(ServerConfiguration.help("disconnectGraceSeconds", "Seconds a dropped member keeps its place and the floor, 0-60."), valueName: "seconds"))
+    @Option(parsing: .unconditional, help: ArgumentHelp(ServerConfiguration.help("disconnectGraceSeconds", "Seconds a dropped member keeps its place and the floor, 0-60."), valueName: "seconds"))
     var disconnectGraceSeconds: Double?
 
-    @Option(help: ArgumentHelp(ServerConfiguration.help("maxQueue", "Floor requests a channel queues while the floor is taken, 0-256."), valueName: "n"))
+    @Option(parsing: .unconditional, help: ArgumentHelp(ServerConfiguration.help("maxQueue", "Floor requests a channel queues while the floor is taken, 0-256."), valueName: "n"))
     var maxQueue: Int?
 
-    @Option(help: ArgumentHelp(ServerConfiguration.help("controlMessagesPerSecond", "Control messages one connection may send per second, twice as many in a burst; more are dropped (floor requests are denied with cause rateLimited). 1-1000000."), valueName: "n"))
+    @Option(parsing: .unconditional, help: ArgumentHelp(ServerConfiguration.help("controlMessagesPerSecond", "Control messages one connection may send per second, twice as many in a burst; more are dropped (floor requests are denied with cause rateLimited). 1-1000000."), valueName: "n"))
     var controlMessagesPerSecond: Int?
 
-    @Option(help: ArgumentHelp(ServerConfiguration.help("transmissionLogDays", "Days the transmission log keeps each burst (who talked, when, how long); older records are deleted hourly. 0 keeps them for good. 0-36500."), valueName: "days"))
+    @Option(parsing: .unconditional, help: ArgumentHelp(ServerConfiguration.help("transmissionLogDays", "Days the transmission log keeps each burst (who talked, when, how long); older records are deleted hourly. 0 keeps them for good. 0-36500."), valueName: "days"))
     var transmissionLogDays: Int?
 
-    @Option(help: ArgumentHelp(ServerConfiguration.help("auditDays", "Days the audit trail keeps each change made through the admin API or the squelchd commands (GET /v1/audit, squelchd audit); older records are deleted hourly. 0 keeps them for good. 0-36500."), valueName: "days"))
+    @Option(parsing: .unconditional, help: ArgumentHelp(ServerConfiguration.help("auditDays", "Days the audit trail keeps each change made through the admin API or the squelchd commands (GET /v1/audit, squelchd audit); older records are deleted hourly. 0 keeps them for good. 0-36500."), valueName: "days"))
     var auditDays: Int?
 
-    @Option(help: ArgumentHelp(ServerConfiguration.help("memberRetentionDays", "Days a member may stay away before it is forgotten: it leaves the roster and the wake list, and its device is told to leave the channel (a token it still holds lets it back in). Checked every minute, 20 members at a time. 0 keeps members until removed. 0-36500."), valueName: "days"))
+    @Option(parsing: .unconditional, help: ArgumentHelp(ServerConfiguration.help("memberRetentionDays", "Days a member may stay away before it is forgotten: it leaves the roster and the wake list, and its device is told to leave the channel (a token it still holds lets it back in). Checked every minute, 20 members at a time. 0 keeps members until removed. 0-36500."), valueName: "days"))
     var memberRetentionDays: Int?
 
     @Option(help: ArgumentHelp(ServerConfiguration.help("logLevel", "Log level: trace, debug, info, notice, warning, error, critical."), valueName: "level"))
@@ -104,13 +106,13 @@ struct Serve: AsyncParsableCommand {
     @Option(help: ArgumentHelp(ServerConfiguration.help("apnsCAPath", "CA certificate trusted for the simulator or a custom APNs URL."), valueName: "path"))
     var apnsCa: String?
 
-    @Option(help: ArgumentHelp(ServerConfiguration.help("apnsPoolSize", "HTTP/2 connections kept open to APNs, 1-64."), valueName: "n"))
+    @Option(parsing: .unconditional, help: ArgumentHelp(ServerConfiguration.help("apnsPoolSize", "HTTP/2 connections kept open to APNs, 1-64."), valueName: "n"))
     var apnsPoolSize: Int?
 
-    @Option(help: ArgumentHelp(ServerConfiguration.help("apnsSimulatorPort", "Port of the embedded APNs simulator (0: any free port)."), valueName: "port"))
+    @Option(parsing: .unconditional, help: ArgumentHelp(ServerConfiguration.help("apnsSimulatorPort", "Port of the embedded APNs simulator (0: any free port)."), valueName: "port"))
     var apnsSimulatorPort: Int?
 
-    @Option(help: ArgumentHelp(ServerConfiguration.help("apnsSimulatorControlPort", "Port of the simulator's control API: push log, simulated devices."), valueName: "port"))
+    @Option(parsing: .unconditional, help: ArgumentHelp(ServerConfiguration.help("apnsSimulatorControlPort", "Port of the simulator's control API: push log, simulated devices."), valueName: "port"))
     var apnsSimulatorControlPort: Int?
 
     @Option(help: ArgumentHelp(ServerConfiguration.help("apnsSimulatorCertPath", "TLS certificate the embedded simulator serves."), valueName: "path"))
@@ -119,7 +121,7 @@ struct Serve: AsyncParsableCommand {
     @Option(help: ArgumentHelp(ServerConfiguration.help("apnsSimulatorKeyPath", "Private key of the simulator's certificate."), valueName: "path"))
     var apnsSimulatorKey: String?
 
-    @Option(help: ArgumentHelp(ServerConfiguration.help("pushWakeSilenceSeconds", "A connected member silent this long (0.1-3600) is woken by push too, and shows as reconnecting in the roster."), valueName: "seconds"))
+    @Option(parsing: .unconditional, help: ArgumentHelp(ServerConfiguration.help("pushWakeSilenceSeconds", "A connected member silent this long (0.1-3600) is woken by push too, and shows as reconnecting in the roster."), valueName: "seconds"))
     var pushWakeSilenceSeconds: Double?
 
     var overrides: ConfigurationOverrides {

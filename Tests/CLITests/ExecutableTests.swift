@@ -120,6 +120,16 @@ enum Executables {
         #expect(result.out.contains("null"))
     }
 
+    /// A negative number reaches the range check, which says what to use; the argument parser took
+    /// "-1" for a flag and said "Missing value for '--disconnect-grace-seconds <seconds>'".
+    @Test func aNegativeNumberIsRefusedForItsRangeNotAsAMissingValue() throws {
+        let data = FileManager.default.temporaryDirectory.appendingPathComponent("sq-\(UUID())").path
+        defer { try? FileManager.default.removeItem(atPath: data) }
+        let result = try Executables.run("squelchd", ["serve", "--disconnect-grace-seconds", "-1", "--data-dir", data])
+        #expect(result.status == 78 && result.err.contains("disconnect grace -1 s is out of range; use 0-60 seconds"), "\(result.err)")
+        #expect(!result.err.contains("Missing value"), "\(result.err)")
+    }
+
     @Test func squelchdRefusesAMissingCertificateInOneLine() throws {
         let result = try Executables.run("squelchd", ["serve", "--cert", "/nonexistent/chain.pem", "--data-dir",
                                                       FileManager.default.temporaryDirectory.appendingPathComponent("sq-\(UUID())").path])
