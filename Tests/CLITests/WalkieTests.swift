@@ -327,6 +327,22 @@ import Testing
 
     /// A talk pre-empted by a member of higher priority says who and what to do, with the floor's exit
     /// code, not "taken back or the connection dropped" nor the burst limit.
+    /// squelchd dies while the key is latched: once the connection is given up, the screen says the
+    /// transmission was cut (it only dropped to Idle) and stops showing it as going on.
+    @Test func aTransmissionCutByALostServerSaysSo() async throws {
+        let world = try await World()
+        defer { world.finish() }
+        let tmux = Tmux()
+        defer { tmux.stop() }
+        try tmux.start("bob", world.join("bob", pushPort: 0, input: try world.speechFile(seconds: 60)))
+        #expect(try await tmux.wait("bob", for: "Bob (you)"), "\(tmux.screen("bob"))")
+        try tmux.keys("bob", "Space")
+        #expect(try await tmux.wait("bob", for: "LATCHED"), "\(tmux.screen("bob"))")
+        kill(world.server.process.processIdentifier, SIGKILL)
+        #expect(try await tmux.wait("bob", for: "Transmission cut: the connection to squelchd dropped", seconds: 45), "\(tmux.screen("bob"))")
+        #expect(!tmux.screen("bob").contains("LATCHED"), "\(tmux.screen("bob"))")
+    }
+
     /// A talker removed by an administrator in the middle of a burst: the listener's summary of
     /// that burst still names them (it used to say "heard a burst: 163 frames", nameless, because
     /// the roster had lost them by the burst's end).
