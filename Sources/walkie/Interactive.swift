@@ -379,9 +379,10 @@ enum Interactive {
                 // transmission began, so once it reads false, `isTransmitting` is current.
                 if keyboard.holdToTalk.transmitting, !shared.withLockedValue({ $0.requesting }), !manager.isTransmitting {
                     _ = keyboard.transmissionEnded(now: time)
-                    // Ended by the connection, not the floor or the file: said, or the latch only
-                    // dropped to Idle once the connection was given up (20 s after squelchd died).
-                    if manager.serviceStatus != .ready {
+                    // A transmission under way ended by the connection, not the floor or the file:
+                    // said, or the latch only dropped to Idle once the connection was given up (20 s
+                    // after squelchd died). Not a press that never got the floor: its own failure says why.
+                    if wasTransmitting, manager.serviceStatus != .ready {
                         shared.withLockedValue {
                             $0.status = .init("Transmission cut: the connection to squelchd dropped; press again once the channel is back", isError: true)
                         }
