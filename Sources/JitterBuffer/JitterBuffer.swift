@@ -167,7 +167,7 @@ public struct JitterBuffer: Sendable {
     /// burst whole, one after the other; a live listener still switches to a new burst at once.
     private var deferred: [DeferredPacket] = []
     private var deferredBytes: [UInt8] = []
-    /// The bursts (`slot << 16 | burst`) among `deferred`, so that a caller can keep a burst's later
+    /// The bursts (`burstID`) among `deferred`, so that a caller can keep a burst's later
     /// packets on the buffer that holds its first ones.
     private var deferredBursts: [UInt32] = []
 
@@ -222,17 +222,20 @@ public struct JitterBuffer: Sendable {
     /// this listener caught up, which later bursts are best played after (JitterBuffer defers them).
     public var isReplayingAnEndedBurst: Bool { burst.map { $0.catchUp && $0.endSequence != nil } ?? false }
 
+    /// One number for a burst of a talker, as the buffer keeps the bursts it has finished or holds.
+    public static func burstID(slot: UInt16, burst: UInt16) -> UInt32 { UInt32(slot) << 16 | UInt32(burst) }
+
     /// Whether this buffer plays that burst or holds its packets behind the one it plays: where the
     /// burst's later packets belong.
     public func holds(slot: UInt16, burst number: UInt16) -> Bool {
         if let burst, burst.stats.slot == slot, burst.stats.burst == number { return true }
-        return deferredBursts.contains(UInt32(slot) << 16 | UInt32(number))
+        return deferredBursts.contains(Self.burstID(slot: slot, burst: number))
     }
 
     /// Whether this buffer ended that burst lately: its stragglers (repeated end markers) must not
     /// start it again, here or on another buffer.
     public func hasFinished(slot: UInt16, burst number: UInt16) -> Bool {
-        finished.contains(UInt32(slot) << 16 | UInt32(number))
+        finished.contains(Self.burstID(slot: slot, burst: number))
     }
 
     /// Whether the burst being played has its end marker: it will finish on its own.
@@ -265,7 +268,7 @@ public struct JitterBuffer: Sendable {
     public mutating func insert(slot: UInt16, burst number: UInt16, sequence: UInt16, endOfBurst: Bool, catchUp: Bool,
                                 payload: UnsafeRawBufferPointer, now: UInt64) -> ArrivalOutcome {
         guard payload.count <= configuration.maxPayloadBytes else { return .malformed }
-        let id = UInt32(slot) << 16 | UInt32(number)
+        let id = Self.burstID(slot: slot, burst: number)
         var outcome = ArrivalOutcome.accepted
         if burst == nil || burst!.stats.slot != slot || burst!.stats.burst != number {
             if finished.contains(id) { return .late }
@@ -506,7 +509,7 @@ public struct JitterBuffer: Sendable {
         for i in slots.indices { slots[i].filled = false }
         pendingEnd = (stats, reason)
         burst = nil
-        finished.append(UInt32(b.stats.slot) << 16 | UInt32(b.stats.burst))
+        finished.append(Self.burstID(slot: b.stats.slot, burst: b.stats.burst))
         if finished.count > 8 { finished.removeFirst() }
         guard !deferred.isEmpty else { return }
         // The next burst starts now, as catch-up: it is played whole from its first frame, with no

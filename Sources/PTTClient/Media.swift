@@ -205,12 +205,13 @@ final class Transmitter: Sendable {
 ///
 /// One jitter buffer and decoder per talker heard at once (up to `maxTracks`), mixed. In a full-duplex
 /// channel several members talk together; a single buffer would switch to whichever talker's packet
-/// came last and drop the other's as late. A talker's packets go to the track playing it; a new
-/// talker's go to a free track, which waits while this listener is still catching up on bursts that
-/// had ended before it began (so a listener who is behind hears them first, one after the other,
-/// and then the talkers who began together, together); with no free track, behind a catch-up burst
-/// (`JitterBuffer`'s deferral), else to a track whose burst has its end marker; with none, the
-/// packet is dropped rather than cut a live talker off.
+/// came last and drop the other's as late. Packets are routed by burst (`State.track`): to the track
+/// that holds the burst, a talker's next burst to its track, a new one to a free track, which waits
+/// while this listener is still catching up on bursts that had ended before it began (so a listener
+/// who is behind hears them first, one after the other, and then the talkers who began together,
+/// together); with no free track, behind a catch-up burst (`JitterBuffer`'s deferral), else to a
+/// track whose burst has its end marker; with none, the packet is dropped rather than cut a live
+/// talker off.
 final class Receiver: Sendable {
     /// Talkers mixed at once: as many as squelchd can be configured to let talk together, so that
     /// none is dropped unheard. (It was 4, the server's default, and a channel allowed 6 lost two
@@ -230,7 +231,7 @@ final class Receiver: Sendable {
         /// Packets dropped because every track was playing another talker's burst.
         var tooManyTalkers = 0
 
-        /// Per track, the bursts (`burstID`) it waits for before it plays; empty when it plays. A
+        /// Per track, the bursts (`JitterBuffer.burstID`) it waits for before it plays; empty when it plays. A
         /// burst that began while this listener was still catching up on bursts that had ended waits
         /// for those (each began and ended before it began), but not for talkers who were still
         /// talking when it began: bursts that came one after the other are heard one after the other
@@ -240,8 +241,6 @@ final class Receiver: Sendable {
         /// deferral queued them all behind the catch-up, one after the other, and split a talker's
         /// burst in two when its later packets found a free track.)
         var waitsFor: [[UInt32]] = []
-
-        static func burstID(slot: UInt16, burst: UInt16) -> UInt32 { UInt32(slot) << 16 | UInt32(burst) }
 
         /// The track a packet of this burst goes to, nil when none can take it, and the bursts it is
         /// to wait for when it starts there.
@@ -258,7 +257,7 @@ final class Receiver: Sendable {
             for i in tracks.indices where tracks[i].activeSlot == slot && !tracks[i].isReplayingAnEndedBurst { return (i, []) }
             var behind: [UInt32] = []
             for i in tracks.indices where tracks[i].isReplayingAnEndedBurst {
-                if let playing = tracks[i].playing { behind.append(Self.burstID(slot: playing.slot, burst: playing.burst)) }
+                if let playing = tracks[i].playing { behind.append(JitterBuffer.burstID(slot: playing.slot, burst: playing.burst)) }
             }
             for i in tracks.indices where tracks[i].activeSlot == nil { return (i, behind) }
             if !behind.isEmpty {
@@ -275,7 +274,7 @@ final class Receiver: Sendable {
             for t in waitsFor.indices where !waitsFor[t].isEmpty {
                 let stillThere = tracks.indices.contains { u in
                     guard u != t, let playing = tracks[u].playing else { return false }
-                    return waitsFor[t].contains(Self.burstID(slot: playing.slot, burst: playing.burst))
+                    return waitsFor[t].contains(JitterBuffer.burstID(slot: playing.slot, burst: playing.burst))
                 }
                 if !stillThere { waitsFor[t].removeAll() }
             }

@@ -236,19 +236,15 @@ struct Talk: AsyncParsableCommand {
     /// Who a slot (as `BurstStatistics` names a talker) is in the roster, or was when last seen
     /// there: a burst outlives its talker's membership when the talker is removed or revoked while
     /// talking, and its summary still names them.
-    final class SlotNames: Sendable {
-        private let names = NIOLockedValueBox<[UInt16: String]>([:])
+    struct SlotNames {
+        private var names: [UInt16: String] = [:]
 
         /// Notes everyone in the roster now; called on every event, so a talker is noted while talking.
-        func note(_ manager: ChannelManager) {
-            let roster = manager.roster
-            names.withLockedValue { names in for entry in roster { names[entry.slot] = entry.name } }
+        mutating func note(_ manager: ChannelManager) {
+            for entry in manager.roster { names[entry.slot] = entry.name }
         }
 
-        func name(ofSlot slot: UInt16, in manager: ChannelManager) -> String? {
-            note(manager)
-            return names.withLockedValue { $0[slot] }
-        }
+        func name(ofSlot slot: UInt16) -> String? { names[slot] }
     }
 
     static func seconds(_ value: Double) -> String { "\(SquelchInfo.plainNumber((value * 10).rounded() / 10)) s" }
@@ -386,13 +382,13 @@ struct Listen: AsyncParsableCommand {
         struct Seen { var notice: String?; var joined = false; var downSince: Date?; var expiredSince: Date? }
         let seen = NIOLockedValueBox(Seen())
         let bursts = Task {
-            let names = Talk.SlotNames()
+            var names = Talk.SlotNames()
             for await event in manager.events {
                 names.note(manager)
                 switch event {
                 case .burstFinished(let s):
                     // Named: in full duplex several bursts end together.
-                    let who = names.name(ofSlot: s.slot, in: manager).map { " from \($0)" } ?? ""
+                    let who = names.name(ofSlot: s.slot).map { " from \($0)" } ?? ""
                     say("heard a burst\(who): \(Talk.burstSummary(s))")
                 case .notice(let text):
                     seen.withLockedValue { $0.notice = text }

@@ -236,7 +236,7 @@ enum Interactive {
         }
         if let name = manager.channelInfo?.name { await named(name) }
         let events = Task {
-            let names = Talk.SlotNames()
+            var names = Talk.SlotNames()
             for await event in manager.events {
                 names.note(manager)
                 if case .channelInfo(let info) = event { await named(info.name) }
@@ -272,7 +272,7 @@ enum Interactive {
                         // The manager ended the transmission with the file (`endTransmissionWhenInputEnds`).
                         state.status = .init("The input file ended: floor released; press again to send it again")
                     case .burstFinished(let s):
-                        let who = names.name(ofSlot: s.slot, in: manager).map { "\($0), " } ?? ""
+                        let who = names.name(ofSlot: s.slot).map { "\($0), " } ?? ""
                         state.lastBurst = who + Talk.burstSummary(s)
                     default:
                         if let (line, isError) = describe(event, tokenFile: tokenFile) { state.status = .init(line, isError: isError) }
