@@ -69,8 +69,10 @@ let package = Package(
             .product(name: "JWTKit", package: "jwt-kit"),
             .product(name: "Crypto", package: "swift-crypto"),
         ], swiftSettings: swift6),
-        .target(name: "ChannelStore", dependencies: [
-            "ChannelProtocol",
+        // The records and the store protocol; each database is a target of its own beside it.
+        .target(name: "ChannelStore", dependencies: ["ChannelProtocol"], swiftSettings: swift6),
+        .target(name: "ChannelStoreSQLite", dependencies: [
+            "ChannelStore", "ChannelProtocol",
             .product(name: "GRDB", package: "GRDB.swift"),
         ], swiftSettings: swift6),
         .target(name: "ChannelProtocol", swiftSettings: swift6),
@@ -127,7 +129,7 @@ let package = Package(
             .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
         ], swiftSettings: swift6),
         .target(name: "PTTServer", dependencies: [
-            "Wire", "WireNIO", "APNs", "APNsSimulator", "SquelchInfo", "FloorControl", "ParticipantTokens", "ChannelStore", "ChannelProtocol",
+            "Wire", "WireNIO", "APNs", "APNsSimulator", "SquelchInfo", "FloorControl", "ParticipantTokens", "ChannelStore", "ChannelStoreSQLite", "ChannelProtocol",
             "ChannelHub", "KeyFiles",
             .product(name: "Logging", package: "swift-log"),
             .product(name: "Metrics", package: "swift-metrics"),
@@ -143,7 +145,7 @@ let package = Package(
         ], swiftSettings: swift6),
 
         .executableTarget(name: "squelchd", dependencies: [
-            "PTTServer", "APNsSimulator", "SquelchInfo", "ParticipantTokens", "ChannelStore", "ChannelProtocol",
+            "PTTServer", "APNsSimulator", "SquelchInfo", "ParticipantTokens", "ChannelStore", "ChannelStoreSQLite", "ChannelProtocol",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
             .product(name: "Logging", package: "swift-log"),
         ], swiftSettings: swift6),
@@ -162,7 +164,7 @@ let package = Package(
         .executableTarget(name: "ptt-example", dependencies: ["PTTClient", "Audio"], path: "Examples/PTTExample", swiftSettings: swift6),
         .executableTarget(name: "squelch-bench", dependencies: [
             "Opus", "Audio", "SquelchInfo", "Wire", "WireNIO", "WireTesting", "SquelchTesting", "ChannelProtocol",
-            "ParticipantTokens", "APNs", "APNsSimulator", "APNsDevice", "ChannelStore", "PTTClient", "JitterBuffer", "ImpairmentKit", "CUDPBatch",
+            "ParticipantTokens", "APNs", "APNsSimulator", "APNsDevice", "ChannelStore", "ChannelStoreSQLite", "PTTClient", "JitterBuffer", "ImpairmentKit", "CUDPBatch",
             .product(name: "NIOCore", package: "swift-nio"),
             .product(name: "NIOPosix", package: "swift-nio"),
             .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
@@ -195,7 +197,7 @@ let package = Package(
             .product(name: "Crypto", package: "swift-crypto"),
         ], swiftSettings: swift6),
         .testTarget(name: "ChannelStoreTests", dependencies: [
-            "ChannelStore", "ChannelProtocol",
+            "ChannelStore", "ChannelStoreSQLite", "ChannelProtocol",
             .product(name: "GRDB", package: "GRDB.swift"),
         ], swiftSettings: swift6),
         .testTarget(name: "ChannelHubTests", dependencies: [
@@ -213,14 +215,14 @@ let package = Package(
         ], swiftSettings: swift6),
         .testTarget(name: "TerminalUITests", dependencies: ["TerminalUI", "terminal-ui-demo"], swiftSettings: swift6),
         .testTarget(name: "PTTClientTests", dependencies: [
-            "PTTClient", "PTTServer", "APNsSimulator", "APNsDevice", "ChannelProtocol", "ChannelStore", "ParticipantTokens",
+            "PTTClient", "PTTServer", "APNsSimulator", "APNsDevice", "ChannelProtocol", "ChannelStore", "ChannelStoreSQLite", "ParticipantTokens",
             "Audio", "Opus", "JitterBuffer", "SquelchTesting", "Wire", "WireNIO", "WireTesting", "ImpairmentKit",
             .product(name: "X509", package: "swift-certificates"),
             .product(name: "NIOCore", package: "swift-nio"),
             .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
         ], swiftSettings: swift6),
         .testTarget(name: "PTTServerTests", dependencies: [
-            "PTTServer", "APNsSimulator", "ChannelStore", "ChannelProtocol", "ParticipantTokens", "Wire", "WireNIO", "WireTesting",
+            "PTTServer", "APNsSimulator", "ChannelStore", "ChannelStoreSQLite", "ChannelProtocol", "ParticipantTokens", "Wire", "WireNIO", "WireTesting",
             "SquelchTesting", "KeyFiles", "APNs",
             .product(name: "Prometheus", package: "swift-prometheus"),
             .product(name: "GRDB", package: "GRDB.swift"),

@@ -1,6 +1,7 @@
 import APNs
 import APNsSimulator
 import ChannelStore
+import ChannelStoreSQLite
 import Foundation
 import NIOConcurrencyHelpers
 import NIOCore

@@ -4,6 +4,7 @@ import APNsSimulator
 import ArgumentParser
 import ChannelProtocol
 import ChannelStore
+import ChannelStoreSQLite
 import Foundation
 import NIOConcurrencyHelpers
 #if canImport(FoundationNetworking)

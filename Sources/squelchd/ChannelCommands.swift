@@ -1,6 +1,7 @@
 import ArgumentParser
 import ChannelProtocol
 import ChannelStore
+import ChannelStoreSQLite
 import Foundation
 import PTTServer
 

@@ -1,5 +1,6 @@
 import ArgumentParser
 import ChannelStore
+import ChannelStoreSQLite
 import Foundation
 import ParticipantTokens
 import PTTServer

@@ -1,5 +1,6 @@
 import ChannelProtocol
 @testable import ChannelStore
+@testable import ChannelStoreSQLite
 import Foundation
 import GRDB
 import Testing

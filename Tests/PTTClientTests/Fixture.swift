@@ -1,6 +1,7 @@
 import Audio
 import ChannelProtocol
 import ChannelStore
+import ChannelStoreSQLite
 import Foundation
 import ImpairmentKit
 import enum NIOCore.SocketAddress

@@ -1,6 +1,7 @@
 import ChannelHub
 import ChannelProtocol
 import ChannelStore
+import ChannelStoreSQLite
 import Foundation
 import Glibc
 import NIOConcurrencyHelpers

@@ -1,4 +1,5 @@
 import ChannelStore
+import ChannelStoreSQLite
 import Foundation
 import Logging
 import ParticipantTokens

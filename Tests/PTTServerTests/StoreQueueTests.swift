@@ -1,5 +1,6 @@
 import ChannelHub
 import ChannelStore
+import ChannelStoreSQLite
 import Foundation
 import Logging
 @testable import PTTServer

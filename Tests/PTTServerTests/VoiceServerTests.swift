@@ -1,5 +1,6 @@
 import ChannelProtocol
 import ChannelStore
+import ChannelStoreSQLite
 import Crypto
 import Foundation
 #if canImport(FoundationNetworking)
