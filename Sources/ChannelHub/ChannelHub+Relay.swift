@@ -1,0 +1,51 @@
+import ChannelProtocol
+import ChannelStore
+import FloorControl
+import Foundation
+import ParticipantTokens
+import Wire
+
+extension ChannelHub {
+    /// One audio datagram from `link`. If its sender holds the floor, it is recorded for late joiners
+    /// and forwarded to every listening member but the sender, through `send` (which seals and queues
+    /// it for one listener, and returns false if it couldn't). Anything else is dropped and counted.
+    /// Returns how many listeners it went to.
+    @discardableResult
+    public func receiveAudio(from link: Link, datagram: UnsafeRawBufferPointer, at now: WireInstant,
+                             send: (UnsafeRawBufferPointer, Link) -> Bool) -> Int {
+        counters.packetsIn &+= 1
+        counters.bytesIn &+= datagram.count
+        guard let header = AudioHeader(parsing: datagram) else { drop(.malformed); return 0 }
+        guard case .joined(let channel, let slot)? = sessions[link] else { drop(.notJoined); return 0 }
+        guard let burst = channel.floor.burst(of: slot) else { drop(.notFloorHolder); return 0 }
+        guard UInt16(truncatingIfNeeded: burst) == header.burst else { drop(.staleBurst); return 0 }
+        channel.floor.heard(slot, now: now.nanoseconds)
+
+        let payloadCount = datagram.count - AudioHeader.size
+        let payload = UnsafeRawBufferPointer(rebasing: datagram[AudioHeader.size...])
+        // Every burst has a recording from its grant to its end; without one nothing polices the
+        // sender, so nothing is relayed either.
+        guard let recording = channel.recording(of: slot) else { drop(.notFloorHolder); return 0 }
+        guard recording.pace.take(at: now, perSecond: configuration.audioPacketsPerSecond,
+                                  burst: configuration.audioPacketBurst) else { drop(.overRate); return 0 }
+        recording.append(header, payload: payload, maxPackets: configuration.maxRecordedPackets,
+                         maxBytes: configuration.maxRecordedBytes)
+        AudioHeader(flags: header.flags.intersection(.endOfBurst), slot: slot, burst: header.burst, sequence: header.sequence)
+            .write(to: scratch)
+        UnsafeMutableRawBufferPointer(rebasing: scratch[AudioHeader.size ..< AudioHeader.size + payloadCount]).copyMemory(from: payload)
+        let packet = UnsafeRawBufferPointer(rebasing: scratch[..<(AudioHeader.size + payloadCount)])
+        var forwarded = 0
+        for listener in channel.listeners where listener.slot != slot && (listener.unheard.isEmpty || !listener.unheard.contains(slot)) {
+            if send(packet, listener.link) {
+                forwarded &+= 1
+            } else {
+                drop(.sendFailed)
+            }
+        }
+        counters.packetsOut &+= forwarded
+        counters.bytesOut &+= forwarded &* packet.count
+        return forwarded
+    }
+
+    func drop(_ reason: DropReason) { counters.drops[reason.rawValue] &+= 1 }
+}

@@ -1,0 +1,104 @@
+import ChannelProtocol
+import ChannelStore
+import Foundation
+import ParticipantTokens
+import Testing
+import Wire
+@testable import ChannelHub
+
+// The hub is sans-I/O: these tests drive it with links, bytes and time, and read what it wants sent.
+// Token verification is the driver's job (tested in PTTServerTests); here `admit` stands for a token
+// that checked out.
+
+let ms: UInt64 = 1_000_000
+
+/// A hub with one channel, a clock, and a recorder for the audio it sends.
+final class Harness {
+    let hub: ChannelHub
+    let channel = ChannelRecord(id: UUID(), name: "Ops", maxBurstSeconds: 60)
+    var now = WireInstant(nanoseconds: 1_000 * ms)
+    let epoch = Date(timeIntervalSince1970: 1_800_000_000)
+    var sent: [(link: Link, bytes: [UInt8])] = []
+    var messages: [(link: Link, message: ServerMessage)] = []
+    var closes: [(Link, CloseCode)] = []
+    var stored: [StoreOperation] = []
+    var other: [HubOutput] = []
+    private var nextIndex: UInt32 = 0
+
+    init(mode: TransmissionMode = .halfDuplex, configuration: HubConfiguration = HubConfiguration()) {
+        hub = ChannelHub(configuration: configuration)
+        var record = channel
+        record.mode = mode
+        hub.upsertChannel(record, at: time)
+    }
+
+    var time: HubTime { HubTime(instant: now, date: epoch.addingTimeInterval(Double(now.nanoseconds) / 1e9)) }
+
+    func advance(_ nanoseconds: UInt64) {
+        now = now + nanoseconds
+        if let deadline = hub.nextDeadline, deadline <= now { hub.handleTimeout(at: time, send: record) }
+        drain()
+    }
+
+    func record(_ packet: UnsafeRawBufferPointer, _ link: Link) -> Bool {
+        sent.append((link, Array(packet)))
+        return true
+    }
+
+    func drain() {
+        for output in hub.takeOutputs() {
+            switch output {
+            case .send(let message, let links): for link in links { messages.append((link, message)) }
+            case .close(let link, let code, _): closes.append((link, code))
+            case .store(let operation): stored.append(operation)
+            default: other.append(output)
+            }
+        }
+    }
+
+    /// Connects and admits a member; returns its link and slot.
+    @discardableResult
+    func join(_ user: String, capabilities: Set<Capability> = [.talk, .listen], priority: UInt8 = 0,
+              channel: UUID? = nil, tokenID: String = UUID().uuidString, issuedAt: Date? = nil,
+              expiresAt: Date? = nil) -> (link: Link, slot: UInt16) {
+        nextIndex += 1
+        let link = Link(index: nextIndex, generation: 1)
+        hub.connected(link)
+        let target = channel ?? self.channel.id
+        send(.join(token: "t", channel: target, reason: .developerRequest), from: link)
+        hub.admit(link, claims: ParticipantClaims(userID: user, name: user.capitalized, channel: target,
+                                                  capabilities: capabilities, priority: priority, issuedAt: issuedAt ?? time.date,
+                                                  expiresAt: expiresAt ?? epoch.addingTimeInterval(3600), tokenID: tokenID),
+                  reason: .developerRequest, at: time)
+        drain()
+        for case .joined(_, let you, _, _) in messages(to: link) { return (link, you) }
+        return (link, 0)
+    }
+
+    func send(_ message: ClientMessage, from link: Link) {
+        hub.control(link, bytes: MessageCodec().encode(message), at: time)
+        drain()
+    }
+
+    func audio(from link: Link, burst: UInt16, sequence: UInt16, payload: [UInt8], flags: AudioHeader.Flags = []) {
+        let datagram = AudioHeader(flags: flags, burst: burst, sequence: sequence).datagram(payload: payload)
+        _ = datagram.withUnsafeBytes { hub.receiveAudio(from: link, datagram: $0, at: time.instant, send: record) }
+    }
+
+    func messages(to link: Link) -> [ServerMessage] { messages.filter { $0.link == link }.map(\.message) }
+    func lastMessage(to link: Link) -> ServerMessage? { messages(to: link).last }
+    func floorEvents(to link: Link) -> [FloorEvent] {
+        messages(to: link).compactMap { if case .floor(let event) = $0 { return event } else { return nil } }
+    }
+    func audio(to link: Link) -> [(header: AudioHeader, payload: [UInt8])] {
+        sent.filter { $0.link == link }.map { packet in
+            packet.bytes.withUnsafeBytes { (AudioHeader(parsing: $0)!, Array(packet.bytes[AudioHeader.size...])) }
+        }
+    }
+    func grantedBurst(_ link: Link) -> UInt16? { floorEvents(to: link).last { $0.kind == .granted }?.burst }
+}
+
+extension ChannelHub {
+    /// The revocations the hub holds for token checks under way (none once no check is).
+    var revocationsDuringChecks: [RevocationRecord] { tokenChecks.revocations }
+}
