@@ -64,8 +64,10 @@ let package = Package(
             .product(name: "NIOPosix", package: "swift-nio"),
         ], swiftSettings: swift6),
         .target(name: "FloorControl", swiftSettings: swift6),
+        // The claims a token carries, as plain values: what the hub and the client read, without JWT.
+        .target(name: "ParticipantClaims", swiftSettings: swift6),
         .target(name: "ParticipantTokens", dependencies: [
-            "KeyFiles",
+            "KeyFiles", "ParticipantClaims",
             .product(name: "JWTKit", package: "jwt-kit"),
             .product(name: "Crypto", package: "swift-crypto"),
         ], swiftSettings: swift6),
@@ -84,7 +86,7 @@ let package = Package(
             .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
         ], swiftSettings: swift6),
         .target(name: "ChannelHub", dependencies: [
-            "Wire", "FloorControl", "ChannelProtocol", "ChannelStore", "ParticipantTokens",
+            "Wire", "FloorControl", "ChannelProtocol", "ChannelStore", "ParticipantClaims",
         ], swiftSettings: swift6),
         // APNs speaks HTTP/2 through swift-nio-http2 directly rather than AsyncHTTPClient: the client needs
         // the peer's SETTINGS, PING keepalive and GOAWAY, which AsyncHTTPClient does not expose.
@@ -124,12 +126,12 @@ let package = Package(
             .product(name: "NIOPosix", package: "swift-nio"),
         ], swiftSettings: swift6),
         .target(name: "PTTClient", dependencies: [
-            "Wire", "WireNIO", "Audio", "Opus", "ChannelProtocol", "JitterBuffer", "APNsDevice", "ParticipantTokens",
+            "Wire", "WireNIO", "Audio", "Opus", "ChannelProtocol", "JitterBuffer", "APNsDevice", "ParticipantClaims",
             .product(name: "NIOCore", package: "swift-nio"),
             .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
         ], swiftSettings: swift6),
         .target(name: "PTTServer", dependencies: [
-            "Wire", "WireNIO", "APNs", "APNsSimulator", "SquelchInfo", "FloorControl", "ParticipantTokens", "ChannelStore", "ChannelStoreSQLite", "ChannelProtocol",
+            "Wire", "WireNIO", "APNs", "APNsSimulator", "SquelchInfo", "FloorControl", "ParticipantTokens", "ParticipantClaims", "ChannelStore", "ChannelStoreSQLite", "ChannelProtocol",
             "ChannelHub", "KeyFiles",
             .product(name: "Logging", package: "swift-log"),
             .product(name: "Metrics", package: "swift-metrics"),
@@ -145,12 +147,12 @@ let package = Package(
         ], swiftSettings: swift6),
 
         .executableTarget(name: "squelchd", dependencies: [
-            "PTTServer", "APNsSimulator", "SquelchInfo", "ParticipantTokens", "ChannelStore", "ChannelStoreSQLite", "ChannelProtocol",
+            "PTTServer", "APNsSimulator", "SquelchInfo", "ParticipantTokens", "ParticipantClaims", "ChannelStore", "ChannelStoreSQLite", "ChannelProtocol",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
             .product(name: "Logging", package: "swift-log"),
         ], swiftSettings: swift6),
         .executableTarget(name: "walkie", dependencies: [
-            "PTTClient", "ParticipantTokens", "Audio", "Opus", "SquelchInfo", "TerminalUI", "ChannelProtocol", "JitterBuffer",
+            "PTTClient", "ParticipantTokens", "ParticipantClaims", "Audio", "Opus", "SquelchInfo", "TerminalUI", "ChannelProtocol", "JitterBuffer",
             .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
         ], swiftSettings: swift6),
@@ -164,7 +166,7 @@ let package = Package(
         .executableTarget(name: "ptt-example", dependencies: ["PTTClient", "Audio"], path: "Examples/PTTExample", swiftSettings: swift6),
         .executableTarget(name: "squelch-bench", dependencies: [
             "Opus", "Audio", "SquelchInfo", "Wire", "WireNIO", "WireTesting", "SquelchTesting", "ChannelProtocol",
-            "ParticipantTokens", "APNs", "APNsSimulator", "APNsDevice", "ChannelStore", "ChannelStoreSQLite", "PTTClient", "JitterBuffer", "ImpairmentKit", "CUDPBatch",
+            "ParticipantTokens", "ParticipantClaims", "APNs", "APNsSimulator", "APNsDevice", "ChannelStore", "ChannelStoreSQLite", "PTTClient", "JitterBuffer", "ImpairmentKit", "CUDPBatch",
             .product(name: "NIOCore", package: "swift-nio"),
             .product(name: "NIOPosix", package: "swift-nio"),
             .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
@@ -193,7 +195,7 @@ let package = Package(
         ], swiftSettings: swift6),
         .testTarget(name: "FloorControlTests", dependencies: ["FloorControl"], swiftSettings: swift6),
         .testTarget(name: "ParticipantTokensTests", dependencies: [
-            "ParticipantTokens",
+            "ParticipantTokens", "ParticipantClaims",
             .product(name: "Crypto", package: "swift-crypto"),
         ], swiftSettings: swift6),
         .testTarget(name: "ChannelStoreTests", dependencies: [
@@ -201,7 +203,7 @@ let package = Package(
             .product(name: "GRDB", package: "GRDB.swift"),
         ], swiftSettings: swift6),
         .testTarget(name: "ChannelHubTests", dependencies: [
-            "ChannelHub", "ChannelProtocol", "ChannelStore", "ParticipantTokens", "Wire",
+            "ChannelHub", "ChannelProtocol", "ChannelStore", "ParticipantClaims", "Wire",
         ], swiftSettings: swift6),
         .testTarget(name: "ChannelProtocolTests", dependencies: ["ChannelProtocol"], swiftSettings: swift6),
         .testTarget(name: "OpusTests", dependencies: ["Opus", "Audio"], swiftSettings: swift6),
@@ -215,14 +217,14 @@ let package = Package(
         ], swiftSettings: swift6),
         .testTarget(name: "TerminalUITests", dependencies: ["TerminalUI", "terminal-ui-demo"], swiftSettings: swift6),
         .testTarget(name: "PTTClientTests", dependencies: [
-            "PTTClient", "PTTServer", "APNsSimulator", "APNsDevice", "ChannelProtocol", "ChannelStore", "ChannelStoreSQLite", "ParticipantTokens",
+            "PTTClient", "PTTServer", "APNsSimulator", "APNsDevice", "ChannelProtocol", "ChannelStore", "ChannelStoreSQLite", "ParticipantTokens", "ParticipantClaims",
             "Audio", "Opus", "JitterBuffer", "SquelchTesting", "Wire", "WireNIO", "WireTesting", "ImpairmentKit",
             .product(name: "X509", package: "swift-certificates"),
             .product(name: "NIOCore", package: "swift-nio"),
             .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
         ], swiftSettings: swift6),
         .testTarget(name: "PTTServerTests", dependencies: [
-            "PTTServer", "APNsSimulator", "ChannelStore", "ChannelStoreSQLite", "ChannelProtocol", "ParticipantTokens", "Wire", "WireNIO", "WireTesting",
+            "PTTServer", "APNsSimulator", "ChannelStore", "ChannelStoreSQLite", "ChannelProtocol", "ParticipantTokens", "ParticipantClaims", "Wire", "WireNIO", "WireTesting",
             "SquelchTesting", "KeyFiles", "APNs",
             .product(name: "Prometheus", package: "swift-prometheus"),
             .product(name: "GRDB", package: "GRDB.swift"),
@@ -248,7 +250,7 @@ let package = Package(
             .product(name: "SwiftASN1", package: "swift-asn1"),
         ], swiftSettings: swift6),
         .testTarget(name: "CLITests", dependencies: [
-            "SquelchInfo", "Audio", "PTTClient", "Wire", "WireNIO", "ParticipantTokens", "SquelchTesting", "ChannelProtocol",
+            "SquelchInfo", "Audio", "PTTClient", "Wire", "WireNIO", "ParticipantTokens", "ParticipantClaims", "SquelchTesting", "ChannelProtocol",
             .product(name: "NIOCore", package: "swift-nio"),
         ], swiftSettings: swift6),
     ]

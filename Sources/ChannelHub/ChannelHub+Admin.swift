@@ -2,7 +2,6 @@ import ChannelProtocol
 import ChannelStore
 import FloorControl
 import Foundation
-import ParticipantTokens
 import Wire
 
 extension ChannelHub {

@@ -2,7 +2,7 @@ import ChannelProtocol
 import ChannelStore
 import FloorControl
 import Foundation
-import ParticipantTokens
+import ParticipantClaims
 import Wire
 
 extension ChannelHub {

@@ -2,7 +2,6 @@ import ChannelProtocol
 import ChannelStore
 import FloorControl
 import Foundation
-import ParticipantTokens
 import Wire
 
 /// The live state of every channel: who is connected, who holds the floor, and where each audio

@@ -1,5 +1,5 @@
 import ChannelStore
-import ParticipantTokens
+import ParticipantClaims
 
 /// Token checks (joins, renewals) under way, by connection, and the revocations applied while any
 /// was. A check reads the store's revocations off the event loop, so a revocation the hub applies

@@ -1,6 +1,6 @@
 import ChannelProtocol
 import Foundation
-import ParticipantTokens
+import ParticipantClaims
 
 /// A delegate callback the session wants made, in order.
 enum DelegateCall: Sendable, Equatable {
@@ -440,7 +440,7 @@ struct ChannelSession {
     }
 
     /// A participant token's user, read without verifying it; nil if it isn't a participant token.
-    static func subject(of token: String) -> String? { (try? TokenAuthority.unverifiedClaims(of: token))?.userID }
+    static func subject(of token: String) -> String? { UnverifiedToken.subject(of: token) }
 
     private mutating func sendPendingRenewal() {
         guard link == .joined, renewalInFlight == nil, let pendingToken else { return }

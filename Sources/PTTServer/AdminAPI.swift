@@ -5,6 +5,7 @@ import Hummingbird
 import HummingbirdCore
 import Logging
 import NIOCore
+import ParticipantClaims
 import ParticipantTokens
 import Prometheus
 import SquelchInfo

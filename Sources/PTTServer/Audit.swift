@@ -1,5 +1,6 @@
 import ChannelStore
 import Foundation
+import ParticipantClaims
 import ParticipantTokens
 
 extension AuditRecord {

@@ -4,6 +4,7 @@ import ChannelStore
 import Foundation
 import Logging
 import NIOCore
+import ParticipantClaims
 import ParticipantTokens
 import Wire
 import WireNIO

@@ -4,6 +4,7 @@ import ChannelProtocol
 import Foundation
 import JitterBuffer
 import NIOConcurrencyHelpers
+import ParticipantClaims
 import ParticipantTokens
 import PTTClient
 import ImpairmentKit

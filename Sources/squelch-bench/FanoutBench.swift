@@ -6,6 +6,7 @@ import NIOPosix
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
+import ParticipantClaims
 import ParticipantTokens
 import SquelchTesting
 import Wire

@@ -10,6 +10,7 @@ import NIOConcurrencyHelpers
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
+import ParticipantClaims
 import ParticipantTokens
 import SquelchTesting
 import Wire

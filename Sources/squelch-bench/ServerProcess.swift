@@ -1,5 +1,6 @@
 import ArgumentParser
 import Foundation
+import ParticipantClaims
 import ParticipantTokens
 
 /// `squelchd serve` in its own process with one channel, for the end-to-end benchmarks: the server's

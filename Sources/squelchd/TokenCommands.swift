@@ -2,6 +2,7 @@ import ArgumentParser
 import ChannelStore
 import ChannelStoreSQLite
 import Foundation
+import ParticipantClaims
 import ParticipantTokens
 import PTTServer
 

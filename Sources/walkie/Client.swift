@@ -3,6 +3,7 @@ import ChannelProtocol
 import Foundation
 import NIOConcurrencyHelpers
 import Opus
+import ParticipantClaims
 import ParticipantTokens
 import PTTClient
 

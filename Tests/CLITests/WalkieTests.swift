@@ -1,5 +1,6 @@
 import Audio
 import Foundation
+import ParticipantClaims
 import ParticipantTokens
 import PTTClient
 import Testing

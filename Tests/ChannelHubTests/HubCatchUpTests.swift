@@ -1,7 +1,6 @@
 import ChannelProtocol
 import ChannelStore
 import Foundation
-import ParticipantTokens
 import Testing
 import Wire
 @testable import ChannelHub

@@ -1,7 +1,7 @@
 import ChannelProtocol
 import ChannelStore
 import Foundation
-import ParticipantTokens
+import ParticipantClaims
 import Testing
 import Wire
 @testable import ChannelHub

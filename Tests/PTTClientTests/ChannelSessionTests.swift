@@ -1,5 +1,6 @@
 import ChannelProtocol
 import Foundation
+import ParticipantClaims
 import ParticipantTokens
 import Testing
 @testable import PTTClient

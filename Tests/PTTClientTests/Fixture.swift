@@ -6,6 +6,7 @@ import Foundation
 import ImpairmentKit
 import enum NIOCore.SocketAddress
 import NIOConcurrencyHelpers
+import ParticipantClaims
 import ParticipantTokens
 import PTTClient
 import PTTServer

@@ -8,6 +8,7 @@ import NIOConcurrencyHelpers
 import Hummingbird
 import HummingbirdTesting
 import Logging
+import ParticipantClaims
 import ParticipantTokens
 import Prometheus
 import SquelchTesting

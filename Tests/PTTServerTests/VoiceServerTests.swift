@@ -7,6 +7,7 @@ import Foundation
 import FoundationNetworking
 #endif
 import GRDB
+import ParticipantClaims
 import ParticipantTokens
 import PTTServer
 import SquelchTesting

@@ -1,5 +1,6 @@
 import Crypto
 import Foundation
+import ParticipantClaims
 import Testing
 @testable import ParticipantTokens
 
@@ -28,6 +29,19 @@ import Testing
         // The header says ES256.
         let header = try #require(Data(base64Encoded: String(token.split(separator: ".")[0]) + "=="))
         #expect(String(decoding: header, as: UTF8.self).contains("ES256"))
+    }
+
+    @Test func aClientReadsATokensUserWithoutTheJWTLibrary() async throws {
+        let authority = try await authority()
+        // A user id whose JSON and base64 need the url-safe alphabet and padding to come back whole.
+        var claims = claims()
+        claims.userID = "ünit-7/?>~"
+        let token = try await authority.issue(claims)
+        #expect(UnverifiedToken.subject(of: token) == "ünit-7/?>~")
+        #expect(UnverifiedToken.subject(of: token) == (try TokenAuthority.unverifiedClaims(of: token)).userID)
+        for garbage in ["", "abc", "a.b.c", "YWJj.YWJj.YWJj", token + ".x", "e30.e30.e30"] {  // e30: "{}", no sub
+            #expect(UnverifiedToken.subject(of: garbage) == nil, "\(garbage)")
+        }
     }
 
     @Test func eachRefusalHasItsOwnErrorAndCode() async throws {
