@@ -42,6 +42,8 @@ let package = Package(
         .target(name: "CUDPBatch"),
 
         .target(name: "SquelchInfo", swiftSettings: swift6),
+        // The one seeded generator (SplitMix64): simulations, fault plans, fuzzed inputs.
+        .target(name: "SeededRandom", swiftSettings: swift6),
         .target(name: "KeyFiles", swiftSettings: swift6),
         .target(name: "Opus", dependencies: ["COpus", "COpusShim"], swiftSettings: swift6),
         .target(name: "Audio", dependencies: ["CALSA", "CALSAShim"], swiftSettings: swift6),
@@ -107,7 +109,7 @@ let package = Package(
             .product(name: "NIOHTTP1", package: "swift-nio"),
         ], swiftSettings: swift6),
         .target(name: "APNsSimulator", dependencies: [
-            "APNsDevice",
+            "SeededRandom", "APNsDevice",
             .product(name: "NIOCore", package: "swift-nio"),
             .product(name: "NIOPosix", package: "swift-nio"),
             .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
@@ -122,6 +124,7 @@ let package = Package(
         .target(name: "JitterBuffer", swiftSettings: swift6),
         .target(name: "TerminalUI", swiftSettings: swift6),
         .target(name: "ImpairmentKit", dependencies: [
+            "SeededRandom",
             .product(name: "NIOCore", package: "swift-nio"),
             .product(name: "NIOPosix", package: "swift-nio"),
         ], swiftSettings: swift6),
@@ -206,16 +209,16 @@ let package = Package(
             "ChannelHub", "ChannelProtocol", "ChannelStore", "ParticipantClaims", "Wire",
         ], swiftSettings: swift6),
         .testTarget(name: "ChannelProtocolTests", dependencies: ["ChannelProtocol"], swiftSettings: swift6),
-        .testTarget(name: "OpusTests", dependencies: ["Opus", "Audio"], swiftSettings: swift6),
+        .testTarget(name: "OpusTests", dependencies: ["SeededRandom", "Opus", "Audio"], swiftSettings: swift6),
         .testTarget(name: "AudioTests", dependencies: ["Audio"], swiftSettings: swift6),
-        .testTarget(name: "JitterBufferTests", dependencies: ["JitterBuffer"], swiftSettings: swift6),
+        .testTarget(name: "JitterBufferTests", dependencies: ["SeededRandom", "JitterBuffer"], swiftSettings: swift6),
         .testTarget(name: "ImpairmentKitTests", dependencies: [
             "ImpairmentKit", "impairment-proxy",
             .product(name: "NIOCore", package: "swift-nio"),
             .product(name: "NIOPosix", package: "swift-nio"),
             .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
         ], swiftSettings: swift6),
-        .testTarget(name: "TerminalUITests", dependencies: ["TerminalUI", "terminal-ui-demo"], swiftSettings: swift6),
+        .testTarget(name: "TerminalUITests", dependencies: ["SeededRandom", "TerminalUI", "terminal-ui-demo"], swiftSettings: swift6),
         .testTarget(name: "PTTClientTests", dependencies: [
             "PTTClient", "PTTServer", "APNsSimulator", "APNsDevice", "ChannelProtocol", "ChannelStore", "ChannelStoreSQLite", "ParticipantTokens", "ParticipantClaims",
             "Audio", "Opus", "JitterBuffer", "SquelchTesting", "Wire", "WireNIO", "WireTesting", "ImpairmentKit",
@@ -224,7 +227,7 @@ let package = Package(
             .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
         ], swiftSettings: swift6),
         .testTarget(name: "PTTServerTests", dependencies: [
-            "PTTServer", "APNsSimulator", "ChannelStore", "ChannelStoreSQLite", "ChannelProtocol", "ParticipantTokens", "ParticipantClaims", "Wire", "WireNIO", "WireTesting",
+            "SeededRandom", "PTTServer", "APNsSimulator", "ChannelStore", "ChannelStoreSQLite", "ChannelProtocol", "ParticipantTokens", "ParticipantClaims", "Wire", "WireNIO", "WireTesting",
             "SquelchTesting", "KeyFiles", "APNs",
             .product(name: "Prometheus", package: "swift-prometheus"),
             .product(name: "GRDB", package: "GRDB.swift"),
@@ -234,7 +237,7 @@ let package = Package(
             .product(name: "HummingbirdTesting", package: "hummingbird"),
         ], swiftSettings: swift6),
         .testTarget(name: "WireTests", dependencies: [
-            "Wire", "WireTesting",
+            "SeededRandom", "Wire", "WireTesting",
             .product(name: "Crypto", package: "swift-crypto"),
             .product(name: "_CryptoExtras", package: "swift-crypto"),
             .product(name: "X509", package: "swift-certificates"),

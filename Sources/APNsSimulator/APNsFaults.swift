@@ -1,4 +1,5 @@
 import Foundation
+import SeededRandom
 
 /// Failures the simulator injects into requests that are otherwise valid, to exercise a client's error
 /// handling. Set with `APNsSimulator.setFaults(_:)` or `PUT /v1/faults`; every field is optional in JSON.
@@ -153,29 +154,11 @@ struct FaultInjector: Sendable {
         if let timestamp = plan.unregistered[token] {
             return InjectedFault(status: 410, reason: "Unregistered", timestamp: timestamp)
         }
-        if plan.serviceUnavailableShare > 0, random.nextUnitInterval() < plan.serviceUnavailableShare {
+        if plan.serviceUnavailableShare > 0, random.unitInterval() < plan.serviceUnavailableShare {
             return InjectedFault(status: 503, reason: "ServiceUnavailable", timestamp: nil)
         }
         return nil
     }
 }
 
-/// Steele, Lea and Flood's SplitMix64: tiny, seedable, and good enough to pick which requests fail.
-struct SplitMix64: Sendable {
-    private var state: UInt64
 
-    init(seed: UInt64) { state = seed }
-
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
-
-    /// Uniform in [0, 1), from the top 53 bits.
-    mutating func nextUnitInterval() -> Double {
-        Double(next() >> 11) * 0x1.0p-53
-    }
-}

@@ -1,3 +1,5 @@
+import SeededRandom
+
 /// xoshiro256** seeded through SplitMix64.
 ///
 /// The standard library's generator is neither seedable nor stable across releases, and reproducing a failing
@@ -12,7 +14,7 @@ public struct SeededGenerator: RandomNumberGenerator, Sendable, Hashable {
 
     /// Creates a generator whose whole output is determined by `seed`.
     public init(seed: UInt64) {
-        var mixer = SplitMix64(state: seed)
+        var mixer = SplitMix64(seed: seed)
         s0 = mixer.next()
         s1 = mixer.next()
         s2 = mixer.next()
@@ -55,15 +57,4 @@ public struct SeededGenerator: RandomNumberGenerator, Sendable, Hashable {
     }
 }
 
-/// SplitMix64, used only to expand seeds.
-struct SplitMix64 {
-    var state: UInt64
 
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
-}

@@ -4,24 +4,9 @@ import SwiftASN1
 import Wire
 import X509
 
-// Test and benchmark support for the transport: seeded randomness and an in-memory PKI. A library
-// target rather than test code, so WireTests, WireNIOTests and squelch-bench share one copy. Never
-// used by the products that ship (squelchd, walkie).
-
-/// SplitMix64: a tiny seeded generator, so simulations and test vectors repeat exactly.
-/// Never used outside tests (ephemeral keys need the system generator).
-public struct SeededRandom: RandomNumberGenerator, Sendable {
-    public var state: UInt64
-    public init(seed: UInt64) { state = seed }
-    public mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
-    public mutating func unit() -> Double { Double(next() >> 11) / Double(1 << 53) }
-}
+// Test and benchmark support for the transport: an in-memory PKI. A library target rather than test
+// code, so WireTests, WireNIOTests and squelch-bench share one copy. Never used by the products that
+// ship (squelchd, walkie).
 
 /// An in-memory CA and a server certificate signed by it, so each test controls names and dates.
 public struct TestPKI: Sendable {

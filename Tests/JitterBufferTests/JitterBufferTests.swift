@@ -1,21 +1,11 @@
 import JitterBuffer
+import SeededRandom
 import Testing
 
 // Seeded arrival patterns through the buffer, with a playout loop ticking every 20 ms as the audio
 // output would. Everything is deterministic: the same seed gives the same decisions.
 
 let ms: UInt64 = 1_000_000
-
-struct SplitMix64: RandomNumberGenerator {
-    var state: UInt64
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
-}
 
 /// One packet on the way: when it arrives and what it is.
 struct Arrival {
@@ -104,7 +94,7 @@ func burst(frames: Int, start: UInt64 = 0, burst: UInt16 = 7, slot: UInt16 = 1, 
     }
 
     @Test func tenPercentLossIsRecoveredWithFECOrConcealedAndTheCountsAddUp() {
-        var rng = SplitMix64(state: 42)
+        var rng = SplitMix64(seed: 42)
         var lostSet = Set<Int>()
         for i in 0..<200 where Double(rng.next() % 1000) < 100 { lostSet.insert(i) }
         var buffer = JitterBuffer()
@@ -378,7 +368,7 @@ func burst(frames: Int, start: UInt64 = 0, burst: UInt16 = 7, slot: UInt16 = 1, 
     }
 
     @Test func eachWindowReportsTheShareOfItsFramesThatNeverArrived() {
-        var rng = SplitMix64(state: 7)
+        var rng = SplitMix64(seed: 7)
         var lostSet = Set<Int>()
         for i in 0..<300 where rng.next() % 10 == 0 { lostSet.insert(i) }
         var buffer = JitterBuffer()

@@ -1,6 +1,7 @@
 import Audio
 import COpus
 import Foundation
+import SeededRandom
 import Testing
 @testable import Opus
 
@@ -27,18 +28,6 @@ func correlation(_ a: ArraySlice<Int16>, _ b: ArraySlice<Int16>) -> Double {
     return ab / (aa * bb).squareRoot()
 }
 
-/// A small seeded generator, so a failing random input can be reproduced.
-struct SplitMix64: RandomNumberGenerator {
-    var state: UInt64
-    init(seed: UInt64) { state = seed }
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
-}
 
 @Suite struct OpusCodecTests {
     @Test func defaultsAreThePushToTalkProfile() throws {

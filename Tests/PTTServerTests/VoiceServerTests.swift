@@ -10,6 +10,7 @@ import GRDB
 import ParticipantClaims
 import ParticipantTokens
 import PTTServer
+import SeededRandom
 import SquelchTesting
 import Testing
 import Wire
@@ -167,7 +168,7 @@ func slot(of member: TestMember) -> UInt16? {
         let burst = try #require(granted.burst)
         #expect(await bob.waitForFloor(.taken)?.slot == slot(of: ann))
 
-        var generator = SeededRandom(seed: 7)
+        var generator = SplitMix64(seed: 7)
         let payloads = (0..<20).map { _ in (0..<80).map { _ in UInt8.random(in: 0...255, using: &generator) } }
         for (sequence, payload) in payloads.enumerated() {
             #expect(await ann.sendAudio(burst: burst, sequence: UInt16(sequence), payload: payload))

@@ -1,5 +1,6 @@
 import Crypto
 import Foundation
+import SeededRandom
 import Testing
 @testable import Wire
 
@@ -230,7 +231,7 @@ extension Simulation {
         #expect(sim.serverDatagrams.count == 1)
         #expect(server.stats.droppedReplayed == 1)
         // A forgery with the right connection ID but random contents.
-        var rng = SeededRandom(seed: 99)
+        var rng = SplitMix64(seed: 99)
         var forged = Array(packet.prefix(9)) + (0..<40).map { _ in UInt8(truncatingIfNeeded: rng.next()) }
         forged[0] = 0x40 | (forged[0] & 0x03)
         deliver(sim, forged)

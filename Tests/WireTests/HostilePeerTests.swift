@@ -1,5 +1,6 @@
 import Crypto
 import Foundation
+import SeededRandom
 import Testing
 @testable import Wire
 
@@ -49,7 +50,7 @@ import Testing
     @Test func aLossyPathsFragmentsInAnyOrderStillAssembleExactly() throws {
         // 900 packets' worth (about 1 MB, a large roster) arriving in a random order, some twice, some
         // cut differently on retransmission: the stream comes out whole and in order.
-        var random = SeededRandom(seed: 77)
+        var random = SplitMix64(seed: 77)
         let stream = (0..<(900 * 1100)).map { UInt8(truncatingIfNeeded: $0 &* 31 &+ $0 >> 8) }
         var fragments: [Range<Int>] = stride(from: 0, to: stream.count, by: 1100).map { $0..<min($0 + 1100, stream.count) }
         for _ in 0..<200 {
@@ -167,7 +168,7 @@ import Testing
     /// connection state bounded; other connections carry on.
     @Test func seededFrameSequencesFromAnAuthenticatedPeerNeverBreakTheServer() async throws {
         let pki = try TestPKI()
-        var random = SeededRandom(seed: 0x5eed)
+        var random = SplitMix64(seed: 0x5eed)
         var closed = 0
         var survived = 0
         for round in 0..<30 {
@@ -236,7 +237,7 @@ import Testing
         return Array(buffer[..<end])
     }
 
-    static func writeRandomFrame(_ w: inout WireWriter, _ random: inout SeededRandom) {
+    static func writeRandomFrame(_ w: inout WireWriter, _ random: inout SplitMix64) {
         func small() -> UInt64 { random.next() % 16 }
         func any() -> UInt64 { [small(), random.next() % 70_000, random.next() % (1 << 30), (1 << 62) - 1][Int(random.next() % 4)] }
         func bytes(_ count: Int) -> [UInt8] { (0..<count).map { _ in UInt8(truncatingIfNeeded: random.next()) } }

@@ -1,5 +1,6 @@
 import Crypto
 import Foundation
+import SeededRandom
 import Testing
 @testable import Wire
 
@@ -143,7 +144,7 @@ import Testing
         sim.addClient()
         _ = try await sim.connect(0)
         // Restart: a new endpoint with no sessions, but the same reset key (it is persisted).
-        sim.endpoint = Endpoint(secrets: secrets, random: SeededRandom(seed: 5), forkRandom: { SeededRandom(seed: $0.next()) })
+        sim.endpoint = Endpoint(secrets: secrets, random: SplitMix64(seed: 5), forkRandom: { SplitMix64(seed: $0.next()) })
         try sim.clients[0].sendControl(Array("anyone there?".utf8))
         let start = sim.network.now
         let ok = await sim.run(for: seconds(5)) { sim.connected(0) && sim.clients[0].reconnects == 1 }
@@ -196,7 +197,7 @@ import Testing
         let token = sim.clients[0].token
         #expect(!token.isEmpty)
         let client = Connection(client: sim.clients[0].configuration, remote: sim.serverAddress, now: sim.network.now, token: token,
-                                random: SeededRandom(seed: 8))
+                                random: SplitMix64(seed: 8))
         var buffer = [UInt8](repeating: 0, count: 1500)
         let transmit = try #require(buffer.withUnsafeMutableBytes { client.poll(into: $0, now: sim.network.now) })
         buffer.withUnsafeMutableBytes { sim.endpoint.receive(UnsafeMutableRawBufferPointer(rebasing: $0[..<transmit.count]),
@@ -214,7 +215,7 @@ import Testing
         let validator = pki.validator
         for i in 0..<10 {
             let client = Connection(client: ClientConfiguration(serverName: "localhost", validator: validator), remote: .v4(10, 0, 0, 1, port: 1),
-                                    now: now, random: SeededRandom(seed: UInt64(i)))
+                                    now: now, random: SplitMix64(seed: UInt64(i)))
             var buffer = [UInt8](repeating: 0, count: 1500)
             let transmit = try #require(buffer.withUnsafeMutableBytes { client.poll(into: $0, now: now) })
             // Different ports, same host: the limit is per host.
@@ -289,7 +290,7 @@ import Testing
         let pki = try TestPKI()
         let endpoint = Endpoint(secrets: try pki.secrets())
         let client = Connection(client: ClientConfiguration(serverName: "localhost", validator: pki.validator), remote: .v4(10, 0, 0, 1, port: 1),
-                                now: WireInstant(nanoseconds: 1), random: SeededRandom(seed: 1))
+                                now: WireInstant(nanoseconds: 1), random: SplitMix64(seed: 1))
         var buffer = [UInt8](repeating: 0, count: 1500)
         let transmit = try #require(buffer.withUnsafeMutableBytes { client.poll(into: $0, now: WireInstant(nanoseconds: 1)) })
         #expect(transmit.count >= 1200)
@@ -318,7 +319,7 @@ import Testing
 
         // A client whose version the server doesn't list gives up with an actionable error...
         let client = Connection(client: ClientConfiguration(serverName: "localhost", validator: pki.validator), remote: .v4(1, 1, 1, 1, port: 9),
-                                now: WireInstant(nanoseconds: 1), random: SeededRandom(seed: 3))
+                                now: WireInstant(nanoseconds: 1), random: SplitMix64(seed: 3))
         func negotiation(destination: ConnectionID, source: ConnectionID) -> [UInt8] {
             var packet = [UInt8]()
             packet.append(0x80); packet += [0, 0, 0, 0]; packet.append(8); packet += destination.bytes; packet.append(8); packet += source.bytes

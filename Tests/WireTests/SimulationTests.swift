@@ -1,4 +1,5 @@
 import Foundation
+import SeededRandom
 import Testing
 @testable import Wire
 
@@ -21,7 +22,7 @@ import Testing
 
     /// One full run. Returns its trace so determinism can be checked.
     static func run(seed: UInt64, pki: TestPKI, secrets: ServerSecrets) async throws -> Outcome {
-        var pick = SeededRandom(seed: seed ^ 0xA5A5)
+        var pick = SplitMix64(seed: seed ^ 0xA5A5)
         var conditions = SimulatedNetwork.Conditions()
         conditions.loss = Double(pick.next() % 31) / 100
         conditions.duplicate = Double(pick.next() % 11) / 100

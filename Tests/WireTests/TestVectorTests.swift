@@ -1,5 +1,6 @@
 import Crypto
 import Foundation
+import SeededRandom
 import Testing
 @testable import Wire
 
@@ -39,7 +40,7 @@ func hex(_ bytes: some Sequence<UInt8>) -> String { bytes.map { String(format: "
         let pki = try TestPKI()
         let now = WireInstant(nanoseconds: seconds(1))
         let client = Connection(client: ClientConfiguration(serverName: "localhost", validator: pki.validator),
-                                remote: .v4(127, 0, 0, 1, port: 4433), now: now, random: SeededRandom(seed: Self.clientSeed))
+                                remote: .v4(127, 0, 0, 1, port: 4433), now: now, random: SplitMix64(seed: Self.clientSeed))
         check("client source connection ID", hex(client.localID.bytes), "bda0c16558edebd0")
         check("client original destination ID", hex(client.originalDestination.bytes), "67ef8babb67f174e")
         check("client X25519 private key", hex(client.ephemeral!.rawRepresentation), "a7b9966fedb07d4df71f4d98d226414583e23ba87d905ccaa733e2a5151ae352")
@@ -61,8 +62,8 @@ func hex(_ bytes: some Sequence<UInt8>) -> String { bytes.map { String(format: "
 
         // The server, with its own seeded generator, answers; its Initial packet (ServerHello) is the
         // first packet of its first datagram.
-        let endpoint = Endpoint(secrets: try pki.secrets(), random: SeededRandom(seed: Self.serverSeed),
-                                forkRandom: { SeededRandom(seed: $0.next()) })
+        let endpoint = Endpoint(secrets: try pki.secrets(), random: SplitMix64(seed: Self.serverSeed),
+                                forkRandom: { SplitMix64(seed: $0.next()) })
         datagram.withUnsafeMutableBytes {
             endpoint.receive(UnsafeMutableRawBufferPointer(rebasing: $0[..<first.count]), from: .v4(127, 0, 0, 1, port: 50_000), now: now)
         }

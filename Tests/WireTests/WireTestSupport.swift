@@ -1,5 +1,6 @@
 import Crypto
 import Foundation
+import SeededRandom
 import SwiftASN1
 import X509
 @testable import Wire
@@ -17,7 +18,7 @@ final class SimulatedNetwork {
     }
     struct InFlight { var at: WireInstant; var order: Int; var from: PathAddress; var to: PathAddress; var bytes: [UInt8] }
 
-    var random: SeededRandom
+    var random: SplitMix64
     var conditions: Conditions
     var now = WireInstant(nanoseconds: seconds(1000))
     var queue: [InFlight] = []
@@ -28,17 +29,17 @@ final class SimulatedNetwork {
     var blackhole: Set<PathAddress> = []
 
     init(seed: UInt64, conditions: Conditions = Conditions()) {
-        random = SeededRandom(seed: seed)
+        random = SplitMix64(seed: seed)
         self.conditions = conditions
     }
 
     func send(_ bytes: [UInt8], from: PathAddress, to: PathAddress) {
         sent += 1
-        if blackhole.contains(from) || random.unit() < conditions.loss { dropped += 1; return }
-        let copies = random.unit() < conditions.duplicate ? 2 : 1
+        if blackhole.contains(from) || random.unitInterval() < conditions.loss { dropped += 1; return }
+        let copies = random.unitInterval() < conditions.duplicate ? 2 : 1
         for _ in 0..<copies {
             var delay = conditions.delay
-            if random.unit() < conditions.reorder { delay += random.next() % max(conditions.jitter, 1) }
+            if random.unitInterval() < conditions.reorder { delay += random.next() % max(conditions.jitter, 1) }
             order += 1
             queue.append(InFlight(at: now + delay, order: order, from: from, to: to, bytes: bytes))
         }
@@ -76,8 +77,8 @@ final class Simulation {
          configuration: EndpointConfiguration = EndpointConfiguration()) {
         network = SimulatedNetwork(seed: seed, conditions: conditions)
         validator = pki.validator
-        endpoint = Endpoint(secrets: secrets, configuration: configuration, random: SeededRandom(seed: seed &* 31 &+ 7),
-                            forkRandom: { SeededRandom(seed: $0.next()) })
+        endpoint = Endpoint(secrets: secrets, configuration: configuration, random: SplitMix64(seed: seed &* 31 &+ 7),
+                            forkRandom: { SplitMix64(seed: $0.next()) })
     }
 
     @discardableResult
@@ -86,7 +87,7 @@ final class Simulation {
         let address = PathAddress.v4(192, 168, 1, UInt8(10 + index), port: port ?? UInt16(50_000 + index))
         let configuration = ClientConfiguration(serverName: serverName, validator: validator, connection: connection)
         clients.append(WireClient(configuration: configuration, remote: serverAddress, now: network.now,
-                                  random: SeededRandom(seed: network.random.next())))
+                                  random: SplitMix64(seed: network.random.next())))
         clientAddresses.append(address)
         clientEvents.append([])
         clientDatagrams.append([])
