@@ -252,6 +252,8 @@ let package = Package(
             .product(name: "X509", package: "swift-certificates"),
             .product(name: "SwiftASN1", package: "swift-asn1"),
         ], swiftSettings: swift6),
+        // squelch-bench's own entry points (`make bench-quick` runs each benchmark whole).
+        .testTarget(name: "BenchTests", dependencies: ["squelch-bench", "SquelchTesting", "WireTesting"], swiftSettings: swift6),
         .testTarget(name: "CLITests", dependencies: [
             "SquelchInfo", "Audio", "PTTClient", "Wire", "WireNIO", "ParticipantTokens", "ParticipantClaims", "SquelchTesting", "ChannelProtocol",
             .product(name: "NIOCore", package: "swift-nio"),

@@ -3,29 +3,12 @@ import Foundation
 import NIOCore
 import NIOPosix
 import SwiftASN1
+import SquelchTesting
 import Synchronization
 import Wire
 import WireNIO
 @_exported import WireTesting
 import X509
-
-struct TimedOut: Error, CustomStringConvertible {
-    var description: String
-}
-
-/// Fails if `body` takes longer than `seconds`. Everything the tests await is cancellable or
-/// completes on its own, so cancelling `body` ends it.
-func withTimeout(_ seconds: Double, _ body: @escaping @Sendable () async throws -> Void) async throws {
-    try await withThrowingTaskGroup(of: Void.self) { tasks in
-        tasks.addTask { try await body() }
-        tasks.addTask {
-            try await Task.sleep(for: .seconds(seconds))
-            throw TimedOut(description: "test still running after \(seconds) s")
-        }
-        try await tasks.next()
-        tasks.cancelAll()
-    }
-}
 
 /// Runs `body` with a fresh two-thread event loop group under `withTimeout`, and always shuts the
 /// group down.

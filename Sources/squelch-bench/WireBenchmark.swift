@@ -1,26 +1,27 @@
 import NIOCore
 import NIOPosix
 import Wire
+import WireNIO
 
 /// How many datagrams one direction of a connection carried, and how fast.
-public struct DatagramThroughput: Sendable, Equatable, CustomStringConvertible {
+struct DatagramThroughput: Sendable, Equatable, CustomStringConvertible {
     /// Datagrams the sender sealed and wrote.
-    public var sent: Int
+    var sent: Int
     /// Datagrams the receiving connection delivered (the rest were dropped by a full socket buffer).
-    public var delivered: Int
+    var delivered: Int
     /// From the first send to the last delivery seen.
-    public var seconds: Double
+    var seconds: Double
 
-    public init(sent: Int, delivered: Int, seconds: Double) {
+    init(sent: Int, delivered: Int, seconds: Double) {
         self.sent = sent
         self.delivered = delivered
         self.seconds = seconds
     }
 
-    public var deliveredPerSecond: Double { seconds > 0 ? Double(delivered) / seconds : 0 }
-    public var sentPerSecond: Double { seconds > 0 ? Double(sent) / seconds : 0 }
+    var deliveredPerSecond: Double { seconds > 0 ? Double(delivered) / seconds : 0 }
+    var sentPerSecond: Double { seconds > 0 ? Double(sent) / seconds : 0 }
 
-    public var description: String {
+    var description: String {
         let lost = sent - delivered
         return "\(delivered)/\(sent) datagrams in \(String(Int(seconds * 1000))) ms: \(Int(deliveredPerSecond)) pkt/s delivered"
             + (lost > 0 ? " (\(lost) dropped)" : "")
@@ -34,9 +35,9 @@ public struct DatagramThroughput: Sendable, Equatable, CustomStringConvertible {
 /// drops the excess, which `delivered` shows. Deliveries are counted from the receiving connection's
 /// `ConnectionStats.datagramsDelivered`, sampled every 2 ms until all that were sent arrive or
 /// nothing arrives for `settle`.
-public enum WireBenchmark {
+enum WireBenchmark {
     /// Client → server over an established connection.
-    public static func uplink(client: WireClientChannel, server: WireServer, count: Int, payloadSize: Int = 100,
+    static func uplink(client: WireClientChannel, server: WireServer, count: Int, payloadSize: Int = 100,
                               burst: Int = 32, settle: Duration = .milliseconds(300)) async throws -> DatagramThroughput {
         let delivered: @Sendable () async throws -> Int = {
             try await server.submit { server in
@@ -49,7 +50,7 @@ public enum WireBenchmark {
     }
 
     /// Server → client over an established connection (`handle` is the client's connection).
-    public static func downlink(server: WireServer, to handle: Endpoint.Handle, client: WireClientChannel, count: Int,
+    static func downlink(server: WireServer, to handle: Endpoint.Handle, client: WireClientChannel, count: Int,
                                 payloadSize: Int = 100, burst: Int = 32,
                                 settle: Duration = .milliseconds(300)) async throws -> DatagramThroughput {
         let delivered: @Sendable () async throws -> Int = {
@@ -62,7 +63,7 @@ public enum WireBenchmark {
 
     /// Starts a server on 127.0.0.1 and a client on two event-loop threads of their own, connects,
     /// measures both directions, and shuts everything down.
-    public static func loopback(secrets: ServerSecrets, client configuration: ClientConfiguration, count: Int,
+    static func loopback(secrets: ServerSecrets, client configuration: ClientConfiguration, count: Int,
                                 payloadSize: Int = 100, burst: Int = 32) async throws -> (uplink: DatagramThroughput, downlink: DatagramThroughput) {
         let group = MultiThreadedEventLoopGroup(numberOfThreads: 2)
         do {
