@@ -205,9 +205,10 @@ extension Channel {
         /// The server's settings as far as these commands need them; a bad one exits 78, as the
         /// server would.
         func configuration(tokenKey: String? = nil, previousTokenKey: String? = nil) throws -> ServerConfiguration {
-            var overrides = ConfigurationOverrides(dataDirectory: dataDir)
-            overrides.tokenKeyPath = tokenKey
-            overrides.previousTokenKeyPath = previousTokenKey
+            var overrides = ConfigurationOverrides()
+            overrides["dataDirectory"] = dataDir.map(SettingValue.text)
+            overrides["tokenKeyPath"] = tokenKey.map(SettingValue.text)
+            overrides["previousTokenKeyPath"] = previousTokenKey.map(SettingValue.text)
             do {
                 return try ServerConfiguration.load(file: config, environment: ProcessInfo.processInfo.environment, overrides: overrides)
             } catch {

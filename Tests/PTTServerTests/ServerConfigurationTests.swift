@@ -43,7 +43,7 @@ import Testing
                            "SQUELCH_FULL_DUPLEX_MAX_TALKERS": "8", "SQUELCH_ADMIN_KEY": "from-the-environment-0123",
                            "UNRELATED": "x"]
         let config = try ServerConfiguration.load(file: file, environment: environment,
-                                                  overrides: ConfigurationOverrides(port: 5000, certificateChainPath: "flag.pem"))
+                                                  overrides: ConfigurationOverrides(["port": 5000, "certificateChainPath": "flag.pem"]))
         #expect(config.port == 5000, "flag over environment over file")
         #expect(config.adminPort == 4000, "environment over file")
         #expect(config.host == "10.0.0.1", "file over default")
@@ -62,19 +62,19 @@ import Testing
 
         // A flag replaces a bad variable without it being read: a stale SQUELCH_PORT=abc does not
         // stop a start given --port.
-        let flagged = try ServerConfiguration.load(file: nil, environment: ["SQUELCH_PORT": "abc"], overrides: ConfigurationOverrides(port: 7700))
+        let flagged = try ServerConfiguration.load(file: nil, environment: ["SQUELCH_PORT": "abc"], overrides: ConfigurationOverrides(["port": 7700]))
         #expect(flagged.port == 7700)
         // An IPv6 address in brackets, as URLs write it, is the address.
-        let bracketed = try ServerConfiguration.load(file: nil, environment: [:], overrides: ConfigurationOverrides(host: "[::1]", adminHost: "[::1]"))
+        let bracketed = try ServerConfiguration.load(file: nil, environment: [:], overrides: ConfigurationOverrides(["host": "[::1]", "adminHost": "[::1]"]))
         #expect(bracketed.host == "::1" && bracketed.adminHost == "::1" && ServerConfiguration.urlHost(bracketed.adminHost) == "[::1]")
     }
 
     @Test func aLaterAdminKeyFileReplacesAnEarlierKey() throws {
         let file = try Self.writeFile(#"{"adminKey": "from-the-file-0123456789"}"#)
         let config = try ServerConfiguration.load(file: file, environment: [:],
-                                                  overrides: ConfigurationOverrides(adminKeyFile: "/run/secrets/key"))
+                                                  overrides: ConfigurationOverrides(["adminKeyFile": "/run/secrets/key"]))
         #expect(config.adminKey == nil && config.adminKeyFile == "/run/secrets/key")
-        let both = ConfigurationOverrides(adminKey: "x-0123456789abcdef", adminKeyFile: "/k")
+        let both = ConfigurationOverrides(["adminKey": "x-0123456789abcdef", "adminKeyFile": "/k"])
         #expect(throws: ServerConfiguration.ConfigurationError.self) {
             try ServerConfiguration.load(file: nil, environment: [:], overrides: both)
         }
@@ -143,25 +143,25 @@ import Testing
 
     @Test func outOfRangeValuesSayWhatToDo() throws {
         let cases: [(overrides: ConfigurationOverrides, environment: [String: String], expected: [String])] = [
-            (ConfigurationOverrides(port: 70_000), [:], ["UDP port 70000", "1-65535", "--port", "SQUELCH_PORT"]),
-            (ConfigurationOverrides(adminPort: -1), [:], ["admin port -1", "--admin-port"]),
+            (ConfigurationOverrides(["port": 70_000]), [:], ["UDP port 70000", "1-65535", "--port", "SQUELCH_PORT"]),
+            (ConfigurationOverrides(["adminPort": -1]), [:], ["admin port -1", "--admin-port"]),
             (ConfigurationOverrides(), ["SQUELCH_PORT": "seventy"], ["SQUELCH_PORT='seventy' is not a whole number"]),
-            (ConfigurationOverrides(port: 7700), ["SQUELCH_DISCONNECT_GRACE_SECONDS": "soon"], ["SQUELCH_DISCONNECT_GRACE_SECONDS='soon'"]),
-            (ConfigurationOverrides(adminPort: 2198), [:], ["the admin API and the APNs simulator's control port are both set to port 2198"]),
-            (ConfigurationOverrides(fullDuplexMaxTalkers: 17), [:], ["1-16", "--full-duplex-max-talkers"]),
-            (ConfigurationOverrides(fullDuplexMaxTalkers: 0), [:], ["1-16"]),
-            (ConfigurationOverrides(maxConnections: 0), [:], ["maximum connections 0"]),
-            (ConfigurationOverrides(disconnectGraceSeconds: 61), [:], ["disconnect grace"]),
-            (ConfigurationOverrides(maxQueue: -1), [:], ["floor queue length -1"]),
-            (ConfigurationOverrides(logLevel: "chatty"), [:], ["log level 'chatty'", "--log-level"]),
+            (ConfigurationOverrides(["port": 7700]), ["SQUELCH_DISCONNECT_GRACE_SECONDS": "soon"], ["SQUELCH_DISCONNECT_GRACE_SECONDS='soon'"]),
+            (ConfigurationOverrides(["adminPort": 2198]), [:], ["the admin API and the APNs simulator's control port are both set to port 2198"]),
+            (ConfigurationOverrides(["fullDuplexMaxTalkers": 17]), [:], ["1-16", "--full-duplex-max-talkers"]),
+            (ConfigurationOverrides(["fullDuplexMaxTalkers": 0]), [:], ["1-16"]),
+            (ConfigurationOverrides(["maxConnections": 0]), [:], ["maximum connections 0"]),
+            (ConfigurationOverrides(["disconnectGraceSeconds": 61]), [:], ["disconnect grace"]),
+            (ConfigurationOverrides(["maxQueue": -1]), [:], ["floor queue length -1"]),
+            (ConfigurationOverrides(["logLevel": "chatty"]), [:], ["log level 'chatty'", "--log-level"]),
             (ConfigurationOverrides(), ["SQUELCH_ADMIN_KEY": "short"], ["at least 16", "SQUELCH_ADMIN_KEY"]),
             (ConfigurationOverrides(), ["SQUELCH_DISCONNECT_GRACE_SECONDS": "soon"], ["SQUELCH_DISCONNECT_GRACE_SECONDS='soon' is not a number"]),
-            (ConfigurationOverrides(apns: "http://apns.example"), [:], ["apns 'http://apns.example'", "--apns"]),
-            (ConfigurationOverrides(apns: "https://127.0.0.1:99999"), [:], ["has port 99999", "1-65535", "--apns"]),
-            (ConfigurationOverrides(apns: "https://127.0.0.1:0"), [:], ["has port 0"]),
-            (ConfigurationOverrides(apnsKeyID: "short"), [:], ["10-character Key ID", "--apns-key-id"]),
-            (ConfigurationOverrides(apnsTopic: "org.example.app"), [:], ["<bundle id>.voip-ptt", "--apns-topic"]),
-            (ConfigurationOverrides(apnsPoolSize: 0), [:], ["pool size 0"]),
+            (ConfigurationOverrides(["apns": "http://apns.example"]), [:], ["apns 'http://apns.example'", "--apns"]),
+            (ConfigurationOverrides(["apns": "https://127.0.0.1:99999"]), [:], ["has port 99999", "1-65535", "--apns"]),
+            (ConfigurationOverrides(["apns": "https://127.0.0.1:0"]), [:], ["has port 0"]),
+            (ConfigurationOverrides(["apnsKeyID": "short"]), [:], ["10-character Key ID", "--apns-key-id"]),
+            (ConfigurationOverrides(["apnsTopic": "org.example.app"]), [:], ["<bundle id>.voip-ptt", "--apns-topic"]),
+            (ConfigurationOverrides(["apnsPoolSize": 0]), [:], ["pool size 0"]),
         ]
         for (overrides, environment, expected) in cases {
             let error = #expect(throws: ServerConfiguration.ConfigurationError.self) {
@@ -191,23 +191,23 @@ import Testing
     @Test func pushTargetsParse() throws {
         #expect(try ServerConfiguration.load(file: nil, environment: [:]).pushTarget == .simulator)
         #expect(try ServerConfiguration.load(file: nil, environment: ["SQUELCH_APNS": "off"]).pushTarget == .off)
-        let apple = ConfigurationOverrides(apns: "apple", apnsKeyPath: "/etc/squelch/AuthKey_ABC123DEFG.p8", apnsKeyID: "ABC123DEFG",
-                                           apnsTeamID: "TEAM123456", apnsTopic: "com.example.radio.voip-ptt")
+        let apple = ConfigurationOverrides(["apns": "apple", "apnsKeyPath": "/etc/squelch/AuthKey_ABC123DEFG.p8", "apnsKeyID": "ABC123DEFG",
+                                           "apnsTeamID": "TEAM123456", "apnsTopic": "com.example.radio.voip-ptt"])
         #expect(try ServerConfiguration.load(file: nil, environment: [:], overrides: apple).pushTarget == .apple)
         // Apple with any of the development defaults would refuse every push while /healthz said ok.
-        for leftAsDefault in [\ConfigurationOverrides.apnsKeyPath, \.apnsKeyID, \.apnsTeamID, \.apnsTopic] {
+        for leftAsDefault in ["apnsKeyPath", "apnsKeyID", "apnsTeamID", "apnsTopic"] {
             var overrides = apple
-            overrides[keyPath: leftAsDefault] = nil
+            overrides[leftAsDefault] = nil
             let error = #expect(throws: ServerConfiguration.ConfigurationError.self) {
                 try ServerConfiguration.load(file: nil, environment: [:], overrides: overrides)
             }
             #expect(String(describing: error.map { $0 } as Any).contains("development") || String(describing: error as Any).contains("example app"))
         }
-        #expect(try ServerConfiguration.load(file: nil, environment: [:], overrides: ConfigurationOverrides(apns: "https://push.example:2197")).pushTarget
+        #expect(try ServerConfiguration.load(file: nil, environment: [:], overrides: ConfigurationOverrides(["apns": "https://push.example:2197"])).pushTarget
                 == .custom(host: "push.example", port: 2197))
         // With pushes off, the APNs identity isn't checked at all.
         #expect(throws: Never.self) {
-            try ServerConfiguration.load(file: nil, environment: [:], overrides: ConfigurationOverrides(apns: "off", apnsKeyID: "x"))
+            try ServerConfiguration.load(file: nil, environment: [:], overrides: ConfigurationOverrides(["apns": "off", "apnsKeyID": "x"]))
         }
     }
 
@@ -220,13 +220,37 @@ import Testing
         #expect(settings.count == 34, "a new ServerConfiguration field needs a row in settings and a flag in Serve")
     }
 
+    /// The table is the one declaration: a property of ServerConfiguration without a row would be
+    /// settable from no file, variable or flag.
+    @Test func everyPropertyOfTheConfigurationIsASettingOfTheTable() {
+        let properties = Mirror(reflecting: ServerConfiguration()).children.compactMap(\.label)
+        #expect(properties == ServerConfiguration.settings.map(\.key))
+    }
+
+    @Test func flagsAreReadFromTheTable() throws {
+        let layer = try ServerConfiguration.flagOverrides(["--port", "5000", "--cert=flag.pem", "--disconnect-grace-seconds", "-1",
+                                                           "--log-level", "debug", "--port", "5001"])
+        #expect(layer == ["port": 5001, "certificateChainPath": "flag.pem", "disconnectGraceSeconds": -1.0, "logLevel": "debug"])
+        #expect(throws: ServerConfiguration.FlagError.invalidValue("abc", flag: "--port", valueName: "port", expected: "a whole number")) {
+            try ServerConfiguration.flagOverrides(["--port", "abc"])
+        }
+        #expect(throws: ServerConfiguration.FlagError.missingValue(flag: "--data-dir", valueName: "path")) {
+            try ServerConfiguration.flagOverrides(["--data-dir"])
+        }
+        let typo = #expect(throws: ServerConfiguration.FlagError.self) { try ServerConfiguration.flagOverrides(["--prot", "7700"]) }
+        #expect(typo?.description.contains("did you mean --port?") == true, "\(String(describing: typo))")
+        // The admin key has no flag: on a command line, `ps` would show it.
+        #expect(throws: ServerConfiguration.FlagError.unknown("--admin-key")) { try ServerConfiguration.flagOverrides(["--admin-key", "k"]) }
+        #expect(throws: ServerConfiguration.FlagError.unknown("7700")) { try ServerConfiguration.flagOverrides(["7700"]) }
+    }
+
     @Test func theTokenKeyDefaultsToTheDataDirectoryAndCanBeSetAnywhere() throws {
         let plain = try ServerConfiguration.load(file: nil, environment: ["SQUELCH_DATA_DIR": "/var/lib/squelch"])
         #expect(plain.tokenKeyPath == nil && plain.resolvedTokenKeyPath == "/var/lib/squelch/token-key.pem")
         let set = try ServerConfiguration.load(file: nil, environment: ["SQUELCH_TOKEN_KEY": "/etc/squelch/token.pem"])
         #expect(set.resolvedTokenKeyPath == "/etc/squelch/token.pem")
         var flag = ConfigurationOverrides()
-        flag.tokenKeyPath = ""
+        flag["tokenKeyPath"] = ""
         let error = #expect(throws: ServerConfiguration.ConfigurationError.self) {
             try ServerConfiguration.load(file: nil, environment: [:], overrides: flag)
         }
