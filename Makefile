@@ -42,7 +42,7 @@ deps:
 	@command -v $(SWIFT) >/dev/null || { echo "deps: swift not found on PATH; install the Swift 6.x toolchain from swift.org"; exit 1; }
 
 # Always build with --build-tests: switching product sets between `swift build` and `swift test`
-# recompiles Hummingbird every time (docs/architecture.md, build notes).
+# recompiles Hummingbird every time (docs/decisions/0044-build-notes.md).
 build: deps
 	$(SWIFT) build --build-tests -c $(CONFIG) $(BUILD_FLAGS)
 

@@ -35,10 +35,10 @@ let package = Package(
         .systemLibrary(name: "CALSA", pkgConfig: "alsa", providers: [.apt(["libasound2-dev"])]),
         .target(name: "COpusShim", dependencies: ["COpus"]),
         .target(name: "CALSAShim", dependencies: ["CALSA"]),
-        // libcrypto's EVP AEADs seal and open in place with a reusable context (docs/architecture.md).
+        // libcrypto's EVP AEADs seal and open in place with a reusable context (docs/decisions/0003).
         .systemLibrary(name: "CLibCrypto", pkgConfig: "libcrypto", providers: [.apt(["libssl-dev"])]),
         .target(name: "CPacketCrypto", dependencies: ["CLibCrypto"]),
-        // sendmmsg(2) for the server's fan-out, without NIO's per-datagram buffers (docs/architecture.md).
+        // sendmmsg(2) for the server's fan-out, without NIO's per-datagram buffers (docs/decisions/0006).
         .target(name: "CUDPBatch"),
 
         .target(name: "SquelchInfo", swiftSettings: swift6),

@@ -1,6 +1,7 @@
 import Foundation
 
-/// Every `reason` string APNs documents for a rejected request (reference §3.3).
+/// Every `reason` string APNs documents for a rejected request (Apple's "Handling notification
+/// responses from APNs").
 ///
 /// The raw values are Apple's exact spellings, so a reason can be used as a metric label as it is.
 public enum APNsReason: String, Sendable, CaseIterable, Codable {

@@ -1,7 +1,7 @@
 import Foundation
 import JWTKit
 
-/// When to mint a new provider JWT for one connection, as pure state (reference §3.4).
+/// When to mint a new provider JWT for one connection, as pure state.
 ///
 /// APNs rejects a JWT older than an hour and punishes one that changes more than once in 20 minutes on a
 /// connection. Each connection has its own JWT, minted when the connection first sends and replaced every

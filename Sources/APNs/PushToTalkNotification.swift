@@ -3,7 +3,7 @@ import Foundation
 /// One `pushtotalk` notification for one device token.
 ///
 /// With a speaker it wakes the device and reports them as the active remote participant; without one it
-/// tells the device to leave the channel (reference §2: a push with no speaker means "leave").
+/// tells the device to leave the channel (Apple: a pushtotalk push with no active remote participant means "leave").
 public struct PushToTalkNotification: Sendable, Equatable {
     /// The ephemeral push token, as lowercase hex.
     public var deviceToken: String
@@ -25,7 +25,7 @@ public struct PushToTalkNotification: Sendable, Equatable {
     public var isLeave: Bool { activeSpeaker == nil }
 }
 
-/// The largest body APNs accepts for a push other than VoIP (reference §3.2).
+/// The largest body APNs accepts for a push other than VoIP (Apple documents 4 KB).
 public let apnsMaximumPayloadBytes = 4096
 
 /// A push as it goes on the wire: the `:path`, the header list and the JSON body.
@@ -76,7 +76,7 @@ public struct APNsRequest: Sendable {
         return bytes
     }
 
-    /// Tokens are variable length (reference §1.5): check only that it is hex, of even length, and not absurd.
+    /// Apple says tokens are of variable length: check only that it is hex, of even length, and not absurd.
     public static func isValidDeviceToken(_ token: String) -> Bool {
         let utf8 = token.utf8
         guard utf8.count >= 2, utf8.count <= 200, utf8.count % 2 == 0 else { return false }

@@ -6,7 +6,7 @@ import NIOSSL
 
 /// The APNs port: TLS, ALPN `h2`, HTTP/2, one `APNsConnection` per TCP connection.
 enum APNsHTTP2Listener {
-    /// Apple's observed initial settings, with one stream until the first valid JWT (docs reference §3.1).
+    /// Apple's observed initial settings, with one stream until the first valid JWT (as seen from api.push.apple.com).
     static let initialSettings: HTTP2Settings = [
         HTTP2Setting(parameter: .maxConcurrentStreams, value: 1),
         HTTP2Setting(parameter: .headerTableSize, value: 4096),

@@ -27,7 +27,7 @@ struct APNsRequest: Sendable {
     }
 }
 
-/// Apple's documented limits (docs reference §3.2–3.4).
+/// Apple's documented limits: payload size, header values, provider-token age.
 enum APNsLimits {
     static let maxPayloadBytes = 4096
     /// One byte past the limit is all the validator needs to see.

@@ -114,7 +114,7 @@ extension ChannelHub {
         case .leave:
             sessions[link] = nil
             forget(channel, slot: slot, at: time)
-            // No leave push: the device left by itself, and its token died with the channel (reference §1.5).
+            // No leave push: the device left by itself, and its ephemeral token died with the channel (Apple issues one per joined channel).
             // The membership, token included, goes from the store with `forget`.
             outputs.append(.close(link, code: .normal, reason: "left the channel"))
         case .floorRequest(let request, let queue):

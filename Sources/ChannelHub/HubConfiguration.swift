@@ -75,7 +75,7 @@ public struct HubConfiguration: Sendable {
     public var tokenRenewalNotice: UInt64 = 300_000_000_000
     /// How long after its participant token expired an offline member is still woken by push when a
     /// burst starts. Within it, the woken app can fetch a new token from its backend and renew
-    /// (docs/architecture.md, "A token left to expire"); past it, a device nobody renews for is
+    /// (docs/decisions/0022-token-expiry-and-renewal.md); past it, a device nobody renews for is
     /// left alone instead of being woken, with the speaker's name, by every burst for good. The
     /// membership and push token stay, so a join with a new token wakes it again.
     public var wakeAfterTokenExpiry: TimeInterval = 7 * 86_400

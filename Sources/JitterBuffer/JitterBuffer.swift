@@ -1,4 +1,4 @@
-// A jitter buffer for one listener's push-to-talk audio (reference/audio.md §3.2, DESIGN.md "Audio").
+// A jitter buffer for one listener's push-to-talk audio.
 //
 // Why our own and not speexdsp's: speex starts every talk spurt with no buffering (a glitch at every
 // key press), can't show the caller packet n+1 when n is missing (which Opus FEC needs), and hides its

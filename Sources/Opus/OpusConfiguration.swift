@@ -1,4 +1,4 @@
-/// Encoder settings. The defaults are the push-to-talk profile from DESIGN.md: VOIP, 48 kHz mono,
+/// Encoder settings. The defaults are the push-to-talk profile: VOIP, 48 kHz mono,
 /// 20 ms frames, VBR at 32 kbps, in-band FEC allowed with 5 % expected loss, complexity 6, DTX off.
 ///
 /// Why these: DTX is off because push-to-talk already stops sending when the key is released. FEC

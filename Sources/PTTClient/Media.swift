@@ -125,7 +125,7 @@ final class Transmitter: Sendable {
         var sequence: UInt16 = 0
         defer {
             // The end marker goes three times: a single lost packet must not leave listeners waiting
-            // a whole second for the timeout (reference/audio.md §3.2).
+            // a whole second for the end-of-burst timeout.
             let end = AudioHeader(flags: .endOfBurst, burst: burst, sequence: sequence).datagram(payload: [])
             client.eventLoop.execute {
                 for _ in 0..<3 { end.withUnsafeBytes { _ = client.sendDatagram($0) } }

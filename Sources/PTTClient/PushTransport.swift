@@ -73,7 +73,7 @@ public struct SimulatedPushTransport: PushTransport {
 }
 
 /// Apple's budget for high-priority service-update pushes: six in a fixed hour that starts with the
-/// first counted push (reference §2). Sans-I/O: the caller passes the time.
+/// first counted push, as Apple documents it. Sans-I/O: the caller passes the time.
 public struct ServiceUpdateBudget: Sendable, Equatable {
     public static let perHour = 6
     private(set) var windowStart: Date?

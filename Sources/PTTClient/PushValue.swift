@@ -45,7 +45,7 @@ extension PushValue: Codable {
 }
 
 extension Dictionary where Key == String, Value == PushValue {
-    /// A service update (`{"aps":{"ptt-push-type":"service-update"}}`, reference §2) rather than a
+    /// A service update (`{"aps":{"ptt-push-type":"service-update"}}`, as Apple names it) rather than a
     /// push that wakes the audio path.
     public var isServiceUpdatePayload: Bool {
         self["aps"]?.objectValue?["ptt-push-type"]?.stringValue == "service-update"

@@ -2,7 +2,7 @@ import ChannelProtocol
 import Foundation
 
 // The value types of Apple's PushToTalk framework, without the `PT` prefix and with Apple's raw values
-// (reference/apple-ptt-apns.md §1.4), so that code written against PushToTalk reads the same here.
+// (as Apple's headers declare them), so that code written against PushToTalk reads the same here.
 
 /// Whether the channel's service can carry speech right now (`PTServiceStatus`).
 public enum ServiceStatus: Int, Sendable, Codable, CaseIterable {

@@ -87,7 +87,7 @@ public struct AdminContext: Sendable {
     }
 }
 
-/// The admin HTTP API (docs/architecture.md, "Admin API").
+/// The admin HTTP API (docs/decisions/0031-admin-api.md).
 ///
 /// Unauthenticated: `GET /healthz`, `GET /version`, `GET /metrics`. Everything under `/v1` needs
 /// `Authorization: Bearer <admin key>` and speaks JSON; every error is `{"error": "..."}` saying what
@@ -688,7 +688,7 @@ struct UnknownEndpointMiddleware<Context: RequestContext>: RouterMiddleware {
                 throw AdminError(.methodNotAllowed, "\(request.uri.path) takes \(allowed), not \(request.method)",
                                  headers: [.allow: allowed])
             }
-            throw AdminError(.notFound, "there is no \(request.method) \(request.uri.path); the admin API has GET /healthz, /version and /metrics, and its JSON endpoints under /v1/channels and /v1/audit (docs/architecture.md, \"Admin API\")")
+            throw AdminError(.notFound, "there is no \(request.method) \(request.uri.path); the admin API has GET /healthz, /version and /metrics, and its JSON endpoints under /v1/channels and /v1/audit (docs/decisions/0031-admin-api.md)")
         }
     }
 }

@@ -15,7 +15,7 @@ import X509
 /// thread-local access set per mutation) were a tenth of the relay's user-space samples. One thread
 /// owns these objects, so a violation could only be a method overlapping its own access to a
 /// property; nothing here passes a property `inout` while the callee can reach it again
-/// (docs/architecture.md, "Exclusivity checks").
+/// (docs/decisions/0010-exclusivity-unchecked-in-wire.md).
 public final class Connection {
     public enum Role: Sendable { case client, server }
     public enum State: Sendable, Equatable { case handshaking, established, closing, draining, closed }
