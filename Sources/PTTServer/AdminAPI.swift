@@ -141,34 +141,29 @@ public enum AdminAPI {
     /// A channel member as `GET /v1/channels/:id/members` shows it.
     public typealias MemberView = MemberSummary
 
-    /// `POST /v1/channels/:id/tokens` answer.
-    public struct IssuedToken: Codable, Sendable, Equatable {
-        public var token: String
-        public var tokenID: String
-        public var channel: UUID
-        public var user: String
-        public var expiresAt: Date
+    /// Every endpoint the router has: its path (a `{name}` segment is a parameter) and its methods, in
+    /// the order `Allow` lists them. Read off the registered routes, so that a known path asked with
+    /// another method gets 405 and `Allow` (RFC 9110 §15.5.6), not the 404 that would send a client
+    /// looking for a path that exists.
+    static func endpoints(of routes: [Router<BasicRequestContext>.RouteDescription]) -> [(path: String, methods: [HTTPRequest.Method])] {
+        let order: [HTTPRequest.Method] = [.get, .head, .post, .put, .patch, .delete]
+        var paths: [String] = [], methods: [String: [HTTPRequest.Method]] = [:]
+        for route in routes {
+            let path = route.path.description
+            if methods[path] == nil { paths.append(path) }
+            methods[path, default: []].append(route.method)
+        }
+        return paths.map { path in
+            (path, methods[path, default: []].sorted { (order.firstIndex(of: $0) ?? order.count) < (order.firstIndex(of: $1) ?? order.count) })
+        }
     }
 
-    /// Every endpoint: its path (a segment starting with ':' is a parameter) and its methods. The
-    /// router's registrations below must agree (AdminAPITests checks each): the table is what lets a
-    /// known path asked with another method get 405 and `Allow` (RFC 9110 §15.5.6), rather than the
-    /// 404 that would send a client looking for a path that exists.
-    static let endpoints: [(path: String, methods: [HTTPRequest.Method])] = [
-        ("/healthz", [.get, .head]), ("/version", [.get]), ("/metrics", [.get]),
-        ("/v1/channels", [.get, .post]), ("/v1/channels/:id", [.get, .patch, .delete]),
-        ("/v1/channels/:id/members", [.get]), ("/v1/channels/:id/members/:user", [.delete]),
-        ("/v1/channels/:id/revocations", [.get, .post]), ("/v1/channels/:id/roster", [.get]),
-        ("/v1/channels/:id/tokens", [.post]), ("/v1/channels/:id/transmissions", [.get]),
-        ("/v1/audit", [.get]),
-    ]
-
-    /// The methods of the endpoint `path` names (nil: no endpoint has this path).
-    static func methods(ofPath path: String) -> [HTTPRequest.Method]? {
+    /// The methods of the endpoint `path` names in `endpoints` (nil: no endpoint has this path).
+    static func methods(ofPath path: String, in endpoints: [(path: String, methods: [HTTPRequest.Method])]) -> [HTTPRequest.Method]? {
         let segments = path.split(separator: "/", omittingEmptySubsequences: true)
         return endpoints.first { endpoint in
             let pattern = endpoint.path.split(separator: "/")
-            return pattern.count == segments.count && zip(pattern, segments).allSatisfy { $0.hasPrefix(":") || $0 == $1 }
+            return pattern.count == segments.count && zip(pattern, segments).allSatisfy { $0.hasPrefix("{") || $0 == $1 }
         }?.methods
     }
 
@@ -198,147 +193,13 @@ public enum AdminAPI {
         let v1 = router.group("v1")
             .add(middleware: JSONErrorMiddleware())
             .add(middleware: BearerAuthMiddleware(key: admin.adminKey, source: admin.adminKeySource))
-        let store = admin.store
-
-        v1.get("channels") { _, _ in
-            try json(try await store.channels().map(ChannelView.init))
-        }
-        v1.post("channels") { request, _ in
-            let body = try await decode(NewChannel.self, from: request)
-            var channel = ChannelRecord(name: body.name.trimmingCharacters(in: .whitespacesAndNewlines), image: body.image,
-                                        maxBurstSeconds: body.maxBurstSeconds ?? 60)
-            if let mode = body.mode { channel.mode = try transmissionMode(mode) }
-            try channel.validate()
-            try await store.createChannel(channel)
-            // The hub first: the trail's write (which may wait on a busy database) must not delay
-            // what connected members see.
-            await admin.hub?.channelChanged(channel.id)
-            await admin.audit("channel created", channel: channel.id, ["name": channel.name, "mode": "\(channel.mode)",
-                                                                       "max_burst_seconds": "\(channel.maxBurstSeconds)"])
-            return try json(ChannelView(try await store.channel(channel.id) ?? channel), status: .created)
-        }
-        v1.get("channels/:id") { _, context in
-            try json(ChannelView(try await existingChannel(try channelID(context), in: store)))
-        }
-        v1.patch("channels/:id") { request, context in
-            let id = try channelID(context)
-            let patch = try await decode(ChannelPatch.self, from: request)
-            var channel = try await existingChannel(id, in: store)
-            if let name = patch.name { channel.name = name.trimmingCharacters(in: .whitespacesAndNewlines) }
-            if patch.imageSent { channel.image = patch.image }
-            if let mode = patch.mode { channel.mode = try transmissionMode(mode) }
-            if let burst = patch.maxBurstSeconds { channel.maxBurstSeconds = burst }
-            try channel.validate()
-            let updated = try await store.updateChannel(channel)
-            await admin.hub?.channelChanged(id)
-            await admin.audit("channel updated", channel: id, ["name": updated.name, "mode": "\(updated.mode)",
-                                                               "max_burst_seconds": "\(updated.maxBurstSeconds)", "image": updated.image == nil ? "none" : "set"])
-            return try json(ChannelView(updated))
-        }
-        v1.delete("channels/:id") { _, context in
-            let id = try channelID(context)
-            // Read first: once deleted, the trail's record is all that names the channel.
-            let channel = try await existingChannel(id, in: store)
-            try await store.deleteChannel(id)
-            await admin.hub?.channelDeleted(id)
-            await admin.audit("channel deleted", channel: id, ["name": channel.name])
-            return Response(status: .noContent)
-        }
-
-        v1.get("channels/:id/members") { _, context in
-            let id = try channelID(context)
-            _ = try await existingChannel(id, in: store)
-            return try json(try await store.members(of: id).map(MemberView.init))
-        }
-        v1.delete("channels/:id/members/:user") { _, context in
-            let id = try channelID(context)
-            // Path parameters arrive percent-encoded (a user id may hold any character).
-            let raw = try context.parameters.require("user")
-            let user = raw.removingPercentEncoding ?? raw
-            _ = try await existingChannel(id, in: store)
-            // The hub is asked too: a member that joined moments ago is live before the store writer
-            // has written its row, and an administrator who sees it in the roster must be able to
-            // remove it. The hub's removal then queues the row's deletion behind that write.
-            var known = try await store.member(channel: id, user: user) != nil
-            if !known, let hub = admin.hub { known = await hub.isMember(channel: id, user: user) }
-            guard known else { throw StoreError.memberNotFound(channel: id, user: user) }
-            // Revoked first, so that a rejoin racing the removal is refused: the tokens the member
-            // holds stop working, and a token issued from the next millisecond on lets it back in.
-            let revocation = try await store.revoke(.member(channel: id, user: user, at: Date(), reason: "removed by an administrator"))
-            do { try await store.removeMember(channel: id, user: user) } catch StoreError.memberNotFound {}
-            await admin.hub?.memberRemoved(channel: id, user: user, revocation: revocation)
-            await admin.audit("member removed", channel: id, user: user)
-            return Response(status: .noContent)
-        }
-        v1.post("channels/:id/revocations") { request, context in
-            let id = try channelID(context)
-            _ = try await existingChannel(id, in: store)
-            let body = try await decode(RevocationRequest.self, from: request)
-            let revocation = try await body.revocation(channel: id, tokens: admin.tokens, now: Date())
-            let stored: RevocationRecord
-            let isNew: Bool
-            switch try await store.revokeToken(revocation, byIDAlone: body.token == nil) {
-            case .otherChannel(let channel, let holder):
-                throw AdminError(.badRequest, "token \(revocation.tokenID ?? "") is the one member '\(holder)' of channel \(channel) last joined with, not a token for this channel; revoke it there")
-            case .revoked(let record, let new, _):
-                (stored, isNew) = (record, new)
-            }
-            await admin.hub?.tokenRevoked(stored)
-            await admin.audit(isNew ? "token revoked" : "token revocation repeated", channel: id, user: stored.userID,
-                              AuditRecord.revocationDetails(stored, requestedReason: revocation.reason))
-            // Revoked before: the first revocation stands (its time and reason), so nothing was created.
-            return try json(stored, status: isNew ? .created : .ok)
-        }
-        v1.get("channels/:id/revocations") { _, context in
-            let id = try channelID(context)
-            _ = try await existingChannel(id, in: store)
-            return try json(try await store.revocations(after: 0, channel: id))
-        }
-        v1.get("channels/:id/roster") { _, context in
-            let id = try channelID(context)
-            _ = try await existingChannel(id, in: store)
-            return try json(await admin.hub?.roster(of: id) ?? [])
-        }
-
-        v1.post("channels/:id/tokens") { request, context in
-            let id = try channelID(context)
-            _ = try await existingChannel(id, in: store)
-            let body = try await decode(TokenRequest.self, from: request)
-            let claims = try body.claims(channel: id, now: Date())
-            do throws(InvalidClaims) { try claims.validateForIssue() } catch { throw AdminError(.badRequest, error.message) }
-            let token: String
-            do { token = try await admin.tokens.issue(claims) } catch {
-                throw AdminError(.internalServerError, "could not sign the token (\(error)); check the token key in the data directory")
-            }
-            await admin.audit("token issued", channel: id, user: claims.userID, AuditRecord.tokenDetails(claims))
-            return try json(IssuedToken(token: token, tokenID: claims.tokenID, channel: id, user: claims.userID,
-                                        expiresAt: claims.expiresAt), status: .created)
-        }
-
-        v1.get("channels/:id/transmissions") { request, context in
-            let id = try channelID(context)
-            let limit = try limitParameter(request)
-            // The log outlives a deleted channel, so a deleted channel's bursts can still be read; a
-            // channel that never had any and doesn't exist is a 404.
-            let log = try await store.transmissions(of: id, limit: limit)
-            if log.isEmpty { _ = try await existingChannel(id, in: store) }
-            return try json(log)
-        }
-        v1.get("audit") { request, _ in
-            let limit = try limitParameter(request)
-            var channel: UUID?
-            if let text = request.uri.queryParameters.get("channel") {
-                guard let id = UUID(uuidString: text) else {
-                    throw AdminError(.badRequest, "channel must be a channel UUID, not '\(text)'; GET /v1/channels lists them")
-                }
-                channel = id
-            }
-            // A deleted channel's records stay readable, as its transmission log does.
-            return try json(try await store.auditRecords(channel: channel, limit: limit))
-        }
+        ChannelsController(admin: admin).addRoutes(to: v1)
+        MembersController(admin: admin).addRoutes(to: v1)
+        TokensController(admin: admin).addRoutes(to: v1)
+        LogsController(admin: admin).addRoutes(to: v1)
         // Last, so that it wraps only what no route matched (Hummingbird applies a router's
         // middleware to the routes added after it, and to its not-found answer).
-        router.add(middleware: UnknownEndpointMiddleware())
+        router.add(middleware: UnknownEndpointMiddleware(endpoints: endpoints(of: router.routes)))
         return router
     }
 
@@ -366,137 +227,6 @@ public enum AdminAPI {
         return try json(health, status: status == "unavailable" ? .serviceUnavailable : .ok)
     }
 
-    // MARK: - Request bodies
-
-    struct NewChannel: Decodable {
-        static let fields = ["name", "image", "mode", "maxBurstSeconds"]
-        var name: String
-        var image: String?
-        var mode: String?
-        var maxBurstSeconds: Int?
-    }
-
-    /// A partial update: absent fields stay; `"image": null` clears the image.
-    struct ChannelPatch: Decodable {
-        static let fields = NewChannel.fields
-        var name: String?
-        var image: String?
-        var imageSent = false
-        var mode: String?
-        var maxBurstSeconds: Int?
-
-        enum CodingKeys: String, CodingKey { case name, image, mode, maxBurstSeconds }
-
-        init(from decoder: any Decoder) throws {
-            let container = try decoder.container(keyedBy: CodingKeys.self)
-            name = try container.decodeIfPresent(String.self, forKey: .name)
-            mode = try container.decodeIfPresent(String.self, forKey: .mode)
-            maxBurstSeconds = try container.decodeIfPresent(Int.self, forKey: .maxBurstSeconds)
-            if container.contains(.image) {
-                imageSent = true
-                image = try container.decodeNil(forKey: .image) ? nil : try container.decode(String.self, forKey: .image)
-            }
-            if name == nil, !imageSent, mode == nil, maxBurstSeconds == nil {
-                throw AdminError(.badRequest, "nothing to change; send one or more of \(Self.fields.joined(separator: ", "))")
-            }
-        }
-    }
-
-    struct TokenRequest: Decodable {
-        static let fields = ["user", "name", "capabilities", "priority", "role", "ttlSeconds"]
-        var user: String
-        var name: String
-        var capabilities: [String]?
-        var priority: Int?
-        var role: String?
-        var ttlSeconds: Int?
-
-        func claims(channel: UUID, now: Date) throws(AdminError) -> ParticipantClaims {
-            // Lengths and characters are `ParticipantClaims.validateForIssue`'s, as for the CLI.
-            let user = self.user.trimmingCharacters(in: .whitespacesAndNewlines)
-            let name = self.name.trimmingCharacters(in: .whitespacesAndNewlines)
-            var capabilities = Set<Capability>()
-            for text in self.capabilities ?? ["talk", "listen"] {
-                guard let capability = Capability(rawValue: text) else {
-                    throw AdminError(.badRequest, "unknown capability '\(text)'; use \"talk\", \"listen\" or both")
-                }
-                capabilities.insert(capability)
-            }
-            guard !capabilities.isEmpty else {
-                throw AdminError(.badRequest, "capabilities is empty; give \"talk\", \"listen\" or both")
-            }
-            let priority = self.priority ?? 0
-            guard (0...255).contains(priority) else {
-                throw AdminError(.badRequest, "priority must be 0-255, not \(priority)")
-            }
-            let ttl = ttlSeconds ?? defaultTokenLifetimeSeconds
-            guard (1...maxTokenLifetimeSeconds).contains(ttl) else {
-                throw AdminError(.badRequest, "ttlSeconds must be 1-\(maxTokenLifetimeSeconds) (30 days), not \(ttl)")
-            }
-            let role = role?.trimmingCharacters(in: .whitespacesAndNewlines)
-            return ParticipantClaims(userID: user, name: name, channel: channel, capabilities: capabilities,
-                                     role: role?.isEmpty == true ? nil : role, priority: UInt8(priority),
-                                     issuedAt: now, expiresAt: now.addingTimeInterval(TimeInterval(ttl)))
-        }
-    }
-
-    /// `POST /v1/channels/:id/revocations`: one token, by its id (`tokenID` from the issue answer) or
-    /// whole (`token`, whose expiry then bounds how long the revocation is kept).
-    struct RevocationRequest: Decodable {
-        static let fields = ["tokenID", "token", "reason"]
-        var tokenID: String?
-        var token: String?
-        var reason: String?
-
-        func revocation(channel: UUID, tokens: TokenAuthority, now: Date) async throws(AdminError) -> RevocationRecord {
-            // Lengths are checked by `RevocationRecord.validate()` when the store takes it (a 400).
-            let reason = (reason?.trimmingCharacters(in: .whitespacesAndNewlines)).flatMap { $0.isEmpty ? nil : $0 } ?? "revoked by an administrator"
-            switch (tokenID, token) {
-            case (let id?, nil):
-                guard RevocationRecord.isIssuedTokenID(id) else {
-                    throw AdminError(.badRequest, "tokenID '\(id.prefix(64))' is not a token id (a UUID: the tokenID of the issue answer, or of the member in GET /v1/channels/:id/members); or send the token itself as token")
-                }
-                return .token(id, channel: channel, user: nil, expiresAt: nil, at: now, reason: reason)
-            case (nil, let token?):
-                let claims: ParticipantClaims
-                do throws(TokenError) { claims = try await tokens.inspect(token) } catch {
-                    throw AdminError(.badRequest, "token: \(error)")
-                }
-                guard claims.channel == channel else {
-                    throw AdminError(.badRequest, "the token is for channel \(claims.channel), not \(channel); revoke it there")
-                }
-                // Its revocation would be pruned as soon as stored (it outlives the token by nothing),
-                // and a second request would be told "new" again: say what is true instead.
-                guard claims.expiresAt > now else {
-                    throw AdminError(.conflict, "the token expired at \(claims.expiresAt.formatted(.iso8601)), so it can't join anyway; nothing was revoked")
-                }
-                return .token(claims.tokenID, channel: channel, user: claims.userID, expiresAt: claims.expiresAt, at: now, reason: reason)
-            default:
-                throw AdminError(.badRequest, "send either tokenID (from the token's issue answer) or token (the token itself)")
-            }
-        }
-    }
-
-    /// A channel as the API shows it: `ChannelRecord`'s fields, with `image` always present (null when
-    /// there is none).
-    struct ChannelView: Encodable {
-        var channel: ChannelRecord
-        init(_ channel: ChannelRecord) { self.channel = channel }
-
-        enum CodingKeys: String, CodingKey { case id, name, image, mode, maxBurstSeconds, createdAt, updatedAt }
-
-        func encode(to encoder: any Encoder) throws {
-            var container = encoder.container(keyedBy: CodingKeys.self)
-            try container.encode(channel.id, forKey: .id)
-            try container.encode(channel.name, forKey: .name)
-            try container.encode(channel.image, forKey: .image)
-            try container.encode(channel.mode, forKey: .mode)
-            try container.encode(channel.maxBurstSeconds, forKey: .maxBurstSeconds)
-            try container.encode(channel.createdAt, forKey: .createdAt)
-            try container.encode(channel.updatedAt, forKey: .updatedAt)
-        }
-    }
-
     // MARK: - Helpers
 
     /// The mode as the API names it ("halfDuplex"), or as `squelchd channel --mode` does ("half"),
@@ -513,9 +243,8 @@ public enum AdminAPI {
     }
 
     static func channelID(_ context: BasicRequestContext) throws(AdminError) -> UUID {
-        let text = context.parameters.get("id") ?? ""
-        guard let id = UUID(uuidString: text) else {
-            throw AdminError(.badRequest, "'\(text)' is not a channel id (a UUID); GET /v1/channels lists them")
+        guard let id = context.parameters.get("id", as: UUID.self) else {
+            throw AdminError(.badRequest, "'\(context.parameters.get("id") ?? "")' is not a channel id (a UUID); GET /v1/channels lists them")
         }
         return id
     }
@@ -680,10 +409,12 @@ struct JSONErrorMiddleware<Context: RequestContext>: RouterMiddleware {
 /// Turns the router's bare 404 for a path or method it has no route for into the API's JSON error,
 /// with where the routes are.
 struct UnknownEndpointMiddleware<Context: RequestContext>: RouterMiddleware {
+    let endpoints: [(path: String, methods: [HTTPRequest.Method])]
+
     func handle(_ request: Request, context: Context,
                 next: (Request, Context) async throws -> Response) async throws -> Response {
         do { return try await next(request, context) } catch let error as HTTPError where error.status == .notFound {
-            if let methods = AdminAPI.methods(ofPath: request.uri.path), !methods.contains(request.method) {
+            if let methods = AdminAPI.methods(ofPath: request.uri.path, in: endpoints), !methods.contains(request.method) {
                 let allowed = methods.map(\.rawValue).joined(separator: ", ")
                 throw AdminError(.methodNotAllowed, "\(request.uri.path) takes \(allowed), not \(request.method)",
                                  headers: [.allow: allowed])
