@@ -129,12 +129,12 @@ let package = Package(
             .product(name: "NIOPosix", package: "swift-nio"),
         ], swiftSettings: swift6),
         .target(name: "PTTClient", dependencies: [
-            "Wire", "WireNIO", "Audio", "Opus", "ChannelProtocol", "JitterBuffer", "APNsDevice", "ParticipantClaims",
+            "Wire", "WireNIO", "Audio", "Opus", "ChannelProtocol", "JitterBuffer", "ParticipantClaims",
             .product(name: "NIOCore", package: "swift-nio"),
             .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
         ], swiftSettings: swift6),
         .target(name: "PTTServer", dependencies: [
-            "Wire", "WireNIO", "APNs", "APNsSimulator", "SquelchInfo", "FloorControl", "ParticipantTokens", "ParticipantClaims", "ChannelStore", "ChannelStoreSQLite", "ChannelProtocol",
+            "Wire", "WireNIO", "APNs", "SquelchInfo", "FloorControl", "ParticipantTokens", "ParticipantClaims", "ChannelStore", "ChannelStoreSQLite", "ChannelProtocol",
             "ChannelHub", "KeyFiles",
             .product(name: "Logging", package: "swift-log"),
             .product(name: "Metrics", package: "swift-metrics"),
@@ -149,13 +149,21 @@ let package = Package(
             .product(name: "UnixSignals", package: "swift-service-lifecycle"),
         ], swiftSettings: swift6),
 
+        // The APNs simulator as the server's embedded push service, for the executables that embed it.
+        .target(name: "APNsSimulatorEmbedding", dependencies: ["APNsSimulator", "PTTServer"], swiftSettings: swift6),
+
+        // squelchd in a test's own process (test support, like SquelchTesting).
+        .target(name: "ServerTesting", dependencies: ["PTTServer", "APNsSimulatorEmbedding", "Wire"], swiftSettings: swift6),
+
         .executableTarget(name: "squelchd", dependencies: [
-            "PTTServer", "APNsSimulator", "SquelchInfo", "ParticipantTokens", "ParticipantClaims", "ChannelStore", "ChannelStoreSQLite", "ChannelProtocol",
+            "PTTServer", "APNsSimulator", "APNsSimulatorEmbedding", "SquelchInfo", "ParticipantTokens", "ParticipantClaims", "ChannelStore", "ChannelStoreSQLite", "ChannelProtocol",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
             .product(name: "Logging", package: "swift-log"),
         ], swiftSettings: swift6),
+        // PTTClient's pushes from the APNs simulator, for the programs that take them (walkie, tests).
+        .target(name: "SimulatedPush", dependencies: ["PTTClient", "APNsDevice", "ChannelProtocol"], swiftSettings: swift6),
         .executableTarget(name: "walkie", dependencies: [
-            "PTTClient", "ParticipantTokens", "ParticipantClaims", "Audio", "Opus", "SquelchInfo", "TerminalUI", "ChannelProtocol", "JitterBuffer",
+            "PTTClient", "SimulatedPush", "ParticipantTokens", "ParticipantClaims", "Audio", "Opus", "SquelchInfo", "TerminalUI", "ChannelProtocol", "JitterBuffer",
             .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
         ], swiftSettings: swift6),
@@ -166,7 +174,7 @@ let package = Package(
         ], swiftSettings: swift6),
         // The reference event loop for TerminalUI, and the child process its signal tests kill.
         .executableTarget(name: "terminal-ui-demo", dependencies: ["TerminalUI"], path: "Examples/TerminalUIDemo", swiftSettings: swift6),
-        .executableTarget(name: "ptt-example", dependencies: ["PTTClient", "Audio"], path: "Examples/PTTExample", swiftSettings: swift6),
+        .executableTarget(name: "ptt-example", dependencies: ["PTTClient", "SimulatedPush", "Audio"], path: "Examples/PTTExample", swiftSettings: swift6),
         .executableTarget(name: "squelch-bench", dependencies: [
             "Opus", "Audio", "SquelchInfo", "Wire", "WireNIO", "WireTesting", "SquelchTesting", "ChannelProtocol",
             "ParticipantTokens", "ParticipantClaims", "APNs", "APNsSimulator", "APNsDevice", "ChannelStore", "ChannelStoreSQLite", "PTTClient", "JitterBuffer", "ImpairmentKit", "CUDPBatch",
@@ -220,14 +228,14 @@ let package = Package(
         ], swiftSettings: swift6),
         .testTarget(name: "TerminalUITests", dependencies: ["SeededRandom", "TerminalUI", "terminal-ui-demo"], swiftSettings: swift6),
         .testTarget(name: "PTTClientTests", dependencies: [
-            "PTTClient", "PTTServer", "APNsSimulator", "APNsDevice", "ChannelProtocol", "ChannelStore", "ChannelStoreSQLite", "ParticipantTokens", "ParticipantClaims",
+            "PTTClient", "SimulatedPush", "PTTServer", "ServerTesting", "APNsSimulator", "APNsSimulatorEmbedding", "APNsDevice", "ChannelProtocol", "ChannelStore", "ChannelStoreSQLite", "ParticipantTokens", "ParticipantClaims",
             "Audio", "Opus", "JitterBuffer", "SquelchTesting", "Wire", "WireNIO", "WireTesting", "ImpairmentKit",
             .product(name: "X509", package: "swift-certificates"),
             .product(name: "NIOCore", package: "swift-nio"),
             .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
         ], swiftSettings: swift6),
         .testTarget(name: "PTTServerTests", dependencies: [
-            "SeededRandom", "PTTServer", "APNsSimulator", "ChannelStore", "ChannelStoreSQLite", "ChannelProtocol", "ParticipantTokens", "ParticipantClaims", "Wire", "WireNIO", "WireTesting",
+            "SeededRandom", "PTTServer", "ServerTesting", "APNsSimulator", "APNsSimulatorEmbedding", "ChannelStore", "ChannelStoreSQLite", "ChannelProtocol", "ParticipantTokens", "ParticipantClaims", "Wire", "WireNIO", "WireTesting",
             "SquelchTesting", "KeyFiles", "APNs",
             .product(name: "Prometheus", package: "swift-prometheus"),
             .product(name: "GRDB", package: "GRDB.swift"),

@@ -11,6 +11,7 @@
 import Audio
 import Foundation
 import PTTClient
+import SimulatedPush
 import Synchronization
 
 let usage = """

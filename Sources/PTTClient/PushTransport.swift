@@ -1,4 +1,3 @@
-import APNsDevice
 import ChannelProtocol
 import Foundation
 
@@ -22,7 +21,8 @@ public struct IncomingPush: Sendable, Equatable {
 }
 
 /// Where the device's ephemeral push tokens and its pushes come from. On iOS this is the system; on
-/// Linux, `SimulatedPushTransport` (the APNs simulator's device stream). Apps can plug in their own.
+/// Linux, `SimulatedPushTransport` (the SimulatedPush module: the APNs simulator's device stream).
+/// Apps can plug in their own.
 public protocol PushTransport: Sendable {
     /// The APNs environment the tokens belong to; the server needs it to pick the APNs host.
     var environment: PushEnvironment { get }
@@ -31,45 +31,6 @@ public protocol PushTransport: Sendable {
     func register(token: Data?) async throws -> (token: Data, pushes: AsyncThrowingStream<IncomingPush, any Error>)
     /// Stops delivery for a token that died with its channel.
     func unregister(token: Data) async
-}
-
-/// Pushes from the APNs simulator (`squelchd serve` embeds it; `squelchd apns-sim` runs it alone): the
-/// device makes up a 32-byte token, as iOS hands out opaque ones, and subscribes to it on the
-/// simulator's control port.
-public struct SimulatedPushTransport: PushTransport {
-    public var host: String
-    public var controlPort: Int
-    public var environment: PushEnvironment
-
-    public init(host: String = "127.0.0.1", controlPort: Int = 2198, environment: PushEnvironment = .sandbox) {
-        self.host = host
-        self.controlPort = controlPort
-        self.environment = environment
-    }
-
-    public func register(token: Data?) async throws -> (token: Data, pushes: AsyncThrowingStream<IncomingPush, any Error>) {
-        let token = token ?? Data((0..<32).map { _ in UInt8.random(in: 0...255) })
-        let hex = token.map { String(format: "%02x", $0) }.joined()
-        let deliveries = try await APNsSimulatedDevice.subscribe(host: host, controlPort: controlPort, token: hex)
-        let (pushes, continuation) = AsyncThrowingStream.makeStream(of: IncomingPush.self)
-        let relay = Task {
-            do {
-                for try await delivery in deliveries {
-                    // A body that is not a JSON object is still a push the app must answer; it gets an empty payload.
-                    let payload = PushValue.payload(from: Data(delivery.body.utf8)) ?? [:]
-                    continuation.yield(IncomingPush(payload: payload, isHighPriority: (delivery.priority ?? 10) >= 10,
-                                                    receivedAt: delivery.receivedAt))
-                }
-                continuation.finish()
-            } catch {
-                continuation.finish(throwing: error)
-            }
-        }
-        continuation.onTermination = { _ in relay.cancel() }
-        return (token, pushes)
-    }
-
-    public func unregister(token: Data) async {}
 }
 
 /// Apple's budget for high-priority service-update pushes: six in a fixed hour that starts with the

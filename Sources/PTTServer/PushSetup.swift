@@ -1,18 +1,18 @@
 import APNs
-import APNsSimulator
 import Foundation
 import Logging
 import ServiceLifecycle
 
-/// Builds the push side from the configuration: the APNs clients, and the embedded simulator when pushes
-/// go to it.
+/// Builds the push side from the configuration: the APNs clients, and the embedded push service (the
+/// simulator) when pushes go to it.
 enum PushSetup {
     struct Made: Sendable {
         var route: APNsRoute?
-        var simulator: (APNsSimulator, APNsSimulatorEndpoints)?
+        var simulator: (any EmbeddedPushService, EmbeddedPushEndpoints)?
     }
 
-    static func make(configuration: ServerConfiguration, logger: Logger) async throws -> Made {
+    static func make(configuration: ServerConfiguration, embeddedPush: EmbeddedPushFactory?,
+                     logger: Logger) async throws -> Made {
         let target = configuration.pushTarget
         guard target != .off else {
             logger.notice("pushes are off: members who are not connected will not be woken")
@@ -46,15 +46,14 @@ enum PushSetup {
         case .custom(let host, let port):
             return Made(route: APNsRoute(all: try await client(.custom(host: host, port: port, caPath: configuration.apnsCAPath))))
         case .simulator:
-            let simulator: APNsSimulator
-            let endpoints: APNsSimulatorEndpoints
+            guard let embeddedPush else {
+                throw ServerConfiguration.ConfigurationError.invalidValue(
+                    "apns is simulator, but this program embeds no APNs simulator; run the simulator on its own (squelchd apns-sim) and point \(ServerConfiguration.setting("apns").howToSet) at it as https://127.0.0.1:<port>, or use apple or off")
+            }
+            let simulator: any EmbeddedPushService
+            let endpoints: EmbeddedPushEndpoints
             do {
-                let key = try APNsProviderKey.load(p8Path: configuration.apnsKeyPath, keyID: configuration.apnsKeyID,
-                                                   teamID: configuration.apnsTeamID)
-                simulator = try APNsSimulator(configuration: APNsSimulatorConfiguration(
-                    certificateChainPath: configuration.apnsSimulatorCertPath, privateKeyPath: configuration.apnsSimulatorKeyPath,
-                    providerKeys: [key], host: "127.0.0.1", port: configuration.apnsSimulatorPort,
-                    controlPort: configuration.apnsSimulatorControlPort, allowedTopics: [configuration.apnsTopic]))
+                simulator = try embeddedPush(configuration)
             } catch {
                 throw ServerConfiguration.ConfigurationError.invalidValue(
                     "the embedded APNs simulator could not start: \(error). Run `make certs` for its certificate and key, or use --apns off")
@@ -81,7 +80,7 @@ enum PushSetup {
 
 /// Keeps the embedded simulator up until shutdown; it stops after the pushes queued for it.
 struct SimulatorService: Service {
-    let simulator: APNsSimulator
+    let simulator: any EmbeddedPushService
     let logger: Logger
 
     func run() async throws {

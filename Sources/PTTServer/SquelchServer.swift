@@ -1,5 +1,4 @@
 import APNs
-import APNsSimulator
 import ChannelStore
 import ChannelStoreSQLite
 import Foundation
@@ -26,6 +25,9 @@ public struct SquelchServer: Sendable {
     /// after it, cancelled, the store writer may still spend up to its 10 s retry budget on a failing
     /// database, so the worst case is about 40 s.
     public var shutdownLimit: Duration = .seconds(30)
+    /// Makes the push service run inside this process when `apns` is `simulator` (squelchd's is
+    /// the APNs simulator, `EmbeddedAPNsSimulator`); nil: such a configuration is refused at start.
+    public var embeddedPush: EmbeddedPushFactory?
 
     /// Fails with an actionable error if the configuration, data directory or certificate is wrong.
     public init(configuration: ServerConfiguration, logger: Logger = Logger(label: "squelchd")) throws {
@@ -50,9 +52,9 @@ public struct SquelchServer: Sendable {
         public var adminPort: Int
         /// Starts a graceful shutdown, as SIGTERM does.
         public var shutdown: @Sendable () async -> Void
-        /// The embedded APNs simulator, when `apns` is `simulator`.
-        public var apnsSimulator: APNsSimulator?
-        public var apnsSimulatorEndpoints: APNsSimulatorEndpoints?
+        /// The embedded push service (the APNs simulator), when `apns` is `simulator`.
+        public var embeddedPush: (any EmbeddedPushService)?
+        public var embeddedPushEndpoints: EmbeddedPushEndpoints?
     }
 
     /// The admin application around `context`. `onListening` receives the bound port (useful with port 0).
@@ -167,7 +169,7 @@ public struct SquelchServer: Sendable {
         }
         let metrics = ServerMetrics()
         let writer = StoreWriter(store: store, metrics: metrics, logger: logger)
-        let push = try await PushSetup.make(configuration: configuration, logger: logger)
+        let push = try await PushSetup.make(configuration: configuration, embeddedPush: embeddedPush, logger: logger)
         let latch = ReadyLatch(onReady: onReady, simulator: push.simulator)
         let voiceBox = NIOLockedValueBox<VoiceService?>(nil)
         let dispatcher = push.route.map { route in
@@ -295,12 +297,12 @@ struct ListenErrorNaming<Base: Service>: Service {
 /// Calls `onReady` once both the voice and the admin port are known.
 actor ReadyLatch {
     let onReady: @Sendable (SquelchServer.Listening) async -> Void
-    let simulator: (APNsSimulator, APNsSimulatorEndpoints)?
+    let simulator: (any EmbeddedPushService, EmbeddedPushEndpoints)?
     var voicePort: Int?
     var adminPort: Int?
     var group: ServiceGroup?
 
-    init(onReady: @escaping @Sendable (SquelchServer.Listening) async -> Void, simulator: (APNsSimulator, APNsSimulatorEndpoints)?) {
+    init(onReady: @escaping @Sendable (SquelchServer.Listening) async -> Void, simulator: (any EmbeddedPushService, EmbeddedPushEndpoints)?) {
         self.onReady = onReady
         self.simulator = simulator
     }
@@ -325,6 +327,6 @@ actor ReadyLatch {
         self.group = nil  // fire once
         await onReady(SquelchServer.Listening(voicePort: voicePort, adminPort: adminPort,
                                               shutdown: { await group.triggerGracefulShutdown() },
-                                              apnsSimulator: simulator?.0, apnsSimulatorEndpoints: simulator?.1))
+                                              embeddedPush: simulator?.0, embeddedPushEndpoints: simulator?.1))
     }
 }

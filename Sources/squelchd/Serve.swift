@@ -1,3 +1,4 @@
+import APNsSimulatorEmbedding
 import ArgumentParser
 import Foundation
 import Logging
@@ -79,10 +80,11 @@ struct Serve: AsyncParsableCommand {
         for (name, meant) in ServerConfiguration.unknownEnvironmentVariables(ProcessInfo.processInfo.environment) {
             Logger(label: "squelchd").warning("\(name) is not a squelchd setting and is ignored\(meant.map { " (did you mean \($0)?)" } ?? ""); 'squelchd serve --help' lists the settings")
         }
-        let server: SquelchServer
+        var server: SquelchServer
         do { server = try SquelchServer(configuration: configuration) } catch {
             throw Self.configurationFailure(error)
         }
+        server.embeddedPush = EmbeddedAPNsSimulator.factory
         do { try await server.run() } catch let error as ServerConfiguration.ConfigurationError {
             throw Self.configurationFailure(error)  // the admin key file, found only once the data directory exists
         } catch let error as TokenKeyError {

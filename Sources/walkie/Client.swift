@@ -6,6 +6,7 @@ import Opus
 import ParticipantClaims
 import ParticipantTokens
 import PTTClient
+import SimulatedPush
 
 /// What walkie learns from the channel manager's delegate, kept for the commands and the screen.
 final class WalkieDelegate: ChannelManagerDelegate, ChannelRestorationDelegate {

@@ -3,6 +3,7 @@ import ChannelProtocol
 import Foundation
 import NIOConcurrencyHelpers
 import PTTClient
+import SimulatedPush
 import TerminalUI
 
 struct InteractiveOptions: ParsableArguments {

@@ -1,3 +1,4 @@
+import APNsSimulatorEmbedding
 import Audio
 import ChannelProtocol
 import Foundation

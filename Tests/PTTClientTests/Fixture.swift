@@ -1,3 +1,4 @@
+import APNsSimulatorEmbedding
 import Audio
 import ChannelProtocol
 import ChannelStore
@@ -10,6 +11,8 @@ import ParticipantClaims
 import ParticipantTokens
 import PTTClient
 import PTTServer
+import ServerTesting
+import SimulatedPush
 import SquelchTesting
 import Testing
 import Wire
@@ -39,27 +42,9 @@ final class ClientFixture: Sendable {
         try await store.createChannel(channel)
         try await store.close()
 
-        var configuration = ServerConfiguration()
-        configuration.dataDirectory = dataDirectory
-        configuration.port = 0
-        configuration.adminPort = 0
-        configuration.adminKey = "test-admin-key-0123456789"
-        configuration.apns = "off"
-        if pushes {
-            let certs = DevCertificates.directory
-            configuration.apns = "simulator"
-            configuration.apnsKeyPath = "\(certs)/AuthKey_DEVKEY0001.p8"
-            configuration.apnsCAPath = "\(certs)/ca.pem"
-            configuration.apnsSimulatorCertPath = "\(certs)/apns-sim.pem"
-            configuration.apnsSimulatorKeyPath = "\(certs)/apns-sim.key"
-            configuration.apnsSimulatorPort = 0
-            configuration.apnsSimulatorControlPort = 0
-        }
-        let server = try SquelchServer(configuration: configuration, identity: try pki.identity())
-        let (ready, continuation) = AsyncStream.makeStream(of: SquelchServer.Listening.self)
-        self.server = Task { try await server.run(onReady: { continuation.yield($0) }) }
-        var iterator = ready.makeAsyncIterator()
-        listening = try #require(await iterator.next(), "squelchd did not start")
+        let configuration = TestServer.configuration(dataDirectory: dataDirectory,
+                                                     pushCertificates: pushes ? DevCertificates.directory : nil)
+        (server, listening) = try await TestServer.start(configuration, identity: try pki.identity())
     }
 
     func stop() async {

@@ -1,3 +1,4 @@
+import APNsSimulatorEmbedding
 import Foundation
 import NIOConcurrencyHelpers
 import PTTClient

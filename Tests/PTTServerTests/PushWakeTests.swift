@@ -1,8 +1,10 @@
 import APNsSimulator
+import APNsSimulatorEmbedding
 import ChannelProtocol
 import ChannelStore
 import Foundation
 import PTTServer
+import ServerTesting
 import SquelchTesting
 import Testing
 #if canImport(FoundationNetworking)
@@ -94,7 +96,7 @@ import FoundationNetworking
     /// Whether each member of the fixture's channel has a push token, by user, from the admin API.
     func pushTokens(_ fixture: ServerFixture, _ listening: SquelchServer.Listening) async throws -> [String: Bool] {
         var request = URLRequest(url: URL(string: "http://127.0.0.1:\(listening.adminPort)/v1/channels/\(fixture.channel.id)/members")!)
-        request.setValue("Bearer test-admin-key-0123456789", forHTTPHeaderField: "Authorization")
+        request.setValue("Bearer \(TestServer.adminKey)", forHTTPHeaderField: "Authorization")
         let (data, _) = try await URLSession.shared.data(for: request)
         let members = try JSONSerialization.jsonObject(with: data) as? [[String: Any]] ?? []
         var tokens: [String: Bool] = [:]

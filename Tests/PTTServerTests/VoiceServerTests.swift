@@ -1,3 +1,4 @@
+import APNsSimulatorEmbedding
 import ChannelProtocol
 import ChannelStore
 import ChannelStoreSQLite
@@ -11,6 +12,7 @@ import ParticipantClaims
 import ParticipantTokens
 import PTTServer
 import SeededRandom
+import ServerTesting
 import SquelchTesting
 import Testing
 import Wire
@@ -43,31 +45,11 @@ final class ServerFixture: Sendable {
     func start(pushCertificates: String? = nil, wakeSilence: Double? = nil,
                transmissionLogDays: Int? = nil, memberRetentionDays: Int? = nil,
                shutdownLimit: Duration? = nil) async throws -> (task: Task<Void, any Error>, listening: SquelchServer.Listening) {
-        var configuration = ServerConfiguration()
-        configuration.dataDirectory = dataDirectory
-        configuration.port = 0
-        configuration.adminPort = 0
-        configuration.adminKey = "test-admin-key-0123456789"
-        configuration.apns = "off"
-        if let certs = pushCertificates {
-            configuration.apns = "simulator"
-            configuration.apnsKeyPath = "\(certs)/AuthKey_DEVKEY0001.p8"
-            configuration.apnsCAPath = "\(certs)/ca.pem"
-            configuration.apnsSimulatorCertPath = "\(certs)/apns-sim.pem"
-            configuration.apnsSimulatorKeyPath = "\(certs)/apns-sim.key"
-            configuration.apnsSimulatorPort = 0
-            configuration.apnsSimulatorControlPort = 0
-        }
+        var configuration = TestServer.configuration(dataDirectory: dataDirectory, pushCertificates: pushCertificates)
         if let wakeSilence { configuration.pushWakeSilenceSeconds = wakeSilence }
         if let transmissionLogDays { configuration.transmissionLogDays = transmissionLogDays }
         if let memberRetentionDays { configuration.memberRetentionDays = memberRetentionDays }
-        var server = try SquelchServer(configuration: configuration, identity: identity)
-        if let shutdownLimit { server.shutdownLimit = shutdownLimit }
-        let (ready, continuation) = AsyncStream.makeStream(of: SquelchServer.Listening.self)
-        let task = Task { [server] in try await server.run(onReady: { continuation.yield($0) }) }
-        var iterator = ready.makeAsyncIterator()
-        let listening = try #require(await iterator.next(), "squelchd did not start")
-        return (task, listening)
+        return try await TestServer.start(configuration, identity: identity, shutdownLimit: shutdownLimit)
     }
 
     func token(_ user: String, capabilities: Set<Capability> = [.talk, .listen], priority: UInt8 = 0,
@@ -106,7 +88,7 @@ final class ServerFixture: Sendable {
     func admin(_ listening: SquelchServer.Listening, _ method: String, _ path: String, json: String? = nil) async throws -> (status: Int, body: String) {
         var request = URLRequest(url: try #require(URL(string: "http://127.0.0.1:\(listening.adminPort)/v1/channels/\(channel.id)\(path)")))
         request.httpMethod = method
-        request.setValue("Bearer test-admin-key-0123456789", forHTTPHeaderField: "Authorization")
+        request.setValue("Bearer \(TestServer.adminKey)", forHTTPHeaderField: "Authorization")
         if let json {
             request.setValue("application/json", forHTTPHeaderField: "Content-Type")
             request.httpBody = Data(json.utf8)
@@ -563,7 +545,7 @@ func slot(of member: TestMember) -> UInt16? {
         let (task, listening) = try await fixture.start(shutdownLimit: .seconds(2))
         let bob = try await fixture.member("bob", port: listening.voicePort)
         // An admin client sends its headers and 10 of the 100 body bytes it announced, then stalls.
-        let stalled = StalledRequest(port: listening.adminPort, authorization: "Bearer test-admin-key-0123456789")
+        let stalled = StalledRequest(port: listening.adminPort, authorization: "Bearer \(TestServer.adminKey)")
         #expect(stalled != nil)
         defer { withExtendedLifetime(stalled) {} }
         try await Task.sleep(for: .milliseconds(200))
