@@ -43,6 +43,19 @@ import FoundationNetworking
         (try? JSONSerialization.jsonObject(with: Data(push.body.utf8)) as? [String: Any]) ?? [:]
     }
 
+    /// The server links no simulator: a program that hands it none (as squelchd does) can't start
+    /// one, and is told what to do instead.
+    @Test func aServerThatEmbedsNoSimulatorRefusesApnsSimulatorAndSaysWhatToDo() async throws {
+        let fixture = try await ServerFixture()
+        let configuration = TestServer.configuration(dataDirectory: fixture.dataDirectory, pushCertificates: DevCertificates.directory)
+        let server = try SquelchServer(configuration: configuration, identity: fixture.identity)
+        let error = await #expect(throws: ServerConfiguration.ConfigurationError.self) {
+            try await server.run(onReady: { _ in Issue.record("started without a simulator") })
+        }
+        let text = String(describing: error.map { $0 } as Any)
+        #expect(text.contains("embeds no APNs simulator") && text.contains("squelchd apns-sim"), "\(text)")
+    }
+
     @Test func aBurstWakesOfflineMembersAndAnAdminRemovalSendsALeavePush() async throws {
         let fixture = try await ServerFixture()
         let (task, listening) = try await fixture.start(pushCertificates: DevCertificates.directory)
