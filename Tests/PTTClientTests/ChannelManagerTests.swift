@@ -1020,16 +1020,24 @@ final class FlakyPushTransport: PushTransport {
         await fixture.stop()
     }
 
+    /// Ann and Bob as `suspendedAnnAndBob` has them, Ann behind a proxy that then drops everything
+    /// for `outage`, during which she leaves: the leave the server can't hear yet.
+    func annLeavesCutOff(_ fixture: ClientFixture, _ name: String,
+                         for outage: Duration) async throws -> (Pair, ImpairmentProxy) {
+        let (proxy, port) = try await fixture.proxy()
+        let p = try await suspendedAnnAndBob(fixture, name, port: port)
+        await proxy.blackhole(for: outage)
+        p.ann.leaveChannel(channelUUID: fixture.channel.id)
+        #expect(await p.annDelegate.wait(for: .didLeave(.developerRequest)))
+        return (p, proxy)
+    }
+
     /// A leave while the server can't be reached is kept on disk and delivered at the app's next start.
     @Test func aLeaveTheServerCouldNotHearIsDeliveredAtTheNextStart() async throws {
         let fixture = try await ClientFixture(pushes: false)
         let id = fixture.channel.id
-        let (proxy, port) = try await fixture.proxy()
-        let p = try await suspendedAnnAndBob(fixture, "later", port: port)
         // Ann's network is gone while she leaves, and her app stops before it comes back.
-        await proxy.blackhole(for: .seconds(3))
-        p.ann.leaveChannel(channelUUID: id)
-        #expect(await p.annDelegate.wait(for: .didLeave(.developerRequest)))
+        let (p, proxy) = try await annLeavesCutOff(fixture, "later", for: .seconds(3))
         try await Task.sleep(for: .milliseconds(500))
         #expect(p.ann.owedLeaves == [id])
         await p.ann.invalidate()
@@ -1055,11 +1063,7 @@ final class FlakyPushTransport: PushTransport {
     @Test func joiningAgainWithdrawsAnOwedLeave() async throws {
         let fixture = try await ClientFixture(pushes: false)
         let id = fixture.channel.id
-        let (proxy, port) = try await fixture.proxy()
-        let p = try await suspendedAnnAndBob(fixture, "rejoin", port: port)
-        await proxy.blackhole(for: .seconds(2))
-        p.ann.leaveChannel(channelUUID: id)
-        #expect(await p.annDelegate.wait(for: .didLeave(.developerRequest)))
+        let (p, proxy) = try await annLeavesCutOff(fixture, "rejoin", for: .seconds(2))
         #expect(p.ann.owedLeaves == [id])
         // Back in the channel directly (not through the dead network) before the leave got through.
         p.ann.requestJoinChannel(channelUUID: id, descriptor: ChannelDescriptor(name: "Ops"), credentials: fixture.credentials(p.credentials.token))

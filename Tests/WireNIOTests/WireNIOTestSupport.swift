@@ -121,6 +121,18 @@ func startServer(secrets: ServerSecrets, port: Int = 0, echoPrefix: [UInt8]? = n
     return (server, Recorder(stream))
 }
 
+/// A fresh event loop group (under `withEventLoopGroup`'s timeout), a server on it with a recording
+/// delegate, and a client for it, not yet connected: how most tests here begin.
+func withServerAndClient(_ body: @escaping @Sendable (WireServer, Recorder<ServerRecord>, WireClientChannel) async throws -> Void) async throws {
+    let pki = try TestPKI()
+    let secrets = try pki.secrets()
+    try await withEventLoopGroup { group in
+        let (server, records) = try await startServer(secrets: secrets, group: group)
+        let client = try WireClientChannel(configuration: pki.client(), server: server.localAddress, group: group)
+        try await body(server, records, client)
+    }
+}
+
 extension Recorder<ServerRecord> {
     /// The handle of the first connection the server reports connected.
     func connectedHandle(_ what: String) async throws -> Endpoint.Handle {

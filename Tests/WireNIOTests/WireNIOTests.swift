@@ -143,11 +143,7 @@ struct WireNIOTests {
     }
 
     @Test func clientRebindKeepsTheSessionWithoutANewHandshake() async throws {
-        let pki = try TestPKI()
-        let secrets = try pki.secrets()
-        try await withEventLoopGroup { group in
-            let (server, records) = try await startServer(secrets: secrets, group: group)
-            let client = try WireClientChannel(configuration: pki.client(), server: server.localAddress, group: group)
+        try await withServerAndClient { server, records, client in
             let events = Recorder(client.events)
             let datagrams = Recorder(client.datagrams)
             try await client.connect()
@@ -260,11 +256,7 @@ struct WireNIOTests {
     }
 
     @Test func theServerRebindsWhenItsSocketClosesAndSessionsSurvive() async throws {
-        let pki = try TestPKI()
-        let secrets = try pki.secrets()
-        try await withEventLoopGroup { group in
-            let (server, records) = try await startServer(secrets: secrets, group: group)
-            let client = try WireClientChannel(configuration: pki.client(), server: server.localAddress, group: group)
+        try await withServerAndClient { server, records, client in
             let events = Recorder(client.events)
             try await client.connect()
             let handle = try await records.connectedHandle("server connected")
@@ -286,11 +278,7 @@ struct WireNIOTests {
     }
 
     @Test func stoppingTheServerClosesItsSessions() async throws {
-        let pki = try TestPKI()
-        let secrets = try pki.secrets()
-        try await withEventLoopGroup { group in
-            let (server, records) = try await startServer(secrets: secrets, group: group)
-            let client = try WireClientChannel(configuration: pki.client(), server: server.localAddress, group: group)
+        try await withServerAndClient { server, records, client in
             let events = Recorder(client.events)
             try await client.connect()
             try await records.wait("server connected") { !$0.connectedHandles.isEmpty }
@@ -385,11 +373,7 @@ struct BatchSendTests {
     /// 700 datagrams in one event-loop tick: the arena fills twice, and the full batches go out
     /// mid-cycle instead of being lost or overwritten.
     @Test func moreDatagramsThanOneBatchHoldAllArriveIntact() async throws {
-        let pki = try TestPKI()
-        let secrets = try pki.secrets()
-        try await withEventLoopGroup { group in
-            let (server, records) = try await startServer(secrets: secrets, group: group)
-            let client = try WireClientChannel(configuration: pki.client(), server: server.localAddress, group: group)
+        try await withServerAndClient { server, records, client in
             let datagrams = Recorder(client.datagrams)
             try await client.connect()
             let handle = try await records.connectedHandle("server connected")
