@@ -152,8 +152,8 @@ struct ChannelSession {
     /// withdrawn before their answer came. It answers every request (granted, queued or denied) in
     /// order, so the next that many answers are theirs, not a newer request's.
     private var owedFloorAnswers = 0
-    /// The server did not know `receptionReport` (a server older than the message): no more reports
-    /// in this session, and no notice each time the figure moves.
+    /// This session's server did not announce `receptionReport` in `joined` (one older than the
+    /// message): it gets no reports, which it would only answer with an error.
     private var reportsRefused = false
     /// The worst loss among this member's listeners, as the server last said in this session.
     private(set) var listenerLoss = 0
@@ -619,7 +619,7 @@ struct ChannelSession {
     mutating func received(_ message: ServerMessage) {
         guard let channel else { return }
         switch message {
-        case .joined(let info, let slot, let participants, let talkers):
+        case .joined(let info, let slot, let participants, let talkers, let features):
             guard link == .joining else { return }
             link = .joined
             reconnectAttempts = 0
@@ -632,7 +632,7 @@ struct ChannelSession {
             // The server keeps neither figure across sessions: the talker side starts at 0 again, and
             // this member's own figure goes out at once if it matters.
             reportedLoss = 0
-            reportsRefused = false
+            reportsRefused = !features.contains(.receptionReport)
             setListenerLoss(0)
             if measuredLoss >= 2 { receptionMeasured(measuredLoss) }
             if tryingNewToken {
@@ -709,9 +709,6 @@ struct ChannelSession {
                 outputs.append(.scheduleResync(milliseconds: 1_500))
             }
             outputs.append(.event(.notice("server: \(reason)")))
-        case .error(.protocolError, let reason) where reason.contains("'receptionReport'"):
-            // An older server: it can't use the figure, and the user can't act on the error.
-            reportsRefused = true
         case .error(_, let reason):
             outputs.append(.event(.notice("server: \(reason)")))
         case .tokenExpiring(let expiresAt):
