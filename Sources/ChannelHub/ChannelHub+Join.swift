@@ -73,15 +73,17 @@ extension ChannelHub {
         // A big roster goes in chunks, so that no control message nears the size limit; `joined`
         // carries the first, and the rest follow as the connection has room (`continueRoster`).
         // `joined`'s own share is measured: an image URL full of characters JSON escapes can take most of it.
-        let info = channel.info, talkers = channel.talkers
-        let head = codec.encode(.joined(channel: info, you: slot, roster: [], talkers: talkers)).count
+        // `features` says what this server takes beyond the first protocol, so that a client uses it
+        // only where it is understood.
+        let info = channel.info, talkers = channel.talkers, features: [ProtocolFeature] = [.receptionReport]
+        let head = codec.encode(.joined(channel: info, you: slot, roster: [], talkers: talkers, features: features)).count
         // The joiner's own entry and the talkers' first, so that they ride in `joined`: the client
         // takes its transmission mode from its own entry, and names a talker from its entry.
         let early = [slot] + talkers.map(\.slot).filter { $0 != slot }
         let rest = channel.members.keys.filter { !early.contains($0) }.sorted()
         var stream = RosterStream(channel: channel, slots: early + rest, next: 0)
         let first = nextRosterChunk(&stream, RosterChunker(firstChunkBytes: ControlLimits.maxMessageBytes - head - 1_024))
-        outputs.append(.send(.joined(channel: info, you: slot, roster: first, talkers: talkers), to: [link]))
+        outputs.append(.send(.joined(channel: info, you: slot, roster: first, talkers: talkers, features: features), to: [link]))
         if !stream.isFinished { rosterStreams[link] = stream }
         scheduleExpiry(channel, slot: slot, link: link, claims: claims, at: time)
         // Rights are the token's: a talker back with a listen-only token stops being relayed, and a new

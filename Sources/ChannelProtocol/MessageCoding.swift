@@ -6,7 +6,7 @@ import Foundation
 
 private enum Keys: String, CodingKey {
     case type, token, channel, reason, muted, environment, you, roster, talkers, code, participant, slot,
-         userID, event, descriptor, status, participants, unheard, expiresAt, loss, request, queue
+         userID, event, descriptor, status, participants, unheard, expiresAt, loss, request, queue, features
 }
 
 extension ClientMessage: Codable {
@@ -75,7 +75,8 @@ extension ServerMessage: Codable {
         case "joined":
             self = .joined(channel: try c.decode(ChannelInfo.self, forKey: .channel), you: try c.decode(UInt16.self, forKey: .you),
                            roster: try c.decode([Participant].self, forKey: .roster),
-                           talkers: try c.decode([Talker].self, forKey: .talkers))
+                           talkers: try c.decode([Talker].self, forKey: .talkers),
+                           features: try c.decodeIfPresent([ProtocolFeature].self, forKey: .features) ?? [])
         case "refused":
             self = .refused(code: try c.decode(RefusalCode.self, forKey: .code), reason: try c.decode(String.self, forKey: .reason))
         case "participant": self = .participant(try c.decode(Participant.self, forKey: .participant))
@@ -102,12 +103,14 @@ extension ServerMessage: Codable {
     public func encode(to encoder: any Encoder) throws {
         var c = encoder.container(keyedBy: Keys.self)
         switch self {
-        case .joined(let channel, let you, let roster, let talkers):
+        case .joined(let channel, let you, let roster, let talkers, let features):
             try c.encode("joined", forKey: .type)
             try c.encode(channel, forKey: .channel)
             try c.encode(you, forKey: .you)
             try c.encode(roster, forKey: .roster)
             try c.encode(talkers, forKey: .talkers)
+            // Absent rather than empty: an announcement of nothing reads as an older server's `joined`.
+            if !features.isEmpty { try c.encode(features, forKey: .features) }
         case .refused(let code, let reason):
             try c.encode("refused", forKey: .type)
             try c.encode(code, forKey: .code)

@@ -254,11 +254,24 @@ public enum ClientMessage: Sendable, Equatable {
     case receptionReport(lossPercent: Int)
 }
 
+/// Something a server understands beyond the first version of this protocol, announced in `joined`
+/// so that a client uses it only with a server that does, rather than finding out from an `error`.
+/// A name is free text: one this side doesn't know (from a newer server) is kept and means nothing.
+public struct ProtocolFeature: RawRepresentable, Hashable, Codable, Sendable {
+    public var rawValue: String
+    public init(rawValue: String) { self.rawValue = rawValue }
+
+    /// The server takes `receptionReport` and tells talkers `receptionLoss`.
+    public static let receptionReport = ProtocolFeature(rawValue: "receptionReport")
+}
+
 /// Server → client.
 public enum ServerMessage: Sendable, Equatable {
     /// `roster` holds the first chunk (`RosterChunker`); a larger roster continues in `roster`
     /// messages, made as the connection has room, with other messages possibly between them.
-    case joined(channel: ChannelInfo, you: UInt16, roster: [Participant], talkers: [Talker])
+    /// `features`: what this server understands beyond the first version of the protocol (none from
+    /// a server older than the field).
+    case joined(channel: ChannelInfo, you: UInt16, roster: [Participant], talkers: [Talker], features: [ProtocolFeature] = [])
     /// More roster entries, following `joined` (large channels), as they are when sent: replace
     /// entries by slot.
     case roster([Participant])

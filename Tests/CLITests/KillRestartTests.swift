@@ -166,7 +166,7 @@ import Wire
 
         // 4. ann and bob join; ann registers a push token and talks; bob hears every packet.
         let (ann, annJoined) = try await join(annToken, channel: channel, port: first.voicePort, configuration: configuration)
-        guard case .joined(_, let annSlot, _, _)? = annJoined else { Issue.record("ann was not admitted: \(String(describing: annJoined))"); return }
+        guard case .joined(_, let annSlot, _, _, _)? = annJoined else { Issue.record("ann was not admitted: \(String(describing: annJoined))"); return }
         let (bob, bobJoined) = try await join(bobToken, channel: channel, port: first.voicePort, configuration: configuration)
         guard case .joined? = bobJoined else { Issue.record("bob was not admitted: \(String(describing: bobJoined))"); return }
         try await ann.send(.registerPushToken(token: "a1b2c3d4", environment: .sandbox))
@@ -234,7 +234,7 @@ import Wire
         // The tokens issued before the kill still verify: the token key survived. bob sees ann as a
         // stored, offline member.
         let (bob2, bobAgain) = try await join(bobToken, channel: channel, port: second.voicePort, configuration: configuration)
-        guard case .joined(let info, let bobSlot, let roster, let talkers)? = bobAgain else {
+        guard case .joined(let info, let bobSlot, let roster, let talkers, _)? = bobAgain else {
             Issue.record("bob was not admitted after the restart: \(String(describing: bobAgain))"); return
         }
         #expect(info.id == channel && info.name == "Ops")
@@ -245,7 +245,7 @@ import Wire
 
         let before = bob2.messages.count
         let (ann2, annAgain) = try await join(annToken, channel: channel, port: second.voicePort, configuration: configuration)
-        guard case .joined(_, let annSlot2, let annRoster, _)? = annAgain else {
+        guard case .joined(_, let annSlot2, let annRoster, _, _)? = annAgain else {
             Issue.record("ann was not admitted after the restart: \(String(describing: annAgain))"); return
         }
         #expect(annRoster.first { $0.userID == "ann" }?.connection == .connected, "\(annRoster)")
@@ -417,7 +417,7 @@ import Wire
         let (ann, annJoined) = try await join(annToken, channel: channel, port: first.voicePort, configuration: configuration)
         guard case .joined? = annJoined else { Issue.record("ann not admitted: \(String(describing: annJoined))"); return }
         let (bob, bobJoined) = try await join(bobToken, channel: channel, port: first.voicePort, configuration: configuration)
-        guard case .joined(_, let bobSlot, _, _)? = bobJoined else { Issue.record("bob not admitted: \(String(describing: bobJoined))"); return }
+        guard case .joined(_, let bobSlot, _, _, _)? = bobJoined else { Issue.record("bob not admitted: \(String(describing: bobJoined))"); return }
 
         // The CLI revokes bob's token in the database; the running server finds it and ends his session.
         let revoked = try squelchd(["token", "revoke", "--token", bobToken, "--reason", "phone lost", "--data-dir", data])

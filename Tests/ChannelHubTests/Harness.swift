@@ -71,7 +71,7 @@ final class Harness {
                                                   expiresAt: expiresAt ?? epoch.addingTimeInterval(3600), tokenID: tokenID),
                   reason: .developerRequest, at: time)
         drain()
-        for case .joined(_, let you, _, _) in messages(to: link) { return (link, you) }
+        for case .joined(_, let you, _, _, _) in messages(to: link) { return (link, you) }
         return (link, 0)
     }
 

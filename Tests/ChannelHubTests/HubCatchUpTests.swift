@@ -14,7 +14,7 @@ import Wire
         let burst = h.grantedBurst(ann.link)!
         for sequence in 0..<40 { h.audio(from: ann.link, burst: burst, sequence: UInt16(sequence), payload: [UInt8(sequence)]) }
         let late = h.join("late")
-        guard case .joined(_, _, _, let talkers)? = h.lastMessage(to: late.link) else { Issue.record("no joined"); return }
+        guard case .joined(_, _, _, let talkers, _)? = h.lastMessage(to: late.link) else { Issue.record("no joined"); return }
         #expect(talkers == [Talker(slot: ann.slot, burst: burst)])
         // Live packets while catching up go into the recording, not straight to the late joiner.
         h.audio(from: ann.link, burst: burst, sequence: 40, payload: [40])

@@ -7,6 +7,14 @@ import Wire
 
 /// Joins: replaced connections, rosters sent in chunks, and refusals.
 @Suite struct HubJoinTests {
+    /// A client sends what is beyond the first protocol only to a server that says it takes it.
+    @Test func joinedAnnouncesWhatTheServerUnderstands() {
+        let h = Harness()
+        let ann = h.join("ann")
+        guard case .joined(_, _, _, _, let features)? = h.lastMessage(to: ann.link) else { Issue.record("no joined"); return }
+        #expect(features == [.receptionReport])
+    }
+
     @Test func sameUserOnANewConnectionReplacesTheOld() {
         let h = Harness()
         let first = h.join("ann")
@@ -58,7 +66,7 @@ import Wire
         var entries: [Participant] = []
         for message in sent {
             switch message {
-            case .joined(_, _, let roster, _), .roster(let roster):
+            case .joined(_, _, let roster, _, _), .roster(let roster):
                 #expect(roster.count <= ControlLimits.rosterChunk)
                 #expect(MessageCodec().encode(message).count < ControlLimits.maxMessageBytes / 2)
                 entries += roster
@@ -81,7 +89,7 @@ import Wire
         h.drain()
         var entries: [String] = []
         for message in h.messages(to: last.link) {
-            if case .joined(_, _, let roster, _) = message { entries += roster.map(\.userID) }
+            if case .joined(_, _, let roster, _, _) = message { entries += roster.map(\.userID) }
             if case .roster(let roster) = message { entries += roster.map(\.userID) }
         }
         #expect(entries.count == 300 && !entries.contains("member-299") && entries.first == "last")
@@ -95,7 +103,7 @@ import Wire
         for index in 0..<300 { h.join("member-\(index)") }
         h.send(.floorRequest(), from: talker.link)
         let last = h.join("last", capabilities: [.listen])
-        guard case .joined(_, let you, let roster, let talkers)? = h.messages(to: last.link).first(where: { if case .joined = $0 { true } else { false } }) else {
+        guard case .joined(_, let you, let roster, let talkers, _)? = h.messages(to: last.link).first(where: { if case .joined = $0 { true } else { false } }) else {
             Issue.record("no joined")
             return
         }

@@ -10,7 +10,7 @@ import Wire
     @Test func joinedMemberGetsChannelRosterAndOthersHearOfIt() {
         let h = Harness()
         let ann = h.join("ann")
-        guard case .joined(let info, let you, let roster, let talkers)? = h.lastMessage(to: ann.link) else {
+        guard case .joined(let info, let you, let roster, let talkers, _)? = h.lastMessage(to: ann.link) else {
             Issue.record("no joined message"); return
         }
         #expect(info.name == "Ops" && info.id == h.channel.id && you == ann.slot)
@@ -18,7 +18,7 @@ import Wire
         let bob = h.join("bob", capabilities: [.listen])
         #expect(h.messages(to: ann.link).contains(.participant(Participant(
             slot: bob.slot, userID: "bob", name: "Bob", canTalk: false, canListen: true))))
-        guard case .joined(_, _, let roster2, _)? = h.lastMessage(to: bob.link) else { Issue.record("no joined"); return }
+        guard case .joined(_, _, let roster2, _, _)? = h.lastMessage(to: bob.link) else { Issue.record("no joined"); return }
         #expect(roster2.map(\.userID) == ["bob", "ann"], "the joiner's own entry first, then the rest in slot order")
         #expect(h.stored.contains { if case .upsertMember(let m) = $0 { return m.userID == "bob" } else { return false } })
         #expect(h.hub.counters.joins == 2)

@@ -44,6 +44,24 @@ import Testing
         for message in messages { #expect(try codec.decodeServerMessage(codec.encode(message)) == message) }
     }
 
+    /// `joined` says what the server understands; an older server's has no `features`, and a name this
+    /// side doesn't know (a newer server's) is kept, not refused.
+    @Test func joinedFeaturesRoundTripAndMayBeAbsentOrUnknown() throws {
+        let info = ChannelInfo(id: UUID(), name: "Ops", image: nil, mode: .halfDuplex, maxBurstSeconds: 60)
+        let with = ServerMessage.joined(channel: info, you: 1, roster: [], talkers: [], features: [.receptionReport])
+        let without = ServerMessage.joined(channel: info, you: 1, roster: [], talkers: [])
+        #expect(try codec.decodeServerMessage(codec.encode(with)) == with)
+        #expect(try codec.decodeServerMessage(codec.encode(without)) == without)
+        #expect(String(decoding: codec.encode(with), as: UTF8.self).contains(#""features":["receptionReport"]"#))
+        #expect(!String(decoding: codec.encode(without), as: UTF8.self).contains("features"), "absent, as from an older server")
+        let id = info.id.uuidString
+        let old = #"{"type":"joined","channel":{"id":"\#(id)","name":"Ops","mode":"halfDuplex","maxBurstSeconds":60},"you":1,"roster":[],"talkers":[]}"#
+        #expect(try codec.decodeServerMessage(Array(old.utf8)) == without)
+        let newer = #"{"type":"joined","channel":{"id":"\#(id)","name":"Ops","mode":"halfDuplex","maxBurstSeconds":60},"you":1,"roster":[],"talkers":[],"features":["teleport","receptionReport"]}"#
+        #expect(try codec.decodeServerMessage(Array(newer.utf8))
+                == .joined(channel: info, you: 1, roster: [], talkers: [], features: [ProtocolFeature(rawValue: "teleport"), .receptionReport]))
+    }
+
     @Test func lossFiguresAreWholePercentages() throws {
         #expect(String(decoding: codec.encode(ClientMessage.receptionReport(lossPercent: 7)), as: UTF8.self)
             == #"{"loss":7,"type":"receptionReport"}"#)

@@ -16,13 +16,15 @@ func participant(_ slot: UInt16, _ name: String, talk: Bool = true) -> ChannelPr
     ChannelProtocol.Participant(slot: slot, userID: name.lowercased(), name: name, canTalk: talk)
 }
 
-/// A session joined to `channelID` as slot 1 with Bob (slot 2) in the roster.
+/// A session joined to `channelID` as slot 1 with Bob (slot 2) in the roster, on a server that
+/// announces what squelchd does today.
 func joinedSession(mode: ChannelProtocol.TransmissionMode = .halfDuplex, canTalk: Bool = true) -> ChannelSession {
     var s = ChannelSession()
     s.requestJoin(channelID, descriptor: descriptor, credentials: credentials, reason: .developerRequest)
     s.transportConnected()
     s.received(.joined(channel: ChannelInfo(id: channelID, name: "Ops", image: nil, mode: mode, maxBurstSeconds: 60), you: 1,
-                       roster: [participant(1, "Ann", talk: canTalk), participant(2, "Bob")], talkers: []))
+                       roster: [participant(1, "Ann", talk: canTalk), participant(2, "Bob")], talkers: [],
+                       features: [.receptionReport]))
     s.pushTokenIssued(Data([0xAB, 0xCD]), for: channelID)
     _ = s.takeOutputs()
     return s
@@ -953,16 +955,48 @@ func sent(_ outputs: [SessionOutput]) -> [ClientMessage] {
         #expect(reported(20).isEmpty, "nothing is reported while not joined")
         s.transportConnected()
         s.received(.joined(channel: ChannelInfo(id: channelID, name: "Ops", image: nil, mode: .halfDuplex, maxBurstSeconds: 60), you: 1,
-                           roster: [participant(1, "Ann")], talkers: []))
+                           roster: [participant(1, "Ann")], talkers: [], features: [.receptionReport]))
         let rejoined = s.takeOutputs()
         #expect(rejoined.contains(.adaptToListenerLoss(0)))
         #expect(sent(rejoined).contains(.receptionReport(lossPercent: 20)), "the latest figure goes out with the new session")
         #expect(reported(20).isEmpty)
-        // A server that doesn't know the message refuses it once; no more reports, and no notice.
-        s.received(.error(code: .protocolError, reason: "unknown client message type 'receptionReport'"))
-        let refused = s.takeOutputs()
-        #expect(!refused.contains { if case .event(.notice) = $0 { return true } else { return false } })
+        // A server that doesn't announce the message (one older than it) gets none, so it has nothing
+        // to refuse: no reports, and no notice.
+        s.transportReconnecting()
+        s.transportConnected()
+        s.received(.joined(channel: ChannelInfo(id: channelID, name: "Ops", image: nil, mode: .halfDuplex, maxBurstSeconds: 60), you: 1,
+                           roster: [participant(1, "Ann")], talkers: []))
+        let older = s.takeOutputs()
+        #expect(!older.contains { if case .event(.notice) = $0 { return true } else { return false } })
         #expect(reported(0).isEmpty && reported(30).isEmpty)
+    }
+
+    /// `receptionReport` goes only to a server whose `joined` announces it (an older one would answer
+    /// it with an error); names this client doesn't know are ignored.
+    @Test func receptionIsReportedOnlyToAServerThatAnnouncesIt() {
+        func joined(features: [ProtocolFeature]) -> ChannelSession {
+            var s = ChannelSession()
+            s.requestJoin(channelID, descriptor: descriptor, credentials: credentials, reason: .developerRequest)
+            s.transportConnected()
+            s.receptionMeasured(12)  // from a connection before: said once joined, to a server that takes it
+            s.received(.joined(channel: ChannelInfo(id: channelID, name: "Ops", image: nil, mode: .halfDuplex, maxBurstSeconds: 60), you: 1,
+                               roster: [participant(1, "Ann")], talkers: [], features: features))
+            return s
+        }
+        func reports(_ outputs: [SessionOutput]) -> [ClientMessage] {
+            sent(outputs).filter { if case .receptionReport = $0 { true } else { false } }
+        }
+        var older = joined(features: [])
+        #expect(reports(older.takeOutputs()).isEmpty)
+        older.receptionMeasured(30)
+        #expect(reports(older.takeOutputs()).isEmpty)
+        var unknown = joined(features: [ProtocolFeature(rawValue: "somethingNewer")])
+        unknown.receptionMeasured(30)
+        #expect(reports(unknown.takeOutputs()).isEmpty)
+        var current = joined(features: [ProtocolFeature(rawValue: "somethingNewer"), .receptionReport])
+        #expect(reports(current.takeOutputs()) == [.receptionReport(lossPercent: 12)])
+        current.receptionMeasured(30)
+        #expect(reports(current.takeOutputs()) == [.receptionReport(lossPercent: 30)])
     }
 
     @Test func leavingPutsTheEncoderBackWithoutAnnouncingIt() {

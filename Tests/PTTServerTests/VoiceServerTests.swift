@@ -118,7 +118,7 @@ func rosterEntries(_ messages: [ServerMessage]) -> [UInt16: Participant] {
     var entries: [UInt16: Participant] = [:]
     for message in messages {
         switch message {
-        case .joined(_, _, let chunk, _), .roster(let chunk): for entry in chunk { entries[entry.slot] = entry }
+        case .joined(_, _, let chunk, _, _), .roster(let chunk): for entry in chunk { entries[entry.slot] = entry }
         case .participant(let entry): entries[entry.slot] = entry
         case .participantLeft(let slot, _): entries[slot] = nil
         default: break
@@ -128,7 +128,7 @@ func rosterEntries(_ messages: [ServerMessage]) -> [UInt16: Participant] {
 }
 
 func slot(of member: TestMember) -> UInt16? {
-    for message in member.messages { if case .joined(_, let you, _, _) = message { return you } }
+    for message in member.messages { if case .joined(_, let you, _, _, _) = message { return you } }
     return nil
 }
 
@@ -140,7 +140,7 @@ func slot(of member: TestMember) -> UInt16? {
         let ann = try await fixture.member("ann", port: listening.voicePort)
         let bob = try await fixture.member("bob", port: listening.voicePort)
         let cat = try await fixture.member("cat", port: listening.voicePort, capabilities: [.listen])
-        guard case .joined(let info, _, let roster, _)? = cat.messages.first else { Issue.record("no joined"); return }
+        guard case .joined(let info, _, let roster, _, _)? = cat.messages.first else { Issue.record("no joined"); return }
         #expect(info.name == "Ops" && info.id == fixture.channel.id)
         #expect(roster.map(\.userID) == ["cat", "ann", "bob"], "its own entry first, then the rest in slot order")
         #expect(await ann.waitFor { if case .participant(let p) = $0 { return p.userID == "cat" } else { return false } } != nil)
@@ -269,7 +269,7 @@ func slot(of member: TestMember) -> UInt16? {
         let member = try TestMember(port: listening.voicePort, configuration: fixture.pki.client())
         try await member.connect()
         let answer = try await member.join(token: try await fixture.token("ann", channel: fresh.id), channel: fresh.id)
-        guard case .joined(let info, _, _, _)? = answer else { Issue.record("not joined: \(String(describing: answer))"); return }
+        guard case .joined(let info, _, _, _, _)? = answer else { Issue.record("not joined: \(String(describing: answer))"); return }
         #expect(info.id == fresh.id && info.name == "Made elsewhere" && info.maxBurstSeconds == 30)
         await listening.shutdown()
         _ = await task.result
@@ -318,7 +318,7 @@ func slot(of member: TestMember) -> UInt16? {
         let annToken = try #require((try JSONSerialization.jsonObject(with: Data(issued.body.utf8)) as? [String: Any])?["token"] as? String)
         let tokenID = try #require((try JSONSerialization.jsonObject(with: Data(issued.body.utf8)) as? [String: Any])?["tokenID"] as? String)
         let (ann, annJoined) = try await join(annToken)
-        guard case .joined(_, let annSlot, _, _)? = annJoined else { Issue.record("ann not admitted: \(String(describing: annJoined))"); return }
+        guard case .joined(_, let annSlot, _, _, _)? = annJoined else { Issue.record("ann not admitted: \(String(describing: annJoined))"); return }
         let before = bob2.messages.count
         let revoked = try await admin("POST", "/revocations", json: #"{"tokenID":"\#(tokenID)","reason":"phone lost"}"#)
         #expect(revoked.status == 201, "\(revoked.body)")
@@ -585,7 +585,7 @@ func slot(of member: TestMember) -> UInt16? {
         (task, listening) = try await fixture.start()
         defer { task.cancel() }
         let again = try await fixture.member("bob", port: listening.voicePort)
-        guard case .joined(_, _, let roster, _)? = again.messages.first else { Issue.record("no joined"); return }
+        guard case .joined(_, _, let roster, _, _)? = again.messages.first else { Issue.record("no joined"); return }
         #expect(roster.first { $0.userID == "ann" }?.connection == .offline)
         // Were each channel's burst numbers to start again at 1, a talker given its old slot would have
         // its first burst taken by listeners for the one they finished before the restart (a random
@@ -626,7 +626,7 @@ func slot(of member: TestMember) -> UInt16? {
 
         let (task, listening) = try await fixture.start()
         let bob = try await fixture.member("bob", port: listening.voicePort)
-        guard case .joined(_, _, let roster, _)? = bob.messages.first else { Issue.record("no joined"); return }
+        guard case .joined(_, _, let roster, _, _)? = bob.messages.first else { Issue.record("no joined"); return }
         #expect(Set(roster.map(\.userID)) == ["kept", "bob"])
         await listening.shutdown()
         try await task.value
