@@ -71,7 +71,7 @@ extension ChannelHub {
     public var connectionCount: Int { sessions.count }
 
     /// The roster as members see it.
-    public func roster(of id: UUID) -> [Participant] { channels[id]?.roster ?? [] }
+    public func roster(of id: UUID) -> [RosterMember] { channels[id]?.roster ?? [] }
 
     /// The roster as an operator sees it, with each connected listener's reported loss.
     public func liveRoster(of id: UUID) -> [LiveMember] {

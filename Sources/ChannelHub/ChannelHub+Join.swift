@@ -98,9 +98,9 @@ extension ChannelHub {
 
     /// The entries of `stream`'s next chunk, as its members are now (one that left meanwhile is
     /// skipped; one that joined meanwhile was announced with `participant`).
-    func nextRosterChunk(_ stream: inout RosterStream, _ chunker: RosterChunker = RosterChunker()) -> [Participant] {
+    func nextRosterChunk(_ stream: inout RosterStream, _ chunker: RosterChunker = RosterChunker()) -> [RosterMember] {
         var chunker = chunker
-        var chunk: [Participant] = []
+        var chunk: [RosterMember] = []
         while !stream.isFinished {
             guard let member = stream.channel.members[stream.slots[stream.next]] else {
                 stream.next += 1

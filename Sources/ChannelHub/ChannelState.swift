@@ -59,7 +59,7 @@ final class ChannelState {
 
     func links(except slot: UInt16) -> [Link] { members.values.compactMap { $0.slot == slot ? nil : $0.link } }
 
-    var roster: [Participant] { members.values.map(\.participant).sorted { $0.slot < $1.slot } }
+    var roster: [RosterMember] { members.values.map(\.participant).sorted { $0.slot < $1.slot } }
 
     var talkers: [Talker] {
         floor.currentTalkers.compactMap { slot in floor.burst(of: slot).map { Talker(slot: slot, burst: UInt16(truncatingIfNeeded: $0)) } }

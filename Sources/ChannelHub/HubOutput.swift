@@ -17,7 +17,7 @@ public enum HubOutput: Sendable, Equatable {
     /// A talk burst started. Members in `wake` have a push token and no connection; those in `connected`
     /// have both, and the driver wakes the ones whose connection has gone silent (the hub sees no
     /// transport keepalives, the driver does).
-    case burstStarted(channel: UUID, talker: Participant, wake: [MemberRecord], connected: [WakeCandidate])
+    case burstStarted(channel: UUID, talker: RosterMember, wake: [MemberRecord], connected: [WakeCandidate])
     /// An administrator removed the member or deleted the channel: its device should be told to leave by push.
     case memberGone(channel: UUID, member: MemberRecord)
 }

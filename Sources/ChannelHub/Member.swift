@@ -58,8 +58,8 @@ struct Member {
     /// Whether this member takes audio from `talker` at all: it may listen and has not unsubscribed.
     func hears(_ talker: Member) -> Bool { canListen && !unheard.contains(talker.userID) }
 
-    var participant: Participant {
-        Participant(slot: slot, userID: userID, name: name, role: role, priority: priority, canTalk: canTalk,
+    var participant: RosterMember {
+        RosterMember(slot: slot, userID: userID, name: name, role: role, priority: priority, canTalk: canTalk,
                     canListen: canListen, connection: connection, talking: talking, muted: muted)
     }
 

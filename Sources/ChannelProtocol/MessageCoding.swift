@@ -74,19 +74,19 @@ extension ServerMessage: Codable {
         switch try c.decode(String.self, forKey: .type) {
         case "joined":
             self = .joined(channel: try c.decode(ChannelInfo.self, forKey: .channel), you: try c.decode(UInt16.self, forKey: .you),
-                           roster: try c.decode([Participant].self, forKey: .roster),
+                           roster: try c.decode([RosterMember].self, forKey: .roster),
                            talkers: try c.decode([Talker].self, forKey: .talkers),
                            features: try c.decodeIfPresent([ProtocolFeature].self, forKey: .features) ?? [])
         case "refused":
             self = .refused(code: try c.decode(RefusalCode.self, forKey: .code), reason: try c.decode(String.self, forKey: .reason))
-        case "participant": self = .participant(try c.decode(Participant.self, forKey: .participant))
-        case "roster": self = .roster(try c.decode([Participant].self, forKey: .participants))
+        case "participant": self = .participant(try c.decode(RosterMember.self, forKey: .participant))
+        case "roster": self = .roster(try c.decode([RosterMember].self, forKey: .participants))
         case "participantLeft":
             self = .participantLeft(slot: try c.decode(UInt16.self, forKey: .slot), userID: try c.decode(String.self, forKey: .userID))
         case "floor": self = .floor(try c.decode(FloorEvent.self, forKey: .event))
         case "descriptor": self = .descriptor(try c.decode(ChannelInfo.self, forKey: .descriptor))
         case "serviceStatus":
-            self = .serviceStatus(try c.decode(ServiceStatus.self, forKey: .status),
+            self = .serviceStatus(try c.decode(ServerStatus.self, forKey: .status),
                                   reason: try c.decodeIfPresent(String.self, forKey: .reason))
         case "pushTokenRegistered": self = .pushTokenRegistered
         case "subscriptions": self = .subscriptions(unheard: try c.decode([String].self, forKey: .unheard))

@@ -62,7 +62,7 @@ public enum ConnectionState: String, Codable, Sendable {
 }
 
 /// One entry of a channel's roster.
-public struct Participant: Codable, Sendable, Equatable {
+public struct RosterMember: Codable, Sendable, Equatable {
     /// The member's number in this channel, stable while the server runs; audio headers carry it.
     public var slot: UInt16
     public var userID: String
@@ -218,7 +218,7 @@ public struct Talker: Codable, Sendable, Equatable {
 }
 
 /// The server's ability to serve this channel (Apple's `PTServiceStatus`, as the server sees it).
-public enum ServiceStatus: String, Codable, Sendable {
+public enum ServerStatus: String, Codable, Sendable {
     case ready, connecting, unavailable
 }
 
@@ -271,19 +271,19 @@ public enum ServerMessage: Sendable, Equatable {
     /// messages, made as the connection has room, with other messages possibly between them.
     /// `features`: what this server understands beyond the first version of the protocol (none from
     /// a server older than the field).
-    case joined(channel: ChannelInfo, you: UInt16, roster: [Participant], talkers: [Talker], features: [ProtocolFeature] = [])
+    case joined(channel: ChannelInfo, you: UInt16, roster: [RosterMember], talkers: [Talker], features: [ProtocolFeature] = [])
     /// More roster entries, following `joined` (large channels), as they are when sent: replace
     /// entries by slot.
-    case roster([Participant])
+    case roster([RosterMember])
     /// The join (or the membership) is refused or ended; the server closes the connection after it.
     case refused(code: RefusalCode, reason: String)
     /// A roster entry appeared or changed.
-    case participant(Participant)
+    case participant(RosterMember)
     /// A member left the channel (not just disconnected: that is a `participant` with `.offline`).
     case participantLeft(slot: UInt16, userID: String)
     case floor(FloorEvent)
     case descriptor(ChannelInfo)
-    case serviceStatus(ServiceStatus, reason: String?)
+    case serviceStatus(ServerStatus, reason: String?)
     /// The push token was stored.
     case pushTokenRegistered
     /// The subscription list now in force (the answer to `setSubscriptions`).

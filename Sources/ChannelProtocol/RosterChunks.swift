@@ -1,6 +1,6 @@
 extension ControlLimits {
     /// Roster bytes one `joined` or `roster` message carries at most (an upper bound of the entries'
-    /// JSON, `Participant.encodedSizeBound`): half of `maxMessageBytes`, so that nothing near the
+    /// JSON, `RosterMember.encodedSizeBound`): half of `maxMessageBytes`, so that nothing near the
     /// limit depends on the bound being tight.
     public static let rosterChunkBytes = maxMessageBytes / 2
 }
@@ -31,7 +31,7 @@ public struct RosterChunker: Sendable {
     }
 
     /// Counts `entry` into the chunk if it fits; false if the chunk is full without it.
-    public mutating func take(_ entry: Participant) -> Bool {
+    public mutating func take(_ entry: RosterMember) -> Bool {
         let size = entry.encodedSizeBound
         if entries == ControlLimits.rosterChunk || bytes + size > limit, entries > 0 || mayBeEmpty { return false }
         entries += 1
@@ -40,7 +40,7 @@ public struct RosterChunker: Sendable {
     }
 }
 
-extension Participant {
+extension RosterMember {
     /// Bytes of JSON this entry takes in a roster at most. The fixed part is measured once, with the
     /// longest values every other field can have; each byte of the user id, name and role counts as
     /// the most its escaping can make of it: 6 for a control character (`\u001f`), 2 for `"`, `\` and
@@ -52,7 +52,7 @@ extension Participant {
 
     static let fixedEncodedBytes: Int = {
         let codec = MessageCodec()
-        let longest = Participant(slot: .max, userID: "", name: "", role: "", priority: .max, canTalk: false, canListen: false,
+        let longest = RosterMember(slot: .max, userID: "", name: "", role: "", priority: .max, canTalk: false, canListen: false,
                                   connection: .reconnecting, talking: false, muted: false)
         // The comma between two entries is in it: two entries minus none, halved, rounded up.
         let none = codec.encode(.roster([])).count

@@ -40,7 +40,7 @@ extension ChannelSession {
     /// (a renewed token may take `talk` away, and in a big channel the entry may come after `joined`).
     /// A talker announced before its entry (a big roster still coming in) gets its name shown, or
     /// stops being shown if it turns out to be a user this member does not hear.
-    mutating func entriesArrived(_ entries: [ChannelProtocol.Participant]) {
+    mutating func entriesArrived(_ entries: [RosterMember]) {
         let modeBefore = transmissionMode
         for entry in entries { roster[entry.slot] = entry }
         outputs.append(.event(.roster(rosterEntries)))

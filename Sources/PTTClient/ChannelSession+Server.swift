@@ -40,7 +40,7 @@ extension ChannelSession {
     }
 
     /// The join went through: a new session on the server, which knows nothing of the last one.
-    private mutating func joined(_ info: ChannelInfo, you slot: UInt16, roster participants: [ChannelProtocol.Participant],
+    private mutating func joined(_ info: ChannelInfo, you slot: UInt16, roster participants: [RosterMember],
                                  talkers live: [Talker], features: [ProtocolFeature]) {
         guard let channel, link == .joining else { return }
         link = .joined

@@ -11,7 +11,7 @@ import Foundation
 /// `ChannelSession+*.swift`: the app's commands, the transport, what the server says, its refusals,
 /// the floor, the talkers shown, the token, pushes and the roster.
 struct ChannelSession {
-    enum Link: Sendable, Equatable {
+    enum LinkState: Sendable, Equatable {
         /// No channel, or suspended: no connection.
         case down
         /// Handshaking.
@@ -42,7 +42,7 @@ struct ChannelSession {
     var channel: UUID?
     var descriptor: ChannelDescriptor?
     var credentials: ChannelCredentials?
-    var link = Link.down
+    var link = LinkState.down
     var appState = AppState.foreground
     var callActive = false
     /// Playback silenced by the user (`setMuted`), as the roster should show it.
@@ -60,7 +60,7 @@ struct ChannelSession {
     var modeOverride: TransmissionMode?
     var serverInfo: ChannelInfo?
     var you: UInt16?
-    var roster: [UInt16: ChannelProtocol.Participant] = [:]
+    var roster: [UInt16: RosterMember] = [:]
     var joinReport = JoinReport.due(.developerRequest)
     /// Failed connection attempts in a row, for the backoff.
     var reconnectAttempts = 0
@@ -125,7 +125,7 @@ struct ChannelSession {
 }
 
 extension ServiceStatus {
-    init(_ status: ChannelProtocol.ServiceStatus) {
+    init(_ status: ServerStatus) {
         switch status {
         case .ready: self = .ready
         case .connecting: self = .connecting

@@ -45,7 +45,7 @@ struct TalkerDisplay {
 
     /// Whom to show: a live talker this member hears (once its roster entry has come), else the
     /// talker of the replay playing, else nobody.
-    func choice(roster: [UInt16: ChannelProtocol.Participant], unheard: (UInt16) -> Bool) -> Participant? {
+    func choice(roster: [UInt16: RosterMember], unheard: (UInt16) -> Bool) -> Participant? {
         let audible = live.keys.filter { !unheard($0) }
         if let next = audible.first, let name = roster[next]?.name, let participant = try? Participant(name: name) {
             return participant

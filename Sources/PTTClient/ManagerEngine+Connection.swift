@@ -1,0 +1,158 @@
+import Audio
+import ChannelProtocol
+import Foundation
+import JitterBuffer
+import NIOConcurrencyHelpers
+import NIOCore
+import Wire
+import WireNIO
+
+// The voice connection: opening it, its events, closing it.
+extension ManagerEngine {
+    func openConnection(_ credentials: ChannelCredentials) async {
+        // A connection replaced by a new one closes as going away, not normally: squelchd shows a
+        // member whose client closed normally offline at once and gives its floor away, while this
+        // one is back in a moment (its grace period covers that).
+        await closeConnection(code: .goingAway)
+        generation += 1
+        let g = generation
+        let sink = commandSink
+        let client: WireClientChannel
+        // Audio goes from the event loop straight into the jitter buffer, stamped as it arrives,
+        // rather than through a task that a busy thread pool (or a delegate blocking one of its
+        // threads) can hold back past the buffer's patience.
+        let receiver = self.receiver
+        do throws(SetupProblem) {
+            client = try Self.makeClient(credentials, connection: configuration.connection, onDatagram: { bytes in receiver.receive(bytes) })
+        } catch {
+            sink.yield(.transportFailed(g, error.message))
+            return
+        }
+        self.client = client
+        let codec = MessageCodec()
+        connectionTasks = [
+            Task {
+                for await event in client.events {
+                    switch event {
+                    case .connection(.control(let bytes)):
+                        if let message = try? codec.decodeServerMessage(bytes) { sink.yield(.server(g, message)) }
+                    case .reconnecting:
+                        sink.yield(.transportReconnecting(g))
+                    case .connection(.connected):
+                        sink.yield(.transportConnected(g))
+                    case .connection(.stalled):
+                        sink.yield(.transportStalled(g, true))
+                    case .connection(.stallEnded):
+                        sink.yield(.transportStalled(g, false))
+                    case .connection(.closed(let error)) where error.clientReconnects:
+                        // The client is already handshaking again; `.reconnecting` comes next and says
+                        // so. Taking this for a failure would mark the channel unavailable and open a
+                        // second connection after the backoff.
+                        break
+                    case .connection(.closed(let error)):
+                        sink.yield(.transportFailed(g, Self.describe(error, credentials), serverWentAway: Self.isGoingAway(error)))
+                    default:
+                        break
+                    }
+                }
+            },
+            Task {
+                do {
+                    try await client.connect()
+                } catch {
+                    sink.yield(.transportFailed(g, Self.describe(error, credentials)))
+                }
+            },
+        ]
+    }
+
+    func closeConnection(code: CloseCode = .normal) async {
+        guard let client else { return }
+        self.client = nil
+        generation += 1
+        let tasks = connectionTasks
+        connectionTasks = []
+        await Self.waitUntilControlAcknowledged(client, atMost: .milliseconds(1_500))
+        await client.close(code: code.rawValue, reason: code == .normal ? "client closed" : "client reconnecting")
+        for task in tasks { task.cancel() }
+    }
+
+    /// Waits, at most `limit`, until the server has acknowledged everything sent on the control
+    /// stream. A closing connection sends nothing but CONNECTION_CLOSE, so a `leave` (or the
+    /// `floorRelease` before a suspend) lost on the way would be lost for good: the server would take
+    /// the close for a dropped connection and keep the member, and its push token, in the channel.
+    /// Returns at once when nothing waits or the connection is no longer up.
+    static func waitUntilControlAcknowledged(_ client: WireClientChannel, atMost limit: Duration) async {
+        let deadline = ContinuousClock.now + limit
+        while ContinuousClock.now < deadline, !Task.isCancelled {
+            let waiting = (try? await client.withClient { client -> Bool in
+                guard let connection = client?.connection, connection.state == .established else { return false }
+                return connection.controlSendSpace < connection.controlSendLimit
+            }) ?? false
+            guard waiting else { return }
+            try? await Task.sleep(for: .milliseconds(10))
+        }
+    }
+
+    static func describeSetup(_ error: any Error, _ credentials: ChannelCredentials) -> String {
+        "can't reach \(credentials.address): \(error); check the server address"
+    }
+
+    /// Why no client could be made, in words: the CA file, or the address.
+    struct SetupProblem: Error { var message: String }
+
+    /// A client for the server `credentials` name, not yet connected: the session's, or an owed
+    /// leave's. Fails with what to fix: a CA file that can't be used, an address that doesn't resolve.
+    static func makeClient(_ credentials: ChannelCredentials, connection: ConnectionConfiguration,
+                           onDatagram: @escaping WireClientChannel.DatagramHandler) throws(SetupProblem) -> WireClientChannel {
+        let validator = try loadCA(credentials.caPath)
+        do {
+            var clientConfiguration = ClientConfiguration(serverName: credentials.serverName ?? credentials.host, validator: validator)
+            clientConfiguration.connection = connection
+            let address = try SocketAddress.makeAddressResolvingHost(credentials.host, port: credentials.port)
+            return try WireClientChannel(configuration: clientConfiguration, server: address, onDatagram: onDatagram)
+        } catch {
+            throw SetupProblem(message: describeSetup(error, credentials))
+        }
+    }
+
+    /// The CA certificates in `path`, or what is wrong with the file in words: missing, a directory,
+    /// not readable, not text, or text without a certificate.
+    static func loadCA(_ path: String) throws(SetupProblem) -> CertificateValidator {
+        let advice = "pass the CA that signed the server's certificate (certs/ca.pem in development)"
+        let pem: String
+        do throws(PEMText.Problem) { pem = try PEMText.read(path) } catch {
+            switch error {
+            case .missing: throw SetupProblem(message: "the CA file \(path) does not exist; \(advice)")
+            case .directory: throw SetupProblem(message: "the CA file \(path) is a directory; \(advice)")
+            case .unreadable: throw SetupProblem(message: "can't read the CA file \(path) (check its permissions); \(advice)")
+            case .notText: throw SetupProblem(message: "the CA file \(path) is not a PEM certificate (it isn't text); \(advice)")
+            }
+        }
+        do { return try CertificateValidator(caPEM: pem) } catch {
+            throw SetupProblem(message: "the CA file \(path) holds no readable CA certificate (\(error)); \(advice)")
+        }
+    }
+
+    /// squelchd closed saying it is going away: it is shutting down (SIGTERM, a restart, an upgrade).
+    static func isGoingAway(_ error: ConnectionError) -> Bool {
+        if case .peer(let code, _, true) = error { return code == CloseCode.goingAway.rawValue }
+        return false
+    }
+
+    static func describe(_ error: any Error, _ credentials: ChannelCredentials) -> String {
+        let server = credentials.address
+        if let error = error as? ConnectionError {
+            if isGoingAway(error), case .peer(_, let reason, _) = error {
+                return "squelchd at \(server) is going away (\(reason.isEmpty ? "shutting down" : reason)): a restart or an upgrade, most likely; reconnecting on its own once it is back"
+            }
+            switch error {
+            case .handshakeTimeout:
+                return "no answer from squelchd at \(server); check that it runs and the address and port are right"
+            default:
+                return "connection to \(server) failed: \(error.description)"
+            }
+        }
+        return "connection to \(server) failed: \(error)"
+    }
+}

@@ -1,0 +1,133 @@
+import Audio
+import ChannelProtocol
+import Foundation
+import JitterBuffer
+import NIOConcurrencyHelpers
+import Opus
+import WireNIO
+
+/// Capture → Opus → audio datagrams, on a thread of its own because sources block until each 10 ms
+/// period is due (ALSA reads, paced WAV files).
+final class Transmitter: Sendable {
+    struct State {
+        var framesSent = 0
+        var level = 0.0
+        var peak = 0.0
+        /// The worst loss among this talker's listeners, as the server last said (`receptionLoss`).
+        var listenerLoss = 0
+        /// The settings of the encoder sending now, set by the capture thread; nil between bursts.
+        var encoder: OpusConfiguration?
+    }
+
+    let state = NIOLockedValueBox(State())
+    let thread = MediaThread(name: "squelch-capture")
+    let configuration: AudioConfiguration
+    let onEvent: @Sendable (TransmitterEvent) -> Void
+
+    enum TransmitterEvent: Sendable {
+        /// The source ran out (a WAV file ended) while feeding this burst.
+        case inputEnded(burst: UInt16)
+        case inputFailed(String)
+    }
+
+    init(configuration: AudioConfiguration, onEvent: @escaping @Sendable (TransmitterEvent) -> Void) {
+        self.configuration = configuration
+        self.onEvent = onEvent
+    }
+
+    var framesSent: Int { state.withLockedValue { $0.framesSent } }
+    /// The settings of the encoder sending now (nil while not transmitting).
+    var encoderConfiguration: OpusConfiguration? { state.withLockedValue { $0.encoder } }
+    /// Takes effect at the next frame, also in the middle of a burst.
+    func setListenerLoss(_ percent: Int) { state.withLockedValue { $0.listenerLoss = percent } }
+    var level: Double { state.withLockedValue { $0.level } }
+    var peak: Double { state.withLockedValue { $0.peak } }
+
+    /// Starts sending `burst` through `client`, from sequence 0.
+    func start(burst: UInt16, client: WireClientChannel) {
+        guard let makeInput = configuration.makeInput else { return }
+        let opus = configuration.opus
+        thread.start { [self] in self.run(burst: burst, client: client, makeInput: makeInput, opus: opus) }
+    }
+
+    /// Stops capturing and returns once the end-of-burst marker is out (so that a floor release sent
+    /// after it follows it on the wire).
+    func stop() async { await thread.stop() }
+
+    private func run(burst: UInt16, client: WireClientChannel, makeInput: @Sendable () throws -> any AudioSource, opus: OpusConfiguration) {
+        var sequence: UInt16 = 0
+        defer {
+            // The end marker goes three times: a single lost packet must not leave listeners waiting
+            // a whole second for the end-of-burst timeout.
+            let end = AudioHeader(flags: .endOfBurst, burst: burst, sequence: sequence).datagram(payload: [])
+            client.eventLoop.execute {
+                for _ in 0..<3 { end.withUnsafeBytes { _ = client.sendDatagram($0) } }
+            }
+            state.withLockedValue { $0.level = 0; $0.peak = 0; $0.encoder = nil }
+        }
+        let source: any AudioSource
+        let encoder: OpusEncoder
+        var listenerLoss = state.withLockedValue { $0.listenerLoss }
+        do {
+            source = try makeInput()
+            encoder = try OpusEncoder(configuration: opus.adapted(toListenerLoss: listenerLoss))
+            state.withLockedValue { $0.encoder = encoder.configuration }
+        } catch {
+            onEvent(.inputFailed("could not open the audio input: \(error); check --input, or use --input-file"))
+            return
+        }
+        defer { source.close() }
+        let period = PipelineAudio.periodFrames
+        var pcm = [Int16](repeating: 0, count: period * 2)
+        var packet = [UInt8](repeating: 0, count: AudioHeader.size + AudioHeader.maxPayload)
+        while !thread.stopRequested {
+            do {
+                let first = try pcm.withUnsafeMutableBufferPointer { try source.read(into: UnsafeMutableBufferPointer(rebasing: $0[0..<period])) }
+                let second = first == nil ? nil : try pcm.withUnsafeMutableBufferPointer { try source.read(into: UnsafeMutableBufferPointer(rebasing: $0[period...])) }
+                guard first != nil else { onEvent(.inputEnded(burst: burst)); return }
+                if second == nil { for i in period..<(2 * period) { pcm[i] = 0 } }
+                let count = try pcm.withUnsafeBufferPointer { samples in
+                    try packet.withUnsafeMutableBytes { bytes in
+                        try encoder.encode(samples, into: UnsafeMutableRawBufferPointer(rebasing: bytes[AudioHeader.size...]))
+                    }
+                }
+                packet.withUnsafeMutableBytes { AudioHeader(burst: burst, sequence: sequence).write(to: $0) }
+                let datagram = Array(packet[0 ..< AudioHeader.size + count])
+                client.eventLoop.execute { datagram.withUnsafeBytes { _ = client.sendDatagram($0) } }
+                sequence &+= 1
+                let (level, peak) = Self.levels(pcm)
+                let loss = state.withLockedValue { state in
+                    state.framesSent += 1
+                    state.level = level
+                    state.peak = peak
+                    return state.listenerLoss
+                }
+                if loss != listenerLoss {
+                    // Bitrate and FEC can change between any two frames; the decoder needs nothing. The
+                    // settings are valid by construction: should libopus still refuse, the old ones stay.
+                    listenerLoss = loss
+                    let adapted = opus.adapted(toListenerLoss: loss)
+                    if adapted != encoder.configuration, (try? encoder.reconfigure(adapted)) != nil {
+                        state.withLockedValue { $0.encoder = encoder.configuration }
+                    }
+                }
+                if second == nil { onEvent(.inputEnded(burst: burst)); return }
+            } catch {
+                onEvent(.inputFailed("the audio input failed: \(error)"))
+                return
+            }
+        }
+    }
+
+    /// RMS and peak of a frame, for the input meter.
+    static func levels(_ samples: [Int16]) -> (rms: Double, peak: Double) {
+        var sum = 0.0
+        var peak = 0.0
+        for s in samples {
+            let v = Double(s) / 32768
+            sum += v * v
+            peak = max(peak, abs(v))
+        }
+        return ((sum / Double(max(1, samples.count))).squareRoot(), peak)
+    }
+}
