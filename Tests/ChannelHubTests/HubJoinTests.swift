@@ -63,7 +63,7 @@ import Wire
         let sent = h.messages(to: last.link).filter {
             switch $0 { case .joined, .roster: return true; default: return false }
         }
-        var entries: [Participant] = []
+        var entries: [RosterMember] = []
         for message in sent {
             switch message {
             case .joined(_, _, let roster, _, _), .roster(let roster):

@@ -13,7 +13,7 @@ import Wire
         h.send(.floorRequest(), from: ann.link)
         h.hub.closed(ann.link, at: h.time)
         h.drain()
-        #expect(h.messages(to: bob.link).last == .participant(Participant(slot: ann.slot, userID: "ann", name: "Ann",
+        #expect(h.messages(to: bob.link).last == .participant(RosterMember(slot: ann.slot, userID: "ann", name: "Ann",
                                                                            connection: .reconnecting, talking: true)))
         h.advance(1_999 * ms)
         #expect(!h.floorEvents(to: bob.link).contains { $0.kind == .ended })
@@ -45,7 +45,7 @@ import Wire
         h.hub.closed(ann.link, deliberately: true, at: h.time)
         h.drain()
         #expect(h.floorEvents(to: cat.link).last?.kind == .granted)
-        #expect(h.messages(to: cat.link).contains(.participant(Participant(slot: ann.slot, userID: "ann", name: "Ann", connection: .offline))))
+        #expect(h.messages(to: cat.link).contains(.participant(RosterMember(slot: ann.slot, userID: "ann", name: "Ann", connection: .offline))))
         #expect(!h.messages(to: cat.link).contains { if case .participant(let p) = $0 { p.connection == .reconnecting } else { false } })
         #expect(h.stored.contains { if case .logTransmission(let t) = $0 { t.userID == "ann" && t.endReason == "closed" && t.durationMilliseconds == 3_000 } else { false } },
                 "\(h.stored)")

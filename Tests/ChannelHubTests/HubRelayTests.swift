@@ -16,7 +16,7 @@ import Wire
         #expect(info.name == "Ops" && info.id == h.channel.id && you == ann.slot)
         #expect(roster.map(\.userID) == ["ann"] && talkers.isEmpty)
         let bob = h.join("bob", capabilities: [.listen])
-        #expect(h.messages(to: ann.link).contains(.participant(Participant(
+        #expect(h.messages(to: ann.link).contains(.participant(RosterMember(
             slot: bob.slot, userID: "bob", name: "Bob", canTalk: false, canListen: true))))
         guard case .joined(_, _, let roster2, _, _)? = h.lastMessage(to: bob.link) else { Issue.record("no joined"); return }
         #expect(roster2.map(\.userID) == ["bob", "ann"], "the joiner's own entry first, then the rest in slot order")

@@ -31,10 +31,10 @@ import Testing
     @Test func serverMessagesRoundTrip() throws {
         let info = ChannelInfo(id: UUID(), name: "Ops", image: "https://example.com/ops.png", mode: .fullDuplex, maxBurstSeconds: 30)
         let messages: [ServerMessage] = [
-            .joined(channel: info, you: 3, roster: [Participant(slot: 3, userID: "u", name: "U", role: "medic", priority: 9)],
+            .joined(channel: info, you: 3, roster: [RosterMember(slot: 3, userID: "u", name: "U", role: "medic", priority: 9)],
                     talkers: [Talker(slot: 1, burst: 7)]),
-            .refused(code: .tokenExpired, reason: "expired"), .participant(Participant(slot: 1, userID: "a", name: "A")),
-            .participantLeft(slot: 2, userID: "b"), .roster([Participant(slot: 4, userID: "d", name: "D", connection: .offline)]), .floor(FloorEvent(kind: .queued, slot: 2, position: 1)),
+            .refused(code: .tokenExpired, reason: "expired"), .participant(RosterMember(slot: 1, userID: "a", name: "A")),
+            .participantLeft(slot: 2, userID: "b"), .roster([RosterMember(slot: 4, userID: "d", name: "D", connection: .offline)]), .floor(FloorEvent(kind: .queued, slot: 2, position: 1)),
             .floor(FloorEvent(kind: .granted, slot: 2, burst: 9, maxBurstSeconds: 60, request: 4_000_000_000)),
             .descriptor(info), .serviceStatus(.unavailable, reason: "shutting down"), .serviceStatus(.ready, reason: nil),
             .pushTokenRegistered, .subscriptions(unheard: ["ann"]), .error(code: .notJoined, reason: "join first"),
@@ -134,8 +134,8 @@ import Testing
     }
 
     /// `roster` cut as the hub sends it: `joined`'s chunk, then `roster` messages' chunks.
-    func rosterChunks(_ roster: [Participant], firstChunkBytes: Int = ControlLimits.rosterChunkBytes) -> [ArraySlice<Participant>] {
-        var chunks: [ArraySlice<Participant>] = []
+    func rosterChunks(_ roster: [RosterMember], firstChunkBytes: Int = ControlLimits.rosterChunkBytes) -> [ArraySlice<RosterMember>] {
+        var chunks: [ArraySlice<RosterMember>] = []
         var chunker = RosterChunker(firstChunkBytes: firstChunkBytes)
         var start = roster.startIndex
         for index in roster.indices where !chunker.take(roster[index]) {
@@ -159,7 +159,7 @@ import Testing
             return out
         }
         let roster = (1...400).map { index in
-            Participant(slot: UInt16(index), userID: clipped("\(index)" + nasty, ControlLimits.maxUserIDBytes),
+            RosterMember(slot: UInt16(index), userID: clipped("\(index)" + nasty, ControlLimits.maxUserIDBytes),
                         name: clipped(nasty, 64), role: clipped(nasty, 64), priority: 255, canTalk: false, canListen: false,
                         connection: .reconnecting)
         }
@@ -183,7 +183,7 @@ import Testing
             #expect(try codec.decodeServerMessage(bytes) == message)
         }
         // Ordinary entries still go 128 to a message.
-        let plain = (1...300).map { Participant(slot: UInt16($0), userID: "member-\($0)", name: "Member \($0)") }
+        let plain = (1...300).map { RosterMember(slot: UInt16($0), userID: "member-\($0)", name: "Member \($0)") }
         #expect(rosterChunks(plain).map(\.count) == [128, 128, 44])
         #expect(rosterChunks([]).map(\.count) == [0])
         // No room in joined at all: its roster is empty and everyone follows in roster messages.
