@@ -16,13 +16,10 @@ extension ServerConfiguration {
         let candidates = known.sorted()
         var unknown: [(name: String, meant: String?)] = []
         for name in environment.keys.sorted() where name.hasPrefix("SQUELCH_") && !known.contains(name) {
-            var best: (name: String, distance: Int)?
-            for candidate in candidates {
-                // A word spelled out (`…_DATA_DIRECTORY` for `…_DATA_DIR`) counts as one typo.
-                let distance = name.hasPrefix(candidate) || candidate.hasPrefix(name) ? 1 : SquelchInfo.editDistance(name, candidate)
-                if distance < (best?.distance ?? Int.max) { best = (candidate, distance) }
-            }
-            unknown.append((name, best.flatMap { $0.distance <= 3 ? $0.name : nil }))
+            // A word spelled out (`…_DATA_DIRECTORY` for `…_DATA_DIR`) counts as one typo.
+            unknown.append((name, SquelchInfo.nearest(to: name, among: candidates, within: 3) { name, candidate in
+                name.hasPrefix(candidate) || candidate.hasPrefix(name) ? 1 : SquelchInfo.editDistance(name, candidate)
+            }))
         }
         return unknown
     }
@@ -238,10 +235,9 @@ extension ServerConfiguration {
         public var description: String {
             switch self {
             case .unknown(let argument):
-                let flags = ServerConfiguration.settings.compactMap(\.flag)
                 let name = String(argument.prefix { $0 != "=" })
-                let near = flags.min { SquelchInfo.editDistance(name, $0) < SquelchInfo.editDistance(name, $1) }
-                    .flatMap { SquelchInfo.editDistance(name, $0) <= 3 ? " (did you mean \($0)?)" : nil } ?? ""
+                let near = SquelchInfo.nearest(to: name, among: ServerConfiguration.settings.compactMap(\.flag), within: 3)
+                    .map { " (did you mean \($0)?)" } ?? ""
                 return argument.hasPrefix("--")
                     ? "unknown option '\(name)'\(near); 'squelchd serve --help' lists the settings"
                     : "unexpected argument '\(argument)'; settings are given as --flag value ('squelchd serve --help' lists them)"

@@ -24,4 +24,16 @@ public enum SquelchInfo {
         }
         return a.isEmpty ? b.count : previous[b.count]
     }
+
+    /// The candidate `word` most likely meant (the first of the nearest), if it is within `limit`
+    /// by `distance`: what a "did you mean" names.
+    public static func nearest(to word: String, among candidates: [String], within limit: Int,
+                               distance: (String, String) -> Int = editDistance) -> String? {
+        var best: (candidate: String, distance: Int)?
+        for candidate in candidates {
+            let d = distance(word, candidate)
+            if d < (best?.distance ?? Int.max) { best = (candidate, d) }
+        }
+        return best.flatMap { $0.distance <= limit ? $0.candidate : nil }
+    }
 }

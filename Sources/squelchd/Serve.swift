@@ -55,6 +55,7 @@ struct Serve: AsyncParsableCommand {
     @Argument(parsing: .allUnrecognized, help: ArgumentHelp("Settings, each as --flag value (listed under SETTINGS).", valueName: "setting"))
     var settings: [String] = []
 
+    /// The settings' flags as a layer; one that doesn't parse is a command-line mistake (exit 64).
     var overrides: ConfigurationOverrides {
         get throws {
             do { return try ServerConfiguration.flagOverrides(settings) } catch { throw ValidationError(error.description) }
@@ -64,10 +65,11 @@ struct Serve: AsyncParsableCommand {
     func validate() throws { _ = try overrides }
 
     func run() async throws {
+        let overrides = try self.overrides
         let configuration: ServerConfiguration
         do {
             configuration = try ServerConfiguration.load(file: config, environment: ProcessInfo.processInfo.environment,
-                                                         overrides: try ServerConfiguration.flagOverrides(settings))
+                                                         overrides: overrides)
         } catch {
             throw Self.configurationFailure(error)
         }

@@ -42,8 +42,7 @@ struct Walkie: AsyncParsableCommand {
             let arguments = CommandLine.arguments.dropFirst()
             if exitCode(for: error) == .validationFailure, let word = arguments.first, !word.hasPrefix("-") {
                 let commands = configuration.subcommands.map { $0._commandName }
-                if !commands.contains(word), let meant = commands.min(by: { SquelchInfo.editDistance(word, $0) < SquelchInfo.editDistance(word, $1) }),
-                   SquelchInfo.editDistance(word, meant) <= 2 {
+                if !commands.contains(word), let meant = SquelchInfo.nearest(to: word, among: commands, within: 2) {
                     FileHandle.standardError.write(Data("walkie: '\(word)' is not a command; did you mean '\(meant)'? ('walkie --help' lists them)\n".utf8))
                     Foundation.exit(2)
                 }
