@@ -28,6 +28,7 @@ let package = Package(
         .package(url: "https://github.com/swift-server/swift-prometheus.git", from: "2.4.1"),
         .package(url: "https://github.com/apple/swift-nio-http2.git", from: "1.46.0"),
         .package(url: "https://github.com/apple/swift-nio-ssl.git", from: "2.37.6"),
+        .package(url: "https://github.com/vapor/postgres-nio.git", from: "1.33.2"),
     ],
     targets: [
         // C libraries from Debian, and the small C shims Swift needs for their variadic calls.
@@ -79,6 +80,15 @@ let package = Package(
             "ChannelStore", "ChannelProtocol",
             .product(name: "GRDB", package: "GRDB.swift"),
         ], swiftSettings: swift6),
+        // The cluster's shared store (docs/architecture.md says why postgres-nio).
+        .target(name: "ChannelStorePostgres", dependencies: [
+            "ChannelStore", "ChannelProtocol",
+            .product(name: "PostgresNIO", package: "postgres-nio"),
+            .product(name: "NIOSSL", package: "swift-nio-ssl"),
+            .product(name: "Logging", package: "swift-log"),
+        ], swiftSettings: swift6),
+        // A private PostgreSQL server for tests and benchmarks (initdb in a temporary directory).
+        .target(name: "PostgresTesting", dependencies: ["ChannelStorePostgres", "SquelchTesting"], swiftSettings: swift6),
         .target(name: "ChannelProtocol", swiftSettings: swift6),
         .target(name: "SquelchTesting", dependencies: [
             "Wire", "WireNIO", "ChannelProtocol",
@@ -134,7 +144,7 @@ let package = Package(
             .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
         ], swiftSettings: swift6),
         .target(name: "PTTServer", dependencies: [
-            "Wire", "WireNIO", "APNs", "SquelchInfo", "FloorControl", "ParticipantTokens", "ParticipantClaims", "ChannelStore", "ChannelStoreSQLite", "ChannelProtocol",
+            "Wire", "WireNIO", "APNs", "SquelchInfo", "FloorControl", "ParticipantTokens", "ParticipantClaims", "ChannelStore", "ChannelStoreSQLite", "ChannelStorePostgres", "ChannelProtocol",
             "ChannelHub", "KeyFiles",
             .product(name: "Logging", package: "swift-log"),
             .product(name: "Metrics", package: "swift-metrics"),
@@ -210,8 +220,9 @@ let package = Package(
             .product(name: "Crypto", package: "swift-crypto"),
         ], swiftSettings: swift6),
         .testTarget(name: "ChannelStoreTests", dependencies: [
-            "ChannelStore", "ChannelStoreSQLite", "ChannelProtocol",
+            "ChannelStore", "ChannelStoreSQLite", "ChannelStorePostgres", "PostgresTesting", "SquelchTesting", "ChannelProtocol",
             .product(name: "GRDB", package: "GRDB.swift"),
+            .product(name: "PostgresNIO", package: "postgres-nio"),
         ], swiftSettings: swift6),
         .testTarget(name: "ChannelHubTests", dependencies: [
             "ChannelHub", "ChannelProtocol", "ChannelStore", "ParticipantClaims", "Wire",
@@ -236,7 +247,7 @@ let package = Package(
         ], swiftSettings: swift6),
         .testTarget(name: "PTTServerTests", dependencies: [
             "SeededRandom", "PTTServer", "ServerTesting", "APNsSimulator", "APNsSimulatorEmbedding", "ChannelStore", "ChannelStoreSQLite", "ChannelProtocol", "ParticipantTokens", "ParticipantClaims", "Wire", "WireNIO", "WireTesting",
-            "SquelchTesting", "KeyFiles", "APNs",
+            "SquelchTesting", "KeyFiles", "APNs", "ChannelStorePostgres", "PostgresTesting",
             .product(name: "Prometheus", package: "swift-prometheus"),
             .product(name: "GRDB", package: "GRDB.swift"),
             .product(name: "NIOCore", package: "swift-nio"),

@@ -7,10 +7,6 @@ import GRDB
 // format: UUIDs as uppercase strings and dates as unix milliseconds (`Date.unixMilliseconds`), so
 // what the sqlite3 shell shows is readable.
 
-extension Date {
-    init(unixMilliseconds: Int64) { self.init(timeIntervalSince1970: Double(unixMilliseconds) / 1000) }
-}
-
 func uuid(_ text: String, in table: String) throws(StoreError) -> UUID {
     guard let id = UUID(uuidString: text) else { throw .database("\(table) row has a malformed channel id '\(text)'") }
     return id

@@ -5,27 +5,8 @@ import Foundation
 import GRDB
 import Testing
 
-/// A date the store keeps exactly: it stores whole milliseconds.
-func ms(_ date: Date = Date()) -> Date {
-    Date(timeIntervalSince1970: (date.timeIntervalSince1970 * 1000).rounded() / 1000)
-}
-
-/// Runs `body` and returns the `StoreError` it threw, or nil; any other error fails the test.
-func storeError(_ body: () async throws -> Void) async -> StoreError? {
-    do { try await body(); return nil } catch let error as StoreError { return error } catch {
-        Issue.record("expected a StoreError, got \(error)")
-        return nil
-    }
-}
-
-func message(_ error: StoreError?) -> String {
-    switch error {
-    case .invalid(let text)?, .database(let text)?: return text
-    default: return ""
-    }
-}
-
-/// Each test gets its own empty directory and its own SQLite file.
+/// What only the SQLite store has: a file in the data directory, its permissions and durability,
+/// processes opening it at once, and the upgrades of schemas written by earlier squelchd versions.
 @Suite final class SQLiteChannelStoreTests: Sendable {
     let directory: String
     var path: String { directory + "/" + SQLiteChannelStore.defaultFileName }
@@ -39,109 +20,133 @@ func message(_ error: StoreError?) -> String {
 
     func open() throws -> SQLiteChannelStore { try SQLiteChannelStore(directory: directory) }
 
-    func makeChannel(_ name: String = "Ops", mode: TransmissionMode = .halfDuplex) -> ChannelRecord {
-        let now = ms()
-        return ChannelRecord(name: name, image: "https://example.com/ops.png", mode: mode, maxBurstSeconds: 45,
-                             createdAt: now, updatedAt: now)
-    }
+    func makeChannel(_ name: String = "Ops") -> ChannelRecord { StoreContractTests().makeChannel(name) }
 
-    // MARK: Channels
-
-    @Test func channelCreateReadUpdateDelete() async throws {
-        let store = try open()
+    @Test func aVersion1DatabaseIsUpgradedWithItsData() async throws {
+        // A data directory written by a squelchd that only knew v1.
         let channel = makeChannel()
-        try await store.createChannel(channel)
-        #expect(try await store.channel(channel.id) == channel)
-        #expect(try await store.channels() == [channel])
-
-        var edited = channel
-        edited.name = "Ops 2"
-        edited.image = nil
-        edited.mode = .fullDuplex
-        edited.maxBurstSeconds = 600
-        edited.createdAt = ms(Date(timeIntervalSince1970: 0))  // an edit cannot move the creation time
-        try await Task.sleep(for: .milliseconds(5))
-        let updated = try await store.updateChannel(edited)
-        #expect(updated.name == "Ops 2" && updated.image == nil && updated.mode == .fullDuplex && updated.maxBurstSeconds == 600)
-        #expect(updated.createdAt == channel.createdAt)
-        #expect(updated.updatedAt > channel.updatedAt)
-        #expect(try await store.channel(channel.id) == updated)
-
-        try await store.deleteChannel(channel.id)
-        #expect(try await store.channel(channel.id) == nil)
-        #expect(try await store.channels().isEmpty)
-        #expect(await storeError { try await store.deleteChannel(channel.id) } == .channelNotFound(channel.id))
-        #expect(await storeError { _ = try await store.updateChannel(channel) } == .channelNotFound(channel.id))
-    }
-
-    @Test func channelsAreListedByName() async throws {
-        let store = try open()
-        for name in ["bravo", "Alpha", "charlie"] { try await store.createChannel(makeChannel(name)) }
-        #expect(try await store.channels().map(\.name) == ["Alpha", "bravo", "charlie"])
-    }
-
-    @Test(arguments: [
-        (ChannelRecord(name: "  "), "channel name"),
-        (ChannelRecord(name: "Ops", maxBurstSeconds: 0), "maximum burst"),
-        (ChannelRecord(name: "Ops", image: "ftp://example.com/a.png"), "http(s) URL"),
-        (ChannelRecord(name: "Ops", image: "data:image/png;base64," + String(repeating: "A", count: ChannelRecord.maxImageBytes)),
-         "at most"),
-        (ChannelRecord(name: "Ops\u{1B}[2J"), "control characters"),
-        (ChannelRecord(name: "Ops\nNight"), "control characters"),
-        (ChannelRecord(name: "Ops \u{202E}thgin"), "bidirectional"),
-        // One character as people count them, 64 KB of combining marks: with an inline image it
-        // no longer fit a control message, and nobody could join the channel.
-        (ChannelRecord(name: "Z" + String(repeating: "\u{301}", count: 32_000)), "bytes of UTF-8"),
-        (ChannelRecord(name: "Ops", image: "data:image/png;base64,not base64!"), "not base64"),
-        (ChannelRecord(name: "Ops", image: "data:image/png;base64," + Data("GIF89a, not a PNG at all.".utf8).base64EncodedString()), "not a PNG"),
-        (ChannelRecord(name: "Ops", image: "data:image/png;base64," + png(width: 4_000, height: 16).base64EncodedString()), "4000×16 pixels"),
-        (ChannelRecord(name: "Ops", image: "https://"), "not a valid URL"),
-        (ChannelRecord(name: "Ops", image: "https://example.com/a b.png"), "not a valid URL"),
-    ])
-    func invalidChannelsAreRefused(channel: ChannelRecord, expected: String) async throws {
-        let store = try open()
-        let created = await storeError { try await store.createChannel(channel) }
-        #expect(message(created).contains(expected), "\(String(describing: created))")
-        #expect(try await store.channels().isEmpty)
-
-        var valid = channel
-        valid.name = "Ops"
-        valid.image = nil
-        valid.maxBurstSeconds = 60
-        try await store.createChannel(valid)
-        let updated = await storeError { _ = try await store.updateChannel(channel) }
-        #expect(message(updated).contains(expected), "\(String(describing: updated))")
-        #expect(try await store.channel(channel.id)?.name == "Ops")
-    }
-
-    @Test func aRealIconAndURLsAreAccepted() async throws {
-        let store = try open()
-        let icon = "data:image/png;base64," + png(width: 64, height: 64).base64EncodedString()
-        for image in [icon, "https://example.com/icons/ops.png", "http://intranet.local:8080/ops.png?v=2"] {
-            let channel = ChannelRecord(name: "Ops — Night shift ☎", image: image)
-            try await store.createChannel(channel)
-            #expect(try await store.channel(channel.id)?.image == image)
+        do {
+            let pool = try DatabasePool(path: path)
+            try SQLiteChannelStore.migrator.migrate(pool, upTo: "v1")
+            try await pool.write { db in
+                try db.execute(sql: "INSERT INTO channel (id, name, mode, max_burst_seconds, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?)",
+                               arguments: [channel.id.uuidString, "Ops", "halfDuplex", 45, 0, 0])
+            }
+            try pool.close()
         }
-    }
-
-    @Test func aDuplicateIDIsRefused() async throws {
         let store = try open()
-        let channel = makeChannel()
-        try await store.createChannel(channel)
-        var twin = makeChannel("Twin")
-        twin.id = channel.id
-        let error = await storeError { try await store.createChannel(twin) }
-        #expect(error == .invalid("a channel with id \(channel.id) exists"))
         #expect(try await store.channel(channel.id)?.name == "Ops")
+        _ = try await store.revoke(.member(channel: channel.id, user: "ann", at: ms(), reason: "removed"))
+        #expect(try await store.revocations(after: 0, channel: nil).count == 1)
     }
-}
 
-/// The first bytes of a PNG of this size: the signature and the IHDR chunk (8-bit RGBA), then an
-/// IEND chunk. Enough for the store's check, which reads only the header.
-func png(width: UInt32, height: UInt32) -> Data {
-    func word(_ value: UInt32) -> [UInt8] { [24, 16, 8, 0].map { UInt8(truncatingIfNeeded: value >> $0) } }
-    var bytes: [UInt8] = [0x89, 0x50, 0x4E, 0x47, 0x0D, 0x0A, 0x1A, 0x0A]
-    bytes += word(13) + Array("IHDR".utf8) + word(width) + word(height) + [8, 6, 0, 0, 0] + word(0)
-    bytes += word(0) + Array("IEND".utf8) + [0xAE, 0x42, 0x60, 0x82]
-    return Data(bytes)
+    /// Revocations an older squelchd stored as typed (lower case, a trailing newline) void their
+    /// token after the upgrade; two rows that turn out to be one token leave the first.
+    @Test func revocationsStoredAsTypedStillVoidTheirTokenAfterTheUpgrade() async throws {
+        let channel = makeChannel()
+        let token = UUID()
+        let other = UUID()
+        do {
+            let pool = try DatabasePool(path: path)
+            try SQLiteChannelStore.migrator.migrate(pool, upTo: "v6-transmissions-in-progress")
+            try await pool.write { db in
+                try db.execute(sql: "INSERT INTO channel (id, name, mode, max_burst_seconds, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?)",
+                               arguments: [channel.id.uuidString, "Ops", "halfDuplex", 45, 0, 0])
+                for (id, reason) in [(token.uuidString.lowercased() + "\n", "phone lost"),
+                                     (" " + other.uuidString.lowercased(), "left the crew"), ("not-a-uuid", "typo")] {
+                    try db.execute(sql: "INSERT INTO revocation (channel_id, token_id, revoked_at, reason) VALUES (?, ?, ?, ?)",
+                                   arguments: [channel.id.uuidString, id, 1_000, reason])
+                }
+                // The same token revoked again, whole, by a build that stored it canonically.
+                try db.execute(sql: "INSERT INTO revocation (channel_id, user_id, token_id, revoked_at, expires_at, reason) VALUES (?, ?, ?, ?, ?, ?)",
+                               arguments: [channel.id.uuidString, "ann", token.uuidString, 2_000, 4_000_000_000_000, "again"])
+            }
+            try pool.close()
+        }
+        let store = try open()
+        let issued = Date(timeIntervalSince1970: 0)
+        let hit = try await store.revocation(channel: channel.id, user: "ann", tokenID: token.uuidString, issuedAt: issued)
+        #expect(hit?.reason == "phone lost")
+        // The first revocation stands and learned the later one's user and expiry, so it is pruned in time.
+        #expect(hit?.userID == "ann" && hit?.expiresAt == Date(timeIntervalSince1970: 4_000_000_000))
+        #expect(try await store.revocation(channel: channel.id, user: "bob", tokenID: other.uuidString, issuedAt: issued)?.reason == "left the crew")
+        let all = try await store.revocations(after: 0, channel: channel.id)
+        #expect(all.map(\.tokenID) == [token.uuidString, other.uuidString, "not-a-uuid"])
+    }
+
+    @Test func schemaVersionIsRecorded() async throws {
+        try await open().close()
+        let applied = try await DatabaseQueue(path: path).read { db in
+            try String.fetchAll(db, sql: "SELECT identifier FROM grdb_migrations ORDER BY identifier")
+        }
+        #expect(applied == ["v1", "v2-revocations", "v3-member-grants", "v4-transmission-by-time", "v5-member-subscriptions",
+                            "v6-transmissions-in-progress", "v7-canonical-token-ids", "v8-audit"])
+    }
+
+    @Test func filesArePrivateAndCommitsAreFullySynced() async throws {
+        let store = try open()
+        try await store.createChannel(makeChannel())
+        for file in [path, path + "-wal", path + "-shm"] {
+            let mode = try #require(try FileManager.default.attributesOfItem(atPath: file)[.posixPermissions] as? Int)
+            #expect(mode & 0o077 == 0, "\(file) has mode \(String(mode, radix: 8))")
+        }
+        let synchronous = try await store.pool.write { db in try Int.fetchOne(db, sql: "PRAGMA synchronous") }
+        #expect(synchronous == 2)  // FULL
+        let journal = try await store.pool.read { db in try String.fetchOne(db, sql: "PRAGMA journal_mode") }
+        #expect(journal == "wal")
+    }
+
+    @Test func processesOpeningANewFileAtOnceAgree() async throws {
+        let directory = self.directory
+        let results = await withTaskGroup(of: StoreError?.self) { group in
+            // Eight at once: with two migrations, each its own transaction, an opener can find another
+            // half-way through (CI caught that with four).
+            for _ in 0..<8 {
+                group.addTask {
+                    do throws(StoreError) { _ = try SQLiteChannelStore(directory: directory); return nil } catch { return error }
+                }
+            }
+            return await group.reduce(into: [StoreError?]()) { $0.append($1) }
+        }
+        #expect(results.compactMap { $0 }.isEmpty, "\(results)")
+        #expect(try await open().revision() == 0)
+    }
+
+    @Test func aCorruptFileIsRefusedClearly() throws {
+        var bytes = [UInt8](repeating: 0, count: 8192)
+        for i in bytes.indices { bytes[i] = .random(in: 0...255) }
+        #expect(FileManager.default.createFile(atPath: path, contents: Data(bytes)))
+        var thrown: StoreError?
+        do { _ = try open() } catch let error as StoreError { thrown = error }
+        guard case .database(let text)? = thrown else { Issue.record("expected a database error, got \(String(describing: thrown))"); return }
+        #expect(text.contains(path) && text.contains("not a database"), "\(text)")
+        #expect(text.contains("restore a backup"), "\(text)")
+    }
+
+    @Test func aNewerSchemaIsRefused() async throws {
+        try await open().close()
+        try await DatabaseQueue(path: path).write { db in try db.execute(sql: "INSERT INTO grdb_migrations (identifier) VALUES ('v9-future')") }
+        var thrown: StoreError?
+        do { _ = try open() } catch let error as StoreError { thrown = error }
+        guard case .database(let text)? = thrown else { Issue.record("expected a database error, got \(String(describing: thrown))"); return }
+        #expect(text.contains("newer squelchd") && text.contains("v9-future"), "\(text)")
+    }
+
+    @Test func aVersion2MemberRowReadsWithoutAGrant() async throws {
+        let channel = makeChannel()
+        do {
+            let pool = try DatabasePool(path: path)
+            try SQLiteChannelStore.migrator.migrate(pool, upTo: "v2-revocations")
+            try await pool.write { db in
+                try db.execute(sql: "INSERT INTO channel (id, name, mode, max_burst_seconds, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?)",
+                               arguments: [channel.id.uuidString, "Ops", "halfDuplex", 45, 0, 0])
+                try db.execute(sql: "INSERT INTO member (channel_id, user_id, display_name, joined_at, last_seen, push_token) VALUES (?, 'ann', 'Ann', 0, 0, 'abcd')",
+                               arguments: [channel.id.uuidString])
+            }
+            try pool.close()
+        }
+        let store = try open()
+        let ann = try #require(try await store.member(channel: channel.id, user: "ann"))
+        #expect(ann.grant == nil && ann.pushToken == "abcd")
+    }
 }

@@ -1,13 +1,12 @@
 import ChannelProtocol
 @testable import ChannelStore
-@testable import ChannelStoreSQLite
 import Foundation
-import GRDB
 import Testing
 
-extension SQLiteChannelStoreTests {
-    @Test func membersUpsertKeepPushTokensAndRemove() async throws {
-        let store = try open()
+extension StoreContractTests {
+    @Test(arguments: StoreBackend.allCases) func membersUpsertKeepPushTokensAndRemove(_ backend: StoreBackend) async throws {
+        let fixture = try await StoreFixture(backend)
+        let store = try await fixture.open()
         let channel = makeChannel()
         try await store.createChannel(channel)
         let joined = ms()
@@ -45,8 +44,9 @@ extension SQLiteChannelStoreTests {
         #expect(await storeError { try await store.upsertMember(stranger) } == .channelNotFound(stranger.channelID))
     }
 
-    @Test func aMembersGrantIsStoredAndKeptByAWriteWithoutOne() async throws {
-        let store = try open()
+    @Test(arguments: StoreBackend.allCases) func aMembersGrantIsStoredAndKeptByAWriteWithoutOne(_ backend: StoreBackend) async throws {
+        let fixture = try await StoreFixture(backend)
+        let store = try await fixture.open()
         let channel = makeChannel()
         try await store.createChannel(channel)
         let joined = ms()
@@ -64,12 +64,13 @@ extension SQLiteChannelStoreTests {
         try await store.upsertMember(ann)
         #expect(try await store.member(channel: channel.id, user: "u1") == ann)
         // A row edited by hand into an impossible priority reads as having no grant, not as an error.
-        try await DatabaseQueue(path: path).write { db in try db.execute(sql: "UPDATE member SET priority = 999") }
+        try await fixture.execute("UPDATE member SET priority = 999")
         #expect(try await store.member(channel: channel.id, user: "u1")?.grant == nil)
     }
 
-    @Test func aMembersSubscriptionsAreStoredAndADamagedListReadsAsNone() async throws {
-        let store = try open()
+    @Test(arguments: StoreBackend.allCases) func aMembersSubscriptionsAreStoredAndADamagedListReadsAsNone(_ backend: StoreBackend) async throws {
+        let fixture = try await StoreFixture(backend)
+        let store = try await fixture.open()
         let channel = makeChannel()
         try await store.createChannel(channel)
         let joined = ms()
@@ -86,31 +87,17 @@ extension SQLiteChannelStoreTests {
         #expect(await storeError { try await store.setSubscriptions(channel: channel.id, user: "nobody", unheard: ["u1"]) }
                 == .memberNotFound(channel: channel.id, user: "nobody"))
         // A value edited by hand into something else loses the list, not the member or its channel.
-        try await DatabaseQueue(path: path).write { db in try db.execute(sql: "UPDATE member SET unheard = '{not a list'") }
-        let members = try await store.members(of: channel.id)
-        #expect(members.map(\.userID) == ["u1"] && members[0].unheard == [])
-    }
-
-    @Test func aVersion2MemberRowReadsWithoutAGrant() async throws {
-        let channel = makeChannel()
-        do {
-            let pool = try DatabasePool(path: path)
-            try SQLiteChannelStore.migrator.migrate(pool, upTo: "v2-revocations")
-            try await pool.write { db in
-                try db.execute(sql: "INSERT INTO channel (id, name, mode, max_burst_seconds, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?)",
-                               arguments: [channel.id.uuidString, "Ops", "halfDuplex", 45, 0, 0])
-                try db.execute(sql: "INSERT INTO member (channel_id, user_id, display_name, joined_at, last_seen, push_token) VALUES (?, 'ann', 'Ann', 0, 0, 'abcd')",
-                               arguments: [channel.id.uuidString])
-            }
-            try pool.close()
+        // (PostgreSQL's column is a typed array: it cannot hold anything but a list.)
+        if backend == .sqlite {
+            try await fixture.execute("UPDATE member SET unheard = '{not a list'")
+            let members = try await store.members(of: channel.id)
+            #expect(members.map(\.userID) == ["u1"] && members[0].unheard == [])
         }
-        let store = try open()
-        let ann = try #require(try await store.member(channel: channel.id, user: "ann"))
-        #expect(ann.grant == nil && ann.pushToken == "abcd")
     }
 
-    @Test func deletingAChannelDeletesItsMembers() async throws {
-        let store = try open()
+    @Test(arguments: StoreBackend.allCases) func deletingAChannelDeletesItsMembers(_ backend: StoreBackend) async throws {
+        let fixture = try await StoreFixture(backend)
+        let store = try await fixture.open()
         let channel = makeChannel(), other = makeChannel("Other")
         try await store.createChannel(channel)
         try await store.createChannel(other)
@@ -119,14 +106,12 @@ extension SQLiteChannelStoreTests {
         try await store.deleteChannel(channel.id)
         #expect(try await store.members(of: channel.id).isEmpty)
         #expect(try await store.members(of: other.id).count == 1)
-        let rows = try await store.pool.read { db in
-            try Int.fetchOne(db, sql: "SELECT count(*) FROM member WHERE channel_id = ?", arguments: [channel.id.uuidString])
-        }
-        #expect(rows == 0)
+        #expect(try await fixture.count("SELECT count(*) FROM member") == 1, "no rows left behind the deleted channel")
     }
 
-    @Test func pushTokensAndLastSeen() async throws {
-        let store = try open()
+    @Test(arguments: StoreBackend.allCases) func pushTokensAndLastSeen(_ backend: StoreBackend) async throws {
+        let fixture = try await StoreFixture(backend)
+        let store = try await fixture.open()
         let channel = makeChannel()
         try await store.createChannel(channel)
         try await store.upsertMember(MemberRecord(channelID: channel.id, userID: "u1", displayName: "Ann"))

@@ -1,13 +1,12 @@
 import ChannelProtocol
 @testable import ChannelStore
-@testable import ChannelStoreSQLite
 import Foundation
-import GRDB
 import Testing
 
-extension SQLiteChannelStoreTests {
-    @Test func theFirstServerKeyWins() async throws {
-        let first = try open(), second = try open()
+extension StoreContractTests {
+    @Test(arguments: StoreBackend.allCases) func theFirstServerKeyWins(_ backend: StoreBackend) async throws {
+        let fixture = try await StoreFixture(backend)
+        let first = try await fixture.open(), second = try await fixture.open()
         #expect(try await first.serverKey(named: "reset") == nil)
         #expect(try await first.storeServerKeyIfAbsent(named: "reset", value: [1, 2, 3]) == [1, 2, 3])
         #expect(try await second.storeServerKeyIfAbsent(named: "reset", value: [9, 9]) == [1, 2, 3])
@@ -16,16 +15,18 @@ extension SQLiteChannelStoreTests {
         #expect(await storeError { _ = try await first.storeServerKeyIfAbsent(named: "empty", value: []) } != nil)
     }
 
-    @Test func aRecordedServerKeyIsReplacedAtEachStart() async throws {
-        let first = try open(), second = try open()
+    @Test(arguments: StoreBackend.allCases) func aRecordedServerKeyIsReplacedAtEachStart(_ backend: StoreBackend) async throws {
+        let fixture = try await StoreFixture(backend)
+        let first = try await fixture.open(), second = try await fixture.open()
         try await first.setServerKey(named: "token-public-key", value: [1])
         try await second.setServerKey(named: "token-public-key", value: [2, 3])
         #expect(try await first.serverKey(named: "token-public-key") == [2, 3])
         #expect(await storeError { try await first.setServerKey(named: "", value: [1]) } != nil)
     }
 
-    @Test func transmissionsNewestFirstAndKeptAfterDeletion() async throws {
-        let store = try open()
+    @Test(arguments: StoreBackend.allCases) func transmissionsNewestFirstAndKeptAfterDeletion(_ backend: StoreBackend) async throws {
+        let fixture = try await StoreFixture(backend)
+        let store = try await fixture.open()
         let channel = makeChannel(), other = makeChannel("Other")
         try await store.createChannel(channel)
         let start = ms()
@@ -47,8 +48,9 @@ extension SQLiteChannelStoreTests {
 
     /// A burst's progress (in progress, with its length so far) updates its start's row; one the
     /// server was killed during keeps that length when it is marked interrupted.
-    @Test func aBurstsProgressUpdatesItsRowAndOutlivesAKill() async throws {
-        let store = try open()
+    @Test(arguments: StoreBackend.allCases) func aBurstsProgressUpdatesItsRowAndOutlivesAKill(_ backend: StoreBackend) async throws {
+        let fixture = try await StoreFixture(backend)
+        let store = try await fixture.open()
         let channel = makeChannel()
         try await store.createChannel(channel)
         let start = ms()
@@ -70,8 +72,9 @@ extension SQLiteChannelStoreTests {
 
     /// A burst is logged as it starts (`inProgress`) and its end replaces that record; one a dead
     /// server never ended is `interrupted` at the next start; an end without a start is added.
-    @Test func aBurstLoggedAtItsStartIsReplacedByItsEndOrMarkedInterrupted() async throws {
-        let store = try open()
+    @Test(arguments: StoreBackend.allCases) func aBurstLoggedAtItsStartIsReplacedByItsEndOrMarkedInterrupted(_ backend: StoreBackend) async throws {
+        let fixture = try await StoreFixture(backend)
+        let store = try await fixture.open()
         let channel = makeChannel()
         try await store.createChannel(channel)
         let start = ms()
@@ -99,8 +102,9 @@ extension SQLiteChannelStoreTests {
 
     /// Retention: records that started before the cut-off go, oldest first and at most `limit` a
     /// call, from every channel (deleted ones included); the rest stay.
-    @Test func pruningDeletesOnlyOldTransmissionsInBatches() async throws {
-        let store = try open()
+    @Test(arguments: StoreBackend.allCases) func pruningDeletesOnlyOldTransmissionsInBatches(_ backend: StoreBackend) async throws {
+        let fixture = try await StoreFixture(backend)
+        let store = try await fixture.open()
         let channel = makeChannel(), gone = makeChannel("Gone")
         try await store.createChannel(channel)
         let now = ms()
@@ -122,8 +126,9 @@ extension SQLiteChannelStoreTests {
 
     /// The audit trail: newest first, by channel or all, limited, kept across a reopen and after
     /// its channel is deleted, and pruned by age in batches.
-    @Test func theAuditTrailIsKeptReadAndPruned() async throws {
-        var store = try open()
+    @Test(arguments: StoreBackend.allCases) func theAuditTrailIsKeptReadAndPruned(_ backend: StoreBackend) async throws {
+        let fixture = try await StoreFixture(backend)
+        var store = try await fixture.open()
         let channel = makeChannel(), other = makeChannel("Other")
         try await store.createChannel(channel)
         let now = ms()
@@ -135,7 +140,7 @@ extension SQLiteChannelStoreTests {
         try await store.recordAudit(AuditRecord(at: now, source: AuditRecord.Source.api, action: "channel deleted", channelID: other.id))
         try await store.deleteChannel(channel.id)
         try await store.close()
-        store = try open()
+        store = try await fixture.open()
         let all = try await store.auditRecords(channel: nil, limit: 10)
         #expect(all.map(\.action) == ["channel deleted", "token issued", "token issued", "token issued", "token issued"])
         #expect(all.map(\.sequence) == [5, 4, 3, 2, 1])
@@ -154,8 +159,9 @@ extension SQLiteChannelStoreTests {
 
     /// The hourly touch never moves a time back and creates no row; the alive record credits the
     /// downtime once, from the later of itself and the newest last-seen time, capped at now.
-    @Test func touchesAndTheAliveRecordCreditDowntimeOnce() async throws {
-        let store = try open()
+    @Test(arguments: StoreBackend.allCases) func touchesAndTheAliveRecordCreditDowntimeOnce(_ backend: StoreBackend) async throws {
+        let fixture = try await StoreFixture(backend)
+        let store = try await fixture.open()
         let channel = makeChannel()
         try await store.createChannel(channel)
         let t0 = ms().addingTimeInterval(-100 * 86_400)

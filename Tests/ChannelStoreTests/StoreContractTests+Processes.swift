@@ -1,13 +1,13 @@
 import ChannelProtocol
 @testable import ChannelStore
-@testable import ChannelStoreSQLite
 import Foundation
-import GRDB
+import ChannelStoreSQLite
 import Testing
 
-extension SQLiteChannelStoreTests {
-    @Test func revisionSeesEditsFromAnotherConnection() async throws {
-        let server = try open(), cli = try open()
+extension StoreContractTests {
+    @Test(arguments: StoreBackend.allCases) func revisionSeesEditsFromAnotherConnection(_ backend: StoreBackend) async throws {
+        let fixture = try await StoreFixture(backend)
+        let server = try await fixture.open(), cli = try await fixture.open()
         var seen = try await server.revision()
 
         func expectBumped(_ what: Comment) async throws {
@@ -32,29 +32,34 @@ extension SQLiteChannelStoreTests {
         #expect(try await server.channel(channel.id) == nil)
     }
 
-    @Test func dataIsBackAfterCloseAndReopen() async throws {
+    @Test(arguments: StoreBackend.allCases) func dataIsBackAfterCloseAndReopen(_ backend: StoreBackend) async throws {
+        let fixture = try await StoreFixture(backend)
         let channel = makeChannel()
         let member = MemberRecord(channelID: channel.id, userID: "u1", displayName: "Ann", joinedAt: ms(), lastSeen: ms(),
                                   pushToken: "beef", pushEnvironment: .sandbox, pushRegisteredAt: ms())
         do {
-            let store = try open()
+            let store = try await fixture.open()
             try await store.createChannel(channel)
             try await store.upsertMember(member)
             _ = try await store.storeServerKeyIfAbsent(named: "reset", value: [4, 2])
             try await store.close()
         }
-        // The TRUNCATE checkpoint leaves the main file complete on its own.
-        let wal = (try? FileManager.default.attributesOfItem(atPath: path + "-wal")[.size] as? Int) ?? 0
-        #expect(wal == 0)
+        if case .sqlite(let directory) = fixture.database {
+            // The TRUNCATE checkpoint leaves the main file complete on its own.
+            let path = directory + "/" + SQLiteChannelStore.defaultFileName
+            let wal = (try? FileManager.default.attributesOfItem(atPath: path + "-wal")[.size] as? Int) ?? 0
+            #expect(wal == 0)
+        }
 
-        let reopened = try open()
+        let reopened = try await fixture.open()
         #expect(try await reopened.channel(channel.id) == channel)
         #expect(try await reopened.member(channel: channel.id, user: "u1") == member)
         #expect(try await reopened.serverKey(named: "reset") == [4, 2])
     }
 
-    @Test func aClosedStoreReportsADatabaseError() async throws {
-        let store = try open()
+    @Test(arguments: StoreBackend.allCases) func aClosedStoreReportsADatabaseError(_ backend: StoreBackend) async throws {
+        let fixture = try await StoreFixture(backend)
+        let store = try await fixture.open()
         try await store.close()
         let error = await storeError { _ = try await store.channels() }
         guard case .database? = error else { Issue.record("expected a database error, got \(String(describing: error))"); return }
