@@ -1,4 +1,5 @@
 import ChannelProtocol
+import ChannelStorePostgres
 import Foundation
 import SquelchInfo
 import KeyFiles
@@ -20,6 +21,9 @@ import Darwin
 public struct ServerConfiguration: Sendable, Equatable {
     /// Where the database and generated keys live. Created (mode 0700) if missing.
     public var dataDirectory: String = "data"
+    /// The PostgreSQL database a cluster's nodes share (`postgres://…`). Nil: SQLite in the data
+    /// directory, the embedded default. Keys and certificates stay in the data directory either way.
+    public var database: String?
     /// UDP address the push-to-talk transport binds.
     public var host: String = "127.0.0.1"
     /// UDP port of the transport; 0 picks a free port (tests).
@@ -178,6 +182,11 @@ public struct ServerConfiguration: Sendable, Equatable {
             throw .invalidValue("\(problem); set it with \(Self.setting(key).howToSet)")
         }
         try check(!dataDirectory.isEmpty, "dataDirectory", "the data directory is empty")
+        if let database {
+            do { _ = try PostgresLocation(url: database) } catch {
+                throw .invalidValue("\(error.description); set it with \(Self.setting("database").howToSet)")
+            }
+        }
         try check(!host.isEmpty, "host", "the UDP host is empty; use an address such as 127.0.0.1 or 0.0.0.0")
         try check(Self.portRange.contains(port), "port", "UDP port \(port) is out of range; use 1-65535, or 0 for any free port")
         try check(!adminHost.isEmpty, "adminHost", "the admin host is empty; use an address such as 127.0.0.1")

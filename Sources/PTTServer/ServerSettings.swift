@@ -88,6 +88,8 @@ extension ServerConfiguration {
     public static let settings: [Setting] = [
         Setting(key: "dataDirectory", environment: "SQUELCH_DATA_DIR", flag: "--data-dir", valueName: "path", kind: .text(\.dataDirectory),
                 help: "Directory for the database and generated keys (created if missing)."),
+        Setting(key: "database", environment: "SQUELCH_DATABASE", flag: "--database", valueName: "url", kind: .optionalText(\.database), defaultText: "SQLite in <data-dir>/squelch.sqlite",
+                help: "PostgreSQL database shared by a cluster's nodes: postgres://user:password@host:5432/name?sslmode=require. Put a password in SQUELCH_DATABASE or the config file, not on the command line, where ps shows it. Keys and certificates stay in --data-dir."),
         Setting(key: "host", environment: "SQUELCH_HOST", flag: "--host", valueName: "address", kind: .host(\.host),
                 help: "UDP address the push-to-talk transport binds."),
         Setting(key: "port", environment: "SQUELCH_PORT", flag: "--port", valueName: "port", kind: .whole(\.port),

@@ -109,7 +109,8 @@ public struct SquelchServer: Sendable {
             // and wakes nobody, and /healthz reports pushes as fine.
             logger.warning("the voice transport listens on \(configuration.host), beyond this machine, but wake pushes go to the embedded APNs simulator, which wakes no real phone: members whose app sleeps will not hear a burst. For real devices set \(ServerConfiguration.setting("apns").howToSet) to apple (with the APNs key, key id, team id and topic), or to off")
         }
-        if !FileManager.default.fileExists(atPath: dataDirectory + "/" + SQLiteChannelStore.defaultFileName) {
+        let storeLocation = try configuration.storeLocation()
+        if case .sqlite = storeLocation, !FileManager.default.fileExists(atPath: dataDirectory + "/" + SQLiteChannelStore.defaultFileName) {
             // A server started from another working directory, or by a unit without one, would otherwise
             // come up empty in silence: no channels, and a new token key that calls every token forged.
             logger.warning("no database in \(dataDirectory): starting a new one, with no channels. If this server had channels, it kept them in another directory: stop it and pass that one with --data-dir (a relative path counts from the working directory)")
@@ -120,12 +121,15 @@ public struct SquelchServer: Sendable {
         // Before the database: a second server must not even migrate or prune it.
         let lock = try DataDirectoryLock(directory: dataDirectory)
         defer { withExtendedLifetime(lock) {} }
-        let store = try SQLiteChannelStore(directory: configuration.dataDirectory)
+        let store = try await configuration.openStore(logger: logger)
+        logger.notice("database", metadata: ["store": "\(storeLocation)"])
         var tokens: TokenAuthority
         if let path = configuration.tokenKeyPath {
             do { tokens = try await TokenAuthority.load(from: path) } catch let error as TokenKeyError {
                 throw TokenKeyError(message: "\(error.message); point \(ServerConfiguration.setting("tokenKeyPath").howToSet) at the key the channel's tokens were signed with, or unset it to use <data-dir>/\(ServerConfiguration.tokenKeyFileName)")
             }
+        } else if configuration.sharesDatabase {
+            tokens = try await SharedSecrets.tokenAuthority(store: store, seedFile: configuration.resolvedTokenKeyPath)
         } else {
             let path = configuration.resolvedTokenKeyPath
             // A database that was served before has its key's public half on record: the key file
@@ -152,7 +156,9 @@ public struct SquelchServer: Sendable {
             logger.warning("could not record the token key's public half; 'squelchd token issue' cannot check its key against it",
                            metadata: ["error": "\(error)"])
         }
-        let adminKey = try configuration.resolveAdminKey()
+        let adminKey = configuration.sharesDatabase && configuration.adminKey == nil && configuration.adminKeyFile == nil
+            ? try await SharedSecrets.adminKey(store: store, file: configuration.generatedAdminKeyPath, logger: logger)
+            : try configuration.resolveAdminKey()
         warnIfLoose(configuration.resolvedTokenKeyPath, "the participant-token signing key", "anyone who reads it can sign tokens for every channel")
         if let previous = configuration.previousTokenKeyPath {
             warnIfLoose(previous, "the previous token key", "anyone who reads it can sign tokens accepted during the rotation")

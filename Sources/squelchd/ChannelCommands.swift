@@ -3,6 +3,7 @@ import ChannelProtocol
 import ChannelStore
 import ChannelStoreSQLite
 import Foundation
+import Logging
 import PTTServer
 
 /// `squelchd channel …`: edits the channel database directly. A running server shares the file and
@@ -200,6 +201,10 @@ extension Channel {
                                    valueName: "path"))
         var dataDir: String?
 
+        @Option(help: ArgumentHelp(ServerConfiguration.help("database", "The cluster's PostgreSQL database (the server's --database)."),
+                                   valueName: "url"))
+        var database: String?
+
         init() {}
 
         /// The server's settings as far as these commands need them; a bad one exits 78, as the
@@ -207,6 +212,7 @@ extension Channel {
         func configuration(tokenKey: String? = nil, previousTokenKey: String? = nil) throws -> ServerConfiguration {
             var overrides = ConfigurationOverrides()
             overrides["dataDirectory"] = dataDir.map(SettingValue.text)
+            overrides["database"] = database.map(SettingValue.text)
             overrides["tokenKeyPath"] = tokenKey.map(SettingValue.text)
             overrides["previousTokenKeyPath"] = previousTokenKey.map(SettingValue.text)
             do {
@@ -233,8 +239,17 @@ extension Channel {
         /// Only `creating` commands may make a new database: the default data directory is relative, and
         /// a `list` run from the wrong directory should say so rather than leave an empty database there.
         func withStore<T: Sendable>(creating: Bool = false,
-                                    _ body: (SQLiteChannelStore) async throws(StoreError) -> T) async throws -> T {
-            let directory = try configuration().dataDirectory
+                                    _ body: (any ChannelStore) async throws(StoreError) -> T) async throws -> T {
+            let configuration = try configuration()
+            if configuration.sharesDatabase {
+                // The cluster's database: always there once a node has started, never made here.
+                let store: any ChannelStore
+                do { store = try await configuration.openStore(logger: Logger(label: "squelchd")) } catch let error as StoreError {
+                    throw fail(error)
+                }
+                return try await run(body, on: store)
+            }
+            let directory = configuration.dataDirectory
             let file = Self.databasePath(in: directory)
             guard creating || FileManager.default.fileExists(atPath: file) else {
                 throw fail(.database("no database at \(file); pass the server's --data-dir or --config (or set SQUELCH_DATA_DIR), or create a channel first"))
@@ -248,9 +263,14 @@ extension Channel {
                 let absolute = URL(fileURLWithPath: directory).standardizedFileURL.path
                 standardError("squelchd: note: no database in \(absolute); made a new one. If squelchd keeps its data elsewhere, it will not see this: pass its --data-dir or --config (or set SQUELCH_DATA_DIR), and remove \(absolute) if it was made by mistake")
             }
+            return try await run(body, on: store)
+        }
+
+        private func run<T: Sendable>(_ body: (any ChannelStore) async throws(StoreError) -> T, on store: any ChannelStore) async throws -> T {
             do {
                 let result = try await body(store)
-                // The writes are already durable; closing only folds the WAL into the main file.
+                // The writes are already durable; closing folds SQLite's WAL into the main file, or
+                // closes PostgreSQL's connections.
                 try? await store.close()
                 return result
             } catch {

@@ -2,6 +2,7 @@ import ArgumentParser
 import ChannelStore
 import ChannelStoreSQLite
 import Foundation
+import Logging
 import ParticipantClaims
 import ParticipantTokens
 import PTTServer
@@ -267,6 +268,10 @@ extension Token {
 
         func run() async throws {
             let configuration = try store.configuration(tokenKey: nil, previousTokenKey: nil)
+            guard !configuration.sharesDatabase else {
+                standardError("squelchd: a cluster keeps its token key in its database, and loses it only with the database: restore the database from a backup. To change keys without breaking the tokens out there, rotate (start the nodes with --token-key and --previous-token-key)")
+                throw ExitCode(78)
+            }
             let path = configuration.resolvedTokenKeyPath
             let database = Channel.StoreOptions.databasePath(in: configuration.dataDirectory)
             guard FileManager.default.fileExists(atPath: database) else {
@@ -312,6 +317,9 @@ func inspectionFailure(_ error: TokenError, rotating: Bool) -> String {
 /// (`forIssue` false) also accept the previous key of a rotation, as the server does.
 func loadAuthority(_ configuration: ServerConfiguration, forIssue: Bool) async throws -> TokenAuthority {
     let path = configuration.resolvedTokenKeyPath
+    if configuration.sharesDatabase, configuration.tokenKeyPath == nil {
+        return try await loadClusterAuthority(configuration, forIssue: forIssue)
+    }
     let database = Channel.StoreOptions.databasePath(in: configuration.dataDirectory)
     let elsewhere = "pass the server's --data-dir or --config (or set SQUELCH_DATA_DIR as the server has it)"
     do {
@@ -351,6 +359,28 @@ func loadAuthority(_ configuration: ServerConfiguration, forIssue: Bool) async t
         // During a rotation the server still accepts the previous key's tokens, so inspect and revoke
         // must read them too (a leaked old token is often why the key is rotated). Issue never signs
         // with it.
+        if !forIssue, let previous = configuration.previousTokenKeyPath {
+            return try await authority.accepting(previousKeyAt: previous)
+        }
+        return authority
+    } catch {
+        standardError("squelchd: \(error)")
+        throw ExitCode(78)
+    }
+}
+
+/// The cluster's token key, from its database (`SharedSecrets`): `issue` stores one if no node has
+/// yet, as the first node would; the others need a node to have started.
+private func loadClusterAuthority(_ configuration: ServerConfiguration, forIssue: Bool) async throws -> TokenAuthority {
+    do {
+        let store = try await configuration.openStore(logger: Logger(label: "squelchd"))
+        defer { Task { try? await store.close() } }
+        let stored = forIssue
+            ? try await SharedSecrets.tokenAuthority(store: store, seedFile: configuration.resolvedTokenKeyPath)
+            : try await SharedSecrets.storedTokenAuthority(store: store)
+        guard let authority = stored else {
+            throw TokenKeyError(message: "the cluster's database holds no token key yet (the first node stores it when it starts); start a node with this --database first")
+        }
         if !forIssue, let previous = configuration.previousTokenKeyPath {
             return try await authority.accepting(previousKeyAt: previous)
         }
