@@ -6,7 +6,7 @@ import Foundation
 
 private enum Keys: String, CodingKey {
     case type, token, channel, reason, muted, environment, you, roster, talkers, code, participant, slot,
-         userID, event, descriptor, status, participants, unheard, expiresAt, loss, request, queue, features
+         userID, event, descriptor, status, participants, unheard, expiresAt, loss, request, queue, features, home
 }
 
 extension ClientMessage: Codable {
@@ -95,6 +95,8 @@ extension ServerMessage: Codable {
         case "tokenExpiring": self = .tokenExpiring(expiresAt: try Self.decodeTime(c))
         case "tokenRenewed": self = .tokenRenewed(expiresAt: try Self.decodeTime(c))
         case "receptionLoss": self = .receptionLoss(lossPercent: try decodePercent(c))
+        case "redirect": self = .redirect(home: try decodeHome(c))
+        case "move": self = .move(home: try decodeHome(c))
         case let other:
             throw DecodingError.dataCorruptedError(forKey: .type, in: c, debugDescription: "unknown server message type '\(other)'")
         }
@@ -152,6 +154,12 @@ extension ServerMessage: Codable {
         case .receptionLoss(let lossPercent):
             try c.encode("receptionLoss", forKey: .type)
             try c.encode(lossPercent, forKey: .loss)
+        case .redirect(let home):
+            try c.encode("redirect", forKey: .type)
+            try c.encode(home, forKey: .home)
+        case .move(let home):
+            try c.encode("move", forKey: .type)
+            try c.encode(home, forKey: .home)
         }
     }
 
@@ -178,6 +186,13 @@ private func decodePercent(_ c: KeyedDecodingContainer<Keys>) throws -> Int {
         throw DecodingError.dataCorruptedError(forKey: .loss, in: c, debugDescription: "loss \(percent) is not a percentage (0 to 100)")
     }
     return percent
+}
+
+/// A cluster node to join at, refused if no node would advertise it.
+private func decodeHome(_ c: KeyedDecodingContainer<Keys>) throws -> NodeAddress {
+    let home = try c.decode(NodeAddress.self, forKey: .home)
+    if let problem = home.problem { throw DecodingError.dataCorruptedError(forKey: .home, in: c, debugDescription: problem) }
+    return home
 }
 
 /// Encodes and decodes control messages. Decoding checks the size first, and turns every failure

@@ -263,6 +263,39 @@ public struct ProtocolFeature: RawRepresentable, Hashable, Codable, Sendable {
 
     /// The server takes `receptionReport` and tells talkers `receptionLoss`.
     public static let receptionReport = ProtocolFeature(rawValue: "receptionReport")
+    /// The server is a node of a cluster: the channel may move (`move`), and a client whose node stops
+    /// answering rejoins through its entry point rather than waiting for the same node.
+    public static let cluster = ProtocolFeature(rawValue: "cluster")
+}
+
+/// A node of a squelchd cluster that is a channel's home: where a client joins it. `epoch` counts the
+/// channel's homes (it only grows), so that a client never follows a redirect older than the home it
+/// already had.
+public struct NodeAddress: Codable, Sendable, Equatable, CustomStringConvertible {
+    /// The node's id, for logs and status lines.
+    public var node: String
+    /// Where clients reach the node's voice transport: a host name or an IP address.
+    public var host: String
+    public var port: UInt16
+    public var epoch: UInt64
+
+    public init(node: String, host: String, port: UInt16, epoch: UInt64) {
+        self.node = node
+        self.host = host
+        self.port = port
+        self.epoch = epoch
+    }
+
+    public var description: String { "\(node) (\(host.contains(":") ? "[\(host)]" : host):\(port))" }
+
+    /// A refusal of what no node would advertise: an empty or oversized host, port 0, a node id
+    /// that is empty or too long.
+    public var problem: String? {
+        if host.isEmpty || host.utf8.count > 255 { return "the home's host is empty or longer than 255 bytes" }
+        if port == 0 { return "the home's port is 0" }
+        if node.isEmpty || node.utf8.count > ControlLimits.maxUserIDBytes { return "the home's node id is empty or too long" }
+        return nil
+    }
 }
 
 /// Server → client.
@@ -300,6 +333,12 @@ public enum ServerMessage: Sendable, Equatable {
     /// Sent when it changes while the member holds the floor, and with a grant when it differs from
     /// what the member was last told in this session. A client starts each session at 0.
     case receptionLoss(lossPercent: Int)
+    /// The answer to `join` from a node of a cluster that is not the channel's home: join at `home`
+    /// instead. The server closes the connection after it. (docs/protocol.md §19)
+    case redirect(home: NodeAddress)
+    /// The channel's home moved while this session was on (its node drains, or lost the channel):
+    /// join again at `home` at once. The server closes the connection after it.
+    case move(home: NodeAddress)
 }
 
 /// A control message that could not be read.

@@ -140,6 +140,7 @@ extension ChannelSession {
         serviceStatus = .ready
         forgetConnectionState()
         reconnectAttempts = 0
+        route = ClusterRoute()
         token = TokenRenewal()
         setListenerLoss(0, announce: false)
         reception = ReceptionLoss()

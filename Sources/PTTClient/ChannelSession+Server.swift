@@ -36,6 +36,10 @@ extension ChannelSession {
             outputs.append(.event(.tokenRenewed(expiresAt)))
         case .receptionLoss(let percent):
             setListenerLoss(percent)
+        case .redirect(let home):
+            redirected(to: home)
+        case .move(let home):
+            moved(to: home)
         }
     }
 
@@ -45,6 +49,7 @@ extension ChannelSession {
         guard let channel, link == .joining else { return }
         link = .joined
         reconnectAttempts = 0
+        route.joined(features: features)
         serverInfo = info
         you = slot
         roster = Dictionary(participants.map { ($0.slot, $0) }, uniquingKeysWith: { $1 })

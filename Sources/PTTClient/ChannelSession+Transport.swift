@@ -28,7 +28,9 @@ extension ChannelSession {
             return
         }
         // A channel the user is in (joined before, or restored after a restart, perhaps before the
-        // network is up) is not given up: it waits and tries again, backing off to 30 s.
+        // network is up) is not given up: it waits and tries again, backing off to 30 s, through the
+        // entry point (a cluster's home may be gone).
+        route.homeLost()
         lostConnection()
         link = .down
         updateStatus(.unavailable)
@@ -60,6 +62,7 @@ extension ChannelSession {
             return
         }
         guard value != stalled else { return }
+        if value, leaveSilentHome() { return }
         stalled = value
         if value, link == .joining, case .requesting = transmit {
             // A wake to talk whose join got no answer: the request was never sent, so there is
@@ -84,6 +87,8 @@ extension ChannelSession {
     /// The transport lost the connection and is handshaking again by itself.
     mutating func transportReconnecting() {
         guard channel != nil, link == .joined || link == .joining else { return }
+        // In a cluster the transport's own retry would go back to a home that may be gone.
+        if leaveSilentHome() { return }
         lostConnection()
         link = .connecting
         updateStatus(.connecting)
@@ -95,7 +100,7 @@ extension ChannelSession {
         guard let credentials, !token.isExpired else { return }
         link = .connecting
         updateStatus(.connecting)
-        outputs.append(.connect(credentials))
+        outputs.append(.connect(route.credentials(for: credentials), cluster: route.inCluster))
     }
 
     /// What the session knew of the connection it had: a new one starts with none of it.

@@ -79,6 +79,8 @@ struct ChannelSession {
     var strategyDecisions: [String: SubscribeType] = [:]
     /// The APNs environment the push transport's tokens belong to.
     var pushEnvironment = PushEnvironment.sandbox
+    /// Where to connect in a cluster: the channel's home node, once known.
+    var route = ClusterRoute()
 
     var outputs: [SessionOutput] = []
 

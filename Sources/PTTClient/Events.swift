@@ -22,6 +22,9 @@ public enum ChannelManagerEvent: Sendable, Equatable {
     case suspended(Bool)
     /// Something worth a line in the UI.
     case notice(String)
+    /// In a squelchd cluster, the node now serving the channel (nil: back to the entry point, while
+    /// the channel finds its home).
+    case homeNode(NodeAddress?)
     /// The audio input ran out (a WAV file ended). With `AudioConfiguration.endTransmissionWhenInputEnds`
     /// the transmission has ended with it; otherwise the app decides when to stop, and as nothing is
     /// sent meanwhile, squelchd takes the floor back after 5 s (`talkerSilenceLimit`).

@@ -20,7 +20,8 @@ enum DelegateCall: Sendable, Equatable {
 enum SessionOutput: Sendable, Equatable {
     case delegate(DelegateCall)
     /// Open a voice connection and handshake; answer with `transportConnected` or `transportFailed`.
-    case connect(ChannelCredentials)
+    /// `cluster`: with the liveness a cluster's failover needs (a dead home noticed in seconds).
+    case connect(ChannelCredentials, cluster: Bool = false)
     /// Close the voice connection (`leaving`: for good, with CLOSE code normal).
     case disconnect
     case send(ClientMessage)

@@ -264,6 +264,9 @@ enum Interactive {
                         if state.everReady { state.wasDown = true }
                         guard !state.holdsWaitingLine else { break }
                         if let (line, isError) = describe(event, tokenFile: tokenFile) { state.status = .init(line, isError: isError) }
+                    case .homeNode(let home?):
+                        // A cluster sent the channel to another node: not a fault, only where it is now.
+                        state.status = .init("Channel on node \(home)")
                     case .transmissionRevoked(_, let reason): state.status = .init("Floor taken away: \(reason)", isError: true)
                     case .notice(let text):
                         state.lastNotice = (text, monotonicNanoseconds())

@@ -40,6 +40,8 @@ import Testing
             .pushTokenRegistered, .subscriptions(unheard: ["ann"]), .error(code: .notJoined, reason: "join first"),
             .error(code: .tokenWrongUser, reason: "not yours"), .tokenExpiring(expiresAt: Date(timeIntervalSince1970: 1_795_000_000)),
             .tokenRenewed(expiresAt: Date(timeIntervalSince1970: 1_795_043_200)), .receptionLoss(lossPercent: 12),
+            .redirect(home: NodeAddress(node: "node-b", host: "10.0.0.2", port: 7700, epoch: 3)),
+            .move(home: NodeAddress(node: "node-c", host: "voice-c.example.com", port: 7701, epoch: 4)),
         ]
         for message in messages { #expect(try codec.decodeServerMessage(codec.encode(message)) == message) }
     }
@@ -60,6 +62,21 @@ import Testing
         let newer = #"{"type":"joined","channel":{"id":"\#(id)","name":"Ops","mode":"halfDuplex","maxBurstSeconds":60},"you":1,"roster":[],"talkers":[],"features":["teleport","receptionReport"]}"#
         #expect(try codec.decodeServerMessage(Array(newer.utf8))
                 == .joined(channel: info, you: 1, roster: [], talkers: [], features: [ProtocolFeature(rawValue: "teleport"), .receptionReport]))
+    }
+
+    /// A cluster's redirect names a node no node would advertise only when damaged or forged: refused.
+    @Test func aRedirectToNowhereIsRefused() throws {
+        let home = #""node":"b","host":"10.0.0.2","port":7700,"epoch":3"#
+        #expect(try codec.decodeServerMessage(Array(#"{"type":"redirect","home":{\#(home)}}"#.utf8))
+                == .redirect(home: NodeAddress(node: "b", host: "10.0.0.2", port: 7700, epoch: 3)))
+        for bad in [#"{"type":"redirect","home":{"node":"b","host":"","port":7700,"epoch":3}}"#,
+                    #"{"type":"move","home":{"node":"b","host":"h","port":0,"epoch":3}}"#,
+                    #"{"type":"move","home":{"node":"","host":"h","port":1,"epoch":3}}"#,
+                    #"{"type":"redirect","home":{"node":"b","host":"h","port":70000,"epoch":3}}"#,
+                    #"{"type":"redirect","home":{"node":"b","host":"h","port":1,"epoch":-1}}"#,
+                    #"{"type":"redirect"}"#] {
+            #expect(throws: MessageError.self, "\(bad)") { try codec.decodeServerMessage(Array(bad.utf8)) }
+        }
     }
 
     @Test func lossFiguresAreWholePercentages() throws {
