@@ -80,9 +80,11 @@ let package = Package(
             "ChannelStore", "ChannelProtocol",
             .product(name: "GRDB", package: "GRDB.swift"),
         ], swiftSettings: swift6),
+        // Where each channel lives in a cluster, as plain decisions (sans-I/O).
+        .target(name: "ClusterPlacement", swiftSettings: swift6),
         // The cluster's shared store (docs/architecture.md says why postgres-nio).
         .target(name: "ChannelStorePostgres", dependencies: [
-            "ChannelStore", "ChannelProtocol",
+            "ChannelStore", "ChannelProtocol", "ClusterPlacement",
             .product(name: "PostgresNIO", package: "postgres-nio"),
             .product(name: "NIOSSL", package: "swift-nio-ssl"),
             .product(name: "Logging", package: "swift-log"),
@@ -220,7 +222,7 @@ let package = Package(
             .product(name: "Crypto", package: "swift-crypto"),
         ], swiftSettings: swift6),
         .testTarget(name: "ChannelStoreTests", dependencies: [
-            "ChannelStore", "ChannelStoreSQLite", "ChannelStorePostgres", "PostgresTesting", "SquelchTesting", "ChannelProtocol",
+            "ChannelStore", "ChannelStoreSQLite", "ChannelStorePostgres", "PostgresTesting", "SquelchTesting", "ChannelProtocol", "ClusterPlacement",
             .product(name: "GRDB", package: "GRDB.swift"),
             .product(name: "PostgresNIO", package: "postgres-nio"),
         ], swiftSettings: swift6),
@@ -228,6 +230,7 @@ let package = Package(
             "ChannelHub", "ChannelProtocol", "ChannelStore", "ParticipantClaims", "Wire",
         ], swiftSettings: swift6),
         .testTarget(name: "ChannelProtocolTests", dependencies: ["ChannelProtocol"], swiftSettings: swift6),
+        .testTarget(name: "ClusterPlacementTests", dependencies: ["ClusterPlacement", "SeededRandom"], swiftSettings: swift6),
         .testTarget(name: "OpusTests", dependencies: ["SeededRandom", "Opus", "Audio"], swiftSettings: swift6),
         .testTarget(name: "AudioTests", dependencies: ["Audio"], swiftSettings: swift6),
         .testTarget(name: "JitterBufferTests", dependencies: ["SeededRandom", "JitterBuffer"], swiftSettings: swift6),
