@@ -14,6 +14,10 @@ public enum StoreError: Error, Sendable, Equatable, CustomStringConvertible {
     /// data that reads back damaged). The same statement can succeed later, so the server's store
     /// writer keeps such writes and tries them again.
     case unavailable(String)
+    /// A write a cluster node made for a channel it no longer holds (another node is its home now,
+    /// under a later epoch): refused, so that a node paused past its lease cannot write over the new
+    /// home's records. Not retried.
+    case fenced(String)
 
     public var description: String {
         switch self {
@@ -22,6 +26,7 @@ public enum StoreError: Error, Sendable, Equatable, CustomStringConvertible {
         case .memberNotFound(let channel, let user): return "user '\(user)' is not a member of channel \(channel)"
         case .database(let why): return "database error: \(why)"
         case .unavailable(let why): return "database unavailable: \(why)"
+        case .fenced(let why): return "write refused: \(why); this node no longer holds the channel, and its new home keeps the records now"
         }
     }
 

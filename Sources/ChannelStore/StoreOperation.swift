@@ -14,3 +14,16 @@ public enum StoreOperation: Sendable, Equatable {
     case setSubscriptions(channel: UUID, user: String, unheard: [String])
     case logTransmission(TransmissionRecord)
 }
+
+extension StoreOperation {
+    /// The channel the write is for: what a cluster node's fencing checks it holds.
+    public var channel: UUID {
+        switch self {
+        case .upsertMember(let member): member.channelID
+        case .touchMember(let channel, _, _), .setPushToken(let channel, _, _, _, _), .removeMember(let channel, _),
+             .clearPushToken(let channel, _), .setSubscriptions(let channel, _, _):
+            channel
+        case .logTransmission(let record): record.channelID
+        }
+    }
+}

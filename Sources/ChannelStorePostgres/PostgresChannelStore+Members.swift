@@ -86,12 +86,14 @@ extension PostgresChannelStore {
         guard !operations.isEmpty else { return [] }
         let action = operations.count == 1 ? Self.action(operations[0]) : "save \(operations.count) changes"
         let logger = logger
+        let fencing = fencing.withLock { $0 }
         return try await transaction(action) { connection in
             var outcomes: [StoreError?] = []
             outcomes.reserveCapacity(operations.count)
             for operation in operations {
                 try await connection.execute("SAVEPOINT operation", logger: logger)
                 do {
+                    if let fencing { try await Self.checkFence(fencing, operation.channel, on: connection, logger: logger) }
                     try await Self.perform(operation, on: connection, logger: logger)
                     try await connection.execute("RELEASE SAVEPOINT operation", logger: logger)
                     outcomes.append(nil)
@@ -105,6 +107,20 @@ extension PostgresChannelStore {
                 }
             }
             return outcomes
+        }
+    }
+
+    /// Refuses a write for a channel this node does not hold at the epoch it believes, and holds the
+    /// placement row until the transaction ends.
+    static func checkFence(_ fencing: Fencing, _ channel: UUID, on connection: PostgresConnection, logger: Logger) async throws {
+        guard let epoch = fencing.epoch(channel) else {
+            throw StoreError.fenced("node \(fencing.node) does not hold channel \(channel)")
+        }
+        let held = try await connection.count("""
+            SELECT 1 FROM placement WHERE channel_id = \(channel) AND home = \(fencing.node.rawValue) AND epoch = \(epoch.rawValue) FOR SHARE
+            """, logger: logger)
+        guard held > 0 else {
+            throw StoreError.fenced("channel \(channel) moved on from epoch \(epoch.rawValue) at node \(fencing.node)")
         }
     }
 

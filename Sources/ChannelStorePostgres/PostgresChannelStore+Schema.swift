@@ -79,6 +79,22 @@ extension PostgresChannelStore {
             "CREATE TRIGGER member_deleted AFTER DELETE ON member FOR EACH ROW EXECUTE FUNCTION squelch_changed()",
             "CREATE TRIGGER revocation_inserted AFTER INSERT ON revocation FOR EACH ROW EXECUTE FUNCTION squelch_changed()",
         ]),
+        Migration(id: "v2-cluster", statements: [
+            // Times here are the database's clock only (`now()`, microseconds since 1970): nodes'
+            // clocks are never compared with it or with each other (ClusterPlacement).
+            """
+            CREATE TABLE node (
+                id text PRIMARY KEY, voice_host text NOT NULL, voice_port integer NOT NULL, admin_url text,
+                state text NOT NULL, load bigint NOT NULL, heartbeat_us bigint NOT NULL, started_us bigint NOT NULL)
+            """,
+            // Rows are never deleted, so that a channel's epoch only grows. Epoch 0 with no home is a
+            // placeholder a first claim inserts to have a row to lock: it means "never placed".
+            """
+            CREATE TABLE placement (
+                channel_id uuid PRIMARY KEY, home text NOT NULL, epoch bigint NOT NULL, lease_expires_us bigint NOT NULL)
+            """,
+            "CREATE INDEX placement_by_home ON placement (home)",
+        ]),
     ]
 
     /// Any number that all squelchd nodes agree on, so that their migrations take turns.

@@ -1,8 +1,10 @@
 import ChannelProtocol
 import ChannelStore
+import ClusterPlacement
 import Foundation
 import Logging
 import PostgresNIO
+import Synchronization
 
 /// The `ChannelStore` for a cluster: one PostgreSQL database that every squelchd node shares.
 ///
@@ -17,6 +19,8 @@ public final class PostgresChannelStore: ChannelStore {
     let client: PostgresClient
     let logger: Logger
     private let runner: Task<Void, Never>
+    /// A cluster node's fencing of the writes `apply` makes for its channels (nil: none).
+    let fencing = Mutex<Fencing?>(nil)
 
     /// Connects to the database at `location` and brings its schema up to date (several nodes
     /// starting at once take turns: see `migrate`). Fails, with the reason and what to check, when
@@ -41,6 +45,23 @@ public final class PostgresChannelStore: ChannelStore {
         self.client = client
         runner = Task { await client.run() }
     }
+
+    /// What a cluster node's writes for a channel must hold: its id, and the epoch it holds each
+    /// channel under (nil: not held). `apply` refuses, as `StoreError.fenced`, a write for a channel
+    /// whose placement row no longer names this node at that epoch, and holds the row (FOR SHARE)
+    /// until it commits, so that no claim moves the channel in between.
+    public struct Fencing: Sendable {
+        public var node: NodeID
+        public var epoch: @Sendable (UUID) -> Epoch?
+
+        public init(node: NodeID, epoch: @escaping @Sendable (UUID) -> Epoch?) {
+            self.node = node
+            self.epoch = epoch
+        }
+    }
+
+    /// Fences `apply`'s writes from now on (a cluster node calls it once, at start).
+    public func fence(_ fencing: Fencing?) { self.fencing.withLock { $0 = fencing } }
 
     /// Closes every connection. Calls made afterwards fail with a database error.
     public func close() async throws(StoreError) {

@@ -378,7 +378,7 @@ struct AdminError: HTTPResponseError, CustomStringConvertible {
         case .channelNotFound(let id): self.init(.notFound, "no channel \(id); GET /v1/channels lists the channels")
         case .memberNotFound: self.init(.notFound, error.description + "; GET /v1/channels/<id>/members lists the members")
         case .database: self.init(.internalServerError, error.description + "; check the server log and the data directory")
-        case .unavailable: self.init(.serviceUnavailable, error.description + "; the request is safe to repeat: try again shortly")
+        case .unavailable, .fenced: self.init(.serviceUnavailable, error.description + "; the request is safe to repeat: try again shortly")
         }
     }
 }
@@ -392,7 +392,7 @@ struct JSONErrorMiddleware<Context: RequestContext>: RouterMiddleware {
             throw error
         } catch let error as StoreError {
             switch error {
-            case .database, .unavailable: context.logger.error("admin API: \(error)")
+            case .database, .unavailable, .fenced: context.logger.error("admin API: \(error)")
             case .invalid, .channelNotFound, .memberNotFound: break
             }
             throw AdminError(error)

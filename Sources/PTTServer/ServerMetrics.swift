@@ -38,6 +38,7 @@ public final class ServerMetrics: Sendable {
     let transportTroubles: [Counter]
     let storeFailures: Counter
     let storeRetries: Counter
+    let fencedWrites: Counter
     let storeFolded: Counter
     let storeCommits: Counter
     let transmissionsPruned: Counter
@@ -105,6 +106,7 @@ public final class ServerMetrics: Sendable {
             }
         }
         storeFailures = counter("store_failures", "Database writes given up: refused by the database, or still failing when the server stopped.")
+        fencedWrites = counter("cluster_fenced_writes", "Database writes refused because this node no longer held the channel (another node is its home under a later epoch).")
         storeRetries = counter("store_retries", "Database transactions (each the writes waiting together) tried again after a failure that passes (locked too long, disk full, I/O error).")
         storeCommits = counter("store_commits", "Database transactions that saved the hub's writes, several writes each when they come together; each costs a disk flush.")
         storeFolded = counter("store_folded", "Database writes folded into a waiting write of the same member (a newer last-seen time, push token or record, or a second removal).")

@@ -236,7 +236,7 @@ public final class StoreWriter: Sendable {
                     noteWriteLost(why, count: batch.count)
                 case (.database(let why), _), (.unavailable(let why), _):
                     noteDatabaseFailed(why)
-                case (.invalid, _), (.channelNotFound, _), (.memberNotFound, _):
+                case (.invalid, _), (.channelNotFound, _), (.memberNotFound, _), (.fenced, _):
                     // The database answered; the writes themselves are refused.
                     noteDatabaseAnswered()
                 }
@@ -289,6 +289,12 @@ public final class StoreWriter: Sendable {
             return
         case (_, .database(let why)):
             noteWriteLost(why, count: 1)
+        case (_, .fenced):
+            // A write of a channel another node holds now (this node was paused past its lease): the
+            // new home keeps its own records; this one must not overwrite them.
+            metrics?.fencedWrites.increment()
+            logger.warning("store write refused: the channel moved to another node", metadata: ["operation": "\(operation)", "error": "\(error)"])
+            return
         default:
             break
         }

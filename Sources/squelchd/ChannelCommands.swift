@@ -330,7 +330,7 @@ func fail(_ error: StoreError) -> ExitCode {
     standardError("squelchd: \(error)")
     switch error {
     case .database: return ExitCode(78)
-    case .unavailable: return ExitCode(75)
+    case .unavailable, .fenced: return ExitCode(75)
     case .invalid, .channelNotFound, .memberNotFound: return ExitCode(1)
     }
 }
