@@ -119,6 +119,15 @@ extension ChannelHub {
             outputs.append(.close(link, code: .normal, reason: "left the channel"))
         case .floorRequest(let request, let queue):
             channel.members[slot]?.floorRequest = request
+            guard channel.isServed(at: time.instant) else {
+                // A cluster node whose lease on the channel has run out: another node may be its
+                // home already, and two homes would let two talkers in.
+                counters.floorDenials += 1
+                outputs.append(.send(.floor(FloorEvent(kind: .denied, slot: slot, cause: .serviceUnavailable,
+                                                       reason: "this node no longer holds the channel; reconnecting finds its home",
+                                                       request: request)), to: [link]))
+                return
+            }
             channel.floor.request(slot, priority: member.priority, canTalk: member.canTalk, mayQueue: queue, now: time.instant.nanoseconds)
             applyFloorEvents(channel, at: time)
         case .floorRelease:

@@ -16,6 +16,7 @@ extension ChannelHub {
         counters.bytesIn &+= datagram.count
         guard let header = AudioHeader(parsing: datagram) else { drop(.malformed); return 0 }
         guard case .joined(let channel, let slot)? = sessions[link] else { drop(.notJoined); return 0 }
+        guard channel.isServed(at: now) else { drop(.notHome); return 0 }
         guard let burst = channel.floor.burst(of: slot) else { drop(.notFloorHolder); return 0 }
         guard UInt16(truncatingIfNeeded: burst) == header.burst else { drop(.staleBurst); return 0 }
         channel.floor.heard(slot, now: now.nanoseconds)

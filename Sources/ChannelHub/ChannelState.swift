@@ -25,10 +25,13 @@ final class ChannelState {
     let spareRecordingCapacity: Int
     /// Why a talker's burst is ending, noted from `revoked` for the `ended` event that follows.
     var endReasons: [UInt16: String] = [:]
+    /// Until when this node may serve the channel (ChannelHub+Tenure.swift).
+    var tenure: Tenure
 
     init(record: ChannelRecord, configuration: HubConfiguration) {
         self.record = record
         spareRecordingCapacity = configuration.spareRecordingCapacity
+        tenure = configuration.clustered ? .until(WireInstant(nanoseconds: 0)) : .unlimited
         floor = FloorArbiter(configuration: Self.floorConfiguration(record, configuration), firstBurst: configuration.firstBurst(record.id))
     }
 

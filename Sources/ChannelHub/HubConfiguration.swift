@@ -94,5 +94,9 @@ public struct HubConfiguration: Sendable {
     /// channel's next burst repeats one of the 8 a listener remembers is 8 in 65535.
     public static let randomFirstBurst: @Sendable (UUID) -> UInt64 = { _ in UInt64.random(in: 1...0xFFFF) }
 
+    /// A node of a cluster: a channel is served (floor granted, audio relayed) only while this node
+    /// holds its lease (`ChannelHub.leaseHeld`); off, every channel is always served.
+    public var clustered = false
+
     public init() {}
 }

@@ -12,6 +12,8 @@ public enum DropReason: Int, CaseIterable, Sendable {
     case sendFailed
     /// The talker sent faster than any Opus sender may (`audioPacketsPerSecond`).
     case overRate
+    /// This cluster node does not hold the channel's lease (now, or any longer).
+    case notHome
 
     public var label: String {
         switch self {
@@ -21,6 +23,7 @@ public enum DropReason: Int, CaseIterable, Sendable {
         case .staleBurst: return "stale_burst"
         case .sendFailed: return "send_failed"
         case .overRate: return "over_rate"
+        case .notHome: return "not_home"
         }
     }
 }
@@ -51,6 +54,10 @@ public struct HubCounters: Sendable, Equatable {
     public var tokenRenewalsRefused = 0
     /// `receptionReport`s that changed a listener's loss figure.
     public var receptionReports = 0
+    /// Joins sent to another node of the cluster (the channel's home).
+    public var redirects = 0
+    /// Channels dropped because this node's lease on them ran out or was lost.
+    public var fenced = 0
     /// Connected members the liveness sweep marked `reconnecting` because their connection went silent.
     public var silentMembers = 0
     /// Bursts that had ended replayed to a member who missed them (one per member and burst).
