@@ -244,6 +244,7 @@ let package = Package(
         .testTarget(name: "PTTClientTests", dependencies: [
             "PTTClient", "SimulatedPush", "PTTServer", "ServerTesting", "APNsSimulator", "APNsSimulatorEmbedding", "APNsDevice", "ChannelProtocol", "ChannelStore", "ChannelStoreSQLite", "ParticipantTokens", "ParticipantClaims",
             "Audio", "Opus", "JitterBuffer", "SquelchTesting", "Wire", "WireNIO", "WireTesting", "ImpairmentKit",
+            "ChannelStorePostgres", "PostgresTesting", "ClusterPlacement",
             .product(name: "X509", package: "swift-certificates"),
             .product(name: "NIOCore", package: "swift-nio"),
             .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
@@ -278,6 +279,7 @@ let package = Package(
         .testTarget(name: "BenchTests", dependencies: ["squelch-bench", "SquelchTesting", "WireTesting"], swiftSettings: swift6),
         .testTarget(name: "CLITests", dependencies: [
             "SquelchInfo", "Audio", "PTTClient", "Wire", "WireNIO", "ParticipantTokens", "ParticipantClaims", "SquelchTesting", "ChannelProtocol",
+            "ChannelStore", "ChannelStorePostgres", "PostgresTesting", "ClusterPlacement",
             .product(name: "NIOCore", package: "swift-nio"),
         ], swiftSettings: swift6),
     ]

@@ -23,6 +23,8 @@ final class HubDriver: WireServerDelegate {
     let codec = MessageCodec()
     /// Sends the wake and leave pushes; nil: pushes are off.
     var pushes: PushDispatcher?
+    /// This node's part in a cluster (where each channel's home is); nil: a single node.
+    var cluster: ClusterNode?
     weak var server: WireServer?
     var timer = LoopTimer()
     var published = HubCounters()
@@ -109,15 +111,7 @@ final class HubDriver: WireServerDelegate {
                 backlog.keepNewest(link)
                 closeOnceSaid(link, code: code, reason: reason, giveUpAt: .now() + Self.closeWaitLimit)
             case .verify(let link, let token, let channel, let reason):
-                verify(link, token: token, channel: channel) { hub, outcome in
-                    switch outcome {
-                    case .success(let checked):
-                        let now = HubDriver.now()
-                        hub.channelSeenByCheck(checked.channel, at: now)
-                        hub.admit(link, claims: checked.claims, reason: reason, at: now)
-                    case .failure(let refusal): hub.refuse(link, code: refusal.code, reason: refusal.reason)
-                    }
-                }
+                verifyJoin(link, token: token, channel: channel, reason: reason)
             case .verifyRenewal(let link, let token, let channel):
                 verify(link, token: token, channel: channel) { hub, outcome in
                     switch outcome {

@@ -24,6 +24,16 @@ public struct ServerConfiguration: Sendable, Equatable {
     /// The PostgreSQL database a cluster's nodes share (`postgres://…`). Nil: SQLite in the data
     /// directory, the embedded default. Keys and certificates stay in the data directory either way.
     public var database: String?
+    /// This node's id in a cluster. Nil: one generated at the first start and kept in
+    /// `<dataDirectory>/node-id`.
+    public var nodeID: String?
+    /// Where clients reach this node's voice transport, as redirects to it say. Nil: `host`, which
+    /// must then not be a wildcard address.
+    public var advertiseHost: String?
+    /// How long a channel's lease lasts without renewal in a cluster: after a node dies, its channels
+    /// wait this long before another node takes them; a node cut off from the database for this long
+    /// stops serving them. Renewed every second.
+    public var leaseSeconds: Double = 5
     /// UDP address the push-to-talk transport binds.
     public var host: String = "127.0.0.1"
     /// UDP port of the transport; 0 picks a free port (tests).
@@ -186,7 +196,16 @@ public struct ServerConfiguration: Sendable, Equatable {
             do { _ = try PostgresLocation(url: database) } catch {
                 throw .invalidValue("\(error.description); set it with \(Self.setting("database").howToSet)")
             }
+            try check(advertiseHost != nil || !Self.isWildcard(host), "advertiseHost",
+                      "the voice transport listens on every address (\(host)), so a redirect cannot say which one clients reach this node at; set the address or name clients use")
         }
+        if let nodeID {
+            try check(!nodeID.isEmpty && nodeID.utf8.count <= 64 && nodeID.allSatisfy { $0.isLetter || $0.isNumber || "-_.".contains($0) },
+                      "nodeID", "the node id '\(nodeID)' must be 1-64 letters, digits, '-', '_' or '.'")
+        }
+        if let advertiseHost { try check(!advertiseHost.isEmpty && advertiseHost.utf8.count <= 255, "advertiseHost", "the advertised host is empty or too long") }
+        try check(leaseSeconds.isFinite && (2...60).contains(leaseSeconds), "leaseSeconds",
+                  "the lease of \(leaseSeconds) s is out of range; use 2-60 (5 is the default: how long a dead node's channels wait)")
         try check(!host.isEmpty, "host", "the UDP host is empty; use an address such as 127.0.0.1 or 0.0.0.0")
         try check(Self.portRange.contains(port), "port", "UDP port \(port) is out of range; use 1-65535, or 0 for any free port")
         try check(!adminHost.isEmpty, "adminHost", "the admin host is empty; use an address such as 127.0.0.1")

@@ -1,6 +1,7 @@
 import APNs
 import ChannelStore
 import ChannelStoreSQLite
+import ChannelStorePostgres
 import Foundation
 import NIOConcurrencyHelpers
 import NIOCore
@@ -183,8 +184,13 @@ public struct SquelchServer: Sendable {
                 await voiceBox.withLockedValue { $0 }?.pushTokenRejected(channel: channel, user: user, token: token)
             }
         }
+        var cluster: ClusterNode?
+        if let shared = store as? PostgresChannelStore {
+            cluster = ClusterNode(id: try configuration.resolveNodeID(), store: shared, lease: .milliseconds(Int64(configuration.leaseSeconds * 1000)),
+                                  metrics: ClusterMetrics(registry: metrics.registry), logger: logger)
+        }
         let voice = VoiceService(configuration: configuration, identity: identity, store: store, tokens: tokens,
-                                 writer: writer, metrics: metrics, logger: logger, pushes: dispatcher,
+                                 writer: writer, metrics: metrics, logger: logger, pushes: dispatcher, cluster: cluster,
                                  onListening: { address in await latch.voice(address.port ?? 0) })
         voiceBox.withLockedValue { $0 = voice }
         var pushStatus: (@Sendable () -> AdminAPI.PushStatus)?

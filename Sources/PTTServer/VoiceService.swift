@@ -30,6 +30,8 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
     let logger: Logger
     let onListening: @Sendable (SocketAddress) async -> Void
     let pushes: PushDispatcher?
+    /// This node's part in a cluster; nil on a single node.
+    let cluster: ClusterNode?
     let running = NIOLockedValueBox<Running?>(nil)
     /// The revision poll's reloads and the admin API's channel hooks, one at a time (see
     /// `AsyncSerialQueue`): whichever runs last read the store last.
@@ -43,8 +45,9 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
 
     public init(configuration: ServerConfiguration, identity: ServerIdentity, store: any ChannelStore, tokens: TokenAuthority,
                 writer: StoreWriter, metrics: ServerMetrics, logger: Logger, pushes: PushDispatcher? = nil,
-                onListening: @escaping @Sendable (SocketAddress) async -> Void = { _ in }) {
+                cluster: ClusterNode? = nil, onListening: @escaping @Sendable (SocketAddress) async -> Void = { _ in }) {
         self.pushes = pushes
+        self.cluster = cluster
         self.configuration = configuration
         self.identity = identity
         self.store = store
@@ -72,6 +75,7 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
         hubConfiguration.controlMessageBurst = 2 * configuration.controlMessagesPerSecond
         hubConfiguration.firstBurst = HubConfiguration.randomFirstBurst
         hubConfiguration.wakesByPush = pushes != nil
+        hubConfiguration.clustered = cluster != nil
         let hub = ChannelHub(configuration: hubConfiguration)
         let initialRevision = try await store.revision()
         // Joins check the store. Stored members carry the token they last joined with, so the
@@ -84,9 +88,11 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
         // The time the server was down counts as presence: every stored last-seen time moves on by
         // it, in the store and once, so a long outage (or a crash, after which connected members'
         // rows are up to an hour old) doesn't make everyone look long gone to `memberRetentionDays`.
-        _ = try await store.recordServerAlive(at: Date(), creditingDowntime: true)
-        // Bursts the last server logged as starting and never ended: it died during them.
-        let interrupted = try await store.closeInterruptedTransmissions()
+        // (In a cluster the other nodes were up meanwhile: nothing to credit.)
+        _ = try await store.recordServerAlive(at: Date(), creditingDowntime: cluster == nil)
+        // Bursts the last server logged as starting and never ended: it died during them. In a
+        // cluster other nodes' bursts go on; each channel's next home closes its own (its claim).
+        let interrupted = cluster == nil ? try await store.closeInterruptedTransmissions() : 0
         if interrupted > 0 {
             logger.notice("the transmission log had bursts without an end (the server was killed during them, or could not write their end); they are marked interrupted",
                           metadata: ["bursts": "\(interrupted)"])
@@ -99,6 +105,7 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
         let eventLoop = MultiThreadedEventLoopGroup.singleton.next()
         let driver = HubDriver(hub: hub, eventLoop: eventLoop, tokens: tokens, writer: writer, metrics: metrics, logger: logger)
         driver.pushes = pushes
+        driver.cluster = cluster
         driver.livenessWindow = UInt64(configuration.pushWakeSilenceSeconds * 1e9)
         let box = NIOLoopBoundBox.makeBoxSendingValue(driver, as: HubDriver.self, eventLoop: eventLoop)
         var endpointConfiguration = EndpointConfiguration()
@@ -123,6 +130,13 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
 
         try? await cancelWhenGracefulShutdown {
             try await withThrowingTaskGroup(of: Void.self) { chores in
+                if let cluster = self.cluster {
+                    let hooks = HubDriver.clusterHooks(box, on: eventLoop)
+                    let configuration = self.configuration
+                    let host = configuration.advertisedHost, port = server.localAddress.port ?? configuration.port
+                    let admin = configuration.adminPort == 0 ? nil : "http://\(ServerConfiguration.urlHost(configuration.adminHost)):\(configuration.adminPort)"
+                    chores.addTask { try await cluster.run(voiceHost: host, voicePort: port, adminURL: admin, hooks: hooks) }
+                }
                 // The hourly chores run beside the poll: a prune of millions of records (after
                 // `transmissionLogDays` was lowered) takes minutes, and revocations, deletions and new
                 // channels must not wait for it.

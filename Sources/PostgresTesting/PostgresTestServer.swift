@@ -26,8 +26,30 @@ public actor PostgresTestServer {
         var directory: String
         var port: Int
         var binaries: String
+        /// The `setpriv` prefix when the server runs as `systemUser`.
+        var asUser: [String]
         /// The watchdog shell's process id.
         var watchdog: Int32
+
+        /// No durability (tests never need it, and it makes databases cheap), loopback only.
+        var serverOptions: String {
+            "-p \(port) -k \(directory) -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=300"
+        }
+
+        func pgctl(_ arguments: [String], what: String) async throws {
+            try await PostgresTestServer.run("/usr/bin/env", asUser + [binaries + "/pg_ctl", "-D", directory + "/data"] + arguments, what: what)
+        }
+    }
+
+    /// Stops the server as an operator's restart does (`pg_ctl stop -m fast`: connections are cut),
+    /// waits `downFor`, and starts it again on the same port. For tests of a database outage: use a
+    /// server of the test's own (`PostgresTestServer()`), not `shared`.
+    public func restart(downFor pause: Duration = .zero) async throws {
+        let server = try await start()
+        try await server.pgctl(["stop", "-w", "-m", "fast"], what: "stop PostgreSQL")
+        if pause > .zero { try await Task.sleep(for: pause) }
+        try await server.pgctl(["start", "-w", "-t", "30", "-l", server.directory + "/postgres.log", "-o", server.serverOptions],
+                               what: "start PostgreSQL again")
     }
 
     /// The one start, which every caller awaits: actors are reentrant, so a flag would let two
@@ -73,15 +95,14 @@ public actor PostgresTestServer {
         }
         // A port free now (the socket is closed at once): nothing else on this machine races for it.
         guard let port = HeldPort(tcpListening: true)?.port else { throw PostgresTestError("no free TCP port on 127.0.0.1") }
-        // The watchdog: postgres in the background, stopped (fast shutdown) once this process is gone.
-        let quoted = (asUser + [binaries + "/postgres", "-D", directory + "/data", "-p", "\(port)", "-k", directory,
-                                "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "synchronous_commit=off",
-                                "-c", "full_page_writes=off", "-c", "max_connections=300"])
-            .map { "'" + $0 + "'" }.joined(separator: " ")
+        let running = Running(directory: directory, port: port, binaries: binaries, asUser: asUser, watchdog: 0)
+        try await running.pgctl(["start", "-w", "-t", "30", "-l", directory + "/postgres.log", "-o", running.serverOptions],
+                                what: "start PostgreSQL on port \(port)")
+        // The watchdog: once this process is gone, the server stops and its directory goes.
+        let quoted = (asUser + [binaries + "/pg_ctl", "-D", directory + "/data", "stop", "-m", "immediate"]).map { "'" + $0 + "'" }.joined(separator: " ")
         let script = """
-            /usr/bin/env \(quoted) >'\(directory)/postgres.log' 2>&1 & pg=$!
-            while kill -0 \(getpid()) 2>/dev/null && kill -0 $pg 2>/dev/null; do sleep 0.5; done
-            kill -INT $pg 2>/dev/null; wait $pg; rm -rf '\(directory)'
+            while kill -0 \(getpid()) 2>/dev/null; do sleep 0.5; done
+            /usr/bin/env \(quoted) >/dev/null 2>&1; rm -rf '\(directory)'
             """
         let watchdog = Process()
         watchdog.executableURL = URL(fileURLWithPath: "/bin/sh")
@@ -89,18 +110,9 @@ public actor PostgresTestServer {
         watchdog.standardOutput = FileHandle.nullDevice
         watchdog.standardError = FileHandle.nullDevice
         try watchdog.run()
-        let deadline = Date().addingTimeInterval(30)
-        while true {
-            let ready = try? await Self.run(binaries + "/pg_isready", ["-q", "-h", "127.0.0.1", "-p", "\(port)", "-U", Self.superuser],
-                                            what: "check that PostgreSQL is ready")
-            if ready != nil { break }
-            guard Date() < deadline, watchdog.isRunning else {
-                let log = (try? String(contentsOfFile: directory + "/postgres.log", encoding: .utf8)) ?? ""
-                throw PostgresTestError("PostgreSQL did not start on port \(port) within 30 s; its log:\n\(log.suffix(2_000))")
-            }
-            try await Task.sleep(for: .milliseconds(100))
-        }
-        return Running(directory: directory, port: port, binaries: binaries, watchdog: watchdog.processIdentifier)
+        var started = running
+        started.watchdog = watchdog.processIdentifier
+        return started
     }
 
     /// Where initdb, postgres, createdb and pg_isready are: Debian keeps the server's programs under
@@ -129,28 +141,40 @@ public actor PostgresTestServer {
 
     /// Runs a program to its end on a thread of its own (not the cooperative pool, which tests need
     /// free), and fails with its output if it exits non-zero.
+    ///
+    /// posix_spawn and waitpid rather than Foundation's `Process`: `pg_ctl start` leaves the server
+    /// running with whatever descriptors it inherited, and `Process` on Linux learns of an exit from
+    /// a descriptor its child holds, so it waited for the server to stop. Here the child gets only
+    /// /dev/null and an output file on its standard descriptors, and `waitpid` sees its exit.
     @discardableResult
     static func run(_ program: String, _ arguments: [String], what: String) async throws -> String {
         try await withCheckedThrowingContinuation { continuation in
             Thread {
-                let process = Process()
-                process.executableURL = URL(fileURLWithPath: program)
-                process.arguments = arguments
-                let output = Pipe()
-                process.standardOutput = output
-                process.standardError = output
-                do {
-                    try process.run()
-                    let data = output.fileHandleForReading.readDataToEndOfFile()
-                    process.waitUntilExit()
-                    let text = String(decoding: data, as: UTF8.self)
-                    if process.terminationStatus == 0 {
-                        continuation.resume(returning: text)
-                    } else {
-                        continuation.resume(throwing: PostgresTestError("cannot \(what): \(program) exited with \(process.terminationStatus): \(text)"))
-                    }
-                } catch {
-                    continuation.resume(throwing: PostgresTestError("cannot \(what): \(program) did not start (\(error))"))
+                let path = FileManager.default.temporaryDirectory.appendingPathComponent("squelch-pg-run-\(UUID().uuidString)").path
+                defer { unlink(path) }
+                var actions = posix_spawn_file_actions_t()
+                posix_spawn_file_actions_init(&actions)
+                defer { posix_spawn_file_actions_destroy(&actions) }
+                posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+                posix_spawn_file_actions_addopen(&actions, 1, path, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
+                posix_spawn_file_actions_adddup2(&actions, 1, 2)
+                let argv = ([program] + arguments).map { strdup($0) } + [nil]
+                defer { for pointer in argv { free(pointer) } }
+                var pid: pid_t = 0
+                let spawned = posix_spawn(&pid, program, &actions, nil, argv, environ)
+                guard spawned == 0 else {
+                    continuation.resume(throwing: PostgresTestError("cannot \(what): \(program) did not start (\(String(cString: strerror(spawned))))"))
+                    return
+                }
+                var status: Int32 = 0
+                while waitpid(pid, &status, 0) == -1 && errno == EINTR {}
+                let text = (try? String(contentsOfFile: path, encoding: .utf8)) ?? ""
+                // WIFEXITED and WEXITSTATUS, which Swift does not import.
+                let exited = status & 0x7F == 0, code = (status >> 8) & 0xFF
+                if exited && code == 0 {
+                    continuation.resume(returning: text)
+                } else {
+                    continuation.resume(throwing: PostgresTestError("cannot \(what): \(program) \(exited ? "exited with \(code)" : "was killed by signal \(status & 0x7F)"): \(text)"))
                 }
             }.start()
         }

@@ -65,14 +65,14 @@ public final class TestMember: Sendable {
 
     public func send(_ message: ClientMessage) async throws { try await client.send(control: codec.encode(message)) }
 
-    /// Joins and waits for the answer: `joined` or `refused`.
+    /// Joins and waits for the answer: `joined`, `refused`, or a cluster's `redirect` (nil: none in time).
     @discardableResult
     public func join(token: String, channel: UUID, reason: JoinReason = .developerRequest, seconds: Double = 10) async throws -> ServerMessage? {
         let before = messages.count
         try await send(.join(token: token, channel: channel, reason: reason))
         return await waitFor(after: before, seconds: seconds) {
             switch $0 {
-            case .joined, .refused: return true
+            case .joined, .refused, .redirect: return true
             default: return false
             }
         }

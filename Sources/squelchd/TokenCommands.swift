@@ -67,7 +67,8 @@ struct Token: AsyncParsableCommand {
             // A token for a channel the server doesn't have is refused at every join, long after the
             // typo; the check needs the database, which a host holding only the key (--token-key) lacks.
             // Before the key is loaded, which may make it: a mistyped command leaves nothing behind.
-            let database = FileManager.default.fileExists(atPath: Channel.StoreOptions.databasePath(in: configuration.dataDirectory))
+            let database = configuration.sharesDatabase
+                || FileManager.default.fileExists(atPath: Channel.StoreOptions.databasePath(in: configuration.dataDirectory))
             if database {
                 try await store.withStore { db throws(StoreError) in
                     guard try await db.channel(channelID) != nil else { throw StoreError.channelNotFound(channelID) }

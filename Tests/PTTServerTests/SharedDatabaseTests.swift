@@ -66,15 +66,28 @@ import WireTesting
             #expect(status == 200 && body.contains(channel.id.uuidString), "\(status) \(body)")
         }
 
-        // A token signed with the cluster's key joins on either node; audio flows on the node joined.
-        let ann = try TestMember(port: b.voicePort, configuration: pki.client())
-        let bob = try TestMember(port: b.voicePort, configuration: pki.client())
-        let cat = try TestMember(port: a.voicePort, configuration: pki.client())
-        for (member, user) in [(ann, "ann"), (bob, "bob"), (cat, "cat")] {
+        // A token signed with the cluster's key joins on either node: at the channel's home, or it is
+        // sent there. The first join places the channel.
+        func join(_ user: String, at port: Int) async throws -> (TestMember, ServerMessage?) {
+            let member = try TestMember(port: port, configuration: pki.client())
             try await member.connect()
-            let answer = try await member.join(token: try await token(user, channel: channel.id, store: store), channel: channel.id)
-            guard case .joined? = answer else { Issue.record("\(user) not joined: \(String(describing: answer))"); return }
+            return (member, try await member.join(token: try await token(user, channel: channel.id, store: store), channel: channel.id))
         }
+        var (ann, answer) = try await join("ann", at: b.voicePort)
+        var (home, other) = (b, a)
+        if case .redirect(let sent)? = answer {
+            #expect(Int(sent.port) == a.voicePort && sent.node != "", "\(sent)")
+            (ann, answer) = try await join("ann", at: a.voicePort)
+            (home, other) = (a, b)
+        }
+        guard case .joined? = answer else { Issue.record("ann not joined: \(String(describing: answer))"); return }
+        let (bob, bobAnswer) = try await join("bob", at: home.voicePort)
+        guard case .joined? = bobAnswer else { Issue.record("bob not joined: \(String(describing: bobAnswer))"); return }
+        let (_, catAnswer) = try await join("cat", at: other.voicePort)
+        guard case .redirect(let redirected)? = catAnswer else { Issue.record("cat not redirected: \(String(describing: catAnswer))"); return }
+        #expect(Int(redirected.port) == home.voicePort && redirected.host == "127.0.0.1" && redirected.epoch >= 1)
+        let (_, catAtHome) = try await join("cat", at: home.voicePort)
+        guard case .joined? = catAtHome else { Issue.record("cat not joined at the home: \(String(describing: catAtHome))"); return }
         try await ann.send(.floorRequest())
         let burst = try #require(await ann.waitForFloor(.granted)?.burst)
         #expect(await ann.sendAudio(burst: burst, sequence: 0, payload: [1, 2, 3]))
