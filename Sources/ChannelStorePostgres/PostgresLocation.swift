@@ -149,6 +149,13 @@ public struct PostgresLocation: Sendable, Equatable, CustomStringConvertible {
                                   database: database)
         }
         configuration.options.connectTimeout = .seconds(5)
+        // A node stopped (SIGSTOP, a long stall) in the middle of a transaction keeps its row locks
+        // while the database still sees its connection: the server ends such a session after 2 s,
+        // and no statement waits more than 2 s for a lock, so another node taking over a channel is
+        // never held up by it for long. Every transaction here is a few short statements.
+        configuration.options.additionalStartupParameters = [
+            ("idle_in_transaction_session_timeout", "2000"), ("lock_timeout", "2000"),
+        ]
         return configuration
     }
 }
