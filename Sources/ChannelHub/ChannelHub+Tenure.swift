@@ -27,6 +27,15 @@ extension ChannelHub {
     /// Whether the channel is loaded and served now.
     public func serves(_ id: UUID, at now: WireInstant) -> Bool { channels[id]?.isServed(at: now) ?? false }
 
+    /// Whether a burst is going on in the channel: a draining node waits for it to end.
+    public func isTalking(in id: UUID) -> Bool { !(channels[id]?.floor.currentTalkers.isEmpty ?? true) }
+
+    /// Stops serving the channel at once (no grant, no relayed packet), members still connected: a
+    /// draining node does this before it hands the channel over, so that two nodes never serve it.
+    public func endTenure(_ id: UUID) {
+        channels[id]?.tenure = .until(WireInstant(nanoseconds: 0))
+    }
+
     /// This node holds the channel's lease until `validUntil` (a claim won, or a renewal).
     public func leaseHeld(_ id: UUID, until validUntil: WireInstant) {
         guard let channel = channels[id] else { return }

@@ -83,4 +83,17 @@ extension HubDriver {
                 }.get()
             })
     }
+
+    /// What a draining cluster node asks of the hub, on the event loop.
+    static func drainHooks(_ box: NIOLoopBoundBox<HubDriver>, on loop: any EventLoop) -> ClusterNode.DrainHooks {
+        ClusterNode.DrainHooks(
+            isTalking: { channel in (try? await loop.submit { box.value.hub.isTalking(in: channel) }.get()) ?? false },
+            endTenure: { channel in try? await loop.submit { box.value.hub.endTenure(channel) }.get() },
+            move: { channel, home in
+                try? await loop.submit {
+                    box.value.hub.move(channel, to: home, at: HubDriver.now())
+                    box.value.flush()
+                }.get()
+            })
+    }
 }

@@ -34,6 +34,9 @@ public struct ServerConfiguration: Sendable, Equatable {
     /// wait this long before another node takes them; a node cut off from the database for this long
     /// stops serving them. Renewed every second.
     public var leaseSeconds: Double = 5
+    /// In a cluster, how long a stopping node (SIGTERM) waits for bursts in progress before it hands
+    /// their channels over anyway.
+    public var drainSeconds: Double = 30
     /// UDP address the push-to-talk transport binds.
     public var host: String = "127.0.0.1"
     /// UDP port of the transport; 0 picks a free port (tests).
@@ -204,6 +207,8 @@ public struct ServerConfiguration: Sendable, Equatable {
                       "nodeID", "the node id '\(nodeID)' must be 1-64 letters, digits, '-', '_' or '.'")
         }
         if let advertiseHost { try check(!advertiseHost.isEmpty && advertiseHost.utf8.count <= 255, "advertiseHost", "the advertised host is empty or too long") }
+        try check(drainSeconds.isFinite && (0...600).contains(drainSeconds), "drainSeconds",
+                  "the drain wait of \(drainSeconds) s is out of range; use 0-600")
         try check(leaseSeconds.isFinite && (2...60).contains(leaseSeconds), "leaseSeconds",
                   "the lease of \(leaseSeconds) s is out of range; use 2-60 (5 is the default: how long a dead node's channels wait)")
         try check(!host.isEmpty, "host", "the UDP host is empty; use an address such as 127.0.0.1 or 0.0.0.0")

@@ -94,6 +94,8 @@ extension ServerConfiguration {
                 help: "This node's name in a cluster (with --database): 1-64 letters, digits, '-', '_' or '.'."),
         Setting(key: "advertiseHost", environment: "SQUELCH_ADVERTISE_HOST", flag: "--advertise-host", valueName: "address", kind: .optionalText(\.advertiseHost), defaultText: "--host",
                 help: "In a cluster, the address or name clients reach this node's voice transport at (what redirects to it say); needed when --host is 0.0.0.0 or ::."),
+        Setting(key: "drainSeconds", environment: "SQUELCH_DRAIN_SECONDS", flag: "--drain-seconds", valueName: "seconds", kind: .number(\.drainSeconds),
+                help: "In a cluster, how long a node stopping on SIGTERM waits for bursts in progress before it hands their channels to other nodes, 0-600."),
         Setting(key: "leaseSeconds", environment: "SQUELCH_LEASE_SECONDS", flag: "--lease-seconds", valueName: "seconds", kind: .number(\.leaseSeconds),
                 help: "In a cluster, how long a channel's lease lasts unrenewed, 2-60: a dead node's channels move after it; a node cut off from the database stops serving them after it. The same on every node."),
         Setting(key: "host", environment: "SQUELCH_HOST", flag: "--host", valueName: "address", kind: .host(\.host),

@@ -229,7 +229,9 @@ public struct SquelchServer: Sendable {
         // The signals are ours, not the group's: the group takes only the first graceful signal, and an
         // operator whose stop hangs (a client holding a request open, a stuck disk) sends another.
         var groupConfiguration = ServiceGroupConfiguration(services: services, logger: logger)
-        groupConfiguration.maximumGracefulShutdownDuration = shutdownLimit
+        // A cluster node drains first: it may wait drainSeconds for bursts, then still stop cleanly.
+        let limit = configuration.sharesDatabase ? max(shutdownLimit, .milliseconds(Int64(configuration.drainSeconds * 1000)) + .seconds(15)) : shutdownLimit
+        groupConfiguration.maximumGracefulShutdownDuration = limit
         let group = ServiceGroup(configuration: groupConfiguration)
         await latch.setGroup(group)
         // SIGHUP (the terminal or ssh session that started it went away, a script's `kill -HUP`) stops
@@ -246,13 +248,13 @@ public struct SquelchServer: Sendable {
         // loop over the signals sees all of them (a signal sequence has a single consumer).
         let running = Task { try await group.run() }
         let escalated = NIOLockedValueBox(false)
-        let watcher = Task { [logger, shutdownLimit] in
+        let watcher = Task { [logger, limit] in
             var caught = 0
             for await signal in signals {
                 caught += 1
                 switch caught {
                 case 1:
-                    logger.notice("\(signal) received: stopping gracefully, within \(shutdownLimit); send it again to stop at once")
+                    logger.notice("\(signal) received: stopping gracefully, within \(limit); send it again to stop at once")
                     await group.triggerGracefulShutdown()
                 case 2:
                     // The cancelled services still write what is pending and close the database.

@@ -128,15 +128,19 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
         logger.notice("voice transport listening", metadata: ["address": "\(server.localAddress)", "channels": "\(channelCount)"])
         await onListening(server.localAddress)
 
+        // The cluster node's heartbeat and leases outlive the graceful shutdown's start: a drain
+        // hands channels over while they are still held.
+        var clusterTask: Task<Void, any Error>?
+        if let cluster {
+            let hooks = HubDriver.clusterHooks(box, on: eventLoop)
+            let host = configuration.advertisedHost, port = server.localAddress.port ?? configuration.port
+            let admin = configuration.adminPort == 0 ? nil : "http://\(ServerConfiguration.urlHost(configuration.adminHost)):\(configuration.adminPort)"
+            clusterTask = Task { try await cluster.run(voiceHost: host, voicePort: port, adminURL: admin, hooks: hooks) }
+        }
+        defer { clusterTask?.cancel() }
+
         try? await cancelWhenGracefulShutdown {
             try await withThrowingTaskGroup(of: Void.self) { chores in
-                if let cluster = self.cluster {
-                    let hooks = HubDriver.clusterHooks(box, on: eventLoop)
-                    let configuration = self.configuration
-                    let host = configuration.advertisedHost, port = server.localAddress.port ?? configuration.port
-                    let admin = configuration.adminPort == 0 ? nil : "http://\(ServerConfiguration.urlHost(configuration.adminHost)):\(configuration.adminPort)"
-                    chores.addTask { try await cluster.run(voiceHost: host, voicePort: port, adminURL: admin, hooks: hooks) }
-                }
                 // The hourly chores run beside the poll: a prune of millions of records (after
                 // `transmissionLogDays` was lowered) takes minutes, and revocations, deletions and new
                 // channels must not wait for it.
@@ -178,6 +182,12 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
             }
         }
 
+        if let cluster {
+            logger.notice("draining: handing this node's channels to the other nodes")
+            let moved = await cluster.drain(within: .milliseconds(Int64(configuration.drainSeconds * 1000)),
+                                            hooks: HubDriver.drainHooks(box, on: eventLoop))
+            logger.notice("drained", metadata: ["channels moved": "\(moved)"])
+        }
         logger.notice("voice transport stopping: telling members the server is going away")
         running.withLockedValue { $0 = nil }
         try? await eventLoop.submit {

@@ -209,6 +209,59 @@ public actor ClusterNode {
 
     /// The channels held now, for `GET /v1/cluster` and draining.
     var held: [UUID] { keeper.held.map(\.channel) }
+
+    // MARK: Draining
+
+    /// What a drain asks of the hub, on its event loop.
+    struct DrainHooks: Sendable {
+        var isTalking: @Sendable (UUID) async -> Bool
+        var endTenure: @Sendable (UUID) async -> Void
+        var move: @Sendable (UUID, NodeAddress) async -> Void
+    }
+
+    /// Hands every channel held here to another node: marked draining first (no new channel comes
+    /// here), each channel waits for its burst in progress to end (at most until `deadline` for all),
+    /// stops being served here, is handed over in the database (a new home, a new epoch), and its
+    /// members are told to `move` there, so that they reconnect at once instead of timing out.
+    /// Returns how many were handed over; with no other live node, the channels stay (and end with
+    /// the process, as on a single node).
+    @discardableResult
+    func drain(within deadline: Duration, hooks: DrainHooks) async -> Int {
+        state = .draining
+        do { _ = try await store.setNodeState(id, .draining) } catch {
+            logger.warning("could not mark this node draining", metadata: ["error": "\(error)"])
+        }
+        let until = ContinuousClock.now + deadline
+        var moved = 0
+        for channel in keeper.held.map(\.channel) {
+            while ContinuousClock.now < until, await hooks.isTalking(channel) {
+                try? await Task.sleep(for: .milliseconds(100))
+            }
+            guard let epoch = keeper.release(channel) else { continue }
+            epochs.set(channel, nil)
+            await hooks.endTenure(channel)
+            let outcome: (decision: HandOverDecision<UUID>, nodes: [ClusterNodeRecord])
+            do { outcome = try await store.handOver(channel, from: id, epoch: epoch, policy: policy) } catch {
+                logger.warning("could not hand a channel over; its members reconnect once this node is gone",
+                               metadata: ["channel": "\(channel)", "error": "\(error)"])
+                continue
+            }
+            switch outcome.decision {
+            case .moved(let row, _):
+                guard let node = outcome.nodes.first(where: { $0.id == row.home }), let port = UInt16(exactly: node.voicePort) else { continue }
+                let home = NodeAddress(node: row.home.rawValue, host: node.voiceHost, port: port, epoch: UInt64(row.epoch.rawValue))
+                await hooks.move(channel, home)
+                metrics.moves.increment()
+                moved += 1
+                logger.notice("channel handed over", metadata: ["channel": "\(channel)", "to": "\(home)"])
+            case .noNodeAvailable:
+                logger.notice("no other node can take the channel; it ends here with this node", metadata: ["channel": "\(channel)"])
+            case .notHeld:
+                break
+            }
+        }
+        return moved
+    }
 }
 
 /// The epochs of the channels a node holds, read by the store's fencing from any thread.
@@ -225,6 +278,7 @@ struct ClusterMetrics: Sendable {
     let renewals: Counter
     let renewalFailures: Counter
     let leasesLost: Counter
+    let moves: Counter
 
     init(registry: PrometheusCollectorRegistry) {
         func counter(_ name: String, _ help: String) -> Counter {
@@ -234,6 +288,7 @@ struct ClusterMetrics: Sendable {
         redirects = counter("cluster_redirects", "Joins this node sent to the channel's home on another node.")
         renewals = counter("cluster_lease_renewals", "Channel leases this node renewed.")
         renewalFailures = counter("cluster_lease_renewal_failures", "Heartbeats (with their lease renewals) that failed: the database did not answer.")
+        moves = counter("cluster_moves", "Channels this node handed over to another node while draining (their members told to move).")
         leasesLost = counter("cluster_leases_lost", "Channels this node stopped serving because their lease ran out or another node took them.")
     }
 }
