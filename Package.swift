@@ -146,7 +146,7 @@ let package = Package(
             .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
         ], swiftSettings: swift6),
         .target(name: "PTTServer", dependencies: [
-            "Wire", "WireNIO", "APNs", "SquelchInfo", "FloorControl", "ParticipantTokens", "ParticipantClaims", "ChannelStore", "ChannelStoreSQLite", "ChannelStorePostgres", "ChannelProtocol",
+            "Wire", "WireNIO", "APNs", "SquelchInfo", "FloorControl", "ParticipantTokens", "ParticipantClaims", "ChannelStore", "ChannelStoreSQLite", "ChannelStorePostgres", "ClusterPlacement", "ChannelProtocol",
             "ChannelHub", "KeyFiles",
             .product(name: "Logging", package: "swift-log"),
             .product(name: "Metrics", package: "swift-metrics"),
@@ -168,7 +168,7 @@ let package = Package(
         .target(name: "ServerTesting", dependencies: ["PTTServer", "APNsSimulatorEmbedding", "Wire"], swiftSettings: swift6),
 
         .executableTarget(name: "squelchd", dependencies: [
-            "PTTServer", "APNsSimulator", "APNsSimulatorEmbedding", "SquelchInfo", "ParticipantTokens", "ParticipantClaims", "ChannelStore", "ChannelStoreSQLite", "ChannelProtocol",
+            "PTTServer", "APNsSimulator", "APNsSimulatorEmbedding", "SquelchInfo", "ParticipantTokens", "ParticipantClaims", "ChannelStore", "ChannelStoreSQLite", "ChannelStorePostgres", "ClusterPlacement", "ChannelProtocol",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
             .product(name: "Logging", package: "swift-log"),
         ], swiftSettings: swift6),

@@ -87,18 +87,20 @@ extension PostgresChannelStore {
         }
     }
 
-    /// The node's heartbeat (with its load and state) and its lease renewals, in one transaction: one
-    /// round trip a second. Call `LeaseKeeper.renewalSucceeded` with the time taken before this call.
+    /// The node's heartbeat (with its load) and its lease renewals, in one transaction: one round
+    /// trip a second. Call `LeaseKeeper.renewalSucceeded` with the time taken before this call.
+    /// A node that is draining says so; one an operator marked draining (`setNodeState`) stays so,
+    /// and learns it from `state` in the answer.
     public func heartbeat(_ id: NodeID, load: Int, state: NodeState, renewing held: [HeldLease<UUID>],
-                          policy: PlacementPolicy) async throws(StoreError) -> RenewalDecision<UUID> {
+                          policy: PlacementPolicy) async throws(StoreError) -> (renewal: RenewalDecision<UUID>, state: NodeState) {
         let logger = logger
         return try await transaction("renew node \(id)'s leases") { connection in
-            try await connection.execute("""
+            let recorded = try await connection.rows("""
                 UPDATE node SET heartbeat_us = (extract(epoch FROM now()) * 1000000)::bigint, load = \(Int64(load)),
-                    state = \(state.rawValue)
-                WHERE id = \(id.rawValue)
-                """, logger: logger)
-            guard !held.isEmpty else { return RenewalDecision() }
+                    state = CASE WHEN \(state.rawValue) = 'draining' THEN 'draining' ELSE state END
+                WHERE id = \(id.rawValue) RETURNING state
+                """, logger: logger) { try $0.decode(String.self) }.first.flatMap(NodeState.init(rawValue:)) ?? state
+            guard !held.isEmpty else { return (RenewalDecision(), recorded) }
             let dbNow = try await Self.now(on: connection, logger: logger)
             let channels = held.map(\.channel)
             let rows = try await connection.rows("""
@@ -106,7 +108,7 @@ extension PostgresChannelStore {
                 """, logger: logger, Self.placement).compactMap { $0 }
             let decision = policy.renew(held, current: rows, node: id, dbNow: dbNow)
             for row in decision.renewed { try await Self.write(row, on: connection, logger: logger) }
-            return decision
+            return (decision, recorded)
         }
     }
 

@@ -197,6 +197,7 @@ public enum AdminAPI {
         MembersController(admin: admin).addRoutes(to: v1)
         TokensController(admin: admin).addRoutes(to: v1)
         LogsController(admin: admin).addRoutes(to: v1)
+        ClusterController(admin: admin).addRoutes(to: v1)
         // Last, so that it wraps only what no route matched (Hummingbird applies a router's
         // middleware to the routes added after it, and to its not-found answer).
         router.add(middleware: UnknownEndpointMiddleware(endpoints: endpoints(of: router.routes)))

@@ -187,6 +187,7 @@ public struct SquelchServer: Sendable {
         var cluster: ClusterNode?
         if let shared = store as? PostgresChannelStore {
             cluster = ClusterNode(id: try configuration.resolveNodeID(), store: shared, lease: .milliseconds(Int64(configuration.leaseSeconds * 1000)),
+                                  drainWait: .milliseconds(Int64(configuration.drainSeconds * 1000)),
                                   metrics: ClusterMetrics(registry: metrics.registry), logger: logger)
         }
         let voice = VoiceService(configuration: configuration, identity: identity, store: store, tokens: tokens,

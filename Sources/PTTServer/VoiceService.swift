@@ -135,6 +135,7 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
             let hooks = HubDriver.clusterHooks(box, on: eventLoop)
             let host = configuration.advertisedHost, port = server.localAddress.port ?? configuration.port
             let admin = configuration.adminPort == 0 ? nil : "http://\(ServerConfiguration.urlHost(configuration.adminHost)):\(configuration.adminPort)"
+            await cluster.setDrainHooks(HubDriver.drainHooks(box, on: eventLoop))
             clusterTask = Task { try await cluster.run(voiceHost: host, voicePort: port, adminURL: admin, hooks: hooks) }
         }
         defer { clusterTask?.cancel() }
@@ -184,8 +185,7 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
 
         if let cluster {
             logger.notice("draining: handing this node's channels to the other nodes")
-            let moved = await cluster.drain(within: .milliseconds(Int64(configuration.drainSeconds * 1000)),
-                                            hooks: HubDriver.drainHooks(box, on: eventLoop))
+            let moved = await cluster.drain(within: cluster.drainWait, hooks: HubDriver.drainHooks(box, on: eventLoop))
             logger.notice("drained", metadata: ["channels moved": "\(moved)"])
         }
         logger.notice("voice transport stopping: telling members the server is going away")

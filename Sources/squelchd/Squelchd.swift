@@ -12,7 +12,7 @@ struct Squelchd: AsyncParsableCommand {
         abstract: "The Squelch push-to-talk server.",
         discussion: "Start it with 'squelchd serve'. Everything binds to 127.0.0.1 unless you say otherwise.",
         version: SquelchInfo.version,
-        subcommands: [Serve.self, Token.self, Channel.self, Audit.self, APNsSim.self])
+        subcommands: [Serve.self, Token.self, Channel.self, Node.self, Audit.self, APNsSim.self])
 
     /// A `ValidationError` thrown by a command's `run` (after parsing: a value no parser can check,
     /// like a lifetime or a UUID) would be printed with the root's usage, 'squelchd <subcommand>';

@@ -271,4 +271,42 @@ import Wire
         await bob.invalidate()
         await cluster.stop()
     }
+
+    /// An operator drains the home with `squelchd node drain`: the channel moves, the node keeps
+    /// running, and every node's `GET /v1/cluster` shows it draining with no channels.
+    @Test func anOperatorsDrainMovesTheChannelAndTheNodeStaysUp() async throws {
+        let cluster = try await Cluster()
+        defer { cluster.reaper.killAll() }
+        let (home, entry, ann, bob) = try await cluster.placeAndJoin()
+        let listed = try Executables.run("squelchd", ["node", "list", "--database", cluster.location.url])
+        #expect(listed.status == 0 && (0 ..< 3).allSatisfy { listed.out.contains("node-\($0)") }, "\(listed.out)\(listed.err)")
+        let drained = try Executables.run("squelchd", ["node", "drain", "node-\(home)", "--database", cluster.location.url])
+        #expect(drained.status == 0, "\(drained.err)")
+        let store = cluster.store, channel = cluster.channel.id
+        #expect(await eventually(seconds: 10) {
+            let view = try? await store.clusterView()
+            let row = view?.placements.first { $0.channel == channel }
+            return row.map { $0.home.rawValue != "node-\(home)" } ?? false
+        }, "the channel has another home")
+        #expect(await ann.talkOnce(cluster.channel.id, within: 10))
+        #expect(await eventually(seconds: 10) { bob.bursts >= 1 }, "bob heard the burst at the new home")
+        #expect(try #require(cluster.nodes[home]).process.isRunning, "a drain does not stop the node")
+
+        let other = try #require(cluster.nodes[entry])
+        let key = try String(contentsOfFile: cluster.root.appendingPathComponent("node-\(entry)/admin-key").path, encoding: .utf8)
+            .trimmingCharacters(in: .whitespacesAndNewlines)
+        var request = URLRequest(url: try #require(URL(string: "http://127.0.0.1:\(other.adminPort)/v1/cluster")))
+        request.setValue("Bearer \(key)", forHTTPHeaderField: "Authorization")
+        let (body, _) = try await URLSession.shared.data(for: request)
+        let nodes = (try JSONSerialization.jsonObject(with: body) as? [String: Any])?["nodes"] as? [[String: Any]] ?? []
+        let drainedNode = nodes.first { $0["id"] as? String == "node-\(home)" }
+        #expect(drainedNode?["state"] as? String == "draining" && (drainedNode?["channels"] as? [Any])?.isEmpty == true,
+                "\(String(decoding: body, as: UTF8.self))")
+        #expect(nodes.filter { ($0["channels"] as? [Any])?.isEmpty == false }.count == 1, "one home for the channel")
+        let missing = try Executables.run("squelchd", ["node", "drain", "node-9", "--database", cluster.location.url])
+        #expect(missing.status == 1 && missing.err.contains("no node 'node-9'"))
+        await ann.invalidate()
+        await bob.invalidate()
+        await cluster.stop()
+    }
 }

@@ -52,11 +52,14 @@ import Testing
         let first = try await store.claim(channel, requester: nodes[0], policy: policy)
         let (owner, epoch) = try #require(home(first.decision))
         let other = nodes.first { $0 != owner }!
-        let renewed = try await store.heartbeat(owner, load: 1, state: .serving, renewing: [HeldLease(channel: channel, epoch: epoch)], policy: policy)
+        let renewed = try await store.heartbeat(owner, load: 1, state: .serving, renewing: [HeldLease(channel: channel, epoch: epoch)], policy: policy).renewal
         #expect(renewed.renewed.map(\.channel) == [channel] && renewed.lost.isEmpty)
         #expect(renewed.renewed[0].leaseExpiry >= first.dbNow + .seconds(5))
-        let stolen = try await store.heartbeat(other, load: 0, state: .serving, renewing: [HeldLease(channel: channel, epoch: epoch)], policy: policy)
+        let stolen = try await store.heartbeat(other, load: 0, state: .serving, renewing: [HeldLease(channel: channel, epoch: epoch)], policy: policy).renewal
         #expect(stolen.renewed.isEmpty && stolen.lost.map(\.channel) == [channel])
+        // An operator's drain sticks through the node's own heartbeats, which report it back.
+        #expect(try await store.setNodeState(owner, .draining))
+        #expect(try await store.heartbeat(owner, load: 1, state: .serving, renewing: [], policy: policy).state == .draining)
         try await store.close()
     }
 

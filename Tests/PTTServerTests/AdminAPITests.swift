@@ -156,6 +156,7 @@ import Testing
         try await fixture.application.test(.router) { client in
             for endpoint in AdminAPI.endpoints(of: AdminAPI.router(context: fixture.context).routes) {
                 let uri = endpoint.path.replacingOccurrences(of: "{id}", with: UUID().uuidString).replacingOccurrences(of: "{user}", with: "ann")
+                    .replacingOccurrences(of: "{node}", with: "node-a")
                 for method in all {
                     let response = try await client.send(method, uri, json: method == .post || method == .patch ? "{}" : nil)
                     if endpoint.methods.contains(method) {

@@ -49,8 +49,12 @@ public actor ClusterNode {
     /// How long a join may wait for a silent home's lease to run out before it is refused.
     let longestWait: Duration
 
-    init(id: NodeID, store: PostgresChannelStore, lease: Duration, metrics: ClusterMetrics, logger: Logger) {
+    /// How long a drain waits for bursts in progress (`drainSeconds`).
+    let drainWait: Duration
+
+    init(id: NodeID, store: PostgresChannelStore, lease: Duration, drainWait: Duration, metrics: ClusterMetrics, logger: Logger) {
         self.id = id
+        self.drainWait = drainWait
         self.store = store
         policy = PlacementPolicy(lease: lease, heartbeatStaleness: min(.seconds(3), lease * 0.6))
         keeper = LeaseKeeper(settings: .init(lease: lease))
@@ -168,7 +172,9 @@ public actor ClusterNode {
         let result: Result<RenewalDecision<UUID>, StoreError> = await withTaskGroup(of: Result<RenewalDecision<UUID>, StoreError>?.self) { group in
             group.addTask {
                 do throws(StoreError) {
-                    return .success(try await store.heartbeat(id, load: load, state: state, renewing: held, policy: policy))
+                    let (renewal, recorded) = try await store.heartbeat(id, load: load, state: state, renewing: held, policy: policy)
+                    if recorded == .draining, state == .serving { await self.drainRequested() }
+                    return .success(renewal)
                 } catch { return .failure(error) }
             }
             group.addTask {
@@ -211,6 +217,20 @@ public actor ClusterNode {
     var held: [UUID] { keeper.held.map(\.channel) }
 
     // MARK: Draining
+
+    /// The hub's side of a drain, set by whoever runs the node (VoiceService).
+    private var drainHooks: DrainHooks?
+
+    func setDrainHooks(_ hooks: DrainHooks) { drainHooks = hooks }
+
+    /// An operator marked this node draining (`squelchd node drain`, `POST /v1/cluster/nodes/ID/drain`):
+    /// its channels go to the other nodes, and it keeps running, taking no new ones.
+    private func drainRequested() {
+        guard state == .serving, let hooks = drainHooks else { return }
+        state = .draining
+        logger.notice("this node was marked draining: handing its channels to the other nodes")
+        Task { await self.drain(within: drainWait, hooks: hooks) }
+    }
 
     /// What a drain asks of the hub, on its event loop.
     struct DrainHooks: Sendable {
