@@ -24,7 +24,7 @@ import Wire
         let certs: String
         let location: PostgresLocation
         let store: PostgresChannelStore
-        let channel = ChannelRecord(name: "Ops", maxBurstSeconds: 60)
+        let channel: ChannelRecord
         let reaper = KillRestartTests.Reaper()
         var nodes: [KillRestartTests.Server?] = []
         let lease: Int
@@ -35,7 +35,11 @@ import Wire
             try Executables.makeDevCertificates(into: certs)
             location = try await PostgresTestServer.shared.makeDatabase()
             store = try await PostgresChannelStore.open(location)
-            try await store.createChannel(channel)
+            // Made as an operator would, with `squelchd channel create` on the cluster's database
+            // (SQUELCH_DATABASE, as the README says).
+            let created = try Executables.run("squelchd", ["channel", "create", "--name", "Ops"], environment: ["SQUELCH_DATABASE": location.url])
+            let id = try #require(UUID(uuidString: created.out.trimmingCharacters(in: .whitespacesAndNewlines)), "\(created.out)\(created.err)")
+            channel = try #require(try await store.channel(id))
             self.lease = lease
             for index in 0 ..< count { nodes.append(try await start(index)) }
         }
