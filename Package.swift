@@ -190,6 +190,7 @@ let package = Package(
         .executableTarget(name: "squelch-bench", dependencies: [
             "Opus", "Audio", "SquelchInfo", "Wire", "WireNIO", "WireTesting", "SquelchTesting", "ChannelProtocol",
             "ParticipantTokens", "ParticipantClaims", "APNs", "APNsSimulator", "APNsDevice", "ChannelStore", "ChannelStoreSQLite", "PTTClient", "JitterBuffer", "ImpairmentKit", "CUDPBatch",
+            "ChannelStorePostgres", "ClusterPlacement", "PostgresTesting",
             .product(name: "NIOCore", package: "swift-nio"),
             .product(name: "NIOPosix", package: "swift-nio"),
             .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),

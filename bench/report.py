@@ -494,6 +494,30 @@ def section_handshakes(data: dict) -> list[str]:
     ]), ""]
 
 
+def section_cluster(data: dict) -> list[str]:
+    out = ["## Cluster", "",
+           "Three `squelchd` processes on one PostgreSQL (`squelch-bench cluster`): how long a channel "
+           "is silent after `kill -9` of its home (until a listener hears the next burst, which itself "
+           "lasts 0.5 s), what a redirect adds to a join, and placement transactions per second.", ""]
+    c = _section(data, "cluster", dict)
+    if not c:
+        return out + [NOT_MEASURED, ""]
+    w = "cluster"
+    lease = _num(c, "lease_s", w)
+    kills = _num(c, "kills", w)
+    failover_max = _num(c, "failover_max_s", w)
+    verdict = "—" if failover_max is None else ("met" if failover_max <= 8 else "**missed**") + f" ({failover_max:.1f} s)"
+    direct, redirected = _num(c, "join_direct_ms", w), _num(c, "join_redirected_ms", w)
+    return out + [table(["Figure", "Value", "Target", "Met / missed"], [
+        [f"Failover after kill -9, p50 ({fmt(kills, '', 0)} kills, lease {fmt(lease, 's', 0)})", fmt(_num(c, "failover_p50_s", w), "s", 1), "—", "—"],
+        ["Failover after kill -9, maximum", fmt(failover_max, "s", 1), "≤ 8.0 s", verdict],
+        ["Join at the home", fmt(direct, "ms", 2), "—", "—"],
+        ["Join through a redirect", fmt(redirected, "ms", 2), "at most one extra round trip",
+         "—" if direct is None or redirected is None else f"a join and a handshake more (+{redirected - direct:.2f} ms)"],
+        ["Placement transactions per second", fmt(_num(c, "placements_per_second", w), "/s", 0), "—", "—"],
+    ]), ""]
+
+
 def section_push(data: dict, v: Verdicts, plots: Path, rel: str) -> list[str]:
     out = ["## Push notifications", "",
            "Wake-up pushes for listeners whose apps are asleep: sustained rate, and how "
@@ -579,6 +603,7 @@ def render(data: dict, md_path: Path, plots: Path) -> str:
     body += section_floor(data, v)
     body += section_handshakes(data)
     body += section_push(data, v, plots, rel)
+    body += section_cluster(data)
     body += section_memory(data, v)
 
     head = ["# Squelch benchmarks", "",

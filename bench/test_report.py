@@ -14,7 +14,7 @@ HERE = Path(__file__).resolve().parent
 EXAMPLE = HERE / "results.example.json"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SECTIONS = ["## Summary", "## Fan-out", "## Mouth-to-ear latency and voice quality", "## Floor control",
-            "## Handshakes and session resume", "## Push notifications", "## Memory"]
+            "## Handshakes and session resume", "## Push notifications", "## Cluster", "## Memory"]
 PLOTS = ["fanout-cpu.png", "fanout-latency.png", "mouth-to-ear.png", "quality.png", "push.png"]
 
 
@@ -51,6 +51,7 @@ class ReportTests(unittest.TestCase):
         self.assertIn("| Floor grant p95 at 200 listeners, idle channel | 6.0 ms | ≤ 5.0 ms | **missed** (6.0 ms) |", doc)
         self.assertIn("| 50 | 3.00 µs | n/a | n/a |", doc)  # rows from before the server figures were kept
         self.assertIn("**missed** (2.55)", doc)  # the example's PESQ at 10 % loss
+        self.assertIn("| Failover after kill -9, maximum | 6.1 s | ≤ 8.0 s | met (6.1 s) |", doc)
         self.assertNotIn("not measured in this run", doc.lower())
         for name in PLOTS:
             f = self.plots / name
@@ -82,7 +83,7 @@ class ReportTests(unittest.TestCase):
 
     def test_missing_sections_are_not_measured(self):
         data = json.loads(EXAMPLE.read_text())
-        for k in ("fanout", "push", "floor", "memory", "handshakes"):
+        for k in ("fanout", "push", "floor", "memory", "handshakes", "cluster"):
             del data[k]
         data["mouth_to_ear"] = []
         p = self.run_report(self.write_results(data))
@@ -90,7 +91,7 @@ class ReportTests(unittest.TestCase):
         doc = self.md.read_text()
         for s in SECTIONS:
             self.assertIn(s, doc)
-        self.assertEqual(doc.count("_Not measured in this run._"), 6)
+        self.assertEqual(doc.count("_Not measured in this run._"), 7)
         self.assertEqual(list(self.plots.glob("*.png")), [])
 
     def test_minimal_and_partial_results(self):

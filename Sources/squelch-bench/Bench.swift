@@ -10,7 +10,7 @@ struct Bench: AsyncParsableCommand {
         commandName: "squelch-bench",
         abstract: "Squelch benchmarks. Build in release mode (make bench) before trusting a figure.",
         version: SquelchInfo.version,
-        subcommands: [All.self, Codec.self, Transport.self, Fanout.self, Push.self, Connections.self, EndToEnd.self, WireEcho.self])
+        subcommands: [All.self, Codec.self, Transport.self, Fanout.self, Push.self, Connections.self, EndToEnd.self, ClusterBenchmark.self, WireEcho.self])
 }
 
 struct All: AsyncParsableCommand {
@@ -32,6 +32,7 @@ struct All: AsyncParsableCommand {
             try await Push.parse(["--pushes", "2000", "--in-flight", "200", "--wakes", "100", "--bursts", "2"] + common).run()
             try await Connections.parse(["--count", "100", "--resumes", "5"] + common).run()
             try await EndToEnd.parse(["--loss", "10", "--jitter", "30", "--bursts", "2"] + common).run()
+            try await ClusterBenchmark.parse(["--kills", "1", "--joins", "2", "--placements", "50"] + common).run()
         } else {
             try Codec.parse([]).run()
             try await Transport.parse([]).run()
@@ -39,6 +40,7 @@ struct All: AsyncParsableCommand {
             try await Push.parse(common).run()
             try await Connections.parse(common).run()
             try await EndToEnd.parse(common).run()
+            try await ClusterBenchmark.parse(common).run()
         }
         try results.record("quick", quick)
     }

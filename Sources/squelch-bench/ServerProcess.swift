@@ -29,21 +29,9 @@ struct ServerProcess {
         guard let channel = UUID(uuidString: created.trimmingCharacters(in: .whitespacesAndNewlines)) else {
             throw ValidationError("squelchd channel create printed '\(created)', not a channel id")
         }
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: squelchd)
-        process.arguments = ["serve", "--data-dir", data, "--port", "0", "--admin-port", "0", "--cert", certs + "/server-chain.pem",
-                             "--key", certs + "/server.key", "--log-level", "notice", "--apns", "off"] + extra
-        let errors = Pipe()
-        process.standardError = errors
-        let log = LineCollector(errors)
-        try process.run()
-        guard let voiceLine = await log.wait(for: "voice transport listening", seconds: 30), let voicePort = lastPort(in: voiceLine),
-              let adminLine = await log.wait(for: "admin API listening on", seconds: 30), let adminPort = lastPort(in: adminLine) else {
-            process.terminate()
-            throw ValidationError("squelchd did not start: \(log.text)")
-        }
-        return ServerProcess(process: process, log: log, data: data, channel: channel, voicePort: voicePort, adminPort: adminPort,
-                             authority: try await TokenAuthority.loadOrCreate(in: data))
+        let serving = try await ServeProcess.launch(squelchd: squelchd, certs: certs, data: data, extra: extra)
+        return ServerProcess(process: serving.process, log: serving.log, data: data, channel: channel, voicePort: serving.voicePort,
+                             adminPort: serving.adminPort, authority: try await TokenAuthority.loadOrCreate(in: data))
     }
 
     func token(_ user: String, _ capabilities: Set<Capability> = [.talk, .listen]) async throws -> String {
@@ -61,5 +49,34 @@ struct ServerProcess {
     func stop() {
         if process.isRunning { process.terminate(); process.waitUntilExit() }
         try? FileManager.default.removeItem(atPath: data)
+    }
+}
+
+/// `squelchd serve` running, and the ports it logged.
+struct ServeProcess {
+    let process: Process
+    let log: LineCollector
+    let voicePort: Int
+    let adminPort: Int
+
+    static func launch(squelchd: String, certs: String, data: String, extra: [String]) async throws -> ServeProcess {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: squelchd)
+        process.arguments = ["serve", "--data-dir", data, "--port", "0", "--admin-port", "0", "--cert", certs + "/server-chain.pem",
+                             "--key", certs + "/server.key", "--log-level", "notice", "--apns", "off"] + extra
+        let errors = Pipe()
+        process.standardError = errors
+        let log = LineCollector(errors)
+        try process.run()
+        guard let voiceLine = await log.wait(for: "voice transport listening", seconds: 30), let voicePort = lastPort(in: voiceLine),
+              let adminLine = await log.wait(for: "admin API listening on", seconds: 30), let adminPort = lastPort(in: adminLine) else {
+            process.terminate()
+            throw ValidationError("squelchd did not start: \(log.text)")
+        }
+        return ServeProcess(process: process, log: log, voicePort: voicePort, adminPort: adminPort)
+    }
+
+    func stop() {
+        if process.isRunning { process.terminate(); process.waitUntilExit() }
     }
 }
