@@ -17,6 +17,15 @@ extension ChannelSession {
         if serverWentAway { serverAway = true }
         let message = serverAway && !serverWentAway ? "squelchd went away (shutting down) and is not back yet: \(message)" : message
         guard let channel, link != .suspended, link != .down else { return }
+        if route.home != nil, link == .connecting {
+            // A cluster's home that does not answer (it may have died since the redirect named it):
+            // the entry point decides again, within the redirect limit.
+            route.homeLost()
+            link = .down
+            outputs.append(.event(.homeNode(nil)))
+            connect()
+            return
+        }
         if joinReport == .due(.developerRequest) {
             // The first join never got through: it failed, and the channel is not active.
             failHeldPress("the channel could not be joined: \(message)")

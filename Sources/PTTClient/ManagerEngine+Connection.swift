@@ -67,8 +67,8 @@ extension ManagerEngine {
         ]
     }
 
-    /// `base` with the liveness a cluster's failover needs: a keepalive every second and a stall
-    /// after two seconds unanswered, so that a dead home is noticed (and the channel found on its new
+    /// `base` with the liveness a cluster's failover needs: a keepalive every second, a stall after
+    /// two seconds unanswered, and a handshake given up after three, so that a dead home is noticed (and the channel found on its new
     /// node) within about three seconds while the channel is quiet, instead of up to eight. Costs one
     /// small packet a second each way.
     static func clusterLiveness(_ base: ConnectionConfiguration) -> ConnectionConfiguration {
@@ -76,6 +76,9 @@ extension ManagerEngine {
         var connection = base
         connection.keepAliveInterval = base.keepAliveInterval == 0 ? second : min(base.keepAliveInterval, second)
         connection.stallTimeout = base.stallTimeout == 0 ? 2 * second : min(base.stallTimeout, 2 * second)
+        // A home that has just died can still be named by a redirect (its heartbeat is not stale
+        // yet): give up on it after 3 s and ask the entry point again, rather than after 10.
+        connection.handshakeTimeout = min(base.handshakeTimeout, 3 * second)
         return connection
     }
 

@@ -124,4 +124,18 @@ extension ChannelSessionTests {
         let out = s.takeOutputs()
         #expect(connections(out).map { $0.1 } == [true], "with the cluster's liveness")
     }
+
+    /// A home named by a redirect that does not answer (it died since): back to the entry point, not
+    /// a failed join.
+    @Test func aRedirectToAHomeThatDoesNotAnswerGoesBackToTheEntryPoint() {
+        var s = ChannelSession()
+        s.requestJoin(channelID, descriptor: descriptor, credentials: credentials, reason: .developerRequest)
+        s.transportConnected()
+        s.received(.redirect(home: Self.nodeB))
+        _ = s.takeOutputs()
+        s.transportFailed("no answer from squelchd at 10.0.0.2:7702")
+        let out = s.takeOutputs()
+        #expect(connections(out).map(\.0.host) == [credentials.host], "\(out)")
+        #expect(delegateCalls(out).isEmpty, "no failure: the entry point decides again")
+    }
 }
