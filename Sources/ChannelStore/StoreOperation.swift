@@ -26,4 +26,17 @@ extension StoreOperation {
         case .logTransmission(let record): record.channelID
         }
     }
+
+    /// What the write does, for error messages: "store member 'ann' of channel …".
+    public var action: String {
+        switch self {
+        case .upsertMember(let member): "store member '\(member.userID)' of channel \(member.channelID)"
+        case .touchMember(let channel, let user, _): "update last seen of member '\(user)' of channel \(channel)"
+        case .setPushToken(let channel, let user, _, _, _): "store the push token of member '\(user)' of channel \(channel)"
+        case .removeMember(let channel, let user): "remove member '\(user)' of channel \(channel)"
+        case .clearPushToken(let channel, let user): "clear the push token of member '\(user)' of channel \(channel)"
+        case .setSubscriptions(let channel, let user, _): "store the subscriptions of member '\(user)' of channel \(channel)"
+        case .logTransmission(let record): "log a transmission on channel \(record.channelID)"
+        }
+    }
 }

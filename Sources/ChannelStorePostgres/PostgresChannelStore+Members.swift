@@ -84,7 +84,7 @@ extension PostgresChannelStore {
     /// member, a value refused) is undone alone and reported, the others commit together.
     public func apply(_ operations: [StoreOperation]) async throws(StoreError) -> [StoreError?] {
         guard !operations.isEmpty else { return [] }
-        let action = operations.count == 1 ? Self.action(operations[0]) : "save \(operations.count) changes"
+        let action = operations.count == 1 ? operations[0].action : "save \(operations.count) changes"
         let logger = logger
         let fencing = fencing.withLock { $0 }
         return try await transaction(action) { connection in
@@ -98,7 +98,7 @@ extension PostgresChannelStore {
                     try await connection.execute("RELEASE SAVEPOINT operation", logger: logger)
                     outcomes.append(nil)
                 } catch {
-                    let refusal = self.storeError("cannot " + Self.action(operation), error)
+                    let refusal = self.storeError("cannot " + operation.action, error)
                     // One that may pass later (a lost connection, a deadlock) fails them all: the
                     // transaction is rolled back and the caller tries the whole batch again.
                     if refusal.isTransient { throw refusal }
@@ -127,21 +127,8 @@ extension PostgresChannelStore {
     /// One write on its own: `apply` of one, its refusal thrown.
     func applyOne(_ operation: StoreOperation) async throws(StoreError) {
         let logger = logger
-        try await withConnection(Self.action(operation)) { connection in
+        try await withConnection(operation.action) { connection in
             try await Self.perform(operation, on: connection, logger: logger)
-        }
-    }
-
-    /// What `operation` does, for error messages: "store member 'ann' of channel …".
-    static func action(_ operation: StoreOperation) -> String {
-        switch operation {
-        case .upsertMember(let member): "store member '\(member.userID)' of channel \(member.channelID)"
-        case .touchMember(let channel, let user, _): "update last seen of member '\(user)' of channel \(channel)"
-        case .setPushToken(let channel, let user, _, _, _): "store the push token of member '\(user)' of channel \(channel)"
-        case .removeMember(let channel, let user): "remove member '\(user)' of channel \(channel)"
-        case .clearPushToken(let channel, let user): "clear the push token of member '\(user)' of channel \(channel)"
-        case .setSubscriptions(let channel, let user, _): "store the subscriptions of member '\(user)' of channel \(channel)"
-        case .logTransmission(let record): "log a transmission on channel \(record.channelID)"
         }
     }
 

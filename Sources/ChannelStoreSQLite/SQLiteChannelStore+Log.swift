@@ -7,7 +7,7 @@ extension SQLiteChannelStore {
 
     public func logTransmission(_ record: TransmissionRecord) async throws(StoreError) {
         let operation = StoreOperation.logTransmission(record)
-        try await write(Self.action(operation)) { db in try Self.perform(operation, in: db) }
+        try await write(operation.action) { db in try Self.perform(operation, in: db) }
     }
 
     static func logTransmission(_ row: TransmissionRow, in db: Database) throws {

@@ -7,7 +7,7 @@ extension SQLiteChannelStore {
 
     public func upsertMember(_ member: MemberRecord) async throws(StoreError) {
         let operation = StoreOperation.upsertMember(member)
-        try await write(Self.action(operation)) { db in try Self.perform(operation, in: db) }
+        try await write(operation.action) { db in try Self.perform(operation, in: db) }
     }
 
     public func members(of channel: UUID) async throws(StoreError) -> [MemberRecord] {
@@ -26,12 +26,12 @@ extension SQLiteChannelStore {
 
     public func removeMember(channel: UUID, user: String) async throws(StoreError) {
         let operation = StoreOperation.removeMember(channel: channel, user: user)
-        try await write(Self.action(operation)) { db in try Self.perform(operation, in: db) }
+        try await write(operation.action) { db in try Self.perform(operation, in: db) }
     }
 
     public func touchMember(channel: UUID, user: String, lastSeen: Date) async throws(StoreError) {
         let operation = StoreOperation.touchMember(channel: channel, user: user, lastSeen: lastSeen)
-        try await write(Self.action(operation)) { db in try Self.perform(operation, in: db) }
+        try await write(operation.action) { db in try Self.perform(operation, in: db) }
     }
 
     public func touchMembers(_ members: [MemberKey], lastSeen: Date) async throws(StoreError) {
@@ -66,17 +66,17 @@ extension SQLiteChannelStore {
     public func setPushToken(channel: UUID, user: String, token: String, environment: PushEnvironment,
                              registeredAt: Date) async throws(StoreError) {
         let operation = StoreOperation.setPushToken(channel: channel, user: user, token: token, environment: environment, registeredAt: registeredAt)
-        try await write(Self.action(operation)) { db in try Self.perform(operation, in: db) }
+        try await write(operation.action) { db in try Self.perform(operation, in: db) }
     }
 
     public func clearPushToken(channel: UUID, user: String) async throws(StoreError) {
         let operation = StoreOperation.clearPushToken(channel: channel, user: user)
-        try await write(Self.action(operation)) { db in try Self.perform(operation, in: db) }
+        try await write(operation.action) { db in try Self.perform(operation, in: db) }
     }
 
     public func setSubscriptions(channel: UUID, user: String, unheard: [String]) async throws(StoreError) {
         let operation = StoreOperation.setSubscriptions(channel: channel, user: user, unheard: unheard)
-        try await write(Self.action(operation)) { db in try Self.perform(operation, in: db) }
+        try await write(operation.action) { db in try Self.perform(operation, in: db) }
     }
 
     /// Every write in one transaction, each in a savepoint of its own: a write refused (no such
@@ -84,7 +84,7 @@ extension SQLiteChannelStore {
     /// disk flush for all of them.
     public func apply(_ operations: [StoreOperation]) async throws(StoreError) -> [StoreError?] {
         guard !operations.isEmpty else { return [] }
-        let action = operations.count == 1 ? Self.action(operations[0]) : "save \(operations.count) changes"
+        let action = operations.count == 1 ? operations[0].action : "save \(operations.count) changes"
         return try await write(action) { db in
             var outcomes: [StoreError?] = []
             outcomes.reserveCapacity(operations.count)
@@ -96,7 +96,7 @@ extension SQLiteChannelStore {
                     }
                     outcomes.append(nil)
                 } catch {
-                    let refusal = Self.storeError("cannot " + Self.action(operation), error)
+                    let refusal = Self.storeError("cannot " + operation.action, error)
                     // One that may pass later (the disk full, an I/O error) fails them all: the
                     // transaction is rolled back and the caller tries the whole batch again. So does
                     // one after which SQLite rolled the whole transaction back itself (out of memory,
@@ -107,19 +107,6 @@ extension SQLiteChannelStore {
                 }
             }
             return outcomes
-        }
-    }
-
-    /// What `operation` does, for error messages: "store member 'ann' of channel …".
-    static func action(_ operation: StoreOperation) -> String {
-        switch operation {
-        case .upsertMember(let member): "store member '\(member.userID)' of channel \(member.channelID)"
-        case .touchMember(let channel, let user, _): "update last seen of member '\(user)' of channel \(channel)"
-        case .setPushToken(let channel, let user, _, _, _): "store the push token of member '\(user)' of channel \(channel)"
-        case .removeMember(let channel, let user): "remove member '\(user)' of channel \(channel)"
-        case .clearPushToken(let channel, let user): "clear the push token of member '\(user)' of channel \(channel)"
-        case .setSubscriptions(let channel, let user, _): "store the subscriptions of member '\(user)' of channel \(channel)"
-        case .logTransmission(let record): "log a transmission on channel \(record.channelID)"
         }
     }
 
