@@ -89,6 +89,8 @@ let package = Package(
             .product(name: "NIOSSL", package: "swift-nio-ssl"),
             .product(name: "Logging", package: "swift-log"),
         ], swiftSettings: swift6),
+        // A PTTClient member that talks and records, for process tests and benchmarks.
+        .target(name: "PTTClientTesting", dependencies: ["PTTClient", "Audio", "SquelchTesting"], swiftSettings: swift6),
         // A private PostgreSQL server for tests and benchmarks (initdb in a temporary directory).
         .target(name: "PostgresTesting", dependencies: ["ChannelStorePostgres", "SquelchTesting"], swiftSettings: swift6),
         .target(name: "ChannelProtocol", swiftSettings: swift6),
@@ -190,7 +192,7 @@ let package = Package(
         .executableTarget(name: "squelch-bench", dependencies: [
             "Opus", "Audio", "SquelchInfo", "Wire", "WireNIO", "WireTesting", "SquelchTesting", "ChannelProtocol",
             "ParticipantTokens", "ParticipantClaims", "APNs", "APNsSimulator", "APNsDevice", "ChannelStore", "ChannelStoreSQLite", "PTTClient", "JitterBuffer", "ImpairmentKit", "CUDPBatch",
-            "ChannelStorePostgres", "ClusterPlacement", "PostgresTesting",
+            "ChannelStorePostgres", "ClusterPlacement", "PostgresTesting", "PTTClientTesting",
             .product(name: "NIOCore", package: "swift-nio"),
             .product(name: "NIOPosix", package: "swift-nio"),
             .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
@@ -280,7 +282,7 @@ let package = Package(
         .testTarget(name: "BenchTests", dependencies: ["squelch-bench", "SquelchTesting", "WireTesting"], swiftSettings: swift6),
         .testTarget(name: "CLITests", dependencies: [
             "SquelchInfo", "Audio", "PTTClient", "Wire", "WireNIO", "ParticipantTokens", "ParticipantClaims", "SquelchTesting", "ChannelProtocol",
-            "ChannelStore", "ChannelStorePostgres", "PostgresTesting", "ClusterPlacement",
+            "ChannelStore", "ChannelStorePostgres", "PostgresTesting", "ClusterPlacement", "PTTClientTesting",
             .product(name: "NIOCore", package: "swift-nio"),
         ], swiftSettings: swift6),
     ]

@@ -7,8 +7,8 @@ import ClusterPlacement
 import Foundation
 import PostgresTesting
 import PTTClient
+import PTTClientTesting
 import SquelchTesting
-import Synchronization
 import Wire
 
 /// A cluster of three `squelchd serve` processes on a private PostgreSQL: how long a channel is silent
@@ -113,11 +113,11 @@ struct ClusterBenchmark: AsyncParsableCommand {
     /// the entry point would leave them nowhere to go).
     func failoverTimes(_ cluster: ProcessCluster) async throws -> [Double] {
         try cluster.squelchd(["node", "drain", "node-0"])
-        let talker = try await BenchMember("talker", cluster: cluster, talks: true)
-        let listener = try await BenchMember("listener", cluster: cluster, talks: false)
+        let talker = try await RecordingMember("talker", in: cluster.root, talkSeconds: 0.5)
+        let listener = try await RecordingMember("listener", in: cluster.root)
         defer { Task { await talker.invalidate(); await listener.invalidate() } }
-        try await talker.join(cluster, token: try cluster.token("talker"))
-        try await listener.join(cluster, token: try cluster.token("listener"))
+        try await talker.join(cluster.channel, credentials: cluster.credentials(try cluster.token("talker")))
+        try await listener.join(cluster.channel, credentials: cluster.credentials(try cluster.token("listener")))
         guard await talker.talk(cluster.channel, within: 15), await eventually(seconds: 10, { listener.bursts >= 1 }) else {
             throw ValidationError("the first burst was not heard")
         }
@@ -137,7 +137,7 @@ struct ClusterBenchmark: AsyncParsableCommand {
             }
             guard talked, listener.bursts > heard else {
                 let logs = cluster.nodes.indices.map { "node-\($0): " + (cluster.nodes[$0]?.log.text.suffix(1200) ?? "killed") }
-                throw ValidationError("no burst was heard after killing node-\(home) (kill \(times.count + 1); talker \(talked ? "talked" : "could not talk"), \(talker.client.serviceStatus), listener \(listener.client.serviceStatus), home now \(String(describing: try? await cluster.home())))\nlistener: \(listener.recent.withLock { $0 }.joined(separator: "\n  "))\n\(logs.joined(separator: "\n"))")
+                throw ValidationError("no burst was heard after killing node-\(home) (kill \(times.count + 1); talker \(talked ? "talked" : "could not talk"), \(talker.client.serviceStatus), listener \(listener.client.serviceStatus), home now \(String(describing: try? await cluster.home())))\nlistener: \(listener.recentEvents.joined(separator: "\n  "))\n\(logs.joined(separator: "\n"))")
             }
             times.append((listener.lastHeard ?? Date()).timeIntervalSince(killed))
             try await cluster.restart(home)
@@ -193,6 +193,11 @@ final class ProcessCluster {
 
     func port(_ index: Int) -> Int { nodes[index]?.voicePort ?? 0 }
 
+    /// What a member needs to join through node 0 (the entry point).
+    func credentials(_ token: String) -> ChannelCredentials {
+        ChannelCredentials(host: "127.0.0.1", port: port(0), serverName: "localhost", caPath: certs + "/ca.pem", token: token)
+    }
+
     @discardableResult
     func squelchd(_ arguments: [String]) throws -> String { try Self.run(executable, arguments + ["--database", location.url]) }
 
@@ -233,75 +238,4 @@ final class ProcessCluster {
         guard process.terminationStatus == 0 else { throw ValidationError("squelchd \(arguments.prefix(2).joined(separator: " ")) failed") }
         return text
     }
-}
-
-/// A PTTClient member for the failover measurement: it talks half a second of speech, or counts the
-/// bursts it heard.
-final class BenchMember: ChannelManagerDelegate, ChannelRestorationDelegate, Sendable {
-    let heard = Mutex<[Date]>([])
-    let joins = Mutex(0)
-    /// The last events, for a failure's message.
-    let recent = Mutex<[String]>([])
-    let manager: Mutex<ChannelManager?> = Mutex(nil)
-    let events = Mutex<Task<Void, Never>?>(nil)
-
-    init(_ name: String, cluster: ProcessCluster, talks: Bool) async throws {
-        var audio = AudioConfiguration.none
-        if talks {
-            let samples = TestSignal.speechLike(seconds: 0.5)
-            audio = AudioConfiguration(makeInput: { WAVFileSource(pipelineSamples: samples, pacer: RealTimePacer()) })
-            audio.endTransmissionWhenInputEnds = true
-        } else {
-            let path = cluster.root + "/\(name).wav"
-            audio = AudioConfiguration(makeOutput: { try WAVFileSink(path: path, pacer: RealTimePacer()) })
-        }
-        let manager = try await ChannelManager.channelManager(
-            delegate: self, restorationDelegate: self,
-            configuration: ChannelManagerConfiguration(stateDirectory: cluster.root + "/state-\(name)", pushTransport: nil, audio: audio))
-        self.manager.withLock { $0 = manager }
-        let task = Task { [self] in
-            for await event in manager.events {
-                recent.withLock { $0 = Array(($0 + ["\(event)"]).suffix(12)) }
-                if case .burstFinished(let statistics) = event, statistics.played > 5 { heard.withLock { $0.append(Date()) } }
-            }
-        }
-        events.withLock { $0 = task }
-    }
-
-    var client: ChannelManager { manager.withLock { $0! } }
-    var bursts: Int { heard.withLock { $0.count } }
-    var lastHeard: Date? { heard.withLock { $0.last } }
-
-    func join(_ cluster: ProcessCluster, token: String) async throws {
-        client.requestJoinChannel(channelUUID: cluster.channel, descriptor: ChannelDescriptor(name: "Bench"),
-                                  credentials: ChannelCredentials(host: "127.0.0.1", port: cluster.port(0), serverName: "localhost",
-                                                                  caPath: cluster.certs + "/ca.pem", token: token))
-        guard await eventually(seconds: 15, { self.joins.withLock { $0 } > 0 }) else { throw ValidationError("could not join") }
-    }
-
-    /// Presses until a new burst goes out, once the last one has ended.
-    func talk(_ channel: UUID, within seconds: Double) async -> Bool {
-        let client = self.client
-        guard await eventually(seconds: seconds, every: .milliseconds(50), { !client.isTransmitting }) else { return false }
-        return await eventually(seconds: seconds, every: .milliseconds(100)) {
-            guard client.serviceStatus == .ready else { return false }
-            client.requestBeginTransmitting(channelUUID: channel)
-            return await eventually(seconds: 1) { client.isTransmitting }
-        }
-    }
-
-    func invalidate() async {
-        events.withLock { $0?.cancel() }
-        await client.invalidate()
-    }
-
-    func channelManager(_ m: ChannelManager, didJoinChannel id: UUID, reason: ChannelJoinReason) { joins.withLock { $0 += 1 } }
-    func channelManager(_ m: ChannelManager, didLeaveChannel id: UUID, reason: ChannelLeaveReason) {}
-    func channelManager(_ m: ChannelManager, channelUUID: UUID, didBeginTransmittingFrom source: ChannelTransmitRequestSource) {}
-    func channelManager(_ m: ChannelManager, channelUUID: UUID, didEndTransmittingFrom source: ChannelTransmitRequestSource) {}
-    func channelManager(_ m: ChannelManager, receivedEphemeralPushToken token: Data) {}
-    func incomingPushResult(channelManager: ChannelManager, channelUUID: UUID, pushPayload: [String: PushValue]) -> PushResult { .leaveChannel }
-    func channelManager(_ m: ChannelManager, didActivate audioSession: AudioSession) {}
-    func channelManager(_ m: ChannelManager, didDeactivate audioSession: AudioSession) {}
-    func channelDescriptor(restoredChannelUUID id: UUID) -> ChannelDescriptor { ChannelDescriptor(name: "Bench") }
 }

@@ -9,8 +9,8 @@ import FoundationNetworking
 #endif
 import PostgresTesting
 import PTTClient
+import PTTClientTesting
 import SquelchTesting
-import Synchronization
 import Testing
 import Wire
 
@@ -72,15 +72,15 @@ import Wire
 
         /// Starts the members' session: `scout` places the channel, then `ann` (talks) and `bob`
         /// (listens) join through a node that is not its home. Returns the home's index.
-        func placeAndJoin() async throws -> (home: Int, entry: Int, ann: Member, bob: Member) {
-            let scout = try await Member("scout", in: self, talks: false)
-            try await scout.join(self, token: try token("scout"), node: 0)
+        func placeAndJoin() async throws -> (home: Int, entry: Int, ann: RecordingMember, bob: RecordingMember) {
+            let scout = try await RecordingMember("scout", in: root.path)
+            try await scout.join(channel.id, credentials: try credentials(try token("scout"), node: 0))
             let home = try #require(try await self.home())
             let entry = (home + 1) % nodes.count
-            let ann = try await Member("ann", in: self, talks: true)
-            let bob = try await Member("bob", in: self, talks: false)
-            try await ann.join(self, token: try token("ann"), node: entry)
-            try await bob.join(self, token: try token("bob"), node: entry)
+            let ann = try await RecordingMember("ann", in: root.path, talkSeconds: 1)
+            let bob = try await RecordingMember("bob", in: root.path)
+            try await ann.join(channel.id, credentials: try credentials(try token("ann"), node: entry))
+            try await bob.join(channel.id, credentials: try credentials(try token("bob"), node: entry))
             await scout.invalidate()
             return (home, entry, ann, bob)
         }
@@ -96,81 +96,6 @@ import Wire
         }
     }
 
-    /// What a member's delegate and events saw.
-    final class Calls: ChannelManagerDelegate, ChannelRestorationDelegate, Sendable {
-        let joins = Mutex(0)
-        let leaves = Mutex<[ChannelLeaveReason]>([])
-        /// When each burst heard (played for more than 200 ms) finished.
-        let heard = Mutex<[Date]>([])
-
-        func channelManager(_ m: ChannelManager, didJoinChannel id: UUID, reason: ChannelJoinReason) { joins.withLock { $0 += 1 } }
-        func channelManager(_ m: ChannelManager, didLeaveChannel id: UUID, reason: ChannelLeaveReason) { leaves.withLock { $0.append(reason) } }
-        func channelManager(_ m: ChannelManager, channelUUID: UUID, didBeginTransmittingFrom source: ChannelTransmitRequestSource) {}
-        func channelManager(_ m: ChannelManager, channelUUID: UUID, didEndTransmittingFrom source: ChannelTransmitRequestSource) {}
-        func channelManager(_ m: ChannelManager, receivedEphemeralPushToken token: Data) {}
-        func incomingPushResult(channelManager: ChannelManager, channelUUID: UUID, pushPayload: [String: PushValue]) -> PushResult { .leaveChannel }
-        func channelManager(_ m: ChannelManager, didActivate audioSession: AudioSession) {}
-        func channelManager(_ m: ChannelManager, didDeactivate audioSession: AudioSession) {}
-        func channelDescriptor(restoredChannelUUID id: UUID) -> ChannelDescriptor { ChannelDescriptor(name: "Ops") }
-    }
-
-    /// A member in this process: joins, talks a second of speech, or records what it hears.
-    struct Member: Sendable {
-        let manager: ChannelManager
-        let calls: Calls
-        let events: Task<Void, Never>
-
-        init(_ name: String, in cluster: Cluster, talks: Bool) async throws {
-            var audio = AudioConfiguration.none
-            if talks {
-                let samples = TestSignal.speechLike(seconds: 1.0)
-                audio = AudioConfiguration(makeInput: { WAVFileSource(pipelineSamples: samples, pacer: RealTimePacer()) })
-                audio.endTransmissionWhenInputEnds = true
-            } else {
-                let path = cluster.root.appendingPathComponent("\(name).wav").path
-                audio = AudioConfiguration(makeOutput: { try WAVFileSink(path: path, pacer: RealTimePacer()) })
-            }
-            let calls = Calls()
-            let manager = try await ChannelManager.channelManager(
-                delegate: calls, restorationDelegate: calls,
-                configuration: ChannelManagerConfiguration(stateDirectory: cluster.root.appendingPathComponent("state-\(name)").path,
-                                                           pushTransport: nil, audio: audio))
-            self.manager = manager
-            self.calls = calls
-            events = Task {
-                for await event in manager.events {
-                    if case .burstFinished(let statistics) = event, statistics.played > 10 { calls.heard.withLock { $0.append(Date()) } }
-                }
-            }
-        }
-
-        var bursts: Int { calls.heard.withLock { $0.count } }
-
-        func join(_ cluster: Cluster, token: String, node: Int) async throws {
-            let before = calls.joins.withLock { $0 }
-            manager.requestJoinChannel(channelUUID: cluster.channel.id, descriptor: ChannelDescriptor(name: "Ops"),
-                                       credentials: try cluster.credentials(token, node: node))
-            try #require(await eventually(seconds: 15) { calls.joins.withLock { $0 } > before }, "not joined through node-\(node)")
-        }
-
-        /// Presses until a new burst goes out (the channel may still be finding its new home), within
-        /// `seconds`, once the last one has ended.
-        func talkOnce(_ channel: UUID, within seconds: Double) async -> Bool {
-            let manager = self.manager
-            guard await eventually(seconds: seconds, every: .milliseconds(50), { !manager.isTransmitting }) else { return false }
-            return await eventually(seconds: seconds, every: .milliseconds(200)) {
-                guard manager.serviceStatus == .ready else { return false }
-                manager.requestBeginTransmitting(channelUUID: channel)
-                return await eventually(seconds: 1) { manager.isTransmitting }
-            }
-        }
-
-        func invalidate() async {
-            events.cancel()
-            await manager.invalidate()
-        }
-    }
-
     /// The listener and the talker both reach the cluster through a node that is not the home; the
     /// home is killed with SIGKILL mid-session. Both notice, rejoin through their entry point, which
     /// takes the channel up once the home's lease runs out, and the next burst is heard.
@@ -178,15 +103,15 @@ import Wire
         let cluster = try await Cluster()
         defer { cluster.reaper.killAll() }
         let (home, _, ann, bob) = try await cluster.placeAndJoin()
-        #expect(await ann.talkOnce(cluster.channel.id, within: 5))
+        #expect(await ann.talk(cluster.channel.id, within: 5))
         #expect(await eventually(seconds: 10) { bob.bursts == 1 }, "bob heard the burst at the first home")
 
         let killedAt = Date()
         kill(try #require(cluster.nodes[home]).process.processIdentifier, SIGKILL)
         cluster.nodes[home] = nil
-        #expect(await ann.talkOnce(cluster.channel.id, within: 30), "ann could talk again through the new home")
+        #expect(await ann.talk(cluster.channel.id, within: 30), "ann could talk again through the new home")
         #expect(await eventually(seconds: 15) { bob.bursts == 2 }, "bob heard the burst after the kill")
-        let heardAt = try #require(bob.calls.heard.withLock { $0.last })
+        let heardAt = try #require(bob.lastHeard)
         let newHome = try await cluster.home()
         #expect(newHome != nil && newHome != home, "the channel has a new home: \(String(describing: newHome))")
         // The measured time is a benchmark figure (squelch-bench cluster); here it is only reported.
@@ -204,9 +129,9 @@ import Wire
         defer { cluster.reaper.killAll() }
         let (home, _, ann, bob) = try await cluster.placeAndJoin()
         let paused = try #require(cluster.nodes[home]).process.processIdentifier
-        #expect(await ann.talkOnce(cluster.channel.id, within: 5))
+        #expect(await ann.talk(cluster.channel.id, within: 5))
         kill(paused, SIGSTOP)
-        #expect(await ann.talkOnce(cluster.channel.id, within: 30), "ann talked again at a new home")
+        #expect(await ann.talk(cluster.channel.id, within: 30), "ann talked again at a new home")
         #expect(await eventually(seconds: 15) { bob.bursts >= 1 }, "bob heard a burst while the old home was stopped")
         let newHome = try await cluster.home()
         #expect(newHome != nil && newHome != home)
@@ -244,9 +169,9 @@ import Wire
         let removedAt = Date()
         let (body, response) = try await URLSession.shared.data(for: request)
         #expect((response as? HTTPURLResponse)?.statusCode == 204, "\(String(decoding: body, as: UTF8.self))")
-        #expect(await eventually(seconds: 10) { !bob.calls.leaves.withLock { $0.isEmpty } }, "bob was sent away by the home")
+        #expect(await eventually(seconds: 10) { !bob.leaveReasons.isEmpty }, "bob was sent away by the home")
         print("cluster: a removal made on another node reached the member \(String(format: "%.1f", Date().timeIntervalSince(removedAt))) s later")
-        #expect(ann.calls.leaves.withLock { $0.isEmpty })
+        #expect(ann.leaveReasons.isEmpty)
         await ann.invalidate()
         await bob.invalidate()
         await cluster.stop()
@@ -265,9 +190,9 @@ import Wire
         #expect(draining.process.terminationStatus == 0)
         #expect(draining.log.contents.contains("channel handed over"), "\(draining.log.contents.suffix(1500))")
         cluster.nodes[home] = nil
-        #expect(await ann.talkOnce(cluster.channel.id, within: 10), "ann talked at the new home")
+        #expect(await ann.talk(cluster.channel.id, within: 10), "ann talked at the new home")
         #expect(await eventually(seconds: 10) { bob.bursts >= 1 })
-        let heardAt = try #require(bob.calls.heard.withLock { $0.last })
+        let heardAt = try #require(bob.lastHeard)
         let newHome = try await cluster.home()
         #expect(newHome != nil && newHome != home)
         print("cluster drain: burst heard at the new home \(String(format: "%.1f", heardAt.timeIntervalSince(stoppedAt))) s after SIGTERM (the burst itself lasts 1 s)")
@@ -292,7 +217,7 @@ import Wire
             let row = view?.placements.first { $0.channel == channel }
             return row.map { $0.home.rawValue != "node-\(home)" } ?? false
         }, "the channel has another home")
-        #expect(await ann.talkOnce(cluster.channel.id, within: 10))
+        #expect(await ann.talk(cluster.channel.id, within: 10))
         #expect(await eventually(seconds: 10) { bob.bursts >= 1 }, "bob heard the burst at the new home")
         #expect(try #require(cluster.nodes[home]).process.isRunning, "a drain does not stop the node")
 
