@@ -63,6 +63,39 @@ public final class PostgresChannelStore: ChannelStore {
     /// Fences `apply`'s writes from now on (a cluster node calls it once, at start).
     public func fence(_ fencing: Fencing?) { self.fencing.withLock { $0 = fencing } }
 
+    /// The notification channel of the revision trigger (`pg_notify`), one per change of a channel, a
+    /// member's removal or a revocation.
+    public static let changesChannel = "squelch_changes"
+
+    /// A hint each time any process changes what `revision()` counts: LISTEN on a dedicated
+    /// connection (the pool has none to spare for it), reconnected a second after it fails, with a
+    /// hint at each (re)connection since changes made meanwhile were not heard. Notifications are
+    /// lost while it is down: read `revision()` as the truth. Ends when the consumer stops.
+    public func changes() -> AsyncStream<Void> {
+        let location = location, logger = logger
+        return AsyncStream(bufferingPolicy: .bufferingNewest(1)) { continuation in
+            let task = Task {
+                while !Task.isCancelled {
+                    do {
+                        let connection = try await PostgresConnection.connect(configuration: try location.connectionConfiguration(),
+                                                                              id: 0, logger: logger)
+                        try? await connection.listen(on: Self.changesChannel) { notifications in
+                            // Here LISTEN is in effect: what changed before it was not heard.
+                            continuation.yield()
+                            for try await _ in notifications { continuation.yield() }
+                        }
+                        try? await connection.close()
+                    } catch {
+                        logger.debug("cannot listen for changes; trying again in a second", metadata: ["error": "\(error)"])
+                    }
+                    try? await Task.sleep(for: .seconds(1))
+                }
+                continuation.finish()
+            }
+            continuation.onTermination = { _ in task.cancel() }
+        }
+    }
+
     /// Closes every connection. Calls made afterwards fail with a database error.
     public func close() async throws(StoreError) {
         runner.cancel()

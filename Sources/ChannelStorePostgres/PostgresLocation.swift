@@ -130,6 +130,23 @@ public struct PostgresLocation: Sendable, Equatable, CustomStringConvertible {
         text.replacingOccurrences(of: #"://([^:/@]*):[^@]*@"#, with: "://$1:***@", options: .regularExpression)
     }
 
+    /// The configuration of a single connection (LISTEN needs one of its own).
+    func connectionConfiguration() throws -> PostgresConnection.Configuration {
+        switch endpoint {
+        case .tcp(let host, let port):
+            var tlsConfiguration = TLSConfiguration.makeClientConfiguration()
+            if tls != .verifyFull { tlsConfiguration.certificateVerification = .none }
+            let mode: PostgresConnection.Configuration.TLS = switch tls {
+            case .disable: .disable
+            case .prefer: .prefer(try NIOSSLContext(configuration: tlsConfiguration))
+            case .require, .verifyFull: .require(try NIOSSLContext(configuration: tlsConfiguration))
+            }
+            return .init(host: host, port: port, username: username, password: password, database: database, tls: mode)
+        case .unixSocket(let directory, let port):
+            return .init(unixSocketPath: "\(directory)/.s.PGSQL.\(port)", username: username, password: password, database: database)
+        }
+    }
+
     /// The client configuration postgres-nio takes.
     func clientConfiguration() -> PostgresClient.Configuration {
         var configuration: PostgresClient.Configuration

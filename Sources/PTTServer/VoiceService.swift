@@ -1,6 +1,7 @@
 import ChannelHub
 import ChannelProtocol
 import ChannelStore
+import ChannelStorePostgres
 import Crypto
 import Foundation
 import Logging
@@ -141,7 +142,7 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
         defer { clusterTask?.cancel() }
 
         try? await cancelWhenGracefulShutdown {
-            try await withThrowingTaskGroup(of: Void.self) { chores in
+            await withThrowingTaskGroup(of: Void.self) { chores in
                 // The hourly chores run beside the poll: a prune of millions of records (after
                 // `transmissionLogDays` was lowered) takes minutes, and revocations, deletions and new
                 // channels must not wait for it.
@@ -159,12 +160,23 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
                 var revision = initialRevision
                 var revocation = initialRevocation
                 var nextForget = ContinuousClock.now
-                while !Task.isCancelled {
+                // The poll runs every second; in a cluster also as soon as the database says another
+                // node (or a command) changed something (LISTEN/NOTIFY: the hint; the read: the truth).
+                let (polls, poll) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
+                chores.addTask {
+                    while !Task.isCancelled {
+                        try await Task.sleep(for: .seconds(1))
+                        poll.yield()
+                    }
+                }
+                if let shared = self.store as? PostgresChannelStore {
+                    chores.addTask { for await _ in shared.changes() { poll.yield() } }
+                }
+                for await _ in polls {
                     if ContinuousClock.now >= nextForget {
                         nextForget = .now + Self.forgetInterval
                         await self.forgetIdleMembers()
                     }
-                    try await Task.sleep(for: .seconds(1))
                     try? await eventLoop.submit { box.value.publish(to: self.metrics) }.get()
                     do {
                         let latest = try await self.store.revision()

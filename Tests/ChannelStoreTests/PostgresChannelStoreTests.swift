@@ -4,6 +4,7 @@ import Foundation
 import PostgresNIO
 import PostgresTesting
 import SquelchTesting
+import Synchronization
 import Testing
 
 /// What only the PostgreSQL store has: its URL, nodes migrating one database at once, versions from a
@@ -91,5 +92,26 @@ import Testing
         #expect(error?.description.contains("127.0.0.1:\(silent.port)") == true && error?.description.contains("secret") == false,
                 "\(String(describing: error))")
         #expect(ContinuousClock.now - started < .seconds(10))
+    }
+
+    /// A change made through another connection (another node, `squelchd channel`) is hinted at once
+    /// by LISTEN/NOTIFY; a member joining (no revision change) is not.
+    @Test func changesMadeElsewhereAreHinted() async throws {
+        let location = try await PostgresTestServer.shared.makeDatabase()
+        let listening = try await PostgresChannelStore.open(location), other = try await PostgresChannelStore.open(location)
+        let hints = Mutex(0)
+        let consumer = Task { for await _ in listening.changes() { hints.withLock { $0 += 1 } } }
+        #expect(await eventually(seconds: 5) { hints.withLock { $0 } == 1 }, "a hint once listening")
+        let channel = ChannelRecord(name: "Ops")
+        try await other.createChannel(channel)
+        #expect(await eventually(seconds: 5) { hints.withLock { $0 } == 2 }, "a hint for the new channel")
+        try await other.upsertMember(MemberRecord(channelID: channel.id, userID: "ann", displayName: "Ann"))
+        try await Task.sleep(for: .milliseconds(300))
+        #expect(hints.withLock { $0 } == 2, "joins do not make nodes reload")
+        try await other.removeMember(channel: channel.id, user: "ann")
+        #expect(await eventually(seconds: 5) { hints.withLock { $0 } == 3 }, "a hint for the removal")
+        consumer.cancel()
+        try await listening.close()
+        try await other.close()
     }
 }
