@@ -141,7 +141,7 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
         }
         defer { clusterTask?.cancel() }
 
-        try? await cancelWhenGracefulShutdown {
+        await cancelWhenGracefulShutdown {
             await withThrowingTaskGroup(of: Void.self) { chores in
                 // The hourly chores run beside the poll: a prune of millions of records (after
                 // `transmissionLogDays` was lowered) takes minutes, and revocations, deletions and new
