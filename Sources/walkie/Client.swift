@@ -86,7 +86,8 @@ extension ServerOptions {
     /// The credentials for this server and token.
     func credentials() throws(WalkieFailure) -> (ChannelCredentials, UUID) {
         if token != nil && tokenFile != nil { throw .usage("give either --token or --token-file, not both") }
-        guard let token = try tokenFile.map(readTokenFile) ?? token else {
+        let given: String? = if let tokenFile { try readTokenFile(tokenFile) } else if let token { try tokenFromArgument(token) } else { nil }
+        guard let token = given else {
             throw .usage("give a token with --token or --token-file (from 'squelchd token issue')")
         }
         let claims = try tokenClaims(token)
@@ -291,6 +292,19 @@ func awaitJoin(_ delegate: WalkieDelegate, manager: ChannelManager? = nil, token
 }
 
 /// The token in a `--token-file`: its content without surrounding whitespace (an editor's newline).
+/// `--token`: `-` reads it from standard input; a token itself is taken, with a warning, since every
+/// user of the machine can read a process's arguments (`ps`, /proc/PID/cmdline) and it is a bearer
+/// credential.
+func tokenFromArgument(_ argument: String) throws(WalkieFailure) -> String {
+    guard argument == "-" else {
+        FileHandle.standardError.write(Data("walkie: warning: a token on the command line can be read by every user of this machine (ps, /proc); use --token-file FILE, or --token - to read it from standard input\n".utf8))
+        return argument
+    }
+    let token = (readLine(strippingNewline: true) ?? "").trimmingCharacters(in: .whitespacesAndNewlines)
+    guard !token.isEmpty else { throw .token("--token - read no token from standard input; pipe in the output of 'squelchd token issue'") }
+    return token
+}
+
 func readTokenFile(_ path: String) throws(WalkieFailure) -> String {
     guard let data = FileManager.default.contents(atPath: path) else {
         throw .usage("can't read the token file \(path); check the path and its permissions")

@@ -92,7 +92,7 @@ func fail(_ failure: WalkieFailure) -> Never {
 struct ServerOptions: ParsableArguments {
     @Option(help: "squelchd's voice address, HOST:PORT.")
     var server: String = "127.0.0.1:7700"
-    @Option(help: "A participant token from 'squelchd token issue'.")
+    @Option(help: "A participant token from 'squelchd token issue'; '-' reads it from standard input (on the command line, any local user can read it).")
     var token: String?
     @Option(help: ArgumentHelp("Read the participant token from this file instead, and renew the session whenever the file holds a new one.",
                                discussion: "A session ends when its token expires; put a fresh token in the file (by hand or from a cron job) and walkie carries on without a break. It also keeps the token out of the process list."))

@@ -82,7 +82,8 @@ enum Executables {
 
     /// Runs to completion; returns exit status, stdout and stderr.
     /// Runs `name` to its end. `environment` adds to (or, with an empty value, unsets in) this process's.
-    static func run(_ name: String, _ arguments: [String], environment: [String: String] = [:]) throws -> (status: Int32, out: String, err: String) {
+    static func run(_ name: String, _ arguments: [String], environment: [String: String] = [:],
+                    input: String? = nil) throws -> (status: Int32, out: String, err: String) {
         let process = Process()
         process.executableURL = url(name)
         process.arguments = arguments
@@ -94,7 +95,13 @@ enum Executables {
         let out = Pipe(), err = Pipe()
         process.standardOutput = out
         process.standardError = err
+        let stdin = Pipe()
+        if input != nil { process.standardInput = stdin }
         try process.run()
+        if let input {
+            stdin.fileHandleForWriting.write(Data(input.utf8))
+            try stdin.fileHandleForWriting.close()
+        }
         let outData = out.fileHandleForReading.readDataToEndOfFile()
         let errData = err.fileHandleForReading.readDataToEndOfFile()
         process.waitUntilExit()
@@ -111,6 +118,18 @@ enum Executables {
         let help = try Executables.run(name, ["--help"])
         #expect(help.status == 0)
         #expect(help.out.contains("USAGE: \(name)"))
+    }
+
+    /// A token on the command line is readable by every local user: walkie says so and how to avoid
+    /// it; `--token -` reads it from standard input instead.
+    @Test func aTokenOnTheCommandLineIsWarnedAboutAndStandardInputTakesOne() throws {
+        let given = try Executables.run("walkie", ["talk", "--token", "not-a-token", "--file", "/nonexistent.wav"])
+        #expect(given.status != 0 && given.err.contains("can be read by every user of this machine") && given.err.contains("--token -"), "\(given.err)")
+        let piped = try Executables.run("walkie", ["talk", "--token", "-", "--file", "/nonexistent.wav"], input: "not-a-token\n")
+        #expect(piped.status == given.status && !piped.err.contains("every user"), "\(piped.err)")
+        #expect(piped.err.contains("not a valid token"), "the token read from standard input was checked: \(piped.err)")
+        let empty = try Executables.run("walkie", ["talk", "--token", "-", "--file", "/nonexistent.wav"], input: "")
+        #expect(empty.status != 0 && empty.err.contains("read no token from standard input"), "\(empty.err)")
     }
 
     @Test func walkieListsTheNullDevice() throws {
