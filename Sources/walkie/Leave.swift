@@ -7,6 +7,7 @@ import ParticipantTokens
 import NIOConcurrencyHelpers
 import PTTClient
 import SquelchInfo
+import TerminalUI
 
 struct Leave: AsyncParsableCommand {
     static let configuration = CommandConfiguration(abstract: "Leave the saved channel: the server forgets you and your push token.")
@@ -92,8 +93,10 @@ struct Leave: AsyncParsableCommand {
 
 /// One line on stdout, written at once: scripts and tests read walkie's progress through a pipe, where
 /// `print` would hold it in a buffer until exit.
+/// Lines carry text from the network (names, reasons, close reasons anyone on the path can forge):
+/// control characters are replaced, so an escape sequence in them cannot reach the terminal.
 func say(_ line: String) {
     // `try?`: a reader that went away (`walkie listen … | head -1`) must not crash walkie before it
     // completes its file; `write(_:)` traps on EPIPE, `write(contentsOf:)` throws.
-    try? FileHandle.standardOutput.write(contentsOf: Data((line + "\n").utf8))
+    try? FileHandle.standardOutput.write(contentsOf: Data((DisplayWidth.sanitize(line) + "\n").utf8))
 }

@@ -2,6 +2,7 @@ import ArgumentParser
 import Audio
 import Foundation
 import SquelchInfo
+import TerminalUI
 
 @main
 struct Walkie: AsyncParsableCommand {
@@ -82,9 +83,10 @@ enum CommandLimits {
     static let longestTransmission = 3_600.0
 }
 
-/// Prints the failure as one line on stderr and exits with its code.
+/// Prints the failure as one line on stderr and exits with its code. Messages quote the server's and
+/// the network's words: control characters are replaced, as in `say`.
 func fail(_ failure: WalkieFailure) -> Never {
-    FileHandle.standardError.write(Data("walkie: \(failure.message)\n".utf8))
+    FileHandle.standardError.write(Data("walkie: \(DisplayWidth.sanitize(failure.message))\n".utf8))
     exit(failure.code)
 }
 

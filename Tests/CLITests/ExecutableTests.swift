@@ -132,6 +132,22 @@ enum Executables {
         #expect(empty.status != 0 && empty.err.contains("read no token from standard input"), "\(empty.err)")
     }
 
+    /// Every line walkie prints goes through `say` (stdout) or `fail` (stderr), and both replace control
+    /// characters: text from the network (close reasons anyone on the path can forge, refusal reasons)
+    /// cannot carry an OSC 52 clipboard write or a clear-screen sequence to the terminal. Carried here by
+    /// arguments, which reach the same two functions.
+    @Test func walkiesLinesCarryNoEscapeSequences() throws {
+        let hostile = "x\u{1B}]52;c;ZXZpbA==\u{07}\u{1B}[2J"
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("walkie-\(UUID())-" + hostile).path
+        let failed = try Executables.run("walkie", ["join", "--token-file", directory + "/token"])
+        #expect(failed.status != 0 && failed.err.contains("\u{FFFD}]52;c;ZXZpbA==\u{FFFD}\u{FFFD}[2J/token"), "\(failed.err.debugDescription)")
+        let said = try Executables.run("walkie", ["status", "--state-dir", directory])
+        #expect(said.out.contains("no saved channel in") && said.out.contains("\u{FFFD}[2J"), "\(said.out.debugDescription)")
+        for text in [failed.err, said.out, said.err] {
+            #expect(!text.unicodeScalars.contains { $0.value == 0x1B || $0.value == 0x07 }, "\(text.debugDescription)")
+        }
+    }
+
     @Test func walkieListsTheNullDevice() throws {
         // No sound card here, but ALSA's configuration always defines the null device.
         let result = try Executables.run("walkie", ["devices"])
