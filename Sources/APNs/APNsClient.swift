@@ -74,7 +74,8 @@ public actor APNsClient {
             throw .invalidSetting("TLS setup failed: \(error)")
         }
         signer = try await ProviderTokenSigner(identity: configuration.identity,
-                                               refreshAfter: configuration.providerTokenLifetime, now: configuration.now)
+                                               refreshAfter: configuration.providerTokenLifetime,
+                                               share: configuration.providerTokenShare, logger: logger, now: configuration.now)
         slots = Array(repeating: .empty, count: configuration.poolSize)
         failuresInARow = Array(repeating: 0, count: configuration.poolSize)
     }
@@ -124,10 +125,15 @@ public actor APNsClient {
                     return .failure(APNsPushFailure(reason: .budgetExhausted(last: last), attempts: attempts.attempts))
                 }
                 guard left >= .milliseconds(50) else { throw APNsBudgetSpent() }
-                // Each connection has its own JWT (`ProviderTokenSchedule`).
+                // Each connection has its own JWT (`ProviderTokenSchedule`), or sends the cluster's
+                // (`SharedTokenUse`).
                 let jwt: (jwt: String, generation: Int)
                 do {
                     jwt = try await signer.token(for: connection.id)
+                } catch is ProviderTokenSigner.RetireConnection {
+                    // Too young to change its JWT, too old to keep it: a new connection takes over.
+                    connection.withdraw()
+                    continue
                 } catch {
                     return .failure(configurationFailure(APNsPushFailure(
                         reason: .signing(String(describing: error)), isConfigurationError: true, attempts: attempts.attempts)))

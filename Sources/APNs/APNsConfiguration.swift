@@ -51,6 +51,8 @@ public struct APNsConfiguration: Sendable {
     public var retry: APNsRetryPolicy
     /// How long one provider JWT is reused (APNs: at least 20, at most 60 minutes).
     public var providerTokenLifetime: Duration
+    /// Where a cluster's nodes share one provider JWT; nil: this process mints its own, one per connection.
+    public var providerTokenShare: (any ProviderTokenShare)?
     /// The wall clock for the JWT's `iat`. Tests inject one to cross the hour without waiting.
     public var now: @Sendable () -> Date
 
@@ -58,7 +60,7 @@ public struct APNsConfiguration: Sendable {
                 requestTimeout: Duration = .seconds(2), connectTimeout: Duration = .seconds(3),
                 pingInterval: Duration = .seconds(60), pingTimeout: Duration = .seconds(5),
                 retry: APNsRetryPolicy = APNsRetryPolicy(), providerTokenLifetime: Duration = .seconds(50 * 60),
-                now: @escaping @Sendable () -> Date = { Date() }) {
+                providerTokenShare: (any ProviderTokenShare)? = nil, now: @escaping @Sendable () -> Date = { Date() }) {
         self.environment = environment
         self.identity = identity
         self.topic = topic
@@ -69,6 +71,7 @@ public struct APNsConfiguration: Sendable {
         self.pingTimeout = pingTimeout
         self.retry = retry
         self.providerTokenLifetime = providerTokenLifetime
+        self.providerTokenShare = providerTokenShare
         self.now = now
     }
 

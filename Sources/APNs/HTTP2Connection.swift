@@ -163,6 +163,12 @@ final class HTTP2Connection: Sendable {
         try? await channel.close()
     }
 
+    /// Out of the pool of this side's own accord: no new request, the ones it carries finish.
+    func withdraw() {
+        state.withLockedValue { $0.goingAway = true }
+        retire()
+    }
+
     /// Out of the pool (after a GOAWAY): the requests it still carries finish, then it closes. APNs
     /// closes such a connection itself, but a proxy between may keep it open, and nothing else would.
     func retire() {

@@ -1,5 +1,6 @@
 import Foundation
 import JWTKit
+import Logging
 
 /// When to mint a new provider JWT for one connection, as pure state.
 ///
@@ -70,8 +71,17 @@ actor ProviderTokenSigner {
 
     private let identity: APNsProviderIdentity
     private let keys: JWTKeyCollection
-    private let now: @Sendable () -> Date
-    private let refreshAfter: Duration
+    let now: @Sendable () -> Date
+    let refreshAfter: Duration
+    /// With a share (a cluster), one JWT for every connection of every node: `ProviderTokenSigner+Shared`.
+    let share: (any ProviderTokenShare)?
+    let logger: Logger
+    var shareKey: String { "\(identity.teamID).\(identity.keyID)" }
+    /// The cluster's JWT as last read (`firstUse` unused), the read under way, and each connection's.
+    var shared: SharedTokenUse?
+    var sharedRefresh: Task<SharedTokenUse, any Error>?
+    var uses: [Int: SharedTokenUse] = [:]
+    var shareRetryAt: Date?
 
     struct Entry {
         var schedule: ProviderTokenSchedule
@@ -86,8 +96,11 @@ actor ProviderTokenSigner {
     /// are dropped at the next mint.
     private var entries: [Int: Entry] = [:]
 
-    init(identity: APNsProviderIdentity, refreshAfter: Duration, now: @escaping @Sendable () -> Date) async throws(APNsConfigurationError) {
+    init(identity: APNsProviderIdentity, refreshAfter: Duration, share: (any ProviderTokenShare)? = nil,
+         logger: Logger = Logger(label: "squelch.apns"), now: @escaping @Sendable () -> Date) async throws(APNsConfigurationError) {
         self.identity = identity
+        self.share = share
+        self.logger = logger
         self.now = now
         self.refreshAfter = refreshAfter
         let keys = JWTKeyCollection()
@@ -106,6 +119,7 @@ actor ProviderTokenSigner {
     /// The JWT to send on connection `connection` now, and its generation (to pass back to `replace` if
     /// APNs calls it expired).
     func token(for connection: Int) async throws -> (jwt: String, generation: Int) {
+        if share != nil { return try await sharedToken(for: connection) }
         if let minting = entries[connection]?.minting { return try await minting.value }
         let date = now()
         if let entry = entries[connection], let current = entry.current, !entry.schedule.needsNewToken(now: date) {
@@ -116,6 +130,7 @@ actor ProviderTokenSigner {
 
     /// Replaces the JWT APNs rejected as expired on `connection`, unless another push already did.
     func replace(generation: Int, for connection: Int) async throws -> (jwt: String, generation: Int) {
+        if share != nil { return try await replaceShared(generation: generation, for: connection) }
         if let minting = entries[connection]?.minting { return try await minting.value }
         if let entry = entries[connection], let current = entry.current, !entry.schedule.shouldReplace(generation: generation) {
             return (current, entry.schedule.generation)
@@ -124,24 +139,27 @@ actor ProviderTokenSigner {
     }
 
     /// How many connections have a JWT cached (for tests).
-    var cachedConnections: Int { entries.count }
+    var cachedConnections: Int { share == nil ? entries.count : uses.count }
 
     private func mint(for connection: Int, at date: Date) async throws -> (jwt: String, generation: Int) {
         // A JWT over an hour old is of no use to anyone: its connection is gone or will mint anew.
         entries = entries.filter { _, entry in
             entry.minting != nil || entry.schedule.issuedAt.map { date.timeIntervalSince($0) < 3_600 } ?? false
         }
-        // iat is whole seconds; APNs compares it against its own clock.
-        let claims = Claims(iss: IssuerClaim(value: identity.teamID), iat: IssuedAtClaim(value: Date(timeIntervalSince1970: date.timeIntervalSince1970.rounded(.down))))
-        let keys = self.keys
-        let kid = JWKIdentifier(string: identity.keyID)
         let shared = Task { () async throws -> (jwt: String, generation: Int) in
-            let jwt = try await keys.sign(claims, kid: kid)
+            let jwt = try await self.sign(issuedAt: date)
             return self.adopt(jwt, for: connection, issuedAt: date)
         }
         entries[connection, default: Entry(schedule: ProviderTokenSchedule(refreshAfter: refreshAfter))].minting = shared
         defer { entries[connection]?.minting = nil }
         return try await shared.value
+    }
+
+    /// A new JWT issued at `date`.
+    func sign(issuedAt date: Date) async throws -> String {
+        // iat is whole seconds; APNs compares it against its own clock.
+        let claims = Claims(iss: IssuerClaim(value: identity.teamID), iat: IssuedAtClaim(value: Date(timeIntervalSince1970: date.timeIntervalSince1970.rounded(.down))))
+        return try await keys.sign(claims, kid: JWKIdentifier(string: identity.keyID))
     }
 
     private func adopt(_ jwt: String, for connection: Int, issuedAt date: Date) -> (jwt: String, generation: Int) {

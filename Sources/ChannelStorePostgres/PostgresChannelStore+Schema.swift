@@ -95,6 +95,11 @@ extension PostgresChannelStore {
             """,
             "CREATE INDEX placement_by_home ON placement (home)",
         ]),
+        // The APNs provider JWT every node sends, per team and key: minted by one node when due and
+        // shared, because Apple counts refreshes per team (PostgresChannelStore+ProviderToken).
+        Migration(id: "v3-apns-provider-token", statements: [
+            "CREATE TABLE apns_provider_token (key text PRIMARY KEY, jwt text NOT NULL, issued_us bigint NOT NULL)",
+        ]),
     ]
 
     /// Any number that all squelchd nodes agree on, so that their migrations take turns.

@@ -11,8 +11,9 @@ enum PushSetup {
         var simulator: (any EmbeddedPushService, EmbeddedPushEndpoints)?
     }
 
+    /// - Parameter tokenShare: in a cluster, where the nodes share one provider JWT.
     static func make(configuration: ServerConfiguration, embeddedPush: EmbeddedPushFactory?,
-                     logger: Logger) async throws -> Made {
+                     tokenShare: (any ProviderTokenShare)? = nil, logger: Logger) async throws -> Made {
         let target = configuration.pushTarget
         guard target != .off else {
             logger.notice("pushes are off: members who are not connected will not be woken")
@@ -32,7 +33,7 @@ enum PushSetup {
             do {
                 return try await APNsClient(
                     configuration: APNsConfiguration(environment: environment, identity: identity, topic: configuration.apnsTopic,
-                                                     poolSize: configuration.apnsPoolSize),
+                                                     poolSize: configuration.apnsPoolSize, providerTokenShare: tokenShare),
                     logger: logger, proof: proof)
             } catch {
                 throw ServerConfiguration.ConfigurationError.invalidValue("\(error)")

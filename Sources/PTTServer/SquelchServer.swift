@@ -176,7 +176,8 @@ public struct SquelchServer: Sendable {
         }
         let metrics = ServerMetrics()
         let writer = StoreWriter(store: store, metrics: metrics, logger: logger)
-        let push = try await PushSetup.make(configuration: configuration, embeddedPush: embeddedPush, logger: logger)
+        let push = try await PushSetup.make(configuration: configuration, embeddedPush: embeddedPush,
+                                            tokenShare: (store as? PostgresChannelStore).map(SharedProviderTokens.init), logger: logger)
         let latch = ReadyLatch(onReady: onReady, simulator: push.simulator)
         let voiceBox = NIOLockedValueBox<VoiceService?>(nil)
         let dispatcher = push.route.map { route in

@@ -114,4 +114,28 @@ import Testing
         try await listening.close()
         try await other.close()
     }
+
+    /// The cluster's APNs provider JWT: the first node to store one wins, a swap replaces only the JWT
+    /// it names (so nodes that found it due together mint one between them), and ages are the
+    /// database's clock.
+    @Test func theSharedProviderTokenIsSwappedOnlyInPlaceOfTheOneNamed() async throws {
+        let location = try await PostgresTestServer.shared.makeDatabase()
+        let one = try await PostgresChannelStore.open(location), two = try await PostgresChannelStore.open(location)
+        let key = "DEVTEAM001.DEVKEY0001"
+        #expect(try await one.providerToken(key: key) == nil)
+        let first = try await one.replaceProviderToken(key: key, replacing: nil, with: "jwt-a")
+        #expect(first.jwt == "jwt-a" && (0..<5_000_000).contains(first.ageMicroseconds))
+        #expect(try await two.replaceProviderToken(key: key, replacing: nil, with: "jwt-b").jwt == "jwt-a", "the first stored wins")
+        let racing = try await withThrowingTaskGroup(of: String.self) { group in
+            for (store, jwt) in [(one, "jwt-c"), (two, "jwt-d")] {
+                group.addTask { try await store.replaceProviderToken(key: key, replacing: "jwt-a", with: jwt).jwt }
+            }
+            return try await group.reduce(into: [String]()) { $0.append($1) }
+        }
+        #expect(Set(racing).count == 1 && ["jwt-c", "jwt-d"].contains(racing[0]), "one swap of two: \(racing)")
+        #expect(try await two.replaceProviderToken(key: key, replacing: "jwt-a", with: "jwt-e").jwt == racing[0])
+        #expect(try await one.providerToken(key: "OTHERTEAM.KEY") == nil, "one JWT per team and key")
+        try await one.close()
+        try await two.close()
+    }
 }
