@@ -8,7 +8,7 @@ import Synchronization
 /// it talks half a second (or a second) of synthetic speech on demand, or records what it hears and
 /// counts the bursts it played. Test support: never linked into squelchd or walkie.
 public final class RecordingMember: ChannelManagerDelegate, ChannelRestorationDelegate, Sendable {
-    private let heard = Mutex<[Date]>([])
+    private let heard = Mutex<[(at: Date, frames: Int)]>([])
     private let joins = Mutex(0)
     private let leaves = Mutex<[ChannelLeaveReason]>([])
     /// The last events, for a failure's message.
@@ -35,7 +35,9 @@ public final class RecordingMember: ChannelManagerDelegate, ChannelRestorationDe
         let task = Task { [self] in
             for await event in manager.events {
                 recent.withLock { $0 = Array(($0 + ["\(event)"]).suffix(12)) }
-                if case .burstFinished(let statistics) = event, statistics.played > 5 { heard.withLock { $0.append(Date()) } }
+                if case .burstFinished(let statistics) = event, statistics.played > 5 {
+                    heard.withLock { $0.append((Date(), statistics.played)) }
+                }
             }
         }
         events.withLock { $0 = task }
@@ -44,7 +46,9 @@ public final class RecordingMember: ChannelManagerDelegate, ChannelRestorationDe
     public var client: ChannelManager { manager.withLock { $0! } }
     /// Bursts heard (more than 100 ms of them played).
     public var bursts: Int { heard.withLock { $0.count } }
-    public var lastHeard: Date? { heard.withLock { $0.last } }
+    public var lastHeard: Date? { heard.withLock { $0.last?.at } }
+    /// Frames (20 ms each) played of each burst heard.
+    public var played: [Int] { heard.withLock { $0.map(\.frames) } }
     public var leaveReasons: [ChannelLeaveReason] { leaves.withLock { $0 } }
     public var recentEvents: [String] { recent.withLock { $0 } }
 

@@ -29,11 +29,11 @@ import Wire
         var nodes: [KillRestartTests.Server?] = []
         let lease: Int
 
-        init(nodes count: Int = 3, lease: Int = 5) async throws {
+        init(nodes count: Int = 3, lease: Int = 5, database server: PostgresTestServer = .shared) async throws {
             root = FileManager.default.temporaryDirectory.appendingPathComponent("cluster-\(UUID())")
             certs = root.appendingPathComponent("certs").path
             try Executables.makeDevCertificates(into: certs)
-            location = try await PostgresTestServer.shared.makeDatabase()
+            location = try await server.makeDatabase()
             store = try await PostgresChannelStore.open(location)
             // Made as an operator would, with `squelchd channel create` on the cluster's database
             // (SQUELCH_DATABASE, as the README says).
@@ -72,12 +72,12 @@ import Wire
 
         /// Starts the members' session: `scout` places the channel, then `ann` (talks) and `bob`
         /// (listens) join through a node that is not its home. Returns the home's index.
-        func placeAndJoin() async throws -> (home: Int, entry: Int, ann: RecordingMember, bob: RecordingMember) {
+        func placeAndJoin(talkSeconds: Double = 1) async throws -> (home: Int, entry: Int, ann: RecordingMember, bob: RecordingMember) {
             let scout = try await RecordingMember("scout", in: root.path)
             try await scout.join(channel.id, credentials: try credentials(try token("scout"), node: 0))
             let home = try #require(try await self.home())
             let entry = (home + 1) % nodes.count
-            let ann = try await RecordingMember("ann", in: root.path, talkSeconds: 1)
+            let ann = try await RecordingMember("ann", in: root.path, talkSeconds: talkSeconds)
             let bob = try await RecordingMember("bob", in: root.path)
             try await ann.join(channel.id, credentials: try credentials(try token("ann"), node: entry))
             try await bob.join(channel.id, credentials: try credentials(try token("bob"), node: entry))
@@ -172,6 +172,33 @@ import Wire
         #expect(await eventually(seconds: 10) { !bob.leaveReasons.isEmpty }, "bob was sent away by the home")
         print("cluster: a removal made on another node reached the member \(String(format: "%.1f", Date().timeIntervalSince(removedAt))) s later")
         #expect(ann.leaveReasons.isEmpty)
+        await ann.invalidate()
+        await bob.invalidate()
+        await cluster.stop()
+    }
+
+    /// PostgreSQL restarted (connections cut, down for a second) in the middle of a 4 s burst, well
+    /// within the lease: the burst plays to its end (the relay never waits for the database), the
+    /// channel keeps its home, its record reaches the database once it is back, and the next burst is
+    /// heard too.
+    @Test func aDatabaseRestartDuringABurstInterruptsNothing() async throws {
+        let database = PostgresTestServer()
+        let cluster = try await Cluster(lease: 10, database: database)
+        defer { cluster.reaper.killAll() }
+        let (home, _, ann, bob) = try await cluster.placeAndJoin(talkSeconds: 4)
+        #expect(await ann.talk(cluster.channel.id, within: 10))
+        try await Task.sleep(for: .milliseconds(500))
+        try await database.restart(downFor: .seconds(1))
+        #expect(await eventually(seconds: 15) { bob.bursts >= 1 }, "\(bob.recentEvents)")
+        #expect((bob.played.first ?? 0) >= 150, "most of the 200 frames of the burst were heard: \(bob.played)")
+        #expect(bob.leaveReasons.isEmpty && ann.leaveReasons.isEmpty)
+        #expect(try await cluster.home() == home, "the channel kept its home: \(cluster.log(home).suffix(1500))")
+        let store = cluster.store, channel = cluster.channel.id
+        #expect(await eventually(seconds: 15) {
+            (try? await store.transmissions(of: channel, limit: 10))?.contains { $0.userID == "ann" } == true
+        }, "the burst's record was written once the database was back")
+        #expect(await ann.talk(cluster.channel.id, within: 10))
+        #expect(await eventually(seconds: 15) { bob.bursts >= 2 }, "\(bob.recentEvents)")
         await ann.invalidate()
         await bob.invalidate()
         await cluster.stop()
