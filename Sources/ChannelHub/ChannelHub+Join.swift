@@ -24,6 +24,10 @@ extension ChannelHub {
         }
         let slot: UInt16
         if let existing = channel.slotsByUser[claims.userID] {
+            if let superseded = Self.supersededReason(claims, newest: channel.members[existing]?.token?.issuedAt) {
+                refuse(link, code: .tokenRevoked, reason: superseded)
+                return
+            }
             slot = existing
         } else {
             guard let free = allocateSlot(in: channel) else {
@@ -159,6 +163,18 @@ extension ChannelHub {
         member.token = (claims.tokenID, claims.issuedAt, claims.expiresAt)
     }
 
+    /// Why `claims` may not be used, when its token was issued before the newest one the member has
+    /// joined or renewed with (nil: it was not). A member's newest token is the floor: without it, a
+    /// member whose rights were cut (a new listen-only token) could rejoin with the older token it
+    /// kept and talk again. Compared in whole seconds, as a token's `iat` is: two tokens from the same
+    /// second both pass, and a stored time's rounding can't refuse the very token it came from.
+    static func supersededReason(_ claims: ParticipantClaims, newest: Date?) -> String? {
+        func second(_ date: Date) -> Double { date.timeIntervalSince1970.rounded(.down) }
+        guard let newest, second(claims.issuedAt) < second(newest) else { return nil }
+        let format = Date.ISO8601FormatStyle()
+        return "this token (issued \(claims.issuedAt.formatted(format))) is older than the one you last joined with (issued \(newest.formatted(format))), which replaced it; use your newest token or ask for a new one"
+    }
+
     /// The token a joined member sent with `renewToken` checked out: the session goes on under it,
     /// with its expiry, and with its claims as at a join (a new priority or a lost `talk` counts at
     /// once, for the floor too).
@@ -178,6 +194,10 @@ extension ChannelHub {
         guard claims.userID == member.userID else {
             renewalRefused(link, code: .tokenWrongUser, reason: "the token is for user '\(claims.userID)', not '\(member.userID)'; renew with a token issued to this member",
                            checked: true)
+            return
+        }
+        if let superseded = Self.supersededReason(claims, newest: member.token?.issuedAt) {
+            renewalRefused(link, code: .tokenRevoked, reason: superseded, checked: true)
             return
         }
         let before = member.participant

@@ -227,6 +227,37 @@ import Wire
         #expect(h.closes.map(\.0) == [ann.link] && h.hub.counters.tokenExpiries == 1)
     }
 
+    /// An administrator cuts ann to listen-only by issuing her a new token. The older token, which
+    /// let her talk, is refused from then on, at a rejoin and at a renewal; a token from the same
+    /// second as her newest still passes. The newest issue time is stored with her grant, from which
+    /// a restarted server (or another node taking the channel) restores it.
+    @Test func anOlderTokenThanTheMembersNewestIsRefused() {
+        let h = Harness()
+        let talking = h.time.date
+        h.advance(60_000 * ms)
+        let listening = h.join("ann", capabilities: [.listen], issuedAt: h.time.date)
+        h.hub.closed(listening.link, at: h.time)
+        h.drain()
+        let stale = h.join("ann", capabilities: [.talk, .listen], issuedAt: talking)
+        guard case .refused(.tokenRevoked, let reason)? = h.lastMessage(to: stale.link) else {
+            Issue.record("the older token was let in: \(String(describing: h.lastMessage(to: stale.link)))"); return
+        }
+        #expect(reason.contains("older than the one you last joined with") && reason.contains("newest token"))
+        #expect(h.hub.roster(of: h.channel.id).first { $0.userID == "ann" }?.canTalk == false)
+        // The same second as the newest (iat is whole seconds) is not older.
+        let again = h.join("ann", capabilities: [.listen], issuedAt: h.time.date.addingTimeInterval(0.5))
+        #expect(again.slot == listening.slot)
+        // A renewal with the older token is refused too, and the session carries on as it was.
+        h.hub.renew(again.link, claims: ParticipantClaims(userID: "ann", name: "Ann", channel: h.channel.id, capabilities: [.talk, .listen],
+                                                          issuedAt: talking, expiresAt: h.time.date.addingTimeInterval(3600)), at: h.time)
+        h.drain()
+        #expect(h.lastMessage(to: again.link).map { if case .error(.tokenRevoked, _) = $0 { return true } else { return false } } == true)
+        #expect(h.hub.roster(of: h.channel.id).first { $0.userID == "ann" }?.canTalk == false)
+        // The floor is what was stored: the member's grant carries the newest token's issue time.
+        let stored = h.stored.compactMap { if case .upsertMember(let m) = $0 { return m.grant?.tokenIssuedAt } else { return nil } }.last
+        #expect(stored.map { Int($0.timeIntervalSince1970) } == Int(h.time.date.addingTimeInterval(0.5).timeIntervalSince1970))
+    }
+
     @Test func aRenewalCheckedAfterTheSessionEndedChangesNothing() {
         let h = Harness()
         let ann = h.join("ann")
