@@ -63,12 +63,26 @@ public struct CertificateValidator: Sendable {
             RFC5280Policy(fixedExpiryValidationTime: time)
             ServerIdentityPolicy(serverHostname: isIP ? nil : check.serverName, serverIP: isIP ? check.serverName : nil)
         }
-        if case .validCertificate = await full.validate(leaf: leaf, intermediates: intermediates) { return .success(()) }
+        if case .validCertificate = await full.validate(leaf: leaf, intermediates: intermediates) {
+            return Self.mayServe(leaf) ? .success(()) : .failure(.notForServers(subject: "\(leaf.subject)"))
+        }
         // Tell a wrong name apart from a wrong CA: does the chain validate without the name?
         var chainOnly = Verifier(rootCertificates: store) { RFC5280Policy(fixedExpiryValidationTime: time) }
         if case .validCertificate = await chainOnly.validate(leaf: leaf, intermediates: intermediates) {
             return .failure(.wrongServerName(expected: check.serverName))
         }
         return .failure(.untrustedCertificate(issuer: "\(leaf.issuer)"))
+    }
+
+    /// Whether the leaf's extended key usage lets it identify a server (RFC 5280 §4.2.1.12): no EKU
+    /// at all, serverAuth, or anyExtendedKeyUsage. Without this check a client certificate, or a
+    /// code-signing one, from the same CA could stand in for the server.
+    static func mayServe(_ leaf: Certificate) -> Bool {
+        do {
+            guard let usage = try leaf.extensions.extendedKeyUsage else { return true }
+            return usage.contains(.serverAuth) || usage.contains(.any)
+        } catch {
+            return false  // an EKU that can't be read grants nothing
+        }
     }
 }

@@ -430,7 +430,7 @@ public final class Connection {
     func failHandshake(_ failure: HandshakeFailure, now: WireInstant) {
         let code: TransportErrorCode = switch failure {
         case .certificateExpired, .certificateNotYetValid: .certificateExpired
-        case .untrustedCertificate, .wrongServerName, .unreadableCertificate: .badCertificate
+        case .untrustedCertificate, .wrongServerName, .unreadableCertificate, .notForServers: .badCertificate
         case .badSignature, .badFinished: .decryptError
         case .transportParameters: .transportParameterError
         default: .handshakeFailure

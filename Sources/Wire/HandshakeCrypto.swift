@@ -10,6 +10,8 @@ public enum HandshakeFailure: Error, Sendable, Hashable, CustomStringConvertible
     case certificateNotYetValid(subject: String, notValidBefore: Date)
     /// The certificate is trusted but not issued for the name or address the client dialled.
     case wrongServerName(expected: String)
+    /// The certificate is trusted, but its extended key usage excludes serving (a client certificate).
+    case notForServers(subject: String)
     case unreadableCertificate(reason: String)
     /// The CertificateVerify signature does not match the certificate's key and the transcript.
     case badSignature
@@ -34,6 +36,8 @@ public enum HandshakeFailure: Error, Sendable, Hashable, CustomStringConvertible
             return "the server's certificate \(subject) is not valid until \(date.formatted(.iso8601)); check this machine's clock"
         case .wrongServerName(let expected):
             return "the server's certificate is not issued for \(expected); connect with the name in its certificate, or reissue it with that name"
+        case .notForServers(let subject):
+            return "the server's certificate \(subject) is not for servers (its extended key usage lacks serverAuth); the server operator must use a certificate issued with extendedKeyUsage=serverAuth"
         case .unreadableCertificate(let reason):
             return "the server sent a certificate that cannot be parsed: \(reason)"
         case .badSignature:

@@ -31,8 +31,9 @@ public struct TestPKI: Sendable {
 
     /// A server identity for `names` (DNS names or IP literals), valid between the given dates (90
     /// days ahead by default: squelchd calls a certificate within 14 days of its end degraded).
+    /// `usages`, when given, become the leaf's extended key usage (none by default, which allows any use).
     public func identity(names: [String] = ["localhost", "127.0.0.1"], notBefore: Date = Date().addingTimeInterval(-3_600),
-                  notAfter: Date = Date().addingTimeInterval(86_400 * 90)) throws -> ServerIdentity {
+                  notAfter: Date = Date().addingTimeInterval(86_400 * 90), usages: [ExtendedKeyUsage.Usage]? = nil) throws -> ServerIdentity {
         let key = P256.Signing.PrivateKey()
         let sans: [GeneralName] = names.map { name in
             if let ip = IPv4Address(name) { return .ipAddress(ASN1OctetString(contentBytes: ArraySlice(ip.bytes))) }
@@ -43,7 +44,10 @@ public struct TestPKI: Sendable {
             notValidBefore: notBefore, notValidAfter: notAfter,
             issuer: caName, subject: try DistinguishedName { CommonName("squelchd test") },
             signatureAlgorithm: .ecdsaWithSHA256,
-            extensions: try Certificate.Extensions { SubjectAlternativeNames(sans) },
+            extensions: try Certificate.Extensions {
+                SubjectAlternativeNames(sans)
+                if let usages { try ExtendedKeyUsage(usages) }
+            },
             issuerPrivateKey: .init(caKey))
         return try ServerIdentity(chainPEM: try leaf.serializeAsPEM().pemString, keyPEM: key.pemRepresentation,
                                   now: notBefore.addingTimeInterval(1))

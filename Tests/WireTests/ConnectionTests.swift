@@ -2,6 +2,7 @@ import Crypto
 import Foundation
 import SeededRandom
 import Testing
+import X509
 @testable import Wire
 
 @Suite struct HandshakeTests {
@@ -164,6 +165,20 @@ extension Simulation {
         _ = try await sim.connect(0)
         let wrong = try await failure(pki: pki, identity: try pki.identity(names: ["127.0.0.1"]), serverName: "127.0.0.2")
         #expect(wrong == .handshake(.wrongServerName(expected: "127.0.0.2")))
+    }
+
+    /// A certificate from the pinned CA that was issued for clients only (EKU clientAuth) can't
+    /// stand in for the server; one with serverAuth, or with no EKU at all, can.
+    @Test func aCertificateWhoseUsageLacksServerAuthCannotServe() async throws {
+        let pki = try TestPKI()
+        let error = try await failure(pki: pki, identity: try pki.identity(usages: [.clientAuth]))
+        guard case .handshake(.notForServers) = error else { Issue.record("got \(String(describing: error))"); return }
+        #expect("\(error!)".contains("serverAuth"))
+        for usages: [ExtendedKeyUsage.Usage]? in [[.clientAuth, .serverAuth], [.any], nil] {
+            let sim = Simulation(seed: 5, pki: pki, secrets: try pki.secrets(identity: try pki.identity(usages: usages)))
+            sim.addClient()
+            _ = try await sim.connect(0)
+        }
     }
 
     @Test func anAllZeroSharedSecretIsRejected() throws {
