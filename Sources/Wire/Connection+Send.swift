@@ -5,6 +5,7 @@ extension Connection {
     /// and command.
     public func poll(into buffer: UnsafeMutableRawBufferPointer, now: WireInstant) -> Transmit? {
         lastPollTime = now
+        if state == .established { updateKeysIfDue(now: now) }
         switch state {
         case .closed, .draining: return nil
         case .closing:
@@ -114,7 +115,6 @@ extension Connection {
     /// Writes one 1-RTT packet with whatever is pending. Returns the new datagram length (unchanged
     /// when there was nothing worth a packet).
     func writeApplicationPacket(into datagram: UnsafeMutableRawBufferPointer, at start: Int, now: WireInstant) -> Int {
-        maybeUpdateKeys()
         guard let key = appSeal else { return start }
         let pn = appNextPN
         let pnLength = PacketNumber.encodedLength(pn, largestAcked: largestAckedByPeer)
@@ -227,9 +227,16 @@ extension Connection {
         return payloadEnd + 16
     }
 
-    func maybeUpdateKeys() {
+    /// Updates the sending keys once `keyUpdateInterval` packets have gone under them. An update
+    /// can't start until the peer acknowledges a packet under the current keys; a peer that never
+    /// does must not get packets past the suite's confidentiality limit (RFC 9001 §6.6), so the
+    /// connection closes with AEAD_LIMIT_REACHED a few packets short of it, leaving room for the
+    /// close and its resends (at most 9) under the same keys.
+    func updateKeysIfDue(now: WireInstant) {
         let limit = min(config.keyUpdateInterval, suite.confidentialityLimit / 2)
-        if sentInSendPhase >= limit { _ = initiateKeyUpdate() }
+        guard sentInSendPhase >= limit, !initiateKeyUpdate(), sentInSendPhase + 16 >= suite.confidentialityLimit else { return }
+        protocolViolation("the peer acknowledged no packet under the current keys, so they could not be updated before the AEAD limit",
+                          now: now, code: .aeadLimitReached)
     }
 
     /// Seals one audio datagram into `buffer` and returns it to send now, bypassing the queue: the
@@ -239,8 +246,8 @@ extension Connection {
         guard state == .established, appSeal != nil else { return nil }
         let limit = min(buffer.count, config.maxDatagramSize)
         guard payload.count + 1 + ConnectionID.length + 4 + 16 + 1 <= limit else { return nil }
-        maybeUpdateKeys()
-        guard let key = appSeal else { return nil }
+        updateKeysIfDue(now: now)
+        guard state == .established, let key = appSeal else { return nil }
         let pn = appNextPN
         let pnLength = PacketNumber.encodedLength(pn, largestAcked: largestAckedByPeer)
         var w = WireWriter(UnsafeMutableRawBufferPointer(rebasing: buffer[..<(limit - 16)]))

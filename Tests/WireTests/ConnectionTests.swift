@@ -314,6 +314,28 @@ extension Simulation {
         #expect(sim.serverDatagrams.last?.1 == [7])
     }
 
+    /// RFC 9001 §6.6: a peer that never acknowledges a packet under the current keys blocks the
+    /// next update, and the sender must not go past the confidentiality limit (2^23 packets for
+    /// AES-128-GCM) under them. The packets sealed so far are set close to it rather than sent.
+    @Test func aKeyUpdateThatCannotHappenClosesBeforeTheAEADLimit() async throws {
+        let (sim, _) = try await connected()
+        let client = sim.clients[0].connection
+        #expect(client.suite == .aes128GCMSHA256)
+        #expect(client.initiateKeyUpdate())
+        client.sentInSendPhase = CipherSuite.aes128GCMSHA256.confidentialityLimit - 20
+        // Nothing is delivered meanwhile, so no ACK makes the next update possible.
+        for i in 0..<4 { sim.sendDatagram(client: 0, [UInt8(i)]) }
+        #expect(client.state == .established)
+        sim.sendDatagram(client: 0, [4])
+        #expect(client.state == .closing)
+        #expect(client.error == .local(code: TransportErrorCode.aeadLimitReached.rawValue,
+                                       reason: "the peer acknowledged no packet under the current keys, so they could not be updated before the AEAD limit"))
+        #expect(client.sentInSendPhase < CipherSuite.aes128GCMSHA256.confidentialityLimit)
+        await sim.run(for: ms(200))
+        #expect(sim.serverDatagrams.map(\.1) == [[0], [1], [2], [3]])
+        #expect(sim.endpoint.handles.isEmpty || sim.endpoint.connection(sim.endpoint.handles[0])?.state != .established)
+    }
+
     @Test func keysUpdateByThemselvesAfterTheConfiguredPacketCount() async throws {
         let pki = try TestPKI()
         var config = ConnectionConfiguration.client
