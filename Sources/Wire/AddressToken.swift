@@ -48,6 +48,11 @@ enum AddressToken {
                         retrySource: isRetry ? ConnectionID(get(36, 8)) : nil, clockEpoch: get(44, 8))
     }
 
+    /// When a token with `contents` stops being valid.
+    static func expiry(of contents: Contents) -> WireInstant {
+        contents.issued + (contents.isRetry ? retryLifetime : newTokenLifetime)
+    }
+
     /// Whether `token` is valid for a client at `address` now. Retry tokens also give back the
     /// original destination ID and the Retry's source ID.
     static func validate(_ token: [UInt8], address: PathAddress, secrets: ServerSecrets, now: WireInstant) -> Contents? {
@@ -59,6 +64,38 @@ enum AddressToken {
             guard age <= newTokenLifetime, contents.address.sameHost(as: address) else { return nil }
         }
         return contents
+    }
+}
+
+/// Tokens that have opened a connection, kept until they expire: each token opens one connection
+/// (docs/protocol.md §8.3). A NEW_TOKEN token travels in clear and binds only the host, so anyone on
+/// the path could otherwise copy it and, for an hour, open connections in the client's name that
+/// skip the Retry. Bounded: once `capacity` unexpired tokens are kept, a token counts as spent,
+/// which costs its client at most a Retry round trip (the state is per process: in a cluster a
+/// token may open one connection on each node).
+struct SpentTokens {
+    /// A token's AES-GCM nonce: random, 12 bytes, unique to the token.
+    struct Nonce: Hashable { var high: UInt64; var low: UInt32 }
+
+    let capacity: Int
+    var expiries: [Nonce: WireInstant] = [:]
+    /// When expired entries were last swept; sweeps happen when full, at most once a second.
+    var lastSweep = WireInstant(nanoseconds: 0)
+
+    init(capacity: Int) { self.capacity = capacity }
+
+    /// Records `token` as spent. False when it already was, or when there is no room to remember it.
+    mutating func spend(_ token: [UInt8], expires: WireInstant, now: WireInstant) -> Bool {
+        guard token.count >= 12 else { return false }
+        let nonce = Nonce(high: token[0..<8].reduce(0) { $0 << 8 | UInt64($1) }, low: token[8..<12].reduce(0) { $0 << 8 | UInt32($1) })
+        if let expiry = expiries[nonce], expiry > now { return false }
+        if expiries.count >= capacity, now.since(lastSweep) >= seconds(1) {
+            lastSweep = now
+            expiries = expiries.filter { $0.value > now }
+        }
+        guard expiries.count < capacity else { return false }
+        expiries[nonce] = expires
+        return true
     }
 }
 

@@ -149,7 +149,7 @@ extension Connection {
     func serverHandle(_ message: HandshakeMessage, bytes: [UInt8], space: LongPacketType, now: WireInstant) throws(HandshakeFailure) {
         switch (message, space) {
         case (.clientHello(let hello), .initial):
-            guard !clientHelloProcessed, let serverSecrets else { throw .unexpectedMessage("second ClientHello") }
+            guard clientHelloDigest == nil, let serverSecrets else { throw .unexpectedMessage("second ClientHello") }
             // The version the client used must be one it offered and one we speak: a forged Version
             // Negotiation would show up here, inside the signed transcript.
             guard hello.version == WireVersion.v1, hello.offeredVersions.contains(hello.version) else {
@@ -161,7 +161,7 @@ extension Connection {
             guard hello.parameters.initialSourceConnectionID == peerID else {
                 throw .transportParameters("initial_source_connection_id does not match")
             }
-            clientHelloProcessed = true
+            clientHelloDigest = SHA256.hash(data: bytes)
             suite = chosen
             peerParameters = hello.parameters
             transcript.add(bytes)

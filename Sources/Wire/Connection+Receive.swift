@@ -1,4 +1,5 @@
 // Receiving: header protection off, AEAD open in place, replay check, then frames.
+import Crypto
 extension Connection {
     /// Processes one received datagram, decrypting in place. Audio datagram frames are handed to
     /// `datagrams` as slices of `datagram`, valid only during the call.
@@ -118,6 +119,13 @@ extension Connection {
 
     func receiveLong(_ datagram: UnsafeMutableRawBufferPointer, type: LongPacketType, start: Int, destination: ConnectionID,
                      source: ConnectionID, token: Range<Int>, pnOffset: Int, end: Int, now: WireInstant) -> Bool {
+        // RFC 9000 §14.1: a client's Initial always comes in a datagram of at least 1,200 bytes.
+        // Checked on every one, not only the first: a small Initial that makes the server answer
+        // (an ACK, a resent flight) would let whoever sends it spend the server's bytes on the address.
+        if role == .server, type == .initial, datagram.count < PacketHeader.minimumInitialDatagram {
+            count(.malformed)
+            return false
+        }
         let packet = UnsafeMutableRawBufferPointer(rebasing: datagram[..<end])
         let spaceKey = type == .initial ? initialSpace.open : handshakeSpace.open
         guard let key = spaceKey else { count(.noKeys); return false }
@@ -165,10 +173,14 @@ extension Connection {
     }
 
     func receiveCrypto(_ type: LongPacketType, offset: UInt64, data: UnsafeRawBufferPointer, now: WireInstant) throws(WireParseError) {
-        // A retransmitted ClientHello means the server's flight was lost: send it again.
-        if role == .server, type == .initial, clientHelloProcessed, offset == 0 {
-            initialSpace.flightSent = 0
-            handshakeSpace.flightSent = 0
+        // A retransmitted ClientHello means the server's flight was lost: send it again. Only the
+        // ClientHello itself, whole, counts: any other CRYPTO at offset 0 (an empty one costs a
+        // few bytes) made the server send its whole flight again, which an attacker could repeat.
+        if role == .server, type == .initial, let hello = clientHelloDigest, offset == 0 {
+            if SHA256.hash(data: data) == hello {
+                initialSpace.flightSent = 0
+                handshakeSpace.flightSent = 0
+            }
             return
         }
         do {

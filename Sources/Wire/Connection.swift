@@ -197,7 +197,9 @@ public final class Connection {
     /// Set when the client needs the server's chain validated before it can finish.
     @exclusivity(unchecked) public internal(set) var pendingCertificateCheck: CertificateCheck?
     @exclusivity(unchecked) var receivedServerPacket = false
-    @exclusivity(unchecked) var clientHelloProcessed = false
+    /// Server: the hash of the ClientHello once it has been processed, to tell a real retransmission
+    /// of it (its flight was lost: resend ours) from any other Initial that claims offset 0.
+    @exclusivity(unchecked) var clientHelloDigest: SHA256Digest?
 
     // MARK: Timers
 
@@ -255,7 +257,7 @@ public final class Connection {
     /// A server connection, created by the endpoint for a client Initial that passed its checks.
     init(server secrets: ServerSecrets, configuration: ConnectionConfiguration, remote: PathAddress, now: WireInstant,
          initialDestination: ConnectionID, clientSource: ConnectionID, originalDestination: ConnectionID,
-         retrySource: ConnectionID?, addressValidated: Bool, localID: ConnectionID, random: any RandomNumberGenerator) {
+         retrySource: ConnectionID?, localID: ConnectionID, random: any RandomNumberGenerator) {
         role = .server
         config = configuration
         clientConfiguration = nil
@@ -265,7 +267,9 @@ public final class Connection {
         self.originalDestination = originalDestination
         self.retrySource = retrySource
         peerID = clientSource
-        path = Path(address: remote, validated: addressValidated)
+        // Unvalidated until a Handshake packet comes from it, even when the client had a token: the
+        // 3x limit holds until then (docs/protocol.md §8.4).
+        path = Path(address: remote, validated: false)
         controlSend = SendStream(limit: configuration.controlStreamLimit)
         controlReceive = ReassemblyBuffer(limit: configuration.controlStreamLimit)
         lastReceiveTime = now

@@ -24,6 +24,8 @@ public struct EndpointStats: Sendable, Equatable {
     /// Of `refused`, those whose address already had `maxConnectionsPerAddress` connections.
     public var refusedForAddress = 0
     public var rateLimited = 0
+    /// Address tokens presented again after they had opened a connection (`SpentTokens`).
+    public var tokensRefused = 0
     /// Datagrams for no connection that could not start one (too short, malformed, bad token).
     public var dropped = 0
     public var accepted = 0
@@ -90,6 +92,9 @@ public final class Endpoint {
     @exclusivity(unchecked) var perSource: [PathAddress: Int] = [:]
     @exclusivity(unchecked) public private(set) var connectionCount = 0
     @exclusivity(unchecked) var handshaking = 0
+    /// Address tokens that have opened a connection: each opens one. Room for as many as there may
+    /// be connections, four times over (tokens outlive their connections by up to an hour).
+    @exclusivity(unchecked) var spentTokens: SpentTokens
     @exclusivity(unchecked) let tally = TroubleTally()
     /// What every connection this endpoint has had dropped or lost, live or closed.
     public var troubleTotals: ConnectionTroubleTotals { tally.totals }
@@ -101,6 +106,7 @@ public final class Endpoint {
         self.configuration = configuration
         self.random = random
         self.forkRandom = forkRandom
+        spentTokens = SpentTokens(capacity: max(1_024, 4 * configuration.maxConnections))
     }
 
     public func connection(_ handle: Handle) -> Connection? {
@@ -158,7 +164,21 @@ public final class Endpoint {
         var original = destination
         var retrySource: ConnectionID?
         var validated = false
-        if !token.isEmpty, let contents = AddressToken.validate(token, address: address, secrets: secrets, now: now) {
+        // A token lets a client skip the Retry; it no longer lifts the 3x limit (below), as it binds
+        // only the host, or an address for 10 s, while whoever sent this can pick its own port.
+        var contents = token.isEmpty ? nil : AddressToken.validate(token, address: address, secrets: secrets, now: now)
+        if let valid = contents, !spentTokens.spend(token, expires: AddressToken.expiry(of: valid), now: now) {
+            // A second use: as if there were no token (a Retry if the server is busy). A Retry
+            // token is for one connection, which exists already: the client must start again.
+            stats.tokensRefused += 1
+            if valid.isRetry {
+                refuse(datagram, from: address, destination: destination, source: source, now: now,
+                       code: .invalidToken, reason: "Retry token already used; start again without it")
+                return
+            }
+            contents = nil
+        }
+        if let contents {
             if contents.isRetry {
                 guard contents.retrySource == destination, let tokenOriginal = contents.original else { stats.dropped += 1; return }
                 original = tokenOriginal
@@ -191,7 +211,7 @@ public final class Endpoint {
         while routes[localID] != nil { localID = ConnectionID(random.next()) }
         let connection = Connection(server: secrets, configuration: configuration.connection, remote: address, now: now,
                                     initialDestination: destination, clientSource: source, originalDestination: original,
-                                    retrySource: retrySource, addressValidated: validated, localID: localID, random: forkRandom(&random))
+                                    retrySource: retrySource, localID: localID, random: forkRandom(&random))
         let handle = insert(connection, initialDestination: destination, source: address.source)
         routes[localID] = handle
         routes[destination] = handle
@@ -415,7 +435,7 @@ public final class Endpoint {
                 now: WireInstant, code: TransportErrorCode, reason: String) {
         let connection = Connection(server: secrets, configuration: configuration.connection, remote: address, now: now,
                                     initialDestination: destination, clientSource: source, originalDestination: destination,
-                                    retrySource: nil, addressValidated: false, localID: ConnectionID(random.next()), random: forkRandom(&random))
+                                    retrySource: nil, localID: ConnectionID(random.next()), random: forkRandom(&random))
         connection.path.bytesReceived = datagram.count
         connection.close(code: code.rawValue, reason: reason, application: false, now: now)
         var bytes = [UInt8](repeating: 0, count: 1200)

@@ -14,7 +14,7 @@ public final class WireClient {
     @exclusivity(unchecked) public private(set) var connection: Connection
     public let configuration: ClientConfiguration
     @exclusivity(unchecked) public private(set) var remote: PathAddress
-    /// A server token from NEW_TOKEN, presented on the next handshake to skip a Retry.
+    /// A server token from NEW_TOKEN, presented on the next handshake to skip a Retry, then dropped.
     @exclusivity(unchecked) public private(set) var token: [UInt8] = []
     @exclusivity(unchecked) public private(set) var reconnects = 0
     @exclusivity(unchecked) var random: any RandomNumberGenerator
@@ -86,6 +86,7 @@ public final class WireClient {
                 events.append(.connection(event))
                 reconnects += 1
                 connection = Connection(client: configuration, remote: remote, now: now, token: token, random: forkRandom(&random))
+                token = []  // a token opens one connection (the server refuses it again); the new one brings another
                 events.append(.reconnecting(error))
             default:
                 events.append(.connection(event))
