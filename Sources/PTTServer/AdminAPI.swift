@@ -31,7 +31,7 @@ public struct AdminContext: Sendable {
     public var identitySummary: String
     /// When the server started, for uptime.
     public var started: Date
-    /// Whether the server can serve right now; `/healthz` answers 503 with the reason when it can't.
+    /// Whether the server can serve right now; `/healthz` answers 503 when it can't (with the reason, to the admin key).
     /// squelchd's covers the voice transport and the store writer (`StoreWriter.unhealthyReason`).
     /// `/healthz` also reads the store (a cheap `revision()`), so a database that fails reads shows too.
     public var readiness: @Sendable () async -> Readiness
@@ -104,7 +104,8 @@ public enum AdminAPI {
 
     /// `GET /healthz` body. `status` is "ok" while the server can serve; "degraded" (still 200) while
     /// it serves connected members but wake pushes are failing; "unavailable" (503) when it can't
-    /// serve. `reason` says why for the last two.
+    /// serve. `reason` says why for the last two, to a request with the admin key; without it,
+    /// only that the key shows why (and `pushes.reason` is left out).
     public struct Health: Codable, Sendable, Equatable {
         public var status: String
         public var reason: String?
@@ -178,10 +179,10 @@ public enum AdminAPI {
     /// Builds the router.
     public static func router(context admin: AdminContext) -> Router<BasicRequestContext> {
         let router = Router()
-        router.get("/healthz") { _, _ in try await health(admin) }
+        router.get("/healthz") { request, _ in try await health(admin, request: request) }
         // Load balancers often check health with HEAD: the same status, no body.
-        router.on("/healthz", method: .head) { _, _ in
-            let full = try await health(admin)
+        router.on("/healthz", method: .head) { request, _ in
+            let full = try await health(admin, request: request)
             return Response(status: full.status, headers: [.contentType: "application/json"])
         }
         router.get("/version") { _, _ in SquelchInfo.version + "\n" }
@@ -206,7 +207,10 @@ public enum AdminAPI {
 
     // MARK: - Health
 
-    static func health(_ admin: AdminContext) async throws -> Response {
+    /// Anyone may ask (a load balancer carries no key), but only the admin key sees why the server
+    /// is unwell: the reasons name database errors, file paths and hosts, which help an attacker
+    /// more than a load balancer.
+    static func health(_ admin: AdminContext, request: Request) async throws -> Response {
         var reason: String?
         if case .unavailable(let why) = await admin.readiness() { reason = why }
         if reason == nil {
@@ -222,9 +226,14 @@ public enum AdminAPI {
             status = "degraded"
             reason = reason.map { "\($0); and \(why)" } ?? why
         }
+        var shown = pushes
+        if !BearerKey.matches(request.headers, key: Array(admin.adminKey.utf8)) {
+            if reason != nil { reason = "send the admin key ('Authorization: Bearer <admin key>') to see why" }
+            shown?.reason = nil
+        }
         let health = Health(status: status, reason: reason, version: SquelchInfo.version,
                             uptimeSeconds: Date().timeIntervalSince(admin.started), certificate: admin.identitySummary,
-                            connections: await admin.hub?.connectionCount(), pushes: pushes)
+                            connections: await admin.hub?.connectionCount(), pushes: shown)
         return try json(health, status: status == "unavailable" ? .serviceUnavailable : .ok)
     }
 
@@ -442,14 +451,29 @@ struct BearerAuthMiddleware<Context: RequestContext>: RouterMiddleware {
         guard let header = request.headers[.authorization] else {
             throw AdminError(.unauthorized, "missing Authorization header; send 'Authorization: Bearer <admin key>' (this server's key is \(source))", headers: challenge)
         }
-        let parts = header.split(separator: " ", maxSplits: 1, omittingEmptySubsequences: true)
-        guard parts.count == 2, parts[0].lowercased() == "bearer" else {
+        guard let given = BearerKey.given(header) else {
             throw AdminError(.unauthorized, "the Authorization header must be 'Bearer <admin key>'", headers: challenge)
         }
-        guard Self.constantTimeEqual(Array(parts[1].trimmingCharacters(in: .whitespaces).utf8), key) else {
+        guard BearerKey.constantTimeEqual(given, key) else {
             throw AdminError(.unauthorized, "wrong admin key; this server's key is \(source)", headers: challenge)
         }
         return try await next(request, context)
+    }
+}
+
+/// The admin key as a request carries it: `Authorization: Bearer <key>`.
+enum BearerKey {
+    /// The key in an Authorization header's value; nil when it is not 'Bearer <key>'.
+    static func given(_ header: String) -> [UInt8]? {
+        let parts = header.split(separator: " ", maxSplits: 1, omittingEmptySubsequences: true)
+        guard parts.count == 2, parts[0].lowercased() == "bearer" else { return nil }
+        return Array(parts[1].trimmingCharacters(in: .whitespaces).utf8)
+    }
+
+    /// Whether `headers` carry `key`.
+    static func matches(_ headers: HTTPFields, key: [UInt8]) -> Bool {
+        guard let header = headers[.authorization], let given = given(header) else { return false }
+        return constantTimeEqual(given, key)
     }
 
     /// Compares every byte of `expected` whatever the input, so the time taken says nothing about how

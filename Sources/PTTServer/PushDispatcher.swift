@@ -216,7 +216,7 @@ final class PushMetrics: Sendable {
         self.registry = registry
         failing = registry.makeGauge(descriptor: MetricNameDescriptor(
             namespace: "squelch", metricName: "push_failing", unitName: "",
-            helpText: "1 while wake pushes are failing on the server's side (APNs configuration, no connection to APNs, repeated timeouts or 5xx), else 0; /healthz says why."))
+            helpText: "1 while wake pushes are failing on the server's side (APNs configuration, no connection to APNs, repeated timeouts or 5xx), else 0; /healthz says why (to the admin key)."))
         // The main series exist from the start, at 0: an alert on the rate of delivered or failed
         // pushes otherwise sees no data at all until the first push, which looks like a broken scrape.
         count(.delivered, reason: "Success", by: 0)

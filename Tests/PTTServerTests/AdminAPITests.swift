@@ -171,16 +171,25 @@ import Testing
         }
     }
 
-    @Test func healthzIs503WithAReasonWhenUnhealthy() async throws {
-        let fixture = try await AdminFixture(readiness: { .unavailable(reason: "transport not bound") })
+    /// The reason goes only to the admin key: it can name database errors, paths and hosts. Anyone
+    /// else (a load balancer) gets the status, and how to see why.
+    @Test func healthzIs503WithAReasonForTheAdminKeyOnly() async throws {
+        let fixture = try await AdminFixture(readiness: { .unavailable(reason: "the store at /var/lib/squelch failed: disk I/O error") })
         defer { Task { await fixture.cleanUp() } }
         try await fixture.application.test(.router) { client in
-            let response = try await client.execute(uri: "/healthz", method: .get)
+            let response = try await client.send(.get, "/healthz")
             #expect(response.status == .serviceUnavailable)
             let health = try response.decode(AdminAPI.Health.self)
             #expect(health.status == "unavailable")
-            #expect(health.reason == "transport not bound")
+            #expect(health.reason == "the store at /var/lib/squelch failed: disk I/O error")
             #expect(!health.version.isEmpty)
+            for key in [nil, AdminFixture.key + "x"] {
+                let anonymous = try await client.send(.get, "/healthz", key: key)
+                #expect(anonymous.status == .serviceUnavailable)
+                let told = try anonymous.decode(AdminAPI.Health.self)
+                #expect(told.status == "unavailable" && !anonymous.text.contains("/var/lib") && !anonymous.text.contains("disk"), "\(anonymous.text)")
+                #expect(told.reason?.contains("Authorization: Bearer <admin key>") == true)
+            }
         }
     }
 
@@ -207,7 +216,7 @@ import Testing
         var context = fixture.context
         context.certificateExpiry = soon
         try await Application(router: AdminAPI.router(context: context)).test(.router) { client in
-            let response = try await client.execute(uri: "/healthz", method: .get)
+            let response = try await client.send(.get, "/healthz")
             #expect(response.status == .ok)
             let health = try response.decode(AdminAPI.Health.self)
             #expect(health.status == "degraded" && health.reason?.contains("expires at") == true, "\(health)")
@@ -295,10 +304,10 @@ import Testing
 
     @Test func constantTimeComparisonMatchesEquality() {
         let key = Array("abcdef".utf8)
-        #expect(BearerAuthMiddleware<BasicRequestContext>.constantTimeEqual(key, key))
-        #expect(!BearerAuthMiddleware<BasicRequestContext>.constantTimeEqual(Array("abcdeg".utf8), key))
-        #expect(!BearerAuthMiddleware<BasicRequestContext>.constantTimeEqual(Array("abcde".utf8), key))
-        #expect(!BearerAuthMiddleware<BasicRequestContext>.constantTimeEqual(Array("abcdef\0".utf8), key))
-        #expect(!BearerAuthMiddleware<BasicRequestContext>.constantTimeEqual([], key))
+        #expect(BearerKey.constantTimeEqual(key, key))
+        #expect(!BearerKey.constantTimeEqual(Array("abcdeg".utf8), key))
+        #expect(!BearerKey.constantTimeEqual(Array("abcde".utf8), key))
+        #expect(!BearerKey.constantTimeEqual(Array("abcdef\0".utf8), key))
+        #expect(!BearerKey.constantTimeEqual([], key))
     }
 }

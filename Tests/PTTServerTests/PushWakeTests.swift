@@ -206,6 +206,11 @@ import FoundationNetworking
         #expect(failing.health.pushes?.failuresSinceLastDelivery == 3)
         #expect(failing.health.reason?.contains("DeviceTokenNotForTopic") == true, "\(failing.health)")
         #expect(failing.health.reason?.contains("topic") == true)
+        // Without the admin key: the same status, no detail.
+        let anonymous = try await fixture.health(listening, anonymous: true)
+        #expect(anonymous.status == 200 && anonymous.health.status == "degraded" && anonymous.health.pushes?.status == "failing")
+        #expect(anonymous.health.pushes?.reason == nil && anonymous.health.reason?.contains("DeviceTokenNotForTopic") == false,
+                "\(anonymous.health)")
         #expect(text.contains("squelch_push_failing 1"))
 
         // The setting is fixed (the script cleared): the kept tokens wake their devices again.

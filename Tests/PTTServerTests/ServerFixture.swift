@@ -97,10 +97,12 @@ final class ServerFixture: Sendable {
         return ((response as? HTTPURLResponse)?.statusCode ?? 0, String(decoding: body, as: UTF8.self))
     }
 
-    /// What `/healthz` says now, with its HTTP status.
-    func health(_ listening: SquelchServer.Listening) async throws -> (status: Int, health: AdminAPI.Health) {
+    /// What `/healthz` says now, with its HTTP status: to the admin key, or (`anonymous`) to anyone.
+    func health(_ listening: SquelchServer.Listening, anonymous: Bool = false) async throws -> (status: Int, health: AdminAPI.Health) {
         let url = try #require(URL(string: "http://127.0.0.1:\(listening.adminPort)/healthz"))
-        let (body, response) = try await URLSession.shared.data(from: url)
+        var request = URLRequest(url: url)
+        if !anonymous { request.setValue("Bearer \(TestServer.adminKey)", forHTTPHeaderField: "Authorization") }
+        let (body, response) = try await URLSession.shared.data(for: request)
         let decoder = JSONDecoder()
         decoder.dateDecodingStrategy = .iso8601
         return ((response as? HTTPURLResponse)?.statusCode ?? 0, try decoder.decode(AdminAPI.Health.self, from: body))

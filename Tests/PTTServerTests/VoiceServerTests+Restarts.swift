@@ -121,8 +121,9 @@ extension VoiceServerTests {
         let (task, listening) = try await fixture.start()
         defer { task.cancel() }
         func health() async throws -> (status: Int, body: String) {
-            let url = try #require(URL(string: "http://127.0.0.1:\(listening.adminPort)/healthz"))
-            let (body, response) = try await URLSession.shared.data(from: url)
+            var request = URLRequest(url: try #require(URL(string: "http://127.0.0.1:\(listening.adminPort)/healthz")))
+            request.setValue("Bearer \(TestServer.adminKey)", forHTTPHeaderField: "Authorization")  // the reason is for the admin
+            let (body, response) = try await URLSession.shared.data(for: request)
             return ((response as? HTTPURLResponse)?.statusCode ?? 0, String(decoding: body, as: UTF8.self))
         }
         #expect(try await health().status == 200)
