@@ -40,11 +40,15 @@ final class BurstRecording {
     /// `Member.audioPace`). It lives here because the relay already finds the burst's recording for
     /// every packet, so policing costs no second lookup.
     var pace = TokenBucket(tokens: 0, refilledAt: WireInstant(nanoseconds: 0))
+    /// Set when the floor is taken, and cleared when its first audio packet asks for the burst's wake
+    /// pushes: a burst that carries no audio wakes nobody (`ChannelHub.wakeListeners`).
+    var wakeOwed: HubTime?
 
     func start(talker: UInt16, burst: UInt16, pace: TokenBucket) {
         self.talker = talker
         self.burst = burst
         self.pace = pace
+        wakeOwed = nil
         bytes.removeAll(keepingCapacity: true)
         entries.removeAll(keepingCapacity: true)
         ended = false
@@ -56,6 +60,7 @@ final class BurstRecording {
 
     func end(at now: WireInstant) {
         ended = true
+        wakeOwed = nil
         endedAt = now
     }
 

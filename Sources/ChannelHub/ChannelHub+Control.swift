@@ -48,7 +48,7 @@ extension ChannelHub {
         }
         applyFloorEvents(channel, at: time)
         listenersChanged(channel)
-        if !wasOffline { announce(channel, slot: slot, to: channel.links(except: slot)) }
+        if !wasOffline { announce(channel, slot: slot, to: channel.links(except: slot), at: time.instant) }
         outputs.append(.store(.touchMember(channel: channel.record.id, user: member.userID, lastSeen: time.date)))
     }
 
@@ -128,6 +128,13 @@ extension ChannelHub {
                                                        request: request)), to: [link]))
                 return
             }
+            if let limit = floorLimit(channel, slot: slot, at: time.instant) {
+                counters.floorRequestsLimited += 1
+                counters.floorDenials += 1
+                outputs.append(.send(.floor(FloorEvent(kind: .denied, slot: slot, cause: .rateLimited, reason: limit, request: request)),
+                                     to: [link]))
+                return
+            }
             channel.floor.request(slot, priority: member.priority, canTalk: member.canTalk, mayQueue: queue, now: time.instant.nanoseconds)
             applyFloorEvents(channel, at: time)
         case .floorRelease:
@@ -136,7 +143,7 @@ extension ChannelHub {
         case .setMuted(let muted):
             guard member.muted != muted else { return }
             channel.members[slot]?.muted = muted
-            announce(channel, slot: slot)
+            announce(channel, slot: slot, at: time.instant)
         case .registerPushToken(let token, let environment):
             let lower = token.lowercased()
             var member = channel.member(slot)
@@ -216,19 +223,13 @@ extension ChannelHub {
         outputs.append(.send(.error(code: .rateLimited, reason: text), to: [link]))
     }
 
-    /// Tells `links` (everyone connected, unless given) the member in `slot` as it is now.
-    func announce(_ channel: ChannelState, slot: UInt16, to links: [Link]? = nil) {
-        guard let member = channel.members[slot] else { return }
-        outputs.append(.send(.participant(member.participant), to: links ?? channel.connectedLinks))
-    }
-
     /// A member the sweep marked silent sent a control message: everyone, itself included (it may
     /// have missed its own `reconnecting`, or not), sees it `connected` again at once.
     func markHeard(_ channel: ChannelState, slot: UInt16, at time: HubTime) {
         guard channel.members[slot]?.link != nil else { return }
         channel.members[slot]?.connection = .connected
         channel.members[slot]?.silentSince = nil
-        announce(channel, slot: slot)
+        announce(channel, slot: slot, at: time.instant)
         replayOwed(channel, slot: slot, at: time)
     }
 }

@@ -39,27 +39,18 @@ extension ChannelHub {
                 noteMissing(channel, talker: slot, at: time)
                 addToCatchUps(channel, talker: slot)
                 sendGrant(channel, slot: slot, burst: burst16, until: until, at: time)
+                chargeGrant(channel, slot: slot, at: time.instant)
                 granted = true
             case .confirmed(let slot, let burst, let until):
                 sendGrant(channel, slot: slot, burst: UInt16(truncatingIfNeeded: burst), until: until, at: time)
                 granted = true
             case .taken(let slot, let burst, _):
-                guard let member = channel.members[slot] else { break }
+                guard channel.members[slot] != nil else { break }
                 outputs.append(.send(.floor(FloorEvent(kind: .taken, slot: slot, burst: UInt16(truncatingIfNeeded: burst))),
                                      to: channel.links(except: slot)))
-                announce(channel, slot: slot)
-                var wake: [MemberRecord] = []
-                var connected: [WakeCandidate] = []
-                for other in channel.members.values where configuration.wakesByPush && other.pushToken != nil
-                    && other.hears(member) && other.slot != slot {
-                    if other.link == nil, !mayBeWoken(other, at: time) { continue }
-                    let record = other.record(channel: channel.record.id, lastSeen: time.date)
-                    if let link = other.link { connected.append(WakeCandidate(member: record, link: link)) } else { wake.append(record) }
-                }
-                if !wake.isEmpty || !connected.isEmpty {
-                    outputs.append(.burstStarted(channel: channel.record.id, talker: member.participant, wake: wake,
-                                                 connected: connected))
-                }
+                announce(channel, slot: slot, at: time.instant)
+                // Its wake pushes wait for its first audio (`wakeListeners`).
+                if configuration.wakesByPush { channel.recording(of: slot)?.wakeOwed = time }
             case .denied(let slot, let reason):
                 counters.floorDenials += 1
                 let cause: FloorCause
@@ -128,7 +119,7 @@ extension ChannelHub {
                     member.burstStartedAt = nil
                     member.burstProgressAt = nil
                     channel.members[slot] = member
-                    announce(channel, slot: slot)
+                    announce(channel, slot: slot, at: time.instant)
                 }
             case .idle:
                 outputs.append(.send(.floor(FloorEvent(kind: .idle)), to: channel.connectedLinks))

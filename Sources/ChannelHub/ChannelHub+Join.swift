@@ -95,7 +95,7 @@ extension ChannelHub {
         // floor as it was: the events that follow describe the change.
         channel.floor.rightsChanged(slot, priority: member.priority, canTalk: member.canTalk, now: time.instant.nanoseconds)
         applyFloorEvents(channel, at: time)
-        announce(channel, slot: slot, to: channel.links(except: slot))
+        announce(channel, slot: slot, to: channel.links(except: slot), at: time.instant)
         if member.canListen { startCatchUp(channel, slot: slot, at: time) }
         listenersChanged(channel)
     }
@@ -214,7 +214,7 @@ extension ChannelHub {
         // `talking` is left out of the comparison: a floor change above has announced itself.
         var after = channel.member(slot).participant
         after.talking = before.talking
-        if after != before { announce(channel, slot: slot) }
+        if after != before { announce(channel, slot: slot, at: time.instant) }
         listenersChanged(channel)
     }
 

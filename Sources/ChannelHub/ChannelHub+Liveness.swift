@@ -54,7 +54,7 @@ extension ChannelHub {
             guard let first = changed.first else { continue }
             let links = channel.connectedLinks
             if changed.count == 1 {
-                announce(channel, slot: first, to: links)
+                announce(channel, slot: first, to: links, at: time.instant)
                 continue
             }
             // Chunked as a joiner's roster is.
@@ -78,7 +78,7 @@ extension ChannelHub {
                 channel.members[slot]?.connection = .offline
                 channel.members[slot]?.reconnectingUntil = nil
                 reconnecting.remove(at: index)
-                announce(channel, slot: slot)
+                announce(channel, slot: slot, at: time.instant)
             } else {
                 index += 1
             }

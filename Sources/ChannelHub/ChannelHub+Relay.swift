@@ -30,6 +30,7 @@ extension ChannelHub {
                                   burst: configuration.audioPacketBurst) else { drop(.overRate); return 0 }
         recording.append(header, payload: payload, maxPackets: configuration.maxRecordedPackets,
                          maxBytes: configuration.maxRecordedBytes)
+        if let owed = recording.wakeOwed { wakeListeners(channel, talker: slot, recording: recording, taken: owed, at: now) }
         AudioHeader(flags: header.flags.intersection(.endOfBurst), slot: slot, burst: header.burst, sequence: header.sequence)
             .write(to: scratch)
         UnsafeMutableRawBufferPointer(rebasing: scratch[AudioHeader.size ..< AudioHeader.size + payloadCount]).copyMemory(from: payload)

@@ -56,7 +56,7 @@ extension ChannelHub {
         channel.floor.release(slot, now: time.instant.nanoseconds)
         applyFloorEvents(channel, at: time)
         listenersChanged(channel)
-        announce(channel, slot: slot)
+        announce(channel, slot: slot, at: time.instant)
         outputs.append(.store(.touchMember(channel: channel.record.id, user: member.userID, lastSeen: time.date)))
     }
 }

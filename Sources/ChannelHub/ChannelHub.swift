@@ -60,6 +60,11 @@ public final class ChannelHub {
     /// Joins and renewals whose token is being checked, and the revocations they must be checked
     /// against again when they end.
     var tokenChecks = TokenCheckWindow()
+    /// Members whose roster entry waits for `HubConfiguration.rosterUpdateInterval`, in the order
+    /// they began waiting (`ChannelHub+RosterPacing`).
+    var heldAnnouncements: [MemberRef] = []
+    /// When the first of them is due.
+    var nextHeldAnnouncement: WireInstant?
 
     struct RosterStream {
         let channel: ChannelState
@@ -74,6 +79,10 @@ public final class ChannelHub {
     }
 
     deinit { scratch.deallocate() }
+
+    /// Whether anything waits in `takeOutputs()`: after an audio packet, normally not (a burst's first
+    /// packet asks for its wake pushes), so the relay's path checks before it takes.
+    public var hasOutputs: Bool { !outputs.isEmpty }
 
     /// Everything the hub wants done since the last call, in order.
     public func takeOutputs() -> [HubOutput] {
@@ -100,12 +109,13 @@ public final class ChannelHub {
         case .reconnecting: reconnecting.lazy.compactMap { $0.channel.members[$0.slot]?.reconnectingUntil }.min()
         case .tokenExpiry: expiries.next
         case .catchUp: catchingUp.nextTick
+        case .roster: nextHeldAnnouncement
         }
     }
 
     /// Runs whatever is due, in `HubTimer` order: maximum-burst and disconnect revocations, kept
     /// bursts expiring, reconnecting members going offline, sessions whose token expired, and
-    /// catch-up packets (through `send`, like `receiveAudio`).
+    /// catch-up packets (through `send`, like `receiveAudio`), and roster entries held back.
     public func handleTimeout(at time: HubTime, send: (UnsafeRawBufferPointer, Link) -> Bool) {
         for timer in HubTimer.allCases {
             guard let due = deadline(of: timer), due <= time.instant else { continue }
@@ -115,6 +125,7 @@ public final class ChannelHub {
             case .reconnecting: reconnectingGraceEnds(at: time)
             case .tokenExpiry: expireTokens(at: time)
             case .catchUp: serveCatchUp(at: time, send: send)
+            case .roster: sendHeldAnnouncements(at: time)
             }
         }
     }

@@ -68,6 +68,21 @@ public struct HubConfiguration: Sendable {
     /// and a half of packets held up by the network and then delivered at once.
     public var audioPacketsPerSecond = 150
     public var audioPacketBurst = 150
+    /// A member's roster entry goes to everyone at most once in this long: a change sooner after the
+    /// last is held and sent at the end of it, merged with any that follow. The first change goes at
+    /// once, so a join or a burst of ordinary length shows without delay; a member toggling mute, or
+    /// tapping the floor, can't make the server send every member a message each time. 0: no limit.
+    public var rosterUpdateInterval: UInt64 = 500_000_000
+    /// Floor grants a member may have per minute, on average, and in a row. Each grant and its end
+    /// tell every member three or four things and log the burst, so a member cycling requests and
+    /// releases at the control rate would otherwise make the channel's size in messages ten times
+    /// a second. 15 a minute is one every four seconds, more than a talker in a busy exchange needs.
+    public var floorGrantsPerMinute = 15
+    public var floorGrantBurst = 3
+    /// Wake pushes one sleeping member may be sent per minute, on average, and in a row, whoever is
+    /// talking: several members taking turns must not wake a phone every second.
+    public var wakesPerMinute = 10
+    public var wakeBurst = 3
     /// How long before its participant token expires a connected member is told so (`tokenExpiring`),
     /// so that its app can fetch a new token and `renewToken` without the session ending: five minutes
     /// is room for an app to ask its backend a few times over a poor network. A token with less than

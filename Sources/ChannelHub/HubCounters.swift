@@ -62,6 +62,12 @@ public struct HubCounters: Sendable, Equatable {
     public var silentMembers = 0
     /// Bursts that had ended replayed to a member who missed them (one per member and burst).
     public var missedBurstReplays = 0
+    /// Roster entries held back to keep to `rosterUpdateInterval` (each sent later, merged).
+    public var rosterUpdatesHeld = 0
+    /// Floor requests denied for `floorGrantsPerMinute`.
+    public var floorRequestsLimited = 0
+    /// Wakes not asked for because their member had used its `wakesPerMinute`.
+    public var wakesLimited = 0
 
     public init() {}
 

@@ -12,4 +12,6 @@ enum HubTimer: CaseIterable {
     case tokenExpiry
     /// The next catch-up packets to members being replayed bursts.
     case catchUp
+    /// Roster entries held back by `HubConfiguration.rosterUpdateInterval` are due.
+    case roster
 }

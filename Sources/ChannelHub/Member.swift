@@ -50,6 +50,14 @@ struct Member {
     /// from it (refilled for the time between), so releasing and requesting the floor again doesn't
     /// buy a full bucket.
     var audioPace: TokenBucket?
+    /// When its roster entry last went to everyone, and whether a change since waits for
+    /// `HubConfiguration.rosterUpdateInterval` to pass (`ChannelHub+RosterPacing`).
+    var announcedAt: WireInstant?
+    var announcePending = false
+    /// Its allowance of floor grants (`HubConfiguration.floorGrantsPerMinute`).
+    var floorGrants: TokenBucket?
+    /// Its allowance of wake pushes (`HubConfiguration.wakesPerMinute`).
+    var wakes: TokenBucket?
     /// The share of audio (percent) this member last reported missing (`receptionReport`), this session.
     var receptionLoss = 0
     /// The worst listener loss this member was last told while talking (`receptionLoss`), this session.

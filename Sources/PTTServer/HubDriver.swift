@@ -79,6 +79,7 @@ final class HubDriver: WireServerDelegate {
         if let metrics, forwarded > 0 {
             metrics.relayFanout.recordNanoseconds(Int64(WireNIO.now().since(start)))
         }
+        if hub.hasOutputs { flush() }  // the burst's first audio: its wake pushes
     }
 
     func wireServer(_ server: WireServer, didRebindAfter error: (any Error)?) {

@@ -12,6 +12,21 @@ import Wire
 
 let ms: UInt64 = 1_000_000
 
+extension HubConfiguration {
+    /// The defaults without the limits on how often one member's roster entry, floor grants and
+    /// wakes reach the others: most tests here cycle the floor faster than a person could, to test
+    /// something else. `HubFloodTests` tests the limits, with the defaults.
+    static var unpaced: HubConfiguration {
+        var configuration = HubConfiguration()
+        configuration.rosterUpdateInterval = 0
+        configuration.floorGrantsPerMinute = 60_000
+        configuration.floorGrantBurst = 1_000
+        configuration.wakesPerMinute = 60_000
+        configuration.wakeBurst = 1_000
+        return configuration
+    }
+}
+
 /// A hub with one channel, a clock, and a recorder for the audio it sends.
 final class Harness {
     let hub: ChannelHub
@@ -25,7 +40,7 @@ final class Harness {
     var other: [HubOutput] = []
     private var nextIndex: UInt32 = 0
 
-    init(mode: TransmissionMode = .halfDuplex, configuration: HubConfiguration = HubConfiguration()) {
+    init(mode: TransmissionMode = .halfDuplex, configuration: HubConfiguration = .unpaced) {
         hub = ChannelHub(configuration: configuration)
         var record = channel
         record.mode = mode
@@ -73,6 +88,17 @@ final class Harness {
         drain()
         for case .joined(_, let you, _, _, _) in messages(to: link) { return (link, you) }
         return (link, 0)
+    }
+
+    /// Requests the floor for `link` and, once granted, sends the burst's first audio packet, which
+    /// is what asks for its wake pushes. Returns the burst (nil: not granted).
+    @discardableResult
+    func talk(_ link: Link, payload: [UInt8] = [0]) -> UInt16? {
+        send(.floorRequest(), from: link)
+        guard let burst = grantedBurst(link) else { return nil }
+        audio(from: link, burst: burst, sequence: 0, payload: payload)
+        drain()
+        return burst
     }
 
     func send(_ message: ClientMessage, from link: Link) {

@@ -153,7 +153,7 @@ import Wire
         #expect(h.messages(to: bob.link).count == count && h.floorEvents(to: ann.link).isEmpty)
     }
 
-    @Test func aStoredMemberComesBackWithItsRightsAndItsTokenCanBeRevoked() {
+    @Test func aStoredMemberComesBackWithItsRightsAndItsTokenCanBeRevoked() throws {
         // After a restart: members loaded from the store, offline, with what their last token allowed.
         let hub = ChannelHub()
         let channel = ChannelRecord(id: UUID(), name: "Ops", maxBurstSeconds: 60)
@@ -187,6 +187,12 @@ import Wire
                                                   issuedAt: date, expiresAt: date.addingTimeInterval(60), tokenID: "cy-1"),
                   reason: .developerRequest, at: time)
         hub.control(link, bytes: MessageCodec().encode(.floorRequest()), at: time)
+        let granted = hub.takeOutputs().compactMap { output -> UInt16? in
+            if case .send(.floor(let event), _) = output, event.kind == .granted { return event.burst } else { return nil }
+        }
+        // The wakes go with the burst's first audio.
+        let datagram = AudioHeader(flags: [], burst: try #require(granted.first), sequence: 0).datagram(payload: [1])
+        _ = datagram.withUnsafeBytes { hub.receiveAudio(from: link, datagram: $0, at: time.instant) { _, _ in true } }
         let woken = hub.takeOutputs().compactMap { output -> [String]? in
             if case .burstStarted(_, _, let wake, _) = output { return wake.map(\.userID).sorted() } else { return nil }
         }

@@ -242,7 +242,7 @@ import Wire
     }
 
     @Test func aMissedBurstIsKeptOnlyForTheWindowAndOnlyTheNewestFew() throws {
-        var configuration = HubConfiguration()
+        var configuration = HubConfiguration.unpaced
         configuration.maxMissedBursts = 2
         let h = Harness(configuration: configuration)
         let ann = h.join("ann"), bob = h.join("bob")

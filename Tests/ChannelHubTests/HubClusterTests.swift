@@ -10,7 +10,7 @@ import Wire
 /// relayed packet after it, and members sent on their way when it is lost or the channel moves.
 @Suite struct HubClusterTests {
     func clustered() -> HubConfiguration {
-        var configuration = HubConfiguration()
+        var configuration = HubConfiguration.unpaced
         configuration.clustered = true
         return configuration
     }

@@ -172,7 +172,7 @@ import Wire
 
     /// A hub allowing 20 control messages a second, in bursts of 40.
     func rateLimitedHarness() -> Harness {
-        var configuration = HubConfiguration()
+        var configuration = HubConfiguration.unpaced
         configuration.controlMessagesPerSecond = 20
         configuration.controlMessageBurst = 40
         return Harness(configuration: configuration)

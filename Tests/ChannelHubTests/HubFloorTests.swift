@@ -35,7 +35,7 @@ import Wire
         func answer(_ h: Harness, _ member: (link: Link, slot: UInt16)) -> String {
             h.floorEvents(to: member.link).last.map { "\($0.kind) \($0.request.map(String.init) ?? "nil")" } ?? "none"
         }
-        var configuration = HubConfiguration()
+        var configuration = HubConfiguration.unpaced
         configuration.controlMessagesPerSecond = 5
         configuration.controlMessageBurst = 10
         let h = Harness(configuration: configuration)
@@ -148,7 +148,7 @@ import Wire
     /// server killed during it leaves its length in the log to within about a second, not 0; the
     /// end replaces it.
     @Test func aLongBurstHasItsLengthSoFarLoggedEverySecond() {
-        var configuration = HubConfiguration()
+        var configuration = HubConfiguration.unpaced
         configuration.talkerSilenceLimit = 0  // no audio in this test
         let h = Harness(configuration: configuration)
         let ann = h.join("ann")
@@ -174,7 +174,7 @@ import Wire
     }
 
     @Test func burstNumbersStartWhereConfiguredAndWrap() throws {
-        var configuration = HubConfiguration()
+        var configuration = HubConfiguration.unpaced
         configuration.firstBurst = { _ in 65_535 }
         let h = Harness(configuration: configuration)
         let ann = h.join("ann"), bob = h.join("bob")
@@ -221,7 +221,7 @@ import Wire
     }
 
     @Test func maximumBurstRevokes() {
-        var configuration = HubConfiguration()
+        var configuration = HubConfiguration.unpaced
         configuration.disconnectGrace = 2_000 * ms
         let h = Harness(configuration: configuration)
         var record = h.channel

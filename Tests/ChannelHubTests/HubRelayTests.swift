@@ -113,7 +113,7 @@ import Wire
     }
 
     @Test func aRecordingStopsAtItsByteLimitWhileTheRelayGoesOn() {
-        var configuration = HubConfiguration()
+        var configuration = HubConfiguration.unpaced
         configuration.maxRecordedBytes = 1_000
         let h = Harness(configuration: configuration)
         let ann = h.join("ann"), bob = h.join("bob")
@@ -133,7 +133,7 @@ import Wire
     }
 
     @Test func aSpareRecordingGivesBackTheMemoryOfALongBurst() {
-        var configuration = HubConfiguration()
+        var configuration = HubConfiguration.unpaced
         configuration.spareRecordingCapacity = 4_096
         let h = Harness(configuration: configuration)
         let ann = h.join("ann")

@@ -11,7 +11,7 @@ import Wire
     @Test func aSessionEndsWhenItsTokenExpires() {
         // Ann holds the floor without sending audio for 30 s: no silence limit here, so that the
         // expiry is what ends her burst.
-        var configuration = HubConfiguration()
+        var configuration = HubConfiguration.unpaced
         configuration.talkerSilenceLimit = 0
         let h = Harness(configuration: configuration)
         let ann = h.join("ann", expiresAt: h.time.date.addingTimeInterval(30))
