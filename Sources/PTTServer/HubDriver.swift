@@ -104,13 +104,20 @@ final class HubDriver: WireServerDelegate {
             switch output {
             case .send(let message, let links):
                 guard let server, !links.isEmpty else { continue }
+                // A member has joined: its connection no longer counts against the transport's
+                // budget for connections that have not (`EndpointConfiguration.maxUnadmitted…`).
+                if case .joined = message { for link in links { server.endpoint.admit(link) } }
                 let bytes = codec.encode(message)
                 for link in links { sendControl(bytes, to: link, on: server) }
             case .close(let link, let code, let reason):
                 // What still waited for the session is moot now; the newest
                 // message, the `refused` the hub sent just before the close, is what the client needs.
                 backlog.keepNewest(link)
-                closeOnceSaid(link, code: code, reason: reason, giveUpAt: .now() + Self.closeWaitLimit)
+                // A connection that never joined (a refused or missing join) gets its `refused` sent,
+                // not waited for: waiting up to 10 s for an ACK it may hold back on purpose would keep
+                // its place from a member that means to join.
+                let admitted = server?.endpoint.isAdmitted(link) ?? false
+                closeOnceSaid(link, code: code, reason: reason, giveUpAt: .now() + (admitted ? Self.closeWaitLimit : .zero))
             case .verify(let link, let token, let channel, let reason):
                 verifyJoin(link, token: token, channel: channel, reason: reason)
             case .verifyRenewal(let link, let token, let channel):

@@ -113,6 +113,10 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
         endpointConfiguration.maxConnections = configuration.maxConnections
         endpointConfiguration.handshakesPerSecondPerAddress = configuration.handshakesPerSecondPerAddress
         endpointConfiguration.maxConnectionsPerAddress = configuration.maxConnectionsPerAddress
+        // A source may have as many connections joining as four seconds of its handshakes (a whole
+        // crew behind one NAT address reconnecting at once joins within one), and at least 64.
+        endpointConfiguration.maxUnadmittedPerAddress = max(64, 4 * configuration.handshakesPerSecondPerAddress)
+        endpointConfiguration.maxUnadmitted = max(1_000, configuration.maxConnections / 10)
         let server: WireServer
         do {
             server = try await WireServer.start(host: configuration.host, port: configuration.port,

@@ -210,7 +210,7 @@ extension Connection {
             finish(.peer(code: code, reason: reason, application: application))
         }
         state = .draining
-        closeDeadline = now + 3 * currentPTO
+        closeDeadline = now + min(3 * currentPTO, config.maxClosingPeriod)
     }
 
     // MARK: Retry and version negotiation

@@ -347,8 +347,23 @@ public final class Connection {
         pendingClose = (code, reason, application)
         closeInHandshakeSpace = state == .handshaking
         state = .closing
-        closeDeadline = now + 3 * currentPTO
+        // 3 PTOs (RFC 9000 §10.2), but never longer than `maxClosingPeriod`: a peer that delays its
+        // ACKs on purpose inflates the PTO, and its connection's state would outlive it by minutes.
+        closeDeadline = now + min(3 * currentPTO, config.maxClosingPeriod)
         finish(error)
+    }
+
+    /// Server: ends the connection at once, with one CONNECTION_CLOSE and no closing period (the
+    /// endpoint needs its place for another; `Endpoint.makeRoomForUnadmitted`).
+    func abandon(code: UInt64, reason: String, now: WireInstant) {
+        close(code: code, reason: reason, application: false, now: now)
+        closeDeadline = now
+    }
+
+    /// Server: the application vouched for the peer (`Endpoint.admit`): its control stream may
+    /// use the whole `controlStreamLimit`, not only the unadmitted share.
+    func admitted() {
+        controlReceive.limit = config.controlStreamLimit
     }
 
     func finish(_ error: ConnectionError) {

@@ -204,6 +204,9 @@ public struct ConnectionConfiguration: Sendable {
     public var controlStreamLimit = 1 << 20
     /// Largest control message.
     public var maxControlMessage = 64 * 1024
+    /// Longest closing period (RFC 9000 §10.2 asks for 3 PTOs; a peer that inflates its RTT on
+    /// purpose would stretch that to minutes of state).
+    public var maxClosingPeriod: UInt64 = 3_000_000_000
     public var activeConnectionIDLimit: UInt64 = 4
     public init() {}
 

@@ -7,11 +7,23 @@ public struct EndpointConfiguration: Sendable {
     /// costs them a round trip and costs the server no state. 0: always.
     public var retryThreshold = 64
     /// New handshakes accepted per second from one IP address (IPv6: one /64); the rest are dropped.
+    /// An IPv6 /56 may have 4 times as many, and a /48 16 times: one party holds many /64s.
     public var handshakesPerSecondPerAddress = 20
     /// Connections open at once from one IP address (IPv6: one /64), counted from the address each
     /// connected from; more are refused. Keeps one source from taking every slot of `maxConnections`,
     /// yet leaves room for a site whose whole crew shares one NAT address.
     public var maxConnectionsPerAddress = 1_000
+    /// Connections not yet admitted (`Endpoint.admit`; squelchd admits a connection when it joins),
+    /// kept at once from one source and in all. A new connection past either budget first closes the
+    /// oldest unadmitted one (from its source, or anywhere), at once and without a closing period. A
+    /// handshake proves only an address, so without this about 20 sources handshaking at their rate
+    /// and never joining would hold every slot of `maxConnections`, each for its join deadline.
+    public var maxUnadmittedPerAddress = 64
+    public var maxUnadmitted = 1_000
+    /// Control-stream bytes an unadmitted connection may have in reassembly (out of order); the full
+    /// `controlStreamLimit` once admitted: room for one message of the largest size (64 KiB); a join
+    /// needs a few kilobytes.
+    public var unadmittedControlLimit = 80 << 10
     public init() {}
 }
 
@@ -31,6 +43,8 @@ public struct EndpointStats: Sendable, Equatable {
     public var accepted = 0
     /// Handshakes that completed (the client's Finished verified).
     public var handshakesCompleted = 0
+    /// Unadmitted connections closed to make room for new ones (`maxUnadmitted…`).
+    public var evicted = 0
     /// Connections that closed before their handshake completed: timed out, a bad or unexpected
     /// message or transport parameter, the client refusing the server's certificate, or the server
     /// shutting down mid-handshake.
@@ -64,6 +78,16 @@ public final class Endpoint {
         var initialDestination: ConnectionID
         /// The source it connected from (`PathAddress.source`), counted in `perSource` until it closes.
         var source: PathAddress
+        var admission: Admission
+    }
+
+    /// Whether the application has vouched for a connection (`admit`).
+    enum Admission {
+        /// Counted against the unadmitted budgets, oldest first in `unadmittedOrder`.
+        case pending
+        case admitted
+        /// Closed to make room: no longer counted, on its way out.
+        case evicted
     }
 
     public let secrets: ServerSecrets
@@ -92,6 +116,11 @@ public final class Endpoint {
     @exclusivity(unchecked) var perSource: [PathAddress: Int] = [:]
     @exclusivity(unchecked) public private(set) var connectionCount = 0
     @exclusivity(unchecked) var handshaking = 0
+    /// Unadmitted connections in the order they came (entries for ones admitted or gone since are
+    /// skipped and dropped as they surface), and how many there are, per source and in all.
+    @exclusivity(unchecked) var unadmittedOrder: [Handle] = []
+    @exclusivity(unchecked) var unadmittedPerSource: [PathAddress: Int] = [:]
+    @exclusivity(unchecked) public private(set) var unadmittedCount = 0
     /// Address tokens that have opened a connection: each opens one. Room for as many as there may
     /// be connections, four times over (tokens outlive their connections by up to an hour).
     @exclusivity(unchecked) var spentTokens: SpentTokens
@@ -207,11 +236,13 @@ public final class Endpoint {
             sendRetry(to: address, destination: source, original: destination, now: now)
             return
         }
+        makeRoomForUnadmitted(from: address.source, now: now)
         var localID = ConnectionID(random.next())
         while routes[localID] != nil { localID = ConnectionID(random.next()) }
         let connection = Connection(server: secrets, configuration: configuration.connection, remote: address, now: now,
                                     initialDestination: destination, clientSource: source, originalDestination: original,
                                     retrySource: retrySource, localID: localID, random: forkRandom(&random))
+        connection.controlReceive.limit = min(configuration.connection.controlStreamLimit, configuration.unadmittedControlLimit)
         let handle = insert(connection, initialDestination: destination, source: address.source)
         routes[localID] = handle
         routes[destination] = handle
@@ -227,10 +258,17 @@ public final class Endpoint {
             rate.removeAll(keepingCapacity: true)
             rateWindow = window
         }
-        let host = address.source
-        let count = (rate[host]?.count ?? 0) + 1
-        rate[host] = (window, count)
-        return count <= configuration.handshakesPerSecondPerAddress
+        let limit = configuration.handshakesPerSecondPerAddress
+        let source = address.source
+        let count = (rate[source]?.count ?? 0) + 1
+        rate[source] = (window, count)
+        guard count <= limit else { return false }
+        // The wider prefixes count only handshakes their /64 let through: one /64 over its rate
+        // must not use up its neighbours' share.
+        let wide = Array(zip(address.wideSources, [4, 16]))
+        for (key, share) in wide where (rate[key]?.count ?? 0) >= (limit > Int.max / share ? Int.max : limit * share) { return false }
+        for (key, _) in wide { rate[key] = (window, (rate[key]?.count ?? 0) + 1) }
+        return true
     }
 
     func insert(_ connection: Connection, initialDestination: ConnectionID, source: PathAddress) -> Handle {
@@ -243,8 +281,11 @@ public final class Endpoint {
         generations[Int(index)] &+= 1
         let handle = Handle(index: index, generation: generations[Int(index)])
         slots[Int(index)] = Slot(connection: connection, generation: handle.generation, deadline: nil, dirty: false,
-                                 initialDestination: initialDestination, source: source)
+                                 initialDestination: initialDestination, source: source, admission: .pending)
         perSource[source, default: 0] += 1
+        unadmittedOrder.append(handle)
+        unadmittedPerSource[source, default: 0] += 1
+        unadmittedCount += 1
         connection.tally = tally
         connectionCount += 1
         handshaking += 1
@@ -297,9 +338,75 @@ public final class Endpoint {
             stats.handshakesFailed += 1
         }
         if let count = perSource[slot.source], count > 1 { perSource[slot.source] = count - 1 } else { perSource[slot.source] = nil }
+        if slot.admission == .pending { uncount(slot.source) }
         slots[Int(handle.index)] = nil
         free.append(handle.index)
         connectionCount -= 1
+    }
+
+    // MARK: Admission
+
+    /// The application vouches for `handle` (squelchd: it joined a channel): it no longer counts
+    /// against the unadmitted budgets, and may use its whole control stream.
+    public func admit(_ handle: Handle) {
+        guard let slot = slots.indices.contains(Int(handle.index)) ? slots[Int(handle.index)] : nil,
+              slot.generation == handle.generation, slot.admission == .pending else { return }
+        slots[Int(handle.index)]!.admission = .admitted
+        uncount(slot.source)
+        slot.connection.admitted()
+    }
+
+    /// Whether `handle` has been admitted.
+    public func isAdmitted(_ handle: Handle) -> Bool {
+        guard let slot = slots.indices.contains(Int(handle.index)) ? slots[Int(handle.index)] : nil,
+              slot.generation == handle.generation else { return false }
+        return slot.admission == .admitted
+    }
+
+    func uncount(_ source: PathAddress) {
+        unadmittedCount -= 1
+        if let count = unadmittedPerSource[source], count > 1 { unadmittedPerSource[source] = count - 1 } else { unadmittedPerSource[source] = nil }
+    }
+
+    /// Before a new connection from `source`: closes the oldest unadmitted one from the same source
+    /// if that source is at its budget, then the oldest anywhere if all are.
+    func makeRoomForUnadmitted(from source: PathAddress, now: WireInstant) {
+        if unadmittedPerSource[source, default: 0] >= configuration.maxUnadmittedPerAddress { evictOldest(from: source, now: now) }
+        if unadmittedCount >= configuration.maxUnadmitted { evictOldest(from: nil, now: now) }
+    }
+
+    func evictOldest(from source: PathAddress?, now: WireInstant) {
+        var index = 0
+        var found: Handle?
+        // Entries that are no longer pending are dropped from the front as they are met.
+        while index < unadmittedOrder.count {
+            let handle = unadmittedOrder[index]
+            guard let slot = slots[Int(handle.index)], slot.generation == handle.generation, slot.admission == .pending else {
+                if index == 0 { unadmittedOrder.removeFirst() } else { index += 1 }
+                continue
+            }
+            if source == nil || slot.source == source {
+                found = handle
+                unadmittedOrder.remove(at: index)
+                break
+            }
+            index += 1
+        }
+        // Stale entries further in are dropped once they outnumber the live ones.
+        if unadmittedOrder.count > 2 * unadmittedCount + 64 {
+            unadmittedOrder.removeAll { handle in
+                guard let slot = slots[Int(handle.index)] else { return true }
+                return slot.generation != handle.generation || slot.admission != .pending
+            }
+        }
+        guard let handle = found, let slot = slots[Int(handle.index)] else { return }
+        slots[Int(handle.index)]!.admission = .evicted
+        uncount(slot.source)
+        stats.evicted += 1
+        slot.connection.abandon(code: TransportErrorCode.connectionRefused.rawValue,
+                                reason: "closed to make room: too many connections that have not joined; join right after the handshake",
+                                now: now)
+        touched(handle, now: now)
     }
 
     // MARK: Commands

@@ -14,8 +14,14 @@ public struct RTTEstimator: Sendable {
 
     public init() {}
 
+    /// The largest sample taken as it is: a longer one counts as this. Voice is useless over a path
+    /// this slow, and a peer that holds its ACKs back on purpose would otherwise stretch every timer
+    /// (PTO, closing period) of its connection without bound.
+    public static let maximumSample: UInt64 = ms(2_000)
+
     /// Adds a sample. `ackDelay` is the peer's reported delay, already capped at its max_ack_delay.
     public mutating func update(sample: UInt64, ackDelay: UInt64) {
+        let sample = min(sample, Self.maximumSample)
         latest = sample
         minimum = min(minimum, sample)
         guard hasSample else {

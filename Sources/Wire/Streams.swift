@@ -15,7 +15,8 @@ struct ReassemblyBuffer {
     /// The offsets in `pending`, smallest first.
     private var order = MinHeap<UInt64, Void>()
     private var pendingBytes = 0
-    let limit: Int
+    /// Raised once an unadmitted connection is admitted (`Connection.admitted`).
+    var limit: Int
 
     /// What each held fragment is charged beyond its bytes (its array and table entry).
     static let fragmentCharge = 64

@@ -42,6 +42,16 @@ public struct PathAddress: Hashable, Sendable, CustomStringConvertible {
         return PathAddress(ipv6High: high, low: mapped || teredo ? low : 0, port: 0)
     }
 
+    /// The wider IPv6 networks a source belongs to, for rate limits that hold when one party spreads
+    /// over many /64s: its /56 (a home or small site) and /48 (a site), each a key that differs from
+    /// every `source` and from each other (the prefix length rides in the port). None for IPv4 and
+    /// for addresses that carry an IPv4 client.
+    public var wideSources: [PathAddress] {
+        let source = self.source
+        guard source.isIPv6, source.low == 0 else { return [] }
+        return [PathAddress(ipv6High: high & ~0xFF, low: 0, port: 56), PathAddress(ipv6High: high & ~0xFFFF, low: 0, port: 48)]
+    }
+
     /// Same host, maybe another port: NAT rebinding, which keeps RTT state (RFC 9000 §9.4).
     public func sameHost(as other: Self) -> Bool { high == other.high && low == other.low && isIPv6 == other.isIPv6 }
 

@@ -75,6 +75,9 @@ struct Transport: AsyncParsableCommand {
         var configuration = EndpointConfiguration()
         configuration.handshakesPerSecondPerAddress = .max
         configuration.maxConnectionsPerAddress = .max
+        // The bench admits nobody: it measures the transport alone, not the join budget.
+        configuration.maxUnadmittedPerAddress = .max
+        configuration.maxUnadmitted = .max
         configuration.retryThreshold = .max
         let endpoint = Endpoint(secrets: ServerSecrets(identity: pki.identity, resetKey: SymmetricKey(size: .bits256)),
                                 configuration: configuration)
@@ -216,6 +219,9 @@ struct Transport: AsyncParsableCommand {
         var configuration = EndpointConfiguration()
         configuration.handshakesPerSecondPerAddress = .max
         configuration.maxConnectionsPerAddress = .max
+        // The bench admits nobody: it measures the transport alone, not the join budget.
+        configuration.maxUnadmittedPerAddress = .max
+        configuration.maxUnadmitted = .max
         configuration.retryThreshold = .max
         let endpoint = Endpoint(secrets: secrets, configuration: configuration)
         var serverNanoseconds: UInt64 = 0
