@@ -79,6 +79,8 @@ public struct ServerConfiguration: Sendable, Equatable {
     /// Control messages one connection may send per second (and twice as many in a burst); more are
     /// dropped. Raise it only for load tests that request the floor in a tight loop.
     public var controlMessagesPerSecond: Int = 20
+    /// Floor grants a member may have per minute (`HubConfiguration.floorGrantsPerMinute`).
+    public var floorGrantsPerMinute: Int = 15
     /// Days the transmission log keeps each burst; older records are deleted every hour. 0 keeps them
     /// for good (then the log grows with every burst: about 100 bytes each).
     public var transmissionLogDays: Int = 365
@@ -244,6 +246,8 @@ public struct ServerConfiguration: Sendable, Equatable {
                   "floor queue length \(maxQueue) is out of range; use \(Self.maxQueueRange.lowerBound)-\(Self.maxQueueRange.upperBound)")
         try check(Self.controlMessageRateRange.contains(controlMessagesPerSecond), "controlMessagesPerSecond",
                   "control message rate \(controlMessagesPerSecond) is out of range; use \(Self.controlMessageRateRange.lowerBound)-\(Self.controlMessageRateRange.upperBound) per second")
+        try check(Self.controlMessageRateRange.contains(floorGrantsPerMinute), "floorGrantsPerMinute",
+                  "floor grant rate \(floorGrantsPerMinute) is out of range; use \(Self.controlMessageRateRange.lowerBound)-\(Self.controlMessageRateRange.upperBound) per minute")
         try check(Self.transmissionLogDaysRange.contains(transmissionLogDays), "transmissionLogDays",
                   "transmission log retention \(transmissionLogDays) days is out of range; use 1-\(Self.transmissionLogDaysRange.upperBound) days, or 0 to keep the log for good")
         try check(Self.auditDaysRange.contains(auditDays), "auditDays",

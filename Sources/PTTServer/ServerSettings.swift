@@ -132,6 +132,8 @@ extension ServerConfiguration {
                 help: "Floor requests a channel queues while the floor is taken, 0-256."),
         Setting(key: "controlMessagesPerSecond", environment: "SQUELCH_CONTROL_MESSAGES_PER_SECOND", flag: "--control-messages-per-second", valueName: "n", kind: .whole(\.controlMessagesPerSecond),
                 help: "Control messages one connection may send per second, twice as many in a burst; more are dropped (floor requests are denied with cause rateLimited). 1-1000000."),
+        Setting(key: "floorGrantsPerMinute", environment: "SQUELCH_FLOOR_GRANTS_PER_MINUTE", flag: "--floor-grants-per-minute", valueName: "n", kind: .whole(\.floorGrantsPerMinute),
+                help: "Times a member may start talking per minute, on average, with a fifth of that (at least 3) in a row; more requests are denied with cause rateLimited and how long to wait. Each grant reaches every member of the channel. 1-1000000."),
         Setting(key: "transmissionLogDays", environment: "SQUELCH_TRANSMISSION_LOG_DAYS", flag: "--transmission-log-days", valueName: "days", kind: .whole(\.transmissionLogDays),
                 help: "Days the transmission log keeps each burst (who talked, when, how long); older records are deleted hourly. 0 keeps them for good. 0-36500."),
         Setting(key: "auditDays", environment: "SQUELCH_AUDIT_DAYS", flag: "--audit-days", valueName: "days", kind: .whole(\.auditDays),

@@ -74,6 +74,8 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
         hubConfiguration.maxQueue = configuration.maxQueue
         hubConfiguration.controlMessagesPerSecond = configuration.controlMessagesPerSecond
         hubConfiguration.controlMessageBurst = 2 * configuration.controlMessagesPerSecond
+        hubConfiguration.floorGrantsPerMinute = configuration.floorGrantsPerMinute
+        hubConfiguration.floorGrantBurst = max(3, configuration.floorGrantsPerMinute / 5)
         hubConfiguration.firstBurst = HubConfiguration.randomFirstBurst
         hubConfiguration.wakesByPush = pushes != nil
         hubConfiguration.clustered = cluster != nil

@@ -217,7 +217,7 @@ import Testing
         #expect(Set(settings.map(\.key)).count == settings.count)
         #expect(Set(settings.map(\.environment)).count == settings.count)
         #expect(settings.allSatisfy { $0.environment.hasPrefix("SQUELCH_") && !$0.defaultDescription.isEmpty })
-        #expect(settings.count == 39, "a new ServerConfiguration field needs a row in settings and a flag in Serve")
+        #expect(settings.count == 40, "a new ServerConfiguration field needs a row in settings and a flag in Serve")
     }
 
     /// The table is the one declaration: a property of ServerConfiguration without a row would be
@@ -271,6 +271,10 @@ import Testing
         config = ServerConfiguration()
         config.controlMessagesPerSecond = 0
         #expect(throws: ServerConfiguration.ConfigurationError.self) { try config.prepare() }
+        config = ServerConfiguration()
+        config.floorGrantsPerMinute = 0
+        let grants = #expect(throws: ServerConfiguration.ConfigurationError.self) { try config.prepare() }
+        #expect(String(describing: try #require(grants)).contains("--floor-grants-per-minute"))
         config = ServerConfiguration()
         config.transmissionLogDays = -1
         let retention = #expect(throws: ServerConfiguration.ConfigurationError.self) { try config.prepare() }
