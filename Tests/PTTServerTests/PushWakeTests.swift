@@ -14,6 +14,15 @@ import FoundationNetworking
 /// The wake path end to end: squelchd with its embedded APNs simulator (real HTTP/2 over TLS on
 /// 127.0.0.1), real members over UDP, pushes checked in the simulator's log.
 @Suite(.serialized, .timeLimit(.minutes(2))) struct PushWakeTests {
+    /// Requests the floor and, once granted, sends the burst's first audio packet: the wakes go
+    /// with it (a burst without audio wakes nobody). Returns the grant.
+    func talk(_ member: TestMember, after mark: Int = 0) async throws -> FloorEvent? {
+        try await member.send(.floorRequest())
+        guard let granted = await member.waitForFloor(.granted, after: mark), let burst = granted.burst else { return nil }
+        _ = await member.sendAudio(burst: burst, sequence: 0, payload: [1, 2, 3])
+        return granted
+    }
+
     func waitForPushes(_ simulator: APNsSimulator, count: Int, seconds: Double = 5) async -> [APNsAcceptedPush] {
         let deadline = ContinuousClock.now + .seconds(seconds)
         while ContinuousClock.now < deadline {
@@ -68,8 +77,7 @@ import FoundationNetworking
         await putToSleep(bob, user: "bob", seenBy: ann)
 
         // Bob is asleep, Cat is connected: only Bob gets a wake, and Ann (the talker) never does.
-        try await ann.send(.floorRequest())
-        let granted = try #require(await ann.waitForFloor(.granted))
+        let granted = try #require(await talk(ann))
         let wakes = await waitForPushes(simulator, count: 1)
         #expect(wakes.count == 1)
         let wake = try #require(wakes.first)
@@ -130,8 +138,7 @@ import FoundationNetworking
         let ann = try await fixture.member("ann", port: listening.voicePort)
         let eve = try await registered("eve", token: "e0e0e0", fixture, port: listening.voicePort)
         await putToSleep(eve, user: "eve", seenBy: ann)
-        try await ann.send(.floorRequest())
-        #expect(await ann.waitForFloor(.granted) != nil)
+        #expect(try await talk(ann) != nil)
         #expect(await waitForPushes(simulator, count: 1).count == 1)
         var mark = ann.messages.count
         try await ann.send(.floorRelease)
@@ -141,8 +148,7 @@ import FoundationNetworking
         let dan = try await registered("dan", token: "dead01", fixture, port: listening.voicePort)
         await putToSleep(dan, user: "dan", seenBy: ann)
         mark = ann.messages.count
-        try await ann.send(.floorRequest())
-        #expect(await ann.waitForFloor(.granted, after: mark) != nil)
+        #expect(try await talk(ann, after: mark) != nil)
         // The rejection arrives, then the token is cleared in the store.
         let deadline = ContinuousClock.now + .seconds(5)
         var cleared = false
@@ -159,8 +165,7 @@ import FoundationNetworking
         // next line runs, and counting then would skip past it.
         mark = ann.messages.count
         try await ann.send(.floorRelease)
-        try await ann.send(.floorRequest())
-        #expect(await ann.waitForFloor(.granted, after: mark) != nil)
+        #expect(try await talk(ann, after: mark) != nil)
         try await Task.sleep(for: .milliseconds(1_300))
         #expect(simulator.rejections().count == 1)
         #expect(!simulator.acceptedPushes().contains { $0.token == "dead01" })
@@ -184,8 +189,7 @@ import FoundationNetworking
             let member = try await registered(user, token: token, fixture, port: listening.voicePort)
             await putToSleep(member, user: user, seenBy: ann)
         }
-        try await ann.send(.floorRequest())
-        #expect(await ann.waitForFloor(.granted) != nil)
+        #expect(try await talk(ann) != nil)
         let deadline = ContinuousClock.now + .seconds(5)
         while ContinuousClock.now < deadline, simulator.rejections().count < 3 {
             try await Task.sleep(for: .milliseconds(20))
@@ -218,8 +222,7 @@ import FoundationNetworking
         try await Task.sleep(for: .milliseconds(1_000))  // each member's wakes are a second apart
         let mark = ann.messages.count
         try await ann.send(.floorRelease)
-        try await ann.send(.floorRequest())
-        #expect(await ann.waitForFloor(.granted, after: mark) != nil)
+        #expect(try await talk(ann, after: mark) != nil)
         #expect(Set(await waitForPushes(simulator, count: 3).map(\.token)) == ["b0b0b0", "ca7ca7", "da7da7"])
         // A delivery ends it (the simulator logs a push before squelchd reads the answer).
         var recovered = try await fixture.health(listening)
@@ -239,7 +242,8 @@ import FoundationNetworking
 
     @Test func rapidBurstsWakeASleepingMemberAboutOnceASecondNotOncePerBurst() async throws {
         let fixture = try await ServerFixture()
-        let (task, listening) = try await fixture.start(pushCertificates: DevCertificates.directory)
+        // Eight grants in a row: more than a member may have by default.
+        let (task, listening) = try await fixture.start(pushCertificates: DevCertificates.directory, floorGrantsPerMinute: 600)
         defer { task.cancel() }
         let simulator = try #require(listening.apnsSimulator)
         let ann = try await fixture.member("ann", port: listening.voicePort)
@@ -249,8 +253,7 @@ import FoundationNetworking
         let started = ContinuousClock.now
         for _ in 0..<8 {
             let mark = ann.messages.count
-            try await ann.send(.floorRequest())
-            #expect(await ann.waitForFloor(.granted, after: mark) != nil)
+            #expect(try await talk(ann, after: mark) != nil)
             try await ann.send(.floorRelease)
             #expect(await ann.waitForFloor(.idle, after: mark) != nil)
         }
@@ -334,8 +337,7 @@ import FoundationNetworking
         defer { task.cancel() }
         let simulator = try #require(listening.apnsSimulator)
         let talker = try await fixture.member("ann", port: listening.voicePort)
-        try await talker.send(.floorRequest())
-        #expect(await talker.waitForFloor(.granted) != nil)
+        #expect(try await talk(talker) != nil)
         #expect(await waitForPushes(simulator, count: 1).map(\.token) == ["ca7ca7"])
         // Bob's would have been made with Cat's; a moment more shows it isn't coming.
         try await Task.sleep(for: .milliseconds(300))
@@ -355,8 +357,7 @@ import FoundationNetworking
         #expect(await eve.waitFor { $0 == .pushTokenRegistered } != nil)
         // Eve's connection stays open but says nothing (her keepalive is 15 s): an app in the background.
         try await Task.sleep(for: .milliseconds(600))
-        try await ann.send(.floorRequest())
-        #expect(await ann.waitForFloor(.granted) != nil)
+        #expect(try await talk(ann) != nil)
         let pushes = await waitForPushes(simulator, count: 1)
         #expect(pushes.map(\.token) == ["e7e7e7"])
         await listening.shutdown()

@@ -44,11 +44,12 @@ final class ServerFixture: Sendable {
     /// APNs simulator on free ports; without, pushes are off.
     func start(pushCertificates: String? = nil, wakeSilence: Double? = nil,
                transmissionLogDays: Int? = nil, memberRetentionDays: Int? = nil,
-               shutdownLimit: Duration? = nil) async throws -> (task: Task<Void, any Error>, listening: SquelchServer.Listening) {
+               shutdownLimit: Duration? = nil, floorGrantsPerMinute: Int? = nil) async throws -> (task: Task<Void, any Error>, listening: SquelchServer.Listening) {
         var configuration = TestServer.configuration(dataDirectory: dataDirectory, pushCertificates: pushCertificates)
         if let wakeSilence { configuration.pushWakeSilenceSeconds = wakeSilence }
         if let transmissionLogDays { configuration.transmissionLogDays = transmissionLogDays }
         if let memberRetentionDays { configuration.memberRetentionDays = memberRetentionDays }
+        if let floorGrantsPerMinute { configuration.floorGrantsPerMinute = floorGrantsPerMinute }
         return try await TestServer.start(configuration, identity: identity, shutdownLimit: shutdownLimit)
     }
 
