@@ -5,7 +5,9 @@ import Wire
 // Every change to a member (mute, talking, connection, rights) goes to every member of its channel;
 // a member toggling mute at the control rate would make that the channel's size in messages twenty
 // times a second. The first change goes at once; later ones within the interval wait for its end and
-// go as one entry, the member as it is then.
+// go as one entry, the member as it is then. The member itself is told every change at once: its
+// client may act on its own entry (walkie confirms a release by seeing itself stop talking, which a
+// merged entry would hide), and that costs one message, not the channel's size.
 extension ChannelHub {
     /// Tells `links` (everyone connected, unless given) the member in `slot` as it is now, or, within
     /// the interval since its last entry, holds the change and tells everyone at the interval's end.
@@ -13,6 +15,7 @@ extension ChannelHub {
         guard var member = channel.members[slot] else { return }
         let interval = configuration.rosterUpdateInterval
         if interval > 0, let last = member.announcedAt, now.since(last) < interval {
+            if let own = member.link, links?.contains(own) ?? true { outputs.append(.send(.participant(member.participant), to: [own])) }
             if !member.announcePending {
                 channel.members[slot]?.announcePending = true
                 heldAnnouncements.append(MemberRef(channel: channel, slot: slot))
@@ -44,8 +47,9 @@ extension ChannelHub {
             return true
         }
         nextHeldAnnouncement = next
+        // Not to the member itself, which was told each change as it came.
         for held in due where held.channel.members[held.slot]?.announcePending == true {
-            announce(held.channel, slot: held.slot, at: time.instant)
+            announce(held.channel, slot: held.slot, to: held.channel.links(except: held.slot), at: time.instant)
         }
     }
 }

@@ -95,6 +95,28 @@ import Wire
         for (user, count) in room.wakes { #expect(count >= 1 && count <= allowance, "\(user) woken \(count) times") }
     }
 
+    /// A tap: talking and not within 500 ms. The others get one merged entry at the interval's end;
+    /// the member itself sees each change at once, in order (walkie confirms its release by seeing
+    /// its own entry stop talking, which the merged entry would hide).
+    @Test func aMemberSeesEachChangeOfItsOwnEntryAtOnce() {
+        let h = Harness(configuration: HubConfiguration())
+        let ann = h.join("ann"), bob = h.join("bob")
+        h.advance(1_000 * ms)
+        func entries(to link: Link) -> [RosterMember] {
+            h.messages(to: link).compactMap { if case .participant(let p) = $0, p.userID == "ann" { return p } else { return nil } }
+        }
+        let (annBefore, bobBefore) = (entries(to: ann.link).count, entries(to: bob.link).count)
+        h.send(.setMuted(true), from: ann.link)
+        h.send(.floorRequest(), from: ann.link)
+        h.send(.floorRelease, from: ann.link)
+        #expect(entries(to: ann.link).dropFirst(annBefore).map(\.talking) == [false, true, false])
+        #expect(entries(to: bob.link).dropFirst(bobBefore).map(\.muted) == [true], "only the first change reached Bob at once")
+        h.advance(500 * ms)
+        let merged = entries(to: bob.link).dropFirst(bobBefore)
+        #expect(merged.count == 2 && merged.last?.talking == false && merged.last?.muted == true)
+        #expect(entries(to: ann.link).count == annBefore + 3, "ann is not told again what she was told")
+    }
+
     /// A person's pace is not limited: a burst, a pause of a few seconds, another, for a minute.
     @Test func aTalkerAtAPersonsPaceIsNeverHeldBack() {
         let h = Harness(configuration: HubConfiguration())
