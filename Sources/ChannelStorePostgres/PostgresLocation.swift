@@ -130,12 +130,18 @@ public struct PostgresLocation: Sendable, Equatable, CustomStringConvertible {
         text.replacingOccurrences(of: #"://([^:/@]*):[^@]*@"#, with: "://$1:***@", options: .regularExpression)
     }
 
+    /// The TLS settings for `tls`: the server's certificate is checked only with `verify-full`, as
+    /// libpq does (`require` encrypts without checking who answers).
+    var tlsConfiguration: TLSConfiguration {
+        var configuration = TLSConfiguration.makeClientConfiguration()
+        if tls != .verifyFull { configuration.certificateVerification = .none }
+        return configuration
+    }
+
     /// The configuration of a single connection (LISTEN needs one of its own).
     func connectionConfiguration() throws -> PostgresConnection.Configuration {
         switch endpoint {
         case .tcp(let host, let port):
-            var tlsConfiguration = TLSConfiguration.makeClientConfiguration()
-            if tls != .verifyFull { tlsConfiguration.certificateVerification = .none }
             let mode: PostgresConnection.Configuration.TLS = switch tls {
             case .disable: .disable
             case .prefer: .prefer(try NIOSSLContext(configuration: tlsConfiguration))
@@ -152,8 +158,6 @@ public struct PostgresLocation: Sendable, Equatable, CustomStringConvertible {
         var configuration: PostgresClient.Configuration
         switch endpoint {
         case .tcp(let host, let port):
-            var tlsConfiguration = TLSConfiguration.makeClientConfiguration()
-            if tls != .verifyFull { tlsConfiguration.certificateVerification = .none }
             let mode: PostgresClient.Configuration.TLS = switch tls {
             case .disable: .disable
             case .prefer: .prefer(tlsConfiguration)
