@@ -283,6 +283,7 @@ public final class Endpoint {
         slots[Int(index)] = Slot(connection: connection, generation: handle.generation, deadline: nil, dirty: false,
                                  initialDestination: initialDestination, source: source, admission: .pending)
         perSource[source, default: 0] += 1
+        compactUnadmittedOrder()
         unadmittedOrder.append(handle)
         unadmittedPerSource[source, default: 0] += 1
         unadmittedCount += 1
@@ -363,6 +364,17 @@ public final class Endpoint {
         return slot.admission == .admitted
     }
 
+    /// Drops the entries of connections admitted or gone since, once they outnumber the pending
+    /// ones: the order then holds at most about twice as many entries as there are unadmitted
+    /// connections, however many connections come and go.
+    func compactUnadmittedOrder() {
+        guard unadmittedOrder.count > 2 * unadmittedCount + 64 else { return }
+        unadmittedOrder.removeAll { handle in
+            guard let slot = slots[Int(handle.index)] else { return true }
+            return slot.generation != handle.generation || slot.admission != .pending
+        }
+    }
+
     func uncount(_ source: PathAddress) {
         unadmittedCount -= 1
         if let count = unadmittedPerSource[source], count > 1 { unadmittedPerSource[source] = count - 1 } else { unadmittedPerSource[source] = nil }
@@ -376,30 +388,13 @@ public final class Endpoint {
     }
 
     func evictOldest(from source: PathAddress?, now: WireInstant) {
-        var index = 0
-        var found: Handle?
-        // Entries that are no longer pending are dropped from the front as they are met.
-        while index < unadmittedOrder.count {
-            let handle = unadmittedOrder[index]
-            guard let slot = slots[Int(handle.index)], slot.generation == handle.generation, slot.admission == .pending else {
-                if index == 0 { unadmittedOrder.removeFirst() } else { index += 1 }
-                continue
-            }
-            if source == nil || slot.source == source {
-                found = handle
-                unadmittedOrder.remove(at: index)
-                break
-            }
-            index += 1
-        }
-        // Stale entries further in are dropped once they outnumber the live ones.
-        if unadmittedOrder.count > 2 * unadmittedCount + 64 {
-            unadmittedOrder.removeAll { handle in
-                guard let slot = slots[Int(handle.index)] else { return true }
-                return slot.generation != handle.generation || slot.admission != .pending
-            }
-        }
-        guard let handle = found, let slot = slots[Int(handle.index)] else { return }
+        compactUnadmittedOrder()
+        guard let index = unadmittedOrder.firstIndex(where: { handle in
+            guard let slot = slots[Int(handle.index)], slot.generation == handle.generation, slot.admission == .pending else { return false }
+            return source == nil || slot.source == source
+        }) else { return }
+        let handle = unadmittedOrder.remove(at: index)
+        guard let slot = slots[Int(handle.index)] else { return }
         slots[Int(handle.index)]!.admission = .evicted
         uncount(slot.source)
         stats.evicted += 1
