@@ -11,6 +11,7 @@ public final class RecordingMember: ChannelManagerDelegate, ChannelRestorationDe
     private let heard = Mutex<[(at: Date, frames: Int)]>([])
     private let joins = Mutex(0)
     private let leaves = Mutex<[ChannelLeaveReason]>([])
+    private let joinFailures = Mutex<[ChannelError]>([])
     /// The last events, for a failure's message.
     private let recent = Mutex<[String]>([])
     private let manager = Mutex<ChannelManager?>(nil)
@@ -52,13 +53,17 @@ public final class RecordingMember: ChannelManagerDelegate, ChannelRestorationDe
     public var leaveReasons: [ChannelLeaveReason] { leaves.withLock { $0 } }
     public var recentEvents: [String] { recent.withLock { $0 } }
 
-    /// Joins `channel` with `credentials`; fails if no `didJoin` comes within 15 s.
+    /// Joins `channel` with `credentials`; fails if the join fails, or no `didJoin` comes within 15 s.
     public func join(_ channel: UUID, credentials: ChannelCredentials) async throws {
-        let before = joins.withLock { $0 }
+        let before = joins.withLock { $0 }, failedBefore = joinFailures.withLock { $0.count }
         client.requestJoinChannel(channelUUID: channel, descriptor: ChannelDescriptor(name: "Ops"), credentials: credentials)
-        guard await eventually(seconds: 15, { self.joins.withLock { $0 } > before }) else {
-            throw NotJoined(description: "not joined through \(credentials.address): \(recentEvents)")
+        let settled = await eventually(seconds: 15) {
+            self.joins.withLock { $0 } > before || self.joinFailures.withLock { $0.count } > failedBefore
         }
+        if let failure = joinFailures.withLock({ $0.count > failedBefore ? $0.last : nil }) {
+            throw NotJoined(description: "the join through \(credentials.address) failed: \(failure)")
+        }
+        guard settled else { throw NotJoined(description: "not joined through \(credentials.address): \(recentEvents)") }
     }
 
     public struct NotJoined: Error, CustomStringConvertible { public var description: String }
@@ -82,6 +87,7 @@ public final class RecordingMember: ChannelManagerDelegate, ChannelRestorationDe
 
     public func channelManager(_ m: ChannelManager, didJoinChannel id: UUID, reason: ChannelJoinReason) { joins.withLock { $0 += 1 } }
     public func channelManager(_ m: ChannelManager, didLeaveChannel id: UUID, reason: ChannelLeaveReason) { leaves.withLock { $0.append(reason) } }
+    public func channelManager(_ m: ChannelManager, failedToJoinChannel id: UUID, error: ChannelError) { joinFailures.withLock { $0.append(error) } }
     public func channelManager(_ m: ChannelManager, channelUUID: UUID, didBeginTransmittingFrom source: ChannelTransmitRequestSource) {}
     public func channelManager(_ m: ChannelManager, channelUUID: UUID, didEndTransmittingFrom source: ChannelTransmitRequestSource) {}
     public func channelManager(_ m: ChannelManager, receivedEphemeralPushToken token: Data) {}

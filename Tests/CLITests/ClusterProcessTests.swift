@@ -204,6 +204,41 @@ import Wire
         await cluster.stop()
     }
 
+    /// PostgreSQL down for 4 s, well within the 10 s lease: a member joining meanwhile waits for it
+    /// (the node can check neither the token's revocations nor where the channel lives) and is in
+    /// once it is back, neither refused nor lost; the members already in the channel talk on; the
+    /// channel keeps its home. (Past the lease the node stops serving the channel: the kill and
+    /// pause tests cover what follows.)
+    @Test func aJoinDuringADatabaseOutageWaitsForItAndSucceeds() async throws {
+        let database = PostgresTestServer()
+        let cluster = try await Cluster(lease: 10, database: database)
+        defer { cluster.reaper.killAll() }
+        let (home, _, ann, bob) = try await cluster.placeAndJoin()
+        let token = try cluster.token("cat")
+        let cat = try await RecordingMember("cat", in: cluster.root.path, talkSeconds: 1)
+        let outage = Task { try await database.restart(downFor: .seconds(4)) }
+        // `pg_ctl stop -m fast` takes well under the second waited here.
+        try await Task.sleep(for: .seconds(1))
+        let credentials = try cluster.credentials(token, node: home)
+        let started = Date()
+        let channel = cluster.channel.id
+        let joining = Task { try await cat.join(channel, credentials: credentials) }
+        #expect(await ann.talk(cluster.channel.id, within: 10))
+        #expect(await eventually(seconds: 10) { bob.bursts >= 1 }, "the channel's members talk on: \(bob.recentEvents)")
+        try await outage.value
+        let back = Date()
+        try await joining.value
+        let waited = Date().timeIntervalSince(started)
+        print("cluster: a join made during a 4 s database outage took \(String(format: "%.1f", waited)) s, \(String(format: "%.1f", Date().timeIntervalSince(back))) s after the database was back")
+        #expect(try await cluster.home() == home, "the channel kept its home: \(cluster.log(home).suffix(1500))")
+        #expect(await cat.talk(cluster.channel.id, within: 10))
+        #expect(await eventually(seconds: 10) { bob.bursts >= 2 }, "cat was heard: \(bob.recentEvents)")
+        await cat.invalidate()
+        await ann.invalidate()
+        await bob.invalidate()
+        await cluster.stop()
+    }
+
     /// SIGTERM on the home: it hands the channel to another node and tells its members to `move`, so
     /// they rejoin at once (no wait for a lease), then it exits.
     @Test func aDrainingHomeMovesItsMembersAtOnce() async throws {
