@@ -23,6 +23,9 @@ public final class ServerMetrics: Sendable {
     let receptionReports: Counter
     let silentMembers: Counter
     let missedBurstReplays: Counter
+    let rosterUpdatesHeld: Counter
+    let floorRequestsLimited: Counter
+    let wakesLimited: Counter
     let packetsIn: Counter
     let packetsOut: Counter
     let catchUpPacketsOut: Counter
@@ -35,6 +38,8 @@ public final class ServerMetrics: Sendable {
     let statelessResetsSent: Counter
     let versionNegotiationsSent: Counter
     let unroutable: Counter
+    let evicted: Counter
+    let tokensRefused: Counter
     let transportTroubles: [Counter]
     let storeFailures: Counter
     let storeRetries: Counter
@@ -74,6 +79,9 @@ public final class ServerMetrics: Sendable {
         tokenRenewalsRefused = counter("token_renewals", "Participant-token renewals (renewToken), by outcome: renewed, or refused.", labels: [("outcome", "refused")])
         receptionReports = counter("reception_reports", "Listeners' loss reports (receptionReport) that changed their figure; talkers are told the worst.")
         missedBurstReplays = counter("missed_burst_replays", "Bursts that had already ended replayed to a member who missed them (woken by a push, or back after a drop) on joining.")
+        rosterUpdatesHeld = counter("roster_updates_held", "Roster entries held back because the member's last went out less than 500 ms before (rosterUpdateInterval); each goes later, merged with what follows.")
+        floorRequestsLimited = counter("floor_requests_limited", "Floor requests denied because the member had used its share of grants (floorGrantsPerMinute).")
+        wakesLimited = counter("wakes_limited", "Wake pushes not sent because the sleeping member had been woken its share of times (3 in a row, then 10 a minute).")
         silentMembers = counter("members_silent", "Connected members shown as reconnecting because their connection went silent (pushWakeSilenceSeconds) before it closed.")
         packetsIn = counter("packets_in", "Audio datagrams received.")
         packetsOut = counter("packets_out", "Audio datagrams forwarded live to listeners.")
@@ -86,6 +94,8 @@ public final class ServerMetrics: Sendable {
             ($0, counter("handshakes", "Transport handshakes by outcome: completed; failed (closed before the client's Finished: timed out, bad message, certificate or parameters refused); refused (server at its connection limit, stale Retry token); address_limit (refused: maxConnectionsPerAddress open from that IP already); rate_limited (over handshakesPerSecondPerAddress from one IP, dropped).",
                          labels: [("outcome", $0.rawValue)]))
         })
+        evicted = counter("transport_evicted", "Connections that had not joined, closed to make room for new ones (maxUnadmitted budgets): many means someone handshakes and never joins.")
+        tokensRefused = counter("transport_tokens_refused", "Address tokens presented again after they had opened a connection, counted as no token.")
         retriesSent = counter("transport_retries", "Retry packets sent: handshakes asked to prove their address first, because many were in progress.")
         statelessResetsSent = counter("transport_stateless_resets", "Stateless resets sent to packets for connections the server does not know (it restarted, or the connection closed).")
         versionNegotiationsSent = counter("transport_version_negotiations", "Version Negotiation packets sent to clients of another protocol version.")
@@ -140,6 +150,9 @@ public final class ServerMetrics: Sendable {
         add(receptionReports, old.receptionReports, new.receptionReports)
         add(silentMembers, old.silentMembers, new.silentMembers)
         add(missedBurstReplays, old.missedBurstReplays, new.missedBurstReplays)
+        add(rosterUpdatesHeld, old.rosterUpdatesHeld, new.rosterUpdatesHeld)
+        add(floorRequestsLimited, old.floorRequestsLimited, new.floorRequestsLimited)
+        add(wakesLimited, old.wakesLimited, new.wakesLimited)
         add(packetsIn, old.packetsIn, new.packetsIn)
         add(packetsOut, old.packetsOut, new.packetsOut)
         add(catchUpPacketsOut, old.catchUpPacketsOut, new.catchUpPacketsOut)
@@ -164,6 +177,8 @@ public final class ServerMetrics: Sendable {
         add(statelessResetsSent, old.statelessResetsSent, new.statelessResetsSent)
         add(versionNegotiationsSent, old.versionNegotiationsSent, new.versionNegotiationsSent)
         add(unroutable, old.dropped, new.dropped)
+        add(evicted, old.evicted, new.evicted)
+        add(tokensRefused, old.tokensRefused, new.tokensRefused)
         for trouble in ConnectionTrouble.allCases {
             add(transportTroubles[trouble.rawValue], oldTroubles[trouble], newTroubles[trouble])
         }
