@@ -31,21 +31,24 @@ struct TokenBucket {
 
     /// Whether a token is there now, without taking it.
     func hasToken(at now: WireInstant, perMinute: Int, burst: Int) -> Bool {
-        var copy = self
-        return copy.take(at: now, perMinute: perMinute, burst: burst)
+        available(at: now, rate: Double(perMinute) / 60, burst: burst) >= 1
     }
 
     /// Nanoseconds until a token is there at `perMinute` (0: one is).
     func wait(at now: WireInstant, perMinute: Int, burst: Int) -> UInt64 {
         let rate = Double(perMinute) / 60
-        let tokens = min(Double(burst), self.tokens + Double(now.since(refilledAt)) / 1e9 * rate)
+        let tokens = available(at: now, rate: rate, burst: burst)
         guard tokens < 1, rate > 0 else { return 0 }
         return UInt64((1 - tokens) / rate * 1e9)
     }
 
+    /// The tokens there would be at `now`, refilled at `rate` a second up to `burst`.
+    private func available(at now: WireInstant, rate: Double, burst: Int) -> Double {
+        min(Double(burst), tokens + Double(now.since(refilledAt)) / 1e9 * rate)
+    }
+
     private mutating func take(at now: WireInstant, rate: Double, burst: Int) -> Bool {
-        let elapsed = Double(now.since(refilledAt)) / 1e9
-        tokens = min(Double(burst), tokens + elapsed * rate)
+        tokens = available(at: now, rate: rate, burst: burst)
         refilledAt = now
         guard tokens >= 1 else { return false }
         tokens -= 1
