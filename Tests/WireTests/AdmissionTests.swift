@@ -52,12 +52,24 @@ import Testing
 
     /// A peer that holds its ACKs back inflates its RTT without bound, and with it the closing
     /// period that keeps the connection's state: both are clamped.
-    @Test func aDelayedAckCannotStretchTheClosingPeriod() {
+    @Test func aDelayedAckCannotStretchTheClosingPeriod() async throws {
         var rtt = RTTEstimator()
         for _ in 0..<20 { rtt.update(sample: seconds(60), ackDelay: 0) }
         #expect(rtt.smoothed == RTTEstimator.maximumSample)
         #expect(rtt.latest == RTTEstimator.maximumSample)
-        #expect(ConnectionConfiguration().maxClosingPeriod == seconds(3))
+        // Even samples within the clamp, swinging between 50 ms and 2 s, make a PTO whose three
+        // times is far past the closing period's cap; the close still ends within it.
+        let pki = try TestPKI()
+        let sim = Simulation(seed: 41, pki: pki, secrets: try pki.secrets())
+        sim.addClient()
+        _ = try await sim.connect(0)
+        let client = sim.clients[0].connection
+        for sample in 0..<20 { client.rtt.update(sample: sample % 2 == 0 ? ms(50) : ms(2_000), ackDelay: 0) }
+        #expect(3 * client.currentPTO > client.config.maxClosingPeriod)
+        let now = sim.network.now
+        client.close(code: 0, reason: "bye", now: now)
+        #expect(client.state == .closing)
+        #expect(client.closeDeadline == now + client.config.maxClosingPeriod)
     }
 
     /// An IPv6 party holds many /64s: its /56 and /48 are limited too, at 4 and 16 times the rate.
