@@ -109,6 +109,18 @@ final class ServerFixture: Sendable {
         return ((response as? HTTPURLResponse)?.statusCode ?? 0, try decoder.decode(AdminAPI.Health.self, from: body))
     }
 
+    /// What `/metrics` shows once it contains `needle` (they are published once a second), or after
+    /// `seconds` without it.
+    func metrics(_ listening: SquelchServer.Listening, containing needle: String, seconds: Double = 3) async throws -> String {
+        var text = ""
+        let deadline = ContinuousClock.now + .seconds(seconds)
+        while !text.contains(needle), ContinuousClock.now < deadline {
+            text = try await metrics(listening)
+            try await Task.sleep(for: .milliseconds(100))
+        }
+        return text
+    }
+
     /// What `/metrics` shows now.
     func metrics(_ listening: SquelchServer.Listening) async throws -> String {
         let url = try #require(URL(string: "http://127.0.0.1:\(listening.adminPort)/metrics"))
