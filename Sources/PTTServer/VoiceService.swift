@@ -132,6 +132,8 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
             box.value.startSweeping()
         }.get()
         running.withLockedValue { $0 = Running(server: server, driver: box) }
+        let lagWatch = EventLoopLagWatch.start(on: eventLoop, lag: metrics.loopLag, stalls: metrics.loopStalls)
+        defer { lagWatch.cancel() }
         logger.notice("voice transport listening", metadata: ["address": "\(server.localAddress)", "channels": "\(channelCount)"])
         await onListening(server.localAddress)
 
