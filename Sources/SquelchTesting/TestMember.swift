@@ -21,26 +21,35 @@ public final class TestMember: Sendable {
         var undecodable = 0
         var audio: [[UInt8]] = []
         var audioArrivals: [UInt64] = []
+        /// Audio datagrams received, kept or not.
+        var audioCount = 0
         var events: [ClientEvent] = []
     }
 
     /// `group`: where the member's event loop comes from. A benchmark gives the member it measures a
     /// loop of its own, as its own device would have, rather than one it shares with a hundred others.
+    /// `keepsAudio`: false only counts audio (`audioCount`), for runs too long to keep every datagram.
     public init(port: Int, configuration: ClientConfiguration, host: String = "127.0.0.1",
-                group: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton) throws {
+                group: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton, options: UDPOptions = UDPOptions(),
+                keepsAudio: Bool = true) throws {
         let state = self.state
         let codec = self.codec
         // Messages and audio are kept on the event loop as they are opened, so their arrival times
         // are the packets', not those of a task the cooperative pool got round to (the fan-out
         // benchmark's grant and delivery times are read from them).
         client = try WireClientChannel(
-            configuration: configuration, server: try SocketAddress(ipAddress: host, port: port), group: group,
+            configuration: configuration, server: try SocketAddress(ipAddress: host, port: port), options: options, group: group,
             onDatagram: { bytes in
+                guard keepsAudio else {
+                    state.withLockedValue { $0.audioCount += 1 }
+                    return
+                }
                 let now = WireNIO.now().nanoseconds
                 let datagram = Array(bytes)
                 state.withLockedValue {
                     $0.audio.append(datagram)
                     $0.audioArrivals.append(now)
+                    $0.audioCount += 1
                 }
             },
             onEvent: { event in
@@ -86,6 +95,7 @@ public final class TestMember: Sendable {
 
     public var messages: [ServerMessage] { state.withLockedValue { $0.messages } }
     public var audio: [[UInt8]] { state.withLockedValue { $0.audio } }
+    public var audioCount: Int { state.withLockedValue { $0.audioCount } }
     /// Messages with the time each arrived (`WireNIO.now()` nanoseconds), for latency measurements.
     public var timedMessages: [(message: ServerMessage, at: UInt64)] {
         state.withLockedValue { state in Array(zip(state.messages, state.messageArrivals)).map { ($0, $1) } }

@@ -282,7 +282,7 @@ final class ClientCore: DatagramDriver {
                     return channel.eventLoop.makeFailedFuture(error)
                 }
             }
-            .bind(host: remote.isIPv6 ? "::" : "0.0.0.0", port: 0)
+            .bind(host: options.localHost ?? (remote.isIPv6 ? "::" : "0.0.0.0"), port: 0)
             .flatMapThrowing { [bound] channel in
                 try bound.value.attach(channel)
                 return channel

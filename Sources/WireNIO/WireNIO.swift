@@ -47,6 +47,9 @@ public struct UDPOptions: Sendable {
     /// go at the end of the tick). Not public: only tests make it small, to run the yield with few
     /// connections.
     var datagramsPerDrain = 4096
+    /// The local address a client binds its socket to (nil: any). A test or benchmark gives a client
+    /// a loopback source of its own (127.x.y.z), so the server sees it as another address.
+    public var localHost: String?
 
     public init() {}
 
