@@ -587,6 +587,48 @@ def _machine(data: dict) -> str:
     return ", ".join(parts) or "not recorded"
 
 
+def section_soak(data: dict) -> list[str]:
+    out = ["## Soak under attack", "",
+           "`squelch-bench soak`: squelchd at its default limits for minutes, real members on many channels "
+           "taking turns to talk under loss (an impairment proxy per channel) and one leaving and joining "
+           "again every second, while an attacker process floods handshakes that never join, abuses the "
+           "floor and mute from inside a channel, replays ClientHellos, sprays garbage datagrams and sends "
+           "malformed admin requests (issue 42).", ""]
+    s = _section(data, "soak", dict)
+    if not s:
+        return out + [NOT_MEASURED, ""]
+    w = "soak"
+    ok, tried = _num(s, "joins_succeeded", w), _num(s, "joins_attempted", w)
+    beyond, sigma = _num(s, "lost_beyond_emulated", w), _num(s, "lost_three_sigma", w)
+    start, end = _num(s, "rss_start_mib", w), _num(s, "rss_end_mib", w)
+    change = None if not start or end is None else 100 * (end - start) / start
+    stalls, crashes = _num(s, "stalls_over_20ms", w), _num(s, "crashes", w)
+    amplification = _num(s, "reflector_amplification", w)
+
+    def verdict(good: bool | None, shown: str) -> str:
+        return "—" if good is None else ("met" if good else "**missed**") + f" ({shown})"
+
+    joins_pct = None if not tried else 100 * (ok or 0) / tried
+    setup = (f"{fmt(_num(s, 'members', w), '', 0)} members on {fmt(_num(s, 'channels', w), '', 0)} channels, "
+             f"{fmt(_num(s, 'loss_percent', w), '%', 0)} loss each way, {fmt(_num(s, 'minutes', w), 'min', 1)}")
+    return out + [setup, "", table(["Figure", "Value", "Target", "Met / missed"], [
+        ["Joins by real members that succeeded", f"{fmt(ok, '', 0)} of {fmt(tried, '', 0)}", "100 %",
+         verdict(None if joins_pct is None else joins_pct >= 100, fmt(joins_pct, "%", 2))],
+        ["Audio frames lost beyond the emulated loss", f"{fmt(beyond, '', 0)} (±{fmt(sigma, '', 0)} at 3σ)",
+         "0 (within the noise)", verdict(None if beyond is None or sigma is None else beyond <= sigma, fmt(beyond, "", 0))],
+        ["Emulated loss, server to members", fmt(_num(s, "emulated_loss_percent", w), "%", 2), "—", "—"],
+        ["Server RSS, warm → end", f"{fmt(start, 'MiB', 1)} → {fmt(end, 'MiB', 1)}",
+         "flat within 10 %", verdict(None if change is None else abs(change) <= 10, fmt(change, "%", 1))],
+        ["Relay-loop stalls of 20 ms or more", fmt(stalls, "", 0), "—", "—"],
+        ["Relay-loop lag, p99", fmt(_num(s, "lag_p99_ms", w), "ms", 2), "—", "—"],
+        ["Crashes", fmt(crashes, "", 0), "0", verdict(None if crashes is None else crashes == 0, fmt(crashes, "", 0))],
+        ["Reflector: bytes back per byte sent", fmt(amplification, "x", 2), "≤ 3x",
+         verdict(None if amplification is None else amplification <= 3, fmt(amplification, "x", 2))],
+        ["Unjoined connections evicted", fmt(_num(s, "evicted", w), "", 0), "—", "—"],
+        ["Floor requests over the allowance", fmt(_num(s, "floor_requests_limited", w), "", 0), "—", "—"],
+    ]), ""]
+
+
 def render(data: dict, md_path: Path, plots: Path) -> str:
     targets = data.get("targets") or {}
     if not isinstance(targets, dict):
@@ -604,6 +646,7 @@ def render(data: dict, md_path: Path, plots: Path) -> str:
     body += section_handshakes(data)
     body += section_push(data, v, plots, rel)
     body += section_cluster(data)
+    body += section_soak(data)
     body += section_memory(data, v)
 
     head = ["# Squelch benchmarks", "",

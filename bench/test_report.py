@@ -14,7 +14,8 @@ HERE = Path(__file__).resolve().parent
 EXAMPLE = HERE / "results.example.json"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SECTIONS = ["## Summary", "## Fan-out", "## Mouth-to-ear latency and voice quality", "## Floor control",
-            "## Handshakes and session resume", "## Push notifications", "## Cluster", "## Memory"]
+            "## Handshakes and session resume", "## Push notifications", "## Cluster", "## Soak under attack",
+            "## Memory"]
 PLOTS = ["fanout-cpu.png", "fanout-latency.png", "mouth-to-ear.png", "quality.png", "push.png"]
 
 
@@ -83,7 +84,7 @@ class ReportTests(unittest.TestCase):
 
     def test_missing_sections_are_not_measured(self):
         data = json.loads(EXAMPLE.read_text())
-        for k in ("fanout", "push", "floor", "memory", "handshakes", "cluster"):
+        for k in ("fanout", "push", "floor", "memory", "handshakes", "cluster", "soak"):
             del data[k]
         data["mouth_to_ear"] = []
         p = self.run_report(self.write_results(data))
@@ -91,8 +92,22 @@ class ReportTests(unittest.TestCase):
         doc = self.md.read_text()
         for s in SECTIONS:
             self.assertIn(s, doc)
-        self.assertEqual(doc.count("_Not measured in this run._"), 7)
+        self.assertEqual(doc.count("_Not measured in this run._"), 8)
         self.assertEqual(list(self.plots.glob("*.png")), [])
+
+    def test_soak_verdicts_follow_the_figures(self):
+        data = json.loads(EXAMPLE.read_text())
+        self.run_report(self.write_results(data))
+        doc = self.md.read_text()
+        self.assertIn("| Joins by real members that succeeded | 1,060 of 1,060 | 100 % | met (100.00 %) |", doc)
+        self.assertIn("| Crashes | 0 | 0 | met (0) |", doc)
+        # A failed join, memory that grew and audio lost beyond the noise are each a miss.
+        data["soak"].update(joins_succeeded=1059, rss_end_mib=150.0, lost_beyond_emulated=2000)
+        self.run_report(self.write_results(data))
+        doc = self.md.read_text()
+        self.assertIn("| Joins by real members that succeeded | 1,059 of 1,060 | 100 % | **missed** (99.91 %) |", doc)
+        self.assertIn("flat within 10 % | **missed** (", doc)
+        self.assertIn("0 (within the noise) | **missed** (2,000) |", doc)
 
     def test_minimal_and_partial_results(self):
         # Nothing but a quick run's single condition, with PESQ unavailable.

@@ -10,7 +10,7 @@ struct Bench: AsyncParsableCommand {
         commandName: "squelch-bench",
         abstract: "Squelch benchmarks. Build in release mode (make bench) before trusting a figure.",
         version: SquelchInfo.version,
-        subcommands: [All.self, Codec.self, Transport.self, Fanout.self, Push.self, Connections.self, EndToEnd.self, ClusterBenchmark.self, WireEcho.self])
+        subcommands: [All.self, Codec.self, Transport.self, Fanout.self, Push.self, Connections.self, EndToEnd.self, ClusterBenchmark.self, Soak.self, SoakAttack.self, WireEcho.self])
 }
 
 struct All: AsyncParsableCommand {
@@ -33,6 +33,7 @@ struct All: AsyncParsableCommand {
             try await Connections.parse(["--count", "100", "--resumes", "5"] + common).run()
             try await EndToEnd.parse(["--loss", "10", "--jitter", "30", "--bursts", "2"] + common).run()
             try await ClusterBenchmark.parse(["--kills", "1", "--joins", "2", "--placements", "50"] + common).run()
+            try await Soak.parse(["--minutes", "2", "--channels", "10", "--attack-sources", "4"] + common).run()
         } else {
             try Codec.parse([]).run()
             try await Transport.parse([]).run()
@@ -41,6 +42,7 @@ struct All: AsyncParsableCommand {
             try await Connections.parse(common).run()
             try await EndToEnd.parse(common).run()
             try await ClusterBenchmark.parse(common).run()
+            try await Soak.parse(common).run()
         }
         try results.record("quick", quick)
     }

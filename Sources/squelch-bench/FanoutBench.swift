@@ -209,16 +209,17 @@ struct FanoutRun {
             backToBackP50: percentile(backToBackTimes.sorted(), 0.5), backToBackP95: percentile(backToBackTimes.sorted(), 0.95))
     }
 
-    /// The server's /metrics as name{labels} → value.
-    func scrape(_ port: Int) async throws -> [String: Double] {
-        let (data, _) = try await URLSession.shared.data(from: URL(string: "http://127.0.0.1:\(port)/metrics")!)
-        var values: [String: Double] = [:]
-        for line in String(decoding: data, as: UTF8.self).split(separator: "\n") where !line.hasPrefix("#") {
-            guard let space = line.lastIndex(of: " "), let value = Double(line[line.index(after: space)...]) else { continue }
-            values[String(line[..<space])] = value
-        }
-        return values
+}
+
+/// A server's /metrics (admin port) as name{labels} → value.
+func scrape(_ port: Int) async throws -> [String: Double] {
+    let (data, _) = try await URLSession.shared.data(from: URL(string: "http://127.0.0.1:\(port)/metrics")!)
+    var values: [String: Double] = [:]
+    for line in String(decoding: data, as: UTF8.self).split(separator: "\n") where !line.hasPrefix("#") {
+        guard let space = line.lastIndex(of: " "), let value = Double(line[line.index(after: space)...]) else { continue }
+        values[String(line[..<space])] = value
     }
+    return values
 }
 
 /// `value` with `digits` decimals, for the benchmark's tables.

@@ -9,34 +9,41 @@ struct ServerProcess {
     let process: Process
     let log: LineCollector
     let data: String
-    let channel: UUID
+    let channels: [UUID]
+    var channel: UUID { channels[0] }
     let voicePort: Int
     let adminPort: Int
     let authority: TokenAuthority
 
-    static func start(squelchd: String, certs: String, extra: [String] = []) async throws -> ServerProcess {
+    /// `channels`: how many to create ("Bench", "Bench 2", …). `benchFloor`: see `ServeProcess.launch`.
+    static func start(squelchd: String, certs: String, extra: [String] = [], channels: Int = 1,
+                      benchFloor: Bool = true) async throws -> ServerProcess {
         let data = FileManager.default.temporaryDirectory.appendingPathComponent("squelch-bench-\(UUID())").path
         try FileManager.default.createDirectory(atPath: data, withIntermediateDirectories: true)
-        let create = Process()
-        create.executableURL = URL(fileURLWithPath: squelchd)
-        create.arguments = ["channel", "create", "--name", "Bench", "--data-dir", data]
-        let out = Pipe()
-        create.standardOutput = out
-        create.standardError = FileHandle.nullDevice
-        try create.run()
-        let created = String(decoding: out.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-        create.waitUntilExit()
-        guard let channel = UUID(uuidString: created.trimmingCharacters(in: .whitespacesAndNewlines)) else {
-            throw ValidationError("squelchd channel create printed '\(created)', not a channel id")
+        var created: [UUID] = []
+        for index in 0 ..< channels {
+            let create = Process()
+            create.executableURL = URL(fileURLWithPath: squelchd)
+            create.arguments = ["channel", "create", "--name", index == 0 ? "Bench" : "Bench \(index + 1)", "--data-dir", data]
+            let out = Pipe()
+            create.standardOutput = out
+            create.standardError = FileHandle.nullDevice
+            try create.run()
+            let printed = String(decoding: out.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+            create.waitUntilExit()
+            guard let channel = UUID(uuidString: printed.trimmingCharacters(in: .whitespacesAndNewlines)) else {
+                throw ValidationError("squelchd channel create printed '\(printed)', not a channel id")
+            }
+            created.append(channel)
         }
-        let serving = try await ServeProcess.launch(squelchd: squelchd, certs: certs, data: data, extra: extra)
-        return ServerProcess(process: serving.process, log: serving.log, data: data, channel: channel, voicePort: serving.voicePort,
+        let serving = try await ServeProcess.launch(squelchd: squelchd, certs: certs, data: data, extra: extra, benchFloor: benchFloor)
+        return ServerProcess(process: serving.process, log: serving.log, data: data, channels: created, voicePort: serving.voicePort,
                              adminPort: serving.adminPort, authority: try await TokenAuthority.loadOrCreate(in: data))
     }
 
-    func token(_ user: String, _ capabilities: Set<Capability> = [.talk, .listen]) async throws -> String {
-        try await authority.issue(ParticipantClaims(userID: user, name: user.capitalized, channel: channel, capabilities: capabilities,
-                                                    expiresAt: Date().addingTimeInterval(3_600)))
+    func token(_ user: String, _ capabilities: Set<Capability> = [.talk, .listen], channel: UUID? = nil) async throws -> String {
+        try await authority.issue(ParticipantClaims(userID: user, name: user.capitalized, channel: channel ?? self.channel,
+                                                    capabilities: capabilities, expiresAt: Date().addingTimeInterval(3_600)))
     }
 
     /// Resident memory of the server process, in kilobytes (VmRSS).
@@ -59,14 +66,15 @@ struct ServeProcess {
     let voicePort: Int
     let adminPort: Int
 
-    static func launch(squelchd: String, certs: String, data: String, extra: [String]) async throws -> ServeProcess {
+    /// `benchFloor`: lift the per-member grant allowance. The benchmarks time grants back to back,
+    /// many more a minute than a person's share (15): the allowance defends a channel, it isn't
+    /// measured. The soak keeps it: it runs the defaults.
+    static func launch(squelchd: String, certs: String, data: String, extra: [String], benchFloor: Bool = true) async throws -> ServeProcess {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: squelchd)
         process.arguments = ["serve", "--data-dir", data, "--port", "0", "--admin-port", "0", "--cert", certs + "/server-chain.pem",
-                             "--key", certs + "/server.key", "--log-level", "notice", "--apns", "off",
-                             // The benchmarks time grants back to back, many more a minute than a
-                             // person's share (15): the allowance defends a channel, it isn't measured.
-                             "--floor-grants-per-minute", "1000000"] + extra
+                             "--key", certs + "/server.key", "--log-level", "notice", "--apns", "off"]
+            + (benchFloor ? ["--floor-grants-per-minute", "1000000"] : []) + extra
         let errors = Pipe()
         process.standardError = errors
         let log = LineCollector(errors)
