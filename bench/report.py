@@ -123,6 +123,7 @@ class Target:
 TARGETS = [
     Target("fanout_cpu_us_200", "Fan-out CPU per forwarded packet, 200 listeners", "µs", True, 2),
     Target("fanout_relay_p99_ms_200", "Fan-out: last of 200 listeners served, p99 (server)", "ms", True, 2),
+    Target("fanout_vs_mumble_200", "Fan-out CPU per packet against Mumble's, 200 listeners", "x", True, 2),
     Target("fanout_grant_p95_ms_200", "Floor grant p95 with 200 listeners, idle channel", "ms", True),
     Target("mouth_to_ear_p95_ms", "Mouth-to-ear p95, clean network", "ms", True),
     Target("pesq_clean", "PESQ-WB, clean network", "", False, 2),
@@ -202,7 +203,12 @@ def plot_fanout(rows: list[dict], cpu_target: float | None, out: Path) -> list[s
     cpu = [_nan(r["cpu_us_per_packet"]) for r in rows]
     if not all(math.isnan(v) for v in cpu):
         fig, ax = plt.subplots(figsize=(6, 3.6))
-        ax.plot(xs, cpu, marker="o", label="measured")
+        ax.plot(xs, cpu, marker="o", label="squelchd")
+        for key, label, marker in (("mumble_cpu_us_per_packet", "murmurd (Mumble)", "s"),
+                                   ("floor_cpu_us_per_datagram", "kernel floor", "^")):
+            values = [_nan(r.get(key)) for r in rows]
+            if not all(math.isnan(x) for x in values):
+                ax.plot(xs, values, marker=marker, label=label)
         if cpu_target is not None:
             ax.plot([200], [cpu_target], marker="*", markersize=12, linestyle="none",
                     color="tab:red", label="target (at 200 listeners)")
@@ -344,7 +350,8 @@ def section_fanout(data: dict, v: Verdicts, plots: Path, rel: str) -> list[str]:
             v.verdict(key, None)
         return out + [NOT_MEASURED, ""]
     keys = ("cpu_us_per_packet", "relay_p50_ms", "relay_p99_ms", "last_listener_p50_ms", "last_listener_p99_ms",
-            "grant_p50_ms", "grant_p95_ms", "grant_back_to_back_p50_ms", "grant_back_to_back_p95_ms", *FLOOR_KEYS)
+            "grant_p50_ms", "grant_p95_ms", "grant_back_to_back_p50_ms", "grant_back_to_back_p95_ms",
+            "mumble_cpu_us_per_packet", *FLOOR_KEYS)
     parsed = []
     for i, r in enumerate(rows):
         w = f"fanout[{i}]"
@@ -373,10 +380,24 @@ def section_fanout(data: dict, v: Verdicts, plots: Path, rel: str) -> list[str]:
                       [[fmt(r["listeners"], "", 0), fmt(r["floor_cpu_us_per_datagram"], "µs", 2),
                         fmt(r["floor_burst_p50_ms"], "ms", 2), fmt(r["floor_burst_p99_ms"], "ms", 2)]
                        for r in floored]), ""]
+    versus = [r for r in parsed if r["mumble_cpu_us_per_packet"] and r["cpu_us_per_packet"] is not None]
+    for r in parsed:
+        mumble = r["mumble_cpu_us_per_packet"]
+        r["vs_mumble"] = r["cpu_us_per_packet"] / mumble if mumble and r["cpu_us_per_packet"] is not None else None
+    if versus:
+        out += ["Against Mumble's server (Debian's mumble-server, murmurd) with the same load, run right "
+                "after squelchd at each listener count (`--versus-mumble`; bench/mumble_load.py speaks "
+                "Mumble's protocol: TLS control, OCB2-AES128 UDP voice). Each server's CPU is its own "
+                "process's; murmurd also encrypts every forwarded packet once per listener.", "",
+                table(["Listeners", "squelchd", "murmurd", "squelchd / murmurd", "Kernel floor"],
+                      [[fmt(r["listeners"], "", 0), fmt(r["cpu_us_per_packet"], "µs", 2),
+                        fmt(r["mumble_cpu_us_per_packet"], "µs", 2), fmt(r["vs_mumble"], "x", 2),
+                        fmt(r["floor_cpu_us_per_datagram"], "µs", 2)] for r in versus]), ""]
     at200 = next((r for r in parsed if r["listeners"] == 200), None)
     figures = []
     for key, field, label, unit, digits in (
             ("fanout_cpu_us_200", "cpu_us_per_packet", "CPU per packet at 200 listeners", "µs", 2),
+            ("fanout_vs_mumble_200", "vs_mumble", "CPU per packet against Mumble's at 200 listeners", "x", 2),
             ("fanout_relay_p99_ms_200", "relay_p99_ms", "Last of 200 listeners served, p99 (server)", "ms", 2),
             ("fanout_grant_p95_ms_200", "grant_p95_ms", "Floor grant p95 at 200 listeners, idle channel", "ms", 1)):
         figure = at200[field] if at200 else None

@@ -24,7 +24,7 @@ want="$(cat "$here/requirements.txt" "$here/requirements-build.txt" | sha256sum 
 # the only reliable check.
 healthy() {
     "$venv/bin/python" - <<'PY' >/dev/null 2>&1
-import numpy as np, scipy, matplotlib, pystoi
+import numpy as np, scipy, matplotlib, pystoi, cryptography
 from pesq import pesq
 t = np.arange(16000) / 16000.0
 x = np.sin(2 * np.pi * 220 * t) * np.sin(2 * np.pi * 3 * t)

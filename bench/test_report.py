@@ -95,6 +95,19 @@ class ReportTests(unittest.TestCase):
         self.assertEqual(doc.count("_Not measured in this run._"), 8)
         self.assertEqual(list(self.plots.glob("*.png")), [])
 
+    def test_mumble_comparison_only_with_its_figures(self):
+        data = json.loads(EXAMPLE.read_text())
+        self.run_report(self.write_results(data))
+        doc = self.md.read_text()
+        self.assertIn("| 200 | 4.40 µs | 9.50 µs | 0.46 x |", doc)
+        self.assertIn("| CPU per packet against Mumble's at 200 listeners | 0.46 x | ≤ 0.60 x | met (0.46 x) |", doc)
+        for r in data["fanout"]:
+            r.pop("mumble_cpu_us_per_packet", None)
+        self.run_report(self.write_results(data))
+        doc = self.md.read_text()
+        self.assertNotIn("| Listeners | squelchd | murmurd |", doc)
+        self.assertIn("| CPU per packet against Mumble's at 200 listeners | n/a | ≤ 0.60 x | not measured |", doc)
+
     def test_soak_verdicts_follow_the_figures(self):
         data = json.loads(EXAMPLE.read_text())
         self.run_report(self.write_results(data))

@@ -28,7 +28,7 @@ struct All: AsyncParsableCommand {
         if quick {
             try Codec.parse(["--seconds", "1"]).run()
             try await Transport.parse(["--handshakes", "10", "--packets", "1000", "--fanout", "20"]).run()
-            try await Fanout.parse(["--listeners", "20", "--seconds", "2", "--grants", "10"] + common).run()
+            try await Fanout.parse(["--listeners", "20", "--seconds", "2", "--grants", "10", "--versus-mumble"] + common).run()
             try await Push.parse(["--pushes", "2000", "--in-flight", "200", "--wakes", "100", "--bursts", "2"] + common).run()
             try await Connections.parse(["--count", "100", "--resumes", "5"] + common).run()
             try await EndToEnd.parse(["--loss", "10", "--jitter", "30", "--bursts", "2"] + common).run()
@@ -37,7 +37,7 @@ struct All: AsyncParsableCommand {
         } else {
             try Codec.parse([]).run()
             try await Transport.parse([]).run()
-            try await Fanout.parse(common).run()
+            try await Fanout.parse(["--versus-mumble"] + common).run()
             try await Push.parse(common).run()
             try await Connections.parse(common).run()
             try await EndToEnd.parse(common).run()

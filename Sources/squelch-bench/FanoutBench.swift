@@ -26,6 +26,9 @@ struct Fanout: AsyncParsableCommand {
     @Option(help: "Floor request/release cycles for the grant time, with the channel idle, and as many again back to back.") var grants = 100
     @Option(help: "Directory with ca.pem, server-chain.pem and server.key (make certs).") var certs = "certs"
     @Option(help: "squelchd executable (default: next to this one).") var squelchd: String?
+    @Flag(help: "After each squelchd run, Mumble's server with the same load (bench/mumble_load.py; make deps installs mumble-server).")
+    var versusMumble = false
+    @Option(help: "The bench's Python, with its packages (make bench-tools).") var python = "bench/.venv/bin/python3"
     @OptionGroup var results: ResultsOptions
 
     func run() async throws {
@@ -53,6 +56,15 @@ struct Fanout: AsyncParsableCommand {
                          "grant_p50_ms": result.grantP50 / 1e6, "grant_p95_ms": result.grantP95 / 1e6,
                          "grant_back_to_back_p50_ms": result.backToBackP50 / 1e6,
                          "grant_back_to_back_p95_ms": result.backToBackP95 / 1e6])
+            // Mumble right after, on the same machine in the same minute: the comparison is only
+            // fair between neighbouring runs (this VM's speed varies by the hour).
+            if versusMumble {
+                let mumble = try MumbleRun(listeners: count, seconds: seconds, python: python).run()
+                print("           murmurd \(fixed(mumble.cpuMicrosecondsPerForward)) µs per forwarded packet "
+                      + "(\(fixed(result.cpuMicrosecondsPerForward / mumble.cpuMicrosecondsPerForward))x), lost \(mumble.expected - mumble.received)/\(mumble.expected)")
+                rows[rows.count - 1]["mumble_cpu_us_per_packet"] = mumble.cpuMicrosecondsPerForward
+                rows[rows.count - 1]["mumble_lost"] = mumble.expected - mumble.received
+            }
         }
         print("kernel floor: \(KernelFloor.datagramSize)-byte datagrams already built, one thread's sendmmsg to N loopback sockets, a reader thread waiting on them")
         print("listeners  CPU/datagram  burst p50/p99")
