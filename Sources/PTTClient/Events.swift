@@ -57,7 +57,9 @@ public enum ChannelManagerEvent: Sendable, Equatable {
 public struct ChannelStatistics: Sendable, Equatable {
     /// Smoothed round-trip time to the server, in milliseconds (nil before the first sample).
     public var roundTripMilliseconds: Double?
-    /// Packets the transport declared lost, and sent.
+    /// Packets the transport declared lost, of those it sent that asked for an acknowledgement
+    /// (control and keepalives; audio asks for none, and its loss is in `reception` and in the
+    /// listeners' reports the server passes to a talker).
     public var packetsLost: Int
     public var packetsSent: Int
     /// The burst being played (live figures), if any.

@@ -196,7 +196,7 @@ actor ManagerEngine {
             let figures = try? await client.withClient { client -> (Double?, Int, Int)? in
                 guard let connection = client?.connection else { return nil }
                 return (connection.rtt.hasSample ? Double(connection.rtt.smoothed) / 1e6 : nil,
-                        connection.stats.packetsLost, connection.stats.packetsSent)
+                        connection.stats.packetsLost, connection.stats.ackElicitingSent)
             }
             if let figures = figures ?? nil {
                 result.roundTripMilliseconds = figures.0

@@ -111,7 +111,7 @@ public final class ServerMetrics: Sendable {
                 return counter("transport_datagrams_dropped", "Transport datagrams dropped, by reason: unroutable (no connection and cannot start one: too short, unparsable, bad Retry token); and for a connection, undecryptable (failed authentication: forged, tampered or damaged), replayed, malformed, no_keys (before its keys or after they were discarded).",
                                labels: [("reason", label)])
             case .packetLost:
-                return counter("transport_packets_lost", "Packets the server sent and declared lost (no acknowledgement in time): the network's loss towards its clients.")
+                return counter("transport_packets_lost", "Packets the server sent that asked for an acknowledgement (control) and were declared lost: the network's loss towards its clients. Audio asks for none; the listeners' own loss is in their reception reports.")
             case .probeTimeout:
                 return counter("transport_probe_timeouts", "Probe timeouts: the server's packets went unacknowledged long enough to probe (a client gone silent, or heavy loss).")
             case .amplificationBlocked:

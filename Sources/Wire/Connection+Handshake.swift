@@ -235,6 +235,7 @@ extension Connection {
                 pendingNewToken = token
             }
             resetIdleTimer(now: now)
+            armKeepAlive(now: now)
             emit(.connected)
         default:
             throw .unexpectedMessage("\(message.type) in the \(space) space")

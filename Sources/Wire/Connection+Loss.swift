@@ -20,6 +20,8 @@ extension Connection {
             }
         }
         if ack.largest > largestAckedByPeer ?? 0 || largestAckedByPeer == nil { largestAckedByPeer = ack.largest }
+        // The peer opened a packet under the current keys (audio, of which there is no record, counts).
+        if ack.largest >= firstPNInSendPhase { sendPhaseAcknowledged = true }
         if let newest, newest.ackEliciting {
             // ACK Delay is µs >> 3 on the wire; a hostile peer can send up to 2⁶² − 1, so saturate.
             let micros = ack.delay.multipliedReportingOverflow(by: 8)

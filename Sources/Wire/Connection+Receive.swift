@@ -11,6 +11,9 @@ extension Connection {
         if address == path.address { path.bytesReceived += datagram.count }
         var offset = 0
         var authenticated = false
+        // Whether the peer said anything but audio: only that answers what this side sent. A
+        // listener hears audio all through a burst, and must still learn that its keepalive was lost.
+        var answered = false
         // Only a datagram with a Handshake packet is part of the flight a ping is owed for: Initial
         // keys are derived from what anyone on the path sees, so Initials alone prove nothing.
         let handshakePacketsBefore = handshakePacketsReceived
@@ -23,11 +26,15 @@ extension Connection {
             switch header {
             case .long(let type, _, let destination, let source, let token, let pnOffset, let end):
                 if receiveLong(datagram, type: type, start: offset, destination: destination, source: source, token: token,
-                               pnOffset: pnOffset, end: end, now: now) { authenticated = true }
+                               pnOffset: pnOffset, end: end, now: now) { authenticated = true; answered = true }
                 offset = end
             case .short(_, let pnOffset):
-                if receiveShort(datagram, start: offset, pnOffset: pnOffset, from: address, size: datagram.count, now: now,
-                                datagrams: datagrams) { authenticated = true }
+                switch receiveShort(datagram, start: offset, pnOffset: pnOffset, from: address, size: datagram.count, now: now,
+                                    datagrams: datagrams) {
+                case .dropped: break
+                case .media: authenticated = true
+                case .answered: authenticated = true; answered = true
+                }
                 offset = datagram.count
             case .retry(_, _, let source, let token, let tag):
                 receiveRetry(datagram, start: offset, source: source, token: token, tag: tag, now: now)
@@ -42,13 +49,15 @@ extension Connection {
             }
         }
         if authenticated, role == .client, state == .handshaking, handshakePacketsReceived > handshakePacketsBefore { oweFlightAcknowledgement() }
-        if authenticated {
-            lastReceiveTime = now
+        if answered {
             forgetUnanswered()
             if stalled {
                 stalled = false
                 emit(.stallEnded)
             }
+        }
+        if authenticated {
+            lastReceiveTime = now
             if state == .handshaking || state == .established { resetIdleTimer(now: now) }
             if state == .closing, closeResends < 8 {
                 // Answer the peer's packets with the close again, so it learns even if one was lost.
@@ -254,14 +263,14 @@ extension Connection {
     // MARK: Short headers
 
     func receiveShort(_ datagram: UnsafeMutableRawBufferPointer, start: Int, pnOffset: Int, from address: PathAddress, size: Int,
-                      now: WireInstant, datagrams: (UnsafeRawBufferPointer) -> Void) -> Bool {
-        guard let current = appOpen, role == .client || peerFinished else { count(.noKeys); return false }
+                      now: WireInstant, datagrams: (UnsafeRawBufferPointer) -> Void) -> ShortPacketOutcome {
+        guard let current = appOpen, role == .client || peerFinished else { count(.noKeys); return .dropped }
         let packet = UnsafeMutableRawBufferPointer(rebasing: datagram[start...])
         guard let (pn, payloadStart, first) = unprotectHeader(packet, start: 0, pnOffset: pnOffset - start, key: current, long: false,
                                                               largest: replay.largest),
               first & 0x18 == 0 else {
             count(.malformed)
-            return false
+            return .dropped
         }
         let phase = first & PacketHeader.keyPhaseBit != 0
         var key = current
@@ -274,7 +283,7 @@ extension Connection {
                 key = previous
             } else {
                 count(.noKeys)
-                return false
+                return .dropped
             }
         }
         guard key.open(packet, payloadStart: payloadStart, tagStart: packet.count - 16, packetNumber: pn) else {
@@ -282,9 +291,9 @@ extension Connection {
             if key.uses >= suite.integrityLimit {
                 protocolViolation("too many forged packets", now: now, code: .aeadLimitReached)
             }
-            return false
+            return .dropped
         }
-        guard replay.isFresh(pn) else { count(.replayed); return false }
+        guard replay.isFresh(pn) else { count(.replayed); return .dropped }
         replay.record(pn)
         stats.packetsReceived += 1
         if isNextPhase { rotateReadKeys(firstPN: pn, now: now) }
@@ -295,46 +304,40 @@ extension Connection {
         }
 
         var ackEliciting = false
-        var onlyDatagrams = true
+        var mediaOnly = true
         var parser = FrameParser(payload: UnsafeRawBufferPointer(rebasing: packet[..<(packet.count - 16)]), offset: payloadStart)
         do {
             while let frame = try parser.next() {
                 // Closing (this side closed, or a frame before this one closed it): the packet counts,
                 // so the close is sent again, but nothing in it is acted on (RFC 9000 §10.2.1).
                 guard state == .established || state == .handshaking else { break }
-                if frame.isAckEliciting {
-                    ackEliciting = true
-                    if case .datagram = frame {} else { onlyDatagrams = false }
+                if frame.isAckEliciting { ackEliciting = true }
+                switch frame {
+                case .datagram, .padding: break
+                default: mediaOnly = false
                 }
                 try handleApplicationFrame(frame, packet: UnsafeRawBufferPointer(packet), from: address, now: now, datagrams: datagrams)
             }
         } catch {
             protocolViolation("malformed packet: \(error)", now: now, code: .frameEncodingError)
-            return true
+            return .answered
         }
         received.insert(pn)
         if pn == received.largest { largestReceivedTime = now }
+        // Audio (DATAGRAM frames) is not ack-eliciting: the sender keeps no record of it and learns
+        // of loss from reception reports. Its packet numbers still go in the next ACK that control
+        // or a keepalive causes, which keeps the sender's packet-number encoding short.
         if ackEliciting {
             ackElicitingSinceAck += 1
-            if onlyDatagrams {
-                // Audio: acknowledged every `datagramAckThreshold` packets, or once the stream pauses
-                // for `maxAckDelay` (the deadline restarts with each one), so the reported ACK delay
-                // stays within what the peer allows for its RTT samples.
-                datagramOnlySinceAck += 1
-                if datagramOnlySinceAck >= config.datagramAckThreshold {
-                    ackNow = true
-                } else if ackElicitingSinceAck == datagramOnlySinceAck {
-                    ackDeadline = now + config.maxAckDelay
-                }
-            } else if ackElicitingSinceAck - datagramOnlySinceAck >= 2 {
+            if ackElicitingSinceAck >= 2 {
                 ackNow = true
             } else {
-                // Anything else: RFC 9000's every second packet, or within maxAckDelay of the first.
+                // RFC 9000's every second packet, or within maxAckDelay of the first.
                 let at = now + config.maxAckDelay
                 if ackDeadline.map({ at < $0 }) ?? true { ackDeadline = at }
             }
         }
-        return true
+        return mediaOnly ? .media : .answered
     }
 
     /// The read key of the next phase, made on first use and then kept, whether or not the packet that
@@ -506,4 +509,14 @@ extension Connection {
         // largest message's worth of memory.
         if consumed == controlInbox.count { controlInbox = [] } else if consumed > 0 { controlInbox.removeFirst(consumed) }
     }
+}
+
+/// What one short-header packet turned out to be.
+enum ShortPacketOutcome {
+    /// Not authenticated, replayed, or without keys: as if it never came.
+    case dropped
+    /// Nothing but audio (and padding): proof the path works, but no answer to anything.
+    case media
+    /// Anything else: ACKs, control, PINGs; an answer to what this side sent.
+    case answered
 }

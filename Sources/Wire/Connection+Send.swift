@@ -192,7 +192,6 @@ extension Connection {
         while ranges.count > 1, ranges.count * 16 + 20 > room { ranges = ranges.dropLast() }
         w.writeAck(ranges: ranges, delay: delay)
         ackElicitingSinceAck = 0
-        datagramOnlySinceAck = 0
         ackDeadline = nil
         ackNow = false
     }
@@ -207,12 +206,13 @@ extension Connection {
         sentInSendPhase += 1
         stats.packetsSent += 1
         if ackEliciting {
+            stats.ackElicitingSent += 1
             var record = record
             record.ackEliciting = true
             record.live = true
             if let displaced = sent.record(record) {
                 onLost(displaced)
-                lostOnSend = true
+                outputQueuedOnSend = true
             }
             if record.retransmittable {
                 retransmittableInFlight += 1
@@ -223,6 +223,7 @@ extension Connection {
                 unansweredSince = now
                 resetIdleTimer(now: now)
             }
+            armKeepAlive(now: now)
         }
         return payloadEnd + 16
     }
@@ -234,7 +235,15 @@ extension Connection {
     /// close and its resends (at most 9) under the same keys.
     func updateKeysIfDue(now: WireInstant) {
         let limit = min(config.keyUpdateInterval, suite.confidentialityLimit / 2)
-        guard sentInSendPhase >= limit, !initiateKeyUpdate(), sentInSendPhase + 16 >= suite.confidentialityLimit else { return }
+        guard sentInSendPhase >= limit, !initiateKeyUpdate() else { return }
+        // The update waits for the peer to acknowledge a packet under the current keys. A talker
+        // sends audio, which asks for no acknowledgement: ask with a PING, once per probe timeout.
+        if handshakeConfirmed, keyUpdatePingAt.map({ $0 + currentPTO <= now }) ?? true {
+            keyUpdatePingAt = now
+            pendingPing = true
+            outputQueuedOnSend = true
+        }
+        guard sentInSendPhase + 16 >= suite.confidentialityLimit else { return }
         protocolViolation("the peer acknowledged no packet under the current keys, so they could not be updated before the AEAD limit",
                           now: now, code: .aeadLimitReached)
     }
@@ -255,7 +264,7 @@ extension Connection {
         let payloadStart = w.offset
         // The ACK's state is taken back if the packet isn't sent: it would otherwise count as
         // acknowledged, and no ACK would go until the peer's next ack-eliciting packet.
-        let ackState = (ackElicitingSinceAck, datagramOnlySinceAck, ackDeadline, ackNow)
+        let ackState = (ackElicitingSinceAck, ackDeadline, ackNow)
         // Sized around the payload (its frame type, and padding for a short packet number): with
         // many ranges to report, an ACK sized to the whole packet left no room for the audio.
         if ackElicitingSinceAck > 0, w.remaining > payload.count + 48 { writeAck(&w, now: now, reserve: payload.count + 4) }
@@ -263,20 +272,20 @@ extension Connection {
         if needed > 0 { w.writePadding(needed) }
         w.writeDatagram(payload, last: true)
         guard !w.overflowed else {
-            (ackElicitingSinceAck, datagramOnlySinceAck, ackDeadline, ackNow) = ackState
+            (ackElicitingSinceAck, ackDeadline, ackNow) = ackState
             return nil
         }
         let length = w.offset + 16
         guard length <= amplificationBudget else {
-            (ackElicitingSinceAck, datagramOnlySinceAck, ackDeadline, ackNow) = ackState
+            (ackElicitingSinceAck, ackDeadline, ackNow) = ackState
             count(.amplificationBlocked)
             return nil
         }
         var record = SentPacket.empty
         record.number = pn
-        record.time = now
+        // Not ack-eliciting: nothing is recorded, nothing waits for an answer, no probe follows.
         let end = sealApplicationPacket(buffer, start: 0, pnOffset: pnOffset, pnLength: pnLength, payloadStart: payloadStart,
-                                        payloadEnd: w.offset, key: key, record: record, ackEliciting: true, now: now)
+                                        payloadEnd: w.offset, key: key, record: record, ackEliciting: false, now: now)
         return finishDatagram(end, now: now)
     }
 

@@ -43,6 +43,13 @@ extension Connection {
 
     func resetIdleTimer(now: WireInstant) {
         idleDeadline = idleTimeout == 0 ? nil : now + idleTimeout
+    }
+
+    /// The next keepalive is due `keepAliveInterval` after this side last sent something that needs
+    /// an answer, however much it hears meanwhile: a listener hears audio all through a burst and
+    /// answers none of it, yet the server must still hear from it (its liveness, the NAT binding,
+    /// a rebound address) and it must still learn whether the server hears it.
+    func armKeepAlive(now: WireInstant) {
         keepAliveDeadline = config.keepAliveInterval == 0 ? nil : now + config.keepAliveInterval
     }
 

@@ -143,17 +143,18 @@ public final class Connection {
     @exclusivity(unchecked) var replay = ReplayWindow()
     @exclusivity(unchecked) var received = ReceivedRanges()
     @exclusivity(unchecked) var ackElicitingSinceAck = 0
-    /// Of those, packets that carried DATAGRAM frames and nothing else ack-eliciting.
-    @exclusivity(unchecked) var datagramOnlySinceAck = 0
     @exclusivity(unchecked) var ackDeadline: WireInstant?
     /// An ACK is due at the next poll.
     @exclusivity(unchecked) var ackNow = false
     @exclusivity(unchecked) var largestReceivedTime: WireInstant?
     @exclusivity(unchecked) var sent = SentPackets()
-    /// Sealing a packet displaced an unacknowledged one from `sent`, whose content may now wait to
-    /// be retransmitted. `Endpoint.sendDatagram` checks this one flag, rather than everything
-    /// `hasPendingOutput` looks at, after each fan-out copy.
-    @exclusivity(unchecked) var lostOnSend = false
+    /// Sealing a packet queued something for the next poll: it displaced an unacknowledged packet
+    /// from `sent`, whose content may now wait to be retransmitted, or a key update asks for a PING.
+    /// `Endpoint.sendDatagram` checks this one flag, rather than everything `hasPendingOutput` looks
+    /// at, after each fan-out copy.
+    @exclusivity(unchecked) var outputQueuedOnSend = false
+    /// When a key update last asked the peer for an acknowledgement (`updateKeysIfDue`).
+    @exclusivity(unchecked) var keyUpdatePingAt: WireInstant?
     @exclusivity(unchecked) public internal(set) var rtt = RTTEstimator()
     @exclusivity(unchecked) var ptoCount = 0
     @exclusivity(unchecked) var retransmittableInFlight = 0
@@ -427,6 +428,7 @@ public final class Connection {
             handshakePTOCount = 0
             handshakeDeadline = nil
             resetIdleTimer(now: now)
+            armKeepAlive(now: now)
             emit(.connected)
         }
     }

@@ -107,8 +107,11 @@ public struct ConnectionStats: Sendable, Equatable {
     public var droppedMalformed = 0
     /// Arrived before the keys to read them, or after they were discarded.
     public var droppedNoKeys = 0
-    /// Sent packets declared lost.
+    /// Sent packets declared lost (of `ackElicitingSent`: audio asks for no ACK, so its loss is
+    /// not seen here).
     public var packetsLost = 0
+    /// 1-RTT packets sent that asked for an acknowledgement (control, keepalives, path probes).
+    public var ackElicitingSent = 0
     public var probeTimeouts = 0
     public var datagramsDelivered = 0
     public var controlMessagesDelivered = 0
@@ -170,10 +173,11 @@ public struct ConnectionConfiguration: Sendable {
     /// Idle timeout this side advertises. The server keeps a silent session this long, which is what
     /// makes fast resume work after minutes in the background.
     public var idleTimeout: UInt64 = seconds(300)
-    /// Send a PING after this much silence (0: never). Clients use 5 s in the foreground (as Mumble
-    /// does), which keeps NAT mappings alive and bounds how long a dead server goes unnoticed while
-    /// the channel is quiet (`stallTimeout` counts from the first unanswered PING); a backgrounded
-    /// client turns it off (`Connection.keepAlive`).
+    /// Send a PING when this side has sent nothing that needs an answer for this long (0: never),
+    /// however much it hears: audio asks for no answer. Clients use 5 s in the foreground (as Mumble
+    /// does), which keeps NAT mappings alive, lets the server hear from a listener during a long
+    /// burst, and bounds how long a dead server goes unnoticed (`stallTimeout` counts from the
+    /// first unanswered PING); a backgrounded client turns it off (`Connection.keepAlive`).
     public var keepAliveInterval: UInt64 = 0
     public var handshakeTimeout: UInt64 = seconds(10)
     /// Close with `peerUnresponsive` when nothing has come back this long after the first
@@ -193,11 +197,6 @@ public struct ConnectionConfiguration: Sendable {
     /// Packets sealed under one key before a key update; never more than the suite's limit allows.
     public var keyUpdateInterval: UInt64 = 1 << 22
     public var maxAckDelay: UInt64 = ms(25)
-    /// Packets whose only ack-eliciting frames are DATAGRAMs are acknowledged every this many, or
-    /// `maxAckDelay` after the stream of them pauses. Audio is never retransmitted, so those ACKs
-    /// only feed the sender's RTT and loss figures; one in ten (every 200 ms of a talk burst) keeps
-    /// both, and spares a server relaying to 200 listeners 4,000 ACKs a second (protocol §11.2).
-    public var datagramAckThreshold = 10
     /// Largest datagram this side sends; every path must carry it (IPv6 minimum MTU less headers).
     public var maxDatagramSize = 1200
     /// Bytes buffered on the control stream, each way.

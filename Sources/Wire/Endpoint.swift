@@ -417,10 +417,10 @@ public final class Endpoint {
                              now: WireInstant) -> Transmit? {
         guard let connection = connection(handle) else { return nil }
         let transmit = connection.sendDatagram(payload, into: buffer, now: now)
-        // Rarely, sealing displaces an unacknowledged control packet from the sent ring, which queues
-        // a retransmission: make sure the next poll visits the connection. Cheap checks only.
-        if connection.lostOnSend {
-            connection.lostOnSend = false
+        // Rarely, sealing queues output (a control packet displaced from the sent ring, to be sent
+        // again; a PING a key update waits on): make sure the next poll visits the connection.
+        if connection.outputQueuedOnSend {
+            connection.outputQueuedOnSend = false
             if !slots[Int(handle.index)]!.dirty, connection.hasPendingOutput {
                 slots[Int(handle.index)]!.dirty = true
                 dirty.append(handle)

@@ -104,10 +104,12 @@ public enum Frame: Hashable, Sendable {
     /// An unreliable datagram (audio).
     case datagram(Range<Int>)
 
-    /// Whether receiving this frame obliges the receiver to send an ACK (RFC 9002 §2).
+    /// Whether receiving this frame obliges the receiver to send an ACK (RFC 9002 §2). Unlike
+    /// RFC 9221's, our DATAGRAM frames do not: audio is never acknowledged for its own sake
+    /// (docs/protocol.md §6.3).
     public var isAckEliciting: Bool {
         switch self {
-        case .padding, .ack, .connectionClose, .applicationClose: return false
+        case .padding, .ack, .connectionClose, .applicationClose, .datagram: return false
         default: return true
         }
     }
