@@ -279,6 +279,15 @@ def _blk(x: int) -> bytes:
     return x.to_bytes(AES_BLOCK, "big")
 
 
+def _carry(iv: bytearray, step: int) -> None:
+    """Carries a wrap of nonce byte 0 into bytes 1.. (little-endian), up (+1) or back (-1)."""
+    for i in range(1, AES_BLOCK):
+        old = iv[i]
+        iv[i] = (old + step) & 0xFF
+        if (iv[i] if step > 0 else old):
+            break
+
+
 class CryptStateOCB2:
     """Mumble's CryptState: OCB2-AES128 with its packet format, nonce increment
     and replay/late handling (src/CryptState.cpp, 1.3.4).
@@ -381,10 +390,7 @@ class CryptStateOCB2:
                 iv[0] = ivbyte
             elif ivbyte < iv[0]:
                 iv[0] = ivbyte
-                for i in range(1, AES_BLOCK):
-                    iv[i] = (iv[i] + 1) & 0xFF
-                    if iv[i]:
-                        break
+                _carry(iv, +1)
             else:
                 return None
         else:  # out of order or a repeat
@@ -399,21 +405,14 @@ class CryptStateOCB2:
             elif ivbyte > iv[0] and -30 < diff < 0:  # late, from before a wraparound
                 late, lost, restore = 1, -1, True
                 iv[0] = ivbyte
-                for i in range(1, AES_BLOCK):
-                    old = iv[i]
-                    iv[i] = (old - 1) & 0xFF
-                    if old:
-                        break
+                _carry(iv, -1)
             elif ivbyte > iv[0] and diff > 0:  # a few lost
                 lost = ivbyte - iv[0] - 1
                 iv[0] = ivbyte
             elif ivbyte < iv[0] and diff > 0:  # a few lost, and wrapped around
                 lost = 256 - iv[0] + ivbyte - 1
                 iv[0] = ivbyte
-                for i in range(1, AES_BLOCK):
-                    iv[i] = (iv[i] + 1) & 0xFF
-                    if iv[i]:
-                        break
+                _carry(iv, +1)
             else:
                 return None
             if self.decrypt_history[iv[0]] == iv[1]:  # replay

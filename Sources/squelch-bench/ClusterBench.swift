@@ -167,7 +167,7 @@ final class ProcessCluster {
             throw ValidationError("no \(certs)/ca.pem; run 'make certs' or pass --certs")
         }
         client = ClientConfiguration(serverName: "localhost", validator: try CertificateValidator(caPEM: ca))
-        guard let id = UUID(uuidString: try ProcessCluster.run(squelchd, ["channel", "create", "--name", "Bench", "--database", location.url])
+        guard let id = UUID(uuidString: try squelchdCommand(squelchd, ["channel", "create", "--name", "Bench", "--database", location.url])
             .trimmingCharacters(in: .whitespacesAndNewlines)) else { throw ValidationError("squelchd channel create printed no id") }
         channel = id
         for index in nodes.indices { try await restart(index) }
@@ -199,7 +199,7 @@ final class ProcessCluster {
     }
 
     @discardableResult
-    func squelchd(_ arguments: [String]) throws -> String { try Self.run(executable, arguments + ["--database", location.url]) }
+    func squelchd(_ arguments: [String]) throws -> String { try squelchdCommand(executable, arguments + ["--database", location.url]) }
 
     func token(_ user: String) throws -> String {
         try squelchd(["token", "issue", "--channel", channel.uuidString, "--user", user, "--name", user.capitalized])
@@ -225,17 +225,4 @@ final class ProcessCluster {
         return Int(row.home.rawValue.dropFirst("node-".count))
     }
 
-    static func run(_ executable: String, _ arguments: [String]) throws -> String {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: executable)
-        process.arguments = arguments
-        let out = Pipe()
-        process.standardOutput = out
-        process.standardError = FileHandle.nullDevice
-        try process.run()
-        let text = String(decoding: out.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-        process.waitUntilExit()
-        guard process.terminationStatus == 0 else { throw ValidationError("squelchd \(arguments.prefix(2).joined(separator: " ")) failed") }
-        return text
-    }
 }

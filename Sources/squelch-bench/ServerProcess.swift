@@ -22,15 +22,8 @@ struct ServerProcess {
         try FileManager.default.createDirectory(atPath: data, withIntermediateDirectories: true)
         var created: [UUID] = []
         for index in 0 ..< channels {
-            let create = Process()
-            create.executableURL = URL(fileURLWithPath: squelchd)
-            create.arguments = ["channel", "create", "--name", index == 0 ? "Bench" : "Bench \(index + 1)", "--data-dir", data]
-            let out = Pipe()
-            create.standardOutput = out
-            create.standardError = FileHandle.nullDevice
-            try create.run()
-            let printed = String(decoding: out.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-            create.waitUntilExit()
+            let printed = try squelchdCommand(squelchd, ["channel", "create", "--name", index == 0 ? "Bench" : "Bench \(index + 1)",
+                                                         "--data-dir", data])
             guard let channel = UUID(uuidString: printed.trimmingCharacters(in: .whitespacesAndNewlines)) else {
                 throw ValidationError("squelchd channel create printed '\(printed)', not a channel id")
             }
@@ -90,4 +83,19 @@ struct ServeProcess {
     func stop() {
         if process.isRunning { process.terminate(); process.waitUntilExit() }
     }
+}
+
+/// Runs a squelchd command (`channel create`, `node drain`, …) to its end: its standard output.
+func squelchdCommand(_ executable: String, _ arguments: [String]) throws -> String {
+    let process = Process()
+    process.executableURL = URL(fileURLWithPath: executable)
+    process.arguments = arguments
+    let out = Pipe()
+    process.standardOutput = out
+    process.standardError = FileHandle.nullDevice
+    try process.run()
+    let text = String(decoding: out.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+    process.waitUntilExit()
+    guard process.terminationStatus == 0 else { throw ValidationError("squelchd \(arguments.prefix(2).joined(separator: " ")) failed") }
+    return text
 }
