@@ -54,8 +54,8 @@ public final class ServerMetrics: Sendable {
     /// Per forwarded talker packet: from its arrival at the relay to the last listener's copy sealed
     /// and queued (the socket flush that follows, one `sendmmsg` per read cycle, is not in it).
     let relayFanout: DurationHistogram
-    /// How late the relay's event loop ran a task due every 10 ms (`EventLoopLagWatch`).
-    let loopLag: DurationHistogram
+    /// How long each tick of the relay's event loop ran (`RelayLoopTicks`).
+    let loopTicks: DurationHistogram
     let loopStalls: Counter
 
     public init(registry: PrometheusCollectorRegistry = PrometheusCollectorRegistry()) {
@@ -134,12 +134,13 @@ public final class ServerMetrics: Sendable {
             buckets: [.microseconds(10), .microseconds(25), .microseconds(50), .microseconds(100), .microseconds(200),
                       .microseconds(300), .microseconds(500), .microseconds(750), .milliseconds(1), .microseconds(1_500),
                       .milliseconds(2), .milliseconds(3), .milliseconds(5), .milliseconds(10), .milliseconds(50)])
-        loopLag = registry.makeDurationHistogram(
-            descriptor: MetricNameDescriptor(namespace: "squelch", metricName: "event_loop_lag", unitName: "seconds",
-                                             helpText: "How late the relay's event loop ran a check due every 10 ms: the time every packet and timer on it waited behind other work."),
-            buckets: [.milliseconds(1), .milliseconds(2), .milliseconds(5), .milliseconds(10), .milliseconds(20), .milliseconds(50),
-                      .milliseconds(100), .milliseconds(250), .milliseconds(500), .seconds(1)])
-        loopStalls = counter("event_loop_stalls", "Times the relay's event loop was 20 ms or more late (an audio frame's length): audio waited that long.")
+        loopTicks = registry.makeDurationHistogram(
+            descriptor: MetricNameDescriptor(namespace: "squelch", metricName: "event_loop_tick", unitName: "seconds",
+                                             helpText: "How long each tick of the relay's event loop ran (the ready packets and due timers it handled before waiting again): the longest anything on it waited behind other work."),
+            buckets: [.microseconds(50), .microseconds(100), .microseconds(250), .microseconds(500), .milliseconds(1), .milliseconds(2),
+                      .milliseconds(5), .milliseconds(10), .milliseconds(20), .milliseconds(50), .milliseconds(100), .milliseconds(250),
+                      .seconds(1)])
+        loopStalls = counter("event_loop_stalls", "Ticks of the relay's event loop that ran 20 ms or more (an audio frame's length): everything else on it, audio included, waited that long.")
     }
 
     /// Adds the difference between two snapshots of the relay's counters.

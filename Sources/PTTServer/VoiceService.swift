@@ -105,7 +105,11 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
         }
         for revocation in storedRevocations { hub.apply(revocation, at: HubDriver.now()) }
         let channelCount = hub.channelCount
-        let eventLoop = MultiThreadedEventLoopGroup.singleton.next()
+        // The relay has a loop of its own, so that NIO can report each of its ticks (RelayLoopTicks).
+        let relayLoops = MultiThreadedEventLoopGroup(numberOfThreads: 1,
+                                                     metricsDelegate: RelayLoopTicks(ticks: metrics.loopTicks, stalls: metrics.loopStalls))
+        defer { relayLoops.shutdownGracefully { _ in } }
+        let eventLoop = relayLoops.next()
         let driver = HubDriver(hub: hub, eventLoop: eventLoop, tokens: tokens, writer: writer, metrics: metrics, logger: logger)
         driver.pushes = pushes
         driver.cluster = cluster
@@ -132,8 +136,6 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
             box.value.startSweeping()
         }.get()
         running.withLockedValue { $0 = Running(server: server, driver: box) }
-        let lagWatch = EventLoopLagWatch.start(on: eventLoop, lag: metrics.loopLag, stalls: metrics.loopStalls)
-        defer { lagWatch.cancel() }
         logger.notice("voice transport listening", metadata: ["address": "\(server.localAddress)", "channels": "\(channelCount)"])
         await onListening(server.localAddress)
 

@@ -35,11 +35,12 @@ struct SoakFigures {
     var memoryEnd: Double { memory.last?.kilobytes ?? .nan }
     var memoryChange: Double { (memoryEnd - memoryStart) / memoryStart }
     var stalls: Double { delta("squelch_event_loop_stalls_total") }
-    var lag: Histogram { Histogram(metrics: after, minus: before, name: "squelch_event_loop_lag_seconds") }
-    /// The largest lag bucket that anything fell into (its upper bound).
-    var worstLag: Double {
+    /// How long the relay loop's ticks ran (`squelch_event_loop_tick_seconds`).
+    var ticks: Histogram { Histogram(metrics: after, minus: before, name: "squelch_event_loop_tick_seconds") }
+    /// The largest tick bucket that anything fell into (its upper bound).
+    var worstTick: Double {
         var previous = 0.0, worst = 0.0
-        for bucket in lag.buckets {
+        for bucket in ticks.buckets {
             if bucket.count > previous { worst = bucket.le }
             previous = bucket.count
         }
@@ -51,13 +52,13 @@ struct SoakFigures {
     }
 
     var report: String {
-        let worst = worstLag.isInfinite ? "over 1 s" : "≤ \(fixed(worstLag * 1e3, 0)) ms"
+        let worst = worstTick.isInfinite ? "over 1 s" : "≤ \(fixed(worstTick * 1e3, 0)) ms"
         var lines = [
             "joins by real members: \(crew.joinsSucceeded) of \(joinsAttempted) (\(fixed(100 * Double(crew.joinsSucceeded) / Double(max(1, joinsAttempted)), 2)) %)",
             "audio to members: \(Int(audioSent)) sent, \(audioReceived) received; emulated loss \(fixed(emulatedLoss * 100, 2)) %; lost beyond it \(Int(lostBeyond.rounded())) (±\(Int(threeSigma.rounded())) at 3σ)",
             "turns: \(crew.turnsGranted) granted, \(crew.turnsNotGranted) not granted in 3 s; \(crew.framesSent) frames sent by talkers",
             "server RSS: \(fixed(memoryStart / 1024, 1)) MiB warm, \(fixed(memoryEnd / 1024, 1)) MiB at the end (\(fixed(memoryChange * 100, 1)) %)",
-            "relay loop: \(Int(stalls)) stalls of 20 ms or more; lag p99 \(fixed(lag.quantile(0.99) * 1e3, 2)) ms, worst \(worst)",
+            "relay loop: \(Int(stalls)) ticks of 20 ms or more; tick p99 \(fixed(ticks.quantile(0.99) * 1e3, 2)) ms, longest \(worst)",
             "crashes: \(crashes)",
             "attack: \(attack.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", "))",
             "reflector: \(fixed(amplification, 2))x the bytes it sent came back",
@@ -79,8 +80,8 @@ struct SoakFigures {
             "lost_beyond_emulated": lostBeyond, "lost_three_sigma": threeSigma,
             "turns_granted": crew.turnsGranted, "turns_not_granted": crew.turnsNotGranted,
             "rss_start_mib": memoryStart / 1024, "rss_end_mib": memoryEnd / 1024, "rss_change_percent": memoryChange * 100,
-            "stalls_over_20ms": stalls, "lag_p99_ms": lag.quantile(0.99) * 1e3,
-            "worst_lag_ms": worstLag.isInfinite ? -1 : worstLag * 1e3, "crashes": crashes,
+            "stalls_over_20ms": stalls, "tick_p99_ms": ticks.quantile(0.99) * 1e3,
+            "longest_tick_ms": worstTick.isInfinite ? -1 : worstTick * 1e3, "crashes": crashes,
             "reflector_amplification": amplification, "attack": attack,
             "evicted": delta("squelch_transport_evicted_total"),
             "handshakes_rate_limited": delta("squelch_handshakes_total{outcome=\"rate_limited\"}"),

@@ -28,8 +28,8 @@ import Testing
         let text = try await fixture.metrics(listening, containing: "squelch_floor_requests_limited_total 1")
         #expect(text.contains("squelch_floor_requests_limited_total 1"), "\(text.split(separator: "\n").filter { $0.contains("limited") })")
         #expect(text.contains("squelch_transport_evicted_total 0") && text.contains("squelch_wakes_limited_total 0"))
-        // The relay loop is watched from the start: its lag histogram has ticks.
-        let ticks = EventLoopLagWatchTests.value(of: "squelch_event_loop_lag_seconds_count", in: text) ?? 0
+        // The relay loop is watched from the start: its tick histogram has ticks.
+        let ticks = RelayLoopTicksTests.value(of: "squelch_event_loop_tick_seconds_count", in: text) ?? 0
         #expect(ticks > 0 && text.contains("squelch_event_loop_stalls_total"), "\(text.split(separator: "\n").filter { $0.contains("event_loop") })")
         await listening.shutdown()
         _ = await task.result
