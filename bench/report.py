@@ -124,6 +124,7 @@ TARGETS = [
     Target("fanout_cpu_us_200", "Fan-out CPU per forwarded packet, 200 listeners", "µs", True, 2),
     Target("fanout_relay_p99_ms_200", "Fan-out: last of 200 listeners served, p99 (server)", "ms", True, 2),
     Target("fanout_vs_mumble_200", "Fan-out CPU per packet against Mumble's, 200 listeners", "x", True, 2),
+    Target("fanout_relay_vs_floor_200", "Fan-out: last of 200 served, p99, against the kernel floor's burst p99", "x", True, 2),
     Target("fanout_grant_p95_ms_200", "Floor grant p95 with 200 listeners, idle channel", "ms", True),
     Target("mouth_to_ear_p95_ms", "Mouth-to-ear p95, clean network", "ms", True),
     Target("pesq_clean", "PESQ-WB, clean network", "", False, 2),
@@ -346,7 +347,8 @@ def section_fanout(data: dict, v: Verdicts, plots: Path, rel: str) -> list[str]:
            "be telling every listener about it).", ""]
     rows = _section(data, "fanout", list)
     if not rows:
-        for key in ("fanout_cpu_us_200", "fanout_relay_p99_ms_200", "fanout_grant_p95_ms_200"):
+        for key in ("fanout_cpu_us_200", "fanout_vs_mumble_200", "fanout_relay_p99_ms_200", "fanout_relay_vs_floor_200",
+                    "fanout_grant_p95_ms_200"):
             v.verdict(key, None)
         return out + [NOT_MEASURED, ""]
     keys = ("cpu_us_per_packet", "relay_p50_ms", "relay_p99_ms", "last_listener_p50_ms", "last_listener_p99_ms",
@@ -384,6 +386,8 @@ def section_fanout(data: dict, v: Verdicts, plots: Path, rel: str) -> list[str]:
     for r in parsed:
         mumble = r["mumble_cpu_us_per_packet"]
         r["vs_mumble"] = r["cpu_us_per_packet"] / mumble if mumble and r["cpu_us_per_packet"] is not None else None
+        floor = r["floor_burst_p99_ms"]
+        r["relay_vs_floor"] = r["relay_p99_ms"] / floor if floor and r["relay_p99_ms"] is not None else None
     if versus:
         out += ["Against Mumble's server (Debian's mumble-server, murmurd) with the same load, run right "
                 "after squelchd at each listener count (`--versus-mumble`; bench/mumble_load.py speaks "
@@ -399,6 +403,7 @@ def section_fanout(data: dict, v: Verdicts, plots: Path, rel: str) -> list[str]:
             ("fanout_cpu_us_200", "cpu_us_per_packet", "CPU per packet at 200 listeners", "µs", 2),
             ("fanout_vs_mumble_200", "vs_mumble", "CPU per packet against Mumble's at 200 listeners", "x", 2),
             ("fanout_relay_p99_ms_200", "relay_p99_ms", "Last of 200 listeners served, p99 (server)", "ms", 2),
+            ("fanout_relay_vs_floor_200", "relay_vs_floor", "Last of 200 served, p99, against the kernel floor's burst p99", "x", 2),
             ("fanout_grant_p95_ms_200", "grant_p95_ms", "Floor grant p95 at 200 listeners, idle channel", "ms", 1)):
         figure = at200[field] if at200 else None
         res = v.verdict(key, figure)
