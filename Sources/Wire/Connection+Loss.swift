@@ -36,7 +36,6 @@ extension Connection {
     func onAcknowledged(_ packet: SentPacket) {
         if packet.retransmittable { retransmittableInFlight -= 1 }
         if packet.controlEnd > packet.controlStart { controlSend.markAcknowledged(packet.controlStart..<packet.controlEnd) }
-        if packet.number >= firstPNInSendPhase { sendPhaseAcknowledged = true }
     }
 
     /// Requeues what `packet` carried. `probe`: resent because the probe timer fired, not because it

@@ -106,7 +106,7 @@ public enum Frame: Hashable, Sendable {
 
     /// Whether receiving this frame obliges the receiver to send an ACK (RFC 9002 §2). Unlike
     /// RFC 9221's, our DATAGRAM frames do not: audio is never acknowledged for its own sake
-    /// (docs/protocol.md §6.3).
+    /// (docs/protocol.md §11.2).
     public var isAckEliciting: Bool {
         switch self {
         case .padding, .ack, .connectionClose, .applicationClose, .datagram: return false
