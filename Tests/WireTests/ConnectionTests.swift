@@ -32,18 +32,23 @@ import X509
 /// The receiver's ACK policy (protocol §11.2): audio datagrams every tenth packet, everything else every
 /// second one.
 @Suite struct AckFrequencyTests {
+    /// One client connected a second ago over a link with a fixed 20 ms delay each way.
+    static func connectedOverASteadyLink(seed: UInt64) async throws -> (Simulation, Endpoint.Handle, Connection) {
+        let pki = try TestPKI()
+        var conditions = SimulatedNetwork.Conditions()
+        conditions.jitter = 0
+        let sim = Simulation(seed: seed, conditions: conditions, pki: pki, secrets: try pki.secrets())
+        sim.addClient()
+        let handle = try await sim.connect(0)
+        await sim.run(for: seconds(1))
+        return (sim, handle, try #require(sim.endpoint.connection(handle)))
+    }
+
     /// Audio asks for no acknowledgement (protocol §11.2): a listener sends nothing back for it, and
     /// the server keeps no record of it to time out or probe for. Its packet numbers ride in the
     /// next ACK that control causes, which keeps the server's packet-number encoding short.
     @Test func audioIsNeverAcknowledgedForItsOwnSake() async throws {
-        let pki = try TestPKI()
-        var conditions = SimulatedNetwork.Conditions()
-        conditions.jitter = 0
-        let sim = Simulation(seed: 3, conditions: conditions, pki: pki, secrets: try pki.secrets())
-        sim.addClient()
-        let handle = try await sim.connect(0)
-        await sim.run(for: seconds(1))
-        let server = try #require(sim.endpoint.connection(handle))
+        let (sim, handle, server) = try await Self.connectedOverASteadyLink(seed: 3)
         let clientSentBefore = sim.clients[0].connection.stats.packetsSent
         let serverSentBefore = server.stats.packetsSent
         for i in 0..<95 {
@@ -74,14 +79,7 @@ import X509
     /// something), so the server hears from it, and a keepalive lost on the way is sent again at the
     /// next liveness probe, not 5 s later (audio arriving is no answer to it).
     @Test func aListenerHearingOnlyAudioKeepsTheServerHearingFromIt() async throws {
-        let pki = try TestPKI()
-        var conditions = SimulatedNetwork.Conditions()
-        conditions.jitter = 0
-        let sim = Simulation(seed: 4, conditions: conditions, pki: pki, secrets: try pki.secrets())
-        sim.addClient()
-        let handle = try await sim.connect(0)
-        await sim.run(for: seconds(1))
-        let server = try #require(sim.endpoint.connection(handle))
+        let (sim, handle, server) = try await Self.connectedOverASteadyLink(seed: 4)
         let client = sim.clients[0].connection
         let sentBefore = client.stats.packetsSent
         var longestSilence: UInt64 = 0
