@@ -94,6 +94,11 @@ let package = Package(
         // A private PostgreSQL server for tests and benchmarks (initdb in a temporary directory).
         .target(name: "PostgresTesting", dependencies: ["ChannelStorePostgres", "SquelchTesting"], swiftSettings: swift6),
         .target(name: "ChannelProtocol", swiftSettings: swift6),
+        // Media frames sealed once by the talker, opened by each listener (RFC 9605; decision 0047).
+        .target(name: "SFrame", dependencies: [
+            "CPacketCrypto",
+            .product(name: "Crypto", package: "swift-crypto"),
+        ], swiftSettings: swift6),
         .target(name: "SquelchTesting", dependencies: [
             "Wire", "WireNIO", "ChannelProtocol",
             .product(name: "GRDB", package: "GRDB.swift"),
@@ -233,6 +238,7 @@ let package = Package(
             "ChannelHub", "ChannelProtocol", "ChannelStore", "ParticipantClaims", "Wire",
         ], swiftSettings: swift6),
         .testTarget(name: "ChannelProtocolTests", dependencies: ["ChannelProtocol"], swiftSettings: swift6),
+        .testTarget(name: "SFrameTests", dependencies: ["SFrame"], swiftSettings: swift6),
         .testTarget(name: "ClusterPlacementTests", dependencies: ["ClusterPlacement", "SeededRandom"], swiftSettings: swift6),
         .testTarget(name: "OpusTests", dependencies: ["SeededRandom", "Opus", "Audio"], swiftSettings: swift6),
         .testTarget(name: "AudioTests", dependencies: ["Audio"], swiftSettings: swift6),
