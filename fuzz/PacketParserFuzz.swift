@@ -1,6 +1,7 @@
 // libFuzzer target for packet headers: any datagram must parse (coalesced packets included) or throw
 // WireParseError, and every offset handed out must lie inside the datagram.
-// Built by `make fuzz-build` with Sources/Wire/WireBytes.swift, Frames.swift and PacketHeader.swift.
+// Built by `make fuzz-build` with Sources/Wire/WireBytes.swift, Frames.swift, PacketHeader.swift and
+// MediaEnvelope.swift.
 
 @_cdecl("LLVMFuzzerTestOneInput")
 public func fuzzPacketParser(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
@@ -26,6 +27,10 @@ public func fuzzPacketParser(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt 
         case .unsupportedVersion:
             offset = size
         }
+    }
+    // An envelope's media lies inside it, behind its 9-byte header.
+    if let (_, media) = MediaEnvelope.parse(datagram) {
+        precondition(media.lowerBound == MediaEnvelope.headerSize && media.upperBound == size && !media.isEmpty)
     }
     // Packet-number recovery never traps, whatever the inputs.
     if size >= 9 {

@@ -9,6 +9,10 @@ extension Connection {
         stats.datagramsReceived += 1
         stats.bytesReceived += datagram.count
         if address == path.address { path.bytesReceived += datagram.count }
+        if let first = datagram.first, MediaEnvelope.isEnvelope(first) {
+            receiveEnvelope(UnsafeRawBufferPointer(datagram), from: address, datagrams: datagrams)
+            return
+        }
         var offset = 0
         var authenticated = false
         // Whether the peer said anything but audio: only that answers what this side sent. A
@@ -261,6 +265,21 @@ extension Connection {
     }
 
     // MARK: Short headers
+
+    /// A relayed media frame (§3.6): handed over as it is, for the application to authenticate with
+    /// its burst key. Only a client takes envelopes, only from the server's address, only for a
+    /// connection ID it issued; they prove nothing of the peer, so they neither answer a probe nor
+    /// keep the connection alive.
+    func receiveEnvelope(_ datagram: UnsafeRawBufferPointer, from address: PathAddress, datagrams: (UnsafeRawBufferPointer) -> Void) {
+        guard role == .client, state == .established, address == path.address,
+              let (destination, media) = MediaEnvelope.parse(datagram),
+              destination == localID || issuedIDs.contains(where: { $0.id == destination }) else {
+            count(.malformed)
+            return
+        }
+        stats.envelopesReceived += 1
+        datagrams(UnsafeRawBufferPointer(rebasing: datagram[media]))
+    }
 
     func receiveShort(_ datagram: UnsafeMutableRawBufferPointer, start: Int, pnOffset: Int, from address: PathAddress, size: Int,
                       now: WireInstant, datagrams: (UnsafeRawBufferPointer) -> Void) -> ShortPacketOutcome {

@@ -289,6 +289,22 @@ extension Connection {
         return finishDatagram(end, now: now)
     }
 
+    /// Wraps one relayed media frame for this listener in an envelope (§3.6) in `buffer`: nothing
+    /// sealed, numbered or recorded, as the talker sealed the frame for every member at once. Nil
+    /// when the connection can't send (not established, too large, or the new path's 3× budget is
+    /// spent); the frame is then dropped, never queued.
+    public func sendEnvelope(_ media: UnsafeRawBufferPointer, into buffer: UnsafeMutableRawBufferPointer, now: WireInstant) -> Transmit? {
+        guard role == .server, state == .established else { return nil }
+        let limit = min(buffer.count, config.maxDatagramSize)
+        guard let length = MediaEnvelope.write(media, to: peerID, into: UnsafeMutableRawBufferPointer(rebasing: buffer[..<limit]))
+        else { return nil }
+        guard length <= amplificationBudget else {
+            count(.amplificationBlocked)
+            return nil
+        }
+        return finishDatagram(length, now: now)
+    }
+
     // MARK: Closing
 
     func writeClosePacket(_ buffer: UnsafeMutableRawBufferPointer, now: WireInstant) -> Int {

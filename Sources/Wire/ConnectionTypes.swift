@@ -114,6 +114,8 @@ public struct ConnectionStats: Sendable, Equatable {
     public var ackElicitingSent = 0
     public var probeTimeouts = 0
     public var datagramsDelivered = 0
+    /// Relayed media frames taken from envelopes (§3.6), not counted in `packetsReceived`.
+    public var envelopesReceived = 0
     public var controlMessagesDelivered = 0
     /// Datagrams not sent because the unvalidated path's 3× budget was spent.
     public var amplificationBlocked = 0

@@ -412,6 +412,13 @@ public final class Endpoint {
         touched(handle, now: now)
     }
 
+    /// Wraps one relayed media frame for `handle` in an envelope straight into `buffer` (the fan-out
+    /// hot path: nothing is sealed per listener).
+    public func sendEnvelope(_ media: UnsafeRawBufferPointer, to handle: Handle, into buffer: UnsafeMutableRawBufferPointer,
+                             now: WireInstant) -> Transmit? {
+        connection(handle)?.sendEnvelope(media, into: buffer, now: now)
+    }
+
     /// Seals one audio datagram for `handle` straight into `buffer` (the fan-out hot path).
     public func sendDatagram(_ payload: UnsafeRawBufferPointer, to handle: Handle, into buffer: UnsafeMutableRawBufferPointer,
                              now: WireInstant) -> Transmit? {

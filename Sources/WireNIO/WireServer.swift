@@ -130,9 +130,12 @@ public final class WireServer: Sendable {
     /// With `sendingAtOnce`, what `body` sent goes to the kernel when it returns rather than with the
     /// read cycle's flush: a talker packet's copies then don't wait behind the rest of the cycle
     /// (listeners' ACKs, other connections' packets).
-    public func withDatagramSender<Result>(sendingAtOnce: Bool = false,
+    ///
+    /// With `enveloped`, each datagram is a media frame the talker sealed for every member, and goes
+    /// in an envelope (`Endpoint.sendEnvelope`) rather than sealed once more per listener.
+    public func withDatagramSender<Result>(sendingAtOnce: Bool = false, enveloped: Bool = false,
                                            _ body: ((UnsafeRawBufferPointer, Endpoint.Handle) -> Bool) -> Result) -> Result {
-        let result = core.value.withDatagramSender(body)
+        let result = core.value.withDatagramSender(enveloped: enveloped, body)
         if sendingAtOnce { core.value.output.sendBatch() }
         return result
     }
@@ -445,14 +448,18 @@ final class ServerCore: DatagramDriver {
         return sendDatagram(payload, to: handle, now: WireNIO.now())
     }
 
-    func withDatagramSender<Result>(_ body: ((UnsafeRawBufferPointer, Endpoint.Handle) -> Bool) -> Result) -> Result {
+    func withDatagramSender<Result>(enveloped: Bool, _ body: ((UnsafeRawBufferPointer, Endpoint.Handle) -> Bool) -> Result) -> Result {
         guard state == .running else { return body { _, _ in false } }
         let now = WireNIO.now()
-        return body { payload, handle in self.sendDatagram(payload, to: handle, now: now) }
+        return body { payload, handle in self.sendDatagram(payload, to: handle, now: now, enveloped: enveloped) }
     }
 
-    func sendDatagram(_ payload: UnsafeRawBufferPointer, to handle: Endpoint.Handle, now: WireInstant) -> Bool {
-        switch output.emit({ endpoint.sendDatagram(payload, to: handle, into: $0, now: now) }) {
+    func sendDatagram(_ payload: UnsafeRawBufferPointer, to handle: Endpoint.Handle, now: WireInstant, enveloped: Bool = false) -> Bool {
+        let emitted = output.emit {
+            enveloped ? endpoint.sendEnvelope(payload, to: handle, into: $0, now: now)
+                      : endpoint.sendDatagram(payload, to: handle, into: $0, now: now)
+        }
+        switch emitted {
         case .written:
             stats.datagramsSent += 1
             requestOutput()

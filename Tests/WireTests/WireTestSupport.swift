@@ -206,8 +206,13 @@ final class Simulation {
         if let transmit { network.send(Array(buffer[..<transmit.count]), from: clientAddresses[index], to: transmit.address) }
     }
 
-    func sendDatagram(server handle: Endpoint.Handle, _ payload: [UInt8]) -> Bool {
-        let transmit = payload.withUnsafeBytes { p in buffer.withUnsafeMutableBytes { endpoint.sendDatagram(p, to: handle, into: $0, now: network.now) } }
+    func sendDatagram(server handle: Endpoint.Handle, _ payload: [UInt8], enveloped: Bool = false) -> Bool {
+        let transmit = payload.withUnsafeBytes { p in
+            buffer.withUnsafeMutableBytes {
+                enveloped ? endpoint.sendEnvelope(p, to: handle, into: $0, now: network.now)
+                          : endpoint.sendDatagram(p, to: handle, into: $0, now: network.now)
+            }
+        }
         guard let transmit else { return false }
         serverBytesTo[transmit.address, default: 0] += transmit.count
         network.send(Array(buffer[..<transmit.count]), from: serverAddress, to: transmit.address)
