@@ -96,7 +96,7 @@ fuzz-build: deps
 	  -o $(FUZZ_BIN)/frame-parser
 	$(SWIFT)c -sanitize=fuzzer,address -parse-as-library -g -O -use-ld=lld -module-name WirePacketFuzz \
 	  $(FUZZ_DIR)/PacketParserFuzz.swift Sources/Wire/WireBytes.swift Sources/Wire/Frames.swift Sources/Wire/PacketHeader.swift \
-	  -o $(FUZZ_BIN)/packet-parser
+	  Sources/Wire/MediaEnvelope.swift -o $(FUZZ_BIN)/packet-parser
 	$(SWIFT)c -sanitize=fuzzer,address -parse-as-library -g -O -use-ld=lld -module-name WireHandshakeFuzz \
 	  $(FUZZ_DIR)/HandshakeParserFuzz.swift Sources/Wire/WireBytes.swift Sources/Wire/Frames.swift Sources/Wire/HandshakeMessages.swift \
 	  -o $(FUZZ_BIN)/handshake-parser
@@ -106,6 +106,9 @@ fuzz-build: deps
 	$(SWIFT)c -sanitize=fuzzer,address -parse-as-library -g -O -use-ld=lld -module-name AudioHeaderFuzz \
 	  $(FUZZ_DIR)/AudioHeaderFuzz.swift Sources/ChannelProtocol/AudioHeader.swift \
 	  -o $(FUZZ_BIN)/audio-header
+	$(SWIFT)c -sanitize=fuzzer,address -parse-as-library -g -O -use-ld=lld -module-name MediaFrameFuzz \
+	  $(FUZZ_DIR)/MediaFrameFuzz.swift Sources/ChannelProtocol/AudioHeader.swift Sources/SFrame/SFrameHeader.swift \
+	  -o $(FUZZ_BIN)/media-frame
 	$(SWIFT)c -sanitize=fuzzer,address -parse-as-library -g -O -use-ld=lld -module-name APNsRequestFuzz \
 	  $(FUZZ_DIR)/APNsRequestFuzz.swift Sources/APNsSimulator/APNsRequestValidation.swift \
 	  -o $(FUZZ_BIN)/apns-request

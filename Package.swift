@@ -99,15 +99,20 @@ let package = Package(
             "CPacketCrypto",
             .product(name: "Crypto", package: "swift-crypto"),
         ], swiftSettings: swift6),
+        // Our media datagrams sealed and opened with the bursts' keys (talker and listener sides).
+        .target(name: "MediaFrames", dependencies: [
+            "SFrame", "ChannelProtocol",
+            .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+        ], swiftSettings: swift6),
         .target(name: "SquelchTesting", dependencies: [
-            "Wire", "WireNIO", "ChannelProtocol",
+            "Wire", "WireNIO", "ChannelProtocol", "MediaFrames",
             .product(name: "GRDB", package: "GRDB.swift"),
             .product(name: "NIOCore", package: "swift-nio"),
             .product(name: "NIOPosix", package: "swift-nio"),
             .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
         ], swiftSettings: swift6),
         .target(name: "ChannelHub", dependencies: [
-            "Wire", "FloorControl", "ChannelProtocol", "ChannelStore", "ParticipantClaims",
+            "Wire", "FloorControl", "ChannelProtocol", "ChannelStore", "ParticipantClaims", "SFrame",
         ], swiftSettings: swift6),
         // APNs speaks HTTP/2 through swift-nio-http2 directly rather than AsyncHTTPClient: the client needs
         // the peer's SETTINGS, PING keepalive and GOAWAY, which AsyncHTTPClient does not expose.
@@ -148,7 +153,7 @@ let package = Package(
             .product(name: "NIOPosix", package: "swift-nio"),
         ], swiftSettings: swift6),
         .target(name: "PTTClient", dependencies: [
-            "Wire", "WireNIO", "Audio", "Opus", "ChannelProtocol", "JitterBuffer", "ParticipantClaims",
+            "Wire", "WireNIO", "Audio", "Opus", "ChannelProtocol", "JitterBuffer", "ParticipantClaims", "MediaFrames",
             .product(name: "NIOCore", package: "swift-nio"),
             .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
         ], swiftSettings: swift6),
@@ -235,10 +240,10 @@ let package = Package(
             .product(name: "PostgresNIO", package: "postgres-nio"),
         ], swiftSettings: swift6),
         .testTarget(name: "ChannelHubTests", dependencies: [
-            "ChannelHub", "ChannelProtocol", "ChannelStore", "ParticipantClaims", "Wire",
+            "ChannelHub", "ChannelProtocol", "ChannelStore", "ParticipantClaims", "Wire", "SFrame",
         ], swiftSettings: swift6),
         .testTarget(name: "ChannelProtocolTests", dependencies: ["ChannelProtocol"], swiftSettings: swift6),
-        .testTarget(name: "SFrameTests", dependencies: ["SFrame"], swiftSettings: swift6),
+        .testTarget(name: "SFrameTests", dependencies: ["SFrame", "MediaFrames", "ChannelProtocol", "Wire"], swiftSettings: swift6),
         .testTarget(name: "ClusterPlacementTests", dependencies: ["ClusterPlacement", "SeededRandom"], swiftSettings: swift6),
         .testTarget(name: "OpusTests", dependencies: ["SeededRandom", "Opus", "Audio"], swiftSettings: swift6),
         .testTarget(name: "AudioTests", dependencies: ["Audio"], swiftSettings: swift6),
@@ -253,7 +258,7 @@ let package = Package(
         .testTarget(name: "PTTClientTests", dependencies: [
             "PTTClient", "SimulatedPush", "PTTServer", "ServerTesting", "APNsSimulator", "APNsSimulatorEmbedding", "APNsDevice", "ChannelProtocol", "ChannelStore", "ChannelStoreSQLite", "ParticipantTokens", "ParticipantClaims",
             "Audio", "Opus", "JitterBuffer", "SquelchTesting", "Wire", "WireNIO", "WireTesting", "ImpairmentKit",
-            "ChannelStorePostgres", "PostgresTesting", "ClusterPlacement",
+            "ChannelStorePostgres", "PostgresTesting", "ClusterPlacement", "MediaFrames",
             .product(name: "X509", package: "swift-certificates"),
             .product(name: "NIOCore", package: "swift-nio"),
             .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),

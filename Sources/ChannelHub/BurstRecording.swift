@@ -43,6 +43,14 @@ final class BurstRecording {
     /// Set when the floor is taken, and cleared when its first audio packet asks for the burst's wake
     /// pushes: a burst that carries no audio wakes nobody (`ChannelHub.wakeListeners`).
     var wakeOwed: HubTime?
+    /// The burst's media keys, oldest first; the talker seals with the newest (`ChannelHub+MediaKeys`).
+    var keys: [MediaKey] = []
+
+    /// Whether a frame sealed under `keyID` belongs to this burst.
+    func hasKey(_ keyID: UInt64) -> Bool {
+        for key in keys where key.keyID == keyID { return true }
+        return false
+    }
 
     func start(talker: UInt16, burst: UInt16, pace: TokenBucket) {
         self.talker = talker
@@ -56,6 +64,7 @@ final class BurstRecording {
         missed.removeAll(keepingCapacity: true)
         endedAt = nil
         keepUntil = nil
+        keys.removeAll(keepingCapacity: true)
     }
 
     func end(at now: WireInstant) {

@@ -36,6 +36,9 @@ extension ChannelHub {
                 let pace = channel.members[slot]?.audioPace
                     ?? TokenBucket(tokens: Double(configuration.audioPacketBurst), refilledAt: time.instant)
                 channel.startRecording(talker: slot, burst: burst16, pace: pace)
+                // The burst's key goes before anything that announces the burst; the talker's goes
+                // with its grant (`sendGrant`).
+                if let recording = channel.recording(of: slot) { newMediaKey(channel, for: recording, toTalker: false) }
                 noteMissing(channel, talker: slot, at: time)
                 addToCatchUps(channel, talker: slot)
                 sendGrant(channel, slot: slot, burst: burst16, until: until, at: time)
@@ -131,6 +134,7 @@ extension ChannelHub {
     /// is rebuilt, and talkers learn their listeners' worst loss if that moved.
     func listenersChanged(_ channel: ChannelState) {
         channel.rebuildListeners()
+        keysFollowHearing(channel)
         updateListenerLoss(channel)
     }
 
@@ -157,6 +161,8 @@ extension ChannelHub {
     /// burst, less for a grant repeated to a member that already talks (a repeated request, a rejoin).
     func sendGrant(_ channel: ChannelState, slot: UInt16, burst: UInt16, until: UInt64?, at time: HubTime) {
         guard let member = channel.members[slot], let link = member.link else { return }
+        // The key to seal with, first (again, on a talker's reconnection: its new session has none).
+        if let recording = channel.recording(of: slot) { sendMediaKeys(of: recording, to: link) }
         let now = time.instant.nanoseconds
         let left = until.map { $0 > now ? Int(($0 - now + 999_999_999) / 1_000_000_000) : 0 } ?? channel.record.maxBurstSeconds
         outputs.append(.send(.floor(FloorEvent(kind: .granted, slot: slot, burst: burst, maxBurstSeconds: left,

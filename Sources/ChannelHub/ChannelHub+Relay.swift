@@ -2,6 +2,7 @@ import ChannelProtocol
 import ChannelStore
 import FloorControl
 import Foundation
+import SFrame
 import Wire
 
 extension ChannelHub {
@@ -26,6 +27,10 @@ extension ChannelHub {
         // Every burst has a recording from its grant to its end; without one nothing polices the
         // sender, so nothing is relayed either.
         guard let recording = channel.recording(of: slot) else { drop(.notFloorHolder); return 0 }
+        // The payload is the talker's sealed frame; the relay can't and needn't open it, but only
+        // frames under a key of this burst are ones the server can hand late joiners the key for.
+        guard let (frame, frameHeaderSize) = SFrameHeader.parse(payload), payloadCount >= frameHeaderSize + SFrameKey.tagLength,
+              recording.hasKey(frame.keyID) else { drop(.unknownKey); return 0 }
         guard recording.pace.take(at: now, perSecond: configuration.audioPacketsPerSecond,
                                   burst: configuration.audioPacketBurst) else { drop(.overRate); return 0 }
         recording.append(header, payload: payload, maxPackets: configuration.maxRecordedPackets,

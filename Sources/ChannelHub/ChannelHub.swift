@@ -39,6 +39,9 @@ public final class ChannelHub {
     /// Each connection's allowance of control messages (`HubConfiguration.controlMessagesPerSecond`).
     var controlBudget: [Link: TokenBucket] = [:]
     var outputs: [HubOutput] = []
+    /// The SFrame key ID the next media key gets. Only this hub's keys are live in its sessions (a
+    /// client drops its keys with its connection), so a counter is enough, and keeps headers short.
+    var nextMediaKeyID: UInt64 = 1
     let codec = MessageCodec()
     /// One datagram being forwarded: its header is rewritten here and the payload copied once.
     let scratch: UnsafeMutableRawBufferPointer

@@ -19,6 +19,8 @@ final class ChannelState {
     var listeners: [(link: Link, slot: UInt16, unheard: [UInt16])] = []
     /// Recordings of bursts in progress (and ended ones still being replayed), by talker.
     var recordings: [BurstRecording] = []
+    /// The members who held the media keys at the last change of who hears (`keysFollowHearing`).
+    var keyHoldersTold: Set<UInt16> = []
     /// Finished recordings, kept for their buffers' capacity.
     var spareRecordings: [BurstRecording] = []
     /// A recycled recording holding more than this gives its memory back.

@@ -1,3 +1,4 @@
+import ChannelProtocol
 import Foundation
 
 /// Tunables of the live channel state.
@@ -104,6 +105,13 @@ public struct HubConfiguration: Sendable {
     /// have its first bursts taken for those and not played. squelchd therefore starts each channel
     /// at a random number (`randomFirstBurst`); the hub itself draws nothing (tests start at 1).
     public var firstBurst: @Sendable (UUID) -> UInt64 = { _ in 1 }
+
+    /// Draws each burst's 16-byte media base key (docs/protocol.md §16.4.5). The system's secure
+    /// generator; tests may fix it.
+    public var newMediaKey: @Sendable () -> [UInt8] = {
+        var generator = SystemRandomNumberGenerator()
+        return (0..<MediaKey.keyLength).map { _ in UInt8.random(in: 0...255, using: &generator) }
+    }
 
     /// A uniformly random start in 1...65535, for `firstBurst`: the chance that a restarted
     /// channel's next burst repeats one of the 8 a listener remembers is 8 in 65535.

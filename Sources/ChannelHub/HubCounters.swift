@@ -14,6 +14,8 @@ public enum DropReason: Int, CaseIterable, Sendable {
     case overRate
     /// This cluster node does not hold the channel's lease (now, or any longer).
     case notHome
+    /// The frame is not sealed with a key of the sender's burst (or not an SFrame at all).
+    case unknownKey
 
     public var label: String {
         switch self {
@@ -24,6 +26,7 @@ public enum DropReason: Int, CaseIterable, Sendable {
         case .sendFailed: return "send_failed"
         case .overRate: return "over_rate"
         case .notHome: return "not_home"
+        case .unknownKey: return "unknown_key"
         }
     }
 }
@@ -39,6 +42,8 @@ public struct HubCounters: Sendable, Equatable {
     /// Indexed by `DropReason.rawValue`.
     public var drops = [Int](repeating: 0, count: DropReason.allCases.count)
     public var bursts = 0
+    /// Media keys made: one per burst, and one per burst going on whenever a member stops hearing.
+    public var mediaKeys = 0
     public var floorGrants = 0
     public var floorDenials = 0
     public var floorRevocations = 0

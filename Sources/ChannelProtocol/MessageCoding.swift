@@ -6,7 +6,7 @@ import Foundation
 
 private enum Keys: String, CodingKey {
     case type, token, channel, reason, muted, environment, you, roster, talkers, code, participant, slot,
-         userID, event, descriptor, status, participants, unheard, expiresAt, loss, request, queue, features, home
+         userID, event, descriptor, status, participants, unheard, expiresAt, loss, request, queue, features, home, media
 }
 
 extension ClientMessage: Codable {
@@ -97,6 +97,7 @@ extension ServerMessage: Codable {
         case "receptionLoss": self = .receptionLoss(lossPercent: try decodePercent(c))
         case "redirect": self = .redirect(home: try decodeHome(c))
         case "move": self = .move(home: try decodeHome(c))
+        case "mediaKey": self = .mediaKey(try c.decode(MediaKey.self, forKey: .media))
         case let other:
             throw DecodingError.dataCorruptedError(forKey: .type, in: c, debugDescription: "unknown server message type '\(other)'")
         }
@@ -160,6 +161,9 @@ extension ServerMessage: Codable {
         case .move(let home):
             try c.encode("move", forKey: .type)
             try c.encode(home, forKey: .home)
+        case .mediaKey(let key):
+            try c.encode("mediaKey", forKey: .type)
+            try c.encode(key, forKey: .media)
         }
     }
 

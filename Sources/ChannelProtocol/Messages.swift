@@ -339,6 +339,76 @@ public enum ServerMessage: Sendable, Equatable {
     /// The channel's home moved while this session was on (its node drains, or lost the channel):
     /// join again at `home` at once. The server closes the connection after it.
     case move(home: NodeAddress)
+    /// A key a burst's audio is sealed with: to its talker (seal with the newest for the burst) and to
+    /// every member who may hear it, before the floor event or audio that needs it.
+    case mediaKey(MediaKey)
+}
+
+/// One SFrame key of a burst (docs/protocol.md §16.4.5). The server makes a new one for each burst,
+/// and again whenever a member who could hear it leaves or loses the right to listen, so that a
+/// former member can't open what is said after it left. A burst may have several (older frames in
+/// flight and in catch-up still use the earlier ones).
+public struct MediaKey: Codable, Sendable, Equatable {
+    public var slot: UInt16
+    public var burst: UInt16
+    /// The SFrame KID. Below 2^53, so that any JSON reader takes it exactly.
+    public var keyID: UInt64
+    /// The 16-byte SFrame base key.
+    public var key: [UInt8]
+
+    public static let keyLength = 16
+    public static let maxKeyID: UInt64 = 1 << 53 - 1
+
+    public init(slot: UInt16, burst: UInt16, keyID: UInt64, key: [UInt8]) {
+        self.slot = slot
+        self.burst = burst
+        self.keyID = keyID
+        self.key = key
+    }
+
+    private enum CodingKeys: String, CodingKey { case slot, burst, keyID, key }
+
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: CodingKeys.self)
+        slot = try c.decode(UInt16.self, forKey: .slot)
+        burst = try c.decode(UInt16.self, forKey: .burst)
+        keyID = try c.decode(UInt64.self, forKey: .keyID)
+        let hex = try c.decode(String.self, forKey: .key)
+        guard keyID <= Self.maxKeyID else {
+            throw DecodingError.dataCorruptedError(forKey: .keyID, in: c, debugDescription: "key ID \(keyID) is above 2^53")
+        }
+        guard let bytes = Self.bytes(hex: hex), bytes.count == Self.keyLength else {
+            throw DecodingError.dataCorruptedError(forKey: .key, in: c, debugDescription: "a media key is 32 hex digits")
+        }
+        key = bytes
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var c = encoder.container(keyedBy: CodingKeys.self)
+        try c.encode(slot, forKey: .slot)
+        try c.encode(burst, forKey: .burst)
+        try c.encode(keyID, forKey: .keyID)
+        try c.encode(key.map { String(format: "%02x", $0) }.joined(), forKey: .key)
+    }
+
+    static func bytes(hex: String) -> [UInt8]? {
+        let digits = Array(hex.utf8)
+        guard digits.count % 2 == 0, digits.count <= 64 else { return nil }
+        var bytes = [UInt8]()
+        for i in stride(from: 0, to: digits.count, by: 2) {
+            guard let high = hexValue(digits[i]), let low = hexValue(digits[i + 1]) else { return nil }
+            bytes.append(high << 4 | low)
+        }
+        return bytes
+    }
+
+    private static func hexValue(_ digit: UInt8) -> UInt8? {
+        switch digit {
+        case UInt8(ascii: "0")...UInt8(ascii: "9"): digit - UInt8(ascii: "0")
+        case UInt8(ascii: "a")...UInt8(ascii: "f"): digit - UInt8(ascii: "a") + 10
+        default: nil
+        }
+    }
 }
 
 /// A control message that could not be read.

@@ -40,6 +40,8 @@ extension ChannelSession {
             redirected(to: home)
         case .move(let home):
             moved(to: home)
+        case .mediaKey(let key):
+            outputs.append(.mediaKey(key, own: key.slot == you))
         }
     }
 
@@ -49,6 +51,8 @@ extension ChannelSession {
         guard let channel, link == .joining else { return }
         link = .joined
         reconnectAttempts = 0
+        // The server numbers its media keys per session.
+        outputs.append(.forgetMediaKeys)
         route.joined(features: features)
         serverInfo = info
         you = slot

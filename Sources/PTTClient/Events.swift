@@ -76,8 +76,9 @@ public struct ChannelStatistics: Sendable, Equatable {
     /// `OpusConfiguration.adapted(toListenerLoss:)`).
     public var encoder: OpusConfiguration?
     /// Audio datagrams from the server that are not audio as this client reads it (too short or too
-    /// long, another kind, unknown flags), since the manager was made. More than a handful means a
-    /// server or network in the path is broken, or a server newer than this client.
+    /// long, another kind, unknown flags), or whose sealed frame did not open with its burst's key
+    /// (forged, damaged, or its key never came), since the manager was made. More than a handful
+    /// means a server or network in the path is broken, or a server newer than this client.
     public var malformedDatagrams = 0
     /// Audio datagrams dropped because `Receiver.maxTracks` other talkers were already playing, since
     /// the manager was made: a full-duplex channel allowing more simultaneous talkers than this client

@@ -2,6 +2,7 @@ import Audio
 import ChannelProtocol
 import Foundation
 import JitterBuffer
+import MediaFrames
 import NIOConcurrencyHelpers
 import Opus
 import WireNIO
@@ -89,6 +90,8 @@ final class Receiver: Sendable {
     }
 
     let state: NIOLockedValueBox<State>
+    /// The bursts' keys, and frames waiting for theirs.
+    let keyring = MediaKeyring()
     let thread = MediaThread(name: "squelch-playout")
     let configuration: AudioConfiguration
     let onEvent: @Sendable (ReceiverEvent) -> Void
@@ -123,25 +126,28 @@ final class Receiver: Sendable {
             state.withLockedValue { if $0.accepting { $0.malformed += 1 } }
             return
         }
-        let payload = UnsafeRawBufferPointer(rebasing: bytes[AudioHeader.size...])
         state.withLockedValue { state in
             guard state.accepting else { return }
             // A burst that ended on any track stays ended: its repeated end markers must not start it
             // again on a free one.
             for track in state.tracks.indices where state.tracks[track].hasFinished(slot: header.slot, burst: header.burst) { return }
-            guard let (track, waitFor) = state.track(slot: header.slot, burst: header.burst) else {
-                state.tooManyTalkers += 1
-                return
+            // Only a frame that opens with its burst's key is audio from the talker: the relay's
+            // envelope itself proves nothing.
+            keyring.open(bytes, now: now) { header, payload in
+                guard let (track, waitFor) = state.track(slot: header.slot, burst: header.burst) else {
+                    state.tooManyTalkers += 1
+                    return
+                }
+                let starting = state.tracks[track].activeSlot == nil
+                // A track that waits is behind: it takes its talker's packets as catch-up, played whole
+                // from the first once it may play, with no jitter cushion and no skipping ahead.
+                let waiting = !state.waitsFor[track].isEmpty || !waitFor.isEmpty
+                _ = state.tracks[track].insert(slot: header.slot, burst: header.burst, sequence: header.sequence,
+                                               endOfBurst: header.flags.contains(.endOfBurst),
+                                               catchUp: header.flags.contains(.catchUp) || waiting,
+                                               payload: payload, now: now)
+                if starting, !waitFor.isEmpty, state.tracks[track].activeSlot == header.slot { state.waitsFor[track] = waitFor }
             }
-            let starting = state.tracks[track].activeSlot == nil
-            // A track that waits is behind: it takes its talker's packets as catch-up, played whole
-            // from the first once it may play, with no jitter cushion and no skipping ahead.
-            let waiting = !state.waitsFor[track].isEmpty || !waitFor.isEmpty
-            _ = state.tracks[track].insert(slot: header.slot, burst: header.burst, sequence: header.sequence,
-                                           endOfBurst: header.flags.contains(.endOfBurst),
-                                           catchUp: header.flags.contains(.catchUp) || waiting,
-                                           payload: payload, now: now)
-            if starting, !waitFor.isEmpty, state.tracks[track].activeSlot == header.slot { state.waitsFor[track] = waitFor }
         }
     }
 
@@ -149,12 +155,21 @@ final class Receiver: Sendable {
         state.withLockedValue { state in
             for track in state.tracks.indices {
                 if let current = state.tracks[track].current {
-                    return (current, state.tracks[track].currentTargetMilliseconds, state.malformed, state.tooManyTalkers)
+                    return (current, state.tracks[track].currentTargetMilliseconds, state.malformed + keyring.refused, state.tooManyTalkers)
                 }
             }
-            return (state.lastStatistics, state.tracks[0].currentTargetMilliseconds, state.malformed, state.tooManyTalkers)
+            return (state.lastStatistics, state.tracks[0].currentTargetMilliseconds, state.malformed + keyring.refused, state.tooManyTalkers)
         }
     }
+
+    /// A burst's key from the server: frames that came before it are received now.
+    func addMediaKey(_ key: MediaKey) {
+        let ready = keyring.add(key)
+        for datagram in ready { datagram.withUnsafeBytes { receive($0) } }
+    }
+
+    /// A new session: its keys are numbered afresh.
+    func forgetMediaKeys() { keyring.removeKeys() }
 
     func setMuted(_ muted: Bool) { state.withLockedValue { $0.muted = muted } }
     /// Drops every track's audio and ended bursts; called with playout stopped (`stop`). (A flag for

@@ -2,6 +2,7 @@ import Audio
 import ChannelProtocol
 import Foundation
 import JitterBuffer
+import MediaFrames
 import NIOConcurrencyHelpers
 import Opus
 import WireNIO
@@ -17,6 +18,11 @@ final class Transmitter: Sendable {
         var listenerLoss = 0
         /// The settings of the encoder sending now, set by the capture thread; nil between bursts.
         var encoder: OpusConfiguration?
+        /// This member's own bursts' keys, newest last (the server sends one with each grant, and
+        /// another whenever a listener stops hearing).
+        var keys: [MediaKey] = []
+        /// Frames not sent because their burst had no key yet.
+        var unkeyed = 0
     }
 
     let state = NIOLockedValueBox(State())
@@ -41,6 +47,27 @@ final class Transmitter: Sendable {
     /// Takes effect at the next frame, also in the middle of a burst.
     func setListenerLoss(_ percent: Int) { state.withLockedValue { $0.listenerLoss = percent } }
     var level: Double { state.withLockedValue { $0.level } }
+
+    /// A key for one of this member's bursts; the next frame of that burst is sealed with it.
+    func addKey(_ key: MediaKey) {
+        state.withLockedValue { state in
+            state.keys.append(key)
+            if state.keys.count > 16 { state.keys.removeFirst() }
+        }
+    }
+
+    /// A new session: its keys are numbered afresh.
+    func forgetKeys() { state.withLockedValue { $0.keys.removeAll() } }
+
+    private func key(for burst: UInt16) -> MediaKey? {
+        state.withLockedValue { state in
+            guard let key = state.keys.last(where: { $0.burst == burst }) else {
+                state.unkeyed += 1
+                return nil
+            }
+            return key
+        }
+    }
     var peak: Double { state.withLockedValue { $0.peak } }
 
     /// Starts sending `burst` through `client`, from sequence 0.
@@ -56,12 +83,19 @@ final class Transmitter: Sendable {
 
     private func run(burst: UInt16, client: WireClientChannel, makeInput: @Sendable () throws -> any AudioSource, opus: OpusConfiguration) {
         var sequence: UInt16 = 0
+        // Each frame is sealed once, for every listener (docs/protocol.md §16.4.5).
+        let sealer = MediaSealer()
+        var packet = [UInt8](repeating: 0, count: AudioHeader.size + AudioHeader.maxPayload)
         defer {
             // The end marker goes three times: a single lost packet must not leave listeners waiting
-            // a whole second for the end-of-burst timeout.
-            let end = AudioHeader(flags: .endOfBurst, burst: burst, sequence: sequence).datagram(payload: [])
-            client.eventLoop.execute {
-                for _ in 0..<3 { end.withUnsafeBytes { _ = client.sendDatagram($0) } }
+            // a whole second for the end-of-burst timeout. Sealed once: the copies are the same frame.
+            let header = AudioHeader(flags: .endOfBurst, burst: burst, sequence: sequence)
+            if let key = key(for: burst),
+               let length = packet.withUnsafeMutableBytes({ sealer.seal(header, payload: UnsafeRawBufferPointer(start: nil, count: 0), key: key, into: $0) }) {
+                let end = Array(packet[..<length])
+                client.eventLoop.execute {
+                    for _ in 0..<3 { end.withUnsafeBytes { _ = client.sendDatagram($0) } }
+                }
             }
             state.withLockedValue { $0.level = 0; $0.peak = 0; $0.encoder = nil }
         }
@@ -79,7 +113,7 @@ final class Transmitter: Sendable {
         defer { source.close() }
         let period = PipelineAudio.periodFrames
         var pcm = [Int16](repeating: 0, count: period * 2)
-        var packet = [UInt8](repeating: 0, count: AudioHeader.size + AudioHeader.maxPayload)
+        var opusPacket = [UInt8](repeating: 0, count: MediaSealer.maxOpusPayload)
         while !thread.stopRequested {
             do {
                 let first = try pcm.withUnsafeMutableBufferPointer { try source.read(into: UnsafeMutableBufferPointer(rebasing: $0[0..<period])) }
@@ -87,13 +121,15 @@ final class Transmitter: Sendable {
                 guard first != nil else { onEvent(.inputEnded(burst: burst)); return }
                 if second == nil { for i in period..<(2 * period) { pcm[i] = 0 } }
                 let count = try pcm.withUnsafeBufferPointer { samples in
-                    try packet.withUnsafeMutableBytes { bytes in
-                        try encoder.encode(samples, into: UnsafeMutableRawBufferPointer(rebasing: bytes[AudioHeader.size...]))
-                    }
+                    try opusPacket.withUnsafeMutableBytes { try encoder.encode(samples, into: $0) }
                 }
-                packet.withUnsafeMutableBytes { AudioHeader(burst: burst, sequence: sequence).write(to: $0) }
-                let datagram = Array(packet[0 ..< AudioHeader.size + count])
-                client.eventLoop.execute { datagram.withUnsafeBytes { _ = client.sendDatagram($0) } }
+                let header = AudioHeader(burst: burst, sequence: sequence)
+                if let key = key(for: burst), let length = packet.withUnsafeMutableBytes({ bytes in
+                    opusPacket.withUnsafeBytes { sealer.seal(header, payload: UnsafeRawBufferPointer(rebasing: $0[..<count]), key: key, into: bytes) }
+                }) {
+                    let datagram = Array(packet[..<length])
+                    client.eventLoop.execute { datagram.withUnsafeBytes { _ = client.sendDatagram($0) } }
+                }
                 sequence &+= 1
                 let (level, peak) = Self.levels(pcm)
                 let loss = state.withLockedValue { state in

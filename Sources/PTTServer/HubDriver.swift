@@ -72,8 +72,9 @@ final class HubDriver: WireServerDelegate {
 
     func wireServer(_ server: WireServer, handle: Endpoint.Handle, datagram payload: UnsafeRawBufferPointer) {
         let start = WireNIO.now()
-        // The copies leave as soon as they are sealed; the fan-out time runs to that sendmmsg.
-        let forwarded = server.withDatagramSender(sendingAtOnce: true) { send in
+        // Each listener's copy is the talker's sealed frame in an envelope (nothing sealed per
+        // listener); they leave at once, and the fan-out time runs to that sendmmsg.
+        let forwarded = server.withDatagramSender(sendingAtOnce: true, enveloped: true) { send in
             hub.receiveAudio(from: handle, datagram: payload, at: start, send: send)
         }
         if let metrics, forwarded > 0 {
@@ -323,7 +324,7 @@ final class HubDriver: WireServerDelegate {
             // the past would re-arm at once and spin the event loop (other servers' connections share it).
             let server = self.server
             if let server {
-                server.withDatagramSender { send in hub.handleTimeout(at: Self.now(), send: send) }
+                server.withDatagramSender(enveloped: true) { send in hub.handleTimeout(at: Self.now(), send: send) }
             } else {
                 hub.handleTimeout(at: Self.now()) { _, _ in false }
             }

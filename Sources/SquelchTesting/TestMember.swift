@@ -1,5 +1,6 @@
 import ChannelProtocol
 import Foundation
+import MediaFrames
 import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
@@ -13,6 +14,8 @@ public final class TestMember: Sendable {
     public let client: WireClientChannel
     let state = NIOLockedValueBox(State())
     let codec = MessageCodec()
+    /// The bursts' keys from the server: audio is kept opened (header and Opus payload), as sent.
+    let keyring = MediaKeyring()
 
     struct State {
         var messages: [ServerMessage] = []
@@ -24,6 +27,8 @@ public final class TestMember: Sendable {
         /// Audio datagrams received, kept or not.
         var audioCount = 0
         var events: [ClientEvent] = []
+        /// The SFrame counter of this member's next sealed frame.
+        var sealCounter: UInt64 = 0
     }
 
     /// `group`: where the member's event loop comes from. A benchmark gives the member it measures a
@@ -34,24 +39,28 @@ public final class TestMember: Sendable {
                 keepsAudio: Bool = true) throws {
         let state = self.state
         let codec = self.codec
-        // Messages and audio are kept on the event loop as they are opened, so their arrival times
-        // are the packets', not those of a task the cooperative pool got round to (the fan-out
-        // benchmark's grant and delivery times are read from them).
-        client = try WireClientChannel(
-            configuration: configuration, server: try SocketAddress(ipAddress: host, port: port), options: options, group: group,
-            onDatagram: { bytes in
+        let keyring = self.keyring
+        @Sendable func keep(_ bytes: UnsafeRawBufferPointer) {
+            let now = WireNIO.now().nanoseconds
+            keyring.open(bytes, now: now) { header, payload in
                 guard keepsAudio else {
                     state.withLockedValue { $0.audioCount += 1 }
                     return
                 }
-                let now = WireNIO.now().nanoseconds
-                let datagram = Array(bytes)
+                let datagram = header.datagram(payload: payload)
                 state.withLockedValue {
                     $0.audio.append(datagram)
                     $0.audioArrivals.append(now)
                     $0.audioCount += 1
                 }
-            },
+            }
+        }
+        // Messages and audio are kept on the event loop as they are opened, so their arrival times
+        // are the packets', not those of a task the cooperative pool got round to (the fan-out
+        // benchmark's grant and delivery times are read from them).
+        client = try WireClientChannel(
+            configuration: configuration, server: try SocketAddress(ipAddress: host, port: port), options: options, group: group,
+            onDatagram: { bytes in keep(bytes) },
             onEvent: { event in
                 let now = WireNIO.now().nanoseconds
                 guard case .connection(.control(let bytes)) = event else {
@@ -59,6 +68,9 @@ public final class TestMember: Sendable {
                     return
                 }
                 let decoded = try? codec.decodeServerMessage(bytes)
+                if case .mediaKey(let key)? = decoded {
+                    for datagram in keyring.add(key) { datagram.withUnsafeBytes { keep($0) } }
+                }
                 state.withLockedValue { state in
                     if let decoded {
                         state.messages.append(decoded)
@@ -87,10 +99,39 @@ public final class TestMember: Sendable {
         }
     }
 
-    /// Sends one audio datagram.
+    /// Sends one audio datagram, sealed with the newest key the server gave for this member's
+    /// `burst` (docs/protocol.md §16.4.5). Without one (no grant, or a test sending where it may not),
+    /// with a key of its own under key ID 0, which the server never hands out.
     @discardableResult
     public func sendAudio(burst: UInt16, sequence: UInt16, payload: [UInt8], flags: AudioHeader.Flags = []) async -> Bool {
-        await client.send(datagram: AudioHeader(flags: flags, burst: burst, sequence: sequence).datagram(payload: payload))
+        await client.send(datagram: sealedAudio(burst: burst, sequence: sequence, payload: payload, flags: flags))
+    }
+
+    /// The datagram `sendAudio` sends.
+    public func sealedAudio(burst: UInt16, sequence: UInt16, payload: [UInt8], flags: AudioHeader.Flags = []) -> [UInt8] {
+        let key = mediaKey(burst: burst) ?? MediaKey(slot: 0, burst: burst, keyID: 0, key: [UInt8](repeating: 0x5A, count: MediaKey.keyLength))
+        let counter = state.withLockedValue { state in
+            defer { state.sealCounter += 1 }
+            return state.sealCounter
+        }
+        var datagram = [UInt8](repeating: 0, count: AudioHeader.size + AudioHeader.maxPayload)
+        let length = datagram.withUnsafeMutableBytes { buffer in
+            payload.withUnsafeBytes {
+                MediaSealer(counter: counter).seal(AudioHeader(flags: flags, burst: burst, sequence: sequence), payload: $0, key: key, into: buffer)
+            }
+        }
+        return Array(datagram[..<(length ?? 0)])
+    }
+
+    /// The newest key the server gave this member for its own `burst`, in its current session.
+    public func mediaKey(burst: UInt16) -> MediaKey? {
+        let snapshot = messages
+        let sessionStart = snapshot.lastIndex { if case .joined = $0 { true } else { false } } ?? 0
+        guard case .joined(_, let you, _, _, _)? = snapshot.indices.contains(sessionStart) ? snapshot[sessionStart] : nil else { return nil }
+        for message in snapshot[sessionStart...].reversed() {
+            if case .mediaKey(let key) = message, key.slot == you, key.burst == burst { return key }
+        }
+        return nil
     }
 
     public var messages: [ServerMessage] { state.withLockedValue { $0.messages } }

@@ -2,6 +2,7 @@ import ChannelProtocol
 import ChannelStore
 import Foundation
 import ParticipantClaims
+import SFrame
 import Testing
 import Wire
 @testable import ChannelHub
@@ -106,19 +107,46 @@ final class Harness {
         drain()
     }
 
+    /// Audio from `link`, as a talker seals it: behind an SFrame header naming the newest key the
+    /// hub gave `link` for `burst` (key ID 0, which the hub never gives, without one), with a tag.
+    /// The hub never opens frames, so the "ciphertext" here is the payload itself.
     func audio(from link: Link, burst: UInt16, sequence: UInt16, payload: [UInt8], flags: AudioHeader.Flags = []) {
-        let datagram = AudioHeader(flags: flags, burst: burst, sequence: sequence).datagram(payload: payload)
+        let datagram = AudioHeader(flags: flags, burst: burst, sequence: sequence).datagram(payload: Self.frame(payload, keyID: keyID(link, burst: burst)))
         _ = datagram.withUnsafeBytes { hub.receiveAudio(from: link, datagram: $0, at: time.instant, send: record) }
+    }
+
+    static func frame(_ payload: [UInt8], keyID: UInt64) -> [UInt8] {
+        var header = [UInt8](repeating: 0, count: SFrameHeader.maxSize)
+        let size = header.withUnsafeMutableBytes { SFrameHeader(keyID: keyID, counter: 0).write(to: $0) }
+        return header[..<size] + payload + [UInt8](repeating: 0xEE, count: SFrameKey.tagLength)
+    }
+
+    /// The payload inside a frame `frame` made.
+    static func unframe(_ bytes: ArraySlice<UInt8>) -> [UInt8] {
+        let size = Array(bytes).withUnsafeBytes { SFrameHeader.parse($0)!.size }
+        return Array(bytes.dropFirst(size).dropLast(SFrameKey.tagLength))
+    }
+
+    func mediaKeys(to link: Link) -> [MediaKey] {
+        messages(to: link).compactMap { if case .mediaKey(let key) = $0 { key } else { nil } }
+    }
+
+    func keyID(_ link: Link, burst: UInt16) -> UInt64 {
+        mediaKeys(to: link).last { $0.burst == burst }?.keyID ?? 0
     }
 
     func messages(to link: Link) -> [ServerMessage] { messages.filter { $0.link == link }.map(\.message) }
     func lastMessage(to link: Link) -> ServerMessage? { messages(to: link).last }
+    /// The `joined` a link got (the burst keys a member catching up gets follow it).
+    func joinedMessage(to link: Link) -> ServerMessage? {
+        messages(to: link).first { if case .joined = $0 { true } else { false } }
+    }
     func floorEvents(to link: Link) -> [FloorEvent] {
         messages(to: link).compactMap { if case .floor(let event) = $0 { return event } else { return nil } }
     }
     func audio(to link: Link) -> [(header: AudioHeader, payload: [UInt8])] {
         sent.filter { $0.link == link }.map { packet in
-            packet.bytes.withUnsafeBytes { (AudioHeader(parsing: $0)!, Array(packet.bytes[AudioHeader.size...])) }
+            packet.bytes.withUnsafeBytes { (AudioHeader(parsing: $0)!, Self.unframe(packet.bytes[AudioHeader.size...])) }
         }
     }
     func grantedBurst(_ link: Link) -> UInt16? { floorEvents(to: link).last { $0.kind == .granted }?.burst }

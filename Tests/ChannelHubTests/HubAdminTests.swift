@@ -187,11 +187,16 @@ import Wire
                                                   issuedAt: date, expiresAt: date.addingTimeInterval(60), tokenID: "cy-1"),
                   reason: .developerRequest, at: time)
         hub.control(link, bytes: MessageCodec().encode(.floorRequest()), at: time)
-        let granted = hub.takeOutputs().compactMap { output -> UInt16? in
+        let grantOutputs = hub.takeOutputs()
+        let granted = grantOutputs.compactMap { output -> UInt16? in
             if case .send(.floor(let event), _) = output, event.kind == .granted { return event.burst } else { return nil }
         }
+        let key = try #require(grantOutputs.compactMap { output -> MediaKey? in
+            if case .send(.mediaKey(let key), _) = output { return key } else { return nil }
+        }.last)
         // The wakes go with the burst's first audio.
-        let datagram = AudioHeader(flags: [], burst: try #require(granted.first), sequence: 0).datagram(payload: [1])
+        let datagram = AudioHeader(flags: [], burst: try #require(granted.first), sequence: 0)
+            .datagram(payload: Harness.frame([1], keyID: key.keyID))
         _ = datagram.withUnsafeBytes { hub.receiveAudio(from: link, datagram: $0, at: time.instant) { _, _ in true } }
         let woken = hub.takeOutputs().compactMap { output -> [String]? in
             if case .burstStarted(_, _, let wake, _) = output { return wake.map(\.userID).sorted() } else { return nil }

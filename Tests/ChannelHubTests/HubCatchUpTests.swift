@@ -14,7 +14,7 @@ import Wire
         let burst = h.grantedBurst(ann.link)!
         for sequence in 0..<40 { h.audio(from: ann.link, burst: burst, sequence: UInt16(sequence), payload: [UInt8(sequence)]) }
         let late = h.join("late")
-        guard case .joined(_, _, _, let talkers, _)? = h.lastMessage(to: late.link) else { Issue.record("no joined"); return }
+        guard case .joined(_, _, _, let talkers, _)? = h.joinedMessage(to: late.link) else { Issue.record("no joined"); return }
         #expect(talkers == [Talker(slot: ann.slot, burst: burst)])
         // Live packets while catching up go into the recording, not straight to the late joiner.
         h.audio(from: ann.link, burst: burst, sequence: 40, payload: [40])
@@ -30,8 +30,9 @@ import Wire
         #expect(got.map(\.payload) == (0...41).map { [UInt8($0)] })
         #expect(h.audio(to: bob.link).count == 42)
         // Catch-up has counters of its own; the live ones count the relay alone.
-        #expect(h.hub.counters.catchUpPacketsOut == 41 && h.hub.counters.catchUpBytesOut == 41 * (AudioHeader.size + 1))
-        #expect(h.hub.counters.packetsOut == 42 + 1 && h.hub.counters.bytesOut == 43 * (AudioHeader.size + 1))
+        let size = AudioHeader.size + Harness.frame([0], keyID: h.keyID(ann.link, burst: burst)).count
+        #expect(h.hub.counters.catchUpPacketsOut == 41 && h.hub.counters.catchUpBytesOut == 41 * size)
+        #expect(h.hub.counters.packetsOut == 42 + 1 && h.hub.counters.bytesOut == 43 * size)
     }
 
     /// A burst that starts while a late joiner is still being replayed the previous one reaches it

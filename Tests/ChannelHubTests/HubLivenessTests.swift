@@ -238,7 +238,7 @@ import Wire
         h.advance(500 * ms)
         let again = h.join("ann")
         #expect(again.slot == ann.slot)
-        guard case .joined(_, _, _, let talkers, _)? = h.lastMessage(to: again.link) else { Issue.record("no joined"); return }
+        guard case .joined(_, _, _, let talkers, _)? = h.joinedMessage(to: again.link) else { Issue.record("no joined"); return }
         #expect(talkers == [Talker(slot: ann.slot, burst: burst)])
         h.advance(3_000 * ms)
         #expect(!h.floorEvents(to: again.link).contains { $0.kind == .revoked })

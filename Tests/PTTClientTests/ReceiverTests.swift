@@ -2,6 +2,7 @@ import Audio
 import ChannelProtocol
 import Foundation
 import JitterBuffer
+import MediaFrames
 import NIOConcurrencyHelpers
 @testable import PTTClient
 import Testing
@@ -31,6 +32,24 @@ final class CountingSink: AudioSink, Sendable {
     func finish() throws(AudioError) {}
 }
 
+extension Receiver {
+    /// `header` and `payload` as the relay would deliver them: sealed by the talker with a key of
+    /// the burst's, which the receiver is given first (as the server does, before a burst's audio).
+    func receiveSealed(_ header: AudioHeader, payload: [UInt8]) {
+        let key = MediaKey(slot: header.slot, burst: header.burst, keyID: UInt64(header.slot) << 16 | UInt64(header.burst),
+                           key: [UInt8](repeating: UInt8(truncatingIfNeeded: header.slot), count: MediaKey.keyLength))
+        addMediaKey(key)
+        var datagram = [UInt8](repeating: 0, count: AudioHeader.size + AudioHeader.maxPayload)
+        let talkerHeader = AudioHeader(flags: header.flags.intersection(.endOfBurst), burst: header.burst, sequence: header.sequence)
+        let length = datagram.withUnsafeMutableBytes { out in
+            payload.withUnsafeBytes { MediaSealer(counter: UInt64(header.sequence)).seal(talkerHeader, payload: $0, key: key, into: out) }
+        }
+        // What the relay sets: the talker's slot, the catch-up flag.
+        datagram.withUnsafeMutableBytes { header.write(to: $0) }
+        datagram.withUnsafeBytes { receive(UnsafeRawBufferPointer(rebasing: $0[..<length!])) }
+    }
+}
+
 /// A receiver playing into a `CountingSink`, fed datagrams before playout starts, and its events
 /// with the period each came in.
 struct PlayoutProbe {
@@ -48,8 +67,7 @@ struct PlayoutProbe {
     }
 
     func deliver(slot: UInt16, burst: UInt16, sequence: UInt16, flags: AudioHeader.Flags = []) {
-        AudioHeader(flags: flags, slot: slot, burst: burst, sequence: sequence).datagram(payload: [UInt8](repeating: 0xF8, count: 40))
-            .withUnsafeBytes { receiver.receive($0) }
+        receiver.receiveSealed(AudioHeader(flags: flags, slot: slot, burst: burst, sequence: sequence), payload: [UInt8](repeating: 0xF8, count: 40))
     }
 
     /// Plays what was delivered until `bursts` bursts have finished (10 s at most); the events.
@@ -77,9 +95,9 @@ struct PlayoutProbe {
         let payload = [UInt8](repeating: 0xF8, count: 40)
         // One more talker than the receiver mixes: the last is dropped, the first still plays.
         for slot in 1...UInt16(Receiver.maxTracks + 1) {
-            deliver(AudioHeader(slot: slot, burst: 1, sequence: 0).datagram(payload: payload))
+            receiver.receiveSealed(AudioHeader(slot: slot, burst: 1, sequence: 0), payload: payload)
         }
-        deliver(AudioHeader(slot: 1, burst: 1, sequence: 1).datagram(payload: payload))
+        receiver.receiveSealed(AudioHeader(slot: 1, burst: 1, sequence: 1), payload: payload)
         deliver([AudioHeader.kind, 0, 0])  // shorter than a header
         deliver([0x7F] + AudioHeader(slot: 2, burst: 1, sequence: 1).datagram(payload: payload).dropFirst())  // not audio
         let figures = receiver.statistics

@@ -1,0 +1,93 @@
+import ChannelProtocol
+import MediaFrames
+import SFrame
+import Testing
+import Wire
+
+/// docs/protocol.md §15.8: one media frame as a talker seals it, as the relay wraps it for a listener,
+/// and as the listener opens it. The bytes were computed independently (Python's `cryptography`,
+/// RFC 9605's derivation), not by this code.
+@Suite struct MediaFrameVectorTests {
+    static let hex = SFrameVectorTests.hex
+    static let baseKey = hex("000102030405060708090a0b0c0d0e0f")
+    static let sealed = hex("41000000123400071083a5d48526c1ab1181b65bd66dc2ba1b3318ddfac665a8")
+    static let envelope = hex("2a010203040506070841000003123400071083a5d48526c1ab1181b65bd66dc2ba1b3318ddfac665a8")
+    static let key = MediaKey(slot: 3, burst: 0x1234, keyID: 1, key: baseKey)
+
+    @Test func aTalkerSealsTheVector() {
+        var buffer = [UInt8](repeating: 0, count: 256)
+        let length = buffer.withUnsafeMutableBytes { out in
+            Array("Squelch".utf8).withUnsafeBytes {
+                MediaSealer().seal(AudioHeader(burst: 0x1234, sequence: 7), payload: $0, key: Self.key, into: out)
+            }
+        }
+        #expect(length.map { Array(buffer[..<$0]) } == Self.sealed)
+    }
+
+    @Test func theRelayWrapsItAndTheListenerOpensIt() throws {
+        // The relay sets the talker's slot (3) and passes the sealed frame on unchanged.
+        var relayed = Self.sealed
+        relayed[3] = 3
+        var buffer = [UInt8](repeating: 0, count: 256)
+        let length = buffer.withUnsafeMutableBytes { out in
+            relayed.withUnsafeBytes { MediaEnvelope.write($0, to: ConnectionID(0x0102_0304_0506_0708), into: out) }
+        }
+        #expect(length.map { Array(buffer[..<$0]) } == Self.envelope)
+        let media = try #require(Self.envelope.withUnsafeBytes { MediaEnvelope.parse($0) })
+        #expect(media.destination == ConnectionID(0x0102_0304_0506_0708) && Array(Self.envelope[media.media]) == relayed)
+
+        let keyring = MediaKeyring()
+        _ = keyring.add(Self.key)
+        var opened: (AudioHeader, [UInt8])?
+        _ = relayed.withUnsafeBytes { keyring.open($0, now: 0) { opened = ($0, Array($1)) } }
+        #expect(opened?.0 == AudioHeader(slot: 3, burst: 0x1234, sequence: 7))
+        #expect(opened?.1 == Array("Squelch".utf8))
+    }
+
+    @Test func aListenerRefusesWhatTheKeyDoesNotCover() {
+        let keyring = MediaKeyring()
+        _ = keyring.add(Self.key)
+        // Another talker's slot, another sequence, an end-of-burst flag added, a changed byte.
+        var tampered: [[UInt8]] = []
+        for (index, value) in [(3, UInt8(4)), (7, UInt8(8)), (1, UInt8(1)), (20, Self.sealed[20] ^ 1)] {
+            var copy = Self.sealed
+            copy[3] = 3
+            copy[index] = value
+            tampered.append(copy)
+        }
+        for datagram in tampered {
+            var heard = false
+            _ = datagram.withUnsafeBytes { keyring.open($0, now: 0) { _, _ in heard = true } }
+            #expect(!heard, "\(datagram)")
+        }
+        // The catch-up flag is the relay's, outside the seal: it changes nothing the talker said.
+        var replayed = Self.sealed
+        replayed[3] = 3
+        replayed[1] = AudioHeader.Flags.catchUp.rawValue
+        var heard = false
+        _ = replayed.withUnsafeBytes { keyring.open($0, now: 0) { header, _ in heard = header.flags.contains(.catchUp) } }
+        #expect(heard)
+    }
+
+    @Test func aFrameThatBeatsItsKeyWaitsForItButNotForever() {
+        let keyring = MediaKeyring()
+        var relayed = Self.sealed
+        relayed[3] = 3
+        var heard = 0
+        _ = relayed.withUnsafeBytes { keyring.open($0, now: 0) { _, _ in heard += 1 } }
+        #expect(heard == 0)
+        let ready = keyring.add(Self.key)
+        #expect(ready == [relayed])
+        for datagram in ready { _ = datagram.withUnsafeBytes { keyring.open($0, now: 1) { _, _ in heard += 1 } } }
+        #expect(heard == 1)
+
+        // One that waits past its time is refused, not kept.
+        let later = MediaKeyring()
+        _ = relayed.withUnsafeBytes { later.open($0, now: 0) { _, _ in } }
+        var other = relayed
+        other[8] = 0x20  // key ID 2: it waits too, and its arrival expires the first
+        _ = other.withUnsafeBytes { later.open($0, now: MediaKeyring.waitNanoseconds + 1) { _, _ in } }
+        #expect(later.add(Self.key).isEmpty)
+        #expect(later.refused >= 1)
+    }
+}
