@@ -101,7 +101,7 @@ let package = Package(
         ], swiftSettings: swift6),
         // Our media datagrams sealed and opened with the bursts' keys (talker and listener sides).
         .target(name: "MediaFrames", dependencies: [
-            "SFrame", "ChannelProtocol",
+            "SFrame", "ChannelProtocol", "Wire",
             .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
         ], swiftSettings: swift6),
         .target(name: "SquelchTesting", dependencies: [

@@ -19,7 +19,8 @@ extension ChannelHub {
             if recording.ended { counters.missedBurstReplays += 1 }
             recording.readers += 1
             cursors.append(CatchUpCursor(recording: recording, next: 0))
-            if let link = joiner.link { sendMediaKeys(of: recording, to: link) }
+            // A burst going on: its keys went with the join (`sendLiveMediaKeys`).
+            if recording.ended, let link = joiner.link { sendMediaKeys(of: recording, to: link) }
         }
         if released { channel.recycleRecordings() }
         guard !cursors.isEmpty else { return }

@@ -89,8 +89,7 @@ extension ChannelHub {
         let first = nextRosterChunk(&stream, RosterChunker(firstChunkBytes: ControlLimits.maxMessageBytes - head - 1_024))
         outputs.append(.send(.joined(channel: info, you: slot, roster: first, talkers: talkers, features: features), to: [link]))
         if !stream.isFinished { rosterStreams[link] = stream }
-        // A talker back within the grace seals on with its burst's keys (its new session has none).
-        if let recording = channel.recording(of: slot) { sendMediaKeys(of: recording, to: link) }
+        sendLiveMediaKeys(channel, to: slot, link: link)
         scheduleExpiry(channel, slot: slot, link: link, claims: claims, at: time)
         // Rights are the token's: a talker back with a listen-only token stops being relayed, and a new
         // priority counts for the floor it holds or waits for. After `joined`, whose snapshot shows the

@@ -40,8 +40,8 @@ extension ChannelSession {
             redirected(to: home)
         case .move(let home):
             moved(to: home)
-        case .mediaKey(let key):
-            outputs.append(.mediaKey(key, own: key.slot == you))
+        case .mediaKey:
+            break  // the connection's task hands keys over (`SessionKeys`), ahead of the session
         }
     }
 
@@ -51,8 +51,6 @@ extension ChannelSession {
         guard let channel, link == .joining else { return }
         link = .joined
         reconnectAttempts = 0
-        // The server numbers its media keys per session.
-        outputs.append(.forgetMediaKeys)
         route.joined(features: features)
         serverInfo = info
         you = slot

@@ -31,12 +31,19 @@ extension ManagerEngine {
         }
         self.client = client
         let codec = MessageCodec()
+        let transmitter = self.transmitter
         connectionTasks = [
             Task {
+                // Media keys go to the receiver and transmitter here, in the control stream's order,
+                // rather than through the session: a catch-up's frames arrive right behind them.
+                var keys = SessionKeys(receiver: receiver, transmitter: transmitter)
                 for await event in client.events {
                     switch event {
                     case .connection(.control(let bytes)):
-                        if let message = try? codec.decodeServerMessage(bytes) { sink.yield(.server(g, message)) }
+                        if let message = try? codec.decodeServerMessage(bytes) {
+                            keys.take(message)
+                            sink.yield(.server(g, message))
+                        }
                     case .reconnecting:
                         sink.yield(.transportReconnecting(g))
                     case .connection(.connected):
@@ -170,5 +177,33 @@ extension ManagerEngine {
             }
         }
         return "connection to \(server) failed: \(error)"
+    }
+}
+
+/// Which media keys this session's receiver and transmitter hold (docs/protocol.md §16.4.5): each
+/// `joined` starts a session whose keys are numbered afresh; a key of the member's own burst also
+/// goes to the transmitter.
+struct SessionKeys {
+    let receiver: Receiver
+    let transmitter: Transmitter
+    var you: UInt16?
+
+    init(receiver: Receiver, transmitter: Transmitter) {
+        self.receiver = receiver
+        self.transmitter = transmitter
+    }
+
+    mutating func take(_ message: ServerMessage) {
+        switch message {
+        case .joined(_, let slot, _, _, _):
+            you = slot
+            receiver.forgetMediaKeys()
+            transmitter.forgetKeys()
+        case .mediaKey(let key):
+            receiver.addMediaKey(key)
+            if key.slot == you { transmitter.addKey(key) }
+        default:
+            break
+        }
     }
 }

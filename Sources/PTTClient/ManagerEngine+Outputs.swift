@@ -65,12 +65,6 @@ extension ManagerEngine {
             transmitter.start(burst: burst, client: client)
         case .stopSending:
             await transmitter.stop()
-        case .mediaKey(let key, let own):
-            receiver.addMediaKey(key)
-            if own { transmitter.addKey(key) }
-        case .forgetMediaKeys:
-            receiver.forgetMediaKeys()
-            transmitter.forgetKeys()
         case .adaptToListenerLoss(let percent):
             transmitter.setListenerLoss(percent)
         case .mutePlayback(let muted):

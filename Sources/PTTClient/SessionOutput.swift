@@ -29,10 +29,6 @@ enum SessionOutput: Sendable, Equatable {
     case startSending(burst: UInt16)
     /// Stop capturing; send the end-of-burst marker (three times) before anything that follows.
     case stopSending
-    /// A burst's media key: to the receiver, and to the transmitter when the burst is this member's.
-    case mediaKey(MediaKey, own: Bool)
-    /// A new session began: the last one's media keys mean nothing in it.
-    case forgetMediaKeys
     /// The worst loss among this member's listeners (percent): the encoder adds FEC from 2 %.
     case adaptToListenerLoss(Int)
     /// Mute or unmute playback (a system call holds the audio).

@@ -23,6 +23,9 @@ final class Transmitter: Sendable {
         var keys: [MediaKey] = []
         /// Frames not sent because their burst had no key yet.
         var unkeyed = 0
+        /// The SFrame counter of the next sealed frame, carried from burst to burst so that no key
+        /// ever sees a nonce twice, whatever the server sends again.
+        var sealCounter: UInt64 = 0
     }
 
     let state = NIOLockedValueBox(State())
@@ -84,7 +87,7 @@ final class Transmitter: Sendable {
     private func run(burst: UInt16, client: WireClientChannel, makeInput: @Sendable () throws -> any AudioSource, opus: OpusConfiguration) {
         var sequence: UInt16 = 0
         // Each frame is sealed once, for every listener (docs/protocol.md §16.4.5).
-        let sealer = MediaSealer()
+        let sealer = MediaSealer(counter: state.withLockedValue { $0.sealCounter })
         var packet = [UInt8](repeating: 0, count: AudioHeader.size + AudioHeader.maxPayload)
         defer {
             // The end marker goes three times: a single lost packet must not leave listeners waiting
@@ -97,7 +100,7 @@ final class Transmitter: Sendable {
                     for _ in 0..<3 { end.withUnsafeBytes { _ = client.sendDatagram($0) } }
                 }
             }
-            state.withLockedValue { $0.level = 0; $0.peak = 0; $0.encoder = nil }
+            state.withLockedValue { $0.level = 0; $0.peak = 0; $0.encoder = nil; $0.sealCounter = sealer.counter }
         }
         let source: any AudioSource
         let encoder: OpusEncoder

@@ -89,4 +89,36 @@ import Wire
         h.audio(from: back.link, burst: burst, sequence: 1, payload: [1])
         #expect(h.hub.counters.drops(.unknownKey) == 0 && h.hub.counters.packetsIn == 1)
     }
+
+    @Test func aDroppedConnectionChangesNoKeyAndItsReturnBringsThem() throws {
+        let h = Harness()
+        let ann = h.join("ann"), bob = h.join("bob")
+        h.send(.floorRequest(), from: ann.link)
+        let key = try #require(h.mediaKeys(to: ann.link).last)
+        h.hub.closed(bob.link, at: h.time)
+        h.advance(500 * ms)
+        #expect(h.mediaKeys(to: ann.link) == [key], "a disconnection is no departure")
+        let back = h.join("bob")
+        #expect(h.mediaKeys(to: back.link) == [key])
+        #expect(h.hub.counters.mediaKeys == 1)
+    }
+
+    @Test func aBurstKeepsOnlyItsNewestKeys() throws {
+        let h = Harness()
+        let ann = h.join("ann")
+        h.send(.floorRequest(), from: ann.link)
+        let burst = try #require(h.grantedBurst(ann.link))
+        let first = try #require(h.mediaKeys(to: ann.link).first)
+        for i in 0..<20 {
+            let passer = h.join("p\(i)")
+            h.send(.leave, from: passer.link)
+        }
+        #expect(h.mediaKeys(to: ann.link).count == 21)
+        // The oldest keys are gone from the relay: a frame under the first is refused now.
+        let datagram = AudioHeader(burst: burst, sequence: 0).datagram(payload: Harness.frame([1], keyID: first.keyID))
+        _ = datagram.withUnsafeBytes { h.hub.receiveAudio(from: ann.link, datagram: $0, at: h.time.instant, send: h.record) }
+        #expect(h.hub.counters.drops(.unknownKey) == 1)
+        h.audio(from: ann.link, burst: burst, sequence: 1, payload: [1])
+        #expect(h.hub.counters.drops(.unknownKey) == 1)
+    }
 }

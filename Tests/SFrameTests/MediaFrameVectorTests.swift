@@ -90,4 +90,52 @@ import Wire
         #expect(later.add(Self.key).isEmpty)
         #expect(later.refused >= 1)
     }
+
+    /// Seals `payload` as a talker of slot 3 would for `sequence`, under `key`, with `counter`.
+    static func relayed(_ key: MediaKey, sequence: UInt16, counter: UInt64, flags: AudioHeader.Flags = []) -> [UInt8] {
+        var buffer = [UInt8](repeating: 0, count: 256)
+        let length = buffer.withUnsafeMutableBytes { out in
+            Array("Squelch".utf8).withUnsafeBytes {
+                MediaSealer(counter: counter).seal(AudioHeader(flags: flags, burst: key.burst, sequence: sequence), payload: $0, key: key, into: out)
+            }
+        }!
+        buffer[3] = UInt8(key.slot)
+        return Array(buffer[..<length])
+    }
+
+    static func opens(_ keyring: MediaKeyring, _ datagram: [UInt8], now: UInt64 = 0) -> Bool {
+        datagram.withUnsafeBytes { keyring.open($0, now: now) { _, _ in } }
+    }
+
+    @Test func aFrameOpensOnceNotAgain() {
+        let keyring = MediaKeyring()
+        _ = keyring.add(Self.key)
+        let frame = Self.relayed(Self.key, sequence: 1, counter: 9)
+        #expect(Self.opens(keyring, frame))
+        #expect(!Self.opens(keyring, frame), "a replay, by anyone on the path")
+        #expect(Self.opens(keyring, Self.relayed(Self.key, sequence: 2, counter: 10)))
+    }
+
+    @Test func anOlderKeyOfTheBurstTakesNothingSaidAfterTheNewerOneBegan() {
+        // A member removed mid-burst keeps the first key; what the talker says under the second
+        // can't be forged with it.
+        let keyring = MediaKeyring()
+        let newer = MediaKey(slot: 3, burst: 0x1234, keyID: 2, key: [UInt8](repeating: 9, count: 16))
+        _ = keyring.add(Self.key)
+        _ = keyring.add(newer)
+        #expect(Self.opens(keyring, Self.relayed(Self.key, sequence: 10, counter: 1)))
+        #expect(Self.opens(keyring, Self.relayed(newer, sequence: 12, counter: 2)))
+        #expect(Self.opens(keyring, Self.relayed(Self.key, sequence: 11, counter: 3)), "said before the switch, arriving late")
+        #expect(!Self.opens(keyring, Self.relayed(Self.key, sequence: 12, counter: 4)))
+        #expect(!Self.opens(keyring, Self.relayed(Self.key, sequence: 40, counter: 5)))
+        #expect(Self.opens(keyring, Self.relayed(newer, sequence: 13, counter: 6)))
+    }
+
+    @Test func aBurstsKeysGoAWhileAfterItsEnd() {
+        let keyring = MediaKeyring()
+        _ = keyring.add(Self.key)
+        #expect(Self.opens(keyring, Self.relayed(Self.key, sequence: 1, counter: 1, flags: .endOfBurst), now: 0))
+        #expect(Self.opens(keyring, Self.relayed(Self.key, sequence: 0, counter: 0), now: 1_000_000_000), "a straggler soon after")
+        #expect(!Self.opens(keyring, Self.relayed(Self.key, sequence: 2, counter: 2), now: MediaKeyring.endedKeyLife + 1))
+    }
 }
