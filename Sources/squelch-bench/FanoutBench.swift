@@ -122,13 +122,19 @@ struct FanoutRun {
         let (process, voicePort, adminPort, channel) = (server.process, server.voicePort, server.adminPort, server.channel)
         func token(_ user: String, _ capabilities: Set<Capability>) async throws -> String { try await server.token(user, capabilities) }
 
-        // Members join in batches, as a crowd arriving would.
+        // Members join in batches, as a crowd arriving would. All of them read on one event loop,
+        // as the kernel floor's one reader thread and Mumble's load generator (one asyncio loop) do:
+        // how many threads the listeners' sockets wake is part of what a sender pays per datagram
+        // on loopback (each wake of a sleeping reader is an IPI and a context switch the sending
+        // call does), so the three must not differ in it.
+        let listenerGroup = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+        defer { listenerGroup.shutdownGracefully { _ in } }
         var members: [TestMember] = []
         for start in stride(from: 0, to: listeners, by: 50) {
             let batch = try await withThrowingTaskGroup(of: TestMember.self) { group in
                 for index in start ..< min(listeners, start + 50) {
                     group.addTask {
-                        let member = try TestMember(port: voicePort, configuration: client)
+                        let member = try TestMember(port: voicePort, configuration: client, group: listenerGroup)
                         try await member.connect()
                         let answer = try await member.join(token: try await token("listener-\(index)", [.listen]), channel: channel, seconds: 30)
                         guard case .joined? = answer else {
