@@ -294,15 +294,24 @@ extension Connection {
     /// when the connection can't send (not established, too large, or the new path's 3× budget is
     /// spent); the frame is then dropped, never queued.
     public func sendEnvelope(_ media: UnsafeRawBufferPointer, into buffer: UnsafeMutableRawBufferPointer, now: WireInstant) -> Transmit? {
-        guard role == .server, state == .established else { return nil }
-        let limit = min(buffer.count, config.maxDatagramSize)
-        guard let length = MediaEnvelope.write(media, to: peerID, into: UnsafeMutableRawBufferPointer(rebasing: buffer[..<limit]))
+        guard MediaEnvelope.headerSize + media.count <= buffer.count, let (transmit, destination) = envelope(mediaCount: media.count, now: now)
         else { return nil }
+        _ = MediaEnvelope.write(media, to: destination, into: buffer)
+        return transmit
+    }
+
+    /// Where an envelope of `mediaCount` bytes of media goes, and under which connection ID, counted
+    /// as sent (and against the path's budget) as `sendEnvelope` would; for a sender that writes it on
+    /// another thread. Nil when it may not go (see `sendEnvelope`).
+    public func envelope(mediaCount: Int, now: WireInstant) -> (Transmit, ConnectionID)? {
+        guard role == .server, state == .established, mediaCount > 0 else { return nil }
+        let length = MediaEnvelope.headerSize + mediaCount
+        guard length <= config.maxDatagramSize else { return nil }
         guard length <= amplificationBudget else {
             count(.amplificationBlocked)
             return nil
         }
-        return finishDatagram(length, now: now)
+        return finishDatagram(length, now: now).map { ($0, peerID) }
     }
 
     // MARK: Closing

@@ -419,6 +419,12 @@ public final class Endpoint {
         connection(handle)?.sendEnvelope(media, into: buffer, now: now)
     }
 
+    /// `Connection.envelope(mediaCount:now:)` for `handle`: the relay's destination for a copy another
+    /// thread writes.
+    public func envelope(to handle: Handle, mediaCount: Int, now: WireInstant) -> (Transmit, ConnectionID)? {
+        connection(handle)?.envelope(mediaCount: mediaCount, now: now)
+    }
+
     /// Seals one audio datagram for `handle` straight into `buffer` (the fan-out hot path).
     public func sendDatagram(_ payload: UnsafeRawBufferPointer, to handle: Handle, into buffer: UnsafeMutableRawBufferPointer,
                              now: WireInstant) -> Transmit? {
