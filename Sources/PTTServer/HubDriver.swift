@@ -74,10 +74,11 @@ final class HubDriver: WireServerDelegate {
         let start = WireNIO.now()
         // Each listener's copy is the talker's sealed frame in an envelope (nothing sealed per
         // listener); they leave at once, and the fan-out time runs to that sendmmsg.
-        let forwarded = server.withDatagramSender(sendingAtOnce: true, enveloped: true) { send in
+        let (forwarded, handedOver) = server.withRelaySender(talker: handle, started: start) { send in
             hub.receiveAudio(from: handle, datagram: payload, at: start, send: send)
         }
-        if let metrics, forwarded > 0 {
+        // A fan-out worker records its own, once the copies are out.
+        if let metrics, forwarded > 0, !handedOver {
             metrics.relayFanout.recordNanoseconds(Int64(WireNIO.now().since(start)))
         }
         if hub.hasOutputs { flush() }  // the burst's first audio: its wake pushes

@@ -70,6 +70,10 @@ public struct ServerConfiguration: Sendable, Equatable {
     /// Connections open at once from one IP address (IPv6: one /64); more are refused. Raise it for a
     /// site with more members than this behind one NAT address.
     public var maxConnectionsPerAddress: Int = 1_000
+    /// Threads the relay uses: one reads every datagram and decides, the others write and send the
+    /// copies of some talkers' packets (`FanoutWorkers`). Default: one per core.
+    public var relayThreads: Int = ProcessInfo.processInfo.activeProcessorCount
+    static let relayThreadsRange = 1...64
     /// Simultaneous talkers in a full-duplex channel.
     public var fullDuplexMaxTalkers: Int = 4
     /// How long a dropped member keeps its place (and the floor) before it counts as gone.
@@ -236,6 +240,8 @@ public struct ServerConfiguration: Sendable, Equatable {
                   "handshakes per second per address \(handshakesPerSecondPerAddress) is out of range; use \(Self.handshakeRateRange.lowerBound)-\(Self.handshakeRateRange.upperBound)")
         try check(Self.maxConnectionsRange.contains(maxConnectionsPerAddress), "maxConnectionsPerAddress",
                   "maximum connections per address \(maxConnectionsPerAddress) is out of range; use \(Self.maxConnectionsRange.lowerBound)-\(Self.maxConnectionsRange.upperBound)")
+        try check(Self.relayThreadsRange.contains(relayThreads), "relayThreads",
+                  "relay threads \(relayThreads) is out of range; use \(Self.relayThreadsRange.lowerBound)-\(Self.relayThreadsRange.upperBound)")
         try check(Self.maxConnectionsRange.contains(maxConnections), "maxConnections",
                   "maximum connections \(maxConnections) is out of range; use \(Self.maxConnectionsRange.lowerBound)-\(Self.maxConnectionsRange.upperBound)")
         try check(Self.fullDuplexMaxTalkersRange.contains(fullDuplexMaxTalkers), "fullDuplexMaxTalkers",

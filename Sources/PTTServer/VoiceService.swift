@@ -105,11 +105,17 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
         }
         for revocation in storedRevocations { hub.apply(revocation, at: HubDriver.now()) }
         let channelCount = hub.channelCount
-        // The relay has a loop of its own, so that NIO can report each of its ticks (RelayLoopTicks).
-        let relayLoops = MultiThreadedEventLoopGroup(numberOfThreads: 1,
+        // The relay has loops of its own, so that NIO can report each of their ticks (RelayLoopTicks):
+        // the first runs the transport and the hub; the others send copies for it (FanoutWorkers).
+        let relayLoops = MultiThreadedEventLoopGroup(numberOfThreads: configuration.relayThreads,
                                                      metricsDelegate: RelayLoopTicks(ticks: metrics.loopTicks, stalls: metrics.loopStalls))
         defer { relayLoops.shutdownGracefully { _ in } }
-        let eventLoop = relayLoops.next()
+        let loops = Array(relayLoops.makeIterator())
+        let eventLoop = loops[0]
+        let relayFanout = metrics.relayFanout
+        let fanout = loops.count > 1
+            ? FanoutWorkers(loops: Array(loops.dropFirst())) { started in relayFanout.recordNanoseconds(Int64(WireNIO.now().since(started))) }
+            : nil
         let driver = HubDriver(hub: hub, eventLoop: eventLoop, tokens: tokens, writer: writer, metrics: metrics, logger: logger)
         driver.pushes = pushes
         driver.cluster = cluster
@@ -127,7 +133,7 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
         do {
             server = try await WireServer.start(host: configuration.host, port: configuration.port,
                                                 endpoint: Endpoint(secrets: secrets, configuration: endpointConfiguration),
-                                                delegate: ForwardingDelegate(driver: box), on: eventLoop)
+                                                delegate: ForwardingDelegate(driver: box), on: eventLoop, fanout: fanout)
         } catch where ListenError.isBindFailure(error) {
             throw ListenError.voice(host: configuration.host, port: configuration.port, error)
         }

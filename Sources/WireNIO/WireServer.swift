@@ -77,9 +77,13 @@ public final class WireServer: Sendable {
     }
 
     /// Binds `host:port` and starts serving `endpoint`, which from now on belongs to `eventLoop`.
+    /// `fanout`: loops of their own that send the relay's copies (`withRelaySender`); none sends them
+    /// all from `eventLoop`.
     public static func start(host: String, port: Int, endpoint: sending Endpoint, delegate: sending (any WireServerDelegate)?,
-                             options: UDPOptions = UDPOptions(), on eventLoop: any EventLoop) async throws -> WireServer {
+                             options: UDPOptions = UDPOptions(), on eventLoop: any EventLoop,
+                             fanout: FanoutWorkers? = nil) async throws -> WireServer {
         let core = ServerCore(endpoint: endpoint, delegate: delegate, host: host, options: options, eventLoop: eventLoop)
+        core.fanout = fanout
         let box = NIOLoopBoundBox.makeBoxSendingValue(core, as: ServerCore.self, eventLoop: eventLoop)
         let address = try await eventLoop.flatSubmit { box.value.start(port: port) }.get()
         let server = WireServer(eventLoop: eventLoop, localAddress: address, core: box)
@@ -139,6 +143,31 @@ public final class WireServer: Sendable {
         if sendingAtOnce { core.value.output.sendBatch() }
         return result
     }
+
+    /// The relay's fan-out of one talker packet: `withDatagramSender(sendingAtOnce: true, enveloped:
+    /// true)`, except that with fan-out workers, once this loop is behind, the copies of some
+    /// talkers' packets are counted and addressed here but written and sent by a worker
+    /// (`FanoutWorkers`). `handedOver` says so; the worker reports when they are sent. Event loop only.
+    ///
+    /// Behind means: `spreadAfter` talker packets were relayed in this read cycle already. A loop
+    /// that keeps up reads one or a few at a time and sends every copy itself, since handing over
+    /// costs a wake-up on the worker's thread (up to milliseconds on a busy machine: measured in
+    /// docs/benchmarks.md); a loop that reads many at once has more than it can send promptly, and
+    /// spreads the rest by talker (each talker's packets keep to one thread, so they leave in order).
+    public func withRelaySender<Result>(talker: Endpoint.Handle, started: WireInstant,
+                                        _ body: ((UnsafeRawBufferPointer, Endpoint.Handle) -> Bool) -> Result) -> (result: Result, handedOver: Bool) {
+        let core = core.value
+        let behind = core.relayedThisCycle >= Self.spreadAfter
+        core.relayedThisCycle += 1
+        if behind, let fanout = core.fanout, core.state == .running, core.output.context != nil {
+            let index = Int(talker.index) % (fanout.count + 1)
+            if index > 0 { return (core.withJob(for: fanout.workers[index - 1], started: started, body), true) }
+        }
+        return (withDatagramSender(sendingAtOnce: true, enveloped: true, body), false)
+    }
+
+    /// Talker packets a read cycle relays from the server's loop before it spreads the rest.
+    public static let spreadAfter = 4
 
     /// Closes one connection with CONNECTION_CLOSE. Event loop only.
     public func close(_ handle: Endpoint.Handle, code: UInt64 = 0, reason: String = "") {
@@ -212,6 +241,10 @@ final class ServerCore: DatagramDriver {
     var inCycle = false
     var outputScheduled = false
     var stats = WireServerStats()
+    /// The relay's extra senders, if any.
+    var fanout: FanoutWorkers?
+    /// Talker packets relayed in this read cycle (`withRelaySender`).
+    var relayedThisCycle = 0
     var lastError: (any Error)?
     var rebindDelay = TimeAmount.zero
     /// When the socket closed under a running server, until a rebind succeeds.
@@ -263,6 +296,7 @@ final class ServerCore: DatagramDriver {
                 _ = Glibc.close(socket)
                 throw IOError(errnoCode: error, reason: "dup")
             }
+            fanout?.useSocket(socket, slot: output.slot)
         } catch {
             return eventLoop.makeFailedFuture(error)
         }
@@ -277,8 +311,9 @@ final class ServerCore: DatagramDriver {
                 }
             }
             .withBoundSocket(socket)
-            .flatMapErrorThrowing { [batch] error in
+            .flatMapErrorThrowing { [bound, batch] error in
                 batch.value.close()
+                bound.value.fanout?.useSocket(nil, slot: bound.value.output.slot)
                 throw error
             }
             .flatMapThrowing { [bound, batch] channel in
@@ -286,6 +321,7 @@ final class ServerCore: DatagramDriver {
                     try bound.value.attach(channel, batch: batch.value)
                 } catch {
                     batch.value.close()
+                    bound.value.fanout?.useSocket(nil, slot: bound.value.output.slot)
                     throw error
                 }
                 return channel
@@ -309,6 +345,7 @@ final class ServerCore: DatagramDriver {
         guard channel === self.channel else { return }
         self.channel = nil
         output.socketClosed()
+        fanout?.useSocket(nil, slot: output.slot)
         // A read cycle the close cut short never reaches channelReadComplete.
         inCycle = false
         switch state {
@@ -389,6 +426,7 @@ final class ServerCore: DatagramDriver {
 
     func finishStop() {
         state = .stopped
+        fanout?.useSocket(nil, slot: output.slot)
         timer.cancel()
         delegate = nil
         server = nil
@@ -454,6 +492,39 @@ final class ServerCore: DatagramDriver {
         return body { payload, handle in self.sendDatagram(payload, to: handle, now: now, enveloped: enveloped) }
     }
 
+    /// Fills a job for `worker` with what `body` sends, and hands it over.
+    func withJob<Result>(for worker: FanoutWorker, started: WireInstant,
+                         _ body: ((UnsafeRawBufferPointer, Endpoint.Handle) -> Bool) -> Result) -> Result {
+        let job = worker.takeJob()
+        job.started = started
+        let now = WireNIO.now()
+        let result = body { payload, handle in self.queueEnvelope(payload, to: handle, in: job, now: now) }
+        if job.destinations.isEmpty {
+            worker.free.withLockedValue { $0.append(job) }
+        } else {
+            worker.submit(job)
+        }
+        return result
+    }
+
+    /// One listener's copy for a worker: counted as sent and addressed here, written there.
+    func queueEnvelope(_ media: UnsafeRawBufferPointer, to handle: Endpoint.Handle, in job: FanoutJob, now: WireInstant) -> Bool {
+        guard let (transmit, destination) = endpoint.envelope(to: handle, mediaCount: media.count, now: now) else { return false }
+        var sockaddr = FanoutSockaddr()
+        guard let length = withUnsafeMutableBytes(of: &sockaddr.bytes, { output.addresses.writeSockaddr(for: transmit.address, into: $0.baseAddress!) })
+        else {
+            stats.refusedDestinations += 1
+            return false
+        }
+        sockaddr.length = length
+        if job.media.isEmpty { job.media.append(contentsOf: media) }
+        job.destinations.append(destination)
+        job.paths.append(transmit.address)
+        job.sockaddrs.append(sockaddr)
+        stats.datagramsSent += 1
+        return true
+    }
+
     func sendDatagram(_ payload: UnsafeRawBufferPointer, to handle: Endpoint.Handle, now: WireInstant, enveloped: Bool = false) -> Bool {
         let emitted = output.emit {
             enveloped ? endpoint.sendEnvelope(payload, to: handle, into: $0, now: now)
@@ -505,6 +576,7 @@ final class ServerCore: DatagramDriver {
         drainOutput(now: now)
         flushSocket()
         inCycle = false
+        relayedThisCycle = 0
         // A deadline the core did not move past after its timer ran would fire again at once; the
         // floor keeps such a bug from spinning the event loop.
         armTimer(minimum: timerFired ? now.nanoseconds + 1_000_000 : 0)
@@ -513,6 +585,8 @@ final class ServerCore: DatagramDriver {
     func flushSocket() {
         output.flush()
         let failed = output.takeFailures()
+        let workersFailed = fanout?.takeFailures() ?? 0
+        if workersFailed > 0 { stats.socketErrors += workersFailed }
         if failed.count > 0 {
             stats.socketErrors += failed.count
             lastError = IOError(errnoCode: failed.errno, reason: "sendmmsg")

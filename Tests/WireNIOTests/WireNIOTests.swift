@@ -1,4 +1,5 @@
 import Crypto
+import NIOConcurrencyHelpers
 import NIOCore
 import NIOEmbedded
 import NIOPosix
@@ -498,5 +499,64 @@ struct BatchSendTests {
             for (i, b) in bytes.enumerated() { path[i + 1] = b }
         }
         return (address, socklen_t(MemoryLayout<sa_family_t>.size + 1 + bytes.count))
+    }
+}
+
+/// The relay's copies sent from other loops (`FanoutWorkers`), on real sockets.
+@Suite(.timeLimit(.minutes(1)))
+struct FanoutWorkerTests {
+    @Test func copiesSpreadToAWorkerArriveAsEnvelopesAndSurviveARebind() async throws {
+        let pki = try TestPKI()
+        let secrets = try pki.secrets()
+        try await withEventLoopGroup { group in
+            let workerLoops = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+            defer { workerLoops.shutdownGracefully { _ in } }
+            let sentReports = NIOLockedValueBox(0)
+            let fanout = FanoutWorkers(loops: [workerLoops.next()]) { _ in sentReports.withLockedValue { $0 += 1 } }
+            let (stream, sink) = AsyncStream.makeStream(of: ServerRecord.self)
+            let server = try await WireServer.start(host: "127.0.0.1", port: 0, endpoint: Endpoint(secrets: secrets),
+                                                    delegate: RecordingDelegate(sink: sink), on: group.next(), fanout: fanout)
+            let records = Recorder(stream)
+            let clients = try (0..<2).map { _ in try WireClientChannel(configuration: pki.client(), server: server.localAddress, group: group) }
+            let received = clients.map { Recorder($0.datagrams) }
+            for client in clients { try await client.connect() }
+            let handles = try await records.wait("both connected") { $0.connectedHandles.count == 2 }.connectedHandles
+
+            // In one go, as a read cycle with many talker packets: the first few are sent from the
+            // loop, the rest of an odd talker's go to the one worker, an even talker's stay on the loop.
+            @Sendable func relay(_ packets: [(talker: UInt32, media: [UInt8])]) async throws -> [Bool] {
+                try await server.submit { server in
+                    packets.map { packet in
+                        let (sent, handedOver) = server.withRelaySender(talker: Endpoint.Handle(index: packet.talker, generation: 0), started: WireNIO.now()) { send in
+                            packet.media.withUnsafeBytes { bytes in handles.filter { send(bytes, $0) }.count }
+                        }
+                        precondition(sent == 2)
+                        return handedOver
+                    }
+                }
+            }
+            let burst = (0..<100).map { (talker: UInt32(1), media: [0x41, UInt8($0), 1, 2, 3] as [UInt8]) } + [(talker: 2, media: [0x41, 200, 1, 2, 3])]
+            let direct = WireServer.spreadAfter
+            #expect(try await relay(burst) == [Bool](repeating: false, count: direct) + [Bool](repeating: true, count: 100 - direct) + [false])
+            for recorder in received {
+                let got = try await recorder.wait("101 copies") { $0.count == 101 }
+                #expect(Set(got) == Set(burst.map(\.media)))
+            }
+            #expect(sentReports.withLockedValue { $0 } == 100 - direct)
+
+            // The socket closes under the server: the worker's duplicate goes too, the port is bound
+            // again, and the worker sends on the new socket.
+            try await server.submit { $0.core.value.channel?.close(promise: nil) }
+            try await records.wait("the rebind") { $0.contains(.rebound) }
+            let after = try await relay((0...direct).map { (1, [0x41, 250 + UInt8($0), 9]) })
+            #expect(after.last == true)
+            for recorder in received {
+                _ = try await recorder.wait("the copies after the rebind") { got in (0...direct).allSatisfy { got.contains([0x41, 250 + UInt8($0), 9]) } }
+            }
+            let stats = try await server.submit { $0.stats }
+            #expect(stats.socketErrors == 0 && stats.refusedDestinations == 0)
+            for client in clients { await client.close() }
+            await server.stop()
+        }
     }
 }
