@@ -544,6 +544,32 @@ def section_cluster(data: dict) -> list[str]:
     ]), ""]
 
 
+def section_fanout_channels(data: dict) -> list[str]:
+    out = ["## Many channels at once", "",
+           "Many channels talking together, one talker each at 50 packets/s (`squelch-bench fanout-channels`), "
+           "with the relay on one thread and on more (`--relay-threads`): the server's CPU, its own fan-out time "
+           "per talker packet (which for a copy sent by another thread includes that thread's wake-up), and the "
+           "time from a talker's send to a listener's socket (one listener per channel; every listener reads on "
+           "the benchmark's one listener thread, as in Fan-out).", ""]
+    rows = _section(data, "fanout_channels", list)
+    if not rows:
+        return out + [NOT_MEASURED, ""]
+    body = []
+    for i, r in enumerate(rows):
+        w = f"fanout_channels[{i}]"
+        if not isinstance(r, dict):
+            raise ReportError(f"{w}: expected an object, got {type(r).__name__}")
+        lost, expected = _num(r, "lost", w), _num(r, "expected", w)
+        body.append([fmt(_num(r, "relay_threads", w), "", 0),
+                     f"{fmt(_num(r, 'channels', w), '', 0)} x {fmt(_num(r, 'listeners', w), '', 0)}",
+                     fmt(_num(r, "cpu_us_per_packet", w), "µs", 2), fmt(_num(r, "server_cores", w), "", 2),
+                     fmt(_num(r, "relay_p50_ms", w), "ms", 2), fmt(_num(r, "relay_p99_ms", w), "ms", 2),
+                     fmt(_num(r, "delivery_p50_ms", w), "ms", 1), fmt(_num(r, "delivery_p99_ms", w), "ms", 1),
+                     "—" if lost is None or expected is None else f"{lost:,.0f} of {expected:,.0f}"])
+    return out + [table(["Relay threads", "Channels x listeners", "CPU per packet", "Server cores",
+                         "Fan-out p50", "Fan-out p99", "Send to listener p50", "Send to listener p99", "Lost"], body), ""]
+
+
 def section_push(data: dict, v: Verdicts, plots: Path, rel: str) -> list[str]:
     out = ["## Push notifications", "",
            "Wake-up pushes for listeners whose apps are asleep: sustained rate, and how "
@@ -667,6 +693,7 @@ def render(data: dict, md_path: Path, plots: Path) -> str:
 
     body: list[str] = []
     body += section_fanout(data, v, plots, rel)
+    body += section_fanout_channels(data)
     body += section_mouth_to_ear(data, v, plots, rel)
     body += section_floor(data, v)
     body += section_handshakes(data)

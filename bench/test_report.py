@@ -13,7 +13,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 EXAMPLE = HERE / "results.example.json"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-SECTIONS = ["## Summary", "## Fan-out", "## Mouth-to-ear latency and voice quality", "## Floor control",
+SECTIONS = ["## Summary", "## Fan-out", "## Many channels at once", "## Mouth-to-ear latency and voice quality", "## Floor control",
             "## Handshakes and session resume", "## Push notifications", "## Cluster", "## Soak under attack",
             "## Memory"]
 PLOTS = ["fanout-cpu.png", "fanout-latency.png", "mouth-to-ear.png", "quality.png", "push.png"]
@@ -84,7 +84,7 @@ class ReportTests(unittest.TestCase):
 
     def test_missing_sections_are_not_measured(self):
         data = json.loads(EXAMPLE.read_text())
-        for k in ("fanout", "push", "floor", "memory", "handshakes", "cluster", "soak"):
+        for k in ("fanout", "fanout_channels", "push", "floor", "memory", "handshakes", "cluster", "soak"):
             del data[k]
         data["mouth_to_ear"] = []
         p = self.run_report(self.write_results(data))
@@ -92,7 +92,7 @@ class ReportTests(unittest.TestCase):
         doc = self.md.read_text()
         for s in SECTIONS:
             self.assertIn(s, doc)
-        self.assertEqual(doc.count("_Not measured in this run._"), 8)
+        self.assertEqual(doc.count("_Not measured in this run._"), 9)
         self.assertEqual(list(self.plots.glob("*.png")), [])
 
     def test_mumble_comparison_only_with_its_figures(self):
@@ -109,6 +109,24 @@ class ReportTests(unittest.TestCase):
         doc = self.md.read_text()
         self.assertNotIn("| Listeners | squelchd | murmurd |", doc)
         self.assertIn("| CPU per packet against Mumble's at 200 listeners | n/a | ≤ 0.60 x | not measured |", doc)
+
+    def test_many_channels_show_each_relay_thread_count(self):
+        data = json.loads(EXAMPLE.read_text())
+        data["fanout_channels"] = [
+            {"relay_threads": 1, "channels": 50, "listeners": 20, "cpu_us_per_packet": 4.87, "server_cores": 0.21,
+             "relay_p50_ms": 0.078, "relay_p99_ms": 0.195, "delivery_p50_ms": 7.1, "delivery_p99_ms": 14.7,
+             "lost": 0, "expected": 500000},
+            {"relay_threads": 2, "channels": 50, "listeners": 20, "cpu_us_per_packet": 4.56, "server_cores": 0.2,
+             "relay_p50_ms": 0.087, "relay_p99_ms": 4.75, "delivery_p50_ms": 6.4, "delivery_p99_ms": 13.2,
+             "lost": 12, "expected": 500000}]
+        self.run_report(self.write_results(data))
+        doc = self.md.read_text()
+        self.assertIn("## Many channels at once", doc)
+        self.assertIn("| 1 | 50 x 20 | 4.87 µs | 0.21 | 0.08 ms | 0.20 ms | 7.1 ms | 14.7 ms | 0 of 500,000 |", doc)
+        self.assertIn("| 2 | 50 x 20 | 4.56 µs | 0.20 | 0.09 ms | 4.75 ms | 6.4 ms | 13.2 ms | 12 of 500,000 |", doc)
+        data["fanout_channels"] = "not a list"
+        p = self.run_report(self.write_results(data))
+        self.assertNotEqual(p.returncode, 0)
 
     def test_soak_verdicts_follow_the_figures(self):
         data = json.loads(EXAMPLE.read_text())

@@ -12,6 +12,8 @@ import WireNIO
 /// so a test can wait for a message or for audio without racing the stream.
 public final class TestMember: Sendable {
     public let client: WireClientChannel
+    /// Whether audio is kept (`audio`, `timedAudio`) or only counted.
+    public let keepsAudio: Bool
     let state = NIOLockedValueBox(State())
     let codec = MessageCodec()
     /// The bursts' keys from the server: audio is kept opened (header and Opus payload), as sent.
@@ -37,6 +39,7 @@ public final class TestMember: Sendable {
     public init(port: Int, configuration: ClientConfiguration, host: String = "127.0.0.1",
                 group: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton, options: UDPOptions = UDPOptions(),
                 keepsAudio: Bool = true) throws {
+        self.keepsAudio = keepsAudio
         let state = self.state
         let codec = self.codec
         let keyring = self.keyring

@@ -10,7 +10,7 @@ struct Bench: AsyncParsableCommand {
         commandName: "squelch-bench",
         abstract: "Squelch benchmarks. Build in release mode (make bench) before trusting a figure.",
         version: SquelchInfo.version,
-        subcommands: [All.self, Codec.self, Transport.self, Fanout.self, Push.self, Connections.self, EndToEnd.self, ClusterBenchmark.self, Soak.self, SoakAttack.self, WireEcho.self])
+        subcommands: [All.self, Codec.self, Transport.self, Fanout.self, FanoutChannels.self, Push.self, Connections.self, EndToEnd.self, ClusterBenchmark.self, Soak.self, SoakAttack.self, WireEcho.self])
 }
 
 struct All: AsyncParsableCommand {
@@ -29,6 +29,7 @@ struct All: AsyncParsableCommand {
             try Codec.parse(["--seconds", "1"]).run()
             try await Transport.parse(["--handshakes", "10", "--packets", "1000", "--fanout", "20"]).run()
             try await Fanout.parse(["--listeners", "20", "--seconds", "2", "--grants", "10", "--versus-mumble"] + common).run()
+            try await FanoutChannels.parse(["--channels", "5", "--listeners", "5", "--seconds", "2"] + common).run()
             try await Push.parse(["--pushes", "2000", "--in-flight", "200", "--wakes", "100", "--bursts", "2"] + common).run()
             try await Connections.parse(["--count", "100", "--resumes", "5"] + common).run()
             try await EndToEnd.parse(["--loss", "10", "--jitter", "30", "--bursts", "2"] + common).run()
@@ -38,6 +39,7 @@ struct All: AsyncParsableCommand {
             try Codec.parse([]).run()
             try await Transport.parse([]).run()
             try await Fanout.parse(["--versus-mumble"] + common).run()
+            try await FanoutChannels.parse(common).run()
             try await Push.parse(common).run()
             try await Connections.parse(common).run()
             try await EndToEnd.parse(common).run()
