@@ -108,6 +108,7 @@ fuzz-build: deps
 	  -o $(FUZZ_BIN)/audio-header
 	$(SWIFT)c -sanitize=fuzzer,address -parse-as-library -g -O -use-ld=lld -module-name MediaFrameFuzz \
 	  $(FUZZ_DIR)/MediaFrameFuzz.swift Sources/ChannelProtocol/AudioHeader.swift Sources/SFrame/SFrameHeader.swift \
+	  Sources/ChannelProtocol/MediaKeyDatagram.swift Sources/ChannelProtocol/Messages.swift Sources/ChannelProtocol/MessageCoding.swift \
 	  -o $(FUZZ_BIN)/media-frame
 	$(SWIFT)c -sanitize=fuzzer,address -parse-as-library -g -O -use-ld=lld -module-name APNsRequestFuzz \
 	  $(FUZZ_DIR)/APNsRequestFuzz.swift Sources/APNsSimulator/APNsRequestValidation.swift \

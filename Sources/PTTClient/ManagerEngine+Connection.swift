@@ -24,7 +24,10 @@ extension ManagerEngine {
         let receiver = self.receiver
         do throws(SetupProblem) {
             let connection = cluster ? Self.clusterLiveness(configuration.connection) : configuration.connection
-            client = try Self.makeClient(credentials, connection: connection, onDatagram: { bytes in receiver.receive(bytes) })
+            client = try Self.makeClient(credentials, connection: connection, onDatagram: { bytes in
+                // A burst's key may come as a datagram too, ahead of its control message.
+                if let key = MediaKey(datagram: bytes) { receiver.addMediaKey(key) } else { receiver.receive(bytes) }
+            })
         } catch {
             sink.yield(.transportFailed(g, error.message))
             return

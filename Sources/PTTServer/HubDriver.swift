@@ -111,6 +111,15 @@ final class HubDriver: WireServerDelegate {
                 if case .joined = message { for link in links { server.endpoint.admit(link) } }
                 let bytes = codec.encode(message)
                 for link in links { sendControl(bytes, to: link, on: server) }
+                // A key also goes twice as a datagram: a burst's first frames would otherwise wait
+                // for the control stream to resend a lost packet (a probe timeout: hundreds of
+                // milliseconds on a jittery link), where an independent copy usually gets through.
+                if case .mediaKey(let key) = message {
+                    let datagram = key.datagram
+                    datagram.withUnsafeBytes { bytes in
+                        for link in links { for _ in 0..<2 { _ = server.sendDatagram(bytes, to: link) } }
+                    }
+                }
             case .close(let link, let code, let reason):
                 // What still waited for the session is moot now; the newest
                 // message, the `refused` the hub sent just before the close, is what the client needs.

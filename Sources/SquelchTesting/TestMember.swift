@@ -44,6 +44,10 @@ public final class TestMember: Sendable {
         let codec = self.codec
         let keyring = self.keyring
         @Sendable func keep(_ bytes: UnsafeRawBufferPointer) {
+            if let key = MediaKey(datagram: bytes) {
+                for datagram in keyring.add(key) { datagram.withUnsafeBytes { keep($0) } }
+                return
+            }
             let now = WireNIO.now().nanoseconds
             keyring.open(bytes, now: now) { header, payload in
                 guard keepsAudio else {

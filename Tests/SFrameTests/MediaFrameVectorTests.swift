@@ -138,4 +138,17 @@ import Wire
         #expect(Self.opens(keyring, Self.relayed(Self.key, sequence: 0, counter: 0), now: 1_000_000_000), "a straggler soon after")
         #expect(!Self.opens(keyring, Self.relayed(Self.key, sequence: 2, counter: 2), now: MediaKeyring.endedKeyLife + 1))
     }
+
+    @Test func aKeyTravelsAsADatagramAndNothingElseReadsAsOne() {
+        let datagram = Self.key.datagram
+        #expect(datagram.count == MediaKey.datagramSize && datagram[0] == MediaKey.datagramKind)
+        #expect(datagram.withUnsafeBytes { MediaKey(datagram: $0) } == Self.key)
+        // One byte short or long, audio, a key ID above 2^53: not a key.
+        #expect(Array(datagram.dropLast()).withUnsafeBytes { MediaKey(datagram: $0) } == nil)
+        #expect((datagram + [0]).withUnsafeBytes { MediaKey(datagram: $0) } == nil)
+        #expect(Self.sealed.withUnsafeBytes { MediaKey(datagram: $0) } == nil)
+        var huge = datagram
+        huge[5] = 0xFF
+        #expect(huge.withUnsafeBytes { MediaKey(datagram: $0) } == nil)
+    }
 }
