@@ -34,7 +34,7 @@ struct ClusterBenchmark: AsyncParsableCommand {
     }
 
     func run() async throws {
-        let executable = squelchd ?? URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent().appendingPathComponent("squelchd").path
+        let executable = try squelchdExecutable(squelchd)
         let database = PostgresTestServer()
         let rate = try await placementRate(try await database.makeDatabase())
         print(String(format: "cluster: %.0f placement transactions/s (%d first claims of distinct channels, 8 at once, 3 nodes)", rate, placements))
@@ -163,10 +163,7 @@ final class ProcessCluster {
         self.location = location
         self.lease = lease
         root = FileManager.default.temporaryDirectory.appendingPathComponent("squelch-cluster-\(UUID())").path
-        guard let ca = try? String(contentsOfFile: certs + "/ca.pem", encoding: .utf8) else {
-            throw ValidationError("no \(certs)/ca.pem; run 'make certs' or pass --certs")
-        }
-        client = ClientConfiguration(serverName: "localhost", validator: try CertificateValidator(caPEM: ca))
+        client = try benchClient(certs: certs)
         guard let id = UUID(uuidString: try squelchdCommand(squelchd, ["channel", "create", "--name", "Bench", "--database", location.url])
             .trimmingCharacters(in: .whitespacesAndNewlines)) else { throw ValidationError("squelchd channel create printed no id") }
         channel = id

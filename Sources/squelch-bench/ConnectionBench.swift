@@ -20,11 +20,8 @@ struct Connections: AsyncParsableCommand {
     @OptionGroup var results: ResultsOptions
 
     func run() async throws {
-        let executable = squelchd ?? URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent().appendingPathComponent("squelchd").path
-        guard let ca = try? String(contentsOfFile: certs + "/ca.pem", encoding: .utf8) else {
-            throw ValidationError("no \(certs)/ca.pem; run 'make certs' or pass --certs")
-        }
-        let client = ClientConfiguration(serverName: "localhost", validator: try CertificateValidator(caPEM: ca))
+        let executable = try squelchdExecutable(squelchd)
+        let client = try benchClient(certs: certs)
         let server = try await ServerProcess.start(squelchd: executable, certs: certs,
                                                    extra: ["--handshakes-per-second-per-address", "1000000", "--max-connections", "\(count + 100)",
                                                            "--max-connections-per-address", "\(count + 100)"])

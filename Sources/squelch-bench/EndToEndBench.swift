@@ -31,7 +31,7 @@ struct EndToEnd: AsyncParsableCommand {
     @OptionGroup var results: ResultsOptions
 
     func run() async throws {
-        let executable = squelchd ?? URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent().appendingPathComponent("squelchd").path
+        let executable = try squelchdExecutable(squelchd)
         let samples: [Int16]
         do { samples = try WAVAudio.read(path: speech).pipelineSamples(resampler: Resampler()) } catch {
             throw ValidationError("can't read the speech file \(speech): \(error); run bench/make_speech.sh")

@@ -34,14 +34,8 @@ struct Fanout: AsyncParsableCommand {
     func run() async throws {
         let counts = listeners.split(separator: ",").compactMap { Int($0.trimmingCharacters(in: .whitespaces)) }
         guard !counts.isEmpty, counts.allSatisfy({ $0 > 0 }) else { throw ValidationError("--listeners must be positive numbers, e.g. 20,200") }
-        let server = squelchd ?? URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent().appendingPathComponent("squelchd").path
-        guard FileManager.default.isExecutableFile(atPath: server) else {
-            throw ValidationError("no squelchd at \(server); build it (swift build -c release) or pass --squelchd")
-        }
-        guard let ca = try? String(contentsOfFile: certs + "/ca.pem", encoding: .utf8) else {
-            throw ValidationError("no \(certs)/ca.pem; run 'make certs' or pass --certs")
-        }
-        let client = ClientConfiguration(serverName: "localhost", validator: try CertificateValidator(caPEM: ca))
+        let server = try squelchdExecutable(squelchd)
+        let client = try benchClient(certs: certs)
         print("fan-out: 1 talker, 80-byte payloads at 50 packets/s for \(seconds.formatted()) s, squelchd in its own process")
         print("listeners  server CPU/fwd pkt  relay p50/p99 (server)  last listener p50/p99 (client)  lost        grant p50/p95     back to back")
         var rows: [[String: Any]] = []
@@ -227,6 +221,23 @@ struct FanoutRun {
             backToBackP50: percentile(backToBackTimes.sorted(), 0.5), backToBackP95: percentile(backToBackTimes.sorted(), 0.95))
     }
 
+}
+
+/// The squelchd a benchmark starts: `given`, or the one next to squelch-bench.
+func squelchdExecutable(_ given: String?) throws -> String {
+    let server = given ?? URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent().appendingPathComponent("squelchd").path
+    guard FileManager.default.isExecutableFile(atPath: server) else {
+        throw ValidationError("no squelchd at \(server); build it (swift build -c release) or pass --squelchd")
+    }
+    return server
+}
+
+/// A benchmark member's transport settings, trusting the dev CA in `certs`.
+func benchClient(certs: String) throws -> ClientConfiguration {
+    guard let ca = try? String(contentsOfFile: certs + "/ca.pem", encoding: .utf8) else {
+        throw ValidationError("no \(certs)/ca.pem; run 'make certs' or pass --certs")
+    }
+    return ClientConfiguration(serverName: "localhost", validator: try CertificateValidator(caPEM: ca))
 }
 
 /// A server's /metrics (admin port) as name{labels} → value.

@@ -34,14 +34,8 @@ struct FanoutChannels: AsyncParsableCommand {
         guard !threads.isEmpty, threads.allSatisfy({ $0 > 0 }), channels > 0, listeners > 0 else {
             throw ValidationError("--channels, --listeners and --relay-threads must be positive, e.g. --relay-threads 1,2")
         }
-        let server = squelchd ?? URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent().appendingPathComponent("squelchd").path
-        guard FileManager.default.isExecutableFile(atPath: server) else {
-            throw ValidationError("no squelchd at \(server); build it (swift build -c release) or pass --squelchd")
-        }
-        guard let ca = try? String(contentsOfFile: certs + "/ca.pem", encoding: .utf8) else {
-            throw ValidationError("no \(certs)/ca.pem; run 'make certs' or pass --certs")
-        }
-        let client = ClientConfiguration(serverName: "localhost", validator: try CertificateValidator(caPEM: ca))
+        let server = try squelchdExecutable(squelchd)
+        let client = try benchClient(certs: certs)
         print("fan-out, many channels: \(channels) channels x \(listeners) listeners, a talker each at 50 packets/s for \(seconds.formatted()) s")
         print("relay threads  server CPU/fwd pkt  server CPU (cores)  relay p50/p99 (server)  send to listener p50/p99  lost")
         var rows: [[String: Any]] = []

@@ -32,10 +32,7 @@ struct Push: AsyncParsableCommand {
     @OptionGroup var results: ResultsOptions
 
     func run() async throws {
-        let server = squelchd ?? URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent().appendingPathComponent("squelchd").path
-        guard FileManager.default.isExecutableFile(atPath: server) else {
-            throw ValidationError("no squelchd at \(server); build it (swift build -c release) or pass --squelchd")
-        }
+        let server = try squelchdExecutable(squelchd)
         for file in ["ca.pem", "apns-sim.pem", "apns-sim.key", "AuthKey_DEVKEY0001.p8", "server-chain.pem", "server.key"] {
             guard FileManager.default.fileExists(atPath: "\(certs)/\(file)") else {
                 throw ValidationError("no \(certs)/\(file); run 'make certs' or pass --certs")

@@ -32,11 +32,7 @@ struct Soak: AsyncParsableCommand {
     }
 
     func run() async throws {
-        let here = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent()
-        let serverPath = squelchd ?? here.appendingPathComponent("squelchd").path
-        guard FileManager.default.isExecutableFile(atPath: serverPath) else {
-            throw ValidationError("no squelchd at \(serverPath); build it (swift build -c release) or pass --squelchd")
-        }
+        let serverPath = try squelchdExecutable(squelchd)
         guard let ca = try? String(contentsOfFile: certs + "/ca.pem", encoding: .utf8) else {
             throw ValidationError("no \(certs)/ca.pem; run 'make certs' or pass --certs")
         }
