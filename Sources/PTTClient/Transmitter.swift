@@ -21,8 +21,6 @@ final class Transmitter: Sendable {
         /// This member's own bursts' keys, newest last (the server sends one with each grant, and
         /// another whenever a listener stops hearing).
         var keys: [MediaKey] = []
-        /// Frames not sent because their burst had no key yet.
-        var unkeyed = 0
         /// The SFrame counter of the next sealed frame, carried from burst to burst so that no key
         /// ever sees a nonce twice, whatever the server sends again.
         var sealCounter: UInt64 = 0
@@ -63,13 +61,7 @@ final class Transmitter: Sendable {
     func forgetKeys() { state.withLockedValue { $0.keys.removeAll() } }
 
     private func key(for burst: UInt16) -> MediaKey? {
-        state.withLockedValue { state in
-            guard let key = state.keys.last(where: { $0.burst == burst }) else {
-                state.unkeyed += 1
-                return nil
-            }
-            return key
-        }
+        state.withLockedValue { state in state.keys.last { $0.burst == burst } }
     }
     var peak: Double { state.withLockedValue { $0.peak } }
 
