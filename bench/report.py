@@ -134,6 +134,8 @@ TARGETS = [
     Target("kb_per_connection", "Memory per connection", "KiB", True),
     Target("push_per_second", "Push notifications per second", "/s", False, 0),
     Target("push_last_of_1000_ms", "Push: last of 1000 delivered after", "ms", True),
+    Target("push_cpu_vs_h2load", "Push client CPU per push against h2load's", "x", True, 2),
+    Target("push_rate_vs_h2load", "Pushes per second against h2load's", "x", False, 2),
 ]
 TARGET_BY_KEY = {t.key: t for t in TARGETS}
 
@@ -301,17 +303,28 @@ def plot_push(push: dict, targets: Verdicts, out: Path) -> str | None:
     last = _num(push, "last_of_1000_ms", "push")
     if per_s is None and last is None:
         return None
+    h2 = push.get("h2load") if isinstance(push.get("h2load"), dict) else None
     plt = _plt()
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(7, 3.4))
-    for ax, value, key, title, unit in ((a1, per_s, "push_per_second", "Throughput", "pushes / s"),
-                                        (a2, last, "push_last_of_1000_ms", "Last of a 1000-push burst", "ms")):
-        target = targets.target_value(key)
-        names, vals = ["measured"], [_nan(value)]
+    fig, axes = plt.subplots(1, 3 if h2 else 2, figsize=(10 if h2 else 7, 3.4))
+    panels = [(per_s, "push_per_second", "Throughput", "pushes / s",
+               _num(h2, "per_second", "push.h2load") if h2 else None)]
+    if h2:
+        panels.append((_num(push, "client_cpu_us_per_push", "push"), None, "Client CPU per push", "µs",
+                       _num(h2, "client_cpu_us_per_push", "push.h2load")))
+    panels.append((last, "push_last_of_1000_ms", "Last of a 1000-push burst", "ms", None))
+    for ax, (value, key, title, unit, reference) in zip(axes, panels):
+        target = targets.target_value(key) if key else None
+        names, vals, colors = ["squelchd"], [_nan(value)], ["tab:blue"]
+        if reference is not None:
+            names.append("h2load")
+            vals.append(reference)
+            colors.append("tab:orange")
         if target is not None:
             names.append("target")
             vals.append(target)
-        bars = ax.bar(names, vals, color=["tab:blue", "tab:gray"][: len(vals)])
-        ax.bar_label(bars, labels=[fmt(None if math.isnan(v) else v, "", 0) for v in vals], fontsize=8)
+            colors.append("tab:gray")
+        bars = ax.bar(names, vals, color=colors)
+        ax.bar_label(bars, labels=[fmt(None if math.isnan(v) else v, "", 0 if unit != "µs" else 1) for v in vals], fontsize=8)
         ax.set(title=title, ylabel=unit)
         ax.grid(axis="y", alpha=0.3)
     fig.suptitle("Push notifications")
@@ -578,14 +591,28 @@ def section_push(data: dict, v: Verdicts, plots: Path, rel: str) -> list[str]:
     if not p:
         v.verdict("push_per_second", None)
         v.verdict("push_last_of_1000_ms", None)
+        v.verdict("push_cpu_vs_h2load", None)
+        v.verdict("push_rate_vs_h2load", None)
         return out + [NOT_MEASURED, ""]
     per_s, last = _num(p, "per_second", "push"), _num(p, "last_of_1000_ms", "push")
+    cpu_ratio, rate_ratio = _num(p, "cpu_vs_h2load", "push"), _num(p, "rate_vs_h2load", "push")
     out += [table(["Figure", "Value", "Target", "Met / missed"], [
         ["Pushes per second", fmt(per_s, "/s", 0), v.target_text("push_per_second"),
          v.verdict("push_per_second", per_s)],
         ["Last of 1000 delivered after", fmt(last, "ms"), v.target_text("push_last_of_1000_ms"),
          v.verdict("push_last_of_1000_ms", last)],
+        ["Client CPU per push against h2load's", fmt(cpu_ratio, "x", 2), v.target_text("push_cpu_vs_h2load"),
+         v.verdict("push_cpu_vs_h2load", cpu_ratio)],
+        ["Pushes per second against h2load's", fmt(rate_ratio, "x", 2), v.target_text("push_rate_vs_h2load"),
+         v.verdict("push_rate_vs_h2load", rate_ratio)],
     ]), ""]
+    h2 = p.get("h2load") if isinstance(p.get("h2load"), dict) else None
+    if h2:
+        rows = [[name, fmt(_num(d, "per_second", "push"), "/s", 0), fmt(_num(d, "client_cpu_us_per_push", "push"), "µs"),
+                 fmt(_num(d, "simulator_cpu_us_per_push", "push"), "µs")] for name, d in (("squelchd's APNsClient", p), ("h2load (nghttp2)", h2))]
+        out += ["The same `pushtotalk` request (headers, JWT, body) to the same simulator, 2 connections, "
+                "the same streams in flight, alternating runs; medians.", "",
+                table(["Client", "Pushes/s", "Client CPU per push", "Simulator CPU per push"], rows), ""]
     name = plot_push(p, v, plots)
     if name:
         out += [_img(rel, name, "push throughput"), ""]

@@ -110,6 +110,20 @@ class ReportTests(unittest.TestCase):
         self.assertNotIn("| Listeners | squelchd | murmurd |", doc)
         self.assertIn("| CPU per packet against Mumble's at 200 listeners | n/a | ≤ 0.60 x | not measured |", doc)
 
+    def test_push_comparison_with_h2load_only_with_its_figures(self):
+        data = json.loads(EXAMPLE.read_text())
+        self.run_report(self.write_results(data))
+        doc = self.md.read_text()
+        self.assertIn("| Client CPU per push against h2load's | 11.00 x | ≤ 2.00 x | **missed** (11.00 x) |", doc)
+        self.assertIn("| Pushes per second against h2load's | 0.50 x | ≥ 0.90 x | **missed** (0.50 x) |", doc)
+        self.assertIn("| h2load (nghttp2) | 22,000 /s | 10 µs | 72 µs |", doc)
+        for k in ("h2load", "cpu_vs_h2load", "rate_vs_h2load"):
+            del data["push"][k]
+        self.run_report(self.write_results(data))
+        doc = self.md.read_text()
+        self.assertNotIn("h2load (nghttp2)", doc)
+        self.assertIn("| Client CPU per push against h2load's | n/a | ≤ 2.00 x | not measured |", doc)
+
     def test_many_channels_show_each_relay_thread_count(self):
         data = json.loads(EXAMPLE.read_text())
         data["fanout_channels"] = [

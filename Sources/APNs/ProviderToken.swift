@@ -170,3 +170,11 @@ actor ProviderTokenSigner {
         return (jwt, entry.schedule.generation)
     }
 }
+
+extension APNsProviderIdentity {
+    /// One provider JWT issued at `date`, signed as the client signs its own: for tools that send the
+    /// same request by other means (the benchmark's `h2load` run).
+    public func providerToken(issuedAt date: Date = Date()) async throws -> String {
+        try await ProviderTokenSigner(identity: self, refreshAfter: .seconds(3_000), now: { date }).sign(issuedAt: date)
+    }
+}

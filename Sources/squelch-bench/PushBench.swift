@@ -29,6 +29,10 @@ struct Push: AsyncParsableCommand {
     @Option(help: "Bursts in the wake run.") var bursts = 5
     @Option(help: "Directory with the dev certificates and APNs key (make certs).") var certs = "certs"
     @Option(help: "squelchd executable (default: next to this one).") var squelchd: String?
+    @Flag(help: "Also run nghttp2's h2load with the same request against the same simulator, alternating with ours.")
+    var versusH2load = false
+    @Option(help: "Rounds of the throughput run (each ours, then h2load's with --versus-h2load); medians are recorded.")
+    var rounds = 1
     @OptionGroup var results: ResultsOptions
 
     func run() async throws {
@@ -41,15 +45,71 @@ struct Push: AsyncParsableCommand {
         let simulator = try await SimulatorProcess.start(squelchd: server, certs: certs)
         defer { simulator.stop() }
         print("push: APNs simulator in its own process (squelchd apns-sim), TLS + HTTP/2 on loopback")
-        let perSecond = try await throughput(simulator)
+        var ours: [Throughput] = [], theirs: [Throughput] = []
+        print("| client | pushes | in flight | connections | delivered | pushes/s | client CPU µs/push | simulator CPU µs/push |")
+        print("|---|---|---|---|---|---|---|---|")
+        for _ in 0..<max(rounds, 1) {
+            ours.append(try await throughput(simulator))
+            print(ours.last!.row("APNsClient", pushes: pushes, inFlight: inFlight, connections: pool))
+            if versusH2load {
+                theirs.append(try await h2load(simulator))
+                print(theirs.last!.row("h2load", pushes: pushes, inFlight: inFlight, connections: pool))
+            }
+        }
         let (median, last) = try await wakeTime(simulator, squelchd: server)
-        try results.record("push", ["per_second": perSecond, "last_of_1000_ms": last * 1e3, "median_of_bursts_ms": median * 1e3,
-                                    "wakes_per_burst": wakes])
+        var figures: [String: Any] = ["last_of_1000_ms": last * 1e3, "median_of_bursts_ms": median * 1e3, "wakes_per_burst": wakes]
+        figures.merge(Throughput.median(ours).figures) { $1 }
+        if !theirs.isEmpty {
+            let (a, b) = (Throughput.median(ours), Throughput.median(theirs))
+            figures["h2load"] = b.figures
+            figures["cpu_vs_h2load"] = a.clientCPU / b.clientCPU
+            figures["rate_vs_h2load"] = a.perSecond / b.perSecond
+            print(String(format: "APNsClient against h2load (medians of %d rounds): CPU per push %.2fx, pushes/s %.2fx",
+                         ours.count, a.clientCPU / b.clientCPU, a.perSecond / b.perSecond))
+        }
+        try results.record("push", figures)
     }
 
-    /// Pushes per second delivered.
-    func throughput(_ simulator: SimulatorProcess) async throws -> Double {
-        let identity = try APNsProviderIdentity.load(p8Path: "\(certs)/AuthKey_DEVKEY0001.p8", keyID: "DEVKEY0001", teamID: "DEVTEAM001")
+    /// One throughput run's figures: pushes/s, and CPU per push of the client and of the simulator.
+    struct Throughput {
+        var perSecond: Double
+        var clientCPU: Double
+        var simulatorCPU: Double
+        var delivered: Int
+
+        var figures: [String: Any] {
+            ["per_second": perSecond, "client_cpu_us_per_push": clientCPU, "simulator_cpu_us_per_push": simulatorCPU]
+        }
+
+        func row(_ client: String, pushes: Int, inFlight: Int, connections: Int) -> String {
+            "| \(client) | \(pushes) | \(inFlight) | \(connections) | \(delivered) | \(Int(perSecond)) | "
+                + String(format: "%.1f | %.1f |", clientCPU, simulatorCPU)
+        }
+
+        /// Each figure's median over the runs, on its own.
+        static func median(_ runs: [Throughput]) -> Throughput {
+            func mid(_ values: [Double]) -> Double { percentile(values.sorted(), 0.5) }
+            return Throughput(perSecond: mid(runs.map(\.perSecond)), clientCPU: mid(runs.map(\.clientCPU)),
+                              simulatorCPU: mid(runs.map(\.simulatorCPU)), delivered: runs.map(\.delivered).min() ?? 0)
+        }
+    }
+
+    var identity: APNsProviderIdentity {
+        get throws { try APNsProviderIdentity.load(p8Path: "\(certs)/AuthKey_DEVKEY0001.p8", keyID: "DEVKEY0001", teamID: "DEVTEAM001") }
+    }
+
+    /// h2load's run: as many pushes, as many connections and streams in flight (`-c`, `-m`).
+    func h2load(_ simulator: SimulatorProcess) async throws -> Throughput {
+        let run = H2loadRun(port: simulator.port, pushes: pushes, connections: pool, streamsPerConnection: max(inFlight / pool, 1),
+                            identity: try identity, topic: SimulatorProcess.topic)
+        let (result, simulatorCPU) = try await run.run(simulatorPID: simulator.pid)
+        return Throughput(perSecond: result.perSecond, clientCPU: result.cpuMicrosecondsPerPush, simulatorCPU: simulatorCPU,
+                          delivered: result.succeeded)
+    }
+
+    /// Pushes per second delivered, and the CPU each side spent per push.
+    func throughput(_ simulator: SimulatorProcess) async throws -> Throughput {
+        let identity = try identity
         let client = try await APNsClient(configuration: APNsConfiguration(
             environment: .custom(host: "127.0.0.1", port: simulator.port, caPath: "\(certs)/ca.pem"), identity: identity,
             topic: SimulatorProcess.topic, poolSize: pool, requestTimeout: .seconds(10), retry: APNsRetryPolicy(budget: .seconds(10))))
@@ -91,11 +151,8 @@ struct Push: AsyncParsableCommand {
         await client.shutdown()
         let failed = failures.withLockedValue { $0 }
         if !failed.isEmpty { print("failed pushes by reason: \(failed)") }
-        print("| pushes | in flight | connections | delivered | pushes/s | client CPU µs/push | simulator CPU µs/push |")
-        print("|---|---|---|---|---|---|---|")
-        print("| \(pushes) | \(inFlight) | \(pool) | \(delivered) | \(Int(Double(delivered) / elapsed)) | "
-              + String(format: "%.1f | %.1f |", ownCPU * 1e6 / Double(pushes), simCPU * 1e6 / Double(pushes)))
-        return Double(delivered) / elapsed
+        return Throughput(perSecond: Double(delivered) / elapsed, clientCPU: ownCPU * 1e6 / Double(pushes),
+                          simulatorCPU: simCPU * 1e6 / Double(pushes), delivered: delivered)
     }
 
     /// The grant-to-last-push time over the bursts: median and worst, in seconds.
