@@ -14,7 +14,7 @@ FUZZ_LOGS    := $(FUZZ_DIR)/logs
 
 # Debian packages the build, the tests and the tools need.
 # libcurl4 is what FoundationNetworking (URLSession, used by the tests) loads at run time.
-DEB_PACKAGES := libopus-dev libasound2-dev libssl-dev pkg-config openssl libsqlite3-dev postgresql alsa-utils libcurl4 tmux espeak-ng sox python3-venv python3-dev build-essential mumble-server nghttp2-client
+DEB_PACKAGES := libopus-dev libasound2-dev libssl-dev pkg-config openssl libsqlite3-dev postgresql alsa-utils libcurl4 tmux espeak-ng sox python3-venv python3-dev build-essential mumble-server nghttp2-client libnghttp2-dev
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 

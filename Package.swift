@@ -39,6 +39,9 @@ let package = Package(
         // libcrypto's EVP AEADs seal and open in place with a reusable context (docs/decisions/0003).
         .systemLibrary(name: "CLibCrypto", pkgConfig: "libcrypto", providers: [.apt(["libssl-dev"])]),
         .target(name: "CPacketCrypto", dependencies: ["CLibCrypto"]),
+        // libnghttp2's sans-I/O session is the APNs client's HTTP/2 engine (docs/decisions/0049).
+        .systemLibrary(name: "CNGHTTP2", pkgConfig: "libnghttp2", providers: [.apt(["libnghttp2-dev"])]),
+        .target(name: "HTTP2ClientSession", dependencies: ["CNGHTTP2"], swiftSettings: swift6),
         // sendmmsg(2) for the server's fan-out, without NIO's per-datagram buffers (docs/decisions/0006).
         .target(name: "CUDPBatch"),
 
@@ -114,14 +117,15 @@ let package = Package(
         .target(name: "ChannelHub", dependencies: [
             "Wire", "FloorControl", "ChannelProtocol", "ChannelStore", "ParticipantClaims", "SFrame",
         ], swiftSettings: swift6),
-        // APNs speaks HTTP/2 through swift-nio-http2 directly rather than AsyncHTTPClient: the client needs
-        // the peer's SETTINGS, PING keepalive and GOAWAY, which AsyncHTTPClient does not expose.
+        // APNs speaks HTTP/2 through libnghttp2's sans-I/O session rather than AsyncHTTPClient (the client
+        // needs the peer's SETTINGS, PING keepalive and GOAWAY) or swift-nio-http2 (a channel per stream
+        // cost 12x h2load's CPU per push: docs/decisions/0049).
         .target(name: "APNs", dependencies: [
+            "HTTP2ClientSession", "CNGHTTP2",
             .product(name: "NIOCore", package: "swift-nio"),
             .product(name: "NIOPosix", package: "swift-nio"),
             .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
             .product(name: "NIOTLS", package: "swift-nio"),
-            .product(name: "NIOHTTP2", package: "swift-nio-http2"),
             .product(name: "NIOSSL", package: "swift-nio-ssl"),
             .product(name: "JWTKit", package: "jwt-kit"),
             .product(name: "Crypto", package: "swift-crypto"),

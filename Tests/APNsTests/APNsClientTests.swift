@@ -319,24 +319,45 @@ extension Result {
 
     /// A timed-out request PINGs the connection at once (not after a minute without reads), and a PING
     /// left unanswered closes it, so the pool replaces a dead connection within the PING timeout.
-    /// EmbeddedChannel: the watcher alone, with time moved by hand.
+    /// EmbeddedChannel: the session handler alone, below where TLS would be, with time moved by hand.
     @Test func aTimedOutRequestProbesTheConnectionAndSilenceClosesIt() throws {
         let loop = EmbeddedEventLoop()
         let channel = EmbeddedChannel(loop: loop)
-        let state = NIOLockedValueBox(HTTP2Connection.State())
-        let watcher = ConnectionWatcher(state: state, handshake: loop.makePromise(), pingInterval: .seconds(60), pingTimeout: .seconds(5))
-        try channel.pipeline.syncOperations.addHandler(watcher)
+        let handler = try PushSessionHandler(state: NIOLockedValueBox(HTTP2Connection.State()), submissions: NIOLockedValueBox([]),
+                                             handshake: loop.makePromise(), pingInterval: .seconds(60), pingTimeout: .seconds(5))
+        try channel.pipeline.syncOperations.addHandler(handler)
         try channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 1)).wait()
-        channel.pipeline.fireUserInboundEventTriggered(ConnectionWatcher.ProbeNow())
-        let ping = try #require(try channel.readOutbound(as: HTTP2Frame.self))
-        guard case .ping(_, ack: false) = ping.payload else { Issue.record("not a PING: \(ping.payload)"); return }
-        channel.pipeline.fireUserInboundEventTriggered(ConnectionWatcher.ProbeNow())
-        #expect(try channel.readOutbound(as: HTTP2Frame.self) == nil, "one PING outstanding at a time")
+        // The preface and the client's SETTINGS, then nothing until asked.
+        #expect(try outboundFrameTypes(channel, preface: true) == [0x4])
+        channel.pipeline.fireUserInboundEventTriggered(PushSessionHandler.ProbeNow())
+        #expect(try outboundFrameTypes(channel) == [0x6], "a PING")
+        channel.pipeline.fireUserInboundEventTriggered(PushSessionHandler.ProbeNow())
+        #expect(try outboundFrameTypes(channel).isEmpty, "one PING outstanding at a time")
         loop.advanceTime(by: .seconds(4))
         #expect(channel.isActive)
         loop.advanceTime(by: .seconds(2))
         #expect(!channel.isActive, "an unanswered PING closes the connection")
         _ = try? channel.finish()
+    }
+
+    /// The types of the HTTP/2 frames written since the last call, after the client preface if `preface`.
+    private func outboundFrameTypes(_ channel: EmbeddedChannel, preface: Bool = false) throws -> [UInt8] {
+        var bytes: [UInt8] = []
+        while let buffer = try channel.readOutbound(as: ByteBuffer.self) { bytes += buffer.readableBytesView }
+        if preface {
+            let magic = Array("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".utf8)
+            #expect(Array(bytes.prefix(magic.count)) == magic)
+            bytes.removeFirst(min(magic.count, bytes.count))
+        }
+        var types: [UInt8] = []
+        var offset = 0
+        while offset + 9 <= bytes.count {
+            let length = Int(bytes[offset]) << 16 | Int(bytes[offset + 1]) << 8 | Int(bytes[offset + 2])
+            types.append(bytes[offset + 3])
+            offset += 9 + length
+        }
+        #expect(offset == bytes.count, "whole frames")
+        return types
     }
 
     @Test func aSlowAnswerTimesOutAndIsRetried() async throws {

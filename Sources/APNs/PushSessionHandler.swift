@@ -1,0 +1,306 @@
+import CNGHTTP2
+import HTTP2ClientSession
+import NIOConcurrencyHelpers
+import NIOCore
+import NIOTLS
+
+/// One push on its way: the request, its deadline, and the task waiting for its result.
+///
+/// `@unchecked Sendable`: made by the sending task and handed to the event loop through
+/// `HTTP2Connection`'s locked queue, once; from then on only that event loop reads or changes it.
+final class PendingPush: @unchecked Sendable {
+    let headers: [(name: String, value: String)]
+    let body: [UInt8]
+    let deadline: NIODeadline
+    private let continuation: CheckedContinuation<APNsAttemptResult, Never>
+    private(set) var isFinished = false
+    var streamID: Int32 = 0
+
+    init(headers: [(name: String, value: String)], body: [UInt8], deadline: NIODeadline,
+         continuation: CheckedContinuation<APNsAttemptResult, Never>) {
+        self.headers = headers
+        self.body = body
+        self.deadline = deadline
+        self.continuation = continuation
+    }
+
+    /// The first result wins; later ones (a stream's close after its timeout) are ignored.
+    func finish(_ result: APNsAttemptResult) {
+        guard !isFinished else { return }
+        isFinished = true
+        continuation.resume(returning: result)
+    }
+}
+
+/// Drives one connection's `HTTP2ClientSession` (libnghttp2) on its event loop, below TLS: takes the
+/// waiting pushes in batches, feeds it what the server sends, writes what it has to send once per
+/// batch or read, times requests out, and keeps the connection alive with PINGs (a minute without
+/// reads, or at once when a request timed out), closing it when a PING goes unanswered.
+final class PushSessionHandler: ChannelDuplexHandler {
+    typealias InboundIn = ByteBuffer
+    typealias OutboundIn = ByteBuffer
+    typealias OutboundOut = ByteBuffer
+
+    /// Asks for a PING at once (unless one is outstanding): a request on this connection timed out.
+    struct ProbeNow {}
+
+    private let session: HTTP2ClientSession
+    private let state: NIOLockedValueBox<HTTP2Connection.State>
+    private let submissions: NIOLockedValueBox<[PendingPush]>
+    private let handshake: EventLoopPromise<Void>
+    private let pingInterval: TimeAmount
+    private let pingTimeout: TimeAmount
+    private var context: ChannelHandlerContext?
+    private var isClosed = false
+    /// Pushes with a stream, by stream ID.
+    private var inFlight: [Int32: PendingPush] = [:]
+    /// One timer, for the earliest deadline it knew of when set; it sweeps every push due and sets itself again.
+    private var sweep: (at: NIODeadline, task: Scheduled<Void>)?
+    private var readSinceLastTick = false
+    private var pingOutstanding = false
+    private var pingCounter: UInt64 = 0
+    private var ticker: RepeatedTask?
+    private var pingDeadline: Scheduled<Void>?
+
+    init(state: NIOLockedValueBox<HTTP2Connection.State>, submissions: NIOLockedValueBox<[PendingPush]>,
+         handshake: EventLoopPromise<Void>, pingInterval: Duration, pingTimeout: Duration) throws {
+        session = try HTTP2ClientSession(maximumBodyBytes: 4_096)
+        self.state = state
+        self.submissions = submissions
+        self.handshake = handshake
+        self.pingInterval = TimeAmount(pingInterval)
+        self.pingTimeout = TimeAmount(pingTimeout)
+    }
+
+    func handlerAdded(context: ChannelHandlerContext) {
+        self.context = context
+        // The preface and SETTINGS; NIOSSL holds them until its handshake is done.
+        if context.channel.isActive { flush() }
+    }
+
+    func handlerRemoved(context: ChannelHandlerContext) {
+        self.context = nil
+    }
+
+    func channelActive(context: ChannelHandlerContext) {
+        flush()
+        context.fireChannelActive()
+    }
+
+    // MARK: pushes out
+
+    /// Takes every push waiting in the queue, as streams, and writes them in one flush.
+    func submitWaiting() {
+        let batch = submissions.withLockedValue { queue in
+            defer { queue.removeAll(keepingCapacity: true) }
+            return queue
+        }
+        guard !isClosed else {
+            let result = closedResult()
+            for push in batch { push.finish(result) }
+            return
+        }
+        for push in batch {
+            do {
+                let id = try session.submitRequest(headers: push.headers, body: push.body, context: push)
+                push.streamID = id
+                inFlight[id] = push
+                armSweep(for: push.deadline)
+            } catch {
+                // Stream IDs spent (after 2^30 pushes) or the session dead: a new connection takes over,
+                // and this push, never sent, may go there.
+                state.withLockedValue { $0.goingAway = true }
+                push.finish(.transport(.goAway))
+            }
+        }
+        flush()
+    }
+
+    /// Writes whatever the session has for the server, in one buffer and one flush.
+    private func flush() {
+        guard let context, !isClosed else { return }
+        var buffer: ByteBuffer?
+        do {
+            try session.send { chunk in
+                if buffer == nil { buffer = context.channel.allocator.buffer(capacity: max(chunk.count, 4_096)) }
+                buffer!.writeBytes(chunk)
+            }
+        } catch {
+            fail(context: context, error: error)
+            return
+        }
+        handleEvents()
+        if let buffer { context.writeAndFlush(wrapOutboundOut(buffer), promise: nil) }
+    }
+
+    // MARK: the server's bytes in
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        readSinceLastTick = true
+        let buffer = unwrapInboundIn(data)
+        do {
+            try buffer.withUnsafeReadableBytes { bytes in try session.receive(bytes) }
+        } catch {
+            fail(context: context, error: error)
+            return
+        }
+        handleEvents()
+    }
+
+    func channelReadComplete(context: ChannelHandlerContext) {
+        // SETTINGS and PING acknowledgements, WINDOW_UPDATEs: what the reads called for, at once.
+        flush()
+        context.fireChannelReadComplete()
+    }
+
+    private func handleEvents() {
+        session.drainEvents { event in
+            switch event {
+            case .settings(let limit):
+                state.withLockedValue { $0.maxConcurrentStreams = limit }
+                // The server's first SETTINGS carry its stream limit; until they arrive the pool assumes
+                // one, and a burst of pushes would open more streams than APNs allows before authentication.
+                handshake.succeed(())
+            case .goAway:
+                // libnghttp2 closes the streams above the GOAWAY's last stream ID (REFUSED_STREAM): they
+                // report `.goAway`. The ones below still complete. No new pushes go here.
+                state.withLockedValue { $0.goingAway = true }
+            case .pingAcknowledged:
+                pingOutstanding = false
+                pingDeadline?.cancel()
+                pingDeadline = nil
+            case .closed(let closed):
+                guard let push = inFlight.removeValue(forKey: closed.streamID) else { return }
+                push.finish(result(of: closed))
+            }
+        }
+    }
+
+    private func result(of closed: HTTP2ClientSession.Closed) -> APNsAttemptResult {
+        if closed.complete {
+            guard let status = closed.status else { return .transport(.connectionLost("response without :status")) }
+            return status == 200 ? .accepted : .rejected(APNsErrorResponse.parse(status: status, body: closed.body))
+        }
+        // A stream the server did not process (above a GOAWAY's last stream ID) is safe to retry.
+        if closed.errorCode == NGHTTP2_REFUSED_STREAM.rawValue, state.withLockedValue({ $0.goingAway }) { return .transport(.goAway) }
+        if closed.errorCode != 0 { return .transport(.connectionLost("stream reset: \(http2ErrorName(closed.errorCode))")) }
+        return .transport(.connectionLost("stream closed before the response"))
+    }
+
+    /// A stream that closes with the connection: if the server sent GOAWAY it did not process it, which
+    /// makes a retry safe; otherwise the connection died under it.
+    private func closedResult() -> APNsAttemptResult {
+        state.withLockedValue { $0.goingAway } ? .transport(.goAway) : .transport(.connectionLost("stream closed before the response"))
+    }
+
+    // MARK: deadlines
+
+    private func armSweep(for deadline: NIODeadline) {
+        guard let context, sweep.map({ deadline < $0.at }) ?? true else { return }
+        sweep?.task.cancel()
+        let loopBound = NIOLoopBound(self, eventLoop: context.eventLoop)
+        sweep = (deadline, context.eventLoop.scheduleTask(deadline: deadline) { loopBound.value.sweepDue() })
+    }
+
+    /// Times out every push past its deadline (resetting its stream), and sets the timer for the next.
+    private func sweepDue() {
+        sweep = nil
+        let now = NIODeadline.now()
+        var next: NIODeadline?
+        for (id, push) in inFlight {
+            if push.deadline <= now {
+                inFlight[id] = nil
+                push.finish(.transport(.timeout))
+                session.reset(streamID: id)
+            } else if next.map({ push.deadline < $0 }) ?? true {
+                next = push.deadline
+            }
+        }
+        if let next { armSweep(for: next) }
+        flush()
+    }
+
+    // MARK: the connection
+
+    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        if event is ProbeNow {
+            ping(context: context)
+            return
+        }
+        if let tls = event as? TLSUserEvent, case .handshakeCompleted(let negotiated) = tls {
+            if negotiated == "h2" {
+                startKeepalive(context: context)
+            } else {
+                handshake.fail(APNsConnectionError.noHTTP2(negotiated: negotiated))
+                context.close(promise: nil)
+            }
+        }
+        context.fireUserInboundEventTriggered(event)
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        handshake.fail(error)
+        context.close(promise: nil)
+    }
+
+    private func fail(context: ChannelHandlerContext, error: any Error) {
+        // libnghttp2 may have queued a GOAWAY saying why; send it before closing.
+        var goAway: ByteBuffer?
+        try? session.send { chunk in
+            if goAway == nil { goAway = context.channel.allocator.buffer(capacity: chunk.count) }
+            goAway!.writeBytes(chunk)
+        }
+        if let goAway { context.writeAndFlush(wrapOutboundOut(goAway), promise: nil) }
+        context.fireErrorCaught(error)
+        context.close(promise: nil)
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        isClosed = true
+        state.withLockedValue { $0.closed = true }
+        handshake.fail(APNsTransportError.closed)
+        ticker?.cancel()
+        pingDeadline?.cancel()
+        sweep?.task.cancel()
+        sweep = nil
+        session.abandonStreams()
+        let result = closedResult()
+        session.drainEvents { _ in }
+        for push in inFlight.values { push.finish(result) }
+        inFlight.removeAll()
+        // Pushes handed over since the last batch, whose task will find the connection closed anyway.
+        submitWaiting()
+        context.fireChannelInactive()
+    }
+
+    private func startKeepalive(context: ChannelHandlerContext) {
+        let loopBound = NIOLoopBound(self, eventLoop: context.eventLoop)
+        ticker = context.eventLoop.scheduleRepeatedTask(initialDelay: pingInterval, delay: pingInterval) { _ in
+            loopBound.value.tick()
+        }
+    }
+
+    private func tick() {
+        defer { readSinceLastTick = false }
+        guard !readSinceLastTick, let context else { return }
+        ping(context: context)
+    }
+
+    private func ping(context: ChannelHandlerContext) {
+        guard !pingOutstanding, context.channel.isActive else { return }
+        pingOutstanding = true
+        pingCounter += 1
+        session.ping(pingCounter)
+        flush()
+        let contextBox = NIOLoopBound(context, eventLoop: context.eventLoop)
+        pingDeadline = context.eventLoop.assumeIsolated().scheduleTask(in: pingTimeout) {
+            contextBox.value.fireErrorCaught(APNsConnectionError.pingTimedOut)
+            contextBox.value.close(promise: nil)
+        }
+    }
+}
+
+/// RFC 9113's name for an HTTP/2 error code, for messages.
+func http2ErrorName(_ code: UInt32) -> String {
+    String(cString: nghttp2_http2_strerror(code))
+}

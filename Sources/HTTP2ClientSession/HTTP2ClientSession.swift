@@ -1,0 +1,283 @@
+import CNGHTTP2
+
+/// An HTTP/2 client session on libnghttp2, without I/O: bytes from the server go in (`receive`),
+/// bytes for the server come out (`send`), and what happened comes out as events (`drainEvents`).
+/// libnghttp2's own session is sans-I/O (`nghttp2_session_mem_recv`, `nghttp2_session_mem_send`); this
+/// wraps it for Swift: requests with a body held until sent, the response's status, chosen headers and
+/// body gathered per stream, and the connection's SETTINGS, GOAWAY and PING acknowledgements.
+///
+/// libnghttp2 does the protocol: HPACK, flow control (WINDOW_UPDATE is automatic), the server's
+/// MAX_CONCURRENT_STREAMS (requests beyond it wait in its queue), SETTINGS and PING acknowledgements,
+/// frames for streams already reset, stream IDs. Not thread-safe: one owner (an event loop) drives it.
+public final class HTTP2ClientSession {
+    /// One request's outcome, when its stream closes.
+    public struct Closed {
+        /// What the caller passed to `submitRequest`.
+        public var context: AnyObject
+        public var streamID: Int32
+        /// `:status`, if a response header block arrived.
+        public var status: Int?
+        /// The headers named in `capturedHeaders` that the response carried, in order.
+        public var headers: [(name: String, value: String)]
+        /// The response body, up to `maximumBodyBytes`.
+        public var body: [UInt8]
+        /// The server ended the response (END_STREAM) before the stream closed.
+        public var complete: Bool
+        /// The stream's error code: 0 (NO_ERROR) for a stream that ended normally, else RST_STREAM's code,
+        /// or REFUSED_STREAM for a stream above a GOAWAY's last stream ID, or the code of `reset`.
+        public var errorCode: UInt32
+    }
+
+    public enum Event {
+        /// The server's SETTINGS were applied; its current limit on streams at once.
+        case settings(maxConcurrentStreams: Int)
+        case goAway(lastStreamID: Int32, errorCode: UInt32)
+        case pingAcknowledged
+        case closed(Closed)
+    }
+
+    /// A fatal protocol error: the connection is done (libnghttp2 may have queued a GOAWAY to send).
+    public struct ProtocolError: Error, CustomStringConvertible {
+        public var code: Int32
+        public var description: String { "HTTP/2 session error: \(String(cString: nghttp2_strerror(Int32(code))))" }
+    }
+
+    /// Per stream: the body still to send, and the response gathered so far.
+    final class Stream {
+        let context: AnyObject
+        let body: [UInt8]
+        var sent = 0
+        var id: Int32 = 0
+        var status: Int?
+        var headers: [(name: String, value: String)] = []
+        var responseBody: [UInt8] = []
+        var complete = false
+
+        init(context: AnyObject, body: [UInt8]) {
+            self.context = context
+            self.body = body
+        }
+    }
+
+    // Owned by this object; freed in deinit. Never nil after init.
+    private var session: OpaquePointer!
+    /// Open streams by ID; libnghttp2 holds unretained pointers to them as stream user data.
+    private var streams: [Int32: Stream] = [:]
+    private var events: [Event] = []
+    /// Set by `abandonStreams`: the connection is gone, and libnghttp2 may still point at freed streams.
+    private var abandoned = false
+    let capturedHeaders: [[UInt8]]
+    let maximumBodyBytes: Int
+
+    /// - Parameters:
+    ///   - capturedHeaders: response headers to keep (lowercase), besides `:status`.
+    ///   - maximumBodyBytes: response body kept per stream; more is read and dropped.
+    public init(capturedHeaders: [String] = [], maximumBodyBytes: Int = 4_096) throws(ProtocolError) {
+        self.capturedHeaders = capturedHeaders.map { Array($0.utf8) }
+        self.maximumBodyBytes = maximumBodyBytes
+        var callbacks: OpaquePointer?
+        guard nghttp2_session_callbacks_new(&callbacks) == 0, let callbacks else { throw ProtocolError(code: NGHTTP2_ERR_NOMEM.rawValue) }
+        defer { nghttp2_session_callbacks_del(callbacks) }
+        nghttp2_session_callbacks_set_on_header_callback(callbacks, onHeader)
+        nghttp2_session_callbacks_set_on_data_chunk_recv_callback(callbacks, onDataChunk)
+        nghttp2_session_callbacks_set_on_frame_recv_callback(callbacks, onFrame)
+        nghttp2_session_callbacks_set_on_stream_close_callback(callbacks, onStreamClose)
+        var session: OpaquePointer?
+        let status = nghttp2_session_client_new(&session, callbacks, Unmanaged.passUnretained(self).toOpaque())
+        guard status == 0, let session else { throw ProtocolError(code: status) }
+        self.session = session
+        // The client's SETTINGS, the first frame after the preface: no server push (APNs has none).
+        var settings = [nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_ENABLE_PUSH.rawValue), value: 0)]
+        let submitted = nghttp2_submit_settings(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), &settings, settings.count)
+        guard submitted == 0 else { throw ProtocolError(code: submitted) }
+    }
+
+    deinit {
+        nghttp2_session_del(session)
+    }
+
+    /// Streams open or waiting for the server's limit.
+    public var openStreams: Int { streams.count }
+
+    /// Queues a request; its stream ID, or an error (`NGHTTP2_ERR_STREAM_ID_NOT_AVAILABLE` once the
+    /// connection's stream IDs are spent: a new connection is needed).
+    /// - Parameter headers: pseudo-headers first, names lowercase.
+    public func submitRequest(headers: [(name: String, value: String)], body: [UInt8], context: AnyObject) throws(ProtocolError) -> Int32 {
+        guard !abandoned else { throw ProtocolError(code: NGHTTP2_ERR_INVALID_STATE.rawValue) }
+        let stream = Stream(context: context, body: body)
+        let pointer = Unmanaged.passUnretained(stream).toOpaque()
+        // One buffer for every name and value: libnghttp2 copies them before returning.
+        var arena: [UInt8] = []
+        arena.reserveCapacity(headers.reduce(0) { $0 + $1.name.utf8.count + $1.value.utf8.count })
+        for (name, value) in headers {
+            arena.append(contentsOf: name.utf8)
+            arena.append(contentsOf: value.utf8)
+        }
+        let id = arena.withUnsafeMutableBufferPointer { bytes -> Int32 in
+            withUnsafeTemporaryAllocation(of: nghttp2_nv.self, capacity: headers.count) { nva -> Int32 in
+                var offset = 0
+                for (index, (name, value)) in headers.enumerated() {
+                    let n = name.utf8.count, v = value.utf8.count
+                    nva[index] = nghttp2_nv(name: bytes.baseAddress! + offset, value: bytes.baseAddress! + offset + n,
+                                            namelen: n, valuelen: v, flags: UInt8(NGHTTP2_NV_FLAG_NONE.rawValue))
+                    offset += n + v
+                }
+                var provider = nghttp2_data_provider(source: nghttp2_data_source(ptr: pointer), read_callback: readBodyCallback)
+                return nghttp2_submit_request(session, nil, nva.baseAddress, headers.count, &provider, pointer)
+            }
+        }
+        guard id > 0 else { throw ProtocolError(code: id) }
+        stream.id = id
+        streams[id] = stream
+        return id
+    }
+
+    /// Feeds bytes read from the server. Events it causes wait in `drainEvents`.
+    public func receive(_ bytes: UnsafeRawBufferPointer) throws(ProtocolError) {
+        guard !abandoned, let base = bytes.baseAddress, bytes.count > 0 else { return }
+        let read = nghttp2_session_mem_recv(session, base.assumingMemoryBound(to: UInt8.self), bytes.count)
+        if read < 0 { throw ProtocolError(code: Int32(read)) }
+    }
+
+    /// Hands every byte that is ready for the server to `write`, chunk by chunk (each chunk valid only
+    /// during the call).
+    public func send(_ write: (UnsafeRawBufferPointer) -> Void) throws(ProtocolError) {
+        while !abandoned {
+            var data: UnsafePointer<UInt8>?
+            let count = nghttp2_session_mem_send(session, &data)
+            if count < 0 { throw ProtocolError(code: Int32(count)) }
+            guard count > 0, let data else { return }
+            write(UnsafeRawBufferPointer(start: data, count: count))
+        }
+    }
+
+    /// Whether there are bytes to send.
+    public var wantsWrite: Bool { nghttp2_session_want_write(session) != 0 }
+
+    /// Whether the session is still usable: false after a GOAWAY both ways or a fatal error.
+    public var isAlive: Bool { nghttp2_session_want_read(session) != 0 || nghttp2_session_want_write(session) != 0 }
+
+    /// Resets a stream (a request that took too long); its `closed` event comes with `code`.
+    public func reset(streamID: Int32, code: UInt32 = NGHTTP2_CANCEL.rawValue) {
+        _ = nghttp2_submit_rst_stream(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), streamID, code)
+    }
+
+    /// Queues a PING; `pingAcknowledged` follows its answer.
+    public func ping(_ payload: UInt64) {
+        var opaque = payload.bigEndian
+        withUnsafeBytes(of: &opaque) { bytes in
+            _ = nghttp2_submit_ping(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), bytes.baseAddress!.assumingMemoryBound(to: UInt8.self))
+        }
+    }
+
+    /// Every event since the last call, in order.
+    public func drainEvents(_ handle: (Event) -> Void) {
+        // Handling one may cause more (a reset sent from within it): loop until none are left.
+        while !events.isEmpty {
+            let batch = events
+            events.removeAll(keepingCapacity: true)
+            for event in batch { handle(event) }
+        }
+    }
+
+    /// The connection is gone: every open stream ends now, as if reset with `code`. Their events wait
+    /// in `drainEvents`.
+    public func abandonStreams(code: UInt32 = NGHTTP2_CANCEL.rawValue) {
+        abandoned = true
+        let open = streams.values.sorted { $0.id < $1.id }
+        streams.removeAll()
+        for stream in open { nghttp2_session_set_stream_user_data(session, stream.id, nil) }
+        for stream in open { events.append(.closed(closed(stream, errorCode: code))) }
+    }
+
+    // MARK: libnghttp2's callbacks, through the session pointer it hands back as user data.
+
+    fileprivate func stream(_ id: Int32) -> Stream? {
+        guard let pointer = nghttp2_session_get_stream_user_data(session, id) else { return nil }
+        return Unmanaged<Stream>.fromOpaque(pointer).takeUnretainedValue()
+    }
+
+    fileprivate func header(stream id: Int32, name: UnsafeBufferPointer<UInt8>, value: UnsafeBufferPointer<UInt8>) {
+        guard let stream = stream(id) else { return }
+        if name.elementsEqual(":status".utf8) {
+            if stream.status == nil { stream.status = Int(String(decoding: value, as: UTF8.self)) }
+        } else if capturedHeaders.contains(where: { $0.elementsEqual(name) }) {
+            stream.headers.append((String(decoding: name, as: UTF8.self), String(decoding: value, as: UTF8.self)))
+        }
+    }
+
+    fileprivate func data(stream id: Int32, _ chunk: UnsafeBufferPointer<UInt8>) {
+        guard let stream = stream(id), stream.responseBody.count < maximumBodyBytes else { return }
+        stream.responseBody.append(contentsOf: chunk.prefix(maximumBodyBytes - stream.responseBody.count))
+    }
+
+    fileprivate func frame(_ frame: UnsafePointer<nghttp2_frame>) {
+        let header = frame.pointee.hd
+        switch Int(header.type) {
+        case Int(NGHTTP2_SETTINGS.rawValue) where header.flags & UInt8(NGHTTP2_FLAG_ACK.rawValue) == 0:
+            let limit = nghttp2_session_get_remote_settings(session, NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS)
+            events.append(.settings(maxConcurrentStreams: Int(limit)))
+        case Int(NGHTTP2_GOAWAY.rawValue):
+            events.append(.goAway(lastStreamID: frame.pointee.goaway.last_stream_id, errorCode: frame.pointee.goaway.error_code))
+        case Int(NGHTTP2_PING.rawValue) where header.flags & UInt8(NGHTTP2_FLAG_ACK.rawValue) != 0:
+            events.append(.pingAcknowledged)
+        case Int(NGHTTP2_HEADERS.rawValue), Int(NGHTTP2_DATA.rawValue):
+            if header.flags & UInt8(NGHTTP2_FLAG_END_STREAM.rawValue) != 0 { stream(header.stream_id)?.complete = true }
+        default:
+            break
+        }
+    }
+
+    fileprivate func close(stream id: Int32, errorCode: UInt32) {
+        guard let stream = streams.removeValue(forKey: id) else { return }
+        events.append(.closed(closed(stream, errorCode: errorCode)))
+    }
+
+    private func closed(_ stream: Stream, errorCode: UInt32) -> Closed {
+        Closed(context: stream.context, streamID: stream.id, status: stream.status, headers: stream.headers,
+               body: stream.responseBody, complete: stream.complete && errorCode == 0, errorCode: errorCode)
+    }
+
+    fileprivate func readBody(stream pointer: UnsafeMutableRawPointer, into buffer: UnsafeMutablePointer<UInt8>, length: Int,
+                              flags: UnsafeMutablePointer<UInt32>) -> Int {
+        let stream = Unmanaged<Stream>.fromOpaque(pointer).takeUnretainedValue()
+        let count = min(length, stream.body.count - stream.sent)
+        stream.body.withUnsafeBufferPointer { body in
+            buffer.update(from: body.baseAddress! + stream.sent, count: count)
+        }
+        stream.sent += count
+        if stream.sent == stream.body.count { flags.pointee |= NGHTTP2_DATA_FLAG_EOF.rawValue }
+        return count
+    }
+}
+
+private func session(_ userData: UnsafeMutableRawPointer?) -> HTTP2ClientSession {
+    Unmanaged<HTTP2ClientSession>.fromOpaque(userData!).takeUnretainedValue()
+}
+
+private let onHeader: nghttp2_on_header_callback = { _, frame, name, nameLength, value, valueLength, _, userData in
+    guard let frame, frame.pointee.hd.type == UInt8(NGHTTP2_HEADERS.rawValue) else { return 0 }
+    session(userData).header(stream: frame.pointee.hd.stream_id, name: UnsafeBufferPointer(start: name, count: nameLength),
+                             value: UnsafeBufferPointer(start: value, count: valueLength))
+    return 0
+}
+
+private let onDataChunk: nghttp2_on_data_chunk_recv_callback = { _, _, streamID, data, length, userData in
+    session(userData).data(stream: streamID, UnsafeBufferPointer(start: data, count: length))
+    return 0
+}
+
+private let onFrame: nghttp2_on_frame_recv_callback = { _, frame, userData in
+    if let frame { session(userData).frame(frame) }
+    return 0
+}
+
+private let onStreamClose: nghttp2_on_stream_close_callback = { _, streamID, errorCode, userData in
+    session(userData).close(stream: streamID, errorCode: errorCode)
+    return 0
+}
+
+private let readBodyCallback: nghttp2_data_source_read_callback = { _, _, buffer, length, flags, source, userData in
+    guard let pointer = source?.pointee.ptr, let buffer, let flags else { return Int(NGHTTP2_ERR_CALLBACK_FAILURE.rawValue) }
+    return session(userData).readBody(stream: pointer, into: buffer, length: length, flags: flags)
+}
