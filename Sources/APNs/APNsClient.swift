@@ -227,6 +227,8 @@ public actor APNsClient {
     /// `pickConnection`, given up after `limit` (the connection attempt carries on for later pushes).
     private func pickConnection(within limit: Duration) async throws -> HTTP2Connection {
         guard limit > .zero else { throw APNsBudgetSpent() }
+        // The usual case, with no task or timer: the pool is full and every connection usable.
+        if let ready = leastLoadedIfAllReady() { return ready }
         // Not a task group: a group waits for every child, and awaiting a connecting task's value can't
         // be cancelled, so the push would still wait for the whole connection attempt.
         let settled = NIOLockedValueBox(false)
@@ -246,6 +248,19 @@ public actor APNsClient {
                 if settle(result) { timer.cancel() }
             }
         }
+    }
+
+    /// The least loaded connection, if every slot holds a usable one (else `pickConnection` has slots to
+    /// mend on the way).
+    private func leastLoadedIfAllReady() -> HTTP2Connection? {
+        var best: HTTP2Connection?
+        var bestLoad = Double.infinity
+        for slot in slots {
+            guard case .ready(let connection) = slot, connection.isUsable else { return nil }
+            let load = connection.load
+            if load < bestLoad { (best, bestLoad) = (connection, load) }
+        }
+        return best
     }
 
     /// The least loaded usable connection; empty or dead slots are (re)connected on the way.
