@@ -14,7 +14,7 @@ public struct PushToTalkNotification: Sendable, Equatable {
     /// Sent as `apns-id`; APNs echoes it back, so logs on both sides can be joined on it.
     public var id: UUID
 
-    public init(deviceToken: String, activeSpeaker: String?, channel: UUID, id: UUID = UUID()) {
+    public init(deviceToken: String, activeSpeaker: String?, channel: UUID, id: UUID = .randomVersion4()) {
         self.deviceToken = deviceToken
         self.activeSpeaker = activeSpeaker
         self.channel = channel
@@ -23,6 +23,22 @@ public struct PushToTalkNotification: Sendable, Equatable {
 
     /// True for the leave push sent when an admin removes the member or deletes the channel.
     public var isLeave: Bool { activeSpeaker == nil }
+}
+
+extension UUID {
+    /// A random (version 4) UUID from the system's generator (`getrandom`). Foundation's `UUID()` opens
+    /// and reads /dev/urandom each time here, which was a tenth of a push's CPU.
+    public static func randomVersion4() -> UUID {
+        var generator = SystemRandomNumberGenerator()
+        var bytes: uuid_t = (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+        withUnsafeMutableBytes(of: &bytes) { raw in
+            raw.storeBytes(of: generator.next() as UInt64, as: UInt64.self)
+            raw.storeBytes(of: generator.next() as UInt64, toByteOffset: 8, as: UInt64.self)
+        }
+        bytes.6 = bytes.6 & 0x0F | 0x40  // version 4
+        bytes.8 = bytes.8 & 0x3F | 0x80  // RFC 9562 variant
+        return UUID(uuid: bytes)
+    }
 }
 
 /// The largest body APNs accepts for a push other than VoIP (Apple documents 4 KB).
@@ -61,19 +77,39 @@ public struct APNsRequest: Sendable {
     }
 
     static func encodeBody(_ notification: PushToTalkNotification) throws(APNsRequestError) -> [UInt8] {
-        struct Body: Encodable {
-            var activeSpeaker: String?
-            var channel: String
-            var leave: Bool?
+        // Written directly rather than by JSONEncoder, which took a tenth of a push's CPU for these
+        // three keys (sorted, as JSONEncoder's `.sortedKeys` wrote them; slashes unescaped).
+        var bytes: [UInt8] = []
+        bytes.reserveCapacity(64 + (notification.activeSpeaker?.utf8.count ?? 0))
+        bytes.append(UInt8(ascii: "{"))
+        if let speaker = notification.activeSpeaker {
+            bytes.append(contentsOf: #""activeSpeaker":"#.utf8)
+            appendJSONString(speaker, to: &bytes)
+            bytes.append(UInt8(ascii: ","))
         }
-        let body = Body(activeSpeaker: notification.activeSpeaker, channel: notification.channel.uuidString.lowercased(),
-                        leave: notification.isLeave ? true : nil)
-        let encoder = JSONEncoder()
-        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
-        let bytes: [UInt8]
-        do { bytes = Array(try encoder.encode(body)) } catch { throw .unencodable(String(describing: error)) }
+        bytes.append(contentsOf: #""channel":"#.utf8)
+        appendJSONString(notification.channel.uuidString.lowercased(), to: &bytes)
+        if notification.isLeave { bytes.append(contentsOf: #","leave":true"#.utf8) }
+        bytes.append(UInt8(ascii: "}"))
         guard bytes.count <= apnsMaximumPayloadBytes else { throw .payloadTooLarge(bytes: bytes.count) }
         return bytes
+    }
+
+    /// A JSON string (RFC 8259 §7): quotes, backslashes and control characters escaped, the rest as UTF-8.
+    static func appendJSONString(_ string: String, to bytes: inout [UInt8]) {
+        let hex = Array("0123456789abcdef".utf8)
+        bytes.append(UInt8(ascii: "\""))
+        for byte in string.utf8 {
+            switch byte {
+            case UInt8(ascii: "\""), UInt8(ascii: "\\"): bytes += [UInt8(ascii: "\\"), byte]
+            case 0x0A: bytes += [UInt8(ascii: "\\"), UInt8(ascii: "n")]
+            case 0x0D: bytes += [UInt8(ascii: "\\"), UInt8(ascii: "r")]
+            case 0x09: bytes += [UInt8(ascii: "\\"), UInt8(ascii: "t")]
+            case 0..<0x20: bytes += Array(#"\u00"#.utf8) + [hex[Int(byte >> 4)], hex[Int(byte & 0xF)]]
+            default: bytes.append(byte)
+            }
+        }
+        bytes.append(UInt8(ascii: "\""))
     }
 
     /// Apple says tokens are of variable length: check only that it is hex, of even length, and not absurd.
@@ -88,7 +124,6 @@ public struct APNsRequest: Sendable {
 public enum APNsRequestError: Error, Sendable, Equatable, CustomStringConvertible {
     case payloadTooLarge(bytes: Int)
     case invalidDeviceToken(String)
-    case unencodable(String)
 
     public var description: String {
         switch self {
@@ -96,8 +131,6 @@ public enum APNsRequestError: Error, Sendable, Equatable, CustomStringConvertibl
             return "the push body is \(bytes) bytes; APNs accepts at most \(apnsMaximumPayloadBytes). Shorten the speaker's display name."
         case .invalidDeviceToken(let token):
             return "the device token '\(token.prefix(40))' is not hex of even length (2-200 characters); the client registered a bad token"
-        case .unencodable(let detail):
-            return "the push body could not be encoded as JSON: \(detail)"
         }
     }
 }

@@ -242,6 +242,38 @@ import Testing
         #expect(body?["leave"] == nil)
     }
 
+    /// The body is written by hand: any display name must come out as the JSON string it is, and a plain
+    /// one byte for byte as JSONEncoder wrote it before.
+    @Test func speakerNamesOfAnyKindSurviveTheBody() throws {
+        let channel = UUID()
+        let names = ["Alice", #"Bob "the builder" \ O'Neil"#, "line\nbreak\ttab\r", "bell\u{07}nul\u{00}esc\u{1B}del\u{7F}",
+                     "Zoë 🚒 Łódź / 東京", "a/b", ""]
+        for name in names {
+            let request = try APNsRequest.pushToTalk(PushToTalkNotification(deviceToken: "abcd", activeSpeaker: name, channel: channel),
+                                                     topic: "a.voip-ptt")
+            let body = try #require(try JSONSerialization.jsonObject(with: Data(request.body)) as? [String: Any])
+            #expect(body["activeSpeaker"] as? String == name)
+            #expect(body["channel"] as? String == channel.uuidString.lowercased())
+            #expect(body.count == 2)
+        }
+        struct Body: Encodable { var activeSpeaker: String; var channel: String }
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+        let expected = try encoder.encode(Body(activeSpeaker: "Zoë / Alice", channel: channel.uuidString.lowercased()))
+        let request = try APNsRequest.pushToTalk(PushToTalkNotification(deviceToken: "abcd", activeSpeaker: "Zoë / Alice", channel: channel),
+                                                 topic: "a.voip-ptt")
+        #expect(request.body == Array(expected))
+    }
+
+    @Test func apnsIDsAreRandomVersion4UUIDs() {
+        let ids = (0..<1_000).map { _ in UUID.randomVersion4() }
+        #expect(Set(ids).count == ids.count)
+        for id in ids {
+            #expect(id.uuid.6 >> 4 == 4, "version 4")
+            #expect(id.uuid.8 >> 6 == 0b10, "RFC 9562 variant")
+        }
+    }
+
     @Test func aLeavePushHasNoSpeaker() throws {
         let request = try APNsRequest.pushToTalk(
             PushToTalkNotification(deviceToken: "abcd", activeSpeaker: nil, channel: UUID()), topic: "a.voip-ptt")
