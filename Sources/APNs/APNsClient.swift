@@ -139,14 +139,17 @@ public actor APNsClient {
                         reason: .signing(String(describing: error)), isConfigurationError: true, attempts: attempts.attempts)))
                 }
                 used = (connection.id, jwt.generation)
-                result = await connection.send(request, authorization: "bearer \(jwt.jwt)", timeout: min(configuration.requestTimeout, left))
+                result = await connection.send(request, jwt: jwt.jwt, timeout: min(configuration.requestTimeout, left))
             } catch {
                 result = .transport(.connectFailed(String(describing: error)))
             }
             last = result
             if APNsDeliveryAttempts.provesConfiguration(result) { proof.prove() }
             attempts.configurationProven = proof.isProven
-            switch attempts.next(after: result, elapsed: clock.now - start, random: Double.random(in: 0..<1)) {
+            // The jitter is for retries; drawing it (a getrandom(2)) for every accepted push cost more than
+            // the rest of the policy.
+            let random = result == .accepted ? 0 : Double.random(in: 0..<1)
+            switch attempts.next(after: result, elapsed: clock.now - start, random: random) {
             case .delivered:
                 return .success(APNsDelivery(apnsID: request.apnsID, attempts: attempts.attempts))
             case .retry(let delay, let refreshJWT):

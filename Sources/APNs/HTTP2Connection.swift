@@ -1,5 +1,6 @@
 import Foundation
 import NIOConcurrencyHelpers
+import HTTP2ClientSession
 import NIOCore
 import NIOPosix
 import NIOSSL
@@ -101,7 +102,7 @@ final class HTTP2Connection: Sendable {
 
     /// Sends one request and waits for its answer; never throws, because every way it can end is an input to
     /// the delivery policy.
-    func send(_ request: APNsRequest, authorization: String, timeout: Duration) async -> APNsAttemptResult {
+    func send(_ request: APNsRequest, jwt: String, timeout: Duration) async -> APNsAttemptResult {
         let admitted = state.withLockedValue { state -> Bool in
             guard !state.goingAway, !state.closed else { return false }
             state.inFlight += 1
@@ -116,16 +117,15 @@ final class HTTP2Connection: Sendable {
             if drained { channel.close(promise: nil) }
         }
 
-        var headers: [(name: String, value: String)] = []
-        headers.reserveCapacity(request.headers.count + 6)
-        headers.append((":method", "POST"))
-        headers.append((":scheme", "https"))
-        headers.append((":path", request.path))
-        headers.append((":authority", authority))
+        var headers = HTTP2ClientSession.HeaderList()
+        headers.add(":method", "POST")
+        headers.add(":scheme", "https")
+        headers.add(":path", request.path)
+        headers.add(":authority", authority)
         // Indexed, so after the first push on a connection the JWT costs a byte or two in HPACK.
-        headers.append(("authorization", authorization))
-        headers.append(contentsOf: request.headers)
-        headers.append(("content-length", String(request.body.count)))
+        headers.add("authorization", "bearer ", jwt)
+        for (name, value) in request.headers { headers.add(name, value) }
+        headers.add("content-length", String(request.body.count))
         let deadline = NIODeadline.now() + TimeAmount(timeout)
         let result = await withCheckedContinuation { continuation in
             let push = PendingPush(headers: headers, body: request.body, deadline: deadline, continuation: continuation)

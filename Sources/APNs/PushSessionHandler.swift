@@ -9,14 +9,14 @@ import NIOTLS
 /// `@unchecked Sendable`: made by the sending task and handed to the event loop through
 /// `HTTP2Connection`'s locked queue, once; from then on only that event loop reads or changes it.
 final class PendingPush: @unchecked Sendable {
-    let headers: [(name: String, value: String)]
+    let headers: HTTP2ClientSession.HeaderList
     let body: [UInt8]
     let deadline: NIODeadline
     private let continuation: CheckedContinuation<APNsAttemptResult, Never>
     private(set) var isFinished = false
     var streamID: Int32 = 0
 
-    init(headers: [(name: String, value: String)], body: [UInt8], deadline: NIODeadline,
+    init(headers: HTTP2ClientSession.HeaderList, body: [UInt8], deadline: NIODeadline,
          continuation: CheckedContinuation<APNsAttemptResult, Never>) {
         self.headers = headers
         self.body = body

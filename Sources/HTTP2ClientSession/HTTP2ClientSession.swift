@@ -64,6 +64,7 @@ public final class HTTP2ClientSession {
     /// Open streams by ID; libnghttp2 holds unretained pointers to them as stream user data.
     private var streams: [Int32: Stream] = [:]
     private var events: [Event] = []
+    private var handling: [Event] = []
     /// Set by `abandonStreams`: the connection is gone, and libnghttp2 may still point at freed streams.
     private var abandoned = false
     let capturedHeaders: [[UInt8]]
@@ -99,31 +100,49 @@ public final class HTTP2ClientSession {
     /// Streams open or waiting for the server's limit.
     public var openStreams: Int { streams.count }
 
+    /// A request's header fields, names and values in one buffer: what libnghttp2 copies from, built
+    /// without a string per field.
+    public struct HeaderList: Sendable {
+        var bytes: [UInt8] = []
+        var lengths: [(name: Int, value: Int)] = []
+
+        public init(bytes: Int = 512, fields: Int = 16) {
+            self.bytes.reserveCapacity(bytes)
+            lengths.reserveCapacity(fields)
+        }
+
+        /// Adds `name: value + more` (`more`, to join a prefix and a value without a string between).
+        /// Pseudo-headers first, names lowercase.
+        public mutating func add(_ name: String, _ value: String, _ more: String = "") {
+            let start = bytes.count
+            bytes.append(contentsOf: name.utf8)
+            let nameLength = bytes.count - start
+            bytes.append(contentsOf: value.utf8)
+            bytes.append(contentsOf: more.utf8)
+            lengths.append((nameLength, bytes.count - start - nameLength))
+        }
+
+        public var count: Int { lengths.count }
+    }
+
     /// Queues a request; its stream ID, or an error (`NGHTTP2_ERR_STREAM_ID_NOT_AVAILABLE` once the
     /// connection's stream IDs are spent: a new connection is needed).
-    /// - Parameter headers: pseudo-headers first, names lowercase.
-    public func submitRequest(headers: [(name: String, value: String)], body: [UInt8], context: AnyObject) throws(ProtocolError) -> Int32 {
+    public func submitRequest(headers: HeaderList, body: [UInt8], context: AnyObject) throws(ProtocolError) -> Int32 {
         guard !abandoned else { throw ProtocolError(code: NGHTTP2_ERR_INVALID_STATE.rawValue) }
         let stream = Stream(context: context, body: body)
         let pointer = Unmanaged.passUnretained(stream).toOpaque()
-        // One buffer for every name and value: libnghttp2 copies them before returning.
-        var arena: [UInt8] = []
-        arena.reserveCapacity(headers.reduce(0) { $0 + $1.name.utf8.count + $1.value.utf8.count })
-        for (name, value) in headers {
-            arena.append(contentsOf: name.utf8)
-            arena.append(contentsOf: value.utf8)
-        }
-        let id = arena.withUnsafeMutableBufferPointer { bytes -> Int32 in
-            withUnsafeTemporaryAllocation(of: nghttp2_nv.self, capacity: headers.count) { nva -> Int32 in
+        // libnghttp2 copies every name and value before returning, and never writes to them.
+        let id = headers.bytes.withUnsafeBufferPointer { bytes -> Int32 in
+            let base = UnsafeMutablePointer(mutating: bytes.baseAddress!)
+            return withUnsafeTemporaryAllocation(of: nghttp2_nv.self, capacity: headers.lengths.count) { nva -> Int32 in
                 var offset = 0
-                for (index, (name, value)) in headers.enumerated() {
-                    let n = name.utf8.count, v = value.utf8.count
-                    nva[index] = nghttp2_nv(name: bytes.baseAddress! + offset, value: bytes.baseAddress! + offset + n,
+                for (index, (n, v)) in headers.lengths.enumerated() {
+                    nva[index] = nghttp2_nv(name: base + offset, value: base + offset + n,
                                             namelen: n, valuelen: v, flags: UInt8(NGHTTP2_NV_FLAG_NONE.rawValue))
                     offset += n + v
                 }
                 var provider = nghttp2_data_provider(source: nghttp2_data_source(ptr: pointer), read_callback: readBodyCallback)
-                return nghttp2_submit_request(session, nil, nva.baseAddress, headers.count, &provider, pointer)
+                return nghttp2_submit_request(session, nil, nva.baseAddress, headers.lengths.count, &provider, pointer)
             }
         }
         guard id > 0 else { throw ProtocolError(code: id) }
@@ -172,11 +191,12 @@ public final class HTTP2ClientSession {
 
     /// Every event since the last call, in order.
     public func drainEvents(_ handle: (Event) -> Void) {
-        // Handling one may cause more (a reset sent from within it): loop until none are left.
+        // Handling one may cause more (a reset sent from within it): loop until none are left. The two
+        // arrays trade places, so neither is copied or reallocated.
         while !events.isEmpty {
-            let batch = events
-            events.removeAll(keepingCapacity: true)
-            for event in batch { handle(event) }
+            swap(&events, &handling)
+            for event in handling { handle(event) }
+            handling.removeAll(keepingCapacity: true)
         }
     }
 

@@ -268,6 +268,9 @@ import Testing
     @Test func apnsIDsAreRandomVersion4UUIDs() {
         let ids = (0..<1_000).map { _ in UUID.randomVersion4() }
         #expect(Set(ids).count == ids.count)
+        for id in ids + [UUID(), UUID(uuid: (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 0xFF))] {
+            #expect(id.lowercaseString == id.uuidString.lowercased())
+        }
         for id in ids {
             #expect(id.uuid.6 >> 4 == 4, "version 4")
             #expect(id.uuid.8 >> 6 == 0b10, "RFC 9562 variant")
