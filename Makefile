@@ -122,6 +122,9 @@ fuzz-build: deps
 	$(SWIFT)c -sanitize=fuzzer,address -parse-as-library -g -O -use-ld=lld -module-name APNsResponseFuzz \
 	  $(FUZZ_DIR)/APNsResponseFuzz.swift Sources/APNs/APNsReason.swift Sources/APNs/DeliveryPolicy.swift Sources/APNs/PushToTalkNotification.swift \
 	  -o $(FUZZ_BIN)/apns-response
+	$(SWIFT)c -sanitize=fuzzer,address -parse-as-library -g -O -use-ld=lld -module-name HTTP2SessionFuzz -I Sources/CNGHTTP2 \
+	  $(FUZZ_DIR)/HTTP2SessionFuzz.swift Sources/HTTP2ClientSession/HTTP2ClientSession.swift \
+	  -o $(FUZZ_BIN)/h2-session
 
 fuzz: fuzz-build
 	@mkdir -p $(FUZZ_LOGS); for t in $(FUZZ_BIN)/*; do \

@@ -248,6 +248,7 @@ let package = Package(
         ], swiftSettings: swift6),
         .testTarget(name: "ChannelProtocolTests", dependencies: ["ChannelProtocol"], swiftSettings: swift6),
         .testTarget(name: "SFrameTests", dependencies: ["SFrame", "MediaFrames", "ChannelProtocol", "Wire"], swiftSettings: swift6),
+        .testTarget(name: "HTTP2ClientSessionTests", dependencies: ["HTTP2ClientSession"], swiftSettings: swift6),
         .testTarget(name: "ClusterPlacementTests", dependencies: ["ClusterPlacement", "SeededRandom"], swiftSettings: swift6),
         .testTarget(name: "OpusTests", dependencies: ["SeededRandom", "Opus", "Audio"], swiftSettings: swift6),
         .testTarget(name: "AudioTests", dependencies: ["Audio"], swiftSettings: swift6),

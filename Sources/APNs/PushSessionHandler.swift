@@ -113,16 +113,20 @@ final class PushSessionHandler: ChannelDuplexHandler {
                 push.finish(.transport(.goAway))
             }
         }
-        flush()
+        // A push is a HEADERS frame (its JWT indexed after the first) and a DATA frame: about 100 bytes
+        // and its body.
+        flush(expected: batch.reduce(0) { $0 + 128 + $1.body.count })
     }
 
     /// Writes whatever the session has for the server, in one buffer and one flush.
-    private func flush() {
+    /// - Parameter expected: bytes likely to come, so a large batch's buffer is not grown (and copied)
+    ///   frame by frame.
+    private func flush(expected: Int = 4_096) {
         guard let context, !isClosed else { return }
         var buffer: ByteBuffer?
         do {
             try session.send { chunk in
-                if buffer == nil { buffer = context.channel.allocator.buffer(capacity: max(chunk.count, 4_096)) }
+                if buffer == nil { buffer = context.channel.allocator.buffer(capacity: max(chunk.count, expected)) }
                 buffer!.writeBytes(chunk)
             }
         } catch {
@@ -131,6 +135,9 @@ final class PushSessionHandler: ChannelDuplexHandler {
         }
         handleEvents()
         if let buffer { context.writeAndFlush(wrapOutboundOut(buffer), promise: nil) }
+        // After a connection error (said in the GOAWAY just written), or a GOAWAY with nothing left to
+        // finish, the session wants neither to read nor to write: the connection is over.
+        if !session.isAlive { context.close(promise: nil) }
     }
 
     // MARK: the server's bytes in

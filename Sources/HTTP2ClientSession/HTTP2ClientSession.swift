@@ -36,7 +36,8 @@ public final class HTTP2ClientSession {
         case closed(Closed)
     }
 
-    /// A fatal protocol error: the connection is done (libnghttp2 may have queued a GOAWAY to send).
+    /// An error libnghttp2 cannot go on from (or a request it refused): the connection is done
+    /// (libnghttp2 may have queued a GOAWAY to send).
     public struct ProtocolError: Error, CustomStringConvertible {
         public var code: Int32
         public var description: String { "HTTP/2 session error: \(String(cString: nghttp2_strerror(Int32(code))))" }
@@ -151,7 +152,10 @@ public final class HTTP2ClientSession {
         return id
     }
 
-    /// Feeds bytes read from the server. Events it causes wait in `drainEvents`.
+    /// Feeds bytes read from the server. Events it causes wait in `drainEvents`. A connection error in
+    /// them (a malformed frame, bytes that are not HTTP/2) does not throw: libnghttp2 queues a GOAWAY
+    /// saying why and ends the session, and `isAlive` turns false once it is sent. It throws only
+    /// when libnghttp2 cannot go on at all (out of memory, a flood of frames it refuses to answer).
     public func receive(_ bytes: UnsafeRawBufferPointer) throws(ProtocolError) {
         guard !abandoned, let base = bytes.baseAddress, bytes.count > 0 else { return }
         let read = nghttp2_session_mem_recv(session, base.assumingMemoryBound(to: UInt8.self), bytes.count)
