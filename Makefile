@@ -121,6 +121,7 @@ fuzz-build: deps
 	  -o $(FUZZ_BIN)/push-payload
 	$(SWIFT)c -sanitize=fuzzer,address -parse-as-library -g -O -use-ld=lld -module-name APNsResponseFuzz \
 	  $(FUZZ_DIR)/APNsResponseFuzz.swift Sources/APNs/APNsReason.swift Sources/APNs/DeliveryPolicy.swift Sources/APNs/PushToTalkNotification.swift \
+	  Sources/RandomUUID/RandomUUID.swift \
 	  -o $(FUZZ_BIN)/apns-response
 	$(SWIFT)c -sanitize=fuzzer,address -parse-as-library -g -O -use-ld=lld -module-name HTTP2SessionFuzz -I Sources/CNGHTTP2 \
 	  $(FUZZ_DIR)/HTTP2SessionFuzz.swift Sources/HTTP2ClientSession/HTTP2ClientSession.swift \

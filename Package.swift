@@ -42,6 +42,7 @@ let package = Package(
         // libnghttp2's sans-I/O session is the APNs client's HTTP/2 engine (docs/decisions/0049).
         .systemLibrary(name: "CNGHTTP2", pkgConfig: "libnghttp2", providers: [.apt(["libnghttp2-dev"])]),
         .target(name: "HTTP2ClientSession", dependencies: ["CNGHTTP2"], swiftSettings: swift6),
+        .target(name: "RandomUUID", swiftSettings: swift6),
         // sendmmsg(2) for the server's fan-out, without NIO's per-datagram buffers (docs/decisions/0006).
         .target(name: "CUDPBatch"),
 
@@ -121,7 +122,7 @@ let package = Package(
         // needs the peer's SETTINGS, PING keepalive and GOAWAY) or swift-nio-http2 (a channel per stream
         // cost 12x h2load's CPU per push: docs/decisions/0049).
         .target(name: "APNs", dependencies: [
-            "HTTP2ClientSession", "CNGHTTP2",
+            "HTTP2ClientSession", "CNGHTTP2", "RandomUUID",
             .product(name: "NIOCore", package: "swift-nio"),
             .product(name: "NIOPosix", package: "swift-nio"),
             .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
@@ -137,7 +138,7 @@ let package = Package(
             .product(name: "NIOHTTP1", package: "swift-nio"),
         ], swiftSettings: swift6),
         .target(name: "APNsSimulator", dependencies: [
-            "SeededRandom", "APNsDevice",
+            "SeededRandom", "APNsDevice", "RandomUUID",
             .product(name: "NIOCore", package: "swift-nio"),
             .product(name: "NIOPosix", package: "swift-nio"),
             .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
@@ -215,7 +216,7 @@ let package = Package(
         ], swiftSettings: swift6),
 
         .testTarget(name: "APNsTests", dependencies: [
-            "APNs", "APNsSimulator", "SquelchTesting",
+            "RandomUUID", "APNs", "APNsSimulator", "SquelchTesting",
             .product(name: "NIOCore", package: "swift-nio"),
             .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
             .product(name: "NIOEmbedded", package: "swift-nio"),

@@ -1,4 +1,8 @@
 import Foundation
+// The fuzz build (Makefile) compiles RandomUUID.swift into its one module instead.
+#if canImport(RandomUUID)
+import RandomUUID
+#endif
 
 /// One `pushtotalk` notification for one device token.
 ///
@@ -23,41 +27,6 @@ public struct PushToTalkNotification: Sendable, Equatable {
 
     /// True for the leave push sent when an admin removes the member or deletes the channel.
     public var isLeave: Bool { activeSpeaker == nil }
-}
-
-extension UUID {
-    /// A random (version 4) UUID from one `arc4random_buf` (glibc's: one getrandom(2)). Foundation's
-    /// `UUID()` opens and reads /dev/urandom each time here, which was a tenth of a push's CPU.
-    public static func randomVersion4() -> UUID {
-        var bytes: uuid_t = (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
-        withUnsafeMutableBytes(of: &bytes) { raw in arc4random_buf(raw.baseAddress!, raw.count) }
-        bytes.6 = bytes.6 & 0x0F | 0x40  // version 4
-        bytes.8 = bytes.8 & 0x3F | 0x80  // RFC 9562 variant
-        return UUID(uuid: bytes)
-    }
-
-    /// `uuidString.lowercased()` without either: Foundation formats `uuidString` with sprintf here,
-    /// and two per push were a twentieth of its CPU.
-    public var lowercaseString: String {
-        let hex: StaticString = "0123456789abcdef"
-        return withUnsafeBytes(of: uuid) { raw in
-            String(unsafeUninitializedCapacity: 36) { out in
-                hex.withUTF8Buffer { digits in
-                    var at = 0
-                    for (index, byte) in raw.enumerated() {
-                        if index == 4 || index == 6 || index == 8 || index == 10 {
-                            out[at] = UInt8(ascii: "-")
-                            at += 1
-                        }
-                        out[at] = digits[Int(byte >> 4)]
-                        out[at + 1] = digits[Int(byte & 0x0F)]
-                        at += 2
-                    }
-                }
-                return 36
-            }
-        }
-    }
 }
 
 /// The largest body APNs accepts for a push other than VoIP (Apple documents 4 KB).

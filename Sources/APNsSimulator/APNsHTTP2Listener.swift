@@ -3,6 +3,7 @@ import NIOCore
 import NIOHTTP2
 import NIOPosix
 import NIOSSL
+import RandomUUID
 
 /// The APNs port: TLS, ALPN `h2`, HTTP/2, one `APNsConnection` per TCP connection.
 enum APNsHTTP2Listener {
@@ -189,7 +190,7 @@ final class APNsStreamHandler: ChannelInboundHandler {
         let receivedAt = core.now()
         let request = APNsRequest(method: method, path: path, headers: headers, body: body, bodyLength: bodyLength)
         let streamID = (try? context.channel.syncOptions?.getOption(HTTP2StreamChannelOptions.streamID)).map { Int($0) } ?? 0
-        let apnsID = APNsRequestValidator.echoableAPNsID(of: request) ?? UUID().uuidString.lowercased()
+        let apnsID = APNsRequestValidator.echoableAPNsID(of: request) ?? UUID.randomVersion4().lowercaseString
         let channel = context.channel
 
         switch connection.validate(request, receivedAt: receivedAt) {
@@ -237,7 +238,7 @@ final class APNsStreamHandler: ChannelInboundHandler {
     private static func respond(on channel: any Channel, status: Int, apnsID: String, reason: String?, timestamp: Int64?) {
         var head = HTTP2Frame.FramePayload.Headers(headers: [":status": String(status), "apns-id": apnsID])
         guard let reason else {
-            head.headers.add(name: "apns-unique-id", value: UUID().uuidString.lowercased())
+            head.headers.add(name: "apns-unique-id", value: UUID.randomVersion4().lowercaseString)
             head.endStream = true
             channel.writeAndFlush(HTTP2Frame.FramePayload.headers(head), promise: nil)
             return

@@ -1,6 +1,7 @@
 import Foundation
 import Testing
 @testable import APNs
+import RandomUUID
 
 /// The failure policy is a pure state machine, so every branch is checked here without a network; the
 /// same branches run again against the simulator in APNsClientTests.
