@@ -124,7 +124,7 @@ fuzz-build: deps
 	  Sources/RandomUUID/RandomUUID.swift \
 	  -o $(FUZZ_BIN)/apns-response
 	$(SWIFT)c -sanitize=fuzzer,address -parse-as-library -g -O -use-ld=lld -module-name HTTP2SessionFuzz -I Sources/CNGHTTP2 \
-	  $(FUZZ_DIR)/HTTP2SessionFuzz.swift Sources/HTTP2ClientSession/HTTP2ClientSession.swift \
+	  $(FUZZ_DIR)/HTTP2SessionFuzz.swift Sources/HTTP2Session/HTTP2ClientSession.swift Sources/HTTP2Session/HTTP2Shared.swift \
 	  -o $(FUZZ_BIN)/h2-session
 
 fuzz: fuzz-build

@@ -41,7 +41,7 @@ let package = Package(
         .target(name: "CPacketCrypto", dependencies: ["CLibCrypto"]),
         // libnghttp2's sans-I/O session is the APNs client's HTTP/2 engine (docs/decisions/0049).
         .systemLibrary(name: "CNGHTTP2", pkgConfig: "libnghttp2", providers: [.apt(["libnghttp2-dev"])]),
-        .target(name: "HTTP2ClientSession", dependencies: ["CNGHTTP2"], swiftSettings: swift6),
+        .target(name: "HTTP2Session", dependencies: ["CNGHTTP2"], swiftSettings: swift6),
         .target(name: "RandomUUID", swiftSettings: swift6),
         // sendmmsg(2) for the server's fan-out, without NIO's per-datagram buffers (docs/decisions/0006).
         .target(name: "CUDPBatch"),
@@ -122,7 +122,7 @@ let package = Package(
         // needs the peer's SETTINGS, PING keepalive and GOAWAY) or swift-nio-http2 (a channel per stream
         // cost 12x h2load's CPU per push: docs/decisions/0049).
         .target(name: "APNs", dependencies: [
-            "HTTP2ClientSession", "CNGHTTP2", "RandomUUID",
+            "HTTP2Session", "CNGHTTP2", "RandomUUID",
             .product(name: "NIOCore", package: "swift-nio"),
             .product(name: "NIOPosix", package: "swift-nio"),
             .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
@@ -138,12 +138,12 @@ let package = Package(
             .product(name: "NIOHTTP1", package: "swift-nio"),
         ], swiftSettings: swift6),
         .target(name: "APNsSimulator", dependencies: [
-            "SeededRandom", "APNsDevice", "RandomUUID",
+            "SeededRandom", "APNsDevice", "RandomUUID", "HTTP2Session", "CNGHTTP2",
             .product(name: "NIOCore", package: "swift-nio"),
             .product(name: "NIOPosix", package: "swift-nio"),
             .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
             .product(name: "NIOHTTP1", package: "swift-nio"),
-            .product(name: "NIOHTTP2", package: "swift-nio-http2"),
+            .product(name: "NIOTLS", package: "swift-nio"),
             .product(name: "NIOSSL", package: "swift-nio-ssl"),
             .product(name: "JWTKit", package: "jwt-kit"),
             .product(name: "Crypto", package: "swift-crypto"),
@@ -220,7 +220,6 @@ let package = Package(
             .product(name: "NIOCore", package: "swift-nio"),
             .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
             .product(name: "NIOEmbedded", package: "swift-nio"),
-            .product(name: "NIOHTTP2", package: "swift-nio-http2"),
             .product(name: "NIOPosix", package: "swift-nio"),
             .product(name: "Crypto", package: "swift-crypto"),
             .product(name: "JWTKit", package: "jwt-kit"),
@@ -249,7 +248,7 @@ let package = Package(
         ], swiftSettings: swift6),
         .testTarget(name: "ChannelProtocolTests", dependencies: ["ChannelProtocol"], swiftSettings: swift6),
         .testTarget(name: "SFrameTests", dependencies: ["SFrame", "MediaFrames", "ChannelProtocol", "Wire"], swiftSettings: swift6),
-        .testTarget(name: "HTTP2ClientSessionTests", dependencies: ["HTTP2ClientSession"], swiftSettings: swift6),
+        .testTarget(name: "HTTP2SessionTests", dependencies: ["HTTP2Session"], swiftSettings: swift6),
         .testTarget(name: "ClusterPlacementTests", dependencies: ["ClusterPlacement", "SeededRandom"], swiftSettings: swift6),
         .testTarget(name: "OpusTests", dependencies: ["SeededRandom", "Opus", "Audio"], swiftSettings: swift6),
         .testTarget(name: "AudioTests", dependencies: ["Audio"], swiftSettings: swift6),

@@ -3,7 +3,7 @@
 // every request exactly once (a `closed` event, or `abandonStreams` when the connection is given up),
 // and must keep its event stream consistent. The bytes are libnghttp2's to parse; the target covers
 // our callbacks on top of it (headers, body limit, stream close, SETTINGS, GOAWAY, PING) and the
-// stream bookkeeping. Built by `make fuzz-build` with Sources/HTTP2ClientSession and libnghttp2.
+// stream bookkeeping. Built by `make fuzz-build` with Sources/HTTP2Session (the client and the shared file) and libnghttp2.
 //
 // Input layout: a byte of how many requests to submit first (1-8), then the server's bytes, fed in
 // chunks whose sizes come from the bytes themselves, so frames split across reads are exercised.
@@ -23,7 +23,7 @@ public func fuzzHTTP2Session(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt 
     let requests = Int(first % 8) + 1
     var open = Set<Int>()
     for index in 0..<requests {
-        var headers = HTTP2ClientSession.HeaderList()
+        var headers = HTTP2HeaderList()
         headers.add(":method", "POST")
         headers.add(":scheme", "https")
         headers.add(":path", "/3/device/\(index)")

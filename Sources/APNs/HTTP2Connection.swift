@@ -1,6 +1,6 @@
 import Foundation
 import NIOConcurrencyHelpers
-import HTTP2ClientSession
+import HTTP2Session
 import NIOCore
 import NIOPosix
 import NIOSSL
@@ -30,10 +30,10 @@ final class HTTP2Connection: Sendable {
     private let authority: String
     let state: NIOLockedValueBox<State>
     /// Pushes waiting for the event loop; the first one in schedules the task that takes them all.
-    private let submissions: NIOLockedValueBox<[PendingPush]>
+    private let submissions: NIOLockedValueBox<PushQueue>
 
     private init(id: Int, channel: any Channel, handler: NIOLoopBound<PushSessionHandler>, authority: String,
-                 state: NIOLockedValueBox<State>, submissions: NIOLockedValueBox<[PendingPush]>) {
+                 state: NIOLockedValueBox<State>, submissions: NIOLockedValueBox<PushQueue>) {
         self.id = id
         self.channel = channel
         self.handler = handler
@@ -53,7 +53,7 @@ final class HTTP2Connection: Sendable {
     static func connect(id: Int, group: any EventLoopGroup, host: String, port: Int, tls: NIOSSLContext,
                         connectTimeout: Duration, pingInterval: Duration, pingTimeout: Duration) async throws -> HTTP2Connection {
         let state = NIOLockedValueBox(State())
-        let submissions = NIOLockedValueBox<[PendingPush]>([])
+        let submissions = NIOLockedValueBox(PushQueue())
         let handlerBox = NIOLockedValueBox<NIOLoopBound<PushSessionHandler>?>(nil)
         // SNI must not carry an IP literal; without a hostname NIOSSL checks the certificate against the address.
         let serverHostname: String? = isIPAddress(host) ? nil : host
@@ -117,7 +117,7 @@ final class HTTP2Connection: Sendable {
             if drained { channel.close(promise: nil) }
         }
 
-        var headers = HTTP2ClientSession.HeaderList()
+        var headers = HTTP2HeaderList()
         headers.add(":method", "POST")
         headers.add(":scheme", "https")
         headers.add(":path", request.path)
@@ -129,9 +129,14 @@ final class HTTP2Connection: Sendable {
         let deadline = NIODeadline.now() + TimeAmount(timeout)
         let result = await withCheckedContinuation { continuation in
             let push = PendingPush(headers: headers, body: request.body, deadline: deadline, continuation: continuation)
-            let first = submissions.withLockedValue { queue in
-                queue.append(push)
-                return queue.count == 1
+            let first = submissions.withLockedValue { queue -> Bool? in
+                guard !queue.closed else { return nil }
+                queue.waiting.append(push)
+                return queue.waiting.count == 1
+            }
+            guard let first else {
+                push.finish(.transport(.goAway))  // closed meanwhile, before anything was sent
+                return
             }
             // One event-loop task per batch: pushes arriving while it waits join it.
             if first {

@@ -1,22 +1,30 @@
 import CNGHTTP2
-import HTTP2ClientSession
+import HTTP2Session
 import NIOConcurrencyHelpers
 import NIOCore
 import NIOTLS
+
+/// Pushes handed to a connection's event loop, and whether it still takes them: set and read under one
+/// lock, so that a push never joins a queue nobody will take again (a closed connection's loop may be
+/// gone, and a push queued there would wait forever).
+struct PushQueue {
+    var waiting: [PendingPush] = []
+    var closed = false
+}
 
 /// One push on its way: the request, its deadline, and the task waiting for its result.
 ///
 /// `@unchecked Sendable`: made by the sending task and handed to the event loop through
 /// `HTTP2Connection`'s locked queue, once; from then on only that event loop reads or changes it.
 final class PendingPush: @unchecked Sendable {
-    let headers: HTTP2ClientSession.HeaderList
+    let headers: HTTP2HeaderList
     let body: [UInt8]
     let deadline: NIODeadline
     private let continuation: CheckedContinuation<APNsAttemptResult, Never>
     private(set) var isFinished = false
     var streamID: Int32 = 0
 
-    init(headers: HTTP2ClientSession.HeaderList, body: [UInt8], deadline: NIODeadline,
+    init(headers: HTTP2HeaderList, body: [UInt8], deadline: NIODeadline,
          continuation: CheckedContinuation<APNsAttemptResult, Never>) {
         self.headers = headers
         self.body = body
@@ -46,12 +54,14 @@ final class PushSessionHandler: ChannelDuplexHandler {
 
     private let session: HTTP2ClientSession
     private let state: NIOLockedValueBox<HTTP2Connection.State>
-    private let submissions: NIOLockedValueBox<[PendingPush]>
+    private let submissions: NIOLockedValueBox<PushQueue>
     private let handshake: EventLoopPromise<Void>
     private let pingInterval: TimeAmount
     private let pingTimeout: TimeAmount
     private var context: ChannelHandlerContext?
     private var isClosed = false
+    /// The last stream ID of the server's GOAWAY: streams above it were not processed.
+    private var goAwayLastStreamID: Int32?
     /// Pushes with a stream, by stream ID.
     private var inFlight: [Int32: PendingPush] = [:]
     /// One timer, for the earliest deadline it knew of when set; it sweeps every push due and sets itself again.
@@ -62,7 +72,7 @@ final class PushSessionHandler: ChannelDuplexHandler {
     private var ticker: RepeatedTask?
     private var pingDeadline: Scheduled<Void>?
 
-    init(state: NIOLockedValueBox<HTTP2Connection.State>, submissions: NIOLockedValueBox<[PendingPush]>,
+    init(state: NIOLockedValueBox<HTTP2Connection.State>, submissions: NIOLockedValueBox<PushQueue>,
          handshake: EventLoopPromise<Void>, pingInterval: Duration, pingTimeout: Duration) throws {
         session = try HTTP2ClientSession(maximumBodyBytes: 4_096)
         self.state = state
@@ -92,12 +102,12 @@ final class PushSessionHandler: ChannelDuplexHandler {
     /// Takes every push waiting in the queue, as streams, and writes them in one flush.
     func submitWaiting() {
         let batch = submissions.withLockedValue { queue in
-            defer { queue.removeAll(keepingCapacity: true) }
-            return queue
+            defer { queue.waiting.removeAll(keepingCapacity: true) }
+            return queue.waiting
         }
         guard !isClosed else {
-            let result = closedResult()
-            for push in batch { push.finish(result) }
+            // Never sent: safe to send elsewhere.
+            for push in batch { push.finish(.transport(.goAway)) }
             return
         }
         for push in batch {
@@ -137,7 +147,7 @@ final class PushSessionHandler: ChannelDuplexHandler {
         if let buffer { context.writeAndFlush(wrapOutboundOut(buffer), promise: nil) }
         // After a connection error (said in the GOAWAY just written), or a GOAWAY with nothing left to
         // finish, the session wants neither to read nor to write: the connection is over.
-        if !session.isAlive { context.close(promise: nil) }
+        if !session.isAlive { shutDown(context: context) }
     }
 
     // MARK: the server's bytes in
@@ -148,6 +158,7 @@ final class PushSessionHandler: ChannelDuplexHandler {
         do {
             try buffer.withUnsafeReadableBytes { bytes in try session.receive(bytes) }
         } catch {
+            handleEvents()  // answers that came in the same read still count
             fail(context: context, error: error)
             return
         }
@@ -168,9 +179,10 @@ final class PushSessionHandler: ChannelDuplexHandler {
                 // The server's first SETTINGS carry its stream limit; until they arrive the pool assumes
                 // one, and a burst of pushes would open more streams than APNs allows before authentication.
                 handshake.succeed(())
-            case .goAway:
+            case .goAway(let lastStreamID, _):
                 // libnghttp2 closes the streams above the GOAWAY's last stream ID (REFUSED_STREAM): they
                 // report `.goAway`. The ones below still complete. No new pushes go here.
+                goAwayLastStreamID = min(goAwayLastStreamID ?? .max, lastStreamID)
                 state.withLockedValue { $0.goingAway = true }
             case .pingAcknowledged:
                 pingOutstanding = false
@@ -188,16 +200,18 @@ final class PushSessionHandler: ChannelDuplexHandler {
             guard let status = closed.status else { return .transport(.connectionLost("response without :status")) }
             return status == 200 ? .accepted : .rejected(APNsErrorResponse.parse(status: status, body: closed.body))
         }
-        // A stream the server did not process (above a GOAWAY's last stream ID) is safe to retry.
-        if closed.errorCode == NGHTTP2_REFUSED_STREAM.rawValue, state.withLockedValue({ $0.goingAway }) { return .transport(.goAway) }
+        // A stream the server did not process (above a GOAWAY's last stream ID, or refused on its own:
+        // RFC 9113 §8.7) is safe to retry.
+        if closed.errorCode == NGHTTP2_REFUSED_STREAM.rawValue { return .transport(.goAway) }
         if closed.errorCode != 0 { return .transport(.connectionLost("stream reset: \(http2ErrorName(closed.errorCode))")) }
         return .transport(.connectionLost("stream closed before the response"))
     }
 
-    /// A stream that closes with the connection: if the server sent GOAWAY it did not process it, which
-    /// makes a retry safe; otherwise the connection died under it.
-    private func closedResult() -> APNsAttemptResult {
-        state.withLockedValue { $0.goingAway } ? .transport(.goAway) : .transport(.connectionLost("stream closed before the response"))
+    /// A stream that closes with the connection: above the server's GOAWAY it was not processed, which
+    /// makes a retry safe; otherwise the connection died under it, and APNs may have it.
+    private func closedResult(streamID: Int32) -> APNsAttemptResult {
+        if let last = goAwayLastStreamID, streamID > last { return .transport(.goAway) }
+        return .transport(.connectionLost("stream closed before the response"))
     }
 
     // MARK: deadlines
@@ -239,7 +253,7 @@ final class PushSessionHandler: ChannelDuplexHandler {
                 startKeepalive(context: context)
             } else {
                 handshake.fail(APNsConnectionError.noHTTP2(negotiated: negotiated))
-                context.close(promise: nil)
+                shutDown(context: context)
             }
         }
         context.fireUserInboundEventTriggered(event)
@@ -247,7 +261,7 @@ final class PushSessionHandler: ChannelDuplexHandler {
 
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
         handshake.fail(error)
-        context.close(promise: nil)
+        shutDown(context: context)
     }
 
     private func fail(context: ChannelHandlerContext, error: any Error) {
@@ -259,10 +273,21 @@ final class PushSessionHandler: ChannelDuplexHandler {
         }
         if let goAway { context.writeAndFlush(wrapOutboundOut(goAway), promise: nil) }
         context.fireErrorCaught(error)
+        shutDown(context: context)
+    }
+
+    /// Ends the connection from this side: out of the pool and every push settled now, not when TLS
+    /// has finished closing (NIOSSL waits up to 5 s for the peer's close_notify, which a dead peer
+    /// never sends).
+    private func shutDown(context: ChannelHandlerContext) {
+        settleEverything()
         context.close(promise: nil)
     }
 
-    func channelInactive(context: ChannelHandlerContext) {
+    /// The connection is over: no push goes on it, and each one on it ends with what is known of it.
+    private func settleEverything() {
+        guard !isClosed else { return }
+        handleEvents()  // results already in
         isClosed = true
         state.withLockedValue { $0.closed = true }
         handshake.fail(APNsTransportError.closed)
@@ -271,12 +296,20 @@ final class PushSessionHandler: ChannelDuplexHandler {
         sweep?.task.cancel()
         sweep = nil
         session.abandonStreams()
-        let result = closedResult()
         session.drainEvents { _ in }
-        for push in inFlight.values { push.finish(result) }
+        for push in inFlight.values { push.finish(closedResult(streamID: push.streamID)) }
         inFlight.removeAll()
-        // Pushes handed over since the last batch, whose task will find the connection closed anyway.
-        submitWaiting()
+        // Pushes handed over and not yet taken, and any later: never sent.
+        let waiting = submissions.withLockedValue { queue in
+            queue.closed = true
+            defer { queue.waiting.removeAll() }
+            return queue.waiting
+        }
+        for push in waiting { push.finish(.transport(.goAway)) }
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        settleEverything()
         context.fireChannelInactive()
     }
 
@@ -300,9 +333,10 @@ final class PushSessionHandler: ChannelDuplexHandler {
         session.ping(pingCounter)
         flush()
         let contextBox = NIOLoopBound(context, eventLoop: context.eventLoop)
+        let selfBox = NIOLoopBound(self, eventLoop: context.eventLoop)
         pingDeadline = context.eventLoop.assumeIsolated().scheduleTask(in: pingTimeout) {
             contextBox.value.fireErrorCaught(APNsConnectionError.pingTimedOut)
-            contextBox.value.close(promise: nil)
+            selfBox.value.shutDown(context: contextBox.value)
         }
     }
 }

@@ -1,18 +1,21 @@
+import CNGHTTP2
 import Foundation
+import HTTP2Session
 import NIOCore
-import NIOHTTP2
 import NIOPosix
 import NIOSSL
+import NIOTLS
 import RandomUUID
 
-/// The APNs port: TLS, ALPN `h2`, HTTP/2, one `APNsConnection` per TCP connection.
+/// The APNs port: TLS, ALPN `h2`, HTTP/2 on libnghttp2's server session (`HTTP2ServerSession`, driven
+/// by `APNsConnection` below TLS), one connection per TCP connection.
 enum APNsHTTP2Listener {
     /// Apple's observed initial settings, with one stream until the first valid JWT (as seen from api.push.apple.com).
-    static let initialSettings: HTTP2Settings = [
-        HTTP2Setting(parameter: .maxConcurrentStreams, value: 1),
-        HTTP2Setting(parameter: .headerTableSize, value: 4096),
-        HTTP2Setting(parameter: .maxFrameSize, value: 16384),
-        HTTP2Setting(parameter: .maxHeaderListSize, value: 8000),
+    static let initialSettings: [(id: Int32, value: UInt32)] = [
+        (Int32(NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS.rawValue), 1),
+        (Int32(NGHTTP2_SETTINGS_HEADER_TABLE_SIZE.rawValue), 4096),
+        (Int32(NGHTTP2_SETTINGS_MAX_FRAME_SIZE.rawValue), 16384),
+        (Int32(NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE.rawValue), 8000),
     ]
 
     static func bind(core: SimulatorCore, verifier: any ProviderTokenVerifying, tls: NIOSSLContext) async throws -> any Channel {
@@ -22,21 +25,15 @@ enum APNsHTTP2Listener {
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
             .childChannelOption(.socketOption(.tcp_nodelay), value: 1)
             .childChannelInitializer { channel in
-                let id = core.connectionOpened(channel)
-                channel.closeFuture.whenComplete { _ in core.connectionClosed(id) }
-                do {
-                    try channel.pipeline.syncOperations.addHandler(NIOSSLServerHandler(context: tls))
-                } catch {
-                    return channel.eventLoop.makeFailedFuture(error)
+                channel.eventLoop.makeCompletedFuture {
+                    let id = core.connectionOpened(channel)
+                    channel.closeFuture.whenComplete { _ in core.connectionClosed(id) }
+                    let sync = channel.pipeline.syncOperations
+                    try sync.addHandler(NIOSSLServerHandler(context: tls))
+                    try sync.addHandler(APNsConnection(
+                        id: id, core: core,
+                        validator: APNsRequestValidator(verifier: verifier, allowedTopics: configuration.allowedTopics)))
                 }
-                // Apple speaks HTTP/2 only: a client that doesn't offer h2 in ALPN is hung up on.
-                return channel.configureHTTP2SecureUpgrade(
-                    h2ChannelConfigurator: { channel in
-                        channel.eventLoop.makeCompletedFuture {
-                            try configureHTTP2(channel, connectionID: id, core: core, verifier: verifier)
-                        }
-                    },
-                    http1ChannelConfigurator: { channel in channel.close() })
             }
         do {
             return try await bootstrap.bind(host: configuration.host, port: configuration.port).get()
@@ -45,211 +42,221 @@ enum APNsHTTP2Listener {
                                                 port: configuration.port, underlying: APNsSimulatorError.bindReason(error))
         }
     }
-
-    private static func configureHTTP2(_ channel: any Channel, connectionID: Int, core: SimulatorCore,
-                                       verifier: any ProviderTokenVerifying) throws {
-        let connection = NIOLoopBound(
-            APNsConnection(id: connectionID, channel: channel, core: core,
-                           validator: APNsRequestValidator(verifier: verifier, allowedTopics: core.configuration.allowedTopics)),
-            eventLoop: channel.eventLoop)
-        var connectionConfiguration = NIOHTTP2Handler.ConnectionConfiguration()
-        connectionConfiguration.initialSettings = initialSettings
-        _ = try channel.pipeline.syncOperations.configureHTTP2Pipeline(
-            mode: .server, connectionConfiguration: connectionConfiguration, streamConfiguration: .init(),
-            inboundStreamInitializer: { stream in
-                stream.eventLoop.makeCompletedFuture {
-                    let streamID = try stream.syncOptions?.getOption(HTTP2StreamChannelOptions.streamID)
-                    let connection = connection.value
-                    connection.streamOpened(stream, id: streamID.map { Int($0) } ?? 0)
-                    try stream.pipeline.syncOperations.addHandler(APNsStreamHandler(connection: connection))
-                }
-            })
-    }
 }
 
-/// One TCP connection's state. Lives on the connection's event loop, as do all its streams.
-final class APNsConnection {
+/// One TCP connection, below TLS: drives its `HTTP2ServerSession`, has each complete request judged, and
+/// answers it (after the fault plan's delay); sends new SETTINGS after the first valid JWT and GOAWAY
+/// when the plan says so. Lives on the connection's event loop.
+final class APNsConnection: ChannelInboundHandler {
+    typealias InboundIn = ByteBuffer
+    typealias OutboundOut = ByteBuffer
+
     let id: Int
-    let channel: any Channel
     let core: SimulatorCore
     var validator: APNsRequestValidator
+    private let session: HTTP2ServerSession
+    private var context: ChannelHandlerContext?
     private var requests = 0
-    private var openStreams = 0
-    private var highestStreamID = 0
-    private var goingAway = false
+    /// Set by the GOAWAY the fault plan asks for: the last stream it lets through.
+    private var goAwayLastStreamID: Int32?
+    /// The highest stream opened so far, in wire order (libnghttp2 has parsed further by the time its
+    /// events are handled).
+    private var highestOpened: Int32 = 0
+    private var goingAway: Bool { goAwayLastStreamID != nil }
 
-    init(id: Int, channel: any Channel, core: SimulatorCore, validator: APNsRequestValidator) {
+    init(id: Int, core: SimulatorCore, validator: APNsRequestValidator) throws {
         self.id = id
-        self.channel = channel
         self.core = core
         self.validator = validator
+        session = try HTTP2ServerSession(settings: APNsHTTP2Listener.initialSettings, maximumBodyBytes: APNsLimits.storedBodyBytes)
     }
 
-    func streamOpened(_ stream: any Channel, id streamID: Int) {
-        openStreams += 1
-        highestStreamID = max(highestStreamID, streamID)
-        core.noteStreamsInFlight(openStreams)
-        stream.closeFuture.assumeIsolated().whenComplete { _ in
-            self.openStreams -= 1
-            if self.goingAway, self.openStreams == 0 { self.closeSoon() }
+    func handlerAdded(context: ChannelHandlerContext) {
+        self.context = context
+    }
+
+    func handlerRemoved(context: ChannelHandlerContext) {
+        self.context = nil
+    }
+
+    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        // Apple speaks HTTP/2 only: a client that doesn't offer h2 in ALPN is hung up on.
+        if let tls = event as? TLSUserEvent, case .handshakeCompleted(let negotiated) = tls {
+            guard negotiated == "h2" else {
+                context.close(promise: nil)
+                return
+            }
+            flush()  // the server's SETTINGS
         }
+        context.fireUserInboundEventTriggered(event)
     }
-
-    /// Validates one complete request, and sends what the connection owes for it: new SETTINGS after
-    /// the first valid JWT, GOAWAY when the fault plan says this was the last request.
-    func validate(_ request: APNsRequest, receivedAt: Date) -> APNsVerdict {
-        requests += 1
-        let wasAuthenticated = validator.session.isAuthenticated
-        let verdict = validator.validate(request, now: receivedAt)
-        if !wasAuthenticated, validator.session.isAuthenticated {
-            let settings = [HTTP2Setting(parameter: .maxConcurrentStreams, value: core.configuration.maxConcurrentStreams)]
-            channel.writeAndFlush(HTTP2Frame(streamID: .rootStream, payload: .settings(.settings(settings))), promise: nil)
-        }
-        if !goingAway, let limit = core.connectionFaults().goAwayAfterRequests, requests >= limit {
-            goAway()
-        }
-        return verdict
-    }
-
-    /// An injected 403 refused this request's JWT.
-    func providerTokenRefused() {
-        validator.retractLastTokenChange()
-    }
-
-    /// GOAWAY as Apple sends it when shutting a connection down; the streams already open are still
-    /// answered, and the connection closes when the last of them is done.
-    private func goAway() {
-        goingAway = true
-        core.noteGoAway()
-        let reason = channel.allocator.buffer(string: #"{"reason":"Shutdown"}"#)
-        let frame = HTTP2Frame(streamID: .rootStream, payload: .goAway(
-            lastStreamID: HTTP2StreamID(highestStreamID), errorCode: .noError, opaqueData: reason))
-        channel.writeAndFlush(frame, promise: nil)
-    }
-
-    /// Closes once the current call stack has flushed the last stream's response.
-    private func closeSoon() {
-        let channel = self.channel
-        channel.eventLoop.assumeIsolated().execute {
-            channel.flush()
-            channel.close(promise: nil)
-        }
-    }
-}
-
-/// Collects one request (HEADERS, DATA until END_STREAM), has it judged, and answers it.
-final class APNsStreamHandler: ChannelInboundHandler {
-    typealias InboundIn = HTTP2Frame.FramePayload
-    typealias OutboundOut = HTTP2Frame.FramePayload
-
-    private let connection: APNsConnection
-    private var method: String?
-    private var path: String?
-    private var headers: [(name: String, value: String)] = []
-    private var sawHeaders = false
-    private var body: [UInt8] = []
-    private var bodyLength = 0
-    private var complete = false
-
-    init(connection: APNsConnection) { self.connection = connection }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        guard !complete else { return }
-        switch unwrapInboundIn(data) {
-        case .headers(let frame):
-            // A second HEADERS block is trailers; APNs has no use for them.
-            if !sawHeaders {
-                sawHeaders = true
-                for (name, value, _) in frame.headers {
-                    switch name {
-                    case ":method": method = method ?? value
-                    case ":path": path = path ?? value
-                    case _ where name.hasPrefix(":"): break
-                    default: headers.append((name, value))
-                    }
-                }
+        let buffer = unwrapInboundIn(data)
+        do {
+            try buffer.withUnsafeReadableBytes { bytes in try session.receive(bytes) }
+        } catch {
+            // Not HTTP/2 at all (no preface): nothing to say in HTTP/2 terms.
+            context.close(promise: nil)
+            return
+        }
+        handleEvents()
+    }
+
+    func channelReadComplete(context: ChannelHandlerContext) {
+        flush()
+        context.fireChannelReadComplete()
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        context.close(promise: nil)
+    }
+
+    /// Writes whatever the session has for the client in one buffer, and closes a connection that is over.
+    private func flush() {
+        guard let context else { return }
+        var buffer: ByteBuffer?
+        do {
+            try session.send { chunk in
+                if buffer == nil { buffer = context.channel.allocator.buffer(capacity: max(chunk.count, 4_096)) }
+                buffer!.writeBytes(chunk)
             }
-            if frame.endStream { finish(context: context) }
-        case .data(let frame):
-            if case .byteBuffer(let buffer) = frame.data {
-                bodyLength += buffer.readableBytes
-                let room = APNsLimits.storedBodyBytes - body.count
-                if room > 0, let bytes = buffer.getBytes(at: buffer.readerIndex, length: min(room, buffer.readableBytes)) {
-                    body.append(contentsOf: bytes)
-                }
-            }
-            if frame.endStream { finish(context: context) }
-        default:
-            break
+        } catch {
+            context.close(promise: nil)
+            return
+        }
+        handleEvents()
+        if let buffer { context.writeAndFlush(wrapOutboundOut(buffer), promise: nil) }
+        if !session.isAlive || (goingAway && session.openStreams == 0) {
+            // On the next tick, once TLS has written what this flush handed it.
+            let context = NIOLoopBound(context, eventLoop: context.eventLoop)
+            context.value.eventLoop.assumeIsolated().execute { context.value.close(promise: nil) }
         }
     }
 
-    private func finish(context: ChannelHandlerContext) {
-        complete = true
-        let core = connection.core
-        let receivedAt = core.now()
-        let request = APNsRequest(method: method, path: path, headers: headers, body: body, bodyLength: bodyLength)
-        let streamID = (try? context.channel.syncOptions?.getOption(HTTP2StreamChannelOptions.streamID)).map { Int($0) } ?? 0
-        let apnsID = APNsRequestValidator.echoableAPNsID(of: request) ?? UUID.randomVersion4().lowercaseString
-        let channel = context.channel
+    private func handleEvents() {
+        session.drainEvents { event in
+            switch event {
+            case .opened(let id, let open):
+                highestOpened = max(highestOpened, id)
+                core.noteStreamsInFlight(open)
+            case .request(let request):
+                // Above the GOAWAY's last stream ID a request is not processed (the client retries it).
+                if let last = goAwayLastStreamID, request.streamID > last { return }
+                answer(request)
+            case .closed:
+                break
+            }
+        }
+    }
 
-        switch connection.validate(request, receivedAt: receivedAt) {
+    /// Judges one complete request and answers it, now or after the plan's delay.
+    private func answer(_ stream: HTTP2ServerSession.Request) {
+        let receivedAt = core.now()
+        var method: String?
+        var path: String?
+        var headers: [(name: String, value: String)] = []
+        headers.reserveCapacity(stream.headers.count)
+        for (name, value) in stream.headers {
+            switch name {
+            case ":method": method = method ?? value
+            case ":path": path = path ?? value
+            case _ where name.hasPrefix(":"): break
+            default: headers.append((name, value))
+            }
+        }
+        let request = APNsRequest(method: method, path: path, headers: headers, body: stream.body, bodyLength: stream.bodyLength)
+        let streamID = stream.streamID
+        let apnsID = APNsRequestValidator.echoableAPNsID(of: request) ?? UUID.randomVersion4().lowercaseString
+        switch validate(request, receivedAt: receivedAt) {
         case .invalid(let reason, let token):
             core.record(APNsRejection(status: reason.status, reason: reason.rawValue, token: token, apnsID: apnsID,
                                       injected: false, receivedAt: receivedAt))
-            Self.respond(on: channel, status: reason.status, apnsID: apnsID, reason: reason.rawValue, timestamp: nil)
+            respond(streamID, status: reason.status, apnsID: apnsID, reason: reason.rawValue, timestamp: nil)
 
         case .valid(let push):
             let (fault, delay) = core.decideFault(token: push.token)
             if let fault, fault.status == 403 {
-                connection.providerTokenRefused()
+                validator.retractLastTokenChange()
             }
-            let body = String(decoding: self.body, as: UTF8.self)
-            let connectionID = connection.id
-            let answer = {
+            let body = String(decoding: stream.body, as: UTF8.self)
+            let core = core, connectionID = id
+            let answer = { (connection: APNsConnection) in
                 if let fault {
                     core.record(APNsRejection(status: fault.status, reason: fault.reason, token: push.token, apnsID: apnsID,
                                               injected: true, receivedAt: receivedAt))
-                    Self.respond(on: channel, status: fault.status, apnsID: apnsID, reason: fault.reason, timestamp: fault.timestamp)
+                    connection.respond(streamID, status: fault.status, apnsID: apnsID, reason: fault.reason, timestamp: fault.timestamp)
                 } else {
                     core.record(APNsAcceptedPush(
                         apnsID: apnsID, token: push.token, topic: push.topic, pushType: push.pushType, priority: push.priority,
                         expiration: push.expiration, collapseID: push.collapseID, body: body, keyID: push.keyID,
-                        teamID: push.teamID, connection: connectionID, streamID: streamID, receivedAt: receivedAt),
+                        teamID: push.teamID, connection: connectionID, streamID: Int(streamID), receivedAt: receivedAt),
                         bodyIsJSONObject: push.bodyIsJSONObject)
-                    Self.respond(on: channel, status: 200, apnsID: apnsID, reason: nil, timestamp: nil)
+                    connection.respond(streamID, status: 200, apnsID: apnsID, reason: nil, timestamp: nil)
                 }
             }
-            if delay > 0 {
-                channel.eventLoop.assumeIsolated().scheduleTask(in: .milliseconds(Int64(delay))) { answer() }
+            if delay > 0, let context {
+                let connection = NIOLoopBound(self, eventLoop: context.eventLoop)
+                context.eventLoop.assumeIsolated().scheduleTask(in: .milliseconds(Int64(delay))) {
+                    answer(connection.value)
+                    connection.value.flush()
+                }
             } else {
-                answer()
+                answer(self)
             }
         }
     }
 
-    private struct ErrorBody: Encodable {
-        var reason: String
-        var timestamp: Int64?
+    /// Validates one complete request, and queues what the connection owes for it: new SETTINGS after
+    /// the first valid JWT, GOAWAY when the fault plan says this was the last request.
+    private func validate(_ request: APNsRequest, receivedAt: Date) -> APNsVerdict {
+        requests += 1
+        let wasAuthenticated = validator.session.isAuthenticated
+        let verdict = validator.validate(request, now: receivedAt)
+        if !wasAuthenticated, validator.session.isAuthenticated {
+            try? session.submitSettings([(Int32(NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS.rawValue),
+                                          UInt32(core.configuration.maxConcurrentStreams))])
+        }
+        if !goingAway, let limit = core.connectionFaults().goAwayAfterRequests, requests >= limit {
+            // As Apple shuts a connection down: the streams already open are still answered, and the
+            // connection closes when the last of them is done.
+            goAwayLastStreamID = highestOpened
+            core.noteGoAway()
+            session.goAway(lastStreamID: highestOpened, errorCode: NGHTTP2_NO_ERROR.rawValue,
+                           debugData: Array(#"{"reason":"Shutdown"}"#.utf8))
+        }
+        return verdict
     }
 
     /// Apple's answer: `:status` and `apns-id` always; `apns-unique-id` and no body on success; a JSON
     /// `{"reason"}` body (with `timestamp` when given) on error.
-    private static func respond(on channel: any Channel, status: Int, apnsID: String, reason: String?, timestamp: Int64?) {
-        var head = HTTP2Frame.FramePayload.Headers(headers: [":status": String(status), "apns-id": apnsID])
+    private func respond(_ streamID: Int32, status: Int, apnsID: String, reason: String?, timestamp: Int64?) {
+        var headers = HTTP2HeaderList(bytes: 160, fields: 5)
+        headers.add(":status", String(status))
+        headers.add("apns-id", apnsID)
         guard let reason else {
-            head.headers.add(name: "apns-unique-id", value: UUID.randomVersion4().lowercaseString)
-            head.endStream = true
-            channel.writeAndFlush(HTTP2Frame.FramePayload.headers(head), promise: nil)
+            headers.add("apns-unique-id", UUID.randomVersion4().lowercaseString)
+            try? session.respond(streamID: streamID, headers: headers, body: nil)
             return
         }
+        let json = Array(APNsErrorBody.json(reason: reason, timestamp: timestamp).utf8)
+        headers.add("content-type", "application/json")
+        headers.add("content-length", String(json.count))
+        try? session.respond(streamID: streamID, headers: headers, body: json)
+    }
+}
+
+/// The error body's JSON, keys sorted as Apple's are (`reason`, then `timestamp`).
+enum APNsErrorBody {
+    private struct Body: Encodable {
+        var reason: String
+        var timestamp: Int64?
+    }
+
+    static func json(reason: String, timestamp: Int64?) -> String {
         let encoder = JSONEncoder()
         encoder.outputFormatting = .sortedKeys
-        let json = (try? encoder.encode(ErrorBody(reason: reason, timestamp: timestamp))) ?? Data(#"{"reason":"InternalServerError"}"#.utf8)
-        head.headers.add(name: "content-type", value: "application/json")
-        head.headers.add(name: "content-length", value: String(json.count))
-        channel.write(HTTP2Frame.FramePayload.headers(head), promise: nil)
-        let data = HTTP2Frame.FramePayload.Data(data: .byteBuffer(channel.allocator.buffer(bytes: json)), endStream: true)
-        channel.writeAndFlush(HTTP2Frame.FramePayload.data(data), promise: nil)
+        let data = (try? encoder.encode(Body(reason: reason, timestamp: timestamp))) ?? Data(#"{"reason":"InternalServerError"}"#.utf8)
+        return String(decoding: data, as: UTF8.self)
     }
 }

@@ -25,7 +25,7 @@ struct Push: AsyncParsableCommand {
     @Option(help: "Pushes for the throughput run.") var pushes = 20_000
     @Option(help: "Pushes in flight at once in the throughput run.") var inFlight = 2_000
     @Option(help: "HTTP/2 connections in the client's pool.") var pool = 2
-    @Option(help: "Sleeping members woken per burst in the wake run.") var wakes = 1_000
+    @Option(help: "Sleeping members woken per burst in the wake run (issue 44: 10,000 within 250 ms).") var wakes = 10_000
     @Option(help: "Bursts in the wake run.") var bursts = 5
     @Option(help: "Directory with the dev certificates and APNs key (make certs).") var certs = "certs"
     @Option(help: "squelchd executable (default: next to this one).") var squelchd: String?
@@ -57,7 +57,7 @@ struct Push: AsyncParsableCommand {
             }
         }
         let (median, last) = try await wakeTime(simulator, squelchd: server)
-        var figures: [String: Any] = ["last_of_1000_ms": last * 1e3, "median_of_bursts_ms": median * 1e3, "wakes_per_burst": wakes]
+        var figures: [String: Any] = ["last_wake_ms": last * 1e3, "median_of_bursts_ms": median * 1e3, "wakes_per_burst": wakes]
         figures.merge(Throughput.median(ours).figures) { $1 }
         if !theirs.isEmpty {
             let (a, b) = (Throughput.median(ours), Throughput.median(theirs))

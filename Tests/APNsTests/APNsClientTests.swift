@@ -3,7 +3,6 @@ import Foundation
 import NIOConcurrencyHelpers
 import NIOCore
 import NIOEmbedded
-import NIOHTTP2
 import SquelchTesting
 import Testing
 @testable import APNs
@@ -323,7 +322,9 @@ extension Result {
     @Test func aTimedOutRequestProbesTheConnectionAndSilenceClosesIt() throws {
         let loop = EmbeddedEventLoop()
         let channel = EmbeddedChannel(loop: loop)
-        let handler = try PushSessionHandler(state: NIOLockedValueBox(HTTP2Connection.State()), submissions: NIOLockedValueBox([]),
+        let state = NIOLockedValueBox(HTTP2Connection.State())
+        let queue = NIOLockedValueBox(PushQueue())
+        let handler = try PushSessionHandler(state: state, submissions: queue,
                                              handshake: loop.makePromise(), pingInterval: .seconds(60), pingTimeout: .seconds(5))
         try channel.pipeline.syncOperations.addHandler(handler)
         try channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 1)).wait()
@@ -337,6 +338,8 @@ extension Result {
         #expect(channel.isActive)
         loop.advanceTime(by: .seconds(2))
         #expect(!channel.isActive, "an unanswered PING closes the connection")
+        #expect(state.withLockedValue { $0.closed }, "out of the pool")
+        #expect(queue.withLockedValue { $0.closed }, "a push handed over later is refused at once, not queued")
         _ = try? channel.finish()
     }
 

@@ -1,4 +1,4 @@
-import HTTP2ClientSession
+import HTTP2Session
 import Testing
 
 /// The session without I/O: server frames written byte for byte here (HPACK's static table gives
@@ -62,7 +62,7 @@ import Testing
     }
 
     func request(_ session: HTTP2ClientSession, _ name: String, body: [UInt8] = Array("{}".utf8)) throws -> Int32 {
-        var headers = HTTP2ClientSession.HeaderList()
+        var headers = HTTP2HeaderList()
         headers.add(":method", "POST")
         headers.add(":scheme", "https")
         headers.add(":path", "/3/device/", name)

@@ -36,18 +36,10 @@ public final class HTTP2ClientSession {
         case closed(Closed)
     }
 
-    /// An error libnghttp2 cannot go on from (or a request it refused): the connection is done
-    /// (libnghttp2 may have queued a GOAWAY to send).
-    public struct ProtocolError: Error, CustomStringConvertible {
-        public var code: Int32
-        public var description: String { "HTTP/2 session error: \(String(cString: nghttp2_strerror(Int32(code))))" }
-    }
-
     /// Per stream: the body still to send, and the response gathered so far.
     final class Stream {
         let context: AnyObject
-        let body: [UInt8]
-        var sent = 0
+        let body: OutgoingBody
         var id: Int32 = 0
         var status: Int?
         var headers: [(name: String, value: String)] = []
@@ -56,7 +48,7 @@ public final class HTTP2ClientSession {
 
         init(context: AnyObject, body: [UInt8]) {
             self.context = context
-            self.body = body
+            self.body = OutgoingBody(body)
         }
     }
 
@@ -74,11 +66,11 @@ public final class HTTP2ClientSession {
     /// - Parameters:
     ///   - capturedHeaders: response headers to keep (lowercase), besides `:status`.
     ///   - maximumBodyBytes: response body kept per stream; more is read and dropped.
-    public init(capturedHeaders: [String] = [], maximumBodyBytes: Int = 4_096) throws(ProtocolError) {
+    public init(capturedHeaders: [String] = [], maximumBodyBytes: Int = 4_096) throws(HTTP2ProtocolError) {
         self.capturedHeaders = capturedHeaders.map { Array($0.utf8) }
         self.maximumBodyBytes = maximumBodyBytes
         var callbacks: OpaquePointer?
-        guard nghttp2_session_callbacks_new(&callbacks) == 0, let callbacks else { throw ProtocolError(code: NGHTTP2_ERR_NOMEM.rawValue) }
+        guard nghttp2_session_callbacks_new(&callbacks) == 0, let callbacks else { throw HTTP2ProtocolError(code: NGHTTP2_ERR_NOMEM.rawValue) }
         defer { nghttp2_session_callbacks_del(callbacks) }
         nghttp2_session_callbacks_set_on_header_callback(callbacks, onHeader)
         nghttp2_session_callbacks_set_on_data_chunk_recv_callback(callbacks, onDataChunk)
@@ -86,12 +78,12 @@ public final class HTTP2ClientSession {
         nghttp2_session_callbacks_set_on_stream_close_callback(callbacks, onStreamClose)
         var session: OpaquePointer?
         let status = nghttp2_session_client_new(&session, callbacks, Unmanaged.passUnretained(self).toOpaque())
-        guard status == 0, let session else { throw ProtocolError(code: status) }
+        guard status == 0, let session else { throw HTTP2ProtocolError(code: status) }
         self.session = session
         // The client's SETTINGS, the first frame after the preface: no server push (APNs has none).
         var settings = [nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_ENABLE_PUSH.rawValue), value: 0)]
         let submitted = nghttp2_submit_settings(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), &settings, settings.count)
-        guard submitted == 0 else { throw ProtocolError(code: submitted) }
+        guard submitted == 0 else { throw HTTP2ProtocolError(code: submitted) }
     }
 
     deinit {
@@ -101,52 +93,18 @@ public final class HTTP2ClientSession {
     /// Streams open or waiting for the server's limit.
     public var openStreams: Int { streams.count }
 
-    /// A request's header fields, names and values in one buffer: what libnghttp2 copies from, built
-    /// without a string per field.
-    public struct HeaderList: Sendable {
-        var bytes: [UInt8] = []
-        var lengths: [(name: Int, value: Int)] = []
-
-        public init(bytes: Int = 512, fields: Int = 16) {
-            self.bytes.reserveCapacity(bytes)
-            lengths.reserveCapacity(fields)
-        }
-
-        /// Adds `name: value + more` (`more`, to join a prefix and a value without a string between).
-        /// Pseudo-headers first, names lowercase.
-        public mutating func add(_ name: String, _ value: String, _ more: String = "") {
-            let start = bytes.count
-            bytes.append(contentsOf: name.utf8)
-            let nameLength = bytes.count - start
-            bytes.append(contentsOf: value.utf8)
-            bytes.append(contentsOf: more.utf8)
-            lengths.append((nameLength, bytes.count - start - nameLength))
-        }
-
-        public var count: Int { lengths.count }
-    }
-
     /// Queues a request; its stream ID, or an error (`NGHTTP2_ERR_STREAM_ID_NOT_AVAILABLE` once the
     /// connection's stream IDs are spent: a new connection is needed).
-    public func submitRequest(headers: HeaderList, body: [UInt8], context: AnyObject) throws(ProtocolError) -> Int32 {
-        guard !abandoned else { throw ProtocolError(code: NGHTTP2_ERR_INVALID_STATE.rawValue) }
+    public func submitRequest(headers: HTTP2HeaderList, body: [UInt8], context: AnyObject) throws(HTTP2ProtocolError) -> Int32 {
+        guard !abandoned else { throw HTTP2ProtocolError(code: NGHTTP2_ERR_INVALID_STATE.rawValue) }
         let stream = Stream(context: context, body: body)
         let pointer = Unmanaged.passUnretained(stream).toOpaque()
-        // libnghttp2 copies every name and value before returning, and never writes to them.
-        let id = headers.bytes.withUnsafeBufferPointer { bytes -> Int32 in
-            let base = UnsafeMutablePointer(mutating: bytes.baseAddress!)
-            return withUnsafeTemporaryAllocation(of: nghttp2_nv.self, capacity: headers.lengths.count) { nva -> Int32 in
-                var offset = 0
-                for (index, (n, v)) in headers.lengths.enumerated() {
-                    nva[index] = nghttp2_nv(name: base + offset, value: base + offset + n,
-                                            namelen: n, valuelen: v, flags: UInt8(NGHTTP2_NV_FLAG_NONE.rawValue))
-                    offset += n + v
-                }
-                var provider = nghttp2_data_provider(source: nghttp2_data_source(ptr: pointer), read_callback: readBodyCallback)
-                return nghttp2_submit_request(session, nil, nva.baseAddress, headers.lengths.count, &provider, pointer)
-            }
+        let source = Unmanaged.passUnretained(stream.body).toOpaque()
+        let id = withNameValues(headers) { nva, count -> Int32 in
+            var provider = nghttp2_data_provider(source: nghttp2_data_source(ptr: source), read_callback: readOutgoingBody)
+            return nghttp2_submit_request(session, nil, nva, count, &provider, pointer)
         }
-        guard id > 0 else { throw ProtocolError(code: id) }
+        guard id > 0 else { throw HTTP2ProtocolError(code: id) }
         stream.id = id
         streams[id] = stream
         return id
@@ -156,19 +114,19 @@ public final class HTTP2ClientSession {
     /// them (a malformed frame, bytes that are not HTTP/2) does not throw: libnghttp2 queues a GOAWAY
     /// saying why and ends the session, and `isAlive` turns false once it is sent. It throws only
     /// when libnghttp2 cannot go on at all (out of memory, a flood of frames it refuses to answer).
-    public func receive(_ bytes: UnsafeRawBufferPointer) throws(ProtocolError) {
+    public func receive(_ bytes: UnsafeRawBufferPointer) throws(HTTP2ProtocolError) {
         guard !abandoned, let base = bytes.baseAddress, bytes.count > 0 else { return }
         let read = nghttp2_session_mem_recv(session, base.assumingMemoryBound(to: UInt8.self), bytes.count)
-        if read < 0 { throw ProtocolError(code: Int32(read)) }
+        if read < 0 { throw HTTP2ProtocolError(code: Int32(read)) }
     }
 
     /// Hands every byte that is ready for the server to `write`, chunk by chunk (each chunk valid only
     /// during the call).
-    public func send(_ write: (UnsafeRawBufferPointer) -> Void) throws(ProtocolError) {
+    public func send(_ write: (UnsafeRawBufferPointer) -> Void) throws(HTTP2ProtocolError) {
         while !abandoned {
             var data: UnsafePointer<UInt8>?
             let count = nghttp2_session_mem_send(session, &data)
-            if count < 0 { throw ProtocolError(code: Int32(count)) }
+            if count < 0 { throw HTTP2ProtocolError(code: Int32(count)) }
             guard count > 0, let data else { return }
             write(UnsafeRawBufferPointer(start: data, count: count))
         }
@@ -224,7 +182,8 @@ public final class HTTP2ClientSession {
     fileprivate func header(stream id: Int32, name: UnsafeBufferPointer<UInt8>, value: UnsafeBufferPointer<UInt8>) {
         guard let stream = stream(id) else { return }
         if name.elementsEqual(":status".utf8) {
-            if stream.status == nil { stream.status = Int(String(decoding: value, as: UTF8.self)) }
+            // An interim (1xx) answer is not the final one.
+            if (stream.status ?? 0) < 200 { stream.status = Int(String(decoding: value, as: UTF8.self)) }
         } else if capturedHeaders.contains(where: { $0.elementsEqual(name) }) {
             stream.headers.append((String(decoding: name, as: UTF8.self), String(decoding: value, as: UTF8.self)))
         }
@@ -261,18 +220,6 @@ public final class HTTP2ClientSession {
         Closed(context: stream.context, streamID: stream.id, status: stream.status, headers: stream.headers,
                body: stream.responseBody, complete: stream.complete && errorCode == 0, errorCode: errorCode)
     }
-
-    fileprivate func readBody(stream pointer: UnsafeMutableRawPointer, into buffer: UnsafeMutablePointer<UInt8>, length: Int,
-                              flags: UnsafeMutablePointer<UInt32>) -> Int {
-        let stream = Unmanaged<Stream>.fromOpaque(pointer).takeUnretainedValue()
-        let count = min(length, stream.body.count - stream.sent)
-        stream.body.withUnsafeBufferPointer { body in
-            buffer.update(from: body.baseAddress! + stream.sent, count: count)
-        }
-        stream.sent += count
-        if stream.sent == stream.body.count { flags.pointee |= NGHTTP2_DATA_FLAG_EOF.rawValue }
-        return count
-    }
 }
 
 private func session(_ userData: UnsafeMutableRawPointer?) -> HTTP2ClientSession {
@@ -299,9 +246,4 @@ private let onFrame: nghttp2_on_frame_recv_callback = { _, frame, userData in
 private let onStreamClose: nghttp2_on_stream_close_callback = { _, streamID, errorCode, userData in
     session(userData).close(stream: streamID, errorCode: errorCode)
     return 0
-}
-
-private let readBodyCallback: nghttp2_data_source_read_callback = { _, _, buffer, length, flags, source, userData in
-    guard let pointer = source?.pointee.ptr, let buffer, let flags else { return Int(NGHTTP2_ERR_CALLBACK_FAILURE.rawValue) }
-    return session(userData).readBody(stream: pointer, into: buffer, length: length, flags: flags)
 }
