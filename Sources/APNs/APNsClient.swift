@@ -94,9 +94,95 @@ public actor APNsClient {
     /// the caller acts on (count it, drop the token).
     /// - Parameter tokenRegisteredAt: when the device registered the token, to judge a 410 `Unregistered`.
     public func send(_ notification: PushToTalkNotification, tokenRegisteredAt: Date? = nil) async -> Result<APNsDelivery, APNsPushFailure> {
+        switch prepare(notification, tokenRegisteredAt: tokenRegisteredAt) {
+        case .failure(let failure): return .failure(failure)
+        case .success(var delivery): return await follow(&delivery, after: nil)
+        }
+    }
+
+    /// Sends pushes together (a burst's wakes) and follows the failure policy for each; results in order.
+    ///
+    /// The first attempt of all of them goes out in one hand-over per connection, with one wait for the
+    /// lot, instead of a task and a wait per push; only those the policy sends again are then followed
+    /// one by one. Each push's budget, retries and token verdicts are exactly as for `send(_:)`.
+    /// - Parameter tokensRegisteredAt: per notification (or empty), as for `send(_:tokenRegisteredAt:)`.
+    public func send(_ notifications: [PushToTalkNotification], tokensRegisteredAt: [Date?] = []) async -> [Result<APNsDelivery, APNsPushFailure>] {
+        var results = [Result<APNsDelivery, APNsPushFailure>?](repeating: nil, count: notifications.count)
+        var ready: [(index: Int, delivery: Delivery)] = []
+        for (index, notification) in notifications.enumerated() {
+            let registered = index < tokensRegisteredAt.count ? tokensRegisteredAt[index] : nil
+            switch prepare(notification, tokenRegisteredAt: registered) {
+            case .failure(let failure): results[index] = .failure(failure)
+            case .success(let delivery): ready.append((index, delivery))
+            }
+        }
+        // First attempts, split over the pool's connections when every one is usable; otherwise (a slot
+        // to mend, the pool cooling down) each push finds its own way, as `send(_:)` does.
+        var followUps: [(index: Int, delivery: Delivery, first: APNsAttemptResult?)] = []
+        if let connections = allReadyConnections(), !ready.isEmpty {
+            let share = (ready.count + connections.count - 1) / connections.count
+            var chunks: [(connection: HTTP2Connection, jwt: String, generation: Int, pushes: ArraySlice<(index: Int, delivery: Delivery)>)] = []
+            for (number, connection) in connections.enumerated() {
+                let pushes = ready.dropFirst(number * share).prefix(share)
+                guard !pushes.isEmpty else { break }
+                guard let jwt = try? await signer.token(for: connection.id) else {
+                    // A JWT problem (or a connection too old to keep its JWT): the one-by-one path says which.
+                    followUps += pushes.map { ($0.index, $0.delivery, nil) }
+                    continue
+                }
+                chunks.append((connection, jwt.jwt, jwt.generation, pushes))
+            }
+            let timeout = min(configuration.requestTimeout, configuration.retry.budget)
+            let answers = await withTaskGroup(of: (Int, [APNsAttemptResult]).self) { group in
+                for (number, chunk) in chunks.enumerated() {
+                    let requests = chunk.pushes.map(\.delivery.request)
+                    group.addTask { (number, await chunk.connection.send(requests, jwt: chunk.jwt, timeout: timeout)) }
+                }
+                var answers = [[APNsAttemptResult]](repeating: [], count: chunks.count)
+                for await (number, results) in group { answers[number] = results }
+                return answers
+            }
+            for (chunk, answered) in zip(chunks, answers) {
+                for (push, result) in zip(chunk.pushes, answered) {
+                    var delivery = push.delivery
+                    delivery.used = (chunk.connection.id, chunk.generation)
+                    if result == .accepted, let done = conclude(&delivery, result) {
+                        results[push.index] = done  // the usual case, settled without a task
+                    } else {
+                        followUps.append((push.index, delivery, result))
+                    }
+                }
+            }
+        } else {
+            followUps = ready.map { ($0.index, $0.delivery, nil) }
+        }
+        await withTaskGroup(of: (Int, Result<APNsDelivery, APNsPushFailure>).self) { group in
+            for (index, delivery, first) in followUps {
+                group.addTask {
+                    var delivery = delivery
+                    return (index, await self.follow(&delivery, after: first))
+                }
+            }
+            for await (index, result) in group { results[index] = result }
+        }
+        return results.map { $0 ?? .failure(APNsPushFailure(reason: .shutdown, attempts: 0)) }
+    }
+
+    /// One push through the failure policy: its request, its attempts so far, when it started, and the
+    /// connection and JWT generation of its last attempt (to replace that JWT if APNs calls it expired).
+    struct Delivery: Sendable {
+        let request: APNsRequest
+        let token: String
+        var attempts: APNsDeliveryAttempts
+        let start: ContinuousClock.Instant
+        var used: (connection: Int, generation: Int)?
+        var last: APNsAttemptResult?
+    }
+
+    /// A push ready for its first attempt, or why it will have none.
+    private func prepare(_ notification: PushToTalkNotification, tokenRegisteredAt: Date?) -> Result<Delivery, APNsPushFailure> {
         guard !isShutDown else { return .failure(APNsPushFailure(reason: .shutdown, attempts: 0)) }
-        let clock = ContinuousClock()
-        let start = clock.now
+        let start = ContinuousClock.now
         let token = notification.deviceToken.lowercased()
         if tokenBackoff.isBackedOff(token, now: start) {
             return .failure(APNsPushFailure(reason: .tokenBackedOff, attempts: 0))
@@ -107,75 +193,105 @@ public actor APNsClient {
         } catch {
             return .failure(APNsPushFailure(reason: .request(error), attempts: 0))
         }
-        var attempts = APNsDeliveryAttempts(policy: configuration.retry, tokenRegisteredAt: tokenRegisteredAt,
+        let attempts = APNsDeliveryAttempts(policy: configuration.retry, tokenRegisteredAt: tokenRegisteredAt,
                                             configurationProven: proof.isProven,
                                             environmentChosenPerToken: configuration.environment.isApple)
-        // The connection and JWT generation of an attempt, to replace that JWT if APNs calls it expired.
-        var used: (connection: Int, generation: Int)?
-        var last: APNsAttemptResult?
+        return .success(Delivery(request: request, token: token, attempts: attempts, start: start))
+    }
+
+    /// Applies one attempt's result to the policy: the push's ending, or nil to go on (after the step's
+    /// delay and JWT refresh, which `follow` takes).
+    private func conclude(_ delivery: inout Delivery, _ result: APNsAttemptResult) -> Result<APNsDelivery, APNsPushFailure>? {
+        switch step(&delivery, result) {
+        case .delivered:
+            return .success(APNsDelivery(apnsID: delivery.request.apnsID, attempts: delivery.attempts.attempts))
+        case .failed(let failure):
+            return .failure(settle(failure, token: delivery.token))
+        case .retry:
+            return nil
+        }
+    }
+
+    private func step(_ delivery: inout Delivery, _ result: APNsAttemptResult) -> APNsNextStep {
+        delivery.last = result
+        if APNsDeliveryAttempts.provesConfiguration(result) { proof.prove() }
+        delivery.attempts.configurationProven = proof.isProven
+        // The jitter is for retries; drawing it (a getrandom(2)) for every accepted push cost more than
+        // the rest of the policy.
+        let random = result == .accepted ? 0 : Double.random(in: 0..<1)
+        return delivery.attempts.next(after: result, elapsed: ContinuousClock.now - delivery.start, random: random)
+    }
+
+    /// Follows the policy to the push's end, from `first` (an attempt already made) or from a new attempt.
+    private func follow(_ delivery: inout Delivery, after first: APNsAttemptResult?) async -> Result<APNsDelivery, APNsPushFailure> {
+        var pending = first
         while true {
             let result: APNsAttemptResult
-            do {
-                // Getting a connection counts against the budget too: a wake that waited a minute for
-                // a stalled handshake and then went out would say "Alice is talking" long after she stopped.
-                let connection = try await pickConnection(within: configuration.retry.budget - (clock.now - start))
-                let left = configuration.retry.budget - (clock.now - start)
-                if left < .milliseconds(50), let last {
-                    // Spent after a backoff: no attempt is left to make, and none is counted.
-                    return .failure(APNsPushFailure(reason: .budgetExhausted(last: last), attempts: attempts.attempts))
-                }
-                guard left >= .milliseconds(50) else { throw APNsBudgetSpent() }
-                // Each connection has its own JWT (`ProviderTokenSchedule`), or sends the cluster's
-                // (`SharedTokenUse`).
-                let jwt: (jwt: String, generation: Int)
+            if let made = pending {
+                result = made
+                pending = nil
+            } else {
                 do {
-                    jwt = try await signer.token(for: connection.id)
-                } catch is ProviderTokenSigner.RetireConnection {
-                    // Too young to change its JWT, too old to keep it: a new connection takes over.
-                    connection.withdraw()
-                    continue
+                    // Getting a connection counts against the budget too: a wake that waited a minute for
+                    // a stalled handshake and then went out would say "Alice is talking" long after she stopped.
+                    let connection = try await pickConnection(within: configuration.retry.budget - (ContinuousClock.now - delivery.start))
+                    let left = configuration.retry.budget - (ContinuousClock.now - delivery.start)
+                    if left < .milliseconds(50), let last = delivery.last {
+                        // Spent after a backoff: no attempt is left to make, and none is counted.
+                        return .failure(APNsPushFailure(reason: .budgetExhausted(last: last), attempts: delivery.attempts.attempts))
+                    }
+                    guard left >= .milliseconds(50) else { throw APNsBudgetSpent() }
+                    // Each connection has its own JWT (`ProviderTokenSchedule`), or sends the cluster's
+                    // (`SharedTokenUse`).
+                    let jwt: (jwt: String, generation: Int)
+                    do {
+                        jwt = try await signer.token(for: connection.id)
+                    } catch is ProviderTokenSigner.RetireConnection {
+                        // Too young to change its JWT, too old to keep it: a new connection takes over.
+                        connection.withdraw()
+                        continue
+                    } catch {
+                        return .failure(configurationFailure(APNsPushFailure(
+                            reason: .signing(String(describing: error)), isConfigurationError: true, attempts: delivery.attempts.attempts)))
+                    }
+                    delivery.used = (connection.id, jwt.generation)
+                    result = await connection.send([delivery.request], jwt: jwt.jwt, timeout: min(configuration.requestTimeout, left))[0]
                 } catch {
-                    return .failure(configurationFailure(APNsPushFailure(
-                        reason: .signing(String(describing: error)), isConfigurationError: true, attempts: attempts.attempts)))
+                    result = .transport(.connectFailed(String(describing: error)))
                 }
-                used = (connection.id, jwt.generation)
-                result = await connection.send(request, jwt: jwt.jwt, timeout: min(configuration.requestTimeout, left))
-            } catch {
-                result = .transport(.connectFailed(String(describing: error)))
             }
-            last = result
-            if APNsDeliveryAttempts.provesConfiguration(result) { proof.prove() }
-            attempts.configurationProven = proof.isProven
-            // The jitter is for retries; drawing it (a getrandom(2)) for every accepted push cost more than
-            // the rest of the policy.
-            let random = result == .accepted ? 0 : Double.random(in: 0..<1)
-            switch attempts.next(after: result, elapsed: clock.now - start, random: random) {
+            switch step(&delivery, result) {
             case .delivered:
-                return .success(APNsDelivery(apnsID: request.apnsID, attempts: attempts.attempts))
+                return .success(APNsDelivery(apnsID: delivery.request.apnsID, attempts: delivery.attempts.attempts))
             case .retry(let delay, let refreshJWT):
                 // The connection whose JWT APNs called expired gets a new one now, wherever the retry goes.
-                if refreshJWT, let used {
+                if refreshJWT, let used = delivery.used {
                     do {
                         _ = try await signer.replace(generation: used.generation, for: used.connection)
                     } catch {
                         return .failure(configurationFailure(APNsPushFailure(
-                            reason: .signing(String(describing: error)), isConfigurationError: true, attempts: attempts.attempts)))
+                            reason: .signing(String(describing: error)), isConfigurationError: true, attempts: delivery.attempts.attempts)))
                     }
                 }
                 if delay > .zero { try? await Task.sleep(for: delay) }
-                if isShutDown { return .failure(APNsPushFailure(reason: .shutdown, attempts: attempts.attempts)) }
+                if isShutDown { return .failure(APNsPushFailure(reason: .shutdown, attempts: delivery.attempts.attempts)) }
             case .failed(let failure):
-                if let backoff = failure.backOffToken { tokenBackoff.backOff(token, for: backoff, now: clock.now) }
-                if failure.dropToken, case .rejected(let response) = failure.reason, response.reason == .badDeviceToken,
-                   loggedConfigurationErrors.insert("BadDeviceToken dropped").inserted {
-                    // Dropped at once on Apple's hosts; if every token of an app goes this way, the app
-                    // reports the wrong environment for its tokens, which only its developers can fix.
-                    logger.warning("APNs called a device token BadDeviceToken and it was dropped; if this happens to every device of an app, the app reports the wrong APNs environment (sandbox or production) for its tokens",
-                                   metadata: ["host": "\(configuration.environment.host)"])
-                }
-                return .failure(failure.isConfigurationError ? configurationFailure(failure) : failure)
+                return .failure(settle(failure, token: delivery.token))
             }
         }
+    }
+
+    /// A push's final failure: backs its token off if the policy says so, and logs what only a person can fix.
+    private func settle(_ failure: APNsPushFailure, token: String) -> APNsPushFailure {
+        if let backoff = failure.backOffToken { tokenBackoff.backOff(token, for: backoff, now: ContinuousClock.now) }
+        if failure.dropToken, case .rejected(let response) = failure.reason, response.reason == .badDeviceToken,
+           loggedConfigurationErrors.insert("BadDeviceToken dropped").inserted {
+            // Dropped at once on Apple's hosts; if every token of an app goes this way, the app
+            // reports the wrong environment for its tokens, which only its developers can fix.
+            logger.warning("APNs called a device token BadDeviceToken and it was dropped; if this happens to every device of an app, the app reports the wrong APNs environment (sandbox or production) for its tokens",
+                           metadata: ["host": "\(configuration.environment.host)"])
+        }
+        return failure.isConfigurationError ? configurationFailure(failure) : failure
     }
 
     /// The retry budget ran out while a connection was being found.
@@ -253,17 +369,20 @@ public actor APNsClient {
         }
     }
 
-    /// The least loaded connection, if every slot holds a usable one (else `pickConnection` has slots to
-    /// mend on the way).
-    private func leastLoadedIfAllReady() -> HTTP2Connection? {
-        var best: HTTP2Connection?
-        var bestLoad = Double.infinity
+    /// Every connection, if every slot holds a usable one (else `pickConnection` has slots to mend).
+    private func allReadyConnections() -> [HTTP2Connection]? {
+        var connections: [HTTP2Connection] = []
+        connections.reserveCapacity(slots.count)
         for slot in slots {
             guard case .ready(let connection) = slot, connection.isUsable else { return nil }
-            let load = connection.load
-            if load < bestLoad { (best, bestLoad) = (connection, load) }
+            connections.append(connection)
         }
-        return best
+        return connections
+    }
+
+    /// The least loaded connection, if every slot holds a usable one.
+    private func leastLoadedIfAllReady() -> HTTP2Connection? {
+        allReadyConnections()?.min { $0.load < $1.load }
     }
 
     /// The least loaded usable connection; empty or dead slots are (re)connected on the way.

@@ -100,45 +100,41 @@ final class HTTP2Connection: Sendable {
         return HTTP2Connection(id: id, channel: channel, handler: handler, authority: host, state: state, submissions: submissions)
     }
 
-    /// Sends one request and waits for its answer; never throws, because every way it can end is an input to
-    /// the delivery policy.
-    func send(_ request: APNsRequest, jwt: String, timeout: Duration) async -> APNsAttemptResult {
+    /// Sends requests together and waits for all their answers, in order; never throws, because every
+    /// way a request can end is an input to the delivery policy. One hand-over to the event loop for
+    /// the lot (a burst's wakes), and for requests that other callers hand over meanwhile.
+    func send(_ requests: [APNsRequest], jwt: String, timeout: Duration) async -> [APNsAttemptResult] {
+        guard !requests.isEmpty else { return [] }
         let admitted = state.withLockedValue { state -> Bool in
             guard !state.goingAway, !state.closed else { return false }
-            state.inFlight += 1
+            state.inFlight += requests.count
             return true
         }
-        guard admitted else { return .transport(.goAway) }
+        guard admitted else { return Array(repeating: .transport(.goAway), count: requests.count) }
         defer {
             let drained = state.withLockedValue { state in
-                state.inFlight -= 1
+                state.inFlight -= requests.count
                 return state.retired && state.inFlight == 0
             }
             if drained { channel.close(promise: nil) }
         }
 
-        var headers = HTTP2HeaderList()
-        headers.add(":method", "POST")
-        headers.add(":scheme", "https")
-        headers.add(":path", request.path)
-        headers.add(":authority", authority)
-        // Indexed, so after the first push on a connection the JWT costs a byte or two in HPACK.
-        headers.add("authorization", "bearer ", jwt)
-        for (name, value) in request.headers { headers.add(name, value) }
-        headers.add("content-length", String(request.body.count))
         let deadline = NIODeadline.now() + TimeAmount(timeout)
-        let result = await withCheckedContinuation { continuation in
-            let push = PendingPush(headers: headers, body: request.body, deadline: deadline, continuation: continuation)
+        let results = await withCheckedContinuation { continuation in
+            let batch = PushBatch(count: requests.count, continuation: continuation)
+            let pushes = requests.enumerated().map { index, request in
+                PendingPush(headers: headers(of: request, jwt: jwt), body: request.body, deadline: deadline, batch: batch, index: index)
+            }
             let first = submissions.withLockedValue { queue -> Bool? in
                 guard !queue.closed else { return nil }
-                queue.waiting.append(push)
-                return queue.waiting.count == 1
+                queue.waiting.append(contentsOf: pushes)
+                return queue.waiting.count == pushes.count
             }
             guard let first else {
-                push.finish(.transport(.goAway))  // closed meanwhile, before anything was sent
+                for push in pushes { push.finish(.transport(.goAway)) }  // closed meanwhile, before anything was sent
                 return
             }
-            // One event-loop task per batch: pushes arriving while it waits join it.
+            // One event-loop task per hand-over: pushes arriving while it waits join it.
             if first {
                 let handler = self.handler
                 channel.eventLoop.execute { handler.value.submitWaiting() }
@@ -147,8 +143,22 @@ final class HTTP2Connection: Sendable {
         // An unanswered request may mean a dead path (a NAT or load balancer that lost the flow): PING now
         // rather than after a minute without reads, so that a dead connection is closed and replaced
         // within the PING timeout.
-        if case .transport(.timeout) = result { channel.pipeline.fireUserInboundEventTriggered(PushSessionHandler.ProbeNow()) }
-        return result
+        if results.contains(.transport(.timeout)) { channel.pipeline.fireUserInboundEventTriggered(PushSessionHandler.ProbeNow()) }
+        return results
+    }
+
+    /// A request's header fields as they go on the wire.
+    private func headers(of request: APNsRequest, jwt: String) -> HTTP2HeaderList {
+        var headers = HTTP2HeaderList()
+        headers.add(":method", "POST")
+        headers.add(":scheme", "https")
+        headers.add(":path", request.path)
+        headers.add(":authority", authority)
+        // Indexed, so after the first push on a connection the JWT costs a byte or two in HPACK.
+        headers.add("authorization", "bearer ", jwt)
+        request.forEachHeader { headers.add($0, $1) }
+        headers.add("content-length", String(request.body.count))
+        return headers
     }
 
     func close() async {

@@ -12,7 +12,31 @@ struct PushQueue {
     var closed = false
 }
 
-/// One push on its way: the request, its deadline, and the task waiting for its result.
+/// The pushes of one hand-over, and the task waiting for all their results.
+///
+/// `@unchecked Sendable`: made inside the waiting task's continuation before any push is handed over;
+/// results are then written only on the connection's event loop (or, when the connection had closed,
+/// by the handing task itself, before any reached the loop), and the continuation is resumed once,
+/// with the last, after which nothing touches it.
+final class PushBatch: @unchecked Sendable {
+    private var results: [APNsAttemptResult?]
+    private var remaining: Int
+    private let continuation: CheckedContinuation<[APNsAttemptResult], Never>
+
+    init(count: Int, continuation: CheckedContinuation<[APNsAttemptResult], Never>) {
+        results = Array(repeating: nil, count: count)
+        remaining = count
+        self.continuation = continuation
+    }
+
+    func complete(_ index: Int, _ result: APNsAttemptResult) {
+        results[index] = result
+        remaining -= 1
+        if remaining == 0 { continuation.resume(returning: results.map { $0 ?? .transport(.connectionLost("no result")) }) }
+    }
+}
+
+/// One push on its way: the request, its deadline, and where its result goes.
 ///
 /// `@unchecked Sendable`: made by the sending task and handed to the event loop through
 /// `HTTP2Connection`'s locked queue, once; from then on only that event loop reads or changes it.
@@ -20,23 +44,24 @@ final class PendingPush: @unchecked Sendable {
     let headers: HTTP2HeaderList
     let body: [UInt8]
     let deadline: NIODeadline
-    private let continuation: CheckedContinuation<APNsAttemptResult, Never>
+    private let batch: PushBatch
+    private let index: Int
     private(set) var isFinished = false
     var streamID: Int32 = 0
 
-    init(headers: HTTP2HeaderList, body: [UInt8], deadline: NIODeadline,
-         continuation: CheckedContinuation<APNsAttemptResult, Never>) {
+    init(headers: HTTP2HeaderList, body: [UInt8], deadline: NIODeadline, batch: PushBatch, index: Int) {
         self.headers = headers
         self.body = body
         self.deadline = deadline
-        self.continuation = continuation
+        self.batch = batch
+        self.index = index
     }
 
     /// The first result wins; later ones (a stream's close after its timeout) are ignored.
     func finish(_ result: APNsAttemptResult) {
         guard !isFinished else { return }
         isFinished = true
-        continuation.resume(returning: result)
+        batch.complete(index, result)
     }
 }
 

@@ -37,31 +37,36 @@ public let apnsMaximumPayloadBytes = 4096
 /// Building it is pure, so the exact headers are testable without a connection.
 public struct APNsRequest: Sendable {
     public var path: String
-    /// Everything but the pseudo-headers and `authorization`, in the order sent.
-    public var headers: [(String, String)]
+    public var topic: String
     public var body: [UInt8]
     public var apnsID: String
 
-    /// Builds the `pushtotalk` request: priority 10 and expiration 0, because a wake that arrives late is
-    /// worse than none (the talk burst is over by then).
+    /// Everything but the pseudo-headers and `authorization`, in the order sent.
+    public var headers: [(String, String)] {
+        var headers: [(String, String)] = []
+        forEachHeader { headers.append(($0, $1)) }
+        return headers
+    }
+
+    /// The same fields without an array of them (a push's wire headers are written straight from these).
+    /// Priority 10 and expiration 0, because a wake that arrives late is worse than none (the talk burst
+    /// is over by then).
+    public func forEachHeader(_ body: (String, String) -> Void) {
+        body("apns-push-type", "pushtotalk")
+        body("apns-topic", topic)
+        body("apns-priority", "10")
+        body("apns-expiration", "0")
+        body("apns-id", apnsID)
+        body("content-type", "application/json")
+    }
+
+    /// Builds the `pushtotalk` request.
     public static func pushToTalk(_ notification: PushToTalkNotification, topic: String) throws(APNsRequestError) -> APNsRequest {
         guard isValidDeviceToken(notification.deviceToken) else {
             throw .invalidDeviceToken(notification.deviceToken)
         }
-        let body = try encodeBody(notification)
-        let apnsID = notification.id.lowercaseString
-        return APNsRequest(
-            path: "/3/device/\(notification.deviceToken.lowercased())",
-            headers: [
-                ("apns-push-type", "pushtotalk"),
-                ("apns-topic", topic),
-                ("apns-priority", "10"),
-                ("apns-expiration", "0"),
-                ("apns-id", apnsID),
-                ("content-type", "application/json"),
-            ],
-            body: body,
-            apnsID: apnsID)
+        return APNsRequest(path: "/3/device/\(notification.deviceToken.lowercased())", topic: topic,
+                           body: try encodeBody(notification), apnsID: notification.id.lowercaseString)
     }
 
     static func encodeBody(_ notification: PushToTalkNotification) throws(APNsRequestError) -> [UInt8] {

@@ -174,6 +174,35 @@ extension Result {
         await fixture.stop()
     }
 
+    /// A burst's wakes go as one batch: results come back in order, each push keeps its own verdict,
+    /// and those the policy sends again (transient failures) are retried alone until delivered.
+    @Test func aBatchKeepsEachPushsOwnVerdictAndRetries() async throws {
+        let fixture = try await SimulatorFixture()
+        let registered = Date(timeIntervalSince1970: 1_700_000_000)
+        fixture.simulator.setFaults(APNsFaultPlan(
+            unregistered: ["dead01": Int64(registered.timeIntervalSince1970 * 1000) + 60_000],
+            scripted: [APNsScriptedResponse(token: "beef01", status: 503, reason: "ServiceUnavailable", count: 2),
+                       APNsScriptedResponse(token: "face01", status: 400, reason: "BadDeviceToken", count: 1)]))
+        let client = try await fixture.client(poolSize: 2)
+        #expect(await client.send(notification("0000")).success != nil, "proves the settings; opens the pool")
+        await client.preconnect()
+        let tokens = (0..<300).map { String(format: "%04x", $0 + 1) } + ["dead01", "beef01", "face01", "not-hex"]
+        let results = await client.send(tokens.map { notification($0) },
+                                        tokensRegisteredAt: tokens.map { $0 == "dead01" ? registered : nil })
+        #expect(results.count == tokens.count)
+        #expect(results.prefix(300).allSatisfy { $0.success?.attempts == 1 })
+        #expect(results[300].failure.map { $0.dropToken && $0.reason.label == "Unregistered" } == true)
+        #expect(results[301].success?.attempts == 3, "retried alone past two 503s")
+        #expect(results[302].failure?.dropToken == true)
+        #expect(results[303].failure?.reason.label == "InvalidRequest", "refused before anything was sent")
+        let accepted = fixture.simulator.acceptedPushes()
+        #expect(accepted.count == 302)
+        #expect(Set(accepted.map(\.connection)).count == 2, "spread over both connections")
+        #expect(await client.connectionsOpened == 2)
+        await client.shutdown()
+        await fixture.stop()
+    }
+
     @Test func retriesGiveUpWithinTheBudget() async throws {
         let fixture = try await SimulatorFixture()
         fixture.simulator.setFaults(APNsFaultPlan(serviceUnavailableShare: 1))
