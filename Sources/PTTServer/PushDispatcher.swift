@@ -116,9 +116,18 @@ public final class PushDispatcher: Service, Sendable {
                 if stale > 0 { metrics.count(.failed, reason: "Stale", by: stale) }
                 switch next {
                 case .send(let job):
+                    // Every job ready now goes in one batch (a burst's wakes): one call to APNs's client
+                    // for the lot, not a task and a wait per push.
+                    var batch = [job]
+                    while batch.count < Self.batchLimit,
+                          case .send(let more) = schedule.withLockedValue({ $0.next(now: .now) }) {
+                        batch.append(more)
+                    }
                     group.addTask {
-                        await self.deliver(job)
-                        self.schedule.withLockedValue { $0.complete(job.key, now: .now) }
+                        await self.deliver(batch)
+                        self.schedule.withLockedValue { schedule in
+                            for job in batch { schedule.complete(job.key, now: .now) }
+                        }
                         self.ring.yield()
                     }
                     continue loop
@@ -146,18 +155,50 @@ public final class PushDispatcher: Service, Sendable {
         }
     }
 
-    private func deliver(_ job: Job) async {
-        let channel: UUID
-        let member: MemberRecord
-        let speaker: String?
-        switch job {
-        case .wake(let c, let s, let m): (channel, member, speaker) = (c, m, s)
-        case .leave(let c, let m): (channel, member, speaker) = (c, m, nil)
+    /// Jobs handed to APNs's client in one call at most: a batch's slots in the schedule free together,
+    /// so two batches at the schedule's limit of 1,000 keep one slow push from holding every slot.
+    static let batchLimit = 500
+
+    private func deliver(_ jobs: [Job]) async {
+        struct Push {
+            var channel: UUID
+            var member: MemberRecord
+            var speaker: String?
+            var token: String
         }
-        guard let token = member.pushToken else { return }
-        let notification = PushToTalkNotification(deviceToken: token, activeSpeaker: speaker, channel: channel)
-        let client = route.client(for: member.pushEnvironment)
-        switch await client.send(notification, tokenRegisteredAt: member.pushRegisteredAt) {
+        var byClient: [ObjectIdentifier: (client: APNsClient, pushes: [Push])] = [:]
+        for job in jobs {
+            let push: Push
+            switch job {
+            case .wake(let channel, let speaker, let member):
+                guard let token = member.pushToken else { continue }
+                push = Push(channel: channel, member: member, speaker: speaker, token: token)
+            case .leave(let channel, let member):
+                guard let token = member.pushToken else { continue }
+                push = Push(channel: channel, member: member, speaker: nil, token: token)
+            }
+            let client = route.client(for: push.member.pushEnvironment)
+            byClient[ObjectIdentifier(client), default: (client, [])].pushes.append(push)
+        }
+        // Apple's two environments side by side.
+        await withDiscardingTaskGroup { group in
+            for (client, pushes) in byClient.values {
+                group.addTask {
+                    let results = await client.send(
+                        pushes.map { PushToTalkNotification(deviceToken: $0.token, activeSpeaker: $0.speaker, channel: $0.channel) },
+                        tokensRegisteredAt: pushes.map(\.member.pushRegisteredAt))
+                    for (push, result) in zip(pushes, results) {
+                        await self.report(result, channel: push.channel, member: push.member, speaker: push.speaker, token: push.token)
+                    }
+                }
+            }
+        }
+    }
+
+    /// Counts, logs and acts on one push's ending.
+    private func report(_ result: Result<APNsDelivery, APNsPushFailure>, channel: UUID, member: MemberRecord, speaker: String?,
+                        token: String) async {
+        switch result {
         case .success(let delivery):
             noteHealth { $0.delivered(at: Date()) }
             metrics.count(speaker == nil ? .deliveredLeave : .delivered, reason: "Success")
