@@ -25,6 +25,8 @@ struct Push: AsyncParsableCommand {
     @Option(help: "Pushes for the throughput run.") var pushes = 20_000
     @Option(help: "Pushes in flight at once in the throughput run.") var inFlight = 2_000
     @Option(help: "HTTP/2 connections in the client's pool.") var pool = 2
+    @Option(help: "Pushes per call in the throughput run: a batch as a burst's wakes go (1: one push per call).")
+    var batch = 250
     @Option(help: "Sleeping members woken per burst in the wake run (issue 44: 10,000 within 250 ms).") var wakes = 10_000
     @Option(help: "Bursts in the wake run.") var bursts = 5
     @Option(help: "Directory with the dev certificates and APNs key (make certs).") var certs = "certs"
@@ -116,20 +118,30 @@ struct Push: AsyncParsableCommand {
         await client.preconnect()
         let channel = UUID()
         let failures = NIOLockedValueBox<[String: Int]>([:])
-        @Sendable func push(_ index: Int) async -> Bool {
-            let result = await client.send(PushToTalkNotification(deviceToken: hexToken(index), activeSpeaker: "Bench", channel: channel))
-            if case .failure(let failure) = result { failures.withLockedValue { $0[failure.reason.label, default: 0] += 1 } }
-            if case .success = result { return true } else { return false }
+        @Sendable func push(_ indices: Range<Int>) async -> Int {
+            let notifications = indices.map { PushToTalkNotification(deviceToken: hexToken($0), activeSpeaker: "Bench", channel: channel) }
+            let results = batch > 1 ? await client.send(notifications) : [await client.send(notifications[0])]
+            var delivered = 0
+            for result in results {
+                switch result {
+                case .success: delivered += 1
+                case .failure(let failure): failures.withLockedValue { $0[failure.reason.label, default: 0] += 1 }
+                }
+            }
+            return delivered
         }
-        // `inFlight` long-lived senders, each pushing one after another, as h2load's streams do: a task
-        // per push would add the task's own cost to the client's.
+        // Long-lived senders, each sending one batch (or push) after another, `inFlight` pushes out in
+        // all, as h2load's streams are: a task per push would add the task's own cost to the client's.
         func blast(_ count: Int) async -> Int {
-            let senders = max(min(inFlight, count), 1)
+            let size = max(batch, 1)
+            let senders = max(min(inFlight / size, (count + size - 1) / size), 1)
             return await withTaskGroup(of: Int.self) { group in
                 for sender in 0..<senders {
                     group.addTask {
                         var delivered = 0
-                        for index in stride(from: sender, to: count, by: senders) where await push(index) { delivered += 1 }
+                        for start in stride(from: sender * size, to: count, by: senders * size) {
+                            delivered += await push(start..<min(start + size, count))
+                        }
                         return delivered
                     }
                 }
