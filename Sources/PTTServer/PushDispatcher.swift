@@ -44,6 +44,14 @@ public final class PushDispatcher: Service, Sendable {
 
     private let route: APNsRoute
     private let schedule: NIOLockedValueBox<PushSchedule>
+    /// Jobs handed over by the hub's loop, in order, for the dispatcher's task to queue: queuing a
+    /// burst's 10,000 sleepers in the schedule held the relay's loop for tens of milliseconds.
+    private let arrivals = NIOLockedValueBox<[Arrival]>([])
+
+    private enum Arrival {
+        case wake(channel: UUID, speaker: String, members: [MemberRecord])
+        case leave(channel: UUID, member: MemberRecord)
+    }
     /// Rung whenever the schedule may have something new to hand out: a job queued, a push ended, a held
     /// wake's interval over, shutdown. One pending ring is enough, so it buffers one.
     private let doorbell: AsyncStream<Void>
@@ -66,21 +74,37 @@ public final class PushDispatcher: Service, Sendable {
     /// Whether pushes are getting through, for `/healthz`.
     public var pushHealth: PushHealth { health.withLockedValue { $0 } }
 
-    /// Queues a wake for each member. Never waits.
+    /// Hands over a wake for each member. Never waits, and costs the caller one append.
     public func wake(channel: UUID, speaker: String, members: [MemberRecord]) {
-        let now = ContinuousClock.now
-        let results = schedule.withLockedValue { schedule in
-            members.map { schedule.enqueue(.wake(channel: channel, speaker: speaker, member: $0), now: now) }
-        }
-        for result in results { count(result) }
+        arrivals.withLockedValue { $0.append(.wake(channel: channel, speaker: speaker, members: members)) }
         ring.yield()
     }
 
-    /// Queues a leave push. Never waits.
+    /// Hands over a leave push. Never waits.
     public func leave(channel: UUID, member: MemberRecord) {
-        let now = ContinuousClock.now
-        count(schedule.withLockedValue { $0.enqueue(.leave(channel: channel, member: member), now: now) })
+        arrivals.withLockedValue { $0.append(.leave(channel: channel, member: member)) }
         ring.yield()
+    }
+
+    /// Queues what was handed over, in the order it came.
+    private func admitArrivals() {
+        let waiting = arrivals.withLockedValue { arrivals in
+            defer { arrivals.removeAll() }
+            return arrivals
+        }
+        guard !waiting.isEmpty else { return }
+        let now = ContinuousClock.now
+        let results = schedule.withLockedValue { schedule in
+            waiting.flatMap { arrival -> [PushSchedule.Enqueued] in
+                switch arrival {
+                case .wake(let channel, let speaker, let members):
+                    return members.map { schedule.enqueue(.wake(channel: channel, speaker: speaker, member: $0), now: now) }
+                case .leave(let channel, let member):
+                    return [schedule.enqueue(.leave(channel: channel, member: member), now: now)]
+                }
+            }
+        }
+        for result in results { count(result) }
     }
 
     private func count(_ result: PushSchedule.Enqueued) {
@@ -100,6 +124,7 @@ public final class PushDispatcher: Service, Sendable {
         await withGracefulShutdownHandler {
             await self.dispatch()
         } onGracefulShutdown: {
+            self.admitArrivals()
             self.schedule.withLockedValue { $0.finish(now: .now) }
             self.ring.yield()
         }
@@ -111,6 +136,7 @@ public final class PushDispatcher: Service, Sendable {
             var bell = doorbell.makeAsyncIterator()
             var timerArmedFor: ContinuousClock.Instant?
             loop: while true {
+                admitArrivals()
                 let now = ContinuousClock.now
                 let (next, stale) = schedule.withLockedValue { ($0.next(now: now), $0.takeStale()) }
                 if stale > 0 { metrics.count(.failed, reason: "Stale", by: stale) }
