@@ -30,7 +30,7 @@ struct All: AsyncParsableCommand {
             try await Transport.parse(["--handshakes", "10", "--packets", "1000", "--fanout", "20"]).run()
             try await Fanout.parse(["--listeners", "20", "--seconds", "2", "--grants", "10", "--versus-mumble"] + common).run()
             try await FanoutChannels.parse(["--channels", "5", "--listeners", "5", "--seconds", "2"] + common).run()
-            try await Push.parse(["--pushes", "2000", "--in-flight", "200", "--wakes", "100", "--bursts", "2", "--versus-h2load"] + common).run()
+            try await Push.parse(["--pushes", "2000", "--in-flight", "200", "--wakes", "100", "--bursts", "2", "--storm-listeners", "20", "--versus-h2load"] + common).run()
             try await Connections.parse(["--count", "100", "--resumes", "5"] + common).run()
             try await EndToEnd.parse(["--loss", "10", "--jitter", "30", "--bursts", "2"] + common).run()
             try await ClusterBenchmark.parse(["--kills", "1", "--joins", "2", "--placements", "50"] + common).run()

@@ -7,6 +7,7 @@ import ChannelStore
 import ChannelStoreSQLite
 import Foundation
 import NIOConcurrencyHelpers
+import NIOPosix
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
@@ -29,6 +30,8 @@ struct Push: AsyncParsableCommand {
     var batch = 250
     @Option(help: "Sleeping members woken per burst in the wake run (issue 44: 10,000 within 250 ms).") var wakes = 10_000
     @Option(help: "Bursts in the wake run.") var bursts = 5
+    @Option(help: "Awake listeners in the wake run's channel, whose relayed audio is timed during the wakes and after.")
+    var stormListeners = 200
     @Option(help: "Directory with the dev certificates and APNs key (make certs).") var certs = "certs"
     @Option(help: "squelchd executable (default: next to this one).") var squelchd: String?
     @Flag(help: "Also run nghttp2's h2load with the same request against the same simulator, alternating with ours.")
@@ -58,8 +61,13 @@ struct Push: AsyncParsableCommand {
                 print(theirs.last!.row("h2load", pushes: pushes, inFlight: inFlight, connections: pool))
             }
         }
-        let (median, last) = try await wakeTime(simulator, squelchd: server)
-        var figures: [String: Any] = ["last_wake_ms": last * 1e3, "median_of_bursts_ms": median * 1e3, "wakes_per_burst": wakes]
+        let wake = try await wakeTime(simulator, squelchd: server)
+        var figures: [String: Any] = ["last_wake_ms": wake.worst * 1e3, "median_of_bursts_ms": wake.median * 1e3, "wakes_per_burst": wakes]
+        if let storm = wake.storm, let quiet = wake.quiet {
+            figures["storm"] = ["listeners": stormListeners, "relay_p50_ms": storm.relayP50 * 1e3, "relay_p99_ms": storm.relayP99 * 1e3,
+                                "quiet_relay_p50_ms": quiet.relayP50 * 1e3, "quiet_relay_p99_ms": quiet.relayP99 * 1e3,
+                                "p99_vs_quiet": storm.relayP99 / quiet.relayP99]
+        }
         figures.merge(Throughput.median(ours).figures) { $1 }
         if !theirs.isEmpty {
             let (a, b) = (Throughput.median(ours), Throughput.median(theirs))
@@ -161,8 +169,17 @@ struct Push: AsyncParsableCommand {
                           simulatorCPU: simCPU * 1e6 / Double(pushes), delivered: delivered)
     }
 
-    /// The grant-to-last-push time over the bursts: median and worst, in seconds.
-    func wakeTime(_ simulator: SimulatorProcess, squelchd: String) async throws -> (median: Double, worst: Double) {
+    /// The relay's fan-out time (the server's own histogram) over a window of the wake run.
+    struct RelayWindow {
+        var relayP50: Double
+        var relayP99: Double
+    }
+
+    /// The first-audio-to-last-push time over the bursts (median and worst, in seconds), and with
+    /// listeners awake in the channel, the relay's fan-out time while the wakes go out (the first
+    /// 400 ms of each burst) and after (the next 800 ms): issue 44 asks that pushes not starve the relay.
+    func wakeTime(_ simulator: SimulatorProcess, squelchd: String) async throws
+        -> (median: Double, worst: Double, storm: RelayWindow?, quiet: RelayWindow?) {
         let data = FileManager.default.temporaryDirectory.appendingPathComponent("squelch-push-\(UUID())").path
         try FileManager.default.createDirectory(atPath: data, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(atPath: data) }
@@ -185,14 +202,17 @@ struct Push: AsyncParsableCommand {
                              "--key", "\(certs)/server.key", "--apns", "https://127.0.0.1:\(simulator.port)",
                              "--apns-ca", "\(certs)/ca.pem", "--apns-key", "\(certs)/AuthKey_DEVKEY0001.p8",
                              "--apns-topic", SimulatorProcess.topic, "--log-level", "notice",
-                             "--floor-grants-per-minute", "1000000"]  // bursts back to back: see ServeProcess
+                             "--floor-grants-per-minute", "1000000",  // bursts back to back: see ServeProcess
+                             "--handshakes-per-second-per-address", "100000", "--max-connections", "\(stormListeners + 100)",
+                             "--max-connections-per-address", "\(stormListeners + 100)"]
         let errors = Pipe()
         process.standardError = errors
         let log = LineCollector(errors)
         try process.run()
         defer { if process.isRunning { process.terminate(); process.waitUntilExit() } }
         guard let voiceLine = await log.wait(for: "voice transport listening", seconds: 30),
-              let voicePort = lastPort(in: voiceLine) else {
+              let voicePort = lastPort(in: voiceLine),
+              let adminLine = await log.wait(for: "admin API listening on", seconds: 30), let adminPort = lastPort(in: adminLine) else {
             throw ValidationError("squelchd did not start: \(log.text)")
         }
         let authority = try await TokenAuthority.loadOrCreate(in: data)
@@ -204,6 +224,26 @@ struct Push: AsyncParsableCommand {
         guard case .joined? = try await talker.join(token: token, channel: channel.id, seconds: 30) else {
             throw ValidationError("the talker could not join: \(talker.messages)")
         }
+        // Awake listeners, on one event loop of their own (as in the fan-out run): the relay's work
+        // during the wakes.
+        let listenerGroup = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+        defer { listenerGroup.shutdownGracefully { _ in } }
+        var listeners: [TestMember] = []
+        for index in 0..<stormListeners {
+            let member = try TestMember(port: voicePort, configuration: ClientConfiguration(serverName: "localhost", validator: try CertificateValidator(caPEM: ca)),
+                                        group: listenerGroup)
+            try await member.connect()
+            let listenToken = try await authority.issue(ParticipantClaims(userID: "listener-\(index)", name: "Listener \(index)", channel: channel.id,
+                                                                          capabilities: [.listen], expiresAt: Date().addingTimeInterval(3600)))
+            guard case .joined? = try await member.join(token: listenToken, channel: channel.id, seconds: 30) else {
+                throw ValidationError("listener \(index) could not join")
+            }
+            listeners.append(member)
+        }
+        var storm: [String: Double] = [:], quiet: [String: Double] = [:]
+        func add(_ after: [String: Double], minus before: [String: Double], to total: inout [String: Double]) {
+            for (key, value) in after where key.hasPrefix("squelch_relay_fanout_seconds") { total[key, default: 0] += value - (before[key] ?? 0) }
+        }
         // The first burst also opens squelchd's APNs connections; it is not counted.
         var times: [Double] = []
         for burst in 0...bursts {
@@ -211,9 +251,23 @@ struct Push: AsyncParsableCommand {
             let mark = talker.messages.count
             try await talker.send(.floorRequest())
             guard let number = await talker.waitForFloor(.granted, after: mark)?.burst else { throw ValidationError("no floor grant") }
-            // Wakes go with a burst's first audio packet, not its grant: the time runs from it.
-            _ = await talker.sendAudio(burst: number, sequence: 0, payload: [0xF8, 0xFF, 0xFE])
+            // Wakes go with a burst's first audio, not its grant: the time runs from it. With listeners
+            // awake, the talker goes on talking (50 packets/s) for 1.2 s: the wakes' window, then a quiet one.
+            let metrics0 = stormListeners > 0 ? try await scrape(adminPort) : [:]
             let granted = Date()
+            var metrics1: [String: Double] = [:]
+            for sequence in 0..<(stormListeners > 0 ? 60 : 1) {
+                let due = granted.addingTimeInterval(Double(sequence) * 0.02).timeIntervalSinceNow
+                if due > 0 { try await Task.sleep(for: .milliseconds(Int(due * 1e3))) }
+                _ = await talker.sendAudio(burst: number, sequence: UInt16(sequence), payload: [UInt8](repeating: 0x5A, count: 80))
+                if sequence == 19 { metrics1 = try await scrape(adminPort) }
+            }
+            if stormListeners > 0, burst > 0 {
+                try await Task.sleep(for: .milliseconds(100))  // the last packets relayed
+                let metrics2 = try await scrape(adminPort)
+                add(metrics1, minus: metrics0, to: &storm)
+                add(metrics2, minus: metrics1, to: &quiet)
+            }
             let pushes = try await simulator.waitForPushes(wakes, seconds: 30)
             guard pushes.count >= wakes, let last = pushes.map(\.receivedAt).max() else {
                 throw ValidationError("only \(pushes.count) of \(wakes) wake pushes arrived")
@@ -231,7 +285,17 @@ struct Push: AsyncParsableCommand {
         print("|---|---|---|---|")
         print("| \(wakes) | \(bursts) | " + String(format: "%.1f ms | %.1f ms |", percentile(sorted, 0.5) * 1e3, (sorted.last ?? .nan) * 1e3))
         await talker.close()
-        return (percentile(sorted, 0.5), sorted.last ?? .nan)
+        for listener in listeners { await listener.close() }
+        guard stormListeners > 0 else { return (percentile(sorted, 0.5), sorted.last ?? .nan, nil, nil) }
+        let stormHistogram = Histogram(metrics: storm, minus: [:], name: "squelch_relay_fanout_seconds")
+        let quietHistogram = Histogram(metrics: quiet, minus: [:], name: "squelch_relay_fanout_seconds")
+        let during = RelayWindow(relayP50: stormHistogram.quantile(0.5), relayP99: stormHistogram.quantile(0.99))
+        let after = RelayWindow(relayP50: quietHistogram.quantile(0.5), relayP99: quietHistogram.quantile(0.99))
+        print("| \(stormListeners) listeners | relay p50 / p99 during the wakes | after |")
+        print("|---|---|---|")
+        print(String(format: "| fan-out | %.3f / %.3f ms | %.3f / %.3f ms |", during.relayP50 * 1e3, during.relayP99 * 1e3,
+                     after.relayP50 * 1e3, after.relayP99 * 1e3))
+        return (percentile(sorted, 0.5), sorted.last ?? .nan, during, after)
     }
 }
 
@@ -285,12 +349,15 @@ struct SimulatorProcess {
         struct Log: Decodable { var pushes: [APNsAcceptedPush] }
         let deadline = ContinuousClock.now + .seconds(seconds)
         var pushes: [APNsAcceptedPush] = []
+        // The counter until they are all in (the whole log, fetched every 25 ms, would cost the simulator
+        // and this process more than the pushes), then the log once.
         repeat {
-            let (data, _) = try await URLSession.shared.data(from: URL(string: "http://127.0.0.1:\(controlPort)/v1/pushes")!)
-            pushes = try APNsSimulatorJSON.decoder().decode(Log.self, from: data).pushes
-            if pushes.count >= count { return pushes }
+            let (data, _) = try await URLSession.shared.data(from: URL(string: "http://127.0.0.1:\(controlPort)/v1/stats")!)
+            if try APNsSimulatorJSON.decoder().decode(APNsSimulatorStats.self, from: data).accepted >= count { break }
             try await Task.sleep(for: .milliseconds(25))
         } while ContinuousClock.now < deadline
+        let (data, _) = try await URLSession.shared.data(from: URL(string: "http://127.0.0.1:\(controlPort)/v1/pushes")!)
+        pushes = try APNsSimulatorJSON.decoder().decode(Log.self, from: data).pushes
         return pushes
     }
 }
