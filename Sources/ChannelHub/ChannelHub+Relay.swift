@@ -35,7 +35,6 @@ extension ChannelHub {
                                   burst: configuration.audioPacketBurst) else { drop(.overRate); return 0 }
         recording.append(header, payload: payload, maxPackets: configuration.maxRecordedPackets,
                          maxBytes: configuration.maxRecordedBytes)
-        if let owed = recording.wakeOwed { wakeListeners(channel, talker: slot, recording: recording, taken: owed, at: now) }
         AudioHeader(flags: header.flags.intersection(.endOfBurst), slot: slot, burst: header.burst, sequence: header.sequence)
             .write(to: scratch)
         UnsafeMutableRawBufferPointer(rebasing: scratch[AudioHeader.size ..< AudioHeader.size + payloadCount]).copyMemory(from: payload)
@@ -50,7 +49,21 @@ extension ChannelHub {
         }
         counters.packetsOut &+= forwarded
         counters.bytesOut &+= forwarded &* packet.count
+        // Whom to wake is decided after the copies are out (`wakeOwedListeners`): it walks every member of
+        // the channel, and the first packet's listeners needn't wait for 10,000 sleepers to be looked at.
+        if recording.wakeOwed != nil { owedWakes.append((channel, slot, recording)) }
         return forwarded
+    }
+
+    /// Decides the wakes owed by bursts whose first audio `receiveAudio` relayed: the driver calls it
+    /// once that audio's copies have left. Outputs `burstStarted`.
+    public func wakeOwedListeners(at now: WireInstant) {
+        let owed = owedWakes
+        owedWakes.removeAll(keepingCapacity: true)
+        for (channel, slot, recording) in owed {
+            guard let taken = recording.wakeOwed else { continue }
+            wakeListeners(channel, talker: slot, recording: recording, taken: taken, at: now)
+        }
     }
 
     func drop(_ reason: DropReason) { counters.drops[reason.rawValue] &+= 1 }

@@ -39,6 +39,9 @@ public final class ChannelHub {
     /// Each connection's allowance of control messages (`HubConfiguration.controlMessagesPerSecond`).
     var controlBudget: [Link: TokenBucket] = [:]
     var outputs: [HubOutput] = []
+    /// Bursts whose first audio has just been relayed and whose listeners are owed their wake
+    /// (`wakeOwedListeners`).
+    var owedWakes: [(channel: ChannelState, slot: UInt16, recording: BurstRecording)] = []
     /// The SFrame key ID the next media key gets. Only this hub's keys are live in its sessions (a
     /// client drops its keys with its connection), so a counter is enough, and keeps headers short.
     var nextMediaKeyID: UInt64 = 1

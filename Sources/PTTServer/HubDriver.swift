@@ -81,6 +81,7 @@ final class HubDriver: WireServerDelegate {
         if let metrics, forwarded > 0, !handedOver {
             metrics.relayFanout.recordNanoseconds(Int64(WireNIO.now().since(start)))
         }
+        hub.wakeOwedListeners(at: start)  // after the copies left: a burst's first audio owes wakes
         if hub.hasOutputs { flush() }  // the burst's first audio: its wake pushes
     }
 

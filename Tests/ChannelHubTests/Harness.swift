@@ -113,6 +113,7 @@ final class Harness {
     func audio(from link: Link, burst: UInt16, sequence: UInt16, payload: [UInt8], flags: AudioHeader.Flags = []) {
         let datagram = AudioHeader(flags: flags, burst: burst, sequence: sequence).datagram(payload: Self.frame(payload, keyID: keyID(link, burst: burst)))
         _ = datagram.withUnsafeBytes { hub.receiveAudio(from: link, datagram: $0, at: time.instant, send: record) }
+        hub.wakeOwedListeners(at: time.instant)  // as the driver does once the copies are out
     }
 
     static func frame(_ payload: [UInt8], keyID: UInt64) -> [UInt8] {

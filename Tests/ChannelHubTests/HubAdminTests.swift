@@ -198,6 +198,7 @@ import Wire
         let datagram = AudioHeader(flags: [], burst: try #require(granted.first), sequence: 0)
             .datagram(payload: Harness.frame([1], keyID: key.keyID))
         _ = datagram.withUnsafeBytes { hub.receiveAudio(from: link, datagram: $0, at: time.instant) { _, _ in true } }
+        hub.wakeOwedListeners(at: time.instant)
         let woken = hub.takeOutputs().compactMap { output -> [String]? in
             if case .burstStarted(_, _, let wake, _) = output { return wake.map(\.userID).sorted() } else { return nil }
         }
