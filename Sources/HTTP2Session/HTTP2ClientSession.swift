@@ -54,6 +54,7 @@ public final class HTTP2ClientSession {
 
     // Owned by this object; freed in deinit. Never nil after init.
     private var session: OpaquePointer!
+    private let sink = CallbackSink()
     /// Open streams by ID; libnghttp2 holds unretained pointers to them as stream user data.
     private var streams: [Int32: Stream] = [:]
     private var events: [Event] = []
@@ -72,14 +73,15 @@ public final class HTTP2ClientSession {
         var callbacks: OpaquePointer?
         guard nghttp2_session_callbacks_new(&callbacks) == 0, let callbacks else { throw HTTP2ProtocolError(code: NGHTTP2_ERR_NOMEM.rawValue) }
         defer { nghttp2_session_callbacks_del(callbacks) }
-        nghttp2_session_callbacks_set_on_header_callback(callbacks, onHeader)
-        nghttp2_session_callbacks_set_on_data_chunk_recv_callback(callbacks, onDataChunk)
-        nghttp2_session_callbacks_set_on_frame_recv_callback(callbacks, onFrame)
-        nghttp2_session_callbacks_set_on_stream_close_callback(callbacks, onStreamClose)
+        CallbackSink.install(on: callbacks)
         var session: OpaquePointer?
-        let status = nghttp2_session_client_new(&session, callbacks, Unmanaged.passUnretained(self).toOpaque())
+        let status = nghttp2_session_client_new(&session, callbacks, sink.userData)
         guard status == 0, let session else { throw HTTP2ProtocolError(code: status) }
         self.session = session
+        sink.header = { [unowned self] in header(stream: $0, name: $1, value: $2) }
+        sink.data = { [unowned self] in data(stream: $0, $1) }
+        sink.frame = { [unowned self] in frame($0) }
+        sink.close = { [unowned self] in close(stream: $0, errorCode: $1) }
         // The client's SETTINGS, the first frame after the preface: no server push (APNs has none).
         var settings = [nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_ENABLE_PUSH.rawValue), value: 0)]
         let submitted = nghttp2_submit_settings(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), &settings, settings.count)
@@ -174,12 +176,12 @@ public final class HTTP2ClientSession {
 
     // MARK: libnghttp2's callbacks, through the session pointer it hands back as user data.
 
-    fileprivate func stream(_ id: Int32) -> Stream? {
+    private func stream(_ id: Int32) -> Stream? {
         guard let pointer = nghttp2_session_get_stream_user_data(session, id) else { return nil }
         return Unmanaged<Stream>.fromOpaque(pointer).takeUnretainedValue()
     }
 
-    fileprivate func header(stream id: Int32, name: UnsafeBufferPointer<UInt8>, value: UnsafeBufferPointer<UInt8>) {
+    private func header(stream id: Int32, name: UnsafeBufferPointer<UInt8>, value: UnsafeBufferPointer<UInt8>) {
         guard let stream = stream(id) else { return }
         if name.elementsEqual(":status".utf8) {
             // An interim (1xx) answer is not the final one.
@@ -189,12 +191,12 @@ public final class HTTP2ClientSession {
         }
     }
 
-    fileprivate func data(stream id: Int32, _ chunk: UnsafeBufferPointer<UInt8>) {
+    private func data(stream id: Int32, _ chunk: UnsafeBufferPointer<UInt8>) {
         guard let stream = stream(id), stream.responseBody.count < maximumBodyBytes else { return }
         stream.responseBody.append(contentsOf: chunk.prefix(maximumBodyBytes - stream.responseBody.count))
     }
 
-    fileprivate func frame(_ frame: UnsafePointer<nghttp2_frame>) {
+    private func frame(_ frame: UnsafePointer<nghttp2_frame>) {
         let header = frame.pointee.hd
         switch Int(header.type) {
         case Int(NGHTTP2_SETTINGS.rawValue) where header.flags & UInt8(NGHTTP2_FLAG_ACK.rawValue) == 0:
@@ -211,7 +213,7 @@ public final class HTTP2ClientSession {
         }
     }
 
-    fileprivate func close(stream id: Int32, errorCode: UInt32) {
+    private func close(stream id: Int32, errorCode: UInt32) {
         guard let stream = streams.removeValue(forKey: id) else { return }
         events.append(.closed(closed(stream, errorCode: errorCode)))
     }
@@ -220,30 +222,4 @@ public final class HTTP2ClientSession {
         Closed(context: stream.context, streamID: stream.id, status: stream.status, headers: stream.headers,
                body: stream.responseBody, complete: stream.complete && errorCode == 0, errorCode: errorCode)
     }
-}
-
-private func session(_ userData: UnsafeMutableRawPointer?) -> HTTP2ClientSession {
-    Unmanaged<HTTP2ClientSession>.fromOpaque(userData!).takeUnretainedValue()
-}
-
-private let onHeader: nghttp2_on_header_callback = { _, frame, name, nameLength, value, valueLength, _, userData in
-    guard let frame, frame.pointee.hd.type == UInt8(NGHTTP2_HEADERS.rawValue) else { return 0 }
-    session(userData).header(stream: frame.pointee.hd.stream_id, name: UnsafeBufferPointer(start: name, count: nameLength),
-                             value: UnsafeBufferPointer(start: value, count: valueLength))
-    return 0
-}
-
-private let onDataChunk: nghttp2_on_data_chunk_recv_callback = { _, _, streamID, data, length, userData in
-    session(userData).data(stream: streamID, UnsafeBufferPointer(start: data, count: length))
-    return 0
-}
-
-private let onFrame: nghttp2_on_frame_recv_callback = { _, frame, userData in
-    if let frame { session(userData).frame(frame) }
-    return 0
-}
-
-private let onStreamClose: nghttp2_on_stream_close_callback = { _, streamID, errorCode, userData in
-    session(userData).close(stream: streamID, errorCode: errorCode)
-    return 0
 }

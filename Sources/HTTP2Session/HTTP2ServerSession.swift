@@ -37,6 +37,7 @@ public final class HTTP2ServerSession {
     }
 
     private var session: OpaquePointer!
+    private let sink = CallbackSink()
     private var streams: [Int32: Stream] = [:]
     private var events: [Event] = []
     private var handling: [Event] = []
@@ -49,15 +50,16 @@ public final class HTTP2ServerSession {
         var callbacks: OpaquePointer?
         guard nghttp2_session_callbacks_new(&callbacks) == 0, let callbacks else { throw HTTP2ProtocolError(code: NGHTTP2_ERR_NOMEM.rawValue) }
         defer { nghttp2_session_callbacks_del(callbacks) }
-        nghttp2_session_callbacks_set_on_begin_headers_callback(callbacks, serverBeginHeaders)
-        nghttp2_session_callbacks_set_on_header_callback(callbacks, serverHeader)
-        nghttp2_session_callbacks_set_on_data_chunk_recv_callback(callbacks, serverDataChunk)
-        nghttp2_session_callbacks_set_on_frame_recv_callback(callbacks, serverFrame)
-        nghttp2_session_callbacks_set_on_stream_close_callback(callbacks, serverStreamClose)
+        CallbackSink.install(on: callbacks)
         var session: OpaquePointer?
-        let status = nghttp2_session_server_new(&session, callbacks, Unmanaged.passUnretained(self).toOpaque())
+        let status = nghttp2_session_server_new(&session, callbacks, sink.userData)
         guard status == 0, let session else { throw HTTP2ProtocolError(code: status) }
         self.session = session
+        sink.beginHeaders = { [unowned self] in beginHeaders($0) }
+        sink.header = { [unowned self] in header(stream: $0, name: $1, value: $2) }
+        sink.data = { [unowned self] in data(stream: $0, $1) }
+        sink.frame = { [unowned self] in frame($0) }
+        sink.close = { [unowned self] in close(stream: $0, errorCode: $1) }
         try submitSettings(settings)
     }
 
@@ -138,7 +140,7 @@ public final class HTTP2ServerSession {
 
     // MARK: libnghttp2's callbacks
 
-    fileprivate func beginHeaders(_ frame: UnsafePointer<nghttp2_frame>) {
+    private func beginHeaders(_ frame: UnsafePointer<nghttp2_frame>) {
         guard frame.pointee.hd.type == UInt8(NGHTTP2_HEADERS.rawValue), frame.pointee.headers.cat == NGHTTP2_HCAT_REQUEST else { return }
         let id = frame.pointee.hd.stream_id
         let stream = Stream(id: id)
@@ -147,25 +149,25 @@ public final class HTTP2ServerSession {
         events.append(.opened(streamID: id, openStreams: streams.count))
     }
 
-    fileprivate func stream(_ id: Int32) -> Stream? {
+    private func stream(_ id: Int32) -> Stream? {
         guard let pointer = nghttp2_session_get_stream_user_data(session, id) else { return nil }
         return Unmanaged<Stream>.fromOpaque(pointer).takeUnretainedValue()
     }
 
-    fileprivate func header(stream id: Int32, name: UnsafeBufferPointer<UInt8>, value: UnsafeBufferPointer<UInt8>) {
+    private func header(stream id: Int32, name: UnsafeBufferPointer<UInt8>, value: UnsafeBufferPointer<UInt8>) {
         // Trailers (a second block) carry nothing APNs reads: only the first block's fields are kept.
         guard let stream = stream(id), !stream.headersDone else { return }
         stream.headers.append((String(decoding: name, as: UTF8.self), String(decoding: value, as: UTF8.self)))
     }
 
-    fileprivate func data(stream id: Int32, _ chunk: UnsafeBufferPointer<UInt8>) {
+    private func data(stream id: Int32, _ chunk: UnsafeBufferPointer<UInt8>) {
         guard let stream = stream(id) else { return }
         stream.bodyLength += chunk.count
         let room = maximumBodyBytes - stream.body.count
         if room > 0 { stream.body.append(contentsOf: chunk.prefix(room)) }
     }
 
-    fileprivate func frame(_ frame: UnsafePointer<nghttp2_frame>) {
+    private func frame(_ frame: UnsafePointer<nghttp2_frame>) {
         let header = frame.pointee.hd
         if header.type == UInt8(NGHTTP2_HEADERS.rawValue) { stream(header.stream_id)?.headersDone = true }
         guard header.type == UInt8(NGHTTP2_HEADERS.rawValue) || header.type == UInt8(NGHTTP2_DATA.rawValue),
@@ -173,39 +175,8 @@ public final class HTTP2ServerSession {
         events.append(.request(Request(streamID: stream.id, headers: stream.headers, body: stream.body, bodyLength: stream.bodyLength)))
     }
 
-    fileprivate func close(stream id: Int32, errorCode: UInt32) {
+    private func close(stream id: Int32, errorCode: UInt32) {
         guard streams.removeValue(forKey: id) != nil else { return }
         events.append(.closed(streamID: id, errorCode: errorCode, openStreams: streams.count))
     }
-}
-
-private func server(_ userData: UnsafeMutableRawPointer?) -> HTTP2ServerSession {
-    Unmanaged<HTTP2ServerSession>.fromOpaque(userData!).takeUnretainedValue()
-}
-
-private let serverBeginHeaders: nghttp2_on_begin_headers_callback = { _, frame, userData in
-    if let frame { server(userData).beginHeaders(frame) }
-    return 0
-}
-
-private let serverHeader: nghttp2_on_header_callback = { _, frame, name, nameLength, value, valueLength, _, userData in
-    guard let frame, frame.pointee.hd.type == UInt8(NGHTTP2_HEADERS.rawValue) else { return 0 }
-    server(userData).header(stream: frame.pointee.hd.stream_id, name: UnsafeBufferPointer(start: name, count: nameLength),
-                            value: UnsafeBufferPointer(start: value, count: valueLength))
-    return 0
-}
-
-private let serverDataChunk: nghttp2_on_data_chunk_recv_callback = { _, _, streamID, data, length, userData in
-    server(userData).data(stream: streamID, UnsafeBufferPointer(start: data, count: length))
-    return 0
-}
-
-private let serverFrame: nghttp2_on_frame_recv_callback = { _, frame, userData in
-    if let frame { server(userData).frame(frame) }
-    return 0
-}
-
-private let serverStreamClose: nghttp2_on_stream_close_callback = { _, streamID, errorCode, userData in
-    server(userData).close(stream: streamID, errorCode: errorCode)
-    return 0
 }

@@ -74,3 +74,56 @@ let readOutgoingBody: nghttp2_data_source_read_callback = { _, _, buffer, length
     guard let pointer = source?.pointee.ptr, let buffer, let flags else { return Int(NGHTTP2_ERR_CALLBACK_FAILURE.rawValue) }
     return Unmanaged<OutgoingBody>.fromOpaque(pointer).takeUnretainedValue().read(into: buffer, length: length, flags: flags)
 }
+
+/// Where libnghttp2's callbacks go: the session's user data is this sink, and each session sets the
+/// handlers it uses (capturing itself unowned: the session owns the sink and outlives every callback,
+/// which come only from within its own calls into libnghttp2).
+final class CallbackSink {
+    var beginHeaders: (UnsafePointer<nghttp2_frame>) -> Void = { _ in }
+    var header: (_ stream: Int32, _ name: UnsafeBufferPointer<UInt8>, _ value: UnsafeBufferPointer<UInt8>) -> Void = { _, _, _ in }
+    var data: (_ stream: Int32, _ chunk: UnsafeBufferPointer<UInt8>) -> Void = { _, _ in }
+    var frame: (UnsafePointer<nghttp2_frame>) -> Void = { _ in }
+    var close: (_ stream: Int32, _ errorCode: UInt32) -> Void = { _, _ in }
+
+    var userData: UnsafeMutableRawPointer { Unmanaged.passUnretained(self).toOpaque() }
+
+    /// Points libnghttp2's callbacks at a sink's handlers.
+    static func install(on callbacks: OpaquePointer) {
+        nghttp2_session_callbacks_set_on_begin_headers_callback(callbacks, sinkBeginHeaders)
+        nghttp2_session_callbacks_set_on_header_callback(callbacks, sinkHeader)
+        nghttp2_session_callbacks_set_on_data_chunk_recv_callback(callbacks, sinkDataChunk)
+        nghttp2_session_callbacks_set_on_frame_recv_callback(callbacks, sinkFrame)
+        nghttp2_session_callbacks_set_on_stream_close_callback(callbacks, sinkStreamClose)
+    }
+}
+
+private func sink(_ userData: UnsafeMutableRawPointer?) -> CallbackSink {
+    Unmanaged<CallbackSink>.fromOpaque(userData!).takeUnretainedValue()
+}
+
+private let sinkBeginHeaders: nghttp2_on_begin_headers_callback = { _, frame, userData in
+    if let frame { sink(userData).beginHeaders(frame) }
+    return 0
+}
+
+private let sinkHeader: nghttp2_on_header_callback = { _, frame, name, nameLength, value, valueLength, _, userData in
+    guard let frame, frame.pointee.hd.type == UInt8(NGHTTP2_HEADERS.rawValue) else { return 0 }
+    sink(userData).header(frame.pointee.hd.stream_id, UnsafeBufferPointer(start: name, count: nameLength),
+                          UnsafeBufferPointer(start: value, count: valueLength))
+    return 0
+}
+
+private let sinkDataChunk: nghttp2_on_data_chunk_recv_callback = { _, _, streamID, data, length, userData in
+    sink(userData).data(streamID, UnsafeBufferPointer(start: data, count: length))
+    return 0
+}
+
+private let sinkFrame: nghttp2_on_frame_recv_callback = { _, frame, userData in
+    if let frame { sink(userData).frame(frame) }
+    return 0
+}
+
+private let sinkStreamClose: nghttp2_on_stream_close_callback = { _, streamID, errorCode, userData in
+    sink(userData).close(streamID, errorCode)
+    return 0
+}
