@@ -136,6 +136,7 @@ TARGETS = [
     Target("push_last_wake_ms", "Push: last wake of a burst handed to APNs after", "ms", True),
     Target("push_cpu_vs_h2load", "Push client CPU per push against h2load's", "x", True, 2),
     Target("push_rate_vs_h2load", "Pushes per second against h2load's", "x", False, 2),
+    Target("push_storm_relay_vs_quiet", "Relay fan-out p99 while a burst's wakes go out, against after", "x", True, 2),
 ]
 TARGET_BY_KEY = {t.key: t for t in TARGETS}
 
@@ -594,11 +595,14 @@ def section_push(data: dict, v: Verdicts, plots: Path, rel: str) -> list[str]:
         v.verdict("push_last_wake_ms", None)
         v.verdict("push_cpu_vs_h2load", None)
         v.verdict("push_rate_vs_h2load", None)
+        v.verdict("push_storm_relay_vs_quiet", None)
         return out + [NOT_MEASURED, ""]
     per_s, last = _num(p, "per_second", "push"), _num(p, "last_wake_ms", "push")
     wakes = p.get("wakes_per_burst")
     sleepers = f"{wakes:,} sleeping members" if isinstance(wakes, int) else "sleeping members"
     cpu_ratio, rate_ratio = _num(p, "cpu_vs_h2load", "push"), _num(p, "rate_vs_h2load", "push")
+    storm = p.get("storm") if isinstance(p.get("storm"), dict) else None
+    storm_ratio = _num(storm, "p99_vs_quiet", "push.storm") if storm else None
     out += [table(["Figure", "Value", "Target", "Met / missed"], [
         ["Pushes per second", fmt(per_s, "/s", 0), v.target_text("push_per_second"),
          v.verdict("push_per_second", per_s)],
@@ -608,7 +612,18 @@ def section_push(data: dict, v: Verdicts, plots: Path, rel: str) -> list[str]:
          v.verdict("push_cpu_vs_h2load", cpu_ratio)],
         ["Pushes per second against h2load's", fmt(rate_ratio, "x", 2), v.target_text("push_rate_vs_h2load"),
          v.verdict("push_rate_vs_h2load", rate_ratio)],
+        ["Relay fan-out p99 while the wakes go out, against after", fmt(storm_ratio, "x", 2),
+         v.target_text("push_storm_relay_vs_quiet"), v.verdict("push_storm_relay_vs_quiet", storm_ratio)],
     ]), ""]
+    if storm:
+        out += [f"The wake run's channel also has {storm.get('listeners')} awake listeners; the talker talks for 1.2 s "
+                "a burst, and the server's own fan-out histogram is read over the first 400 ms (the wakes go out) "
+                "and the next 800 ms.", "",
+                table(["Window", "Relay fan-out p50", "Relay fan-out p99"], [
+                    ["While the wakes go out", fmt(_num(storm, "relay_p50_ms", "push.storm"), "ms", 2),
+                     fmt(_num(storm, "relay_p99_ms", "push.storm"), "ms", 2)],
+                    ["After", fmt(_num(storm, "quiet_relay_p50_ms", "push.storm"), "ms", 2),
+                     fmt(_num(storm, "quiet_relay_p99_ms", "push.storm"), "ms", 2)]]), ""]
     h2 = p.get("h2load") if isinstance(p.get("h2load"), dict) else None
     if h2:
         rows = [[name, fmt(_num(d, "per_second", "push"), "/s", 0), fmt(_num(d, "client_cpu_us_per_push", "push"), "µs"),

@@ -117,6 +117,8 @@ class ReportTests(unittest.TestCase):
         self.assertIn("| Client CPU per push against h2load's | 11.00 x | ≤ 2.00 x | **missed** (11.00 x) |", doc)
         self.assertIn("| Pushes per second against h2load's | 0.50 x | ≥ 0.90 x | **missed** (0.50 x) |", doc)
         self.assertIn("| h2load (nghttp2) | 22,000 /s | 10 µs | 72 µs |", doc)
+        self.assertIn("| Relay fan-out p99 while the wakes go out, against after | 1.10 x | ≤ 1.20 x | met (1.10 x) |", doc)
+        self.assertIn("| While the wakes go out | 0.90 ms | 1.65 ms |", doc)
         for k in ("h2load", "cpu_vs_h2load", "rate_vs_h2load"):
             del data["push"][k]
         self.run_report(self.write_results(data))
