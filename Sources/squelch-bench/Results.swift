@@ -29,6 +29,7 @@ struct ResultsOptions: ParsableArguments {
         "late_entry_ms": 150, "kb_per_connection": 16, "fanout_cpu_us_200": 5, "fanout_vs_mumble_200": 0.6, "fanout_relay_p99_ms_200": 1, "fanout_relay_vs_floor_200": 2,
         "fanout_grant_p95_ms_200": 5, "push_per_second": 10_000,
         "push_last_wake_ms": 250, "push_cpu_vs_h2load": 2, "push_rate_vs_h2load": 0.9,
+        "push_storm_relay_vs_quiet": 1.2,
     ] }
 
     static var machine: [String: Any] {
