@@ -70,14 +70,7 @@ public final class HTTP2ClientSession {
     public init(capturedHeaders: [String] = [], maximumBodyBytes: Int = 4_096) throws(HTTP2ProtocolError) {
         self.capturedHeaders = capturedHeaders.map { Array($0.utf8) }
         self.maximumBodyBytes = maximumBodyBytes
-        var callbacks: OpaquePointer?
-        guard nghttp2_session_callbacks_new(&callbacks) == 0, let callbacks else { throw HTTP2ProtocolError(code: NGHTTP2_ERR_NOMEM.rawValue) }
-        defer { nghttp2_session_callbacks_del(callbacks) }
-        CallbackSink.install(on: callbacks)
-        var session: OpaquePointer?
-        let status = nghttp2_session_client_new(&session, callbacks, sink.userData)
-        guard status == 0, let session else { throw HTTP2ProtocolError(code: status) }
-        self.session = session
+        session = try sink.makeSession(server: false)
         sink.header = { [unowned self] in header(stream: $0, name: $1, value: $2) }
         sink.data = { [unowned self] in data(stream: $0, $1) }
         sink.frame = { [unowned self] in frame($0) }

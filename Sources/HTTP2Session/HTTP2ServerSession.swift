@@ -47,14 +47,7 @@ public final class HTTP2ServerSession {
     ///   `NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS`.
     public init(settings: [(id: Int32, value: UInt32)], maximumBodyBytes: Int) throws(HTTP2ProtocolError) {
         self.maximumBodyBytes = maximumBodyBytes
-        var callbacks: OpaquePointer?
-        guard nghttp2_session_callbacks_new(&callbacks) == 0, let callbacks else { throw HTTP2ProtocolError(code: NGHTTP2_ERR_NOMEM.rawValue) }
-        defer { nghttp2_session_callbacks_del(callbacks) }
-        CallbackSink.install(on: callbacks)
-        var session: OpaquePointer?
-        let status = nghttp2_session_server_new(&session, callbacks, sink.userData)
-        guard status == 0, let session else { throw HTTP2ProtocolError(code: status) }
-        self.session = session
+        session = try sink.makeSession(server: true)
         sink.beginHeaders = { [unowned self] in beginHeaders($0) }
         sink.header = { [unowned self] in header(stream: $0, name: $1, value: $2) }
         sink.data = { [unowned self] in data(stream: $0, $1) }

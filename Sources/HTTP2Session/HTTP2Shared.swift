@@ -87,8 +87,21 @@ final class CallbackSink {
 
     var userData: UnsafeMutableRawPointer { Unmanaged.passUnretained(self).toOpaque() }
 
+    /// A new libnghttp2 session, client or server, whose callbacks go to this sink's handlers.
+    func makeSession(server: Bool) throws(HTTP2ProtocolError) -> OpaquePointer {
+        var callbacks: OpaquePointer?
+        guard nghttp2_session_callbacks_new(&callbacks) == 0, let callbacks else { throw HTTP2ProtocolError(code: NGHTTP2_ERR_NOMEM.rawValue) }
+        defer { nghttp2_session_callbacks_del(callbacks) }
+        Self.install(on: callbacks)
+        var session: OpaquePointer?
+        let status = server ? nghttp2_session_server_new(&session, callbacks, userData)
+                            : nghttp2_session_client_new(&session, callbacks, userData)
+        guard status == 0, let session else { throw HTTP2ProtocolError(code: status) }
+        return session
+    }
+
     /// Points libnghttp2's callbacks at a sink's handlers.
-    static func install(on callbacks: OpaquePointer) {
+    private static func install(on callbacks: OpaquePointer) {
         nghttp2_session_callbacks_set_on_begin_headers_callback(callbacks, sinkBeginHeaders)
         nghttp2_session_callbacks_set_on_header_callback(callbacks, sinkHeader)
         nghttp2_session_callbacks_set_on_data_chunk_recv_callback(callbacks, sinkDataChunk)
