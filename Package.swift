@@ -152,6 +152,7 @@ let package = Package(
         ], swiftSettings: swift6),
         .target(name: "JitterBuffer", swiftSettings: swift6),
         .target(name: "TerminalUI", swiftSettings: swift6),
+        .target(name: "InputDevices", swiftSettings: swift6),
         .target(name: "ImpairmentKit", dependencies: [
             "SeededRandom",
             .product(name: "NIOCore", package: "swift-nio"),
@@ -193,6 +194,7 @@ let package = Package(
         .target(name: "SimulatedPush", dependencies: ["PTTClient", "APNsDevice", "ChannelProtocol"], swiftSettings: swift6),
         .executableTarget(name: "walkie", dependencies: [
             "PTTClient", "SimulatedPush", "ParticipantTokens", "ParticipantClaims", "Audio", "Opus", "SquelchInfo", "TerminalUI", "ChannelProtocol", "JitterBuffer",
+            "InputDevices",
             .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
         ], swiftSettings: swift6),
@@ -259,6 +261,7 @@ let package = Package(
             .product(name: "NIOPosix", package: "swift-nio"),
             .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
         ], swiftSettings: swift6),
+        .testTarget(name: "InputDevicesTests", dependencies: ["InputDevices"], swiftSettings: swift6),
         .testTarget(name: "TerminalUITests", dependencies: ["SeededRandom", "TerminalUI", "terminal-ui-demo"], swiftSettings: swift6),
         .testTarget(name: "PTTClientTests", dependencies: [
             "PTTClient", "SimulatedPush", "PTTServer", "ServerTesting", "APNsSimulator", "APNsSimulatorEmbedding", "APNsDevice", "ChannelProtocol", "ChannelStore", "ChannelStoreSQLite", "ParticipantTokens", "ParticipantClaims",
