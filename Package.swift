@@ -301,7 +301,7 @@ let package = Package(
         .testTarget(name: "BenchTests", dependencies: ["squelch-bench", "SquelchTesting", "WireTesting"], swiftSettings: swift6),
         .testTarget(name: "CLITests", dependencies: [
             "SquelchInfo", "Audio", "PTTClient", "Wire", "WireNIO", "ParticipantTokens", "ParticipantClaims", "SquelchTesting", "ChannelProtocol",
-            "ChannelStore", "ChannelStorePostgres", "PostgresTesting", "ClusterPlacement", "PTTClientTesting",
+            "ChannelStore", "ChannelStorePostgres", "PostgresTesting", "ClusterPlacement", "PTTClientTesting", "InputDevices",
             .product(name: "NIOCore", package: "swift-nio"),
         ], swiftSettings: swift6),
     ]

@@ -13,6 +13,11 @@ struct InteractiveOptions: ParsableArguments {
     var maxTransmit: Double = 60
     @Flag(help: "Start with the voice connection closed, waiting for a push to wake it (once the push channel works; never without one).")
     var background = false
+    @Option(help: ArgumentHelp("A hardware push-to-talk button: a Linux input device such as /dev/input/event5 (see 'walkie devices').",
+                               discussion: "USB PTT switches, foot pedals and headset buttons give exact press and release, whatever window has the focus and with walkie in the background. Reading it takes membership of the group that owns it, usually input."))
+    var pttDevice: String?
+    @Option(help: "The button's key on --ptt-device: a kernel key name (KEY_F13, BTN_0, playpause), a code, or any.")
+    var pttKey: String = "any"
 }
 
 struct Join: AsyncParsableCommand {
@@ -160,6 +165,10 @@ enum Interactive {
         var floorNoticeQuietSince: UInt64?
         /// SIGTERM or SIGHUP arrived: quit as `q` would, so that the output WAV is completed.
         var stopRequested = false
+        /// The hardware button (`--ptt-device`) is down.
+        var buttonDown = false
+        /// `--max-transmit` ended the button's transmission while it is still down.
+        var buttonCutOff = false
     }
 
     /// `Shared` behind its lock, made before the screen so that the token-file watcher can report to it.
@@ -180,6 +189,7 @@ enum Interactive {
         guard isatty(STDIN_FILENO) == 1, isatty(STDOUT_FILENO) == 1 else {
             throw .usage(TerminalError.notATerminal.description)
         }
+        try checkButton(options)
     }
 
     /// Why `b` (or --background) leaves walkie in the foreground: suspended, nothing could wake it.
@@ -318,6 +328,8 @@ enum Interactive {
         // before the screen starts, so TerminalSession leaves them alone, and taken here instead.
         let stopSources = takeStopSignals([SIGTERM, SIGHUP]) { shared.withLockedValue { $0.stopRequested = true } }
         defer { for source in stopSources { source.cancel() } }
+        let button = startButton(options, manager: manager, shared: shared)
+        defer { button?.stop() }
         let outcome: String? = await withCheckedContinuation { continuation in
             let thread = Thread { continuation.resume(returning: loop.run()) }
             thread.name = "walkie-terminal"
@@ -361,6 +373,7 @@ enum Interactive {
             var previous: Frame?
             var muted = false
             var wasTransmitting = false
+            var grantedAt: UInt64?
             while true {
                 let now = monotonicNanoseconds()
                 // Redraw 10 times a second for the meter, the speaker and the figures.
@@ -394,8 +407,12 @@ enum Interactive {
                 }
                 // Granted (perhaps after a wait in the queue): --max-transmit counts from here.
                 let transmittingNow = manager.isTransmitting
-                if transmittingNow, !wasTransmitting { keyboard.transmissionGranted(now: time) }
+                if transmittingNow, !wasTransmitting {
+                    keyboard.transmissionGranted(now: time)
+                    grantedAt = time
+                }
                 wasTransmitting = transmittingNow
+                enforceButtonLimit(time: time, grantedAt: transmittingNow ? grantedAt : nil, channel: channel)
                 for action in keyboard.receive(input.bytes, now: time) + keyboard.tick(now: time) {
                     switch action {
                     case .startTransmit:

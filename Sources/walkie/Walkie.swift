@@ -1,6 +1,7 @@
 import ArgumentParser
 import Audio
 import Foundation
+import InputDevices
 import SquelchInfo
 import TerminalUI
 
@@ -123,19 +124,35 @@ struct AudioOptions: ParsableArguments {
 }
 
 struct Devices: ParsableCommand {
-    static let configuration = CommandConfiguration(abstract: "List ALSA capture and playback devices for --input and --output.")
+    static let configuration = CommandConfiguration(
+        abstract: "List ALSA capture and playback devices for --input and --output, and input devices with keys for --ptt-device.")
 
     func run() throws {
         let devices = ALSA.devices()
-        guard !devices.isEmpty else {
+        let buttons = InputDeviceList.devicesWithKeys()
+        if devices.isEmpty {
             print("No ALSA devices found. Install alsa-utils and check 'aplay -L', or use --input-file/--output-file with WAV files.")
-            throw ExitCode(1)
+        } else {
+            print("Audio (--input, --output):")
+            let width = min(40, devices.map(\.name.count).max() ?? 0)
+            for d in devices {
+                let io = d.canCapture && d.canPlay ? "in/out" : d.canCapture ? "in" : "out"
+                print("  " + d.name.padding(toLength: max(width, d.name.count), withPad: " ", startingAt: 0) + "  "
+                      + io.padding(toLength: 6, withPad: " ", startingAt: 0) + "  " + d.description)
+            }
         }
-        let width = min(40, devices.map(\.name.count).max() ?? 0)
-        for d in devices {
-            let io = d.canCapture && d.canPlay ? "in/out" : d.canCapture ? "in" : "out"
-            print(d.name.padding(toLength: max(width, d.name.count), withPad: " ", startingAt: 0) + "  "
-                  + io.padding(toLength: 6, withPad: " ", startingAt: 0) + "  " + d.description)
+        print("")
+        if buttons.isEmpty {
+            print("No input devices with keys (for --ptt-device): plug in the PTT switch, pedal or headset; /sys/class/input lists what the kernel sees.")
+        } else {
+            print("Push-to-talk buttons (--ptt-device; --ptt-key picks one key, default any):")
+            let width = buttons.map(\.path.count).max() ?? 0
+            for b in buttons {
+                let keys = b.keyCount == 1 ? "1 key" : "\(b.keyCount) keys"
+                let access = b.readable ? "" : "  (not readable: join the group that owns it, usually input)"
+                print("  " + b.path.padding(toLength: width, withPad: " ", startingAt: 0) + "  " + b.name + ", " + keys + access)
+            }
         }
+        if devices.isEmpty && buttons.isEmpty { throw ExitCode(1) }
     }
 }

@@ -112,6 +112,26 @@ func sent(_ outputs: [SessionOutput]) -> [ClientMessage] {
         #expect(s.transmit == .active(.userRequest, burst: 2))
     }
 
+    /// A hands-free button (walkie's --ptt-device) talks as `handsfreeButton`, in the background too;
+    /// `setAccessoryButtonEventsEnabled(false)` makes its presses do nothing until it is turned back on.
+    @Test func accessoryButtonEventsTalkUntilTurnedOff() throws {
+        var s = joinedSession()
+        s.setAppState(.background)
+        s.accessoryButton(pressed: true, channelID)
+        #expect(sent(s.takeOutputs()) == [.floorRequest(request: 1)])
+        #expect(s.transmit == .requesting(.handsfreeButton))
+        s.accessoryButton(pressed: false, channelID)
+        #expect(sent(s.takeOutputs()) == [.floorRelease])
+        try s.setAccessoryButtonEventsEnabled(false, channelID)
+        s.accessoryButton(pressed: true, channelID)
+        #expect(s.takeOutputs().isEmpty)
+        #expect(s.transmit == .idle)
+        try s.setAccessoryButtonEventsEnabled(true, channelID)
+        s.accessoryButton(pressed: true, channelID)
+        #expect(sent(s.takeOutputs()) == [.floorRequest(request: 2)])
+        #expect(throws: ChannelError.self) { try s.setAccessoryButtonEventsEnabled(false, UUID()) }
+    }
+
     /// A request withdrawn while queued can still be granted before its release reaches the server,
     /// after the next press went out: the server names the request in each answer, and the client
     /// acts only on the current one's.
