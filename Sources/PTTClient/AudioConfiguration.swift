@@ -19,6 +19,8 @@ public struct AudioConfiguration: Sendable {
     /// did it on the `inputEnded` event could stop the next one, begun meanwhile. `inputEnded` is still
     /// reported.
     public var endTransmissionWhenInputEnds = false
+    /// The floor's tones (talk permit, busy, queued, end of burst), played into the output.
+    public var tones: ToneConfiguration = .standard
 
     public init(makeInput: (@Sendable () throws -> any AudioSource)? = nil, makeOutput: (@Sendable () throws -> any AudioSink)? = nil,
                 opus: OpusConfiguration = .pushToTalk, jitterBuffer: JitterBufferConfiguration = JitterBufferConfiguration()) {

@@ -259,6 +259,10 @@ public final class ChannelManager: Sendable {
     /// member's roster then shows this member as muted (`RosterEntry.muted`).
     public func setPlaybackMuted(_ muted: Bool) { engine.submit(.playbackMuted(muted)) }
 
+    /// Silences the floor's tones (`AudioConfiguration.tones` picks which play), or lets them play
+    /// again; the channel's audio is untouched.
+    public func setTonesMuted(_ muted: Bool) { engine.receiver.setTonesMuted(muted) }
+
     /// Closes the voice connection to save power, as iOS does to a suspended app; the channel stays,
     /// and a push (or `resume()`, or a transmit request) brings the connection back.
     public func suspend() { engine.submit(.suspend) }

@@ -12,10 +12,12 @@ extension ChannelSession {
         case .denied:
             guard transmit != .idle else { return }
             transmit = .idle
+            outputs.append(.tone(.busy))
             emit(.failedToBegin(channel, Self.error(for: event)))
         case .queued:
             switch transmit {
             case .requesting(let source), .queued(let source, _):
+                if case .requesting = transmit { outputs.append(.tone(.queued)) }  // not at each move up
                 transmit = .queued(source, position: event.position ?? 0)
                 outputs.append(.event(.floorQueued(position: event.position ?? 0)))
             default: break
@@ -48,6 +50,7 @@ extension ChannelSession {
         case .requesting(let source), .queued(let source, _):
             if transmissionMode == .halfDuplex { clearRemote() }
             transmit = .active(source, burst: burst)
+            outputs.append(.tone(.talkPermit))
             emit(.didBeginTransmitting(channel, source))
             audio.isTransmitting = true
             activateAudio()

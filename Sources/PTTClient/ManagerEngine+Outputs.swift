@@ -69,6 +69,8 @@ extension ManagerEngine {
             transmitter.setListenerLoss(percent)
         case .mutePlayback(let muted):
             receiver.setMuted(muted || playbackMuted)
+        case .tone(let tone):
+            receiver.play(tone)
         case .flushPlayback:
             await receiver.stop()
             receiver.discardAll()

@@ -33,6 +33,8 @@ final class Receiver: Sendable {
         /// `stop`. Playout may start a little later (`didJoin`) and plays what was taken meanwhile.
         var accepting = false
         var muted = false
+        /// The floor's tones (`Tone`), mixed over the talkers and silenced with them.
+        var tones = TonePlayer(configuration: .standard)
         var lastStatistics: BurstStatistics?
         var malformed = 0
 
@@ -113,6 +115,7 @@ final class Receiver: Sendable {
         var state = State()
         state.tracks = (0..<Self.maxTracks).map { _ in JitterBuffer(configuration: configuration.jitterBuffer) }
         state.waitsFor = [[UInt32]](repeating: [], count: Self.maxTracks)
+        state.tones = TonePlayer(configuration: configuration.tones)
         self.state = NIOLockedValueBox(state)
     }
 
@@ -172,6 +175,14 @@ final class Receiver: Sendable {
     func forgetMediaKeys() { keyring.removeKeys() }
 
     func setMuted(_ muted: Bool) { state.withLockedValue { $0.muted = muted } }
+
+    /// Queues a tone; nothing while the output is closed (it would play, late, when it next opens).
+    func play(_ tone: Tone) {
+        guard isPlaying else { return }
+        state.withLockedValue { $0.tones.play(tone) }
+    }
+
+    func setTonesMuted(_ muted: Bool) { state.withLockedValue { $0.tones.setMuted(muted) } }
     /// Drops every track's audio and ended bursts; called with playout stopped (`stop`). (A flag for
     /// the loop, as this once was, stayed set past a stop and made the next start's first tick drop
     /// what arrived while the output was opening.)
@@ -179,6 +190,7 @@ final class Receiver: Sendable {
         state.withLockedValue { state in
             for t in state.tracks.indices { state.tracks[t].reset() }
             for t in state.waitsFor.indices { state.waitsFor[t].removeAll() }
+            state.tones.stop()
         }
     }
 
@@ -254,6 +266,9 @@ final class Receiver: Sendable {
                     case .ended(let statistics, _):
                         state.lastStatistics = statistics
                         ended[t] = statistics
+                        // Right after its last frame, in the audio's own timeline: the floor's end
+                        // on the control stream comes a jitter buffer's depth before it.
+                        state.tones.play(.endOfBurst)
                         steps[t] = .silence
                         playing[t] = nil
                     }
@@ -315,6 +330,10 @@ final class Receiver: Sendable {
             if muted {
                 for i in 0..<frame { out[i] = 0 }
             } else {
+                state.withLockedValue { state in
+                    guard !state.tones.isIdle else { return }
+                    mix.withUnsafeMutableBufferPointer { state.tones.mix(into: UnsafeMutableBufferPointer(rebasing: $0[0..<frame])) }
+                }
                 mix.withUnsafeBufferPointer { sums in
                     out.withUnsafeMutableBufferPointer { limiter.process(UnsafeBufferPointer(rebasing: sums[0..<frame]), into: $0) }
                 }

@@ -54,4 +54,6 @@ enum SessionOutput: Sendable, Equatable {
     /// connection of its own, now and after restarts, until the server takes it (`OwedLeave`).
     case oweLeave(UUID, ChannelCredentials)
     case event(ChannelManagerEvent)
+    /// Play a floor tone (`Tone`); the receiver plays the end of a heard burst itself.
+    case tone(Tone)
 }

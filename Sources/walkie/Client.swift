@@ -170,8 +170,27 @@ extension AudioOptions {
                 }
                 audio.makeOutput = { try ALSAPlayback(device: device) }
             }
+            audio.tones = try Self.tones(tones)
         }
         return audio
+    }
+
+    /// `--tones`: all, off, or a list of permit, busy, queued and end.
+    static func tones(_ text: String) throws(WalkieFailure) -> ToneConfiguration {
+        let names: [String: Tone] = ["permit": .talkPermit, "busy": .busy, "queued": .queued, "end": .endOfBurst]
+        switch text.lowercased() {
+        case "all": return .standard
+        case "off", "none": return .off
+        default:
+            var enabled: Set<Tone> = []
+            for word in text.lowercased().split(separator: ",") {
+                guard let tone = names[word.trimmingCharacters(in: .whitespaces)] else {
+                    throw .usage("--tones \(text): '\(word)' is not a tone; use all, off, or a list of permit, busy, queued, end (e.g. permit,end)")
+                }
+                enabled.insert(tone)
+            }
+            return ToneConfiguration(enabled: enabled)
+        }
     }
 }
 

@@ -36,6 +36,7 @@ struct Listen: AsyncParsableCommand {
         let (credentials, channel) = try server.credentials()
         var audio = AudioOptions()
         audio.outputFile = record
+        audio.tones = "off"  // a recording holds what was said, as a radio logger's does
         let configuration = try audio.configuration(capture: false, playback: true, outputFlag: "--record")
         let state = temporaryState()
         defer { try? FileManager.default.removeItem(atPath: state) }

@@ -121,6 +121,9 @@ struct AudioOptions: ParsableArguments {
     var inputFile: String?
     @Option(help: "Play into this WAV file instead of a speaker.")
     var outputFile: String?
+    @Option(help: ArgumentHelp("The floor's tones on the speaker: all, off, or a list of permit, busy, queued, end.",
+                               discussion: "permit: the floor is yours, speak after it; busy: refused; queued: waiting in the floor queue; end: a call you heard ended."))
+    var tones: String = "all"
 }
 
 struct Devices: ParsableCommand {

@@ -2,7 +2,9 @@
 import Glibc
 #endif
 import Foundation
+import Audio
 import InputDevices
+import SquelchTesting
 import Testing
 
 extension WalkieTests {
@@ -58,6 +60,15 @@ extension WalkieTests {
         #expect(try await tmux.wait("ann", for: "Speaker: —"), "\(tmux.screen("ann"))")
         try tmux.keys("bob", "q")
         #expect(try await tmux.wait("bob", for: "EXITED 0"), "\(tmux.screen("bob"))")
+        try tmux.keys("ann", "q")
+        #expect(try await tmux.wait("ann", for: "EXITED 0"), "\(tmux.screen("ann"))")
+        // The floor's tones, in the speaker files: Bob heard the talk-permit tone at each of his three
+        // grants, Ann the end of each of his bursts (two or three: the one cut by the unplug may end
+        // by the server's silence limit, with no end marker to play out).
+        let bobHeard = try WAVAudio.read(path: world.dir + "/bob-heard.wav").pipelineSamples(resampler: Resampler())
+        let annHeard = try WAVAudio.read(path: world.dir + "/ann-heard.wav").pipelineSamples(resampler: Resampler())
+        #expect(TonePresence.windows(of: 1_200, in: bobHeard).count >= 6, "talk-permit tones in Bob's speaker")
+        #expect(TonePresence.windows(of: 1_600, in: annHeard).count >= 6, "end-of-burst tones in Ann's speaker")
     }
 
     /// A mistyped device or key is a usage error before anything joins.
