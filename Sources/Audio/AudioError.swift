@@ -24,7 +24,7 @@ public enum AudioError: Error, Sendable, Hashable, CustomStringConvertible {
         case .device(let name, let reason):
             return "audio device '\(name)' could not be opened: \(reason). Run 'walkie devices' to list devices, or use --input-file/--output-file for WAV files"
         case .deviceFailed(let name, let reason):
-            return "audio device '\(name)' failed: \(reason). Check that no other program holds it, then restart"
+            return "audio device '\(name)' failed: \(reason) (unplugged, or taken by another program)"
         case .wrongBufferSize(let got, let expected):
             return "audio buffer holds \(got) samples, but the stream's period is \(expected)"
         }

@@ -31,9 +31,16 @@ public enum ChannelManagerEvent: Sendable, Equatable {
     case inputEnded
     /// A received burst finished playing.
     case burstFinished(BurstStatistics)
-    /// The audio output failed (a full disk, a file that can't be written, a device gone) and playback
-    /// stopped: nothing more is heard. A `notice` with the same text comes too.
+    /// The audio output failed (a full disk, a file that can't be written) and playback stopped:
+    /// nothing more is heard. A `notice` with the same text comes too. A device that fails is
+    /// `outputDevice(.lost)` instead, and comes back.
     case outputFailed(String)
+    /// The speaker (an audio device, not a file) went away or failed, and is opened again every
+    /// second; the channel goes on meanwhile, unheard (`lost`), until it is back (`restored`).
+    case outputDevice(AudioDeviceStatus)
+    /// The microphone went away or failed, and is opened again every second; a transmission under way
+    /// goes on, sending nothing meanwhile (squelchd ends it after its silence limit).
+    case inputDevice(AudioDeviceStatus)
     /// The participant token expires at this time (the server's notice, five minutes ahead by
     /// default): fetch a new one and call `renewToken`, or the session ends then.
     case tokenExpiring(Date)

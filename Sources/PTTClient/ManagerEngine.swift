@@ -99,6 +99,7 @@ actor ManagerEngine {
             switch event {
             case .inputEnded(let burst): sink.yield(.inputEnded(burst: burst))
             case .inputFailed(let message): sink.yield(.notice(message))
+            case .inputDevice(let status): eventSink.yield(.inputDevice(status))
             }
         }
         receiver = Receiver(configuration: configuration.audio) { event in
@@ -113,6 +114,7 @@ actor ManagerEngine {
                 eventSink.yield(.outputFailed(message))
                 sink.yield(.notice(message))
                 sink.yield(.playbackStopped)
+            case .outputDevice(let status): eventSink.yield(.outputDevice(status))
             }
         }
         session.pushEnvironment = configuration.pushTransport?.environment ?? .sandbox

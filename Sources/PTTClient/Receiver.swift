@@ -107,6 +107,7 @@ final class Receiver: Sendable {
         /// A window of heard audio is complete: this share (percent) of its frames was missing on arrival.
         case receptionLoss(Int)
         case outputFailed(String)
+        case outputDevice(AudioDeviceStatus)
     }
 
     init(configuration: AudioConfiguration, onEvent: @escaping @Sendable (ReceiverEvent) -> Void) {
@@ -212,16 +213,19 @@ final class Receiver: Sendable {
         await thread.stop()
     }
 
-    private func run(makeOutput: @Sendable () throws -> any AudioSink) {
-        let sink: any AudioSink
+    private func run(makeOutput: @escaping @Sendable () throws -> any AudioSink) {
         let decoders: [OpusDecoder]
         do {
-            sink = try makeOutput()
             decoders = try (0..<Self.maxTracks).map { _ in try OpusDecoder() }
         } catch {
-            onEvent(.outputFailed("could not open the audio output: \(error); check --output, or use --output-file"))
+            onEvent(.outputFailed("could not start the audio decoders: \(error)"))
             return
         }
+        // A device that is gone (or fails later) is opened again every second, and the loop plays on
+        // into nothing meanwhile, by its own clock: the bursts' events go on, and the jitter buffers
+        // don't fill with what nobody hears. A file that fails stops playout, as it won't come back.
+        var output = OutputDevice(open: makeOutput, onEvent: onEvent)
+        guard output.openAtStart() else { return }
         let period = PipelineAudio.periodFrames
         let frame = 2 * period
         var pcm = [Int16](repeating: 0, count: decoders[0].maximumFrameSamples)
@@ -338,16 +342,8 @@ final class Receiver: Sendable {
                     out.withUnsafeMutableBufferPointer { limiter.process(UnsafeBufferPointer(rebasing: sums[0..<frame]), into: $0) }
                 }
             }
-            do {
-                try out.withUnsafeBufferPointer { all in
-                    try sink.write(UnsafeBufferPointer(rebasing: all[0..<period]))
-                    try sink.write(UnsafeBufferPointer(rebasing: all[period..<frame]))
-                }
-            } catch {
-                onEvent(.outputFailed("the audio output failed: \(error)"))
-                return
-            }
+            guard out.withUnsafeBufferPointer({ output.play(UnsafeBufferPointer(rebasing: $0[0..<frame]), period: period, now: now) }) else { return }
         }
-        do { try sink.finish() } catch { onEvent(.outputFailed("could not finish the audio output: \(error)")) }
+        output.finish()
     }
 }

@@ -35,6 +35,7 @@ final class Transmitter: Sendable {
         /// The source ran out (a WAV file ended) while feeding this burst.
         case inputEnded(burst: UInt16)
         case inputFailed(String)
+        case inputDevice(AudioDeviceStatus)
     }
 
     init(configuration: AudioConfiguration, onEvent: @escaping @Sendable (TransmitterEvent) -> Void) {
@@ -94,22 +95,49 @@ final class Transmitter: Sendable {
             }
             state.withLockedValue { $0.level = 0; $0.peak = 0; $0.encoder = nil; $0.sealCounter = sealer.counter }
         }
-        let source: any AudioSource
         let encoder: OpusEncoder
         var listenerLoss = state.withLockedValue { $0.listenerLoss }
         do {
-            source = try makeInput()
             encoder = try OpusEncoder(configuration: opus.adapted(toListenerLoss: listenerLoss))
             state.withLockedValue { $0.encoder = encoder.configuration }
+        } catch {
+            onEvent(.inputFailed("could not start the audio encoder: \(error)"))
+            return
+        }
+        // A microphone that is gone (or fails during the burst) is opened again every second while
+        // the transmission lasts; nothing is sent meanwhile. A file that fails ends it.
+        var device: (any AudioSource)?
+        var retryAt: UInt64 = 0
+        func lose(_ error: any Error) {
+            onEvent(.inputDevice(.lost("\(error)")))
+            retryAt = monotonicNanoseconds() + AudioDeviceRetry.intervalNanoseconds
+        }
+        do {
+            device = try makeInput()
+        } catch where AudioDeviceRetry.isDevice(error) {
+            lose(error)
         } catch {
             onEvent(.inputFailed("could not open the audio input: \(error); check --input, or use --input-file"))
             return
         }
-        defer { source.close() }
+        defer { device?.close() }
         let period = PipelineAudio.periodFrames
         var pcm = [Int16](repeating: 0, count: period * 2)
         var opusPacket = [UInt8](repeating: 0, count: MediaSealer.maxOpusPayload)
         while !thread.stopRequested {
+            guard let source = device else {
+                if monotonicNanoseconds() >= retryAt {
+                    if let reopened = try? makeInput() {
+                        device = reopened
+                        onEvent(.inputDevice(.restored))
+                    } else {
+                        retryAt = monotonicNanoseconds() + AudioDeviceRetry.intervalNanoseconds
+                    }
+                } else {
+                    usleep(20_000)
+                }
+                continue
+            }
             do {
                 let first = try pcm.withUnsafeMutableBufferPointer { try source.read(into: UnsafeMutableBufferPointer(rebasing: $0[0..<period])) }
                 let second = first == nil ? nil : try pcm.withUnsafeMutableBufferPointer { try source.read(into: UnsafeMutableBufferPointer(rebasing: $0[period...])) }
@@ -143,6 +171,10 @@ final class Transmitter: Sendable {
                     }
                 }
                 if second == nil { onEvent(.inputEnded(burst: burst)); return }
+            } catch where AudioDeviceRetry.isDevice(error) {
+                source.close()
+                device = nil
+                lose(error)
             } catch {
                 onEvent(.inputFailed("the audio input failed: \(error)"))
                 return

@@ -396,6 +396,14 @@ func describe(_ event: ChannelManagerEvent, tokenFile: String?) -> (line: String
         return ("listeners are missing up to \(percent) % of your audio; sending it with error correction", false)
     case .listenerLoss:
         return ("no listener reports losing your audio now; error correction off", false)
+    case .outputDevice(.lost(let why)):
+        return ("Speaker lost: \(why); trying it again every second", true)
+    case .outputDevice(.restored):
+        return ("Speaker back", false)
+    case .inputDevice(.lost(let why)):
+        return ("Microphone lost: \(why); trying it again every second", true)
+    case .inputDevice(.restored):
+        return ("Microphone back", false)
     default:
         return nil
     }
