@@ -18,6 +18,13 @@ struct InteractiveOptions: ParsableArguments {
     var pttDevice: String?
     @Option(help: "The button's key on --ptt-device: a kernel key name (KEY_F13, BTN_0, playpause), a code, or any.")
     var pttKey: String = "any"
+    @Option(help: ArgumentHelp("Close the voice connection after this many quiet seconds, and again after each call a push woke walkie for (default: off; \(Int(Self.backgroundSuspendAfter)) with --background).",
+                               discussion: "As a phone suspends a push-to-talk app: an idle walkie then costs the server nothing but its push token. Only when a push can wake it."))
+    var suspendAfter: Double?
+
+    /// --background's quiet time before it goes back to sleep: long enough to answer a call.
+    static let backgroundSuspendAfter = 15.0
+    var effectiveSuspendAfter: Double? { suspendAfter ?? (background ? Self.backgroundSuspendAfter : nil) }
 }
 
 struct Join: AsyncParsableCommand {
@@ -190,6 +197,9 @@ enum Interactive {
             throw .usage(TerminalError.notATerminal.description)
         }
         try checkButton(options)
+        if let seconds = options.suspendAfter, !(seconds.isFinite && seconds > 0 && seconds <= 86_400) {
+            throw .usage("--suspend-after \(seconds) is not a number of seconds over 0 and at most 86400 (a day)")
+        }
     }
 
     /// Why `b` (or --background) leaves walkie in the foreground: suspended, nothing could wake it.
@@ -320,8 +330,9 @@ enum Interactive {
         bindings.pushToTalk = key
         var hold = HoldToTalk.Configuration()
         hold.maximumTransmitDuration = UInt64(max(1, options.maxTransmit) * 1e9)
+        let idle = options.effectiveSuspendAfter.map { IdleSuspension(after: UInt64($0 * 1e9), now: monotonicNanoseconds()) }
         let loop = Loop(session: session, manager: manager, shared: shared, statistics: statistics,
-                        keyboard: KeyboardController(bindings: bindings, holdToTalk: hold), pushesOn: pushes)
+                        keyboard: KeyboardController(bindings: bindings, holdToTalk: hold), pushesOn: pushes, idle: idle)
         // SIGTERM (a service manager, `kill`) and SIGHUP (the terminal or ssh session went away) end
         // walkie the way `q` does, so that the output file gets its WAV sizes and the connection says
         // goodbye; by default they would kill it with a file that players read as empty. Ignored
@@ -355,10 +366,13 @@ enum Interactive {
 
         /// Whether walkie has a push transport at all (`--push-port` not 0).
         let pushesOn: Bool
+        /// --suspend-after: when to close the voice connection for quiet.
+        var idle: IdleSuspension?
 
         init(session: TerminalSession, manager: ChannelManager, shared: NIOLockedValueBox<Shared>,
-             statistics: NIOLockedValueBox<ChannelStatistics?>, keyboard: KeyboardController, pushesOn: Bool) {
+             statistics: NIOLockedValueBox<ChannelStatistics?>, keyboard: KeyboardController, pushesOn: Bool, idle: IdleSuspension?) {
             self.pushesOn = pushesOn
+            self.idle = idle
             self.session = session
             self.manager = manager
             self.shared = shared
@@ -413,6 +427,7 @@ enum Interactive {
                 }
                 wasTransmitting = transmittingNow
                 enforceButtonLimit(time: time, grantedAt: transmittingNow ? grantedAt : nil, channel: channel)
+                sleepWhenIdle(time: time)
                 for action in keyboard.receive(input.bytes, now: time) + keyboard.tick(now: time) {
                     switch action {
                     case .startTransmit:
