@@ -44,8 +44,15 @@ public struct ChannelManagerConfiguration: Sendable {
 public final class ChannelManager: Sendable {
     let engine: ManagerEngine
     let snapshot: NIOLockedValueBox<Snapshot>
-    /// UI state changes beyond Apple's delegate. One consumer; the newest 1,000 are kept if it lags.
+    /// UI state changes beyond Apple's delegate, from the manager's start. One consumer (a stream's
+    /// elements are shared out among those who loop over it): others call `makeEventStream()`. The
+    /// newest 1,000 are kept for a consumer that lags.
     public let events: AsyncStream<ChannelManagerEvent>
+    private let broadcast: EventBroadcast
+
+    /// Another stream of every event from now on, for another consumer (a stage renderer beside the
+    /// status bar, a logger); it ends when the manager is invalidated.
+    public func makeEventStream() -> AsyncStream<ChannelManagerEvent> { broadcast.makeStream() }
     /// Where this manager keeps its restoration record.
     public let stateDirectory: String
 
@@ -120,12 +127,13 @@ public final class ChannelManager: Sendable {
             throw InstantiationError(.invalidPlatform, "the state directory \(key) is not a writable directory; set XDG_STATE_HOME to one")
         }
         stateDirectory = key
-        let (events, sink) = AsyncStream.makeStream(of: ChannelManagerEvent.self, bufferingPolicy: .bufferingNewest(1000))
-        self.events = events
+        let broadcast = EventBroadcast()
+        self.broadcast = broadcast
+        events = broadcast.makeStream()
         let snapshot = NIOLockedValueBox(Snapshot())
         self.snapshot = snapshot
         engine = ManagerEngine(configuration: configuration, store: RestorationStore(directory: key), delegate: delegate,
-                               restorationDelegate: restorationDelegate, events: sink, snapshot: snapshot)
+                               restorationDelegate: restorationDelegate, events: broadcast, snapshot: snapshot)
         await engine.start(manager: self)
     }
 
@@ -155,7 +163,7 @@ public final class ChannelManager: Sendable {
         engine.submit(.join(channelUUID, descriptor, credentials))
     }
 
-    public func leaveChannel(channelUUID: UUID) { engine.submit(.leave(channelUUID)) }
+    public func leaveChannel(channelUUID: UUID) { engine.submit(.leave(channelUUID, .developerRequest)) }
 
     /// How long a press made while not connected (suspended, reconnecting) waits for the channel to
     /// be rejoined before `failedToBeginTransmitting` (`transmissionNotAllowed`).
@@ -254,6 +262,11 @@ public final class ChannelManager: Sendable {
     /// A hands-free accessory button (a headset or pedal) went down or up: begin or stop with source
     /// `handsfreeButton`, unless `setAccessoryButtonEventsEnabled(false)`. Works in the background.
     public func accessoryButton(pressed: Bool, channelUUID: UUID) { engine.submit(.accessory(pressed, channelUUID)) }
+
+    /// The user left the channel from the system's own controls (on iOS, the PTT banner; here, a
+    /// walkie's `leave` or quit-and-leave): reason `userRequest`, where the app's own `leaveChannel` is
+    /// `developerRequest`.
+    public func userLeftChannel(channelUUID: UUID) { engine.submit(.leave(channelUUID, .userRequest)) }
 
     /// Silences (or unmutes) what the channel plays, without leaving it or touching the floor. Every
     /// member's roster then shows this member as muted (`RosterEntry.muted`).

@@ -135,6 +135,8 @@ extension ChannelSession {
         serverInfo = nil
         you = nil
         roster = [:]
+        announced = [:]
+        rosterSettling = nil
         joinReport = .due(.developerRequest)
         unheardSent = nil
         serviceStatus = .ready

@@ -4,11 +4,12 @@ import Foundation
 /// Pushes: the app's answer to a `pushtotalk` push, and the push token the server wakes this device with.
 extension ChannelSession {
     /// The delegate's answer to a `pushtotalk` push.
-    mutating func pushResult(_ result: PushResult, _ uuid: UUID) {
+    /// - Parameter serverLeave: the push is squelchd's leave push (a removal, a deleted channel).
+    mutating func pushResult(_ result: PushResult, _ uuid: UUID, serverLeave: Bool = false) {
         guard channel == uuid else { return }
         switch result {
         case .leaveChannel:
-            leave(uuid, reason: .developerRequest)
+            leave(uuid, reason: serverLeave ? .systemPolicy : .developerRequest)
         case .activeRemoteParticipant where token.isExpired:
             // Nothing can be heard until a new token comes: no speaker shown, no audio held.
             outputs.append(.event(.notice("a push says someone is talking, but the participant token expired; renewToken to hear the channel")))

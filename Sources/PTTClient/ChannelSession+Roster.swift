@@ -7,7 +7,7 @@ extension ChannelSession {
         strategyDecisions = decisions
         unheard = Set(decisions.compactMap { $0.value == .none ? $0.key : nil })
         sendSubscriptionsIfChanged()
-        outputs.append(.event(.roster(rosterEntries)))
+        emitRoster()
     }
 
     var rosterEntries: [RosterEntry] {
@@ -43,7 +43,8 @@ extension ChannelSession {
     mutating func entriesArrived(_ entries: [RosterMember]) {
         let modeBefore = transmissionMode
         for entry in entries { roster[entry.slot] = entry }
-        outputs.append(.event(.roster(rosterEntries)))
+        emitRoster()
+        if rosterSettling != nil { awaitRosterSettling() }
         if transmissionMode != modeBefore { outputs.append(.event(.transmissionMode(transmissionMode))) }
         if let speaker = talkers.replay?.slot, entries.contains(where: { $0.slot == speaker }), talkers.showsPlaceholder(of: speaker) {
             showLiveOrReplayed()
@@ -60,8 +61,11 @@ extension ChannelSession {
 
     /// A member left the channel (not just its connection).
     mutating func participantLeft(_ slot: UInt16) {
+        if let user = roster[slot]?.userID, let entry = announced.removeValue(forKey: user) {
+            outputs.append(.event(.participantLeft(entry)))
+        }
         roster[slot] = nil
         if talkers.live[slot] != nil { remoteTalkEnded(slot: slot) }
-        outputs.append(.event(.roster(rosterEntries)))
+        emitRoster()
     }
 }

@@ -77,7 +77,8 @@ extension ChannelSession {
         if (roster[slot]?.muted ?? false) != muted { outputs.append(.send(.setMuted(muted))) }
         unheardSent = nil
         sendSubscriptionsIfChanged()
-        outputs.append(.event(.roster(rosterEntries)))
+        emitRoster()
+        if !announced.isEmpty { awaitRosterSettling() }  // a rejoin: who left meanwhile?
         floorAtJoin(live, you: slot)
         // A renewal in flight died with the old connection; the newest token is offered again.
         token.answerLost()

@@ -61,6 +61,12 @@ struct ChannelSession {
     var serverInfo: ChannelInfo?
     var you: UInt16?
     var roster: [UInt16: RosterMember] = [:]
+    /// The other members as the app was last told of them, by user (`ParticipantEvents`).
+    var announced: [String: RosterEntry] = [:]
+    /// After a rejoin, the roster is still arriving (in chunks): who left while this member was away
+    /// is known once it settles (`rosterSettled`). The number tells the latest wait from older ones.
+    var rosterSettling: Int?
+    var rosterGeneration = 0
     var joinReport = JoinReport.due(.developerRequest)
     /// Failed connection attempts in a row, for the backoff.
     var reconnectAttempts = 0

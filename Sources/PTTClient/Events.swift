@@ -11,6 +11,16 @@ public enum ChannelManagerEvent: Sendable, Equatable {
     case channelInfo(ChannelInfo)
     case descriptor(ChannelDescriptor)
     case roster([RosterEntry])
+    /// A member is in the channel: each one there when this member joins, then each who joins
+    /// (IVS's `participantJoined`). Never this member itself.
+    case participantJoined(RosterEntry)
+    /// A member left the channel or was removed; after a reconnection, also one who left meanwhile
+    /// (IVS's `participantLeft`). A dropped connection is not a leave: the roster shows it offline.
+    case participantLeft(RosterEntry)
+    /// A member began or stopped publishing, that is talking (IVS's publish state).
+    case participantPublishState(userID: String, PublishState)
+    /// This member began or stopped hearing a member, by its `SubscriptionStrategy` (IVS's subscribe state).
+    case participantSubscribeState(userID: String, SubscribeState)
     case activeRemoteParticipant(Participant?)
     /// Waiting for the floor, at this place in the queue (1 is next).
     case floorQueued(position: Int)

@@ -21,7 +21,7 @@ extension ManagerEngine {
             // The device keeps the token it had: pushes sent while the app was dead still reach it.
             if let token, session.channel == record.channel { startPushes(token: token, channel: record.channel) }
             if session.channel == record.channel { settleLeave(record.channel, id: nil, .superseded) }
-        case .leave(let uuid): session.leave(uuid)
+        case .leave(let uuid, let reason): session.leave(uuid, reason: reason)
         case .begin(let uuid, let source): session.beginTransmitting(uuid, source: source)
         case .stop(let uuid, let source): session.stopTransmitting(uuid, source: source)
         case .appState(let state): session.setAppState(state)
@@ -81,6 +81,8 @@ extension ManagerEngine {
             session.reconnectDue()
         case .resyncDue:
             session.resyncDue()
+        case .rosterSettleDue(let generation):
+            session.rosterSettled(generation: generation)
         case .transmitWaitDue(let request):
             session.transmitWaitDue(request: request)
         case .playbackStopped:
@@ -125,6 +127,8 @@ extension ManagerEngine {
             return
         }
         let result = delegate.incomingPushResult(channelManager: manager, channelUUID: channel, pushPayload: push.payload)
-        session.pushResult(result, channel)
+        // squelchd's leave push ("leave": true) is an administrator's removal or a deleted channel: the
+        // leave it asks for has the reason the same news has when it comes live, `systemPolicy`.
+        session.pushResult(result, channel, serverLeave: push.payload["leave"]?.boolValue == true)
     }
 }

@@ -88,6 +88,12 @@ extension ManagerEngine {
                 try? await Task.sleep(for: .milliseconds(milliseconds))
                 sink.yield(.transmitWaitDue(request))
             }
+        case .scheduleRosterSettle(let milliseconds, let generation):
+            let sink = commandSink
+            Task {
+                try? await Task.sleep(for: .milliseconds(milliseconds))
+                sink.yield(.rosterSettleDue(generation))
+            }
         case .scheduleResync(let milliseconds):
             let sink = commandSink
             Task {

@@ -15,7 +15,7 @@ actor ManagerEngine {
     enum Command: Sendable {
         case join(UUID, ChannelDescriptor, ChannelCredentials)
         case restore(RestorationRecord, ChannelDescriptor)
-        case leave(UUID)
+        case leave(UUID, ChannelLeaveReason)
         case begin(UUID, ChannelTransmitRequestSource)
         case stop(UUID, ChannelTransmitRequestSource)
         case appState(AppState)
@@ -40,6 +40,7 @@ actor ManagerEngine {
         case notice(String)
         case reconnectDue
         case resyncDue
+        case rosterSettleDue(Int)
         case transmitWaitDue(UInt32)
         case playbackStopped
         case playbackMuted(Bool)
@@ -55,7 +56,7 @@ actor ManagerEngine {
     weak var delegate: (any ChannelManagerDelegate)?
     weak var restorationDelegate: (any ChannelRestorationDelegate)?
     weak var manager: ChannelManager?
-    let eventSink: AsyncStream<ChannelManagerEvent>.Continuation
+    let eventSink: EventBroadcast
     let snapshot: NIOLockedValueBox<ChannelManager.Snapshot>
     nonisolated let commands: AsyncStream<Command>
     nonisolated let commandSink: AsyncStream<Command>.Continuation
@@ -83,7 +84,7 @@ actor ManagerEngine {
     let receiver: Receiver
 
     init(configuration: ChannelManagerConfiguration, store: RestorationStore, delegate: any ChannelManagerDelegate,
-         restorationDelegate: any ChannelRestorationDelegate, events: AsyncStream<ChannelManagerEvent>.Continuation,
+         restorationDelegate: any ChannelRestorationDelegate, events: EventBroadcast,
          snapshot: NIOLockedValueBox<ChannelManager.Snapshot>) {
         self.configuration = configuration
         self.store = store

@@ -44,6 +44,9 @@ enum SessionOutput: Sendable, Equatable {
     /// The server dropped control messages for their rate; answer with `resyncDue` after this long, to
     /// say again what may have been lost.
     case scheduleResync(milliseconds: Int)
+    /// The roster after a rejoin has had no new chunk for this long; answer with
+    /// `rosterSettled(generation:)`.
+    case scheduleRosterSettle(milliseconds: Int, generation: Int)
     /// Ask the push transport for an ephemeral token; answer with `pushTokenIssued`.
     case requestPushToken(UUID)
     /// The token is dead (the channel was left).

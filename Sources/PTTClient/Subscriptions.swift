@@ -7,6 +7,19 @@ public enum SubscribeType: String, Sendable, Hashable, Codable {
     case audio
 }
 
+/// Whether a member is sending audio (IVS's `ParticipantPublishState`): on a push-to-talk channel,
+/// while they hold the floor.
+public enum PublishState: String, Sendable, Hashable {
+    case notPublished
+    case published
+}
+
+/// Whether this member receives a member's audio (IVS's `ParticipantSubscribeState`).
+public enum SubscribeState: String, Sendable, Hashable {
+    case notSubscribed
+    case subscribed
+}
+
 /// A channel member as the roster shows it, with the app's subscription decision for them.
 public struct RosterEntry: Sendable, Hashable {
     public var userID: String

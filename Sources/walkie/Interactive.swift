@@ -234,7 +234,7 @@ enum Interactive {
                         state.left = nil
                         state.removed = false
                         state.leavePushed = false
-                    case .left(let reason) where reason == .developerRequest && state.leavePushed:
+                    case .left(.systemPolicy) where state.leavePushed:
                         // Also sent when squelchd forgets members away longer than it keeps them.
                         state.removed = true
                         state.left = "squelchd ended your membership: an administrator removed you or deleted the channel, or you were away longer than the server keeps members; join again with 'walkie join', with a new token if that one is refused"

@@ -48,7 +48,7 @@ struct Leave: AsyncParsableCommand {
             group.cancelAll()
             return first
         }
-        manager.leaveChannel(channelUUID: channel)
+        manager.userLeftChannel(channelUUID: channel)
         var code: Int32 = 0
         if joined {
             // The manager waits for the server's acknowledgement of the leave before it closes.

@@ -125,7 +125,7 @@ struct Listen: AsyncParsableCommand {
         bursts.cancel()
         leaves.cancel()
         // Invalidating stops playout, which completes the WAV header.
-        if oneShot.leave, early == nil { manager.leaveChannel(channelUUID: channel) }
+        if oneShot.leave, early == nil { manager.userLeftChannel(channelUUID: channel) }
         await manager.invalidate()
         if let early {
             // An output that failed said what it kept in its own line.

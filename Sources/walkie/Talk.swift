@@ -269,7 +269,7 @@ struct Talk: AsyncParsableCommand {
 
     /// Closes the connection, leaving the channel first only if asked to (`--leave`).
     func finish(_ manager: ChannelManager, channel: UUID) async {
-        if oneShot.leave { manager.leaveChannel(channelUUID: channel) }
+        if oneShot.leave { manager.userLeftChannel(channelUUID: channel) }
         await manager.invalidate()
     }
 }

@@ -141,3 +141,23 @@ func owedLeaves(_ outputs: [SessionOutput]) -> [ChannelCredentials] {
         #expect(!FileManager.default.fileExists(atPath: store.owedLeavesPath))
     }
 }
+
+/// One reason for one cause, however it arrives (issue 43): the user's own leave is `userRequest`,
+/// the app's `developerRequest`, and an administrator's removal `systemPolicy` whether the server
+/// says it live or by squelchd's leave push.
+@Suite struct LeaveReasonTests {
+    func leftReason(_ act: (inout ChannelSession) -> Void) -> ChannelLeaveReason? {
+        var s = joinedSession()
+        act(&s)
+        for call in delegateCalls(s.takeOutputs()) { if case .didLeave(_, let reason) = call { return reason } }
+        return nil
+    }
+
+    @Test func eachCauseHasOneReason() {
+        #expect(leftReason { $0.leave(channelID, reason: .userRequest) } == .userRequest)
+        #expect(leftReason { $0.leave(channelID) } == .developerRequest)
+        #expect(leftReason { $0.pushResult(.leaveChannel, channelID, serverLeave: true) } == .systemPolicy)
+        #expect(leftReason { $0.pushResult(.leaveChannel, channelID) } == .developerRequest, "the app's own choice on another push")
+        #expect(leftReason { $0.received(.refused(code: .removedByAdmin, reason: "removed")) } == .systemPolicy)
+    }
+}
