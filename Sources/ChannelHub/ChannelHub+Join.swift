@@ -158,6 +158,7 @@ extension ChannelHub {
     static func take(_ claims: ParticipantClaims, into member: inout Member) {
         member.name = claims.name
         member.role = claims.role
+        member.image = claims.image
         member.priority = claims.priority
         member.canTalk = claims.capabilities.contains(.talk)
         member.canListen = claims.capabilities.contains(.listen)

@@ -9,6 +9,9 @@ struct Member {
     var userID: String
     var name: String
     var role: String?
+    /// From its token (`ParticipantClaims.image`); not stored, so a member restored at a start has
+    /// none until it joins again.
+    var image: String? = nil
     var priority: UInt8
     var canTalk: Bool
     var canListen: Bool
@@ -67,7 +70,7 @@ struct Member {
     func hears(_ talker: Member) -> Bool { canListen && !unheard.contains(talker.userID) }
 
     var participant: RosterMember {
-        RosterMember(slot: slot, userID: userID, name: name, role: role, priority: priority, canTalk: canTalk,
+        RosterMember(slot: slot, userID: userID, name: name, role: role, image: image, priority: priority, canTalk: canTalk,
                     canListen: canListen, connection: connection, talking: talking, muted: muted)
     }
 

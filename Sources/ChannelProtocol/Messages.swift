@@ -68,6 +68,8 @@ public struct RosterMember: Codable, Sendable, Equatable {
     public var userID: String
     public var name: String
     public var role: String?
+    /// The member's picture (an https URL, from its token); absent without one, and from older servers.
+    public var image: String?
     public var priority: UInt8
     public var canTalk: Bool
     public var canListen: Bool
@@ -75,13 +77,14 @@ public struct RosterMember: Codable, Sendable, Equatable {
     public var talking: Bool
     public var muted: Bool
 
-    public init(slot: UInt16, userID: String, name: String, role: String? = nil, priority: UInt8 = 0,
+    public init(slot: UInt16, userID: String, name: String, role: String? = nil, image: String? = nil, priority: UInt8 = 0,
                 canTalk: Bool = true, canListen: Bool = true, connection: ConnectionState = .connected,
                 talking: Bool = false, muted: Bool = false) {
         self.slot = slot
         self.userID = userID
         self.name = name
         self.role = role
+        self.image = image
         self.priority = priority
         self.canTalk = canTalk
         self.canListen = canListen

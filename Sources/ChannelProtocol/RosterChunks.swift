@@ -42,18 +42,19 @@ public struct RosterChunker: Sendable {
 
 extension RosterMember {
     /// Bytes of JSON this entry takes in a roster at most. The fixed part is measured once, with the
-    /// longest values every other field can have; each byte of the user id, name and role counts as
+    /// longest values every other field can have; each byte of the user id, name, role and image counts as
     /// the most its escaping can make of it: 6 for a control character (`\u001f`), 2 for `"`, `\` and
     /// `/`, 3 for a byte of a character beyond ASCII (in case an encoder writes `\uXXXX`, or a pair of
     /// them), else 1.
     public var encodedSizeBound: Int {
         Self.fixedEncodedBytes + Self.escapedBound(userID) + Self.escapedBound(name) + Self.escapedBound(role ?? "")
+            + Self.escapedBound(image ?? "")
     }
 
     static let fixedEncodedBytes: Int = {
         let codec = MessageCodec()
-        let longest = RosterMember(slot: .max, userID: "", name: "", role: "", priority: .max, canTalk: false, canListen: false,
-                                  connection: .reconnecting, talking: false, muted: false)
+        let longest = RosterMember(slot: .max, userID: "", name: "", role: "", image: "", priority: .max, canTalk: false,
+                                  canListen: false, connection: .reconnecting, talking: false, muted: false)
         // The comma between two entries is in it: two entries minus none, halved, rounded up.
         let none = codec.encode(.roster([])).count
         let two = codec.encode(.roster([longest, longest])).count

@@ -143,6 +143,7 @@ extension ChannelSession {
         if participant != nil, case .active = transmit, transmissionMode == .halfDuplex {
             throw ChannelError(.transmissionInProgress, "you are transmitting; stop before showing a remote speaker")
         }
+        if let participant, let image = participant.image { appImages[participant.name] = image }
         showRemote(participant)
     }
 

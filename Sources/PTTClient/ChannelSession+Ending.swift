@@ -136,6 +136,7 @@ extension ChannelSession {
         you = nil
         roster = [:]
         announced = [:]
+        appImages = [:]
         rosterSettling = nil
         joinReport = .due(.developerRequest)
         unheardSent = nil

@@ -14,6 +14,7 @@ extension ChannelSession {
         roster.values.sorted { $0.slot < $1.slot }.map { p in
             RosterEntry(userID: p.userID, name: p.name, role: p.role, priority: p.priority, canTalk: p.canTalk,
                         canListen: p.canListen, connection: p.connection, talking: p.talking, muted: p.muted,
+                        image: p.image.map { ChannelImage(url: $0) },
                         subscribe: unheard.contains(p.userID) ? .none : .audio, isLocal: p.slot == you, slot: p.slot)
         }
     }
@@ -52,9 +53,9 @@ extension ChannelSession {
         for entry in entries where talkers.live[entry.slot] != nil {
             if unheardSlot(entry.slot) {
                 remoteTalkEnded(slot: entry.slot)
-            } else if talkers.showsPlaceholder(of: entry.slot), !entry.name.isEmpty,
-                      let participant = try? Participant(name: entry.name) {
-                showRemote(participant)
+            } else if talkers.showsPlaceholder(of: entry.slot) || talkers.shown?.name == entry.name, !entry.name.isEmpty,
+                      let participant = remoteParticipant(entry.slot) {
+                showRemote(participant)  // its name, or a picture that came with a later entry
             }
         }
     }

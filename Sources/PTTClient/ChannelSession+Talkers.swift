@@ -4,8 +4,7 @@ extension ChannelSession {
     mutating func remoteTalkStarted(slot: UInt16, burst: UInt16) {
         talkers.talkStarted(TalkerDisplay.Burst(slot: slot, burst: burst))
         guard !unheardSlot(slot) else { return }
-        let name = roster[slot]?.name ?? TalkerDisplay.placeholderName(slot)
-        if let participant = try? Participant(name: name.isEmpty ? TalkerDisplay.placeholderName(slot) : name) {
+        if let participant = remoteParticipant(slot) {
             if case .active = transmit, transmissionMode == .halfDuplex { return }
             showRemote(participant)
         }
@@ -18,7 +17,7 @@ extension ChannelSession {
 
     /// Shows a live talker this member hears, else the talker of the replay playing, else nobody.
     mutating func showLiveOrReplayed() {
-        let choice = talkers.choice(roster: roster, unheard: { unheardSlot($0) })
+        let choice = talkers.choice(roster: roster, unheard: { unheardSlot($0) }, participant: { remoteParticipant($0) })
         showRemote(choice)
     }
 
@@ -52,6 +51,16 @@ extension ChannelSession {
         talkers.replayEnded()
         if case .active = transmit, transmissionMode == .halfDuplex { return }
         showLiveOrReplayed()
+    }
+
+    /// The speaker to show for `slot`: its roster name (a placeholder until its entry comes) and
+    /// picture, or the picture the app gave that name (`setActiveRemoteParticipant`), which the next
+    /// floor event must not take back.
+    func remoteParticipant(_ slot: UInt16) -> Participant? {
+        let entry = roster[slot]
+        let name = (entry?.name).flatMap { $0.isEmpty ? nil : $0 } ?? TalkerDisplay.placeholderName(slot)
+        let image = appImages[name] ?? entry?.image.map { ChannelImage(url: $0) }
+        return try? Participant(name: name, image: image)
     }
 
     mutating func showRemote(_ participant: Participant?) {

@@ -61,6 +61,9 @@ struct ChannelSession {
     var serverInfo: ChannelInfo?
     var you: UInt16?
     var roster: [UInt16: RosterMember] = [:]
+    /// Pictures the app gave speakers (`setActiveRemoteParticipant`), by name: they win over the
+    /// roster's, for this channel.
+    var appImages: [String: ChannelImage] = [:]
     /// The other members as the app was last told of them, by user (`ParticipantEvents`).
     var announced: [String: RosterEntry] = [:]
     /// After a rejoin, the roster is still arriving (in chunks): who left while this member was away

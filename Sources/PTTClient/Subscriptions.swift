@@ -33,6 +33,8 @@ public struct RosterEntry: Sendable, Hashable {
     public var talking: Bool
     /// They muted the channel's playback: they will not hear you.
     public var muted: Bool
+    /// Their picture, from their participant token.
+    public var image: ChannelImage?
     /// Whether this client hears them (always `.audio` for yourself, whom you never hear anyway).
     public var subscribe: SubscribeType
     /// This is you.

@@ -45,14 +45,14 @@ struct TalkerDisplay {
 
     /// Whom to show: a live talker this member hears (once its roster entry has come), else the
     /// talker of the replay playing, else nobody.
-    func choice(roster: [UInt16: RosterMember], unheard: (UInt16) -> Bool) -> Participant? {
+    /// - Parameter participant: the participant to show for a slot (`ChannelSession.remoteParticipant`).
+    func choice(roster: [UInt16: RosterMember], unheard: (UInt16) -> Bool, participant: (UInt16) -> Participant?) -> Participant? {
         let audible = live.keys.filter { !unheard($0) }
-        if let next = audible.first, let name = roster[next]?.name, let participant = try? Participant(name: name) {
-            return participant
+        if let next = audible.first, let name = roster[next]?.name, !name.isEmpty, let shown = participant(next) {
+            return shown
         }
         guard let speaker = replay?.slot, !unheard(speaker) else { return nil }
-        let name = roster[speaker].map(\.name).flatMap { $0.isEmpty ? nil : $0 } ?? Self.placeholderName(speaker)
-        return try? Participant(name: name)
+        return participant(speaker)
     }
 
     /// Whether what is shown is `slot`'s placeholder, its roster entry not yet come.

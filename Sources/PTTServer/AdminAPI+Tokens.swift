@@ -65,12 +65,14 @@ extension AdminAPI {
     }
 
     struct TokenRequest: Decodable {
-        static let fields = ["user", "name", "capabilities", "priority", "role", "ttlSeconds"]
+        static let fields = ["user", "name", "capabilities", "priority", "role", "image", "ttlSeconds"]
         var user: String
         var name: String
         var capabilities: [String]?
         var priority: Int?
         var role: String?
+        /// An https URL of the participant's picture.
+        var image: String?
         var ttlSeconds: Int?
 
         func claims(channel: UUID, now: Date) throws(AdminError) -> ParticipantClaims {
@@ -97,7 +99,8 @@ extension AdminAPI {
             }
             let role = role?.trimmingCharacters(in: .whitespacesAndNewlines)
             return ParticipantClaims(userID: user, name: name, channel: channel, capabilities: capabilities,
-                                     role: role?.isEmpty == true ? nil : role, priority: UInt8(priority),
+                                     role: role?.isEmpty == true ? nil : role, image: image?.trimmingCharacters(in: .whitespacesAndNewlines),
+                                     priority: UInt8(priority),
                                      issuedAt: now, expiresAt: now.addingTimeInterval(TimeInterval(ttl)))
         }
     }

@@ -14,6 +14,9 @@ public struct ParticipantClaims: Sendable, Equatable {
     public var channel: UUID
     public var capabilities: Set<Capability>
     public var role: String?
+    /// The participant's picture, an https URL: it travels in the roster, and a listener's app shows
+    /// it with the active speaker (`Participant.image`).
+    public var image: String?
     /// Floor priority, 0–255: a higher one pre-empts a lower one.
     public var priority: UInt8
     public var issuedAt: Date
@@ -22,7 +25,9 @@ public struct ParticipantClaims: Sendable, Equatable {
     public var tokenID: String
 
     public init(userID: String, name: String, channel: UUID, capabilities: Set<Capability>, role: String? = nil,
-                priority: UInt8 = 0, issuedAt: Date = Date(), expiresAt: Date, tokenID: String = UUID().uuidString) {
+                image: String? = nil, priority: UInt8 = 0, issuedAt: Date = Date(), expiresAt: Date,
+                tokenID: String = UUID().uuidString) {
+        self.image = image
         self.userID = userID
         self.name = name
         self.channel = channel
@@ -40,6 +45,8 @@ public struct ParticipantClaims: Sendable, Equatable {
     /// kept short; the roster is split by size (`RosterChunker`), so any fits.
     public static let maxNameBytes = 64
     public static let maxRoleBytes = 64
+    /// Longest image URL: it travels in every roster entry too.
+    public static let maxImageBytes = 512
     public static let maxTokenIDBytes = 128
     /// Longest lifetime squelchd's issuers (`squelchd token issue`, the admin API) sign: a stolen
     /// token works until it expires or is revoked, and an app renews in place (`renew`), so long
@@ -58,6 +65,13 @@ public struct ParticipantClaims: Sendable, Equatable {
         try check(userID, "the user id", max: Self.maxUserIDBytes)
         try check(name, "the name", max: Self.maxNameBytes)
         if let role { try check(role, "the role", max: Self.maxRoleBytes, empty: true) }
+        if let image {
+            try check(image, "the image URL", max: Self.maxImageBytes)
+            // A URL the client may fetch: https only (no file:, no data: megabytes in every roster).
+            guard let url = URL(string: image), url.scheme?.lowercased() == "https", url.host?.isEmpty == false else {
+                throw InvalidClaims("the image URL '\(image)' is not an https URL; give one such as https://example.org/ann.png")
+            }
+        }
         try check(tokenID, "the token id", max: Self.maxTokenIDBytes)
         if capabilities.isEmpty { throw InvalidClaims("the token grants no capability (talk, listen)") }
     }

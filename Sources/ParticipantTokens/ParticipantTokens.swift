@@ -48,6 +48,8 @@ struct TokenPayload: JWTPayload {
     struct Attributes: Codable {
         var role: String?
         var priority: Int
+        /// Absent from tokens issued before images, and from tokens without one.
+        var image: String?
     }
     var sub: SubjectClaim
     var name: String
@@ -154,7 +156,7 @@ public struct TokenAuthority: Sendable {
         let payload = TokenPayload(
             sub: .init(value: claims.userID), name: claims.name, channel: claims.channel.uuidString.lowercased(),
             capabilities: claims.capabilities.sorted().map(\.rawValue),
-            attributes: .init(role: claims.role, priority: Int(claims.priority)),
+            attributes: .init(role: claims.role, priority: Int(claims.priority), image: claims.image),
             exp: .init(value: claims.expiresAt), iat: .init(value: claims.issuedAt), jti: .init(value: claims.tokenID))
         return try await keys.sign(payload)
     }
@@ -232,7 +234,8 @@ public struct TokenAuthority: Sendable {
             capabilities.insert(capability)
         }
         let claims = ParticipantClaims(userID: payload.sub.value, name: payload.name, channel: tokenChannel, capabilities: capabilities,
-                                       role: payload.attributes.role, priority: UInt8(payload.attributes.priority),
+                                       role: payload.attributes.role, image: payload.attributes.image,
+                                       priority: UInt8(payload.attributes.priority),
                                        issuedAt: payload.iat.value, expiresAt: payload.exp.value, tokenID: payload.jti.value)
         do throws(InvalidClaims) { try claims.validate() } catch { throw .malformed(error.message) }
         return claims

@@ -34,6 +34,7 @@ struct Token: AsyncParsableCommand {
         // answer "--priority -1" with "missing value"; the range check says what is wrong instead.
         @Option(parsing: .unconditional, help: "Floor priority 0-255; a higher one pre-empts a lower one.") var priority = 0
         @Option(help: "Role attribute (free text up to \(ParticipantClaims.maxRoleBytes) bytes, e.g. dispatcher).") var role: String?
+        @Option(help: "The participant's picture: an https URL, shown by listeners' apps with the speaker.") var image: String?
         @Option(parsing: .unconditional, help: "Lifetime: 90s, 30m, 12h, 7d; at most 30d.") var ttl = "12h"
         @OptionGroup var store: Channel.StoreOptions
         @Option(help: ArgumentHelp(ServerConfiguration.help("tokenKeyPath", "The server's token key (PEM), if not in the data directory."), valueName: "path"))
@@ -61,7 +62,7 @@ struct Token: AsyncParsableCommand {
             let claims = ParticipantClaims(userID: user.trimmingCharacters(in: .whitespacesAndNewlines),
                                            name: name.trimmingCharacters(in: .whitespacesAndNewlines), channel: channelID,
                                            capabilities: capabilities, role: role?.isEmpty == true ? nil : role,
-                                           priority: UInt8(priority), issuedAt: now, expiresAt: now.addingTimeInterval(lifetime))
+                                           image: image?.trimmingCharacters(in: .whitespacesAndNewlines), priority: UInt8(priority), issuedAt: now, expiresAt: now.addingTimeInterval(lifetime))
             do throws(InvalidClaims) { try claims.validateForIssue() } catch { throw ValidationError(error.message) }
             let configuration = try store.configuration(tokenKey: tokenKey)
             // A token for a channel the server doesn't have is refused at every join, long after the
@@ -111,6 +112,7 @@ struct Token: AsyncParsableCommand {
             var name: String
             var capabilities: [String]
             var role: String?
+            var image: String?
             var priority: Int
             var issuedAt: Date
             var expiresAt: Date
@@ -135,7 +137,7 @@ struct Token: AsyncParsableCommand {
                 : claims.expiresAt <= now ? "expired"
                 : claims.issuedAt > now.addingTimeInterval(authority.clockSkew) ? "notYetValid" : "valid"
             let report = Report(tokenID: claims.tokenID, channel: claims.channel, user: claims.userID, name: claims.name,
-                                capabilities: claims.capabilities.sorted().map(\.rawValue), role: claims.role,
+                                capabilities: claims.capabilities.sorted().map(\.rawValue), role: claims.role, image: claims.image,
                                 priority: Int(claims.priority), issuedAt: claims.issuedAt, expiresAt: claims.expiresAt,
                                 status: status, revocation: revocation)
             if json { try printJSON(report) } else { print("""
@@ -144,6 +146,7 @@ struct Token: AsyncParsableCommand {
                 user          \(report.user) (\(report.name))
                 capabilities  \(report.capabilities.joined(separator: ", "))
                 role          \(report.role ?? "(none)")
+                image         \(report.image ?? "(none)")
                 priority      \(report.priority)
                 issued        \(report.issuedAt.formatted(.iso8601))
                 expires       \(report.expiresAt.formatted(.iso8601))

@@ -177,7 +177,8 @@ import Testing
         }
         let roster = (1...400).map { index in
             RosterMember(slot: UInt16(index), userID: clipped("\(index)" + nasty, ControlLimits.maxUserIDBytes),
-                        name: clipped(nasty, 64), role: clipped(nasty, 64), priority: 255, canTalk: false, canListen: false,
+                        name: clipped(nasty, 64), role: clipped(nasty, 64), image: clipped("https://example.org/" + nasty, 512),
+                        priority: 255, canTalk: false, canListen: false,
                         connection: .reconnecting)
         }
         // A 16 KB image URL that JSON escapes to twice its size: joined's own share is measured, as

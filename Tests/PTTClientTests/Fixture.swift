@@ -54,11 +54,11 @@ final class ClientFixture: Sendable {
     }
 
     func token(_ user: String, capabilities: Set<Capability> = [.talk, .listen], priority: UInt8 = 0, channel: UUID? = nil,
-               ttl: TimeInterval = 3600, role: String? = nil) async throws -> String {
+               ttl: TimeInterval = 3600, role: String? = nil, image: String? = nil) async throws -> String {
         let authority = try await TokenAuthority.loadOrCreate(in: dataDirectory)
         return try await authority.issue(ParticipantClaims(
             userID: user, name: user.capitalized, channel: channel ?? self.channel.id, capabilities: capabilities, role: role,
-            priority: priority, expiresAt: Date().addingTimeInterval(ttl)))
+            image: image, priority: priority, expiresAt: Date().addingTimeInterval(ttl)))
     }
 
     func credentials(_ token: String, caPath: String? = nil) -> ChannelCredentials {

@@ -69,3 +69,23 @@ import Testing
         #expect(personal(s.takeOutputs()) == ["left bob"])
     }
 }
+
+/// The active speaker's picture: the roster's, and the app's when it set one.
+@Suite struct SpeakerImageTests {
+    @Test func theRostersPictureShowsAndTheAppsStays() {
+        var s = joinedSession()
+        s.received(.participant(RosterMember(slot: 2, userID: "bob", name: "Bob", image: "https://example.org/bob.png")))
+        s.received(.floor(FloorEvent(kind: .taken, slot: 2, burst: 5)))
+        #expect(s.rosterEntries.first { $0.userID == "bob" }?.image == ChannelImage(url: "https://example.org/bob.png"))
+        #expect(s.takeOutputs().contains(.event(.activeRemoteParticipant(try! Participant(name: "Bob", image: ChannelImage(url: "https://example.org/bob.png"))))))
+        let own = ChannelImage(url: "https://contacts.example.org/bob.jpg")
+        try? s.setActiveRemoteParticipant(try! Participant(name: "Bob", image: own), channelID)
+        _ = s.takeOutputs()
+        // The next floor events and roster changes for Bob keep the app's picture.
+        s.received(.participant(RosterMember(slot: 2, userID: "bob", name: "Bob", image: "https://example.org/bob.png", talking: true)))
+        s.received(.floor(FloorEvent(kind: .ended, slot: 2, burst: 5)))
+        s.received(.floor(FloorEvent(kind: .taken, slot: 2, burst: 6)))
+        let shown = s.takeOutputs().compactMap { if case .event(.activeRemoteParticipant(let p?)) = $0 { p } else { nil } }
+        #expect(!shown.isEmpty && shown.allSatisfy { $0.image == own }, "\(shown)")
+    }
+}

@@ -31,6 +31,26 @@ import Testing
         #expect(String(decoding: header, as: UTF8.self).contains("ES256"))
     }
 
+    /// A picture rides in the token's attributes; a token without one (or from before them) has none,
+    /// and only an https URL of a bounded length is signed.
+    @Test func aTokenCarriesAnHTTPSPicture() async throws {
+        let authority = try await authority()
+        var pictured = claims()
+        pictured.image = "https://example.org/u-17.png"
+        let verified = try await authority.verify(try await authority.issue(pictured), channel: channel, now: now)
+        #expect(verified.image == "https://example.org/u-17.png")
+        #expect(try await authority.verify(try await authority.issue(claims()), channel: channel, now: now).image == nil)
+        for bad in ["http://example.org/a.png", "file:///etc/passwd", "data:image/png;base64,AAAA", "https://",
+                    "https://example.org/" + String(repeating: "a", count: ParticipantClaims.maxImageBytes)] {
+            var wrong = claims()
+            wrong.image = bad
+            #expect(throws: InvalidClaims.self, "\(bad)") { try wrong.validate() }
+        }
+        var wrong = claims()
+        wrong.image = "ftp://example.org/a.png"
+        do { try wrong.validate() } catch { #expect(error.message.contains("is not an https URL"), "\(error)") }
+    }
+
     @Test func aClientReadsATokensUserWithoutTheJWTLibrary() async throws {
         let authority = try await authority()
         // A user id whose JSON and base64 need the url-safe alphabet and padding to come back whole.
