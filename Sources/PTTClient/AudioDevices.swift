@@ -10,11 +10,24 @@ public enum AudioDeviceStatus: Sendable, Equatable {
     case restored
 }
 
-/// How the media threads treat a failing device: what counts as one, and how often it is tried.
-enum AudioDeviceRetry {
+/// How the media threads treat a failing device: what counts as one, and when a lost one is tried
+/// again. One per device, on its thread.
+struct AudioDeviceRetry {
     /// A second between attempts, as a radio looks for its accessory: soon enough to be heard again
     /// within a sentence, and a failed open (which can block ALSA for a moment) stays rare.
     static let intervalNanoseconds: UInt64 = 1_000_000_000
+    private var dueAt: UInt64 = 0
+
+    /// The device was lost (or an attempt failed) at `now`: the next attempt is a second later.
+    mutating func lost(at now: UInt64) { dueAt = now + Self.intervalNanoseconds }
+
+    /// Opens the device if an attempt is due; nil when none is, or when it failed.
+    mutating func reopen<Device>(at now: UInt64, _ open: () throws -> Device) -> Device? {
+        guard now >= dueAt else { return nil }
+        if let device = try? open() { return device }
+        lost(at: now)
+        return nil
+    }
 
     /// Whether `error` is a device's (which may come back) rather than a file's (which won't).
     static func isDevice(_ error: any Error) -> Bool {
@@ -32,7 +45,7 @@ struct OutputDevice {
     let open: @Sendable () throws -> any AudioSink
     let onEvent: @Sendable (Receiver.ReceiverEvent) -> Void
     private var sink: (any AudioSink)?
-    private var retryAt: UInt64 = 0
+    private var retry = AudioDeviceRetry()
     /// When the frame after this one is due, while there is no device to pace the loop.
     private var clock: UInt64 = 0
     static let frameNanoseconds: UInt64 = 20_000_000
@@ -58,13 +71,9 @@ struct OutputDevice {
     /// Plays one frame of two periods, or paces it while the device is lost; false when playout must
     /// stop (a file failed).
     mutating func play(_ frame: UnsafeBufferPointer<Int16>, period: Int, now: UInt64) -> Bool {
-        if sink == nil, now >= retryAt {
-            if let reopened = try? open() {
-                sink = reopened
-                onEvent(.outputDevice(.restored))
-            } else {
-                retryAt = now + AudioDeviceRetry.intervalNanoseconds
-            }
+        if sink == nil, let reopened = retry.reopen(at: now, open) {
+            sink = reopened
+            onEvent(.outputDevice(.restored))
         }
         guard let device = sink else {
             clock = max(clock + Self.frameNanoseconds, now - 5 * Self.frameNanoseconds)
@@ -94,7 +103,7 @@ struct OutputDevice {
 
     private mutating func lose(_ error: any Error, now: UInt64) {
         onEvent(.outputDevice(.lost("\(error)")))
-        retryAt = now + AudioDeviceRetry.intervalNanoseconds
+        retry.lost(at: now)
         clock = now
     }
 }

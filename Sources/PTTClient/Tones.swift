@@ -59,23 +59,33 @@ public struct ToneConfiguration: Sendable, Equatable {
 }
 
 /// Plays tones into the receiver's mix, one after another. Lives in the receiver's state, so the
-/// playout thread mixes it and the engine queues tones under the same lock.
+/// playout thread mixes it and the engine queues tones under the same lock, the one the connection's
+/// event loop takes for every audio datagram: the tones are rendered once, here, and nothing under
+/// that lock computes or allocates.
 struct TonePlayer {
-    var configuration: ToneConfiguration
-    var muted = false
-    private var playing: [Int16] = []
-    private var position = 0
+    /// Each enabled tone's samples, at the configured volume.
+    private let rendered: [Tone: [Int16]]
+    private var muted = false
+    /// The tone playing, and how far.
+    private var playing: (tone: Tone, position: Int)?
     private var waiting: [Tone] = []
     /// Tones asked for faster than they play (a press hammered against a busy floor) are dropped
     /// past this, rather than beep on long after.
     static let maxWaiting = 2
 
-    init(configuration: ToneConfiguration) { self.configuration = configuration }
+    init(configuration: ToneConfiguration) {
+        var rendered: [Tone: [Int16]] = [:]
+        if configuration.volume > 0 {
+            for tone in configuration.enabled { rendered[tone] = tone.samples(volume: configuration.volume) }
+        }
+        self.rendered = rendered
+        waiting.reserveCapacity(Self.maxWaiting)
+    }
 
-    var isIdle: Bool { position >= playing.count && waiting.isEmpty }
+    var isIdle: Bool { playing == nil && waiting.isEmpty }
 
     mutating func play(_ tone: Tone) {
-        guard !muted, configuration.enabled.contains(tone), configuration.volume > 0, waiting.count < Self.maxWaiting else { return }
+        guard !muted, rendered[tone] != nil, waiting.count < Self.maxWaiting else { return }
         waiting.append(tone)
     }
 
@@ -85,24 +95,23 @@ struct TonePlayer {
     }
 
     mutating func stop() {
-        playing = []
-        position = 0
-        waiting.removeAll()
+        playing = nil
+        waiting.removeAll(keepingCapacity: true)
     }
 
     /// Adds the next `mix.count` samples of the tones (nothing when idle) onto `mix`.
     mutating func mix(into mix: UnsafeMutableBufferPointer<Int32>) {
         var i = 0
         while i < mix.count {
-            if position >= playing.count {
+            if playing == nil {
                 guard !waiting.isEmpty else { return }
-                playing = waiting.removeFirst().samples(volume: configuration.volume)
-                position = 0
+                playing = (waiting.removeFirst(), 0)
             }
-            let n = min(mix.count - i, playing.count - position)
-            for k in 0..<n { mix[i + k] += Int32(playing[position + k]) }
+            guard let (tone, position) = playing, let samples = rendered[tone] else { return }
+            let n = min(mix.count - i, samples.count - position)
+            for k in 0..<n { mix[i + k] += Int32(samples[position + k]) }
             i += n
-            position += n
+            playing = position + n < samples.count ? (tone, position + n) : nil
         }
     }
 }

@@ -107,10 +107,10 @@ final class Transmitter: Sendable {
         // A microphone that is gone (or fails during the burst) is opened again every second while
         // the transmission lasts; nothing is sent meanwhile. A file that fails ends it.
         var device: (any AudioSource)?
-        var retryAt: UInt64 = 0
+        var retry = AudioDeviceRetry()
         func lose(_ error: any Error) {
             onEvent(.inputDevice(.lost("\(error)")))
-            retryAt = monotonicNanoseconds() + AudioDeviceRetry.intervalNanoseconds
+            retry.lost(at: monotonicNanoseconds())
         }
         do {
             device = try makeInput()
@@ -126,13 +126,9 @@ final class Transmitter: Sendable {
         var opusPacket = [UInt8](repeating: 0, count: MediaSealer.maxOpusPayload)
         while !thread.stopRequested {
             guard let source = device else {
-                if monotonicNanoseconds() >= retryAt {
-                    if let reopened = try? makeInput() {
-                        device = reopened
-                        onEvent(.inputDevice(.restored))
-                    } else {
-                        retryAt = monotonicNanoseconds() + AudioDeviceRetry.intervalNanoseconds
-                    }
+                if let reopened = retry.reopen(at: monotonicNanoseconds(), makeInput) {
+                    device = reopened
+                    onEvent(.inputDevice(.restored))
                 } else {
                     usleep(20_000)
                 }

@@ -5,16 +5,16 @@ import Foundation
 public enum TonePresence {
     /// The share of `samples`' energy at `hertz`: near 1 for a tone at that pitch, near 0 otherwise.
     public static func share(of hertz: Double, in samples: some Collection<Int16>, sampleRate: Double = 48_000) -> Double {
-        let w = 2 * Double.pi * hertz / sampleRate
+        let coefficient = 2 * cos(2 * Double.pi * hertz / sampleRate)
         var s1 = 0.0, s2 = 0.0, total = 0.0
         for x in samples {
             let v = Double(x)
             total += v * v
-            let s0 = v + 2 * cos(w) * s1 - s2
+            let s0 = v + coefficient * s1 - s2
             s2 = s1
             s1 = s0
         }
-        let power = s1 * s1 + s2 * s2 - 2 * cos(w) * s1 * s2
+        let power = s1 * s1 + s2 * s2 - coefficient * s1 * s2
         return total > 0 ? 2 * power / (Double(samples.count) * total) : 0
     }
 
