@@ -132,11 +132,14 @@ let package = Package(
             .product(name: "Crypto", package: "swift-crypto"),
             .product(name: "Logging", package: "swift-log"),
         ], swiftSettings: swift6),
-        .target(name: "APNsDevice", dependencies: [
+        // A device's end of a push stream (NDJSON over one HTTP/1.1 GET, plain or TLS).
+        .target(name: "PushStream", dependencies: [
             .product(name: "NIOCore", package: "swift-nio"),
             .product(name: "NIOPosix", package: "swift-nio"),
             .product(name: "NIOHTTP1", package: "swift-nio"),
+            .product(name: "NIOSSL", package: "swift-nio-ssl"),
         ], swiftSettings: swift6),
+        .target(name: "APNsDevice", dependencies: ["PushStream"], swiftSettings: swift6),
         .target(name: "APNsSimulator", dependencies: [
             "SeededRandom", "APNsDevice", "RandomUUID", "HTTP2Session", "CNGHTTP2",
             .product(name: "NIOCore", package: "swift-nio"),
@@ -227,7 +230,7 @@ let package = Package(
             .product(name: "JWTKit", package: "jwt-kit"),
         ], swiftSettings: swift6),
         .testTarget(name: "APNsSimulatorTests", dependencies: [
-            "APNsSimulator", "APNsDevice",
+            "APNsSimulator", "APNsDevice", "PushStream",
             .product(name: "NIOCore", package: "swift-nio"),
             .product(name: "NIOPosix", package: "swift-nio"),
             .product(name: "NIOHTTP2", package: "swift-nio-http2"),

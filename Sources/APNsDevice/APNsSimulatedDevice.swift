@@ -1,7 +1,5 @@
 import Foundation
-import NIOCore
-import NIOHTTP1
-import NIOPosix
+import PushStream
 
 // The device side of the APNs simulator, in a module of its own so that a client (PTTClient, walkie)
 // can receive simulated pushes without linking the simulator's HTTP/2 and admin servers.
@@ -14,82 +12,29 @@ public enum APNsSimulatedDevice {
     /// iteration (or dropping the stream) closes the connection.
     public static func subscribe(host: String, controlPort: Int, token: String) async throws -> AsyncThrowingStream<APNsDeliveredPush, any Error> {
         let token = token.lowercased()
-        let channel = try await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)
-            .connectTimeout(.seconds(5))
-            .connect(host: host, port: controlPort) { channel in
-                channel.eventLoop.makeCompletedFuture {
-                    try channel.pipeline.syncOperations.addHTTPClientHandlers()
-                    return try NIOAsyncChannel<HTTPClientResponsePart, HTTPClientRequestPart>(wrappingChannelSynchronously: channel)
-                }
-            }
-        let (pushes, pushContinuation) = AsyncThrowingStream.makeStream(of: APNsDeliveredPush.self)
-        let (ready, readyContinuation) = AsyncThrowingStream.makeStream(of: Void.self)
-
-        let reader = Task {
-            do {
-                try await channel.executeThenClose { inbound, outbound in
-                    var head = HTTPRequestHead(version: .http1_1, method: .GET, uri: "/v1/devices/\(token)/stream")
-                    head.headers.add(name: "host", value: "\(host):\(controlPort)")
-                    head.headers.add(name: "accept", value: "application/x-ndjson")
-                    try await outbound.write(.head(head))
-                    try await outbound.write(.end(nil))
-
-                    var status: HTTPResponseStatus = .ok
-                    var errorBody = ""
-                    var lines = NDJSONLineSplitter()
-                    var subscribed = false
-                    let decoder = APNsSimulatorJSON.decoder()
-                    parts: for try await part in inbound {
-                        switch part {
-                        case .head(let response):
-                            status = response.status
-                        case .body(let buffer) where status != .ok:
-                            errorBody += String(buffer: buffer)
-                        case .body(let buffer):
-                            for line in lines.append(buffer.readableBytesView) where !line.isEmpty {
-                                if subscribed {
-                                    pushContinuation.yield(try decoder.decode(APNsDeliveredPush.self, from: Data(line)))
-                                } else {
-                                    let first = try decoder.decode(Subscribed.self, from: Data(line))
-                                    guard first.subscribed == token else {
-                                        throw APNsSimulatedDeviceError.unexpectedResponse("subscribed to '\(first.subscribed)' instead of '\(token)'")
-                                    }
-                                    subscribed = true
-                                    readyContinuation.yield()
-                                    readyContinuation.finish()
-                                }
-                            }
-                        case .end:
-                            break parts
-                        }
-                    }
-                    if status != .ok {
-                        throw APNsSimulatedDeviceError.refused(status: Int(status.code), message: errorBody)
-                    }
-                    if !subscribed {
-                        throw APNsSimulatedDeviceError.unexpectedResponse("the stream ended before the subscription was confirmed")
-                    }
-                }
-                pushContinuation.finish()
-                readyContinuation.finish(throwing: CancellationError())
-            } catch {
-                pushContinuation.finish(throwing: error)
-                readyContinuation.finish(throwing: error)
-            }
-        }
-        pushContinuation.onTermination = { _ in reader.cancel() }
-
+        let (first, lines): ([UInt8], AsyncThrowingStream<[UInt8], any Error>)
         do {
-            try await withTaskCancellationHandler {
-                for try await _ in ready { return }
-                throw CancellationError()
-            } onCancel: {
-                reader.cancel()
-            }
-        } catch {
-            reader.cancel()
-            throw error
+            (first, lines) = try await LineStream.open(LineStream.Request(host: host, port: controlPort, path: "/v1/devices/\(token)/stream"))
+        } catch LineStreamError.refused(let status, let body) {
+            throw APNsSimulatedDeviceError.refused(status: status, message: body)
+        } catch LineStreamError.endedBeforeFirstLine {
+            throw APNsSimulatedDeviceError.unexpectedResponse("the stream ended before the subscription was confirmed")
         }
+        let decoder = APNsSimulatorJSON.decoder()
+        let subscribed = try decoder.decode(Subscribed.self, from: Data(first))
+        guard subscribed.subscribed == token else {
+            throw APNsSimulatedDeviceError.unexpectedResponse("subscribed to '\(subscribed.subscribed)' instead of '\(token)'")
+        }
+        let (pushes, continuation) = AsyncThrowingStream.makeStream(of: APNsDeliveredPush.self)
+        let relay = Task {
+            do {
+                for try await line in lines { continuation.yield(try decoder.decode(APNsDeliveredPush.self, from: Data(line))) }
+                continuation.finish()
+            } catch {
+                continuation.finish(throwing: error)
+            }
+        }
+        continuation.onTermination = { _ in relay.cancel() }
         return pushes
     }
 
@@ -107,29 +52,6 @@ public enum APNsSimulatedDeviceError: Error, CustomStringConvertible, Sendable, 
         case .refused(let status, let message): "the APNs simulator refused the device subscription (\(status)): \(message)"
         case .unexpectedResponse(let what): "unexpected answer to a device subscription: \(what)"
         }
-    }
-}
-
-/// Cuts a byte stream into lines at `\n`, keeping a partial line until the rest of it arrives (HTTP
-/// chunks and TCP reads don't respect line ends).
-public struct NDJSONLineSplitter {
-    public init() {}
-
-    private var pending: [UInt8] = []
-
-    /// The lines completed by `bytes`, without their `\n` (and without a `\r` before it).
-    public mutating func append(_ bytes: some Collection<UInt8>) -> [[UInt8]] {
-        var lines: [[UInt8]] = []
-        for byte in bytes {
-            if byte == UInt8(ascii: "\n") {
-                if pending.last == UInt8(ascii: "\r") { pending.removeLast() }
-                lines.append(pending)
-                pending.removeAll(keepingCapacity: true)
-            } else {
-                pending.append(byte)
-            }
-        }
-        return lines
     }
 }
 

@@ -1,4 +1,5 @@
 import APNsDevice
+import PushStream
 import Foundation
 import Testing
 @testable import APNsSimulator
