@@ -27,6 +27,9 @@ public struct PushToTalkNotification: Sendable, Equatable {
 
     /// True for the leave push sent when an admin removes the member or deletes the channel.
     public var isLeave: Bool { activeSpeaker == nil }
+
+    /// The JSON body APNs gets, which squelchd's device push service hands its devices too.
+    public func jsonBody() throws(APNsRequestError) -> [UInt8] { try APNsRequest.encodeBody(self) }
 }
 
 /// The largest body APNs accepts for a push other than VoIP (Apple documents 4 KB).

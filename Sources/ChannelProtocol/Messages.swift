@@ -14,9 +14,11 @@ public enum TransmissionMode: String, Codable, Sendable, CaseIterable {
     case fullDuplex
 }
 
-/// Which APNs environment a push token belongs to.
+/// Who delivers a push token's pushes: Apple (a token from one of its two APNs environments), or
+/// squelchd's own device push service (`device`: a Linux walkie, which Apple would refuse).
 public enum PushEnvironment: String, Codable, Sendable, CaseIterable {
     case production, sandbox
+    case device
 }
 
 /// Why a client joins: Apple's `PTChannelJoinReason`.

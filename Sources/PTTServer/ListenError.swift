@@ -31,6 +31,10 @@ public struct ListenError: Error, CustomStringConvertible {
         ListenError(listener: "the admin API (TCP)", host: host, port: port, underlying: error, hostKey: "adminHost", portKey: "adminPort")
     }
 
+    static func devicePush(host: String, port: Int, _ error: any Error) -> ListenError {
+        ListenError(listener: "the device push service (TCP)", host: host, port: port, underlying: error, hostKey: "host", portKey: "devicePushPort")
+    }
+
     public var description: String {
         let at = "\(listener) can't listen on \(host.contains(":") ? "[\(host)]" : host):\(port)"
         let portHow = ServerConfiguration.setting(portKey).howToSet

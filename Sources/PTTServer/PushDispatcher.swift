@@ -31,7 +31,8 @@ public struct APNsRoute: Sendable {
     var clients: [APNsClient] { production === sandbox ? [production] : [production, sandbox] }
 }
 
-/// Sends the pushes the channel hub asks for: a wake to each sleeping member when a burst starts, and a
+/// Sends the pushes the channel hub asks for, each by its token's kind: Apple's to APNs (`APNsRoute`),
+/// `device` tokens to squelchd's own `DevicePushService`. What it sends: a wake to each sleeping member when a burst starts, and a
 /// leave push when an administrator removes a member or deletes a channel.
 ///
 /// The hub's event loop only hands jobs over (a short lock, no waiting), so the relay never waits for
@@ -42,7 +43,8 @@ public struct APNsRoute: Sendable {
 public final class PushDispatcher: Service, Sendable {
     typealias Job = PushSchedule.Job
 
-    private let route: APNsRoute
+    private let route: APNsRoute?
+    private let devices: DevicePushService?
     private let schedule: NIOLockedValueBox<PushSchedule>
     /// Jobs handed over by the hub's loop, in order, for the dispatcher's task to queue: queuing a
     /// burst's 10,000 sleepers in the schedule held the relay's loop for tens of milliseconds.
@@ -61,9 +63,13 @@ public final class PushDispatcher: Service, Sendable {
     private let logger: Logger
     private let tokenRejected: @Sendable (_ channel: UUID, _ user: String, _ token: String) async -> Void
 
-    public init(route: APNsRoute, registry: PrometheusCollectorRegistry, logger: Logger,
+    /// - Parameters:
+    ///   - route: where Apple's tokens go; nil with pushes to Apple off.
+    ///   - devices: where `device` tokens go; nil with the device push service off.
+    public init(route: APNsRoute?, devices: DevicePushService? = nil, registry: PrometheusCollectorRegistry, logger: Logger,
                 tokenRejected: @escaping @Sendable (UUID, String, String) async -> Void) {
         self.route = route
+        self.devices = devices
         self.schedule = NIOLockedValueBox(PushSchedule())
         self.metrics = PushMetrics(registry: registry)
         self.logger = logger
@@ -118,7 +124,7 @@ public final class PushDispatcher: Service, Sendable {
 
     public func run() async throws {
         // Opening the connections before the first burst keeps TLS out of the first wake's time.
-        for client in route.clients { Task { await client.preconnect() } }
+        for client in route?.clients ?? [] { Task { await client.preconnect() } }
         // On shutdown what is already waiting still goes out at once (held wakes included), each push
         // within its 2 s budget, and then the connections close.
         await withGracefulShutdownHandler {
@@ -128,7 +134,7 @@ public final class PushDispatcher: Service, Sendable {
             self.schedule.withLockedValue { $0.finish(now: .now) }
             self.ring.yield()
         }
-        for client in route.clients { await client.shutdown() }
+        for client in route?.clients ?? [] { await client.shutdown() }
     }
 
     private func dispatch() async {
@@ -203,8 +209,14 @@ public final class PushDispatcher: Service, Sendable {
                 guard let token = member.pushToken else { continue }
                 push = Push(channel: channel, member: member, speaker: nil, token: token)
             }
-            let client = route.client(for: push.member.pushEnvironment)
-            byClient[ObjectIdentifier(client), default: (client, [])].pushes.append(push)
+            if push.member.pushEnvironment == .device {
+                deliverToDevice(push.channel, member: push.member, speaker: push.speaker, token: push.token)
+            } else if let route {
+                let client = route.client(for: push.member.pushEnvironment)
+                byClient[ObjectIdentifier(client), default: (client, [])].pushes.append(push)
+            } else {
+                metrics.count(.failed, reason: "APNsOff")
+            }
         }
         // Apple's two environments side by side.
         await withDiscardingTaskGroup { group in
@@ -218,6 +230,28 @@ public final class PushDispatcher: Service, Sendable {
                     }
                 }
             }
+        }
+    }
+
+    /// A push for squelchd's own device push service: handed to the device's stream, at once.
+    private func deliverToDevice(_ channel: UUID, member: MemberRecord, speaker: String?, token: String) {
+        guard let devices else {
+            metrics.count(.failed, reason: "DevicePushOff")
+            return
+        }
+        let notification = PushToTalkNotification(deviceToken: token, activeSpeaker: speaker, channel: channel)
+        switch devices.deliver(notification, to: member) {
+        case .delivered:
+            metrics.count(speaker == nil ? .deliveredLeave : .delivered, reason: "Success")
+            logger.debug("device push delivered", metadata: ["channel": "\(channel)", "user": "\(member.userID)", "id": "\(notification.id.lowercaseString)"])
+        case .notConnected:
+            // As APNs does with apns-expiration 0: a device that is not there now misses the push,
+            // and the token stays (it opens its stream again when it can).
+            metrics.count(.undelivered, reason: "DeviceNotConnected")
+            logger.info("device push not delivered: the device has no push stream open", metadata: ["channel": "\(channel)", "user": "\(member.userID)"])
+        case .heldByAnother:
+            metrics.count(.undelivered, reason: "TokenOfAnotherMember")
+            logger.warning("device push not delivered: the token's stream was opened by another member", metadata: ["channel": "\(channel)", "user": "\(member.userID)"])
         }
     }
 
@@ -273,6 +307,9 @@ final class PushMetrics: Sendable {
         case delivered, deliveredLeave = "delivered_leave", failed, tokenDropped = "token_dropped"
         /// Replaced by a newer push to the same member before it went out.
         case coalesced
+        /// A device push with no stream of its member's open for its token: the device is off, or
+        /// between two connections.
+        case undelivered
     }
 
     private let registry: PrometheusCollectorRegistry
@@ -294,7 +331,7 @@ final class PushMetrics: Sendable {
         // The registry hands back the same counter for the same labels, so this costs a lookup per push.
         registry.makeCounter(
             descriptor: MetricNameDescriptor(namespace: "squelch", metricName: "pushes", unitName: "total",
-                                             helpText: "APNs pushtotalk pushes by outcome and APNs reason (Stale: a wake that waited past 90 s, dropped)."),
+                                             helpText: "pushtotalk pushes (APNs and the device push service) by outcome and reason (Stale: a wake that waited past 90 s, dropped; DeviceNotConnected: no push stream open for a device token)."),
             labels: [("outcome", outcome.rawValue), ("reason", reason)]
         ).increment(by: Int64(amount))
     }

@@ -118,6 +118,11 @@ public struct ServerConfiguration: Sendable, Equatable {
     /// TLS certificate and key the embedded simulator serves.
     public var apnsSimulatorCertPath: String = "certs/apns-sim.pem"
     public var apnsSimulatorKeyPath: String = "certs/apns-sim.key"
+    /// squelchd's own push service for devices Apple doesn't serve (Linux walkies): HTTPS on TCP at
+    /// `host`, with the transport's certificate. `voice` (the default): TCP at the voice port's number,
+    /// so a device finds it knowing only the server's address; a port number (0: any free one); or
+    /// `off`.
+    public var devicePushPort: String = "voice"
     /// A connected member silent this long still gets a wake push, and shows as `reconnecting` in the
     /// roster until it is heard again. A foreground client PINGs every 5 s, and every 500 ms while a
     /// PING goes unanswered, so one quiet for two keepalives and then some is asleep or gone as far as
@@ -316,6 +321,16 @@ public struct ServerConfiguration: Sendable, Equatable {
                       "apns is apple but the key is the development one (\(defaults.apnsKeyPath)); point it at the .p8 key Apple issued")
             try check(apnsTopic != defaults.apnsTopic, "apnsTopic",
                       "apns is apple but the topic is the example app's (\(defaults.apnsTopic)); set '<your app's bundle id>.voip-ptt'")
+        }
+        switch devicePushListen {
+        case nil:
+            try check(false, "devicePushPort", "device push port '\(devicePushPort)' is not voice, off or a port (0-65535)")
+        case .port(let port)?:
+            try check(Self.portRange.contains(port), "devicePushPort", "device push port \(port) is out of range; use voice, off, 1-65535, or 0")
+            try check(port == 0 || port != adminPort || adminHost != host, "devicePushPort",
+                      "the admin API and the device push service are both set to port \(port) on \(host); give them different ports")
+        default:
+            break
         }
         try check(Self.portRange.contains(apnsSimulatorPort), "apnsSimulatorPort", "simulator port \(apnsSimulatorPort) is out of range; use 1-65535, or 0")
         try check(Self.portRange.contains(apnsSimulatorControlPort), "apnsSimulatorControlPort",

@@ -167,6 +167,8 @@ extension ServerConfiguration {
                 help: "TLS certificate the embedded simulator serves."),
         Setting(key: "apnsSimulatorKeyPath", environment: "SQUELCH_APNS_SIMULATOR_KEY", flag: "--apns-simulator-key", valueName: "path", kind: .text(\.apnsSimulatorKeyPath),
                 help: "Private key of the simulator's certificate."),
+        Setting(key: "devicePushPort", environment: "SQUELCH_DEVICE_PUSH_PORT", flag: "--device-push-port", valueName: "port", kind: .text(\.devicePushPort),
+                help: "TCP port of the device push service, which wakes Linux walkies anywhere (HTTPS on --host, with --cert): voice (the voice port's number), a port (0: any free one), or off."),
         Setting(key: "pushWakeSilenceSeconds", environment: "SQUELCH_PUSH_WAKE_SILENCE_SECONDS", flag: "--push-wake-silence-seconds", valueName: "seconds", kind: .number(\.pushWakeSilenceSeconds),
                 help: "A connected member silent this long (0.1-3600) is woken by push too, and shows as reconnecting in the roster."),
     ]

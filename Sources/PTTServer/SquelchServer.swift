@@ -56,6 +56,8 @@ public struct SquelchServer: Sendable {
         /// The embedded push service (the APNs simulator), when `apns` is `simulator`.
         public var embeddedPush: (any EmbeddedPushService)?
         public var embeddedPushEndpoints: EmbeddedPushEndpoints?
+        /// The device push service's TCP port; nil when it is off.
+        public var devicePushPort: Int? = nil
     }
 
     /// The admin application around `context`. `onListening` receives the bound port (useful with port 0).
@@ -178,13 +180,30 @@ public struct SquelchServer: Sendable {
         let writer = StoreWriter(store: store, metrics: metrics, logger: logger)
         let push = try await PushSetup.make(configuration: configuration, embeddedPush: embeddedPush,
                                             tokenShare: (store as? PostgresChannelStore).map(SharedProviderTokens.init), logger: logger)
-        let latch = ReadyLatch(onReady: onReady, simulator: push.simulator)
+        let devicePushListen = configuration.devicePushListen ?? .off
+        let latch = ReadyLatch(onReady: onReady, simulator: push.simulator, devicePush: devicePushListen != .off)
+        // The voice port's number, for a device push service that takes it: known once it is bound.
+        let (voicePorts, voicePortKnown) = AsyncStream.makeStream(of: Int.self, bufferingPolicy: .bufferingNewest(1))
+        var devices: DevicePushService?
+        if devicePushListen != .off {
+            devices = try DevicePushService(
+                host: configuration.host,
+                port: {
+                    if case .port(let port) = devicePushListen { return port }
+                    for await port in voicePorts { return port }
+                    return nil
+                },
+                identity: identity, tokens: tokens, store: store, logger: logger,
+                onListening: { port in await latch.devicePush(port) })
+        } else {
+            logger.notice("the device push service is off: walkies that sleep are woken only through APNs (or its simulator)")
+        }
         let voiceBox = NIOLockedValueBox<VoiceService?>(nil)
-        let dispatcher = push.route.map { route in
-            PushDispatcher(route: route, registry: metrics.registry, logger: logger) { channel, user, token in
+        let dispatcher = push.route != nil || devices != nil
+            ? PushDispatcher(route: push.route, devices: devices, registry: metrics.registry, logger: logger) { channel, user, token in
                 await voiceBox.withLockedValue { $0 }?.pushTokenRejected(channel: channel, user: user, token: token)
             }
-        }
+            : nil
         var cluster: ClusterNode?
         if let shared = store as? PostgresChannelStore {
             cluster = ClusterNode(id: try configuration.resolveNodeID(), store: shared, lease: .milliseconds(Int64(configuration.leaseSeconds * 1000)),
@@ -193,10 +212,13 @@ public struct SquelchServer: Sendable {
         }
         let voice = VoiceService(configuration: configuration, identity: identity, store: store, tokens: tokens,
                                  writer: writer, metrics: metrics, logger: logger, pushes: dispatcher, cluster: cluster,
-                                 onListening: { address in await latch.voice(address.port ?? 0) })
+                                 onListening: { address in
+                                     voicePortKnown.yield(address.port ?? 0)
+                                     await latch.voice(address.port ?? 0)
+                                 })
         voiceBox.withLockedValue { $0 = voice }
         var pushStatus: (@Sendable () -> AdminAPI.PushStatus)?
-        if let dispatcher { pushStatus = { dispatcher.pushHealth.status } }
+        if let dispatcher, push.route != nil { pushStatus = { dispatcher.pushHealth.status } }
         let certificateExpiry = CertificateExpiry(subject: "\(identity.leaf.subject)", notValidAfter: identity.leaf.notValidAfter)
         var admin = AdminContext(
             store: store, tokens: tokens, adminKey: adminKey, hub: voice,
@@ -218,6 +240,8 @@ public struct SquelchServer: Sendable {
             .init(service: CertificateWatch(expiry: certificateExpiry, logger: logger)),
         ]
         if let (simulator, _) = push.simulator { services.append(.init(service: SimulatorService(simulator: simulator, logger: logger))) }
+        // The device streams stay until the dispatcher has sent what was queued.
+        if let devices { services.append(.init(service: devices)) }
         if let dispatcher { services.append(.init(service: dispatcher)) }
         services.append(.init(service: voice))
         let adminStarted = NIOLockedValueBox(false)
@@ -314,13 +338,23 @@ struct ListenErrorNaming<Base: Service>: Service {
 actor ReadyLatch {
     let onReady: @Sendable (SquelchServer.Listening) async -> Void
     let simulator: (any EmbeddedPushService, EmbeddedPushEndpoints)?
+    /// Whether to wait for the device push service's port.
+    let devicePush: Bool
     var voicePort: Int?
     var adminPort: Int?
+    var devicePushPort: Int?
     var group: ServiceGroup?
 
-    init(onReady: @escaping @Sendable (SquelchServer.Listening) async -> Void, simulator: (any EmbeddedPushService, EmbeddedPushEndpoints)?) {
+    init(onReady: @escaping @Sendable (SquelchServer.Listening) async -> Void, simulator: (any EmbeddedPushService, EmbeddedPushEndpoints)?,
+         devicePush: Bool) {
         self.onReady = onReady
         self.simulator = simulator
+        self.devicePush = devicePush
+    }
+
+    func devicePush(_ port: Int) async {
+        devicePushPort = port
+        await fire()
     }
 
     func setGroup(_ group: ServiceGroup) async {
@@ -339,10 +373,11 @@ actor ReadyLatch {
     }
 
     private func fire() async {
-        guard let voicePort, let adminPort, let group else { return }
+        guard let voicePort, let adminPort, let group, !devicePush || devicePushPort != nil else { return }
         self.group = nil  // fire once
         await onReady(SquelchServer.Listening(voicePort: voicePort, adminPort: adminPort,
                                               shutdown: { await group.triggerGracefulShutdown() },
-                                              embeddedPush: simulator?.0, embeddedPushEndpoints: simulator?.1))
+                                              embeddedPush: simulator?.0, embeddedPushEndpoints: simulator?.1,
+                                              devicePushPort: devicePushPort))
     }
 }

@@ -19,6 +19,8 @@ public enum TestServer {
         configuration.port = 0
         configuration.adminPort = 0
         configuration.adminKey = adminKey
+        // Any free port: the voice port's number, free for UDP, may be taken for TCP.
+        configuration.devicePushPort = "0"
         configuration.apns = "off"
         if let certs = pushCertificates {
             configuration.apns = "simulator"
