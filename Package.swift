@@ -197,6 +197,12 @@ let package = Package(
         ], swiftSettings: swift6),
         // PTTClient's pushes from the APNs simulator, for the programs that take them (walkie, tests).
         .target(name: "SimulatedPush", dependencies: ["PTTClient", "APNsDevice", "ChannelProtocol"], swiftSettings: swift6),
+        // PTTClient's pushes from squelchd's own device push service (walkie anywhere).
+        .target(name: "DevicePush", dependencies: [
+            "PTTClient", "PushStream", "ChannelProtocol",
+            .product(name: "NIOCore", package: "swift-nio"),
+            .product(name: "NIOSSL", package: "swift-nio-ssl"),
+        ], swiftSettings: swift6),
         .executableTarget(name: "walkie", dependencies: [
             "PTTClient", "SimulatedPush", "ParticipantTokens", "ParticipantClaims", "Audio", "Opus", "SquelchInfo", "TerminalUI", "ChannelProtocol", "JitterBuffer",
             "InputDevices",
@@ -269,7 +275,7 @@ let package = Package(
         .testTarget(name: "InputDevicesTests", dependencies: ["InputDevices"], swiftSettings: swift6),
         .testTarget(name: "TerminalUITests", dependencies: ["SeededRandom", "TerminalUI", "terminal-ui-demo"], swiftSettings: swift6),
         .testTarget(name: "PTTClientTests", dependencies: [
-            "PTTClient", "SimulatedPush", "PTTServer", "ServerTesting", "APNsSimulator", "APNsSimulatorEmbedding", "APNsDevice", "ChannelProtocol", "ChannelStore", "ChannelStoreSQLite", "ParticipantTokens", "ParticipantClaims",
+            "PTTClient", "SimulatedPush", "DevicePush", "PushStream", "PTTServer", "ServerTesting", "APNsSimulator", "APNsSimulatorEmbedding", "APNsDevice", "ChannelProtocol", "ChannelStore", "ChannelStoreSQLite", "ParticipantTokens", "ParticipantClaims",
             "Audio", "Opus", "JitterBuffer", "SquelchTesting", "Wire", "WireNIO", "WireTesting", "ImpairmentKit",
             "ChannelStorePostgres", "PostgresTesting", "ClusterPlacement", "MediaFrames",
             .product(name: "X509", package: "swift-certificates"),

@@ -72,6 +72,8 @@ public final class ChannelManager: Sendable {
         var restorationError: RestorationError?
         var channelInfo: ChannelInfo?
         var owedLeaves: Set<UUID> = []
+        /// The session's credentials (renewed tokens included), for the push transport.
+        var credentials: ChannelCredentials?
     }
 
     // MARK: Instantiation

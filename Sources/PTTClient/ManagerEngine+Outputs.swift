@@ -37,6 +37,9 @@ extension ManagerEngine {
             snap.isJoined = s.link == .joined
             snap.tokenExpired = s.tokenExpired
             snap.channelInfo = s.serverInfo
+            // Where the voice connection goes (a cluster's home node), which is where the channel's
+            // pushes are sent from.
+            snap.credentials = s.credentials.map(s.route.credentials(for:))
         }
     }
 
@@ -50,6 +53,7 @@ extension ManagerEngine {
             // after the event and command hops and the restoration record's write, the start of the
             // burst a late joiner came for was lost. The output opens at `didJoin`.
             receiver.arm()
+            followChannelServer(to: credentials)
             await openConnection(credentials, cluster: cluster)
         case .disconnect:
             await closeConnection()

@@ -20,6 +20,8 @@ extension ManagerEngine {
         // A task left from before (a channel that ended without a token, a registration still
         // retrying) gives way: this session needs its token announced to it.
         stopPushes()
+        // The task reads the session's credentials from the snapshot: current before it starts.
+        updateSnapshot()
         let sink = commandSink
         let snapshot = self.snapshot
         let generation = snapshot.withLockedValue { snap -> Int in
@@ -40,7 +42,10 @@ extension ManagerEngine {
             while !Task.isCancelled {
                 var why = "the push channel closed"
                 do {
-                    let (issued, pushes) = try await transport.register(token: current)
+                    // The credentials as they are now: a renewed participant token opens the next stream.
+                    let credentials = snapshot.withLockedValue { $0.credentials }
+                    let (issued, pushes) = try await transport.register(token: current,
+                                                                        for: credentials.map { PushChannel(id: channel, credentials: $0) })
                     if !announced || issued != current { sink.yield(.pushToken(issued, channel)) }
                     announced = true
                     current = issued
@@ -71,6 +76,17 @@ extension ManagerEngine {
         }
     }
 
+    /// A transport that takes pushes from the channel's server follows the voice connection to
+    /// another server (a cluster's redirect to the channel's home, or to its new home after a
+    /// failover): pushes go out from the home, so a stream left at the old node would hear none.
+    func followChannelServer(to credentials: ChannelCredentials) {
+        defer { lastConnectAddress = credentials.address }
+        guard configuration.pushTransport?.followsChannelServer == true, pushTask != nil,
+              let previous = lastConnectAddress, previous != credentials.address,
+              let token = session.pushToken, let channel = session.channel else { return }
+        startPushes(token: token, channel: channel)
+    }
+
     func stopPushes() {
         pushTask?.cancel()
         pushTask = nil
@@ -84,7 +100,7 @@ extension ManagerEngine {
     static func describePushFailure(_ error: any Error) -> String {
         let text = "\(error)"
         if text.contains("connectionRefused") || text.contains("Connection refused") || text.contains("SingleConnectionFailure") {
-            return "nothing answers on the push port; is the APNs simulator (squelchd's --apns-simulator-control-port) running?"
+            return "nothing answers on the push port; is the push service running (squelchd's device push service, or the APNs simulator's --apns-simulator-control-port)?"
         }
         return text.count > 160 ? String(text.prefix(160)) + "…" : text
     }

@@ -76,6 +76,8 @@ actor ManagerEngine {
     var nextLeaveID = 0
 
     var pushTask: Task<Void, Never>?
+    /// The address the last voice connection went to, for a push stream that follows it.
+    var lastConnectAddress: String?
     var reconnectTask: Task<Void, Never>?
     var playbackMuted = false
     var pushToken: Data?

@@ -21,16 +21,45 @@ public struct IncomingPush: Sendable, Equatable {
 }
 
 /// Where the device's ephemeral push tokens and its pushes come from. On iOS this is the system; on
-/// Linux, `SimulatedPushTransport` (the SimulatedPush module: the APNs simulator's device stream).
-/// Apps can plug in their own.
+/// Linux, `DevicePushTransport` (the DevicePush module: squelchd's own device push service), or
+/// `SimulatedPushTransport` (the SimulatedPush module: the APNs simulator's device stream). Apps can
+/// plug in their own.
 public protocol PushTransport: Sendable {
-    /// The APNs environment the tokens belong to; the server needs it to pick the APNs host.
+    /// Who delivers the tokens' pushes; the server routes each push by it (an APNs host, or its own
+    /// device push service).
     var environment: PushEnvironment { get }
     /// Starts receiving pushes for `token` (a fresh one when nil) and returns the token. Pushes arrive
     /// on `pushes` until `unregister` or the transport fails (the stream then throws).
     func register(token: Data?) async throws -> (token: Data, pushes: AsyncThrowingStream<IncomingPush, any Error>)
+    /// The same, for the channel the token is for. The channel manager calls this one; a transport
+    /// that takes its pushes from the channel's own server (`DevicePushTransport`) needs its address
+    /// and participant token. By default it is `register(token:)`.
+    func register(token: Data?, for channel: PushChannel?) async throws -> (token: Data, pushes: AsyncThrowingStream<IncomingPush, any Error>)
     /// Stops delivery for a token that died with its channel.
     func unregister(token: Data) async
+    /// Whether pushes come from the channel's own server, so that the stream must move when the
+    /// voice connection does (a cluster's home node). False by default.
+    var followsChannelServer: Bool { get }
+}
+
+extension PushTransport {
+    public var followsChannelServer: Bool { false }
+
+    public func register(token: Data?, for channel: PushChannel?) async throws -> (token: Data, pushes: AsyncThrowingStream<IncomingPush, any Error>) {
+        try await register(token: token)
+    }
+}
+
+/// The channel a push token is registered for, as its session knows it now: the server's address,
+/// the CA that signs its certificate, and the participant token (renewed ones included).
+public struct PushChannel: Sendable, Equatable {
+    public var id: UUID
+    public var credentials: ChannelCredentials
+
+    public init(id: UUID, credentials: ChannelCredentials) {
+        self.id = id
+        self.credentials = credentials
+    }
 }
 
 /// Apple's budget for high-priority service-update pushes: six in a fixed hour that starts with the

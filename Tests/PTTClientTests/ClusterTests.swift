@@ -3,6 +3,7 @@ import ChannelProtocol
 import ChannelStore
 import ChannelStorePostgres
 import ClusterPlacement
+import DevicePush
 import Foundation
 import ParticipantClaims
 import ParticipantTokens
@@ -39,6 +40,8 @@ final class ClusterFixture: Sendable {
             configuration.database = location.url
             configuration.nodeID = "node-\(index)"
             configuration.leaseSeconds = lease
+            // As a real node serves it, so a device finds it at the node its voice connection is on.
+            configuration.devicePushPort = "voice"
             let (task, listening) = try await TestServer.start(configuration, identity: try pki.identity())
             started.append((task, listening, "node-\(index)"))
         }
@@ -69,10 +72,11 @@ final class ClusterFixture: Sendable {
         return nodes.firstIndex { $0.id == row.home.rawValue }
     }
 
-    func manager(_ name: String, _ delegate: RecordingDelegate, audio: AudioConfiguration = .none) async throws -> ChannelManager {
+    func manager(_ name: String, _ delegate: RecordingDelegate, audio: AudioConfiguration = .none,
+                 push: (any PushTransport)? = nil) async throws -> ChannelManager {
         try await ChannelManager.channelManager(
             delegate: delegate, restorationDelegate: delegate,
-            configuration: ChannelManagerConfiguration(stateDirectory: directory + "/state-\(name)", pushTransport: nil, audio: audio))
+            configuration: ChannelManagerConfiguration(stateDirectory: directory + "/state-\(name)", pushTransport: push, audio: audio))
     }
 }
 
@@ -105,6 +109,34 @@ final class ClusterFixture: Sendable {
         #expect(await eventually { !bobEvents.finishedBursts.isEmpty }, "bob heard the burst through the home: \(bobEvents.all.suffix(8))")
         let burst = try #require(bobEvents.finishedBursts.first)
         #expect(burst.played > 25, "\(burst)")
+        await ann.invalidate()
+        await bob.invalidate()
+        await cluster.stop()
+    }
+
+    /// A Linux device given a node that is not the channel's home takes its pushes from the home,
+    /// where its voice connection was redirected and where the wakes go out from.
+    @Test(.timeLimit(.minutes(1))) func aDeviceRedirectedToTheHomeIsWokenFromIt() async throws {
+        let cluster = try await ClusterFixture(nodes: 2)
+        let annDelegate = RecordingDelegate(), bobDelegate = RecordingDelegate()
+        let samples = TestSignal.speechLike(seconds: 1.0)
+        var speech = AudioConfiguration(makeInput: { WAVFileSource(pipelineSamples: samples, pacer: RealTimePacer()) })
+        speech.endTransmissionWhenInputEnds = true
+        let ann = try await cluster.manager("ann", annDelegate, audio: speech)
+        let bob = try await cluster.manager("bob", bobDelegate, push: DevicePushTransport())
+        let id = cluster.channel.id
+        ann.requestJoinChannel(channelUUID: id, descriptor: ChannelDescriptor(name: "Ops"), credentials: cluster.credentials(try await cluster.token("ann"), node: 0))
+        #expect(await annDelegate.wait(for: .didJoin(.developerRequest)))
+        let home = try #require(try await cluster.home())
+        let entry = (home + 1) % cluster.nodes.count
+        bob.requestJoinChannel(channelUUID: id, descriptor: ChannelDescriptor(name: "Ops"), credentials: cluster.credentials(try await cluster.token("bob"), node: entry))
+        #expect(await bobDelegate.wait(for: .pushToken(32)), "\(bobDelegate.all)")
+        try await Task.sleep(for: .milliseconds(300))
+        bob.suspend()
+        #expect(await eventually { ann.roster.first { $0.userID == "bob" }?.connection != .connected })
+
+        ann.requestBeginTransmitting(channelUUID: id)
+        #expect(await bobDelegate.wait(for: .push("Ann")), "woken by the home's device push service: \(bobDelegate.all)")
         await ann.invalidate()
         await bob.invalidate()
         await cluster.stop()
