@@ -204,7 +204,7 @@ let package = Package(
             .product(name: "NIOSSL", package: "swift-nio-ssl"),
         ], swiftSettings: swift6),
         .executableTarget(name: "walkie", dependencies: [
-            "PTTClient", "SimulatedPush", "ParticipantTokens", "ParticipantClaims", "Audio", "Opus", "SquelchInfo", "TerminalUI", "ChannelProtocol", "JitterBuffer",
+            "PTTClient", "SimulatedPush", "DevicePush", "ParticipantTokens", "ParticipantClaims", "Audio", "Opus", "SquelchInfo", "TerminalUI", "ChannelProtocol", "JitterBuffer",
             "InputDevices",
             .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
             .product(name: "ArgumentParser", package: "swift-argument-parser"),

@@ -105,9 +105,8 @@ extension ServerOptions {
     }
 
     func pushTransport() -> (any PushTransport)? {
-        guard pushPort > 0 else { return nil }
         let host = server.lastIndex(of: ":").map { String(server[..<$0]).trimmingCharacters(in: CharacterSet(charactersIn: "[]")) } ?? "127.0.0.1"
-        return SimulatedPushTransport(host: host, controlPort: pushPort)
+        return pushChoice.transport(host: host)
     }
 }
 
@@ -229,12 +228,21 @@ func failure(joining error: ChannelError, server: String) -> WalkieFailure {
 }
 
 /// What `walkie join` was given that the channel manager's record does not keep, so that `walkie`
-/// with no command, after a restart, wakes by push through the same port and renews from the same
+/// with no command, after a restart, wakes by push from the same service and renews from the same
 /// token file rather than falling back to the defaults (pushes to a port nothing listens on would
 /// leave it unable to go to the background, and a session without its token file ends at expiry).
 struct SavedSettings: Codable, Equatable {
-    var pushPort: Int
+    /// Nil in a file from before `--push`: `pushPort` was then the simulator's.
+    var push: PushSource?
+    var pushPort: Int?
     var tokenFile: String?
+
+    init(push: PushChoice, tokenFile: String?) {
+        (self.push, self.pushPort) = push.saved
+        self.tokenFile = tokenFile
+    }
+
+    var pushChoice: PushChoice { PushChoice(source: push, port: pushPort) }
 
     static let file = "walkie.json"
 
@@ -251,7 +259,7 @@ struct SavedSettings: Codable, Equatable {
             return nil
         } catch {
             let why = if case .unwritable(_, _, let why) = error { why } else { "\(error)" }
-            return "could not save --push-port and --token-file for the next start in \(directory) (\(why)); 'walkie' will use the defaults"
+            return "could not save --push, --push-port and --token-file for the next start in \(directory) (\(why)); 'walkie' will use the defaults"
         }
     }
 }

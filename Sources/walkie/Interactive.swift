@@ -3,7 +3,7 @@ import ChannelProtocol
 import Foundation
 import NIOConcurrencyHelpers
 import PTTClient
-import SimulatedPush
+
 import TerminalUI
 
 struct InteractiveOptions: ParsableArguments {
@@ -67,14 +67,14 @@ struct Join: AsyncParsableCommand {
             say("joining at \(server.server)… (Ctrl-C to give up)")
             try await awaitJoin(delegate, server: server.server)
             let tokenFile = server.tokenFile.map { URL(fileURLWithPath: $0).standardizedFileURL.path }
-            if let problem = SavedSettings(pushPort: server.pushPort, tokenFile: tokenFile).save(in: manager.stateDirectory) { say(problem) }
+            if let problem = SavedSettings(push: server.pushChoice, tokenFile: tokenFile).save(in: manager.stateDirectory) { say(problem) }
             let shared = Interactive.SharedBox()
             let renewals = server.tokenFile.map { path in
                 watchTokenFile(path, current: credentials.token, manager: manager, channel: channel) { text in shared.report(text) }
             }
             defer { renewals?.cancel() }
             try await Interactive.run(manager: manager, delegate: delegate, options: interactive, tokenFile: server.tokenFile,
-                                      pushes: server.pushPort > 0, shared: shared)
+                                      pushes: server.pushChoice.isOn, shared: shared)
         } catch let failure as WalkieFailure {
             fail(failure)
         }
@@ -88,7 +88,9 @@ struct Resume: AsyncParsableCommand {
     @OptionGroup var audio: AudioOptions
     @OptionGroup var interactive: InteractiveOptions
     @OptionGroup var state: StateOptions
-    @Option(help: "The APNs simulator's control port, for wake-up pushes (0: no pushes; default: the one 'walkie join' was given, else 2198).")
+    @Option(help: "Where wake-up pushes come from: device, simulator or off (default: what 'walkie join' was given, else device).")
+    var push: PushSource?
+    @Option(help: "The push port, as for 'walkie join' (0: no pushes; default: the one 'walkie join' was given).")
     var pushPort: Int?
     @Option(help: "Renew the session whenever this file holds a new participant token (as 'walkie join --token-file'; default: the one 'walkie join' was given).")
     var tokenFile: String?
@@ -101,15 +103,17 @@ struct Resume: AsyncParsableCommand {
                 throw WalkieFailure.usage("no channel to restore; join one with 'walkie join --server HOST:PORT --token T'")
             }
             let settings = SavedSettings.load(from: directory)
-            let pushPort = self.pushPort ?? settings?.pushPort ?? 2198
+            // Given here, either flag replaces what was saved; otherwise the saved choice stands.
+            let pushChoice = push != nil || pushPort != nil ? PushChoice(source: push, port: pushPort)
+                                                           : settings?.pushChoice ?? PushChoice(source: nil, port: nil)
             let tokenFile = self.tokenFile ?? settings?.tokenFile
             // The token to be restored with: a newer one in the token file, else the saved one.
             let token = tokenFile.flatMap { try? readTokenFile($0) } ?? saved?.credentials.token
             let configuration = try audio.configuration(capture: true, playback: true, probeMicrophone: token.map(mayTalk) ?? true)
             try Interactive.preflight(interactive)
-            let push = pushPort > 0 ? SimulatedPushTransport(host: saved?.credentials.host ?? "127.0.0.1", controlPort: pushPort) : nil
+            let transport = pushChoice.transport(host: saved?.credentials.host ?? "127.0.0.1")
             let delegate = WalkieDelegate()
-            let manager = try await makeManager(delegate: delegate, stateDirectory: directory, push: push, audio: configuration)
+            let manager = try await makeManager(delegate: delegate, stateDirectory: directory, push: transport, audio: configuration)
             if let problem = manager.restorationError { throw WalkieFailure.other(problem.description) }
             guard manager.activeChannelUUID != nil, let saved else {
                 throw WalkieFailure.usage("no channel to restore; join one with 'walkie join --server HOST:PORT --token T'")
@@ -124,7 +128,7 @@ struct Resume: AsyncParsableCommand {
             say("rejoining at \(saved.credentials.address)… (Ctrl-C to give up)")
             try await awaitJoin(delegate, manager: manager, tokenFile: tokenFile, server: saved.credentials.address)
             try await Interactive.run(manager: manager, delegate: delegate, options: interactive, tokenFile: tokenFile,
-                                      pushes: push != nil, shared: shared)
+                                      pushes: transport != nil, shared: shared)
         } catch let failure as WalkieFailure {
             fail(failure)
         }
@@ -204,7 +208,7 @@ enum Interactive {
 
     /// Why `b` (or --background) leaves walkie in the foreground: suspended, nothing could wake it.
     static func stayingInForeground(pushes: Bool) -> ScreenModel.StatusMessage {
-        let why = pushes ? "push delivery is down; press b once it is back" : "pushes are off (--push-port 0)"
+        let why = pushes ? "push delivery is down; press b once it is back" : "pushes are off (--push off)"
         return .init("Staying in the foreground: no push could wake walkie (\(why))", isError: true)
     }
 
@@ -364,7 +368,7 @@ enum Interactive {
         let statistics: NIOLockedValueBox<ChannelStatistics?>
         var keyboard: KeyboardController
 
-        /// Whether walkie has a push transport at all (`--push-port` not 0).
+        /// Whether walkie has a push transport at all (`--push` not off).
         let pushesOn: Bool
         /// --suspend-after: when to close the voice connection for quiet.
         var idle: IdleSuspension?

@@ -102,9 +102,13 @@ struct ServerOptions: ParsableArguments {
     var tokenFile: String?
     @Option(help: "The CA that signed the server's certificate.")
     var ca: String = "certs/ca.pem"
-    @Option(help: ArgumentHelp("The APNs simulator's control port, for wake-up pushes (0: no pushes).",
-                               discussion: "Used by 'walkie join' and 'walkie' (resume), which can wait in the background for a push. 'talk' and 'listen' stay connected while they run and register no push token, so they take it and ignore it."))
-    var pushPort: Int = 2198
+    @Option(help: ArgumentHelp("Where wake-up pushes come from: device, simulator or off (default: device; simulator when only --push-port is given).",
+                               discussion: "device: squelchd's own device push service, at the --server address over TLS: walkie can be woken wherever it runs. simulator: the APNs simulator's control port on the server's host, for testing the Apple path. Used by 'walkie join' and 'walkie' (resume), which can wait in the background for a push; 'talk' and 'listen' stay connected while they run and register no push token, so they take it and ignore it."))
+    var push: PushSource?
+    @Option(help: "The push port: for device, squelchd's --device-push-port (default: the voice port); for simulator, its control port (default 2198). 0: no pushes.")
+    var pushPort: Int?
+
+    var pushChoice: PushChoice { PushChoice(source: push, port: pushPort) }
 }
 
 struct StateOptions: ParsableArguments {
