@@ -119,6 +119,10 @@ fuzz-build: deps
 	$(SWIFT)c -sanitize=fuzzer,address -parse-as-library -g -O -use-ld=lld -module-name PushPayloadFuzz \
 	  $(FUZZ_DIR)/PushPayloadFuzz.swift Sources/PTTClient/PushValue.swift \
 	  -o $(FUZZ_BIN)/push-payload
+	$(SWIFT)c -sanitize=fuzzer,address -parse-as-library -g -O -use-ld=lld -module-name DevicePushStreamFuzz \
+	  $(FUZZ_DIR)/DevicePushStreamFuzz.swift Sources/PushStream/NDJSONLineSplitter.swift Sources/ChannelProtocol/DevicePushProtocol.swift \
+	  Sources/PTTClient/PushValue.swift \
+	  -o $(FUZZ_BIN)/device-push-stream
 	$(SWIFT)c -sanitize=fuzzer,address -parse-as-library -g -O -use-ld=lld -module-name APNsResponseFuzz \
 	  $(FUZZ_DIR)/APNsResponseFuzz.swift Sources/APNs/APNsReason.swift Sources/APNs/DeliveryPolicy.swift Sources/APNs/PushToTalkNotification.swift \
 	  Sources/RandomUUID/RandomUUID.swift \

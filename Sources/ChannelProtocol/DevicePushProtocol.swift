@@ -21,6 +21,20 @@ public enum DevicePushProtocol {
 
     /// The request path for `token` (lowercase hex).
     public static func path(token: String) -> String { "\(streamPath)?token=\(token)" }
+
+    /// Dates as ISO 8601, on both ends.
+    public static func decoder() -> JSONDecoder {
+        let decoder = JSONDecoder()
+        decoder.dateDecodingStrategy = .iso8601
+        return decoder
+    }
+
+    public static func encoder() -> JSONEncoder {
+        let encoder = JSONEncoder()
+        encoder.dateEncodingStrategy = .iso8601
+        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+        return encoder
+    }
 }
 
 /// The stream's first line: the subscription is live, and lasts until `expiresAt` (the participant

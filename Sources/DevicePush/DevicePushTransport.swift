@@ -43,8 +43,7 @@ public struct DevicePushTransport: PushTransport {
         } catch {
             throw DevicePushError.describe(error, address: credentials.host.contains(":") ? "[\(credentials.host)]:\(port)" : "\(credentials.host):\(port)")
         }
-        let decoder = JSONDecoder()
-        decoder.dateDecodingStrategy = .iso8601
+        let decoder = DevicePushProtocol.decoder()
         guard let subscribed = try? decoder.decode(DevicePushSubscribed.self, from: Data(first)), subscribed.subscribed == hex else {
             throw DevicePushError.unexpected("the server did not confirm the push token's stream: \(String(decoding: first.prefix(200), as: UTF8.self))")
         }

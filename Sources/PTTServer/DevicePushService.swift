@@ -159,11 +159,8 @@ public final class DevicePushService: Service, Sendable {
     }
 
     private static func line(_ value: some Encodable) -> ByteBuffer {
-        let encoder = JSONEncoder()
-        encoder.dateEncodingStrategy = .iso8601
-        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
         // Our own types always encode.
-        var buffer = ByteBuffer(data: (try? encoder.encode(value)) ?? Data("{}".utf8))
+        var buffer = ByteBuffer(data: (try? DevicePushProtocol.encoder().encode(value)) ?? Data("{}".utf8))
         buffer.writeString("\n")
         return buffer
     }
