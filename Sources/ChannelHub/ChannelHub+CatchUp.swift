@@ -56,11 +56,11 @@ extension ChannelHub {
         // Its deadline is noted when it ends (`keepUntil` counts from the end).
     }
 
-    /// Whether a burst's start wakes this offline member by push: the server sends pushes, the member
-    /// has a push token, and the participant token it last joined with expired no more than
-    /// `wakeAfterTokenExpiry` ago.
+    /// Whether a burst's start wakes this offline member by push: the member has a push token of a
+    /// kind the server delivers (one stored before kinds were recorded is Apple's), and the
+    /// participant token it last joined with expired no more than `wakeAfterTokenExpiry` ago.
     func mayBeWoken(_ member: Member, at time: HubTime) -> Bool {
-        guard configuration.wakesByPush, member.pushToken != nil else { return false }
+        guard member.pushToken != nil, configuration.pushKinds.contains(member.pushEnvironment ?? .production) else { return false }
         guard let token = member.token else { return true }
         return time.date.timeIntervalSince(token.expiresAt) <= configuration.wakeAfterTokenExpiry
     }

@@ -95,10 +95,16 @@ public struct HubConfiguration: Sendable {
     /// left alone instead of being woken, with the speaker's name, by every burst for good. The
     /// membership and push token stay, so a join with a new token wakes it again.
     public var wakeAfterTokenExpiry: TimeInterval = 7 * 86_400
-    /// Whether the server sends wake pushes at all (false with `--apns off`). Without them an asleep
-    /// member is not woken by a burst, so the hub neither asks for its push nor keeps the burst for
+    /// The kinds of push token the server delivers: Apple's two with APNs (or its simulator) on,
+    /// `device` with its device push service on. An asleep member whose token is of a kind not
+    /// served is not woken by a burst, so the hub neither asks for its push nor keeps the burst for
     /// it to be replayed: it will be back no sooner than any other offline member.
-    public var wakesByPush = true
+    public var pushKinds: Set<PushEnvironment> = Set(PushEnvironment.allCases)
+    /// Whether the server sends wake pushes at all (false with both kinds of delivery off).
+    public var wakesByPush: Bool {
+        get { !pushKinds.isEmpty }
+        set { pushKinds = newValue ? Set(PushEnvironment.allCases) : [] }
+    }
     /// Where each channel's burst numbers start (the low 16 bits are what audio headers carry). A
     /// listener remembers the last bursts it finished so that their repeated end markers can't start
     /// them again; after a restart, a talker that gets its old slot and numbering from 1 again would

@@ -11,7 +11,10 @@ import Foundation
 // empty line every `keepaliveSeconds`. The subscription is bound to the token's user and channel: a
 // push goes only to a stream opened with a participant token of the member it is for. The server
 // ends the stream when the participant token expires (the device opens it again with its renewed
-// token); refusals are JSON `{"error": "…"}` with 400, 401, 403 or 503.
+// token); refusals are JSON `{"error": "…"}`: 400 (a push token that isn't hex), 401 (no, a forged
+// or an expired participant token), 403 (revoked, or its channel is gone), 409 (another member's
+// stream holds the push token: make a new one) and 503 (the server is stopping, is full, or can't
+// read its database).
 public enum DevicePushProtocol {
     public static let streamPath = "/v1/device-pushes/stream"
     /// How often the server sends a keepalive line.

@@ -72,27 +72,53 @@ public final class PostgresChannelStore: ChannelStore {
     /// hint at each (re)connection since changes made meanwhile were not heard. Notifications are
     /// lost while it is down: read `revision()` as the truth. Ends when the consumer stops.
     public func changes() -> AsyncStream<Void> {
+        let (hints, continuation) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
+        let task = listen(on: Self.changesChannel, connected: { continuation.yield() }, heard: { _ in continuation.yield() })
+        continuation.onTermination = { _ in task.cancel() }
+        return hints
+    }
+
+    /// The notification channel that carries device pushes between a cluster's nodes.
+    public static let devicePushChannel = "squelch_device_pushes"
+
+    /// Every payload any node sends with `notifyDevicePush`, as long as the consumer reads: LISTEN on
+    /// a dedicated connection, reconnected a second after it fails. What is sent while it is down is
+    /// not heard, as a push to a device with no stream is gone.
+    public func devicePushes() -> AsyncStream<String> {
+        let (payloads, continuation) = AsyncStream.makeStream(of: String.self, bufferingPolicy: .bufferingNewest(1_000))
+        let task = listen(on: Self.devicePushChannel, connected: {}, heard: { continuation.yield($0) })
+        continuation.onTermination = { _ in task.cancel() }
+        return payloads
+    }
+
+    /// Sends `payload` (under PostgreSQL's 8,000-byte limit) to every node's `devicePushes()`.
+    public func notifyDevicePush(_ payload: String) async throws(StoreError) {
+        let logger = logger
+        try await withConnection("send a device push to the other nodes") { connection in
+            try await connection.execute("SELECT pg_notify(\(Self.devicePushChannel), \(payload))", logger: logger)
+        }
+    }
+
+    /// LISTENs on `channel` until cancelled, on a connection of its own, again a second after it fails.
+    private func listen(on channel: String, connected: @escaping @Sendable () -> Void,
+                        heard: @escaping @Sendable (String) -> Void) -> Task<Void, Never> {
         let location = location, logger = logger
-        return AsyncStream(bufferingPolicy: .bufferingNewest(1)) { continuation in
-            let task = Task {
-                while !Task.isCancelled {
-                    do {
-                        let connection = try await PostgresConnection.connect(configuration: try location.connectionConfiguration(),
-                                                                              id: 0, logger: logger)
-                        try? await connection.listen(on: Self.changesChannel) { notifications in
-                            // Here LISTEN is in effect: what changed before it was not heard.
-                            continuation.yield()
-                            for try await _ in notifications { continuation.yield() }
-                        }
-                        try? await connection.close()
-                    } catch {
-                        logger.debug("cannot listen for changes; trying again in a second", metadata: ["error": "\(error)"])
+        return Task {
+            while !Task.isCancelled {
+                do {
+                    let connection = try await PostgresConnection.connect(configuration: try location.connectionConfiguration(),
+                                                                          id: 0, logger: logger)
+                    try? await connection.listen(on: channel) { notifications in
+                        // Here LISTEN is in effect: what was sent before it was not heard.
+                        connected()
+                        for try await notification in notifications { heard(notification.payload) }
                     }
-                    try? await Task.sleep(for: .seconds(1))
+                    try? await connection.close()
+                } catch {
+                    logger.debug("cannot listen on \(channel); trying again in a second", metadata: ["error": "\(error)"])
                 }
-                continuation.finish()
+                try? await Task.sleep(for: .seconds(1))
             }
-            continuation.onTermination = { _ in task.cancel() }
         }
     }
 

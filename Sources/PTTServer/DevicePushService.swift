@@ -1,6 +1,7 @@
 import APNs
 import ChannelProtocol
 import ChannelStore
+import ChannelStorePostgres
 import Foundation
 import Hummingbird
 import HummingbirdTLS
@@ -9,6 +10,7 @@ import NIOCore
 import NIOSSL
 import ParticipantClaims
 import ParticipantTokens
+import Prometheus
 import ServiceLifecycle
 import Wire
 
@@ -19,7 +21,9 @@ import Wire
 /// what it joins with.
 public final class DevicePushService: Service, Sendable {
     /// The devices' streams, for the dispatcher's deliveries.
-    let subscriptions = DevicePushSubscriptions()
+    let subscriptions: DevicePushSubscriptions
+    /// Streams open at once beyond this are refused: each holds a TLS connection and its memory.
+    private let maxStreams: Int
     private let host: String
     private let port: @Sendable () async -> Int?
     private let tls: TLSConfiguration
@@ -27,12 +31,23 @@ public final class DevicePushService: Service, Sendable {
     private let store: any ChannelStore
     private let logger: Logger
     private let onListening: @Sendable (Int) async -> Void
+    /// In a cluster, how pushes reach streams on other nodes.
+    private let forwarding: (any DevicePushForwarding)?
 
     /// - Parameters:
     ///   - port: where to listen, once known (the voice port's number is only known once it is bound);
     ///     nil when the voice transport did not start.
+    ///   - maxStreams: streams open at once (squelchd's `maxConnections`, as for the voice transport).
+    ///   - store: a cluster's shared database (`PostgresChannelStore`) also carries pushes between nodes.
     public init(host: String, port: @escaping @Sendable () async -> Int?, identity: ServerIdentity, tokens: TokenAuthority,
-                store: any ChannelStore, logger: Logger, onListening: @escaping @Sendable (Int) async -> Void) throws {
+                store: any ChannelStore, maxStreams: Int, registry: PrometheusCollectorRegistry, logger: Logger,
+                onListening: @escaping @Sendable (Int) async -> Void) throws {
+        forwarding = (store as? PostgresChannelStore).map { ClusterDevicePushes(store: $0) }
+        let gauge = registry.makeGauge(descriptor: MetricNameDescriptor(
+            namespace: "squelch", metricName: "device_push_streams", unitName: "",
+            helpText: "Device push streams open now: sleeping devices of the device kind that a burst can wake."))
+        subscriptions = DevicePushSubscriptions { gauge.set(Int64($0)) }
+        self.maxStreams = maxStreams
         self.host = host
         self.port = port
         self.tokens = tokens
@@ -52,7 +67,9 @@ public final class DevicePushService: Service, Sendable {
         let onListening = self.onListening
         let app = Application(
             router: router(),
-            server: try .tls(.http1(), tlsConfiguration: tls),
+            // The idle limit closes connections that never send a request (a stream in progress is
+            // not idle), as the admin API's does.
+            server: try .tls(AdminAPI.httpServer(), tlsConfiguration: tls),
             configuration: .init(address: .hostname(host, port: port), serverName: "squelchd"),
             onServerRunning: { channel in
                 let bound = channel.localAddress?.port ?? 0
@@ -64,6 +81,13 @@ public final class DevicePushService: Service, Sendable {
         // server would wait for every sleeping walkie.
         try await withThrowingDiscardingTaskGroup { group in
             group.addTask { await self.keepalives() }
+            if let forwarding {
+                group.addTask {
+                    for await push in forwarding.forwarded() {
+                        _ = self.subscriptions.deliver(push.delivery, token: push.token, to: .init(channel: push.channel, user: push.user))
+                    }
+                }
+            }
             try await withGracefulShutdownHandler {
                 do {
                     try await app.run()
@@ -84,16 +108,33 @@ public final class DevicePushService: Service, Sendable {
         }
     }
 
-    /// Hands each push to its device's stream.
-    func deliver(_ notification: PushToTalkNotification, to member: MemberRecord) -> DevicePushSubscriptions.Outcome {
+    /// What became of a push.
+    enum Delivery: Equatable {
+        case local(DevicePushSubscriptions.Outcome)
+        /// Handed to the cluster's other nodes: the stream is on one of them, or nowhere.
+        case forwarded
+    }
+
+    /// Hands a push to its device's stream here, or to the other nodes when it has none here.
+    func deliver(_ notification: PushToTalkNotification, to member: MemberRecord) async -> Delivery {
         let body: [UInt8]
         do { body = try notification.jsonBody() } catch {
             // A speaker's name is at most a few hundred bytes: the body can't outgrow 4 KB.
-            return .notConnected
+            return .local(.notConnected)
         }
         let delivery = DevicePushDelivery(id: notification.id.lowercaseString, body: String(decoding: body, as: UTF8.self))
-        return subscriptions.deliver(delivery, token: notification.deviceToken.lowercased(),
-                                     to: .init(channel: notification.channel, user: member.userID))
+        let token = notification.deviceToken.lowercased()
+        let outcome = subscriptions.deliver(delivery, token: token, to: .init(channel: notification.channel, user: member.userID))
+        guard outcome == .notConnected, let forwarding else { return .local(outcome) }
+        do {
+            try await forwarding.forward(ForwardedDevicePush(sender: UUID(), token: token, channel: notification.channel,
+                                                             user: member.userID, delivery: delivery))
+            return .forwarded
+        } catch {
+            logger.warning("device push not forwarded to the other nodes: the database did not take it",
+                           metadata: ["channel": "\(notification.channel)", "error": "\(error)"])
+            return .local(.notConnected)
+        }
     }
 
     // MARK: The stream
@@ -134,6 +175,11 @@ public final class DevicePushService: Service, Sendable {
             return Self.failure(status, refusal.reason)
         }
         let owner = DevicePushSubscriptions.Owner(channel: channel, user: claims.userID)
+        guard subscriptions.count < maxStreams else {
+            logger.warning("device push stream refused: the most streams this server takes are open",
+                           metadata: ["maxStreams": "\(maxStreams)"])
+            return Self.failure(.serviceUnavailable, "the server holds the most push streams it takes (\(maxStreams)); try again later")
+        }
         switch subscriptions.subscribe(token: pushToken, owner: owner, expiresAt: claims.expiresAt) {
         case .closed:
             return Self.failure(.serviceUnavailable, "the server is stopping; open the stream again in a moment")

@@ -42,30 +42,58 @@ final class DevicePushSubscriptions: Sendable {
 
     private struct State {
         var byToken: [String: Subscriber] = [:]
+        /// Each member's tokens with a stream open, oldest first.
+        var byOwner: [Owner: [String]] = [:]
         var nextID = 0
         var closed = false
+
+        mutating func insert(_ subscriber: Subscriber, token: String) {
+            if byToken.updateValue(subscriber, forKey: token) == nil { byOwner[subscriber.owner, default: []].append(token) }
+        }
+
+        /// Removes `token`'s stream and returns it.
+        mutating func drop(_ token: String) -> Subscriber? {
+            guard let subscriber = byToken.removeValue(forKey: token) else { return nil }
+            byOwner[subscriber.owner]?.removeAll { $0 == token }
+            if byOwner[subscriber.owner]?.isEmpty == true { byOwner[subscriber.owner] = nil }
+            return subscriber
+        }
     }
 
     private let state = NIOLockedValueBox(State())
+    /// Told the number of open streams after every change (the gauge of them).
+    private let countChanged: @Sendable (Int) -> Void
+
+    init(countChanged: @escaping @Sendable (Int) -> Void = { _ in }) {
+        self.countChanged = countChanged
+    }
 
     /// Pushes a stream may have waiting while its connection is slow; older ones give way, since
     /// only the newest wake matters.
     static let backlog = 16
 
+    /// Streams one member may have open at once (a device per push token; a member on a few devices):
+    /// a new one beyond this ends the member's oldest, so one participant token can't hold thousands.
+    static let perMember = 4
+
     /// Opens a stream for `token`. One the same member had for it ends: the device opened a new one,
     /// and the old connection is stale.
     func subscribe(token: String, owner: Owner, expiresAt: Date) -> Subscription {
         let (lines, continuation) = AsyncStream.makeStream(of: Line.self, bufferingPolicy: .bufferingNewest(Self.backlog))
-        let result = state.withLockedValue { state -> (Subscription, AsyncStream<Line>.Continuation?) in
-            guard !state.closed else { return (.closed, nil) }
-            let previous = state.byToken[token]
-            if let previous, previous.owner != owner { return (.heldByAnother, nil) }
+        let result = state.withLockedValue { state -> (Subscription, [AsyncStream<Line>.Continuation]) in
+            guard !state.closed else { return (.closed, []) }
+            if let previous = state.byToken[token], previous.owner != owner { return (.heldByAnother, []) }
+            var ended = state.drop(token).map { [$0.continuation] } ?? []
+            while let tokens = state.byOwner[owner], tokens.count >= Self.perMember, let oldest = tokens.first {
+                if let dropped = state.drop(oldest) { ended.append(dropped.continuation) }
+            }
             let id = state.nextID
             state.nextID += 1
-            state.byToken[token] = Subscriber(id: id, owner: owner, expiresAt: expiresAt, continuation: continuation)
-            return (.opened(id: id, lines: lines), previous?.continuation)
+            state.insert(Subscriber(id: id, owner: owner, expiresAt: expiresAt, continuation: continuation), token: token)
+            countChanged(state.byToken.count)
+            return (.opened(id: id, lines: lines), ended)
         }
-        result.1?.finish()
+        for stale in result.1 { stale.finish() }
         if case .opened(let id, _) = result.0 {
             continuation.onTermination = { [weak self] _ in self?.remove(id: id, token: token) }
         } else {
@@ -76,7 +104,9 @@ final class DevicePushSubscriptions: Sendable {
 
     private func remove(id: Int, token: String) {
         state.withLockedValue { state in
-            if state.byToken[token]?.id == id { state.byToken[token] = nil }
+            guard state.byToken[token]?.id == id else { return }
+            _ = state.drop(token)
+            countChanged(state.byToken.count)
         }
     }
 
@@ -93,9 +123,9 @@ final class DevicePushSubscriptions: Sendable {
     /// (the device opens a new one with its renewed token).
     func tick(now: Date) {
         let (alive, expired) = state.withLockedValue { state in
-            let expired = state.byToken.filter { $0.value.expiresAt <= now }
-            for token in expired.keys { state.byToken[token] = nil }
-            return (state.byToken.values.map(\.continuation), expired.values.map(\.continuation))
+            let expired = state.byToken.filter { $0.value.expiresAt <= now }.keys.compactMap { state.drop($0)?.continuation }
+            if !expired.isEmpty { countChanged(state.byToken.count) }
+            return (state.byToken.values.map(\.continuation), expired)
         }
         for continuation in expired { continuation.finish() }
         for continuation in alive { continuation.yield(.keepalive) }
@@ -105,7 +135,11 @@ final class DevicePushSubscriptions: Sendable {
     func closeAll() {
         let all = state.withLockedValue { state in
             state.closed = true
-            defer { state.byToken.removeAll() }
+            defer {
+                state.byToken.removeAll()
+                state.byOwner.removeAll()
+                countChanged(0)
+            }
             return state.byToken.values.map(\.continuation)
         }
         for continuation in all { continuation.finish() }

@@ -77,6 +77,13 @@ public final class PushDispatcher: Service, Sendable {
         (doorbell, ring) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
     }
 
+    /// The kinds of push token delivered: Apple's with APNs on, `device` with the device push service on.
+    public var kinds: Set<PushEnvironment> {
+        var kinds: Set<PushEnvironment> = route != nil ? [.production, .sandbox] : []
+        if devices != nil { kinds.insert(.device) }
+        return kinds
+    }
+
     /// Whether pushes are getting through, for `/healthz`.
     public var pushHealth: PushHealth { health.withLockedValue { $0 } }
 
@@ -210,7 +217,7 @@ public final class PushDispatcher: Service, Sendable {
                 push = Push(channel: channel, member: member, speaker: nil, token: token)
             }
             if push.member.pushEnvironment == .device {
-                deliverToDevice(push.channel, member: push.member, speaker: push.speaker, token: push.token)
+                await deliverToDevice(push.channel, member: push.member, speaker: push.speaker, token: push.token)
             } else if let route {
                 let client = route.client(for: push.member.pushEnvironment)
                 byClient[ObjectIdentifier(client), default: (client, [])].pushes.append(push)
@@ -234,22 +241,25 @@ public final class PushDispatcher: Service, Sendable {
     }
 
     /// A push for squelchd's own device push service: handed to the device's stream, at once.
-    private func deliverToDevice(_ channel: UUID, member: MemberRecord, speaker: String?, token: String) {
+    private func deliverToDevice(_ channel: UUID, member: MemberRecord, speaker: String?, token: String) async {
         guard let devices else {
             metrics.count(.failed, reason: "DevicePushOff")
             return
         }
         let notification = PushToTalkNotification(deviceToken: token, activeSpeaker: speaker, channel: channel)
-        switch devices.deliver(notification, to: member) {
-        case .delivered:
+        switch await devices.deliver(notification, to: member) {
+        case .forwarded:
+            metrics.count(.forwarded, reason: "OtherNode")
+            logger.debug("device push forwarded to the other nodes", metadata: ["channel": "\(channel)", "user": "\(member.userID)"])
+        case .local(.delivered):
             metrics.count(speaker == nil ? .deliveredLeave : .delivered, reason: "Success")
             logger.debug("device push delivered", metadata: ["channel": "\(channel)", "user": "\(member.userID)", "id": "\(notification.id.lowercaseString)"])
-        case .notConnected:
+        case .local(.notConnected):
             // As APNs does with apns-expiration 0: a device that is not there now misses the push,
             // and the token stays (it opens its stream again when it can).
             metrics.count(.undelivered, reason: "DeviceNotConnected")
             logger.info("device push not delivered: the device has no push stream open", metadata: ["channel": "\(channel)", "user": "\(member.userID)"])
-        case .heldByAnother:
+        case .local(.heldByAnother):
             metrics.count(.undelivered, reason: "TokenOfAnotherMember")
             logger.warning("device push not delivered: the token's stream was opened by another member", metadata: ["channel": "\(channel)", "user": "\(member.userID)"])
         }
@@ -310,6 +320,8 @@ final class PushMetrics: Sendable {
         /// A device push with no stream of its member's open for its token: the device is off, or
         /// between two connections.
         case undelivered
+        /// A device push whose stream is not on this node, handed to a cluster's other nodes.
+        case forwarded
     }
 
     private let registry: PrometheusCollectorRegistry

@@ -62,7 +62,8 @@ public struct ServerConfiguration: Sendable, Equatable {
     public var certificateChainPath: String = "certs/server-chain.pem"
     /// PEM private key of the leaf certificate.
     public var privateKeyPath: String = "certs/server.key"
-    /// Live connections beyond this are refused (server busy).
+    /// Live connections beyond this are refused (server busy); the device push service takes as many
+    /// streams.
     public var maxConnections: Int = 10_000
     /// New handshakes accepted per second from one IP address (IPv6: one /64). Raise it when many members share an
     /// address (a dispatch centre behind one NAT, a load test).
@@ -327,10 +328,26 @@ public struct ServerConfiguration: Sendable, Equatable {
             try check(false, "devicePushPort", "device push port '\(devicePushPort)' is not voice, off or a port (0-65535)")
         case .port(let port)?:
             try check(Self.portRange.contains(port), "devicePushPort", "device push port \(port) is out of range; use voice, off, 1-65535, or 0")
-            try check(port == 0 || port != adminPort || adminHost != host, "devicePushPort",
-                      "the admin API and the device push service are both set to port \(port) on \(host); give them different ports")
         default:
             break
+        }
+        // The device push service is TCP, as the admin API and the simulator are: the voice port's
+        // number, free for UDP, may be one of theirs.
+        let devicePort: Int? = switch devicePushListen {
+        case .voicePort?: port
+        case .port(let port)?: port
+        default: nil
+        }
+        if let devicePort, devicePort != 0 {
+            let overlaps = { (other: String) in other == self.host || Self.isWildcard(other) || Self.isWildcard(self.host) }
+            try check(devicePort != adminPort || !overlaps(adminHost), "devicePushPort",
+                      "the device push service and the admin API would both take TCP port \(devicePort) on \(host); give one of them another port (--device-push-port, --admin-port)")
+            if pushTarget == .simulator {
+                for (other, name) in [(apnsSimulatorPort, "APNs simulator's port"), (apnsSimulatorControlPort, "APNs simulator's control port")] {
+                    try check(devicePort != other || !overlaps("127.0.0.1"), "devicePushPort",
+                              "the device push service and the \(name) would both take TCP port \(devicePort); give one of them another port")
+                }
+            }
         }
         try check(Self.portRange.contains(apnsSimulatorPort), "apnsSimulatorPort", "simulator port \(apnsSimulatorPort) is out of range; use 1-65535, or 0")
         try check(Self.portRange.contains(apnsSimulatorControlPort), "apnsSimulatorControlPort",

@@ -119,7 +119,7 @@ extension ServerConfiguration {
         Setting(key: "privateKeyPath", environment: "SQUELCH_KEY", flag: "--key", valueName: "path", kind: .text(\.privateKeyPath),
                 help: "PEM private key of the leaf certificate."),
         Setting(key: "maxConnections", environment: "SQUELCH_MAX_CONNECTIONS", flag: "--max-connections", valueName: "n", kind: .whole(\.maxConnections),
-                help: "Live connections beyond this are refused."),
+                help: "Live connections beyond this are refused (and as many device push streams)."),
         Setting(key: "handshakesPerSecondPerAddress", environment: "SQUELCH_HANDSHAKES_PER_SECOND_PER_ADDRESS", flag: "--handshakes-per-second-per-address", valueName: "n", kind: .whole(\.handshakesPerSecondPerAddress),
                 help: "New connections accepted per second from one IP address (IPv6: one /64)."),
         Setting(key: "maxConnectionsPerAddress", environment: "SQUELCH_MAX_CONNECTIONS_PER_ADDRESS", flag: "--max-connections-per-address", valueName: "n", kind: .whole(\.maxConnectionsPerAddress),

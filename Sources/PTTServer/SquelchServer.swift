@@ -193,7 +193,8 @@ public struct SquelchServer: Sendable {
                     for await port in voicePorts { return port }
                     return nil
                 },
-                identity: identity, tokens: tokens, store: store, logger: logger,
+                identity: identity, tokens: tokens, store: store, maxStreams: configuration.maxConnections,
+                registry: metrics.registry, logger: logger,
                 onListening: { port in await latch.devicePush(port) })
         } else {
             logger.notice("the device push service is off: walkies that sleep are woken only through APNs (or its simulator)")

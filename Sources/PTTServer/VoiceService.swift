@@ -77,7 +77,7 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
         hubConfiguration.floorGrantsPerMinute = configuration.floorGrantsPerMinute
         hubConfiguration.floorGrantBurst = max(3, configuration.floorGrantsPerMinute / 5)
         hubConfiguration.firstBurst = HubConfiguration.randomFirstBurst
-        hubConfiguration.wakesByPush = pushes != nil
+        hubConfiguration.pushKinds = pushes?.kinds ?? []
         hubConfiguration.clustered = cluster != nil
         let hub = ChannelHub(configuration: hubConfiguration)
         let initialRevision = try await store.revision()

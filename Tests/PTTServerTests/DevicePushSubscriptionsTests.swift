@@ -55,6 +55,31 @@ struct DevicePushSubscriptionsTests {
         #expect(subscriptions.deliver(push("4"), token: "aa01", to: ann) == .notConnected)
     }
 
+    @Test func aMembersFifthStreamEndsItsOldest() async {
+        let subscriptions = DevicePushSubscriptions()
+        // Held, as the server's open answers hold theirs: a stream dropped ends.
+        var streams: [AsyncStream<DevicePushSubscriptions.Line>] = []
+        for index in 0 ..< DevicePushSubscriptions.perMember + 1 {
+            guard case .opened(_, let lines) = subscriptions.subscribe(token: "a\(index)", owner: ann, expiresAt: later) else {
+                Issue.record("stream \(index) not opened")
+                return
+            }
+            streams.append(lines)
+        }
+        var iterator = streams.first?.makeAsyncIterator()
+        #expect(await iterator?.next() == nil, "the oldest ended")
+        #expect(subscriptions.count == DevicePushSubscriptions.perMember)
+        #expect(subscriptions.deliver(push("5"), token: "a0", to: ann) == .notConnected)
+        #expect(subscriptions.deliver(push("6"), token: "a4", to: ann) == .delivered)
+        // Another member's streams don't count against Ann's.
+        guard case .opened(_, let bobs) = subscriptions.subscribe(token: "b0", owner: bob, expiresAt: later) else {
+            Issue.record("Bob's stream not opened")
+            return
+        }
+        #expect(subscriptions.count == DevicePushSubscriptions.perMember + 1)
+        withExtendedLifetime((streams, bobs)) {}
+    }
+
     @Test func closingRefusesNewStreams() async {
         let subscriptions = DevicePushSubscriptions()
         guard case .opened(_, let lines) = subscriptions.subscribe(token: "aa01", owner: ann, expiresAt: later) else {
