@@ -27,8 +27,19 @@ public struct DevicePushTransport: PushTransport {
     }
 
     public func register(token: Data?, for channel: PushChannel?) async throws -> (token: Data, pushes: AsyncThrowingStream<IncomingPush, any Error>) {
+        do {
+            return try await open(token: token ?? Self.newToken(), for: channel)
+        } catch DevicePushError.refused(409, _) where token != nil {
+            // Another member's stream holds the token (it could only have learnt it from this
+            // device): a new one, which the channel manager announces, ends the contest.
+            return try await open(token: Self.newToken(), for: channel)
+        }
+    }
+
+    static func newToken() -> Data { Data((0..<32).map { _ in UInt8.random(in: 0...255) }) }
+
+    private func open(token: Data, for channel: PushChannel?) async throws -> (token: Data, pushes: AsyncThrowingStream<IncomingPush, any Error>) {
         guard let credentials = channel?.credentials else { throw DevicePushError.noChannel }
-        let token = token ?? Data((0..<32).map { _ in UInt8.random(in: 0...255) })
         let hex = token.map { String(format: "%02x", $0) }.joined()
         let port = self.port ?? credentials.port
         let request = LineStream.Request(
@@ -58,7 +69,7 @@ public struct DevicePushTransport: PushTransport {
                 }
                 // The server ends a stream at the participant token's expiry, or when it stops: the
                 // channel manager opens another, with the token it has then.
-                continuation.finish(throwing: DevicePushError.ended)
+                continuation.finish()
             } catch {
                 continuation.finish(throwing: error)
             }
@@ -90,7 +101,6 @@ public enum DevicePushError: Error, Sendable, Equatable, CustomStringConvertible
     /// The service refused the stream: HTTP status and its message.
     case refused(status: Int, message: String)
     case unreachable(String)
-    case ended
     case unexpected(String)
 
     public var description: String {
@@ -98,7 +108,6 @@ public enum DevicePushError: Error, Sendable, Equatable, CustomStringConvertible
         case .noChannel: "device pushes need the channel's server and participant token; register through the channel manager"
         case .refused(let status, let message): "the device push service refused the stream (HTTP \(status)): \(message)"
         case .unreachable(let why): why
-        case .ended: "the server ended the push stream (it stopped, or the participant token expired)"
         case .unexpected(let why): why
         }
     }

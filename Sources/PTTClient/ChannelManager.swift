@@ -72,8 +72,11 @@ public final class ChannelManager: Sendable {
         var restorationError: RestorationError?
         var channelInfo: ChannelInfo?
         var owedLeaves: Set<UUID> = []
-        /// The session's credentials (renewed tokens included), for the push transport.
+        /// Where the voice connection goes (a cluster's home, once known), with the session's
+        /// credentials (renewed tokens included), for the push transport; and the entry point the
+        /// app gave, where it falls back to.
         var credentials: ChannelCredentials?
+        var entryCredentials: ChannelCredentials?
     }
 
     // MARK: Instantiation

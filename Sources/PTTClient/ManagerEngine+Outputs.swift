@@ -40,6 +40,7 @@ extension ManagerEngine {
             // Where the voice connection goes (a cluster's home node), which is where the channel's
             // pushes are sent from.
             snap.credentials = s.credentials.map(s.route.credentials(for:))
+            snap.entryCredentials = s.credentials
         }
     }
 

@@ -39,11 +39,15 @@ extension ManagerEngine {
             var announced = false
             var delay: Duration = .seconds(1)
             var lostSince: Date?
+            // After a failure at the home, the next try goes to the entry point, and back: a home
+            // that died while the app slept is where its voice connection would go next too, but
+            // any node of a cluster passes a push on to the stream.
+            var atEntry = false
             while !Task.isCancelled {
                 var why = "the push channel closed"
                 do {
                     // The credentials as they are now: a renewed participant token opens the next stream.
-                    let credentials = snapshot.withLockedValue { $0.credentials }
+                    let credentials = snapshot.withLockedValue { atEntry ? $0.entryCredentials : $0.credentials }
                     let (issued, pushes) = try await transport.register(token: current,
                                                                         for: credentials.map { PushChannel(id: channel, credentials: $0) })
                     if !announced || issued != current { sink.yield(.pushToken(issued, channel)) }
@@ -55,13 +59,22 @@ extension ManagerEngine {
                     }
                     delay = .seconds(1)
                     canBeWoken(true)
+                    let opened = ContinuousClock.now
                     for try await push in pushes { sink.yield(.push(push)) }
+                    // The server ended the stream (squelchd's device push service does at the
+                    // participant token's expiry): the next opens at once, with the token there is
+                    // now, and nothing is said unless it fails. One that ends as soon as it opens is
+                    // a failure, retried with the backoff.
+                    if ContinuousClock.now - opened > .seconds(5) { continue }
                 } catch is CancellationError {
                     return
                 } catch {
                     why = "\(Self.describePushFailure(error))"
                 }
                 guard !Task.isCancelled else { return }
+                if transport.followsChannelServer, snapshot.withLockedValue({ $0.credentials?.address != $0.entryCredentials?.address }) {
+                    atEntry.toggle()
+                }
                 canBeWoken(false)
                 if lostSince == nil {
                     lostSince = Date()
@@ -78,7 +91,8 @@ extension ManagerEngine {
 
     /// A transport that takes pushes from the channel's server follows the voice connection to
     /// another server (a cluster's redirect to the channel's home, or to its new home after a
-    /// failover): pushes go out from the home, so a stream left at the old node would hear none.
+    /// failover): pushes go out from the home, and a stream there takes them without a trip through
+    /// the cluster's database to another node.
     func followChannelServer(to credentials: ChannelCredentials) {
         defer { lastConnectAddress = credentials.address }
         guard configuration.pushTransport?.followsChannelServer == true, pushTask != nil,

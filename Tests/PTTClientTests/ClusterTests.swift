@@ -141,4 +141,34 @@ final class ClusterFixture: Sendable {
         await bob.invalidate()
         await cluster.stop()
     }
+
+    /// A device whose stream is on a node that is not the channel's home (here pinned there; in the
+    /// field, a home that moved while it slept) is woken all the same: the home passes the push on
+    /// through the cluster's database.
+    @Test(.timeLimit(.minutes(1))) func aPushFindsADeviceWhoseStreamIsOnAnotherNode() async throws {
+        let cluster = try await ClusterFixture(nodes: 2)
+        let annDelegate = RecordingDelegate(), bobDelegate = RecordingDelegate()
+        let samples = TestSignal.speechLike(seconds: 1.0)
+        var speech = AudioConfiguration(makeInput: { WAVFileSource(pipelineSamples: samples, pacer: RealTimePacer()) })
+        speech.endTransmissionWhenInputEnds = true
+        let ann = try await cluster.manager("ann", annDelegate, audio: speech)
+        let id = cluster.channel.id
+        ann.requestJoinChannel(channelUUID: id, descriptor: ChannelDescriptor(name: "Ops"), credentials: cluster.credentials(try await cluster.token("ann"), node: 0))
+        #expect(await annDelegate.wait(for: .didJoin(.developerRequest)))
+        let home = try #require(try await cluster.home())
+        let other = (home + 1) % cluster.nodes.count
+        let otherPort: Int = try #require(cluster.nodes[other].listening.devicePushPort)
+        let bob = try await cluster.manager("bob", bobDelegate, push: DevicePushTransport(port: otherPort))
+        bob.requestJoinChannel(channelUUID: id, descriptor: ChannelDescriptor(name: "Ops"), credentials: cluster.credentials(try await cluster.token("bob"), node: home))
+        #expect(await bobDelegate.wait(for: .pushToken(32)), "\(bobDelegate.all)")
+        try await Task.sleep(for: .milliseconds(300))
+        bob.suspend()
+        #expect(await eventually { ann.roster.first { $0.userID == "bob" }?.connection != .connected })
+
+        ann.requestBeginTransmitting(channelUUID: id)
+        #expect(await bobDelegate.wait(for: .push("Ann")), "woken through the other node's stream: \(bobDelegate.all)")
+        await ann.invalidate()
+        await bob.invalidate()
+        await cluster.stop()
+    }
 }

@@ -2,6 +2,9 @@ import Audio
 import ChannelProtocol
 import DevicePush
 import Foundation
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
 import PTTClient
 import PTTServer
 import PushStream
@@ -78,15 +81,25 @@ import Testing
         // Ann's stream holds a token; Bob, with a good token of his own, can't take it.
         let (token, annPushes) = try await transport.register(token: nil, for: channel(try await fixture.token("ann")))
         let bobs = try await fixture.token("bob")
-        let taken = await #expect(throws: DevicePushError.self) { _ = try await transport.register(token: token, for: channel(bobs)) }
+        let port = try #require(fixture.listening.devicePushPort)
+        let tls = try DevicePushTransport.tls(fixture.credentials(bobs))
+        let hex = token.map { String(format: "%02x", $0) }.joined()
+        let taken = await #expect(throws: LineStreamError.self) {
+            _ = try await LineStream.open(LineStream.Request(host: "127.0.0.1", port: port, path: DevicePushProtocol.path(token: hex),
+                                                             headers: [("authorization", "Bearer \(bobs)")], tls: tls))
+        }
         guard case .refused(409, let message)? = taken, message.contains("another member") else {
             Issue.record("Bob was not refused Ann's push token: \(String(describing: taken))")
             return
         }
+        // Bob's transport, refused so, makes a token of its own.
+        let (bobsToken, _) = try await transport.register(token: token, for: channel(bobs))
+        #expect(bobsToken != token && bobsToken.count == 32)
+        // The operator sees the open stream.
+        let metrics = try await URLSession.shared.data(from: try #require(URL(string: "http://127.0.0.1:\(fixture.listening.adminPort)/metrics")))
+        #expect(String(decoding: metrics.0, as: UTF8.self).contains("squelch_device_push_streams 2"), "Ann's and Bob's")
         // A push token that isn't hex.
-        let port = try #require(fixture.listening.devicePushPort)
         let anns = try await fixture.token("ann")
-        let tls = try DevicePushTransport.tls(fixture.credentials(anns))
         let notHex = await #expect(throws: LineStreamError.self) {
             _ = try await LineStream.open(LineStream.Request(host: "127.0.0.1", port: port, path: DevicePushProtocol.path(token: "zz"),
                                                              headers: [("authorization", "Bearer \(anns)")], tls: tls))
