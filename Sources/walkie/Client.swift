@@ -242,7 +242,12 @@ struct SavedSettings: Codable, Equatable {
         self.tokenFile = tokenFile
     }
 
-    var pushChoice: PushChoice { PushChoice(source: push, port: pushPort) }
+    /// The choice saved. A file from before `--push` always held a simulator port, 2198 unless one
+    /// was given: the default then stands for today's default, the device push service.
+    var pushChoice: PushChoice {
+        if push == nil, pushPort == PushChoice.simulatorControlPort { return .device(port: nil) }
+        return PushChoice(source: push, port: pushPort)
+    }
 
     static let file = "walkie.json"
 

@@ -103,9 +103,12 @@ struct Resume: AsyncParsableCommand {
                 throw WalkieFailure.usage("no channel to restore; join one with 'walkie join --server HOST:PORT --token T'")
             }
             let settings = SavedSettings.load(from: directory)
-            // Given here, either flag replaces what was saved; otherwise the saved choice stands.
-            let pushChoice = push != nil || pushPort != nil ? PushChoice(source: push, port: pushPort)
-                                                           : settings?.pushChoice ?? PushChoice(source: nil, port: nil)
+            // A flag given here replaces its part of what was saved: --push another source (with
+            // its own default port), --push-port the port.
+            let savedPush = settings?.pushChoice.saved
+            let source = push ?? savedPush?.source
+            let port = pushPort ?? (push == nil || push == savedPush?.source ? savedPush?.port : nil)
+            let pushChoice = PushChoice(source: source, port: port)
             let tokenFile = self.tokenFile ?? settings?.tokenFile
             // The token to be restored with: a newer one in the token file, else the saved one.
             let token = tokenFile.flatMap { try? readTokenFile($0) } ?? saved?.credentials.token
