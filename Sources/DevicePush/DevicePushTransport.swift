@@ -58,23 +58,13 @@ public struct DevicePushTransport: PushTransport {
         guard let subscribed = try? decoder.decode(DevicePushSubscribed.self, from: Data(first)), subscribed.subscribed == hex else {
             throw DevicePushError.unexpected("the server did not confirm the push token's stream: \(String(decoding: first.prefix(200), as: UTF8.self))")
         }
-        let (pushes, continuation) = AsyncThrowingStream.makeStream(of: IncomingPush.self)
-        let relay = Task {
-            do {
-                for try await line in lines {
-                    guard let delivery = try? decoder.decode(DevicePushDelivery.self, from: Data(line)) else { continue }
-                    // A body that is not a JSON object is still a push the app must answer; it gets an empty payload.
-                    let payload = PushValue.payload(from: Data(delivery.body.utf8)) ?? [:]
-                    continuation.yield(IncomingPush(payload: payload, isHighPriority: delivery.priority >= 10))
-                }
-                // The server ends a stream at the participant token's expiry, or when it stops: the
-                // channel manager opens another, with the token it has then.
-                continuation.finish()
-            } catch {
-                continuation.finish(throwing: error)
-            }
+        // The server ends a stream at the participant token's expiry, or when it stops: the channel
+        // manager opens another, with the token it has then.
+        let pushes = IncomingPush.relay(lines) { line -> IncomingPush? in
+            guard let delivery = try? decoder.decode(DevicePushDelivery.self, from: Data(line)) else { return nil }
+            // A body that is not a JSON object is still a push the app must answer; it gets an empty payload.
+            return IncomingPush(payload: PushValue.payload(from: Data(delivery.body.utf8)) ?? [:], isHighPriority: delivery.priority >= 10)
         }
-        continuation.onTermination = { _ in relay.cancel() }
         return (token, pushes)
     }
 

@@ -20,6 +20,29 @@ public struct IncomingPush: Sendable, Equatable {
     public var isServiceUpdate: Bool { payload.isServiceUpdatePayload }
 }
 
+extension IncomingPush {
+    /// A transport's pushes from what its connection carries: each element made a push by `push`
+    /// (nil skips it), ending as `elements` ends and throwing what it throws. Dropping the stream
+    /// stops the reading.
+    public static func relay<Elements: AsyncSequence & Sendable>(
+        _ elements: Elements, _ push: @escaping @Sendable (Elements.Element) throws -> IncomingPush?
+    ) -> AsyncThrowingStream<IncomingPush, any Error> where Elements.Element: Sendable {
+        let (pushes, continuation) = AsyncThrowingStream.makeStream(of: IncomingPush.self)
+        let relay = Task {
+            do {
+                for try await element in elements {
+                    if let push = try push(element) { continuation.yield(push) }
+                }
+                continuation.finish()
+            } catch {
+                continuation.finish(throwing: error)
+            }
+        }
+        continuation.onTermination = { _ in relay.cancel() }
+        return pushes
+    }
+}
+
 /// Where the device's ephemeral push tokens and its pushes come from. On iOS this is the system; on
 /// Linux, `DevicePushTransport` (the DevicePush module: squelchd's own device push service), or
 /// `SimulatedPushTransport` (the SimulatedPush module: the APNs simulator's device stream). Apps can

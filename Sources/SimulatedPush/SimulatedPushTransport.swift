@@ -21,21 +21,11 @@ public struct SimulatedPushTransport: PushTransport {
         let token = token ?? Data((0..<32).map { _ in UInt8.random(in: 0...255) })
         let hex = token.map { String(format: "%02x", $0) }.joined()
         let deliveries = try await APNsSimulatedDevice.subscribe(host: host, controlPort: controlPort, token: hex)
-        let (pushes, continuation) = AsyncThrowingStream.makeStream(of: IncomingPush.self)
-        let relay = Task {
-            do {
-                for try await delivery in deliveries {
-                    // A body that is not a JSON object is still a push the app must answer; it gets an empty payload.
-                    let payload = PushValue.payload(from: Data(delivery.body.utf8)) ?? [:]
-                    continuation.yield(IncomingPush(payload: payload, isHighPriority: (delivery.priority ?? 10) >= 10,
-                                                    receivedAt: delivery.receivedAt))
-                }
-                continuation.finish()
-            } catch {
-                continuation.finish(throwing: error)
-            }
+        let pushes = IncomingPush.relay(deliveries) { delivery in
+            // A body that is not a JSON object is still a push the app must answer; it gets an empty payload.
+            IncomingPush(payload: PushValue.payload(from: Data(delivery.body.utf8)) ?? [:],
+                         isHighPriority: (delivery.priority ?? 10) >= 10, receivedAt: delivery.receivedAt)
         }
-        continuation.onTermination = { _ in relay.cancel() }
         return (token, pushes)
     }
 
