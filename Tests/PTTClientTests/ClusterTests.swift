@@ -117,35 +117,23 @@ final class ClusterFixture: Sendable {
     /// A Linux device given a node that is not the channel's home takes its pushes from the home,
     /// where its voice connection was redirected and where the wakes go out from.
     @Test(.timeLimit(.minutes(1))) func aDeviceRedirectedToTheHomeIsWokenFromIt() async throws {
-        let cluster = try await ClusterFixture(nodes: 2)
-        let annDelegate = RecordingDelegate(), bobDelegate = RecordingDelegate()
-        let samples = TestSignal.speechLike(seconds: 1.0)
-        var speech = AudioConfiguration(makeInput: { WAVFileSource(pipelineSamples: samples, pacer: RealTimePacer()) })
-        speech.endTransmissionWhenInputEnds = true
-        let ann = try await cluster.manager("ann", annDelegate, audio: speech)
-        let bob = try await cluster.manager("bob", bobDelegate, push: DevicePushTransport())
-        let id = cluster.channel.id
-        ann.requestJoinChannel(channelUUID: id, descriptor: ChannelDescriptor(name: "Ops"), credentials: cluster.credentials(try await cluster.token("ann"), node: 0))
-        #expect(await annDelegate.wait(for: .didJoin(.developerRequest)))
-        let home = try #require(try await cluster.home())
-        let entry = (home + 1) % cluster.nodes.count
-        bob.requestJoinChannel(channelUUID: id, descriptor: ChannelDescriptor(name: "Ops"), credentials: cluster.credentials(try await cluster.token("bob"), node: entry))
-        #expect(await bobDelegate.wait(for: .pushToken(32)), "\(bobDelegate.all)")
-        try await Task.sleep(for: .milliseconds(300))
-        bob.suspend()
-        #expect(await eventually { ann.roster.first { $0.userID == "bob" }?.connection != .connected })
-
-        ann.requestBeginTransmitting(channelUUID: id)
-        #expect(await bobDelegate.wait(for: .push("Ann")), "woken by the home's device push service: \(bobDelegate.all)")
-        await ann.invalidate()
-        await bob.invalidate()
-        await cluster.stop()
+        try await asleepDeviceIsWoken(transport: { _, _, _ in DevicePushTransport() }, joinAt: { _, other in other })
     }
 
     /// A device whose stream is on a node that is not the channel's home (here pinned there; in the
     /// field, a home that moved while it slept) is woken all the same: the home passes the push on
     /// through the cluster's database.
     @Test(.timeLimit(.minutes(1))) func aPushFindsADeviceWhoseStreamIsOnAnotherNode() async throws {
+        try await asleepDeviceIsWoken(transport: { cluster, _, other in
+            let port: Int = try #require(cluster.nodes[other].listening.devicePushPort)
+            return DevicePushTransport(port: port)
+        }, joinAt: { home, _ in home })
+    }
+
+    /// Two nodes; Ann joins at the first and talks once Bob, a device with `transport` (made knowing
+    /// the home and the other node) joined at `joinAt`, is asleep: Bob must be woken by push.
+    func asleepDeviceIsWoken(transport: (ClusterFixture, _ home: Int, _ other: Int) throws -> DevicePushTransport,
+                             joinAt: (_ home: Int, _ other: Int) -> Int) async throws {
         let cluster = try await ClusterFixture(nodes: 2)
         let annDelegate = RecordingDelegate(), bobDelegate = RecordingDelegate()
         let samples = TestSignal.speechLike(seconds: 1.0)
@@ -157,16 +145,16 @@ final class ClusterFixture: Sendable {
         #expect(await annDelegate.wait(for: .didJoin(.developerRequest)))
         let home = try #require(try await cluster.home())
         let other = (home + 1) % cluster.nodes.count
-        let otherPort: Int = try #require(cluster.nodes[other].listening.devicePushPort)
-        let bob = try await cluster.manager("bob", bobDelegate, push: DevicePushTransport(port: otherPort))
-        bob.requestJoinChannel(channelUUID: id, descriptor: ChannelDescriptor(name: "Ops"), credentials: cluster.credentials(try await cluster.token("bob"), node: home))
+        let bob = try await cluster.manager("bob", bobDelegate, push: try transport(cluster, home, other))
+        bob.requestJoinChannel(channelUUID: id, descriptor: ChannelDescriptor(name: "Ops"),
+                               credentials: cluster.credentials(try await cluster.token("bob"), node: joinAt(home, other)))
         #expect(await bobDelegate.wait(for: .pushToken(32)), "\(bobDelegate.all)")
         try await Task.sleep(for: .milliseconds(300))
         bob.suspend()
         #expect(await eventually { ann.roster.first { $0.userID == "bob" }?.connection != .connected })
 
         ann.requestBeginTransmitting(channelUUID: id)
-        #expect(await bobDelegate.wait(for: .push("Ann")), "woken through the other node's stream: \(bobDelegate.all)")
+        #expect(await bobDelegate.wait(for: .push("Ann")), "woken by push: \(bobDelegate.all)")
         await ann.invalidate()
         await bob.invalidate()
         await cluster.stop()
