@@ -206,6 +206,7 @@ public final class PushDispatcher: Service, Sendable {
             var token: String
         }
         var byClient: [ObjectIdentifier: (client: APNsClient, pushes: [Push])] = [:]
+        var toDevices: [Push] = []
         for job in jobs {
             let push: Push
             switch job {
@@ -217,7 +218,7 @@ public final class PushDispatcher: Service, Sendable {
                 push = Push(channel: channel, member: member, speaker: nil, token: token)
             }
             if push.member.pushEnvironment == .device {
-                await deliverToDevice(push.channel, member: push.member, speaker: push.speaker, token: push.token)
+                toDevices.append(push)
             } else if let route {
                 let client = route.client(for: push.member.pushEnvironment)
                 byClient[ObjectIdentifier(client), default: (client, [])].pushes.append(push)
@@ -225,8 +226,17 @@ public final class PushDispatcher: Service, Sendable {
                 metrics.count(.failed, reason: "APNsOff")
             }
         }
-        // Apple's two environments side by side.
+        // Apple's two environments and the device streams side by side: a device push forwarded
+        // in a cluster waits for the database, which Apple's must not wait behind.
+        let devicePushes = toDevices
         await withDiscardingTaskGroup { group in
+            if !devicePushes.isEmpty {
+                group.addTask {
+                    for push in devicePushes {
+                        await self.deliverToDevice(push.channel, member: push.member, speaker: push.speaker, token: push.token)
+                    }
+                }
+            }
             for (client, pushes) in byClient.values {
                 group.addTask {
                     let results = await client.send(
