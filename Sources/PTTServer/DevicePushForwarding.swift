@@ -7,7 +7,7 @@ import Foundation
 /// failover moved the channel, or the entry point it fell back to while the home was gone).
 protocol DevicePushForwarding: Sendable {
     /// Hands a push whose stream is not on this node to every other node.
-    func forward(_ push: ForwardedDevicePush) async throws
+    func forward(_ delivery: DevicePushDelivery, token: String, channel: UUID, user: String) async throws
     /// The pushes other nodes hand over, for this node's streams.
     func forwarded() -> AsyncStream<ForwardedDevicePush>
 }
@@ -29,9 +29,8 @@ struct ClusterDevicePushes: DevicePushForwarding {
     let store: PostgresChannelStore
     let sender = UUID()
 
-    func forward(_ push: ForwardedDevicePush) async throws {
-        var push = push
-        push.sender = sender
+    func forward(_ delivery: DevicePushDelivery, token: String, channel: UUID, user: String) async throws {
+        let push = ForwardedDevicePush(sender: sender, token: token, channel: channel, user: user, delivery: delivery)
         let payload = String(decoding: try DevicePushProtocol.encoder().encode(push), as: UTF8.self)
         try await store.notifyDevicePush(payload)
     }

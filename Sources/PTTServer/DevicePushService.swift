@@ -127,8 +127,7 @@ public final class DevicePushService: Service, Sendable {
         let outcome = subscriptions.deliver(delivery, token: token, to: .init(channel: notification.channel, user: member.userID))
         guard outcome == .notConnected, let forwarding else { return .local(outcome) }
         do {
-            try await forwarding.forward(ForwardedDevicePush(sender: UUID(), token: token, channel: notification.channel,
-                                                             user: member.userID, delivery: delivery))
+            try await forwarding.forward(delivery, token: token, channel: notification.channel, user: member.userID)
             return .forwarded
         } catch {
             logger.warning("device push not forwarded to the other nodes: the database did not take it",
