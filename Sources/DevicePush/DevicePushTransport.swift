@@ -36,8 +36,6 @@ public struct DevicePushTransport: PushTransport {
         }
     }
 
-    static func newToken() -> Data { Data((0..<32).map { _ in UInt8.random(in: 0...255) }) }
-
     private func open(token: Data, for channel: PushChannel?) async throws -> (token: Data, pushes: AsyncThrowingStream<IncomingPush, any Error>) {
         guard let credentials = channel?.credentials else { throw DevicePushError.noChannel }
         let hex = token.map { String(format: "%02x", $0) }.joined()

@@ -68,6 +68,9 @@ public protocol PushTransport: Sendable {
 extension PushTransport {
     public var followsChannelServer: Bool { false }
 
+    /// A fresh ephemeral token: 32 random bytes, as opaque as the ones iOS hands out.
+    public static func newToken() -> Data { Data((0..<32).map { _ in UInt8.random(in: 0...255) }) }
+
     public func register(token: Data?, for channel: PushChannel?) async throws -> (token: Data, pushes: AsyncThrowingStream<IncomingPush, any Error>) {
         try await register(token: token)
     }

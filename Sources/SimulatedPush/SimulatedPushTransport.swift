@@ -18,7 +18,7 @@ public struct SimulatedPushTransport: PushTransport {
     }
 
     public func register(token: Data?) async throws -> (token: Data, pushes: AsyncThrowingStream<IncomingPush, any Error>) {
-        let token = token ?? Data((0..<32).map { _ in UInt8.random(in: 0...255) })
+        let token = token ?? Self.newToken()
         let hex = token.map { String(format: "%02x", $0) }.joined()
         let deliveries = try await APNsSimulatedDevice.subscribe(host: host, controlPort: controlPort, token: hex)
         let pushes = IncomingPush.relay(deliveries) { delivery in
