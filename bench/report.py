@@ -368,7 +368,7 @@ def section_fanout(data: dict, v: Verdicts, plots: Path, rel: str) -> list[str]:
         return out + [NOT_MEASURED, ""]
     keys = ("cpu_us_per_packet", "relay_p50_ms", "relay_p99_ms", "last_listener_p50_ms", "last_listener_p99_ms",
             "grant_p50_ms", "grant_p95_ms", "grant_back_to_back_p50_ms", "grant_back_to_back_p95_ms",
-            "mumble_cpu_us_per_packet", *FLOOR_KEYS)
+            "mumble_cpu_us_per_packet", "idle_cpu_ms_per_s", "mumble_idle_cpu_ms_per_s", *FLOOR_KEYS)
     parsed = []
     for i, r in enumerate(rows):
         w = f"fanout[{i}]"
@@ -407,11 +407,17 @@ def section_fanout(data: dict, v: Verdicts, plots: Path, rel: str) -> list[str]:
         out += ["Against Mumble's server (Debian's mumble-server, murmurd) with the same load, run right "
                 "after squelchd at each listener count (`--versus-mumble`; bench/mumble_load.py speaks "
                 "Mumble's protocol: TLS control, OCB2-AES128 UDP voice). Each server's CPU is its own "
-                "process's; murmurd also encrypts every forwarded packet once per listener.", "",
-                table(["Listeners", "squelchd", "murmurd", "squelchd / murmurd", "Kernel floor"],
+                "process's; murmurd also encrypts every forwarded packet once per listener. Idle: each "
+                "server's CPU per second with everyone connected and nobody talking, measured just "
+                "before the talk (it is part of the per-packet figures, which divide all the CPU of "
+                "the talk window by the packets forwarded).", "",
+                table(["Listeners", "squelchd", "murmurd", "squelchd / murmurd", "Kernel floor",
+                       "squelchd idle", "murmurd idle"],
                       [[fmt(r["listeners"], "", 0), fmt(r["cpu_us_per_packet"], "µs", 2),
                         fmt(r["mumble_cpu_us_per_packet"], "µs", 2), fmt(r["vs_mumble"], "x", 2),
-                        fmt(r["floor_cpu_us_per_datagram"], "µs", 2)] for r in versus]), ""]
+                        fmt(r["floor_cpu_us_per_datagram"], "µs", 2),
+                        fmt(r["idle_cpu_ms_per_s"], "ms/s", 2), fmt(r["mumble_idle_cpu_ms_per_s"], "ms/s", 2)]
+                       for r in versus]), ""]
     at200 = next((r for r in parsed if r["listeners"] == 200), None)
     figures = []
     for key, field, label, unit, digits in (

@@ -43,7 +43,9 @@ struct Fanout: AsyncParsableCommand {
             let result = try await FanoutRun(listeners: count, seconds: seconds, grants: grants, squelchd: server,
                                              certs: certs, client: client).run()
             print(result.row)
+            print("           squelchd idle (everyone connected, nobody talking): \(fixed(result.idleCPUPerSecond * 1e3)) ms of CPU per second")
             rows.append(["listeners": count, "cpu_us_per_packet": result.cpuMicrosecondsPerForward,
+                         "idle_cpu_ms_per_s": result.idleCPUPerSecond * 1e3,
                          "relay_p50_ms": result.relayP50 * 1e3, "relay_p99_ms": result.relayP99 * 1e3,
                          "last_listener_p50_ms": result.lastP50 / 1e6, "last_listener_p99_ms": result.lastP99 / 1e6,
                          "lost": result.lost, "expected": result.expected,
@@ -55,8 +57,10 @@ struct Fanout: AsyncParsableCommand {
             if versusMumble {
                 let mumble = try MumbleRun(listeners: count, seconds: seconds, python: python).run()
                 print("           murmurd \(fixed(mumble.cpuMicrosecondsPerForward)) µs per forwarded packet "
-                      + "(\(fixed(result.cpuMicrosecondsPerForward / mumble.cpuMicrosecondsPerForward))x), lost \(mumble.expected - mumble.received)/\(mumble.expected)")
+                      + "(\(fixed(result.cpuMicrosecondsPerForward / mumble.cpuMicrosecondsPerForward))x), lost \(mumble.expected - mumble.received)/\(mumble.expected), "
+                      + "idle \(fixed(mumble.idleCPUPerSecond * 1e3)) ms of CPU per second")
                 rows[rows.count - 1]["mumble_cpu_us_per_packet"] = mumble.cpuMicrosecondsPerForward
+                rows[rows.count - 1]["mumble_idle_cpu_ms_per_s"] = mumble.idleCPUPerSecond * 1e3
                 rows[rows.count - 1]["mumble_lost"] = mumble.expected - mumble.received
             }
         }
@@ -76,6 +80,7 @@ struct Fanout: AsyncParsableCommand {
 struct FanoutResult {
     var listeners: Int
     var cpuMicrosecondsPerForward: Double
+    var idleCPUPerSecond: Double
     var relayP50: Double
     var relayP99: Double
     var lastP50: Double
@@ -174,6 +179,14 @@ struct FanoutRun {
             _ = await talker.waitFor(after: beforeRelease, seconds: 5) { if case .floor(let e) = $0 { e.kind == .idle } else { false } }
         }
 
+        // What the server spends with everyone connected and nobody talking (timers, keepalives,
+        // its periodic work), as mumble_load.py measures for murmurd: at 20 listeners a talk
+        // window's CPU is small enough that this share shows.
+        try await Task.sleep(for: .milliseconds(500))
+        let idleBefore = try cpuSeconds(process.processIdentifier)
+        try await Task.sleep(for: .seconds(3))
+        let idleCPUPerSecond = (try cpuSeconds(process.processIdentifier) - idleBefore) / 3
+
         let before = talker.messages.count
         try await talker.send(.floorRequest())
         guard let burst = await talker.waitForFloor(.granted, after: before)?.burst else { throw ValidationError("no floor for the burst") }
@@ -214,6 +227,7 @@ struct FanoutRun {
         await talker.close()
         return FanoutResult(
             listeners: listeners, cpuMicrosecondsPerForward: forwarded > 0 ? (cpuAfter - cpuBefore) * 1e6 / forwarded : .nan,
+            idleCPUPerSecond: idleCPUPerSecond,
             relayP50: relay.quantile(0.5), relayP99: relay.quantile(0.99),
             lastP50: percentile(latencies, 0.5), lastP99: percentile(latencies, 0.99),
             lost: packets * listeners - received, expected: packets * listeners,

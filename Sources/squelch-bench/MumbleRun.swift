@@ -13,6 +13,7 @@ struct MumbleRun {
 
     struct Result {
         var cpuMicrosecondsPerForward: Double
+        var idleCPUPerSecond: Double
         var received: Int
         var expected: Int
     }
@@ -37,10 +38,11 @@ struct MumbleRun {
               let line = printed.split(separator: "\n").last,
               let figures = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any],
               let cpu = (figures["cpu_us_per_packet"] as? NSNumber)?.doubleValue,
+              let idle = (figures["idle_cpu_per_s"] as? NSNumber)?.doubleValue,
               let received = (figures["datagrams_received"] as? NSNumber)?.intValue,
               let expected = (figures["expected"] as? NSNumber)?.intValue else {
             throw ValidationError("mumble_load.py failed (exit \(process.terminationStatus)): \(log.text.suffix(2_000))")
         }
-        return Result(cpuMicrosecondsPerForward: cpu, received: received, expected: expected)
+        return Result(cpuMicrosecondsPerForward: cpu, idleCPUPerSecond: idle, received: received, expected: expected)
     }
 }
