@@ -100,6 +100,9 @@ fuzz-build: deps
 	$(SWIFT)c -sanitize=fuzzer,address -parse-as-library -g -O -use-ld=lld -module-name WireHandshakeFuzz \
 	  $(FUZZ_DIR)/HandshakeParserFuzz.swift Sources/Wire/WireBytes.swift Sources/Wire/Frames.swift Sources/Wire/HandshakeMessages.swift \
 	  -o $(FUZZ_BIN)/handshake-parser
+	$(SWIFT)c -sanitize=fuzzer,address -parse-as-library -g -O -use-ld=lld -module-name EntryTicketFuzz \
+	  $(FUZZ_DIR)/EntryTicketFuzz.swift Sources/Wire/EntryTicketContents.swift \
+	  -o $(FUZZ_BIN)/entry-ticket
 	$(SWIFT)c -sanitize=fuzzer,address -parse-as-library -g -O -use-ld=lld -module-name ControlMessageFuzz \
 	  $(FUZZ_DIR)/ControlMessageFuzz.swift Sources/ChannelProtocol/Messages.swift Sources/ChannelProtocol/MessageCoding.swift Sources/ChannelProtocol/AudioHeader.swift \
 	  -o $(FUZZ_BIN)/control-message

@@ -30,10 +30,13 @@ extension Connection {
         // Ephemeral key from the injected generator, so test vectors are reproducible.
         let key = (try? Curve25519.KeyAgreement.PrivateKey(rawRepresentation: randomBytes(32))) ?? Curve25519.KeyAgreement.PrivateKey()
         ephemeral = key
+        let random = randomBytes(32), share = Array(key.publicKey.rawRepresentation)
+        var parameters = localParameters()
+        parameters.entryPass = configuration.entryPass?.parameter(random: random, keyShare: share)
         let hello = HandshakeMessage.clientHello(.init(
-            version: WireVersion.v1, offeredVersions: configuration.versions, random: randomBytes(32),
-            suites: config.suites.map(\.rawValue), keyShare: Array(key.publicKey.rawRepresentation),
-            serverName: configuration.serverName, parameters: localParameters()))
+            version: WireVersion.v1, offeredVersions: configuration.versions, random: random,
+            suites: config.suites.map(\.rawValue), keyShare: share,
+            serverName: configuration.serverName, parameters: parameters))
         clientHello = hello.encoded()
         transcript.add(clientHello)
         initialSpace.flight = clientHello
@@ -99,6 +102,10 @@ extension Connection {
             guard params.retrySourceConnectionID == retrySource else { throw .transportParameters("retry_source_connection_id does not match") }
             guard params.initialSourceConnectionID == peerID else { throw .transportParameters("initial_source_connection_id does not match") }
             guard params.statelessResetToken != nil else { throw .transportParameters("missing stateless_reset_token") }
+            guard !params.entryPassAccepted || clientConfiguration?.entryPass != nil else {
+                throw .transportParameters("entry_pass_accepted without an entry pass")
+            }
+            entryPassAccepted = params.entryPassAccepted
             peerParameters = params
             peerIDs = [PeerID(sequence: 0, id: peerID, resetToken: params.statelessResetToken, retired: false)]
             transcript.add(bytes)
@@ -134,10 +141,26 @@ extension Connection {
         }
     }
 
+    /// Server: the payload of an entry pass in the ClientHello if this server honours it: its ticket
+    /// is this cluster's, for this node, unexpired; the binder proves the client holds the pass's key
+    /// for this very hello; and the ticket has not entered before. Anything else is ignored, not
+    /// refused: the handshake goes on, and the client sends what the pass carried itself.
+    func redeemEntryPass(_ value: [UInt8], hello: HandshakeMessage.ClientHello, secrets: ServerSecrets) -> [UInt8]? {
+        guard let passes = secrets.entryPasses, let spentPasses else { return nil }
+        let ticket = value[..<(value.count - EntryPass.binderLength)]
+        let binder = value[(value.count - EntryPass.binderLength)...]
+        guard let contents = passes.open(ticket),
+              HMAC<SHA256>.isValidAuthenticationCode(Array(binder), authenticating: EntryPass.binderLabel + hello.random + hello.keyShare,
+                                                     using: SymmetricKey(data: contents.key)),
+              spentPasses.spend(ticket, expires: contents.expiresMilliseconds, now: passes.clock()) else { return nil }
+        return contents.payload
+    }
+
     func installApplicationKeys() {
         let (sealSecret, openSecret) = role == .client ? (clientApplicationSecret, serverApplicationSecret)
             : (serverApplicationSecret, clientApplicationSecret)
-        appSeal = try? PacketKey(secret: sealSecret, suite: suite, sealing: true)
+        // A server that honoured an entry pass has been writing with its key since the ClientHello.
+        if appSeal == nil || role == .client { appSeal = try? PacketKey(secret: sealSecret, suite: suite, sealing: true) }
         appOpen = try? PacketKey(secret: openSecret, suite: suite, sealing: false)
         // The next read key is made when the peer first uses it (`receiveShort`), not now: most
         // connections never update keys, and a key costs about 2 KB of cipher state.
@@ -177,6 +200,8 @@ extension Connection {
             params.originalDestinationConnectionID = originalDestination
             params.retrySourceConnectionID = retrySource
             params.statelessResetToken = serverSecrets.resetToken(for: localID)
+            let entered = hello.parameters.entryPass.flatMap { redeemEntryPass($0, hello: hello, secrets: serverSecrets) }
+            params.entryPassAccepted = entered != nil
             let extensions = HandshakeMessage.encryptedExtensions(params).encoded()
             transcript.add(extensions)
             let certificate = HandshakeMessage.certificate(serverSecrets.identity.derChain).encoded()
@@ -199,10 +224,15 @@ extension Connection {
             } catch {
                 throw .malformed("key setup failed")
             }
-            // The application keys wait for the client's Finished (below).
+            // The application keys wait for the client's Finished (below), except the write key
+            // after an entry pass: the answer to what it carried goes with this flight.
             initialSpace.flight = serverHello
             handshakeSpace.flight = extensions + certificate + verify + finished
             handshakeRetransmitAt = now + rtt.probeTimeout(maxAckDelay: 0)
+            if let entered {
+                appSeal = try? PacketKey(secret: serverApplicationSecret, suite: chosen, sealing: true)
+                if appSeal != nil { emit(.entered(entered)) }
+            }
         case (.finished(let mac), .handshake):
             guard let secrets, !peerFinished else { throw .unexpectedMessage("Finished") }
             guard HandshakeCrypto.finishedIsValid(mac, baseSecret: secrets.clientHandshake, transcriptHash: transcript.current) else {

@@ -31,7 +31,10 @@ extension Connection {
         if handshakeSpace.hasSomethingToSend, datagram.count - offset > 64 {
             offset = writeHandshakePacket(.handshake, into: datagram, at: offset, padTo: 0)
         }
-        if appSeal != nil, state == .established, datagram.count - offset > 64, !containsInitial || role == .server {
+        // A server also sends 1-RTT packets while handshaking once an entry pass was honoured (it has
+        // its write key from the ClientHello on; `Connection.entered`): the join's answer rides with
+        // the handshake flight.
+        if appSeal != nil, state == .established || state == .handshaking, datagram.count - offset > 64, !containsInitial || role == .server {
             offset = writeApplicationPacket(into: datagram, at: offset, now: now)
         }
         guard offset > 0 else { return nil }
@@ -43,7 +46,7 @@ extension Connection {
         if state == .closing { return pendingClose != nil && (!closeSent || pendingCloseResend) }
         guard state == .handshaking || state == .established else { return false }
         if initialSpace.hasSomethingToSend || handshakeSpace.hasSomethingToSend { return true }
-        guard appSeal != nil, state == .established else { return false }
+        guard appSeal != nil else { return false }
         return ackNow || hasAckElicitingFramesPending
     }
 

@@ -201,6 +201,11 @@ public final class Connection {
     /// Server: the hash of the ClientHello once it has been processed, to tell a real retransmission
     /// of it (its flight was lost: resend ours) from any other Initial that claims offset 0.
     @exclusivity(unchecked) var clientHelloDigest: SHA256Digest?
+    /// Client: the server honoured the entry pass (its EncryptedExtensions say so): what the pass
+    /// carried is being answered already, and is not to be sent again.
+    @exclusivity(unchecked) public internal(set) var entryPassAccepted = false
+    /// Server: the endpoint's record of the passes that have entered (one thread, the endpoint's).
+    @exclusivity(unchecked) var spentPasses: SpentPasses?
 
     // MARK: Timers
 

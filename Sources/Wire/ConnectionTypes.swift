@@ -72,6 +72,10 @@ public enum ConnectionError: Error, Sendable, Equatable, CustomStringConvertible
 public enum ConnectionEvent: Sendable, Equatable {
     /// The handshake finished; control messages and datagrams can flow.
     case connected
+    /// Server: the client presented an entry pass this server honours (docs/protocol.md §7.8), and
+    /// this is what the pass carries (squelchd: the client's join, as a control message). Control
+    /// messages can be sent at once, ahead of the client's Finished; `.connected` follows.
+    case entered([UInt8])
     /// One control message, whole, in order, exactly once.
     case control([UInt8])
     /// The server saw the client arrive from a new address (resume or NAT rebinding).
@@ -226,13 +230,17 @@ public struct ClientConfiguration: Sendable {
     public var validator: CertificateValidator
     public var connection: ConnectionConfiguration
     public var versions: [UInt32]
+    /// A cluster node's entry pass for the server dialled (docs/protocol.md §7.8): presented in the
+    /// ClientHello; `Connection.entryPassAccepted` says whether the server took it.
+    public var entryPass: EntryPass?
 
     public init(serverName: String, validator: CertificateValidator, connection: ConnectionConfiguration = .client,
-                versions: [UInt32] = WireVersion.supported) {
+                versions: [UInt32] = WireVersion.supported, entryPass: EntryPass? = nil) {
         self.serverName = serverName
         self.validator = validator
         self.connection = connection
         self.versions = versions
+        self.entryPass = entryPass
     }
 }
 
@@ -249,13 +257,16 @@ public struct ServerSecrets: Sendable {
     /// token could look fresh for another hour). `WireNIO.monotonicClockEpoch()` derives it from the
     /// kernel's boot ID; the default, a random number, limits tokens to this process.
     public let clockEpoch: UInt64
+    /// Set on a cluster node: the entry passes it honours (and issues, to the nodes it redirects to).
+    public let entryPasses: EntryPasses?
 
     public init(identity: ServerIdentity, resetKey: SymmetricKey, tokenKey: SymmetricKey = SymmetricKey(size: .bits256),
-                clockEpoch: UInt64 = .random(in: .min ... .max)) {
+                clockEpoch: UInt64 = .random(in: .min ... .max), entryPasses: EntryPasses? = nil) {
         self.identity = identity
         self.resetKey = resetKey
         self.tokenKey = tokenKey
         self.clockEpoch = clockEpoch
+        self.entryPasses = entryPasses
     }
 
     /// HMAC-SHA256(reset key, connection ID), first 16 bytes.

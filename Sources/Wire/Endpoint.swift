@@ -124,6 +124,8 @@ public final class Endpoint {
     /// Address tokens that have opened a connection: each opens one. Room for as many as there may
     /// be connections, four times over (tokens outlive their connections by up to an hour).
     @exclusivity(unchecked) var spentTokens: SpentTokens
+    /// Entry passes that have opened a connection here (`secrets.entryPasses`; each enters once).
+    let spentPasses: SpentPasses?
     @exclusivity(unchecked) let tally = TroubleTally()
     /// What every connection this endpoint has had dropped or lost, live or closed.
     public var troubleTotals: ConnectionTroubleTotals { tally.totals }
@@ -136,6 +138,7 @@ public final class Endpoint {
         self.random = random
         self.forkRandom = forkRandom
         spentTokens = SpentTokens(capacity: max(1_024, 4 * configuration.maxConnections))
+        spentPasses = secrets.entryPasses == nil ? nil : SpentPasses(capacity: max(1_024, 4 * configuration.maxConnections))
     }
 
     public func connection(_ handle: Handle) -> Connection? {
@@ -243,6 +246,7 @@ public final class Endpoint {
                                     initialDestination: destination, clientSource: source, originalDestination: original,
                                     retrySource: retrySource, localID: localID, random: forkRandom(&random))
         connection.controlReceive.limit = min(configuration.connection.controlStreamLimit, configuration.unadmittedControlLimit)
+        connection.spentPasses = spentPasses
         let handle = insert(connection, initialDestination: destination, source: address.source)
         routes[localID] = handle
         routes[destination] = handle

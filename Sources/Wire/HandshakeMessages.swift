@@ -24,6 +24,10 @@ public struct TransportParameters: Equatable, Sendable {
         case initialSourceConnectionID = 0x0f
         case retrySourceConnectionID = 0x10
         case maxDatagramFrameSize = 0x20
+        /// Client: an entry pass (`EntryPass`): the ticket, then its 32-byte binder.
+        case entryPass = 0x5351
+        /// Server: the pass was honoured; what it carried is being answered already.
+        case entryPassAccepted = 0x5352
     }
 
     /// Milliseconds; 0 means no idle timeout from this side. A received value above
@@ -40,6 +44,15 @@ public struct TransportParameters: Equatable, Sendable {
     public var originalDestinationConnectionID: ConnectionID?
     public var retrySourceConnectionID: ConnectionID?
     public var statelessResetToken: [UInt8]?
+    /// Client only: an entry pass's ticket followed by its binder (docs/protocol.md §7.8).
+    public var entryPass: [UInt8]?
+    /// Server only.
+    public var entryPassAccepted = false
+
+    /// The longest entry pass value taken: a ticket carries one join message, far smaller.
+    public static let maximumEntryPass = 4_096
+    /// HMAC-SHA256 (`EntryPass.binder`).
+    public static let entryPassBinderLength = 32
 
     public init() {}
 
@@ -62,6 +75,10 @@ public struct TransportParameters: Equatable, Sendable {
         if let token = statelessResetToken {
             writer.varint(ID.statelessResetToken.rawValue); writer.varint(16); writer.bytes(token)
         }
+        if let pass = entryPass {
+            writer.varint(ID.entryPass.rawValue); writer.varint(UInt64(pass.count)); writer.bytes(pass)
+        }
+        if entryPassAccepted { integer(.entryPassAccepted, 1) }
     }
 
     /// Parses parameters; unknown IDs are skipped so that later versions can add some.
@@ -105,6 +122,14 @@ public struct TransportParameters: Equatable, Sendable {
             case .statelessResetToken:
                 guard length == 16 else { throw .invalid(field: "stateless_reset_token length", value: length) }
                 params.statelessResetToken = Array(reader.bytes[value])
+            case .entryPass:
+                guard length > UInt64(entryPassBinderLength), length <= UInt64(maximumEntryPass) else {
+                    throw .invalid(field: "entry_pass length", value: length)
+                }
+                params.entryPass = Array(reader.bytes[value])
+            case .entryPassAccepted:
+                guard try integer() == 1 else { throw .invalid(field: "entry_pass_accepted", value: 0) }
+                params.entryPassAccepted = true
             case nil: break
             }
         }

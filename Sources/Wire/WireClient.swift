@@ -4,6 +4,9 @@ public enum ClientEvent: Sendable, Equatable {
     /// The connection ended in a way a new handshake fixes (the server restarted, or the session
     /// idled out); a new connection is already handshaking. The application re-joins on `.connected`.
     case reconnecting(ConnectionError)
+    /// The server honoured the configuration's entry pass: what the pass carried is being answered
+    /// and must not be sent again. Comes right before that connection's `.connected`.
+    case entered
 }
 
 /// A client that keeps itself connected: on a stateless reset (the server restarted and forgot the
@@ -37,9 +40,20 @@ public final class WireClient {
 
     public func receive(_ datagram: UnsafeMutableRawBufferPointer, from address: PathAddress, now: WireInstant,
                         datagrams: (UnsafeRawBufferPointer) -> Void = { _ in }) {
+        // With an entry pass the server's answer comes with its flight, in 1-RTT packets the
+        // connection can't open until the certificate check is done: kept (a copy, as receiving
+        // unprotects in place) and received again then, rather than waiting for a retransmission.
+        let keep = configuration.entryPass != nil && connection.state == .handshaking && earlyDatagrams.count < Self.earlyDatagramLimit
+        let copy = keep ? Array(datagram) : []
+        let dropped = connection.stats.droppedNoKeys
         connection.receive(datagram, from: address, now: now, datagrams: datagrams)
+        if keep, connection.stats.droppedNoKeys > dropped { earlyDatagrams.append((copy, address)) }
         drain(now: now)
     }
+
+    /// 1-RTT datagrams that came before the keys to open them (`receive`).
+    @exclusivity(unchecked) var earlyDatagrams: [([UInt8], PathAddress)] = []
+    static let earlyDatagramLimit = 8
 
     public func handleTimeout(now: WireInstant) {
         connection.handleTimeout(now: now)
@@ -54,6 +68,13 @@ public final class WireClient {
 
     public func completeCertificateCheck(_ result: Result<Void, HandshakeFailure>, now: WireInstant) {
         connection.completeCertificateCheck(result, now: now)
+        let early = earlyDatagrams
+        earlyDatagrams = []
+        if connection.state == .established {
+            for (var bytes, address) in early {
+                bytes.withUnsafeMutableBytes { connection.receive($0, from: address, now: now, datagrams: { _ in }) }
+            }
+        }
         drain(now: now)
     }
 
@@ -88,6 +109,9 @@ public final class WireClient {
                 connection = Connection(client: configuration, remote: remote, now: now, token: token, random: forkRandom(&random))
                 token = []  // a token opens one connection (the server refuses it again); the new one brings another
                 events.append(.reconnecting(error))
+            case .connected where connection.entryPassAccepted:
+                events.append(.entered)
+                events.append(.connection(event))
             default:
                 events.append(.connection(event))
             }

@@ -83,10 +83,10 @@ final class Simulation {
 
     @discardableResult
     func addClient(serverName: String = "localhost", connection: ConnectionConfiguration = .client, port: UInt16? = nil,
-                   address given: PathAddress? = nil) -> Int {
+                   address given: PathAddress? = nil, entryPass: EntryPass? = nil) -> Int {
         let index = clients.count
         let address = given ?? PathAddress.v4(192, 168, 1, UInt8(10 + index), port: port ?? UInt16(50_000 + index))
-        let configuration = ClientConfiguration(serverName: serverName, validator: validator, connection: connection)
+        let configuration = ClientConfiguration(serverName: serverName, validator: validator, connection: connection, entryPass: entryPass)
         clients.append(WireClient(configuration: configuration, remote: serverAddress, now: network.now,
                                   random: SplitMix64(seed: network.random.next())))
         clientAddresses.append(address)

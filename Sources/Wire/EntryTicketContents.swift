@@ -1,0 +1,48 @@
+// What an entry ticket holds (docs/protocol.md §7.8), as plain bytes before sealing. No imports: the
+// entry-ticket fuzz target compiles this file alone.
+
+/// The plaintext of an entry ticket: version 1, expiry (Unix milliseconds, 8 bytes), the pass key
+/// (32 bytes), the audience (the node it is for: length byte, bytes), then the payload (the rest).
+public struct EntryTicketContents: Equatable, Sendable {
+    public static let version: UInt8 = 1
+    public static let keyLength = 32
+    public static let maximumAudience = 64
+
+    public var expiresMilliseconds: UInt64
+    public var key: [UInt8]
+    public var audience: [UInt8]
+    public var payload: [UInt8]
+
+    public init(expiresMilliseconds: UInt64, key: [UInt8], audience: [UInt8], payload: [UInt8]) {
+        self.expiresMilliseconds = expiresMilliseconds
+        self.key = key
+        self.audience = audience
+        self.payload = payload
+    }
+
+    /// Nil for a key that isn't 32 bytes or an audience over 64 bytes: nothing this side issues.
+    public func encoded() -> [UInt8]? {
+        guard key.count == Self.keyLength, audience.count <= Self.maximumAudience else { return nil }
+        var bytes: [UInt8] = [Self.version]
+        bytes.reserveCapacity(1 + 8 + key.count + 1 + audience.count + payload.count)
+        for shift in stride(from: 56, through: 0, by: -8) { bytes.append(UInt8(truncatingIfNeeded: expiresMilliseconds >> UInt64(shift))) }
+        bytes += key
+        bytes.append(UInt8(audience.count))
+        bytes += audience
+        bytes += payload
+        return bytes
+    }
+
+    /// Nil for anything not laid out as `encoded` writes it: another version, too short, an audience
+    /// longer than the bytes or than 64.
+    public init?(parsing bytes: [UInt8]) {
+        let fixed = 1 + 8 + Self.keyLength + 1
+        guard bytes.count >= fixed, bytes[0] == Self.version else { return nil }
+        var expires: UInt64 = 0
+        for byte in bytes[1..<9] { expires = expires << 8 | UInt64(byte) }
+        let audienceLength = Int(bytes[fixed - 1])
+        guard audienceLength <= Self.maximumAudience, bytes.count >= fixed + audienceLength else { return nil }
+        self.init(expiresMilliseconds: expires, key: Array(bytes[9..<(9 + Self.keyLength)]),
+                  audience: Array(bytes[fixed..<(fixed + audienceLength)]), payload: Array(bytes[(fixed + audienceLength)...]))
+    }
+}
