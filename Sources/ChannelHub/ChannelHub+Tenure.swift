@@ -81,13 +81,14 @@ extension ChannelHub {
     }
 
     /// A join reached this node, but the channel's home is `home`: the client is sent there, and the
-    /// connection closes once it has the message (as after a refusal).
-    public func redirect(_ link: Link, to home: NodeAddress) {
+    /// connection closes once it has the message (as after a refusal). `pass`: the home's entry pass
+    /// for this join, when the node can issue one.
+    public func redirect(_ link: Link, to home: NodeAddress, pass: HomePass? = nil) {
         guard case .verifying? = sessions[link] else { return }  // closed while its placement was decided
         _ = tokenChecks.ended(link, claims: nil)
         sessions[link] = .refused
         counters.redirects += 1
-        outputs.append(.send(.redirect(home: home), to: [link]))
+        outputs.append(.send(.redirect(home: home, pass: pass), to: [link]))
         outputs.append(.close(link, code: .goingAway, reason: "the channel's home is \(home)"))
     }
 

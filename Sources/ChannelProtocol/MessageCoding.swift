@@ -6,7 +6,7 @@ import Foundation
 
 private enum Keys: String, CodingKey {
     case type, token, channel, reason, muted, environment, you, roster, talkers, code, participant, slot,
-         userID, event, descriptor, status, participants, unheard, expiresAt, loss, request, queue, features, home, media
+         userID, event, descriptor, status, participants, unheard, expiresAt, loss, request, queue, features, home, media, pass
 }
 
 extension ClientMessage: Codable {
@@ -95,7 +95,7 @@ extension ServerMessage: Codable {
         case "tokenExpiring": self = .tokenExpiring(expiresAt: try Self.decodeTime(c))
         case "tokenRenewed": self = .tokenRenewed(expiresAt: try Self.decodeTime(c))
         case "receptionLoss": self = .receptionLoss(lossPercent: try decodePercent(c))
-        case "redirect": self = .redirect(home: try decodeHome(c))
+        case "redirect": self = .redirect(home: try decodeHome(c), pass: try c.decodeIfPresent(HomePass.self, forKey: .pass))
         case "move": self = .move(home: try decodeHome(c))
         case "mediaKey": self = .mediaKey(try c.decode(MediaKey.self, forKey: .media))
         case let other:
@@ -155,9 +155,10 @@ extension ServerMessage: Codable {
         case .receptionLoss(let lossPercent):
             try c.encode("receptionLoss", forKey: .type)
             try c.encode(lossPercent, forKey: .loss)
-        case .redirect(let home):
+        case .redirect(let home, let pass):
             try c.encode("redirect", forKey: .type)
             try c.encode(home, forKey: .home)
+            try c.encodeIfPresent(pass, forKey: .pass)
         case .move(let home):
             try c.encode("move", forKey: .type)
             try c.encode(home, forKey: .home)

@@ -273,6 +273,21 @@ public struct ProtocolFeature: RawRepresentable, Hashable, Codable, Sendable {
     public static let cluster = ProtocolFeature(rawValue: "cluster")
 }
 
+/// An entry pass for the home a `redirect` names (docs/protocol.md §7.8): the client presents it in
+/// its ClientHello there, and the home answers the join the pass carries with its handshake flight,
+/// so the redirect costs one round trip more than a join at the home rather than two. `ticket` is
+/// opaque to the client (sealed by the cluster, for that node, valid for 30 s); `key` proves the pass
+/// is the client's own. A client that can't use it joins at the home as usual.
+public struct HomePass: Codable, Sendable, Equatable {
+    public var ticket: Data
+    public var key: Data
+
+    public init(ticket: Data, key: Data) {
+        self.ticket = ticket
+        self.key = key
+    }
+}
+
 /// A node of a squelchd cluster that is a channel's home: where a client joins it. `epoch` counts the
 /// channel's homes (it only grows), so that a client never follows a redirect older than the home it
 /// already had.
@@ -340,7 +355,7 @@ public enum ServerMessage: Sendable, Equatable {
     case receptionLoss(lossPercent: Int)
     /// The answer to `join` from a node of a cluster that is not the channel's home: join at `home`
     /// instead. The server closes the connection after it. (docs/protocol.md §19)
-    case redirect(home: NodeAddress)
+    case redirect(home: NodeAddress, pass: HomePass? = nil)
     /// The channel's home moved while this session was on (its node drains, or lost the channel):
     /// join again at `home` at once. The server closes the connection after it.
     case move(home: NodeAddress)

@@ -5,9 +5,9 @@ import ChannelProtocol
 /// the session goes to the home, and the app hears which node serves it (`homeNode`).
 extension ChannelSession {
     /// The join reached a node that is not the channel's home.
-    mutating func redirected(to home: NodeAddress) {
+    mutating func redirected(to home: NodeAddress, pass: HomePass?) {
         guard channel != nil, link == .joining else { return }
-        switch route.redirected(to: home) {
+        switch route.redirected(to: home, pass: pass) {
         case .follow(let next):
             goToHome(next)
         case .refuse(let why):

@@ -36,8 +36,8 @@ extension ChannelSession {
             outputs.append(.event(.tokenRenewed(expiresAt)))
         case .receptionLoss(let percent):
             setListenerLoss(percent)
-        case .redirect(let home):
-            redirected(to: home)
+        case .redirect(let home, let pass):
+            redirected(to: home, pass: pass)
         case .move(let home):
             moved(to: home)
         case .mediaKey:

@@ -2,10 +2,12 @@ import ChannelProtocol
 
 /// The voice connection: connecting, losing it, stalls, and trying again with backoff.
 extension ChannelSession {
-    mutating func transportConnected() {
+    /// `entered`: the home took the redirect's entry pass, and answers the join it carried: nothing to send.
+    mutating func transportConnected(entered: Bool = false) {
         serverAway = false
         guard link == .connecting, let channel, let credentials else { return }
         link = .joining
+        if entered { return }
         outputs.append(.send(.join(token: credentials.token, channel: channel,
                                    reason: joinReport == .due(.channelRestoration) ? .channelRestoration : .developerRequest)))
     }
@@ -109,7 +111,7 @@ extension ChannelSession {
         guard let credentials, !token.isExpired else { return }
         link = .connecting
         updateStatus(.connecting)
-        outputs.append(.connect(route.credentials(for: credentials), cluster: route.inCluster))
+        outputs.append(.connect(route.credentials(for: credentials), cluster: route.inCluster, pass: route.takePass()))
     }
 
     /// What the session knew of the connection it had: a new one starts with none of it.

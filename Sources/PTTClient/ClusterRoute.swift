@@ -13,6 +13,8 @@ struct ClusterRoute: Sendable, Equatable {
 
     /// The home to connect to; nil: the entry point.
     private(set) var home: NodeAddress?
+    /// The home's entry pass from the redirect, for the next connection only (`takePass`).
+    private(set) var pass: HomePass?
     /// Redirects followed since the last `joined`.
     private(set) var hops = 0
     /// The server said it is a cluster (a redirect, a move, or the feature in `joined`): a connection
@@ -26,8 +28,9 @@ struct ClusterRoute: Sendable, Equatable {
     }
 
     /// A `redirect` arrived in answer to `join`.
-    mutating func redirected(to next: NodeAddress) -> Verdict {
+    mutating func redirected(to next: NodeAddress, pass: HomePass? = nil) -> Verdict {
         inCluster = true
+        self.pass = nil
         if let home, next.epoch < home.epoch {
             return .refuse("squelchd sent the join back to \(next), an older home of the channel (epoch \(next.epoch), after \(home.epoch)); its nodes disagree about where the channel is: check that they share one database")
         }
@@ -36,6 +39,7 @@ struct ClusterRoute: Sendable, Equatable {
         }
         hops += 1
         home = next
+        self.pass = pass
         return .follow(next)
     }
 
@@ -45,6 +49,7 @@ struct ClusterRoute: Sendable, Equatable {
         if let home, next.epoch < home.epoch { return .refuse("squelchd moved the channel back to an older home (\(next)); ignored") }
         home = next
         hops = 0
+        pass = nil
         return .follow(next)
     }
 
@@ -57,6 +62,13 @@ struct ClusterRoute: Sendable, Equatable {
     /// point, which knows (or decides) the channel's home now.
     mutating func homeLost() {
         home = nil
+        pass = nil
+    }
+
+    /// The entry pass for the connection about to open; a pass enters once.
+    mutating func takePass() -> HomePass? {
+        defer { pass = nil }
+        return pass
     }
 
     /// Where to connect: the entry point's credentials, at the home's address if one is known. The

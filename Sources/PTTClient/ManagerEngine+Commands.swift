@@ -44,9 +44,9 @@ extension ManagerEngine {
             evaluateStrategy(all: true)
         case .refreshStrategy:
             evaluateStrategy(all: true)
-        case .transportConnected(let g):
+        case .transportConnected(let g, let entered):
             guard g == generation else { return }
-            session.transportConnected()
+            session.transportConnected(entered: entered)
         case .transportFailed(let g, let message, let serverWentAway):
             guard g == generation else { return }
             session.transportFailed(message, serverWentAway: serverWentAway)

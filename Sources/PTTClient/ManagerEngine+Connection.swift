@@ -9,7 +9,7 @@ import WireNIO
 
 // The voice connection: opening it, its events, closing it.
 extension ManagerEngine {
-    func openConnection(_ credentials: ChannelCredentials, cluster: Bool = false) async {
+    func openConnection(_ credentials: ChannelCredentials, cluster: Bool = false, pass: HomePass? = nil) async {
         // A connection replaced by a new one closes as going away, not normally: squelchd shows a
         // member whose client closed normally offline at once and gives its floor away, while this
         // one is back in a moment (its grace period covers that).
@@ -24,7 +24,7 @@ extension ManagerEngine {
         let receiver = self.receiver
         do throws(SetupProblem) {
             let connection = cluster ? Self.clusterLiveness(configuration.connection) : configuration.connection
-            client = try Self.makeClient(credentials, connection: connection, onDatagram: { bytes in
+            client = try Self.makeClient(credentials, connection: connection, pass: pass, onDatagram: { bytes in
                 // A burst's key may come as a datagram too, ahead of its control message.
                 if let key = MediaKey(datagram: bytes) { receiver.addMediaKey(key) } else { receiver.receive(bytes) }
             })
@@ -40,8 +40,11 @@ extension ManagerEngine {
                 // Media keys go to the receiver and transmitter here, in the control stream's order,
                 // rather than through the session: a catch-up's frames arrive right behind them.
                 var keys = SessionKeys(receiver: receiver, transmitter: transmitter)
+                var entered = false
                 for await event in client.events {
                     switch event {
+                    case .entered:
+                        entered = true
                     case .connection(.control(let bytes)):
                         if let message = try? codec.decodeServerMessage(bytes) {
                             keys.take(message)
@@ -50,7 +53,8 @@ extension ManagerEngine {
                     case .reconnecting:
                         sink.yield(.transportReconnecting(g))
                     case .connection(.connected):
-                        sink.yield(.transportConnected(g))
+                        sink.yield(.transportConnected(g, entered: entered))
+                        entered = false
                     case .connection(.stalled):
                         sink.yield(.transportStalled(g, true))
                     case .connection(.stallEnded):
@@ -129,12 +133,13 @@ extension ManagerEngine {
 
     /// A client for the server `credentials` name, not yet connected: the session's, or an owed
     /// leave's. Fails with what to fix: a CA file that can't be used, an address that doesn't resolve.
-    static func makeClient(_ credentials: ChannelCredentials, connection: ConnectionConfiguration,
+    static func makeClient(_ credentials: ChannelCredentials, connection: ConnectionConfiguration, pass: HomePass? = nil,
                            onDatagram: @escaping WireClientChannel.DatagramHandler) throws(SetupProblem) -> WireClientChannel {
         let validator = try loadCA(credentials.caPath)
         do {
             var clientConfiguration = ClientConfiguration(serverName: credentials.serverName ?? credentials.host, validator: validator)
             clientConfiguration.connection = connection
+            clientConfiguration.entryPass = pass.map { EntryPass(ticket: Array($0.ticket), key: Array($0.key)) }
             let address = try SocketAddress.makeAddressResolvingHost(credentials.host, port: credentials.port)
             return try WireClientChannel(configuration: clientConfiguration, server: address, onDatagram: onDatagram)
         } catch {

@@ -48,14 +48,14 @@ extension ManagerEngine {
         switch output {
         case .delegate(let call):
             deliver(call)
-        case .connect(let credentials, let cluster):
+        case .connect(let credentials, let cluster, let pass):
             // Audio is taken before the join is answered: the server's catch-up of a burst in progress
             // follows `joined` at once (25 packets, then 10 every 10 ms). Taken only from `didJoin`,
             // after the event and command hops and the restoration record's write, the start of the
             // burst a late joiner came for was lost. The output opens at `didJoin`.
             receiver.arm()
             followChannelServer(to: credentials)
-            await openConnection(credentials, cluster: cluster)
+            await openConnection(credentials, cluster: cluster, pass: pass)
         case .disconnect:
             await closeConnection()
         case .send(let message):

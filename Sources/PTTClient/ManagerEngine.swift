@@ -26,7 +26,8 @@ actor ManagerEngine {
         case setter(@Sendable (inout ChannelSession) throws(ChannelError) -> Void, CheckedContinuation<Void, any Error>)
         case strategy(any SubscriptionStrategy)
         case refreshStrategy
-        case transportConnected(Int)
+        /// The generation, and whether the server took the connection's entry pass.
+        case transportConnected(Int, entered: Bool = false)
         /// The connection failed or closed: what to tell the user, and whether squelchd said it was
         /// going away (shutting down for a restart or an upgrade) as it closed.
         case transportFailed(Int, String, serverWentAway: Bool = false)

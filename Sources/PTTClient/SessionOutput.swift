@@ -21,7 +21,9 @@ enum SessionOutput: Sendable, Equatable {
     case delegate(DelegateCall)
     /// Open a voice connection and handshake; answer with `transportConnected` or `transportFailed`.
     /// `cluster`: with the liveness a cluster's failover needs (a dead home noticed in seconds).
-    case connect(ChannelCredentials, cluster: Bool = false)
+    /// `pass`: the home's entry pass from the redirect that named it; the join it carries is then
+    /// answered without being sent (`transportConnected(entered: true)`).
+    case connect(ChannelCredentials, cluster: Bool = false, pass: HomePass? = nil)
     /// Close the voice connection (`leaving`: for good, with CLOSE code normal).
     case disconnect
     case send(ClientMessage)

@@ -15,6 +15,8 @@ extension HubDriver {
         let cluster = self.cluster
         let this = NIOLoopBound(self, eventLoop: eventLoop)
         let loop = eventLoop
+        // What an entry pass to the home carries, should the join be redirected: the join itself.
+        let join = cluster == nil ? [] : codec.encode(ClientMessage.join(token: token, channel: channel, reason: reason))
         Task {
             let outcome = await HubDriver.check(token, channel: channel, with: tokens, store: store, logger: logger)
             var placement: ClusterNode.Placement?
@@ -31,14 +33,14 @@ extension HubDriver {
             let (placed, stored) = (placement, members)
             loop.execute {
                 let driver = this.value
-                driver.joinChecked(link, outcome, placement: placed, members: stored, reason: reason)
+                driver.joinChecked(link, outcome, placement: placed, members: stored, reason: reason, join: join)
                 driver.flush()
             }
         }
     }
 
     private func joinChecked(_ link: Link, _ outcome: Result<Checked, Refusal>, placement: ClusterNode.Placement?,
-                             members: [MemberRecord], reason: JoinReason) {
+                             members: [MemberRecord], reason: JoinReason, join: [UInt8]) {
         let checked: Checked
         switch outcome {
         case .failure(let refusal):
@@ -58,13 +60,24 @@ extension HubDriver {
                 hub.leaseHeld(checked.channel.id, until: validUntil)
             }
         case .redirect(let home)?:
-            hub.redirect(link, to: home)
+            let pass = entryPasses?.issue(payload: join, for: home.node).map { HomePass(ticket: Data($0.ticket), key: Data($0.key)) }
+            hub.redirect(link, to: home, pass: pass)
             return
         case .unavailable(let why)?:
             hub.refuse(link, code: .serverBusy, reason: why)
             return
         }
         hub.admit(link, claims: checked.claims, reason: reason, at: now)
+    }
+
+    /// A connection that came with an entry pass (`ConnectionEvent.entered`): it is connected, and
+    /// what the pass carries (the join this node's peer redirected here) is taken as its first
+    /// control message, answered before the client's Finished arrives.
+    func entered(_ handle: Link, carrying join: [UInt8]) {
+        hub.connected(handle)
+        enteredEarly.insert(handle)
+        cluster?.metrics.entries.increment()
+        hub.control(handle, bytes: join, at: Self.now())
     }
 
     /// What the cluster node tells the hub, on the event loop.

@@ -25,6 +25,10 @@ final class HubDriver: WireServerDelegate {
     var pushes: PushDispatcher?
     /// This node's part in a cluster (where each channel's home is); nil: a single node.
     var cluster: ClusterNode?
+    /// The entry passes this cluster node issues with its redirects (the transport's, shared).
+    var entryPasses: EntryPasses?
+    /// Connections that entered with a pass and have not sent their Finished yet (`entered`).
+    var enteredEarly: Set<Link> = []
     weak var server: WireServer?
     var timer = LoopTimer()
     var published = HubCounters()
@@ -56,12 +60,14 @@ final class HubDriver: WireServerDelegate {
     func wireServer(_ server: WireServer, handle: Endpoint.Handle, event: ConnectionEvent) {
         self.server = server
         switch event {
-        case .connected: hub.connected(handle)
+        case .connected: if enteredEarly.remove(handle) == nil { hub.connected(handle) }
+        case .entered(let join): entered(handle, carrying: join)
         case .control(let bytes): hub.control(handle, bytes: bytes, at: Self.now())
         case .closed(let error):
             logger.debug("connection closed", metadata: ["link": "\(handle)", "why": "\(error)"])
             backlog.remove(handle)
             rosterWaits[handle] = nil
+            enteredEarly.remove(handle)
             var deliberately = false
             if case .peer(let code, _, true) = error { deliberately = code == CloseCode.normal.rawValue }
             hub.closed(handle, deliberately: deliberately, at: Self.now())

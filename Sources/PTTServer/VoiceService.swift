@@ -63,11 +63,16 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
         // However this ends (a failed start included), no more writes come from here: the store
         // writer can drain and the database close without waiting for its cancellation grace.
         defer { writer.finish() }
+        let tokenKey = SymmetricKey(data: try await persistentKey(Self.addressTokenKeyName))
+        // In a cluster the address-token key is every node's (it is in the database), and so is the
+        // key of the entry passes derived from it: one node issues them with its redirects, the
+        // home honours them.
         let secrets = ServerSecrets(
             identity: identity,
             resetKey: SymmetricKey(data: try await persistentKey(Self.resetKeyName)),
-            tokenKey: SymmetricKey(data: try await persistentKey(Self.addressTokenKeyName)),
-            clockEpoch: WireNIO.monotonicClockEpoch())
+            tokenKey: tokenKey,
+            clockEpoch: WireNIO.monotonicClockEpoch(),
+            entryPasses: cluster.map { EntryPasses(sharedKey: tokenKey, audience: $0.id.rawValue) })
         var hubConfiguration = HubConfiguration()
         hubConfiguration.fullDuplexMaxTalkers = configuration.fullDuplexMaxTalkers
         hubConfiguration.disconnectGrace = UInt64(configuration.disconnectGraceSeconds * 1e9)
@@ -119,6 +124,7 @@ public final class VoiceService: Service, AdminHubHooks, Sendable {
         let driver = HubDriver(hub: hub, eventLoop: eventLoop, tokens: tokens, writer: writer, metrics: metrics, logger: logger)
         driver.pushes = pushes
         driver.cluster = cluster
+        driver.entryPasses = secrets.entryPasses
         driver.livenessWindow = UInt64(configuration.pushWakeSilenceSeconds * 1e9)
         let box = NIOLoopBoundBox.makeBoxSendingValue(driver, as: HubDriver.self, eventLoop: eventLoop)
         var endpointConfiguration = EndpointConfiguration()

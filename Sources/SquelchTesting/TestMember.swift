@@ -106,6 +106,19 @@ public final class TestMember: Sendable {
         }
     }
 
+    /// After `connect` with an entry pass in the configuration: the answer to the join the pass
+    /// carried, sent by the server with its handshake flight. Nil when the server did not take the
+    /// pass (join as usual then), or gave no answer in time.
+    public func entered(seconds: Double = 10) async -> ServerMessage? {
+        guard events.contains(.entered) else { return nil }
+        return await waitFor(seconds: seconds) {
+            switch $0 {
+            case .joined, .refused, .redirect: return true
+            default: return false
+            }
+        }
+    }
+
     /// Sends one audio datagram, sealed with the newest key the server gave for this member's
     /// `burst` (docs/protocol.md §16.4.5). Without one (no grant, or a test sending where it may not),
     /// with a key of its own under key ID 0, which the server never hands out.

@@ -96,7 +96,7 @@ struct ClusterBenchmark: AsyncParsableCommand {
         var member = try TestMember(port: port, configuration: cluster.client)
         try await member.connect()
         var answer: ServerMessage? = try await member.join(token: token, channel: cluster.channel)
-        if case .redirect(let home)? = answer {
+        if case .redirect(let home, _)? = answer {
             await member.close()
             member = try TestMember(port: Int(home.port), configuration: cluster.client)
             try await member.connect()

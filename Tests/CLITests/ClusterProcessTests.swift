@@ -85,6 +85,14 @@ import Wire
             return (home, entry, ann, bob)
         }
 
+        /// A counter or gauge from the node's /metrics (admin port); nil if it has none by that name.
+        func metric(_ name: String, node: Int) async throws -> Double? {
+            let url = URL(string: "http://127.0.0.1:\(try #require(nodes[node]).adminPort)/metrics")!
+            let (data, _) = try await URLSession.shared.data(from: url)
+            return String(decoding: data, as: UTF8.self).split(separator: "\n")
+                .first { $0.hasPrefix(name + " ") }.flatMap { Double($0.split(separator: " ").last ?? "") }
+        }
+
         /// The node's log so far.
         func log(_ node: Int) -> String { nodes[node]?.log.contents ?? "" }
 
@@ -105,6 +113,13 @@ import Wire
         let (home, _, ann, bob) = try await cluster.placeAndJoin()
         #expect(await ann.talk(cluster.channel.id, within: 5))
         #expect(await eventually(seconds: 10) { bob.bursts == 1 }, "bob heard the burst at the first home")
+        // Both were redirected with an entry pass, and the home answered their joins with its
+        // handshake (one round trip for the redirect, not two).
+        // (The scout, who placed the channel, may have been redirected too.)
+        let entries = try await cluster.metric("squelch_cluster_entry_passes_total", node: home) ?? 0
+        var redirects = 0.0
+        for node in cluster.nodes.indices where node != home { redirects += try await cluster.metric("squelch_cluster_redirects_total", node: node) ?? 0 }
+        #expect(entries >= 2 && entries == redirects, "entries at the home \(entries), redirects elsewhere \(redirects)")
 
         let killedAt = Date()
         kill(try #require(cluster.nodes[home]).process.processIdentifier, SIGKILL)

@@ -10,7 +10,41 @@ extension ChannelSessionTests {
     static let nodeC = NodeAddress(node: "c", host: "10.0.0.3", port: 7703, epoch: 5)
 
     func connections(_ outputs: [SessionOutput]) -> [(ChannelCredentials, Bool)] {
-        outputs.compactMap { if case .connect(let c, let cluster) = $0 { return (c, cluster) } else { return nil } }
+        outputs.compactMap { if case .connect(let c, let cluster, _) = $0 { return (c, cluster) } else { return nil } }
+    }
+
+    func passes(_ outputs: [SessionOutput]) -> [HomePass?] {
+        outputs.compactMap { if case .connect(_, _, let pass) = $0 { return pass } else { return nil } }
+    }
+
+    @Test func aRedirectsEntryPassGoesToTheHomeOnceAndItsJoinIsNotSentAgain() {
+        let pass = HomePass(ticket: Data([1, 2, 3]), key: Data(repeating: 7, count: 32))
+        var s = ChannelSession()
+        s.requestJoin(channelID, descriptor: descriptor, credentials: credentials, reason: .developerRequest)
+        s.transportConnected()
+        _ = s.takeOutputs()
+        s.received(.redirect(home: Self.nodeB, pass: pass))
+        #expect(passes(s.takeOutputs()) == [pass])
+        // The home took it: it answers the join the pass carries, so none is sent.
+        s.transportConnected(entered: true)
+        #expect(!sent(s.takeOutputs()).contains { if case .join = $0 { true } else { false } })
+        joined(&s)
+        #expect(delegateCalls(s.takeOutputs()) == [.didJoin(channelID, .developerRequest)])
+        // A later connection (the home lost) brings no pass: a pass enters once.
+        s.transportFailed("gone")
+        s.reconnectDue()
+        #expect(passes(s.takeOutputs()) == [nil])
+    }
+
+    @Test func aHomeThatIgnoresThePassGetsTheJoinSent() {
+        var s = ChannelSession()
+        s.requestJoin(channelID, descriptor: descriptor, credentials: credentials, reason: .developerRequest)
+        s.transportConnected()
+        _ = s.takeOutputs()
+        s.received(.redirect(home: Self.nodeB, pass: HomePass(ticket: Data([1]), key: Data(repeating: 7, count: 32))))
+        _ = s.takeOutputs()
+        s.transportConnected(entered: false)
+        #expect(sent(s.takeOutputs()).contains { if case .join = $0 { true } else { false } })
     }
 
     func joined(_ s: inout ChannelSession, features: [ProtocolFeature] = []) {

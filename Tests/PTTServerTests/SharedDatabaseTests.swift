@@ -75,7 +75,7 @@ import WireTesting
         }
         var (ann, answer) = try await join("ann", at: b.voicePort)
         var (home, other) = (b, a)
-        if case .redirect(let sent)? = answer {
+        if case .redirect(let sent, _)? = answer {
             #expect(Int(sent.port) == a.voicePort && sent.node != "", "\(sent)")
             (ann, answer) = try await join("ann", at: a.voicePort)
             (home, other) = (a, b)
@@ -84,10 +84,27 @@ import WireTesting
         let (bob, bobAnswer) = try await join("bob", at: home.voicePort)
         guard case .joined? = bobAnswer else { Issue.record("bob not joined: \(String(describing: bobAnswer))"); return }
         let (_, catAnswer) = try await join("cat", at: other.voicePort)
-        guard case .redirect(let redirected)? = catAnswer else { Issue.record("cat not redirected: \(String(describing: catAnswer))"); return }
+        guard case .redirect(let redirected, let pass)? = catAnswer, let pass else {
+            Issue.record("cat not redirected with an entry pass: \(String(describing: catAnswer))"); return
+        }
         #expect(Int(redirected.port) == home.voicePort && redirected.host == "127.0.0.1" && redirected.epoch >= 1)
-        let (_, catAtHome) = try await join("cat", at: home.voicePort)
-        guard case .joined? = catAtHome else { Issue.record("cat not joined at the home: \(String(describing: catAtHome))"); return }
+        // The redirect's entry pass: the home answers the join it carries with the handshake, and
+        // cat sends no join of its own.
+        var withPass = pki.client()
+        withPass.entryPass = EntryPass(ticket: Array(pass.ticket), key: Array(pass.key))
+        let cat = try TestMember(port: home.voicePort, configuration: withPass)
+        try await cat.connect()
+        guard case .joined? = await cat.entered() else { Issue.record("cat not joined with the pass: \(cat.events) \(cat.messages)"); return }
+        // A pass enters once: a copy presented again is ignored, and that connection joins as usual.
+        let again = try TestMember(port: home.voicePort, configuration: withPass)
+        try await again.connect()
+        #expect(await again.entered(seconds: 1) == nil)
+        await again.close()
+        // Nor does another node take it (it names the home).
+        let elsewhere = try TestMember(port: other.voicePort, configuration: withPass)
+        try await elsewhere.connect()
+        #expect(await elsewhere.entered(seconds: 1) == nil)
+        await elsewhere.close()
         try await ann.send(.floorRequest())
         let burst = try #require(await ann.waitForFloor(.granted)?.burst)
         #expect(await ann.sendAudio(burst: burst, sequence: 0, payload: [1, 2, 3]))

@@ -295,6 +295,7 @@ final class HeldEpochs: Sendable {
 struct ClusterMetrics: Sendable {
     let placements: Counter
     let redirects: Counter
+    let entries: Counter
     let renewals: Counter
     let renewalFailures: Counter
     let leasesLost: Counter
@@ -306,6 +307,7 @@ struct ClusterMetrics: Sendable {
         }
         placements = counter("cluster_placements", "Channels this node took up as their home (a claim it won).")
         redirects = counter("cluster_redirects", "Joins this node sent to the channel's home on another node.")
+        entries = counter("cluster_entry_passes", "Joins redirected here with an entry pass, answered with the handshake's flight.")
         renewals = counter("cluster_lease_renewals", "Channel leases this node renewed.")
         renewalFailures = counter("cluster_lease_renewal_failures", "Heartbeats (with their lease renewals) that failed: the database did not answer.")
         moves = counter("cluster_moves", "Channels this node handed over to another node while draining (their members told to move).")
