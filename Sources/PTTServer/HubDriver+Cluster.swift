@@ -60,7 +60,9 @@ extension HubDriver {
                 hub.leaseHeld(checked.channel.id, until: validUntil)
             }
         case .redirect(let home)?:
-            let pass = entryPasses?.issue(payload: join, for: home.node).map { HomePass(ticket: Data($0.ticket), key: Data($0.key)) }
+            let client = server?.endpoint.connection(link)?.remoteAddress
+            let pass = client.flatMap { entryPasses?.issue(payload: join, for: home.node, client: $0) }
+                .map { HomePass(ticket: Data($0.ticket), key: Data($0.key)) }
             hub.redirect(link, to: home, pass: pass)
             return
         case .unavailable(let why)?:

@@ -49,14 +49,25 @@ public struct EntryPasses: Sendable {
         self.clock = clock
     }
 
-    /// A pass for the node `audience` that carries `payload` (squelchd: the join being redirected).
-    /// Nil only if sealing fails or the audience is over 64 bytes.
-    public func issue(payload: [UInt8], for audience: String) -> EntryPass? {
+    /// A pass for the node `audience` that carries `payload` (squelchd: the join being redirected),
+    /// for the client this node sees at `client` (its host, not its port, counts: the home takes a
+    /// ClientHello from that host as from a validated address). Nil only if sealing fails or the
+    /// audience is over 64 bytes.
+    public func issue(payload: [UInt8], for audience: String, client: PathAddress) -> EntryPass? {
         let passKey = SymmetricKey(size: .bits256).withUnsafeBytes { Array($0) }
         let contents = EntryTicketContents(expiresMilliseconds: clock() + lifetimeMilliseconds, key: passKey,
-                                           audience: Array(audience.utf8), payload: payload)
+                                           host: Self.host(client), audience: Array(audience.utf8), payload: payload)
         guard let plain = contents.encoded(), let box = try? AES.GCM.seal(plain, using: key), let sealed = box.combined else { return nil }
         return EntryPass(ticket: Array(sealed), key: passKey)
+    }
+
+    /// A host as a ticket holds it: IPv6 flag, then the high and low 64 bits.
+    static func host(_ address: PathAddress) -> [UInt8] {
+        var bytes: [UInt8] = [address.isIPv6 ? 1 : 0]
+        for value in [address.high, address.low] {
+            for shift in stride(from: 56, through: 0, by: -8) { bytes.append(UInt8(truncatingIfNeeded: value >> UInt64(shift))) }
+        }
+        return bytes
     }
 
     /// The ticket's contents if it is this cluster's, for this node, and not expired. Spending it is

@@ -16,8 +16,10 @@ import Testing
         issuer = EntryPasses(sharedKey: shared, audience: "node-a")
     }
 
-    /// The home, on a path with a fixed 20 ms each way, answering each entered payload reversed.
-    func home(audience: String = "node-b", clock: @escaping @Sendable () -> UInt64 = { UInt64(Date().timeIntervalSince1970 * 1_000) }) throws -> Simulation {
+    /// The home, on a path with a fixed 20 ms each way, answering each entered payload reversed (or
+    /// with `answer` bytes).
+    func home(audience: String = "node-b", answer: Int? = nil,
+              clock: @escaping @Sendable () -> UInt64 = { UInt64(Date().timeIntervalSince1970 * 1_000) }) throws -> Simulation {
         let secrets = ServerSecrets(identity: try pki.identity(), resetKey: SymmetricKey(size: .bits256),
                                     entryPasses: EntryPasses(sharedKey: shared, audience: audience, clock: clock))
         let sim = Simulation(seed: 9, conditions: .init(jitter: 0), pki: pki, secrets: secrets)
@@ -25,7 +27,8 @@ import Testing
         // otherwise poll only at the next arrival).
         sim.onServerEvent = { [unowned sim] handle, event in
             guard case .entered(let payload) = event else { return }
-            try? sim.endpoint.sendControl(Array(payload.reversed()), to: handle, now: sim.network.now)
+            let reply = answer.map { [UInt8](repeating: 0x6A, count: $0) } ?? Array(payload.reversed())
+            try? sim.endpoint.sendControl(reply, to: handle, now: sim.network.now)
             sim.flush()
         }
         return sim
@@ -35,14 +38,19 @@ import Testing
         sim.serverEvents.compactMap { if case .entered(let p) = $0.1 { return p } else { return nil } }
     }
 
-    @Test func theHomeAnswersWhatThePassCarriesWithItsFirstFlight() async throws {
+    /// Where `Simulation.addClient` puts its first client.
+    static let firstClient = PathAddress.v4(192, 168, 1, 10, port: 50_000)
+
+    /// `join`: what the pass carries; a long one (a long token) makes a ClientHello of two Initials.
+    @Test(arguments: ["join", String(repeating: "long join ", count: 300)])
+    func theHomeAnswersWhatThePassCarriesWithItsFirstFlight(_ join: String) async throws {
         let sim = try home()
-        let pass = try #require(issuer.issue(payload: Array("join".utf8), for: "node-b"))
+        let pass = try #require(issuer.issue(payload: Array(join.utf8), for: "node-b", client: Self.firstClient))
         let client = sim.addClient(entryPass: pass)
         let start = sim.network.now
         #expect(await sim.run(for: seconds(2)) { !sim.controlMessages(client: client).isEmpty })
-        #expect(sim.controlMessages(client: client) == [Array("nioj".utf8)])
-        #expect(entered(sim) == [Array("join".utf8)])
+        #expect(sim.controlMessages(client: client) == [Array(join.utf8.reversed())])
+        #expect(entered(sim) == [Array(join.utf8)])
         // One round trip (40 ms) from the ClientHello, not two: the answer came with the flight.
         #expect(sim.network.now.since(start) < ms(60), "\(sim.network.now.since(start) / 1_000_000) ms: \(sim.trace)")
         #expect(sim.clients[client].connection.entryPassAccepted)
@@ -58,7 +66,7 @@ import Testing
     func aPassTheHomeDoesNotHonourIsIgnored(_ case: String) async throws {
         let now = UInt64(Date().timeIntervalSince1970 * 1_000)
         let sim = try home(clock: { `case` == "expired" ? now + 31_000 : now })
-        var pass = try #require(issuer.issue(payload: Array("join".utf8), for: `case` == "other node" ? "node-c" : "node-b"))
+        var pass = try #require(issuer.issue(payload: Array("join".utf8), for: `case` == "other node" ? "node-c" : "node-b", client: Self.firstClient))
         if `case` == "stolen" { pass.key = Array(SymmetricKey(size: .bits256).withUnsafeBytes { Array($0) }) }
         if `case` == "forged" { pass.ticket[pass.ticket.count / 2] ^= 1 }
         if `case` == "replayed" {
@@ -73,18 +81,33 @@ import Testing
         #expect(entered(sim).count == (`case` == "replayed" ? 1 : 0))
     }
 
+    /// The pass names the client's host as the redirecting node saw it: from that host the home
+    /// sends a large answer (a big channel's roster) with its flight; from another, the 3x limit
+    /// holds it back until the client's Finished has validated the address, a round trip later.
+    @Test(arguments: [true, false]) func fromTheHostThePassNamesTheAnswerIsNotHeldToThreeTimes(_ sameHost: Bool) async throws {
+        let sim = try home(answer: 6_000)
+        let named = sameHost ? Self.firstClient : PathAddress.v4(10, 7, 7, 7, port: 50_000)
+        let pass = try #require(issuer.issue(payload: Array("join".utf8), for: "node-b", client: named))
+        let client = sim.addClient(entryPass: pass)
+        let start = sim.network.now
+        #expect(await sim.run(for: seconds(2)) { !sim.controlMessages(client: client).isEmpty })
+        #expect(sim.controlMessages(client: client).first?.count == 6_000)
+        let rounds = Double(sim.network.now.since(start)) / Double(ms(40))
+        if sameHost { #expect(rounds < 1.5, "\(rounds) round trips") } else { #expect(rounds >= 1.5, "\(rounds) round trips") }
+    }
+
     @Test func ticketContentsRoundTripAndRefuseWhatIsNotLaidOutSo() throws {
         let contents = EntryTicketContents(expiresMilliseconds: 1_765_000_000_123, key: Array(repeating: 7, count: 32),
-                                           audience: Array("node-b".utf8), payload: Array("join".utf8))
+                                           host: EntryPasses.host(Self.firstClient), audience: Array("node-b".utf8), payload: Array("join".utf8))
         let bytes = try #require(contents.encoded())
         #expect(EntryTicketContents(parsing: bytes) == contents)
-        #expect(EntryTicketContents(parsing: Array(bytes.prefix(41))) == nil)
+        #expect(EntryTicketContents(parsing: Array(bytes.prefix(EntryTicketContents.fixedLength - 1))) == nil)
         var other = bytes
         other[0] = 2
         #expect(EntryTicketContents(parsing: other) == nil)
         var long = bytes
-        long[41] = 65
+        long[EntryTicketContents.fixedLength - 1] = 65
         #expect(EntryTicketContents(parsing: long) == nil)
-        #expect(EntryTicketContents(expiresMilliseconds: 0, key: [1], audience: [], payload: []).encoded() == nil)
+        #expect(EntryTicketContents(expiresMilliseconds: 0, key: [1], host: [], audience: [], payload: []).encoded() == nil)
     }
 }
