@@ -137,6 +137,7 @@ TARGETS = [
     Target("push_cpu_vs_h2load", "Push client CPU per push against h2load's", "x", True, 2),
     Target("push_rate_vs_h2load", "Pushes per second against h2load's", "x", False, 2),
     Target("push_storm_relay_vs_quiet", "Relay fan-out p99 while a burst's wakes go out, against after", "x", True, 2),
+    Target("cluster_redirect_round_trips", "Cluster: round trips a redirect adds to a join", "", True, 1),
 ]
 TARGET_BY_KEY = {t.key: t for t in TARGETS}
 
@@ -541,7 +542,7 @@ def section_handshakes(data: dict) -> list[str]:
     ]), ""]
 
 
-def section_cluster(data: dict) -> list[str]:
+def section_cluster(data: dict, v: Verdicts) -> list[str]:
     out = ["## Cluster", "",
            "Three `squelchd` processes on one PostgreSQL (`squelch-bench cluster`): how long a channel "
            "is silent after `kill -9` of its home (until a listener hears the next burst, which itself "
@@ -555,12 +556,28 @@ def section_cluster(data: dict) -> list[str]:
     failover_max = _num(c, "failover_max_s", w)
     verdict = "—" if failover_max is None else ("met" if failover_max <= 8 else "**missed**") + f" ({failover_max:.1f} s)"
     direct, redirected = _num(c, "join_direct_ms", w), _num(c, "join_redirected_ms", w)
+    rtt = _num(c, "path_rtt_ms", w)
+    extra = _num(c, "redirect_extra_round_trips", w)
+    if extra is None:  # a run from before entry passes: the redirect cost only on loopback
+        redirect_rows = [["Join through a redirect", fmt(redirected, "ms", 2), "at most one extra round trip",
+                          "—" if direct is None or redirected is None else f"a join and a handshake more (+{redirected - direct:.2f} ms)"]]
+    else:
+        redirect_rows = [
+            ["Join through a redirect, with its entry pass (loopback)", fmt(redirected, "ms", 2), "—", "—"],
+            ["Join through a redirect, pass unused (loopback)", fmt(_num(c, "join_redirected_without_pass_ms", w), "ms", 2), "—", "—"],
+            [f"Join at the home, {fmt(rtt, 'ms', 0)} round-trip path", fmt(_num(c, "path_join_direct_ms", w), "ms", 1), "—", "—"],
+            [f"Join through a redirect, {fmt(rtt, 'ms', 0)} path", fmt(_num(c, "path_join_redirected_ms", w), "ms", 1), "—", "—"],
+            ["Round trips the redirect adds, with its entry pass (beyond its loopback cost)", fmt(extra, "", 1),
+             v.target_text("cluster_redirect_round_trips"), v.verdict("cluster_redirect_round_trips", extra)],
+            ["Same, pass unused (as before passes)", fmt(_num(c, "redirect_extra_round_trips_without_pass", w), "", 1), "—", "—"],
+        ]
+    if extra is None:
+        v.verdict("cluster_redirect_round_trips", None)
     return out + [table(["Figure", "Value", "Target", "Met / missed"], [
         [f"Failover after kill -9, p50 ({fmt(kills, '', 0)} kills, lease {fmt(lease, 's', 0)})", fmt(_num(c, "failover_p50_s", w), "s", 1), "—", "—"],
         ["Failover after kill -9, maximum", fmt(failover_max, "s", 1), "≤ 8.0 s", verdict],
-        ["Join at the home", fmt(direct, "ms", 2), "—", "—"],
-        ["Join through a redirect", fmt(redirected, "ms", 2), "at most one extra round trip",
-         "—" if direct is None or redirected is None else f"a join and a handshake more (+{redirected - direct:.2f} ms)"],
+        ["Join at the home (loopback)", fmt(direct, "ms", 2), "—", "—"],
+        *redirect_rows,
         ["Placement transactions per second", fmt(_num(c, "placements_per_second", w), "/s", 0), "—", "—"],
     ]), ""]
 
@@ -749,7 +766,7 @@ def render(data: dict, md_path: Path, plots: Path) -> str:
     body += section_floor(data, v)
     body += section_handshakes(data)
     body += section_push(data, v, plots, rel)
-    body += section_cluster(data)
+    body += section_cluster(data, v)
     body += section_soak(data)
     body += section_memory(data, v)
 

@@ -5,6 +5,8 @@ import ChannelStore
 import ChannelStorePostgres
 import ClusterPlacement
 import Foundation
+import ImpairmentKit
+import NIOCore
 import PostgresTesting
 import PTTClient
 import PTTClientTesting
@@ -23,13 +25,14 @@ struct ClusterBenchmark: AsyncParsableCommand {
     @Option(help: "Joins timed, direct and through a redirect.") var joins = 20
     @Option(help: "Placement transactions for the rate.") var placements = 2_000
     @Option(help: "Lease length (seconds) the nodes run with.") var lease = 5
+    @Option(help: "One-way delay (ms) of the path the redirect's cost is also measured on, in round trips.") var oneWayDelay = 25.0
     @Option(help: "Directory with ca.pem, server-chain.pem and server.key (make certs).") var certs = "certs"
     @Option(help: "squelchd executable (default: next to this one).") var squelchd: String?
     @OptionGroup var results: ResultsOptions
 
     func validate() throws {
-        guard kills >= 1, joins >= 1, placements >= 10, (2...60).contains(lease) else {
-            throw ValidationError("--kills and --joins at least 1, --placements at least 10, --lease 2-60")
+        guard kills >= 1, joins >= 1, placements >= 10, (2...60).contains(lease), (1...500).contains(oneWayDelay) else {
+            throw ValidationError("--kills and --joins at least 1, --placements at least 10, --lease 2-60, --one-way-delay 1-500")
         }
     }
 
@@ -41,15 +44,24 @@ struct ClusterBenchmark: AsyncParsableCommand {
 
         let cluster = try await ProcessCluster(squelchd: executable, certs: certs, location: try await database.makeDatabase(), lease: lease)
         defer { cluster.stopAll() }
-        let (direct, redirected) = try await redirectCost(cluster)
-        print(String(format: "cluster: join %.2f ms at the home, %.2f ms through a redirect (median of %d each): +%.2f ms, a join and a handshake more",
-                     direct, redirected, joins, redirected - direct))
+        let loopback = try await redirectCost(cluster)
+        print(String(format: "cluster: on loopback, join %.2f ms at the home, %.2f ms through a redirect with its entry pass, %.2f ms without (median of %d each)",
+                     loopback.direct, loopback.redirected, loopback.withoutPass, joins))
+        let rtt = 2 * oneWayDelay
+        let delayed = try await redirectCost(cluster, oneWay: oneWayDelay)
+        let extra = delayed.extraRoundTrips(rtt, less: loopback), extraWithout = delayed.extraRoundTripsWithoutPass(rtt, less: loopback)
+        print(String(format: "cluster: on a %.0f ms round-trip path, join %.1f ms at the home, %.1f ms through a redirect with its entry pass (+%.1f round trips beyond the loopback cost), %.1f ms without (+%.1f)",
+                     rtt, delayed.direct, delayed.redirected, extra, delayed.withoutPass, extraWithout))
         let failovers = try await failoverTimes(cluster)
         let sorted = failovers.sorted()
         print(String(format: "cluster: after kill -9 of the home, the next burst was heard after p50 %.1f s, max %.1f s (%d kills, lease %d s)",
                      percentile(sorted, 0.5), sorted.last ?? .nan, sorted.count, lease))
         try results.record("cluster", [
-            "placements_per_second": rate, "join_direct_ms": direct, "join_redirected_ms": redirected,
+            "placements_per_second": rate, "join_direct_ms": loopback.direct, "join_redirected_ms": loopback.redirected,
+            "join_redirected_without_pass_ms": loopback.withoutPass, "path_rtt_ms": rtt,
+            "path_join_direct_ms": delayed.direct, "path_join_redirected_ms": delayed.redirected,
+            "path_join_redirected_without_pass_ms": delayed.withoutPass,
+            "redirect_extra_round_trips": extra, "redirect_extra_round_trips_without_pass": extraWithout,
             "failover_p50_s": percentile(sorted, 0.5), "failover_max_s": sorted.last ?? 0, "failover_s": sorted,
             "kills": sorted.count, "lease_s": lease,
         ] as [String: Any])
@@ -77,30 +89,64 @@ struct ClusterBenchmark: AsyncParsableCommand {
         return Double(placements) / ((ContinuousClock.now - started) / .seconds(1))
     }
 
-    /// Median join time (connect, handshake, join) at the channel's home, and through another node.
-    func redirectCost(_ cluster: ProcessCluster) async throws -> (direct: Double, redirected: Double) {
-        let home = try await cluster.placeChannel()
-        let other = cluster.nodes.indices.first { $0 != home && $0 != 0 } ?? 0
-        var direct: [Double] = [], redirected: [Double] = []
-        for round in 0 ..< joins {
-            let token = try cluster.token("joiner-\(round)")
-            direct.append(try await timedJoin(cluster, token: token, at: cluster.port(home)))
-            redirected.append(try await timedJoin(cluster, token: token, at: cluster.port(other)))
+    /// Median join times (connect, handshake, join): at the channel's home, through another node that
+    /// redirects, and through it again with the redirect's entry pass left unused (as before passes).
+    struct RedirectCost {
+        var direct: Double, redirected: Double, withoutPass: Double
+        /// The redirect's extra time on a path with round trip `rtt`, less what it costs on loopback
+        /// (`cpu`: the CPU of a second handshake, which no path delay changes), in round trips, to a
+        /// tenth.
+        func extraRoundTrips(_ rtt: Double, less cpu: RedirectCost) -> Double {
+            ((redirected - direct - (cpu.redirected - cpu.direct)) / rtt * 10).rounded() / 10
         }
-        return (percentile(direct.sorted(), 0.5), percentile(redirected.sorted(), 0.5))
+        func extraRoundTripsWithoutPass(_ rtt: Double, less cpu: RedirectCost) -> Double {
+            ((withoutPass - direct - (cpu.withoutPass - cpu.direct)) / rtt * 10).rounded() / 10
+        }
     }
 
-    /// Milliseconds from a new connection to `joined`, following a redirect if one comes.
-    func timedJoin(_ cluster: ProcessCluster, token: String, at port: Int) async throws -> Double {
+    /// `oneWay` > 0: each node behind an impairment proxy that delays every datagram by that many
+    /// milliseconds each way, so a round trip costs 2 × `oneWay` and the redirect's cost shows in round
+    /// trips rather than in the CPU of a loopback handshake.
+    func redirectCost(_ cluster: ProcessCluster, oneWay: Double = 0) async throws -> RedirectCost {
+        let home = try await cluster.placeChannel()
+        let other = cluster.nodes.indices.first { $0 != home && $0 != 0 } ?? 0
+        var route: [Int: Int] = [:]  // a node's voice port → where this benchmark reaches it
+        var proxies: [ImpairmentProxy] = []
+        defer { for proxy in proxies { Task { await proxy.stop() } } }
+        for index in cluster.nodes.indices {
+            let port = cluster.port(index)
+            guard oneWay > 0 else { route[port] = port; continue }
+            let delay = Impairment(delayMilliseconds: oneWay)
+            let proxy = ImpairmentProxy(upstream: try SocketAddress(ipAddress: "127.0.0.1", port: port), clientToServer: delay, serverToClient: delay)
+            route[port] = try await proxy.start()
+            proxies.append(proxy)
+        }
+        var direct: [Double] = [], redirected: [Double] = [], withoutPass: [Double] = []
+        for round in 0 ..< joins {
+            let token = try cluster.token("joiner-\(round)")
+            direct.append(try await timedJoin(cluster, token: token, at: cluster.port(home), route: route))
+            redirected.append(try await timedJoin(cluster, token: token, at: cluster.port(other), route: route))
+            withoutPass.append(try await timedJoin(cluster, token: token, at: cluster.port(other), route: route, usePass: false))
+        }
+        return RedirectCost(direct: percentile(direct.sorted(), 0.5), redirected: percentile(redirected.sorted(), 0.5),
+                            withoutPass: percentile(withoutPass.sorted(), 0.5))
+    }
+
+    /// Milliseconds from a new connection to `joined`, following a redirect if one comes, with its
+    /// entry pass unless `usePass` is false.
+    func timedJoin(_ cluster: ProcessCluster, token: String, at port: Int, route: [Int: Int], usePass: Bool = true) async throws -> Double {
         let started = ContinuousClock.now
-        var member = try TestMember(port: port, configuration: cluster.client)
+        var member = try TestMember(port: route[port] ?? port, configuration: cluster.client)
         try await member.connect()
         var answer: ServerMessage? = try await member.join(token: token, channel: cluster.channel)
-        if case .redirect(let home, _)? = answer {
+        if case .redirect(let home, let pass)? = answer {
             await member.close()
-            member = try TestMember(port: Int(home.port), configuration: cluster.client)
+            var configuration = cluster.client
+            if usePass, let pass { configuration.entryPass = EntryPass(ticket: Array(pass.ticket), key: Array(pass.key)) }
+            member = try TestMember(port: route[Int(home.port)] ?? Int(home.port), configuration: configuration)
             try await member.connect()
-            answer = try await member.join(token: token, channel: cluster.channel)
+            answer = await member.entered()
+            if answer == nil { answer = try await member.join(token: token, channel: cluster.channel) }
         }
         let milliseconds = (ContinuousClock.now - started) / .milliseconds(1)
         await member.close()
