@@ -176,7 +176,7 @@ extension Connection {
     func serverHandle(_ message: HandshakeMessage, bytes: [UInt8], space: LongPacketType, now: WireInstant) throws(HandshakeFailure) {
         switch (message, space) {
         case (.clientHello(let hello), .initial):
-            guard clientHelloDigest == nil, let serverSecrets else { throw .unexpectedMessage("second ClientHello") }
+            guard !clientHelloProcessed, let serverSecrets else { throw .unexpectedMessage("second ClientHello") }
             // The version the client used must be one it offered and one we speak: a forged Version
             // Negotiation would show up here, inside the signed transcript.
             guard hello.version == WireVersion.v1, hello.offeredVersions.contains(hello.version) else {
@@ -188,7 +188,7 @@ extension Connection {
             guard hello.parameters.initialSourceConnectionID == peerID else {
                 throw .transportParameters("initial_source_connection_id does not match")
             }
-            clientHelloDigest = SHA256.hash(data: bytes)
+            clientHelloProcessed = true
             suite = chosen
             peerParameters = hello.parameters
             transcript.add(bytes)
@@ -234,8 +234,13 @@ extension Connection {
             handshakeSpace.flight = extensions + certificate + verify + finished
             handshakeRetransmitAt = now + rtt.probeTimeout(maxAckDelay: 0)
             if let entered {
-                appSeal = try? PacketKey(secret: serverApplicationSecret, suite: chosen, sealing: true)
-                if appSeal != nil { emit(.entered(entered)) }
+                // The EncryptedExtensions promised the answer: a key that can't be made (libcrypto
+                // out of memory) ends the handshake, as any other key setup failure does.
+                guard let seal = try? PacketKey(secret: serverApplicationSecret, suite: chosen, sealing: true) else {
+                    throw .malformed("key setup failed")
+                }
+                appSeal = seal
+                emit(.entered(entered))
             }
         case (.finished(let mac), .handshake):
             guard let secrets, !peerFinished else { throw .unexpectedMessage("Finished") }
@@ -259,6 +264,7 @@ extension Connection {
             // every idle connection smaller and the secrets out of a later memory disclosure.
             initialSpace = HandshakeSpace()
             handshakeSpace = HandshakeSpace()
+            clientHelloFirstFragment = nil
             self.secrets = nil
             serverFinishedHash = []
             clientApplicationSecret = []

@@ -187,14 +187,18 @@ extension Connection {
 
     func receiveCrypto(_ type: LongPacketType, offset: UInt64, data: UnsafeRawBufferPointer, now: WireInstant) throws(WireParseError) {
         // A retransmitted ClientHello means the server's flight was lost: send it again. Only the
-        // ClientHello itself, whole, counts: any other CRYPTO at offset 0 (an empty one costs a
-        // few bytes) made the server send its whole flight again, which an attacker could repeat.
-        if role == .server, type == .initial, let hello = clientHelloDigest, offset == 0 {
-            if SHA256.hash(data: data) == hello {
+        // ClientHello's own first fragment counts (`clientHelloFirstFragment`): any other CRYPTO at
+        // offset 0 (an empty one costs a few bytes) made the server send its whole flight again,
+        // which an attacker could repeat.
+        if role == .server, type == .initial, clientHelloProcessed, offset == 0 {
+            if let first = clientHelloFirstFragment, data.count == first.length, SHA256.hash(data: data) == first.digest {
                 initialSpace.flightSent = 0
                 handshakeSpace.flightSent = 0
             }
             return
+        }
+        if role == .server, type == .initial, offset == 0, clientHelloFirstFragment == nil {
+            clientHelloFirstFragment = (data.count, SHA256.hash(data: data))
         }
         do {
             // The inbox is moved out and back rather than the whole space copied: a copy would share

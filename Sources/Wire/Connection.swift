@@ -198,9 +198,14 @@ public final class Connection {
     /// Set when the client needs the server's chain validated before it can finish.
     @exclusivity(unchecked) public internal(set) var pendingCertificateCheck: CertificateCheck?
     @exclusivity(unchecked) var receivedServerPacket = false
-    /// Server: the hash of the ClientHello once it has been processed, to tell a real retransmission
-    /// of it (its flight was lost: resend ours) from any other Initial that claims offset 0.
-    @exclusivity(unchecked) var clientHelloDigest: SHA256Digest?
+    /// Server: the ClientHello has been processed.
+    @exclusivity(unchecked) var clientHelloProcessed = false
+    /// Server: the length and hash of the first CRYPTO fragment at offset 0 in the Initial space, to
+    /// tell a real retransmission of the ClientHello (its flight was lost: resend ours), which
+    /// repeats it, from any other Initial that claims offset 0. The whole ClientHello when it fits
+    /// one packet; its first packet's part when it doesn't (a long entry pass), as the client cuts a
+    /// retransmission the same way.
+    @exclusivity(unchecked) var clientHelloFirstFragment: (length: Int, digest: SHA256Digest)?
     /// Client: the server honoured the entry pass (its EncryptedExtensions say so): what the pass
     /// carried is being answered already, and is not to be sent again.
     @exclusivity(unchecked) public internal(set) var entryPassAccepted = false

@@ -51,13 +51,15 @@ public struct EntryPasses: Sendable {
 
     /// A pass for the node `audience` that carries `payload` (squelchd: the join being redirected),
     /// for the client this node sees at `client` (its host, not its port, counts: the home takes a
-    /// ClientHello from that host as from a validated address). Nil only if sealing fails or the
-    /// audience is over 64 bytes.
+    /// ClientHello from that host as from a validated address). Nil if sealing fails, the audience is
+    /// over 64 bytes, or the pass would be too long for a ClientHello (a payload of about 4 KB: a
+    /// join with a very long token): the client then joins at the home as without one.
     public func issue(payload: [UInt8], for audience: String, client: PathAddress) -> EntryPass? {
         let passKey = SymmetricKey(size: .bits256).withUnsafeBytes { Array($0) }
         let contents = EntryTicketContents(expiresMilliseconds: clock() + lifetimeMilliseconds, key: passKey,
                                            host: Self.host(client), audience: Array(audience.utf8), payload: payload)
-        guard let plain = contents.encoded(), let box = try? AES.GCM.seal(plain, using: key), let sealed = box.combined else { return nil }
+        guard let plain = contents.encoded(), let box = try? AES.GCM.seal(plain, using: key), let sealed = box.combined,
+              sealed.count + EntryPass.binderLength <= TransportParameters.maximumEntryPass else { return nil }
         return EntryPass(ticket: Array(sealed), key: passKey)
     }
 

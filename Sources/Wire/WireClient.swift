@@ -15,7 +15,8 @@ public enum ClientEvent: Sendable, Equatable {
 /// (`ConnectionError.clientReconnects`). Sans-I/O like `Connection`.
 public final class WireClient {
     @exclusivity(unchecked) public private(set) var connection: Connection
-    public let configuration: ClientConfiguration
+    /// Its entry pass goes after the first connection: a pass is for one.
+    public private(set) var configuration: ClientConfiguration
     @exclusivity(unchecked) public private(set) var remote: PathAddress
     /// A server token from NEW_TOKEN, presented on the next handshake to skip a Retry, then dropped.
     @exclusivity(unchecked) public private(set) var token: [UInt8] = []
@@ -43,17 +44,22 @@ public final class WireClient {
         // With an entry pass the server's answer comes with its flight, in 1-RTT packets the
         // connection can't open until the certificate check is done: kept (a copy, as receiving
         // unprotects in place) and received again then, rather than waiting for a retransmission.
-        let keep = configuration.entryPass != nil && connection.state == .handshaking && earlyDatagrams.count < Self.earlyDatagramLimit
+        let keep = configuration.entryPass != nil && connection.state == .handshaking && earlyBytes + datagram.count <= Self.earlyByteLimit
         let copy = keep ? Array(datagram) : []
         let dropped = connection.stats.droppedNoKeys
         connection.receive(datagram, from: address, now: now, datagrams: datagrams)
-        if keep, connection.stats.droppedNoKeys > dropped { earlyDatagrams.append((copy, address)) }
+        if keep, connection.stats.droppedNoKeys > dropped {
+            earlyDatagrams.append((copy, address))
+            earlyBytes += copy.count
+        }
         drain(now: now)
     }
 
-    /// 1-RTT datagrams that came before the keys to open them (`receive`).
+    /// 1-RTT datagrams that came before the keys to open them (`receive`), and their size: room for
+    /// a large channel's `joined`, which the home may send whole to the host its pass names.
     @exclusivity(unchecked) var earlyDatagrams: [([UInt8], PathAddress)] = []
-    static let earlyDatagramLimit = 8
+    @exclusivity(unchecked) var earlyBytes = 0
+    static let earlyByteLimit = 64 << 10
 
     public func handleTimeout(now: WireInstant) {
         connection.handleTimeout(now: now)
@@ -70,6 +76,7 @@ public final class WireClient {
         connection.completeCertificateCheck(result, now: now)
         let early = earlyDatagrams
         earlyDatagrams = []
+        earlyBytes = 0
         if connection.state == .established {
             for (var bytes, address) in early {
                 bytes.withUnsafeMutableBytes { connection.receive($0, from: address, now: now, datagrams: { _ in }) }
@@ -106,6 +113,9 @@ public final class WireClient {
                 if error.isInvalidToken { token = [] }
                 events.append(.connection(event))
                 reconnects += 1
+                configuration.entryPass = nil
+                earlyDatagrams = []
+                earlyBytes = 0
                 connection = Connection(client: configuration, remote: remote, now: now, token: token, random: forkRandom(&random))
                 token = []  // a token opens one connection (the server refuses it again); the new one brings another
                 events.append(.reconnecting(error))

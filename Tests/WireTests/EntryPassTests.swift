@@ -1,5 +1,6 @@
 import Crypto
 import Foundation
+import SeededRandom
 import Testing
 @testable import Wire
 
@@ -79,6 +80,23 @@ import Testing
         #expect(!sim.clients[client].connection.entryPassAccepted)
         #expect(!sim.clientEvents[client].contains(.entered))
         #expect(entered(sim).count == (`case` == "replayed" ? 1 : 0))
+    }
+
+    /// A pass is for one connection: the client's own reconnection (here after the home restarted,
+    /// forgetting which passes entered) handshakes without it, and the application joins again.
+    @Test func aClientsReconnectionPresentsNoPass() async throws {
+        let sim = try home()
+        let pass = try #require(issuer.issue(payload: Array("join".utf8), for: "node-b", client: Self.firstClient))
+        let client = sim.addClient(entryPass: pass)
+        #expect(await sim.run(for: seconds(1)) { sim.connected(client) && !sim.controlMessages(client: client).isEmpty })
+        let secrets = sim.endpoint.secrets
+        sim.endpoint = Endpoint(secrets: secrets, random: SplitMix64(seed: 5), forkRandom: { SplitMix64(seed: $0.next()) })
+        let before = sim.serverEvents.count
+        try sim.clients[client].sendControl(Array("anyone there?".utf8))
+        #expect(await sim.run(for: seconds(5)) { sim.connected(client) && sim.clients[client].reconnects == 1 })
+        #expect(sim.clients[client].configuration.entryPass == nil)
+        #expect(!sim.clients[client].connection.entryPassAccepted)
+        #expect(!sim.serverEvents[before...].contains { if case .entered = $0.1 { true } else { false } })
     }
 
     /// The pass names the client's host as the redirecting node saw it: from that host the home
