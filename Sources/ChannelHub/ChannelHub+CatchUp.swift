@@ -138,6 +138,10 @@ extension ChannelHub {
                 catchingUp.remove(at: index)
                 continue
             }
+            if member.mediaHeld {  // its handshake is not done: nothing sent would arrive
+                index += 1
+                continue
+            }
             var budget = member.catchUp.allSatisfy({ $0.next == 0 }) ? configuration.catchUpInitialPackets
                                                                       : configuration.catchUpPacketsPerTick
             // Strictly in order: a later cursor is served only once every earlier one is at its end.

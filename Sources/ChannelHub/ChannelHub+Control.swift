@@ -9,6 +9,28 @@ extension ChannelHub {
         sessions[link] = .connected
     }
 
+    /// A connection that came with an entry pass (docs/protocol.md §7.8): connected as far as control
+    /// messages go, and its join comes next, but no audio reaches it until `handshakeDone`.
+    public func entered(_ link: Link) {
+        connected(link)
+        handshaking.insert(link)
+    }
+
+    /// The handshake of an entered connection finished: audio can reach it. Nothing live did while
+    /// it was held, so bursts begun meanwhile are replayed from their first packet, as to a late joiner.
+    public func handshakeDone(_ link: Link, at time: HubTime) {
+        guard handshaking.remove(link) != nil, case .joined(let channel, let slot)? = sessions[link],
+              var member = channel.members[slot], member.link == link, member.mediaHeld else { return }
+        member.mediaHeld = false
+        channel.members[slot] = member
+        if !member.catchUp.isEmpty {
+            catchingUp.add(channel, slot: slot, now: time.instant)  // its held replay starts now
+        } else if member.canListen {
+            startCatchUp(channel, slot: slot, at: time)
+        }
+        listenersChanged(channel)
+    }
+
     /// The connection closed (or timed out). A joined member turns `reconnecting` and keeps its
     /// place, and the floor if it held it, for the grace period. `deliberately`: its client closed it
     /// on purpose (CONNECTION_CLOSE with `CloseCode.normal`: the app quit, or went to the
@@ -17,6 +39,7 @@ extension ChannelHub {
     public func closed(_ link: Link, deliberately: Bool = false, at time: HubTime) {
         controlBudget[link] = nil
         unjoined[link] = nil
+        handshaking.remove(link)
         rosterStreams[link] = nil
         tokenChecks.closed(link)
         guard let session = sessions.removeValue(forKey: link) else { return }

@@ -60,6 +60,7 @@ extension ChannelHub {
         Self.take(claims, into: &member)
         member.link = link
         member.connection = .connected
+        member.mediaHeld = handshaking.contains(link)
         member.lastSeen = time.date
         member.reconnectingUntil = nil
         member.silentSince = nil

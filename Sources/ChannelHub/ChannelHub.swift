@@ -34,6 +34,8 @@ public final class ChannelHub {
     var deletedChannels: Set<UUID> = []
     var channelsLoadedByChecks = false
     var sessions: [Link: Session] = [:]
+    /// Connections that entered with a pass and whose handshake has not finished (`entered`).
+    var handshaking: Set<Link> = []
     /// Connections with no `join` yet, and the sweep that first saw them so (`closeUnjoined`).
     var unjoined: [Link: WireInstant] = [:]
     /// Each connection's allowance of control messages (`HubConfiguration.controlMessagesPerSecond`).

@@ -72,7 +72,7 @@ final class ChannelState {
 
     func rebuildListeners() {
         listeners.removeAll(keepingCapacity: true)
-        for member in members.values where member.canListen && member.catchUp.isEmpty {
+        for member in members.values where member.canListen && member.catchUp.isEmpty && !member.mediaHeld {
             guard let link = member.link else { continue }
             listeners.append((link, member.slot, member.unheard.compactMap { slotsByUser[$0] }))
         }

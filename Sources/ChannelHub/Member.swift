@@ -39,6 +39,10 @@ struct Member {
     var pushTokenWrittenAt: Date?
     /// Bursts this member is being replayed; it gets no live audio until they are done.
     var catchUp: [CatchUpCursor] = []
+    /// Joined through an entry pass whose handshake has not finished (`ChannelHub.entered`): the
+    /// transport can send it no audio yet, so it is off the live fan-out and its replay waits at the
+    /// start until `handshakeDone`.
+    var mediaHeld = false
     /// When the current burst started (wall clock), for the transmission log.
     var burstStartedAt: Date?
     /// When the current burst's length was last written to the log (`ChannelHub.logBurstProgress`).

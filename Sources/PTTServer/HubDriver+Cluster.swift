@@ -76,7 +76,7 @@ extension HubDriver {
     /// what the pass carries (the join this node's peer redirected here) is taken as its first
     /// control message, answered before the client's Finished arrives.
     func entered(_ handle: Link, carrying join: [UInt8]) {
-        hub.connected(handle)
+        hub.entered(handle)
         enteredEarly.insert(handle)
         cluster?.metrics.entries.increment()
         hub.control(handle, bytes: join, at: Self.now())

@@ -60,7 +60,8 @@ final class HubDriver: WireServerDelegate {
     func wireServer(_ server: WireServer, handle: Endpoint.Handle, event: ConnectionEvent) {
         self.server = server
         switch event {
-        case .connected: if enteredEarly.remove(handle) == nil { hub.connected(handle) }
+        case .connected:
+            if enteredEarly.remove(handle) == nil { hub.connected(handle) } else { hub.handshakeDone(handle, at: Self.now()) }
         case .entered(let join): entered(handle, carrying: join)
         case .control(let bytes): hub.control(handle, bytes: bytes, at: Self.now())
         case .closed(let error):
@@ -134,8 +135,11 @@ final class HubDriver: WireServerDelegate {
                 // A connection that never joined (a refused or missing join) gets its `refused` sent,
                 // not waited for: waiting up to 10 s for an ACK it may hold back on purpose would keep
                 // its place from a member that means to join.
+                // Nor one that entered with a pass and has not finished its handshake: closed now,
+                // the close would go in the Handshake space, ahead of the answer it can't read yet.
                 let admitted = server?.endpoint.isAdmitted(link) ?? false
-                closeOnceSaid(link, code: code, reason: reason, giveUpAt: .now() + (admitted ? Self.closeWaitLimit : .zero))
+                let waits = admitted || enteredEarly.contains(link)
+                closeOnceSaid(link, code: code, reason: reason, giveUpAt: .now() + (waits ? Self.closeWaitLimit : .zero))
             case .verify(let link, let token, let channel, let reason):
                 verifyJoin(link, token: token, channel: channel, reason: reason)
             case .verifyRenewal(let link, let token, let channel):

@@ -76,10 +76,10 @@ final class Harness {
     @discardableResult
     func join(_ user: String, capabilities: Set<Capability> = [.talk, .listen], priority: UInt8 = 0,
               channel: UUID? = nil, tokenID: String = UUID().uuidString, issuedAt: Date? = nil,
-              expiresAt: Date? = nil) -> (link: Link, slot: UInt16) {
+              expiresAt: Date? = nil, entered: Bool = false) -> (link: Link, slot: UInt16) {
         nextIndex += 1
         let link = Link(index: nextIndex, generation: 1)
-        hub.connected(link)
+        if entered { hub.entered(link) } else { hub.connected(link) }
         let target = channel ?? self.channel.id
         send(.join(token: "t", channel: target, reason: .developerRequest), from: link)
         hub.admit(link, claims: ParticipantClaims(userID: user, name: user.capitalized, channel: target,

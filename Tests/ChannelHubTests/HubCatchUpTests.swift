@@ -35,6 +35,39 @@ import Wire
         #expect(h.hub.counters.packetsOut == 42 + 1 && h.hub.counters.bytesOut == 43 * size)
     }
 
+    /// A member that joined with an entry pass gets no audio while its handshake is unfinished (the
+    /// transport could deliver none); then the bursts going on, from their first packet, whether
+    /// they began before its join or after it.
+    @Test(arguments: [true, false]) func aMemberThatEnteredWithAPassGetsTheBurstOnceItsHandshakeIsDone(_ burstBeforeJoin: Bool) {
+        let h = Harness()
+        let ann = h.join("ann"), bob = h.join("bob")
+        var burst: UInt16 = 0
+        func speak(_ sequences: Range<Int>) {
+            for sequence in sequences { h.audio(from: ann.link, burst: burst, sequence: UInt16(sequence), payload: [UInt8(sequence)]) }
+        }
+        if burstBeforeJoin {
+            h.send(.floorRequest(), from: ann.link)
+            burst = h.grantedBurst(ann.link)!
+            speak(0..<5)
+        }
+        let late = h.join("late", entered: true)
+        if !burstBeforeJoin {
+            h.send(.floorRequest(), from: ann.link)
+            burst = h.grantedBurst(ann.link)!
+            speak(0..<5)
+        }
+        speak(5..<8)
+        for _ in 0..<3 { h.advance(10 * ms) }
+        #expect(h.audio(to: late.link).isEmpty, "nothing before its handshake is done")
+        #expect(h.audio(to: bob.link).count == 8)
+        h.hub.handshakeDone(late.link, at: h.time)
+        h.advance(0)
+        speak(8..<9)
+        let got = h.audio(to: late.link)
+        #expect(got.map(\.header.sequence) == (0..<9).map { UInt16($0) }, "the burst whole, from its first packet")
+        #expect(!got.last!.header.flags.contains(.catchUp), "then live")
+    }
+
     /// A burst that starts while a late joiner is still being replayed the previous one reaches it
     /// from its first packet, after the replay, and then live: nothing of it is skipped.
     @Test func aBurstStartedDuringAReplayIsReplayedFromItsFirstPacketToo() throws {
