@@ -150,9 +150,8 @@ extension Connection {
         let ticket = value[..<(value.count - EntryPass.binderLength)]
         let binder = value[(value.count - EntryPass.binderLength)...]
         guard let contents = passes.open(ticket),
-              HMAC<SHA256>.isValidAuthenticationCode(Array(binder), authenticating: EntryPass.binderLabel + hello.random + hello.keyShare,
-                                                     using: SymmetricKey(data: contents.key)),
-              spentPasses.spend(ticket, expires: contents.expiresMilliseconds, now: passes.clock()) else { return nil }
+              EntryPass.binderIsValid(binder, key: contents.key, random: hello.random, keyShare: hello.keyShare),
+              spentPasses.spend(ticket, expiresMilliseconds: contents.expiresMilliseconds, nowMilliseconds: passes.clock()) else { return nil }
         // The redirecting node saw this client at that host over a validated connection, moments ago:
         // as with a NEW_TOKEN token's host, the 3x limit goes, so that the answer to the join fits
         // behind the flight however large the channel's roster (§8.4). Another host keeps the limit.

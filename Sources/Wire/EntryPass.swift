@@ -24,6 +24,11 @@ public struct EntryPass: Sendable, Equatable {
         Array(HMAC<SHA256>.authenticationCode(for: binderLabel + random + keyShare, using: SymmetricKey(data: key)))
     }
 
+    /// Server: whether `binder` is the one `key` makes for this hello (in constant time).
+    static func binderIsValid(_ binder: ArraySlice<UInt8>, key: [UInt8], random: [UInt8], keyShare: [UInt8]) -> Bool {
+        HMAC<SHA256>.isValidAuthenticationCode(Array(binder), authenticating: binderLabel + random + keyShare, using: SymmetricKey(data: key))
+    }
+
     /// The ClientHello's `entry_pass` value: the ticket, then the binder.
     func parameter(random: [UInt8], keyShare: [UInt8]) -> [UInt8] {
         ticket + Self.binder(key: key, random: random, keyShare: keyShare)
@@ -66,9 +71,8 @@ public struct EntryPasses: Sendable {
     /// A host as a ticket holds it: IPv6 flag, then the high and low 64 bits.
     static func host(_ address: PathAddress) -> [UInt8] {
         var bytes: [UInt8] = [address.isIPv6 ? 1 : 0]
-        for value in [address.high, address.low] {
-            for shift in stride(from: 56, through: 0, by: -8) { bytes.append(UInt8(truncatingIfNeeded: value >> UInt64(shift))) }
-        }
+        EntryTicketContents.append(address.high, to: &bytes)
+        EntryTicketContents.append(address.low, to: &bytes)
         return bytes
     }
 
@@ -85,21 +89,17 @@ public struct EntryPasses: Sendable {
 
 /// Tickets that have opened a connection on this server, kept until they expire: a pass enters once
 /// (a copy replayed with the client's own hello gets nothing, but would otherwise have its join
-/// answered again). Owned by the endpoint and shared with its connections, on one thread. Bounded:
-/// when full, a pass counts as spent, which costs its client a round trip (it joins as usual).
+/// answered again). The address tokens' register (`SpentTokens`, by AES-GCM nonce, bounded: when
+/// full a pass counts as spent, which costs its client a round trip), on the wall clock tickets
+/// expire by. A class: owned by the endpoint and shared with its connections, on one thread.
 final class SpentPasses {
-    let capacity: Int
-    private var expiries: [[UInt8]: UInt64] = [:]
+    private var register: SpentTokens
 
-    init(capacity: Int) { self.capacity = capacity }
+    init(capacity: Int) { register = SpentTokens(capacity: capacity) }
 
-    /// False when the ticket (named by its AES-GCM nonce) already entered, or there is no room.
-    func spend(_ ticket: ArraySlice<UInt8>, expires: UInt64, now: UInt64) -> Bool {
-        let nonce = Array(ticket.prefix(12))
-        if let expiry = expiries[nonce], expiry > now { return false }
-        if expiries.count >= capacity { expiries = expiries.filter { $0.value > now } }
-        guard expiries.count < capacity else { return false }
-        expiries[nonce] = expires
-        return true
+    /// False when the ticket already entered, or there is no room to remember it.
+    func spend(_ ticket: ArraySlice<UInt8>, expiresMilliseconds: UInt64, nowMilliseconds: UInt64) -> Bool {
+        register.spend(Array(ticket.prefix(12)), expires: WireInstant(nanoseconds: expiresMilliseconds * 1_000_000),
+                       now: WireInstant(nanoseconds: nowMilliseconds * 1_000_000))
     }
 }

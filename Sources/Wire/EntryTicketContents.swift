@@ -31,7 +31,7 @@ public struct EntryTicketContents: Equatable, Sendable {
         guard key.count == Self.keyLength, host.count == Self.hostLength, audience.count <= Self.maximumAudience else { return nil }
         var bytes: [UInt8] = [Self.version]
         bytes.reserveCapacity(Self.fixedLength + audience.count + payload.count)
-        for shift in stride(from: 56, through: 0, by: -8) { bytes.append(UInt8(truncatingIfNeeded: expiresMilliseconds >> UInt64(shift))) }
+        Self.append(expiresMilliseconds, to: &bytes)
         bytes += key
         bytes += host
         bytes.append(UInt8(audience.count))
@@ -40,11 +40,16 @@ public struct EntryTicketContents: Equatable, Sendable {
         return bytes
     }
 
-    /// Nil for anything not laid out as `encoded` writes it: another version, too short, an audience
-    /// longer than the bytes or than 64.
+    /// `value` as 8 bytes, most significant first (the expiry; a host's halves).
+    static func append(_ value: UInt64, to bytes: inout [UInt8]) {
+        for shift in stride(from: 56, through: 0, by: -8) { bytes.append(UInt8(truncatingIfNeeded: value >> UInt64(shift))) }
+    }
+
     /// Version, expiry, key, host and the audience's length byte.
     public static let fixedLength = 1 + 8 + keyLength + hostLength + 1
 
+    /// Nil for anything not laid out as `encoded` writes it: another version, too short, an audience
+    /// longer than the bytes or than 64.
     public init?(parsing bytes: [UInt8]) {
         let fixed = Self.fixedLength
         guard bytes.count >= fixed, bytes[0] == Self.version else { return nil }

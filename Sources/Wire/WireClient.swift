@@ -44,9 +44,10 @@ public final class WireClient {
         // With an entry pass the server's answer comes with its flight, in 1-RTT packets the
         // connection can't open until the certificate check is done: kept (a copy, as receiving
         // unprotects in place) and received again then, rather than waiting for a retransmission.
-        let keep = configuration.entryPass != nil && connection.state == .handshaking && earlyBytes + datagram.count <= Self.earlyByteLimit
+        // State first: an established connection's every audio datagram pays this one compare.
+        let keep = connection.state == .handshaking && configuration.entryPass != nil && earlyBytes + datagram.count <= Self.earlyByteLimit
         let copy = keep ? Array(datagram) : []
-        let dropped = connection.stats.droppedNoKeys
+        let dropped = keep ? connection.stats.droppedNoKeys : 0
         connection.receive(datagram, from: address, now: now, datagrams: datagrams)
         if keep, connection.stats.droppedNoKeys > dropped {
             earlyDatagrams.append((copy, address))
