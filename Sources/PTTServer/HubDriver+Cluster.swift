@@ -15,8 +15,6 @@ extension HubDriver {
         let cluster = self.cluster
         let this = NIOLoopBound(self, eventLoop: eventLoop)
         let loop = eventLoop
-        // What an entry pass to the home carries, should the join be redirected: the join itself.
-        let join = cluster == nil ? [] : codec.encode(ClientMessage.join(token: token, channel: channel, reason: reason))
         Task {
             let outcome = await HubDriver.check(token, channel: channel, with: tokens, store: store, logger: logger)
             var placement: ClusterNode.Placement?
@@ -33,14 +31,14 @@ extension HubDriver {
             let (placed, stored) = (placement, members)
             loop.execute {
                 let driver = this.value
-                driver.joinChecked(link, outcome, placement: placed, members: stored, reason: reason, join: join)
+                driver.joinChecked(link, outcome, placement: placed, members: stored, token: token, reason: reason)
                 driver.flush()
             }
         }
     }
 
     private func joinChecked(_ link: Link, _ outcome: Result<Checked, Refusal>, placement: ClusterNode.Placement?,
-                             members: [MemberRecord], reason: JoinReason, join: [UInt8]) {
+                             members: [MemberRecord], token: String, reason: JoinReason) {
         let checked: Checked
         switch outcome {
         case .failure(let refusal):
@@ -60,6 +58,8 @@ extension HubDriver {
                 hub.leaseHeld(checked.channel.id, until: validUntil)
             }
         case .redirect(let home)?:
+            // What the home's entry pass carries: the join itself.
+            let join = codec.encode(ClientMessage.join(token: token, channel: checked.channel.id, reason: reason))
             let client = server?.endpoint.connection(link)?.remoteAddress
             let pass = client.flatMap { entryPasses?.issue(payload: join, for: home.node, client: $0) }
                 .map { HomePass(ticket: Data($0.ticket), key: Data($0.key)) }

@@ -98,11 +98,14 @@ public final class TestMember: Sendable {
     public func join(token: String, channel: UUID, reason: JoinReason = .developerRequest, seconds: Double = 10) async throws -> ServerMessage? {
         let before = messages.count
         try await send(.join(token: token, channel: channel, reason: reason))
-        return await waitFor(after: before, seconds: seconds) {
-            switch $0 {
-            case .joined, .refused, .redirect: return true
-            default: return false
-            }
+        return await waitFor(after: before, seconds: seconds, Self.answersAJoin)
+    }
+
+    /// `joined`, `refused`, or a cluster's `redirect`.
+    static func answersAJoin(_ message: ServerMessage) -> Bool {
+        switch message {
+        case .joined, .refused, .redirect: return true
+        default: return false
         }
     }
 
@@ -111,12 +114,7 @@ public final class TestMember: Sendable {
     /// pass (join as usual then), or gave no answer in time.
     public func entered(seconds: Double = 10) async -> ServerMessage? {
         guard events.contains(.entered) else { return nil }
-        return await waitFor(seconds: seconds) {
-            switch $0 {
-            case .joined, .refused, .redirect: return true
-            default: return false
-            }
-        }
+        return await waitFor(seconds: seconds, Self.answersAJoin)
     }
 
     /// Sends one audio datagram, sealed with the newest key the server gave for this member's
