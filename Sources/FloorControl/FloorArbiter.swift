@@ -98,16 +98,20 @@ public struct FloorArbiter<Member: Hashable & Sendable> {
         case idle
     }
 
+    // Visible to inlinable code: the calls made for every talker packet (`burst(of:)`, `heard`) are
+    // inlined into the caller and specialised for its member type. Unspecialised, their generic
+    // comparisons and metadata lookups were 5 % of the relay's CPU at 20 listeners.
+    @usableFromInline
     struct Talker: Equatable {
-        var member: Member
+        @usableFromInline var member: Member
         var priority: UInt8
-        var burst: UInt64
+        @usableFromInline var burst: UInt64
         var since: UInt64
         var disconnectedAt: UInt64?
         /// When the talker was last heard (audio in its burst), or granted, confirmed or back.
-        var lastHeard: UInt64
+        @usableFromInline var lastHeard: UInt64
         /// Whether any audio of the burst has been heard (`Configuration.firstAudioLimit`).
-        var heardAudio = false
+        @usableFromInline var heardAudio = false
     }
 
     struct Waiting: Equatable {
@@ -119,7 +123,7 @@ public struct FloorArbiter<Member: Hashable & Sendable> {
     /// May change while the floor is in use (an admin edits the channel's maximum burst): the new
     /// values apply from the next command or timeout.
     public var configuration: Configuration
-    var talkers: [Talker] = []
+    @usableFromInline var talkers: [Talker] = []
     var queue: [Waiting] = []
     var nextBurst: UInt64 = 1
     var arrivals: UInt64 = 0
@@ -137,9 +141,11 @@ public struct FloorArbiter<Member: Hashable & Sendable> {
     public var queuedMembers: [Member] { queue.map(\.member) }
 
     /// Whether audio from `member` is relayed. Audio from anyone else is dropped.
+    @inlinable
     public func mayTalk(_ member: Member) -> Bool { talkers.contains { $0.member == member } }
 
     /// The burst `member` is talking in, if any.
+    @inlinable
     public func burst(of member: Member) -> UInt64? { talkers.first { $0.member == member }?.burst }
     /// When `member`'s burst will be revoked for length (nil: it holds no floor).
     public func burstDeadline(of member: Member) -> UInt64? {
@@ -303,6 +309,7 @@ public struct FloorArbiter<Member: Hashable & Sendable> {
 
     /// Audio of `member`'s burst arrived: it is still there (`silenceLimit`). Called for every talker
     /// packet, so it only stores a time; `talkers` holds at most `maxTalkers` entries.
+    @inlinable
     public mutating func heard(_ member: Member, now: UInt64) {
         for index in talkers.indices where talkers[index].member == member {
             talkers[index].lastHeard = now
