@@ -661,7 +661,8 @@ def section_push(data: dict, v: Verdicts, plots: Path, rel: str) -> list[str]:
 
 
 def section_memory(data: dict, v: Verdicts) -> list[str]:
-    out = ["## Memory", "", "Server resident memory idle and with 1000 connected clients.", ""]
+    out = ["## Memory", "", "Server resident memory idle and with 1000 connected clients. Idle is read after five members "
+           "have joined and left, so that the code the first join pages in is not counted per connection.", ""]
     m = _section(data, "memory", dict)
     if not m:
         v.verdict("kb_per_connection", None)

@@ -39,10 +39,14 @@ struct ServerProcess {
                                                     capabilities: capabilities, expiresAt: Date().addingTimeInterval(3_600)))
     }
 
-    /// Resident memory of the server process, in kilobytes (VmRSS).
-    var residentKilobytes: Double {
+    /// The whole resident set (VmRSS): what an operator sees.
+    var residentKilobytes: Double { statusKilobytes("VmRSS:") }
+    /// Its anonymous part (RssAnon): heap and stacks, without the binary's and libraries' pages.
+    var anonymousKilobytes: Double { statusKilobytes("RssAnon:") }
+
+    private func statusKilobytes(_ field: String) -> Double {
         let status = (try? String(contentsOfFile: "/proc/\(process.processIdentifier)/status", encoding: .utf8)) ?? ""
-        let line = status.split(separator: "\n").first { $0.hasPrefix("VmRSS:") } ?? ""
+        let line = status.split(separator: "\n").first { $0.hasPrefix(field) } ?? ""
         return Double(line.split(separator: " ").dropFirst().first ?? "") ?? .nan
     }
 
