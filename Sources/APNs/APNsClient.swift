@@ -109,11 +109,16 @@ public actor APNsClient {
     public func send(_ notifications: [PushToTalkNotification], tokensRegisteredAt: [Date?] = []) async -> [Result<APNsDelivery, APNsPushFailure>] {
         var results = [Result<APNsDelivery, APNsPushFailure>?](repeating: nil, count: notifications.count)
         var ready: [(index: Int, delivery: Delivery)] = []
+        // The pushes of a burst's wakes share one body: encoded once, its array shared.
+        var last: (notification: PushToTalkNotification, body: [UInt8])?
         for (index, notification) in notifications.enumerated() {
             let registered = index < tokensRegisteredAt.count ? tokensRegisteredAt[index] : nil
-            switch prepare(notification, tokenRegisteredAt: registered) {
+            let body = last.flatMap { notification.hasSameBody(as: $0.notification) ? $0.body : nil }
+            switch prepare(notification, tokenRegisteredAt: registered, body: body) {
             case .failure(let failure): results[index] = .failure(failure)
-            case .success(let delivery): ready.append((index, delivery))
+            case .success(let delivery):
+                ready.append((index, delivery))
+                last = (notification, delivery.request.body)
             }
         }
         // First attempts, split over the pool's connections when every one is usable; otherwise (a slot
@@ -180,7 +185,7 @@ public actor APNsClient {
     }
 
     /// A push ready for its first attempt, or why it will have none.
-    private func prepare(_ notification: PushToTalkNotification, tokenRegisteredAt: Date?) -> Result<Delivery, APNsPushFailure> {
+    private func prepare(_ notification: PushToTalkNotification, tokenRegisteredAt: Date?, body: [UInt8]? = nil) -> Result<Delivery, APNsPushFailure> {
         guard !isShutDown else { return .failure(APNsPushFailure(reason: .shutdown, attempts: 0)) }
         let start = ContinuousClock.now
         let token = notification.deviceToken.lowercased()
@@ -189,7 +194,7 @@ public actor APNsClient {
         }
         let request: APNsRequest
         do {
-            request = try APNsRequest.pushToTalk(notification, topic: configuration.topic)
+            request = try APNsRequest.pushToTalk(notification, topic: configuration.topic, body: body)
         } catch {
             return .failure(APNsPushFailure(reason: .request(error), attempts: 0))
         }

@@ -25,6 +25,18 @@ public struct PushToTalkNotification: Sendable, Equatable {
         self.id = id
     }
 
+    /// Notifications sent together (a burst's wakes), their ids drawn at once.
+    public static func batch(_ pushes: [(deviceToken: String, activeSpeaker: String?, channel: UUID)]) -> [PushToTalkNotification] {
+        zip(pushes, UUID.randomVersion4(count: pushes.count)).map { push, id in
+            PushToTalkNotification(deviceToken: push.deviceToken, activeSpeaker: push.activeSpeaker, channel: push.channel, id: id)
+        }
+    }
+
+    /// Whether `other`'s body is the same as this one's (what it is about, not whom it is for).
+    public func hasSameBody(as other: PushToTalkNotification) -> Bool {
+        activeSpeaker == other.activeSpeaker && channel == other.channel
+    }
+
     /// True for the leave push sent when an admin removes the member or deletes the channel.
     public var isLeave: Bool { activeSpeaker == nil }
 
@@ -64,12 +76,17 @@ public struct APNsRequest: Sendable {
     }
 
     /// Builds the `pushtotalk` request.
-    public static func pushToTalk(_ notification: PushToTalkNotification, topic: String) throws(APNsRequestError) -> APNsRequest {
+    /// - Parameter body: `notification`'s body, already encoded (`jsonBody()`): a burst's wakes all
+    ///   carry the same speaker and channel, so one encoded body serves the lot.
+    public static func pushToTalk(_ notification: PushToTalkNotification, topic: String,
+                                  body: [UInt8]? = nil) throws(APNsRequestError) -> APNsRequest {
         guard isValidDeviceToken(notification.deviceToken) else {
             throw .invalidDeviceToken(notification.deviceToken)
         }
+        let bytes: [UInt8]
+        if let body { bytes = body } else { bytes = try encodeBody(notification) }
         return APNsRequest(path: "/3/device/\(notification.deviceToken.lowercased())", topic: topic,
-                           body: try encodeBody(notification), apnsID: notification.id.lowercaseString)
+                           body: bytes, apnsID: notification.id.lowercaseString)
     }
 
     static func encodeBody(_ notification: PushToTalkNotification) throws(APNsRequestError) -> [UInt8] {

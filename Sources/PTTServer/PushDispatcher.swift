@@ -240,7 +240,7 @@ public final class PushDispatcher: Service, Sendable {
             for (client, pushes) in byClient.values {
                 group.addTask {
                     let results = await client.send(
-                        pushes.map { PushToTalkNotification(deviceToken: $0.token, activeSpeaker: $0.speaker, channel: $0.channel) },
+                        PushToTalkNotification.batch(pushes.map { ($0.token, $0.speaker, $0.channel) }),
                         tokensRegisteredAt: pushes.map(\.member.pushRegisteredAt))
                     for (push, result) in zip(pushes, results) {
                         await self.report(result, channel: push.channel, member: push.member, speaker: push.speaker, token: push.token)

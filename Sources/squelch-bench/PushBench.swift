@@ -127,7 +127,7 @@ struct Push: AsyncParsableCommand {
         let channel = UUID()
         let failures = NIOLockedValueBox<[String: Int]>([:])
         @Sendable func push(_ indices: Range<Int>) async -> Int {
-            let notifications = indices.map { PushToTalkNotification(deviceToken: hexToken($0), activeSpeaker: "Bench", channel: channel) }
+            let notifications = PushToTalkNotification.batch(indices.map { (hexToken($0), "Bench", channel) })
             let results = batch > 1 ? await client.send(notifications) : [await client.send(notifications[0])]
             var delivered = 0
             for result in results {

@@ -203,6 +203,28 @@ extension Result {
         await fixture.stop()
     }
 
+    /// A batch shares one encoded body between consecutive pushes about the same speaker and channel:
+    /// each push must still carry its own notification's body and apns-id, whatever its neighbours are.
+    @Test func aMixedBatchSendsEachPushItsOwnBody() async throws {
+        let fixture = try await SimulatorFixture()
+        let client = try await fixture.client(poolSize: 2)
+        let (first, second) = (UUID(), UUID())
+        let about: [(speaker: String?, channel: UUID)] = [("Alice", first), ("Alice", first), ("Bob", first), ("Bob", second),
+                                                          (nil, second), (nil, second), ("Alice", first), ("Alice", second)]
+        let notifications = PushToTalkNotification.batch(about.enumerated().map { (String(format: "%04x", $0.offset + 1), $0.element.speaker, $0.element.channel) })
+        let results = await client.send(notifications)
+        #expect(results.allSatisfy { $0.success != nil })
+        let accepted = Dictionary(uniqueKeysWithValues: fixture.simulator.acceptedPushes().map { ($0.token, $0) })
+        #expect(accepted.count == notifications.count)
+        for notification in notifications {
+            let push = try #require(accepted[notification.deviceToken])
+            #expect(push.body == String(decoding: try notification.jsonBody(), as: UTF8.self))
+            #expect(push.apnsID == notification.id.lowercaseString)
+        }
+        await client.shutdown()
+        await fixture.stop()
+    }
+
     @Test func retriesGiveUpWithinTheBudget() async throws {
         let fixture = try await SimulatorFixture()
         fixture.simulator.setFaults(APNsFaultPlan(serviceUnavailableShare: 1))

@@ -278,6 +278,20 @@ import RandomUUID
         }
     }
 
+    @Test func aBatchsIDsAreDistinctRandomVersion4UUIDs() {
+        let ids = UUID.randomVersion4(count: 1_000) + UUID.randomVersion4(count: 1_000)
+        #expect(ids.count == 2_000)
+        #expect(Set(ids).count == ids.count, "no two alike, within a batch or across two")
+        for id in ids {
+            #expect(id.uuid.6 >> 4 == 4, "version 4")
+            #expect(id.uuid.8 >> 6 == 0b10, "RFC 9562 variant")
+        }
+        #expect(UUID.randomVersion4(count: 0).isEmpty)
+        let notifications = PushToTalkNotification.batch([("ab", "Alice", UUID()), ("cd", nil, UUID())])
+        #expect(notifications.map(\.deviceToken) == ["ab", "cd"])
+        #expect(notifications[1].isLeave && notifications[0].id != notifications[1].id)
+    }
+
     @Test func aLeavePushHasNoSpeaker() throws {
         let request = try APNsRequest.pushToTalk(
             PushToTalkNotification(deviceToken: "abcd", activeSpeaker: nil, channel: UUID()), topic: "a.voip-ptt")
