@@ -9,23 +9,23 @@ extension UUID {
     public static func randomVersion4() -> UUID {
         var bytes: uuid_t = (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
         withUnsafeMutableBytes(of: &bytes) { raw in arc4random_buf(raw.baseAddress!, raw.count) }
-        bytes.6 = bytes.6 & 0x0F | 0x40  // version 4
-        bytes.8 = bytes.8 & 0x3F | 0x80  // RFC 9562 variant
-        return UUID(uuid: bytes)
+        return version4(bytes)
     }
 
     /// `count` random (version 4) UUIDs from one `arc4random_buf`: here glibc's makes a getrandom(2)
     /// call each time, which for a burst's wakes was a fiftieth of the APNs client's CPU per push.
     public static func randomVersion4(count: Int) -> [UUID] {
-        guard count > 0 else { return [] }
-        var bytes = [UInt8](repeating: 0, count: 16 * count)
-        bytes.withUnsafeMutableBytes { arc4random_buf($0.baseAddress!, $0.count) }
-        return (0 ..< count).map { index in
-            let at = 16 * index
-            return UUID(uuid: (bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3], bytes[at + 4], bytes[at + 5],
-                               bytes[at + 6] & 0x0F | 0x40, bytes[at + 7], bytes[at + 8] & 0x3F | 0x80, bytes[at + 9],
-                               bytes[at + 10], bytes[at + 11], bytes[at + 12], bytes[at + 13], bytes[at + 14], bytes[at + 15]))
-        }
+        var random = [uuid_t](repeating: (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), count: max(count, 0))
+        random.withUnsafeMutableBytes { raw in if raw.count > 0 { arc4random_buf(raw.baseAddress!, raw.count) } }
+        return random.map(version4)
+    }
+
+    /// 16 random bytes as a version 4 UUID: its version and variant bits set.
+    static func version4(_ random: uuid_t) -> UUID {
+        var bytes = random
+        bytes.6 = bytes.6 & 0x0F | 0x40  // version 4
+        bytes.8 = bytes.8 & 0x3F | 0x80  // RFC 9562 variant
+        return UUID(uuid: bytes)
     }
 
     /// `uuidString.lowercased()` without either: Foundation formats `uuidString` with sprintf here,
