@@ -838,12 +838,13 @@ class Bench:
         self.voice_count += count_voice([sock], self._buf)
 
     def probe_readable(self, probe: Client) -> None:
-        # An exception here would go to the event loop's handler, not to run().
-        if self.failure is None:
-            try:
-                self.drain_probe(probe)
-            except LoadError as e:
-                self.failure = e
+        # An exception here would go to the event loop's handler, not to run(). The socket stops
+        # waiting too: left readable, it would call this again at once, over and over.
+        try:
+            self.drain_probe(probe)
+        except LoadError as e:
+            self.failure = e
+            asyncio.get_running_loop().remove_reader(probe.udp)
 
     def drain_probe(self, probe: Client) -> None:
         bad, voice = probe.drain_decrypting()
