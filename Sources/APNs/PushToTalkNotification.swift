@@ -33,7 +33,7 @@ public struct PushToTalkNotification: Sendable, Equatable {
     }
 
     /// Whether `other`'s body is the same as this one's (what it is about, not whom it is for).
-    public func hasSameBody(as other: PushToTalkNotification) -> Bool {
+    func hasSameBody(as other: PushToTalkNotification) -> Bool {
         activeSpeaker == other.activeSpeaker && channel == other.channel
     }
 
