@@ -146,7 +146,7 @@ struct Transport: AsyncParsableCommand {
         print(String(format: "| sealing the copies (Endpoint.sendDatagram, round robin over %d connections) | %.0f |", fanout, Double(sendNanoseconds) / copiesSent))
         print(String(format: "| enveloping the copies, as the relay does (Endpoint.sendEnvelope) | %.0f |", Double(envelopeNanoseconds) / copiesSent))
         print(String(format: "| the listeners' ACKs (%d, receive and poll) | %.0f |", acks, Double(ackNanoseconds) / copiesSent))
-        print(String(format: "| total | %.0f |", Double(sendNanoseconds + ackNanoseconds) / copiesSent))
+        print(String(format: "| total of the sealed path (sealing and ACKs) | %.0f |", Double(sendNanoseconds + ackNanoseconds) / copiesSent))
     }
 
     /// Runs the in-memory handshake of a new client from `from` with `endpoint`.
